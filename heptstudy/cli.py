@@ -1,0 +1,61 @@
+"""`heptstudy` command line: a thin layer over the package.
+
+Each area of the package contributes its subcommands through a ``register_cli(subparsers)``
+function, listed in ``_AREAS``; the commands call the same functions the notebooks use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from heptstudy.config import load_config
+from heptstudy.errors import HeptstudyError
+
+_AREAS = (
+    "heptstudy.data.cli",
+)
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML configuration file (defaults: the recommended model)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, e.g. model.heptv2.activation_checkpointing=true (repeatable)",
+    )
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    print(load_config(args.config, args.overrides).to_yaml(), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="heptstudy", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    config = sub.add_parser("config", help="configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", help="print the fully resolved, validated configuration")
+    add_config_args(show)
+    show.set_defaults(func=_config_show)
+    for area in _AREAS:
+        importlib.import_module(area).register_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except HeptstudyError as err:
+        print(f"heptstudy: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""Validated configuration: YAML files plus dotted overrides, checked by a pydantic schema.
+
+OmegaConf does the merging and parses ``key=value`` overrides; pydantic does the checking, so
+every unknown key, wrong type or out-of-range value fails with the key, the value and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from heptstudy.errors import ConfigError
+
+HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
+TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
+VARIANTS = (HIT_VARIANT, TRACK_CLUSTER_VARIANT)
+
+#: Particle classes: index 0 is "no particle", the rest are PDG ids (absolute values).
+CLASS_PDG_IDS = (0, 211, 130, 22, 11, 13)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class HEPTv2Config(_Strict):
+    embedding_dim: int = Field(128, ge=8, description="model dimension of the hit embeddings")
+    width: int = Field(512, ge=8, description="hidden width of the input encoders and heads")
+    num_convs: int = Field(6, ge=1, description="number of HEPTv2 backbone layers")
+    num_heads: int = Field(8, ge=1)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    block_size: int = Field(100, ge=1, description="hits per attention bucket")
+    n_hashes: int = Field(3, ge=1, description="OR-rounds of hashing")
+    num_regions: int = Field(140, ge=1, description="AND-regions per hash (eta x phi cells)")
+    mlp_ratio: float = Field(4.0, gt=0.0)
+    activation_checkpointing: bool = False
+    activation_checkpointing_policy: Literal["full", "selective"] = "full"
+    checkpoint_every: int = Field(1, ge=1, description="checkpoint every k-th backbone layer")
+    attention_backend: Literal["auto", "fused", "plain"] = Field(
+        "auto", description="auto: fused flex_attention on CUDA, plain PyTorch elsewhere"
+    )
+    hash_seed: int = Field(0, ge=0, description="seed of the fixed random hash tables")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> HEPTv2Config:
+        if self.embedding_dim % self.num_heads:
+            raise ValueError(
+                f"model.heptv2.embedding_dim={self.embedding_dim} must be divisible by "
+                f"model.heptv2.num_heads={self.num_heads}"
+            )
+        return self
+
+
+class DecoderConfig(_Strict):
+    num_layers: int = Field(4, ge=1)
+    num_queries: int = Field(256, ge=1, description="learned particle queries per event")
+    num_heads: int = Field(8, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+
+class TrackerFeaturesConfig(_Strict):
+    enabled: bool = True
+    radii: list[float] = Field(
+        default_factory=lambda: [0.05, 0.2],
+        min_length=1,
+        description="(eta, phi) distances within which tracker hits are counted",
+    )
+
+    @property
+    def num_features(self) -> int:
+        """Width of the neighbourhood block: a count per radius, then mean radius, radius
+        spread and distance to the nearest other tracker hit."""
+        return len(self.radii) + 3 if self.enabled else 0
+
+
+class TrackClusterConfig(_Strict):
+    num_layers: int = Field(6, ge=1)
+    embedding_dim: int = Field(128, ge=8)
+    width: int = Field(512, ge=8)
+    num_heads: int = Field(8, ge=1)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+
+
+class FreezeConfig(_Strict):
+    input_encoder: bool = Field(False, description="freeze the per-type input encoders")
+
+
+class ModelConfig(_Strict):
+    variant: Literal["hit_heptv2_grouped_tracker_features", "track_cluster_mlpf"] = HIT_VARIANT
+    heptv2: HEPTv2Config = Field(default_factory=HEPTv2Config)
+    decoder: DecoderConfig = Field(default_factory=DecoderConfig)
+    tracker_features: TrackerFeaturesConfig = Field(default_factory=TrackerFeaturesConfig)
+    track_cluster: TrackClusterConfig = Field(default_factory=TrackClusterConfig)
+    freeze: FreezeConfig = Field(default_factory=FreezeConfig)
+
+
+class DataConfig(_Strict):
+    data_dir: str = "data/tfds"
+    dataset: str = Field(
+        "cld_edm_ttbar_hits:3.2.1", pattern=r"^[a-z0-9_]+:\d+\.\d+\.\d+$", description="NAME:VERSION"
+    )
+    configs: list[str] = Field(default_factory=lambda: ["1"], min_length=1)
+    pad_to_multiple: int = Field(128, ge=1)
+    sampler: Literal["interleaved_shards", "sequential"] = "interleaved_shards"
+    nvalid: int = Field(16, ge=0)
+    ntest: int = Field(16, ge=0)
+    num_workers: int = Field(0, ge=0)
+
+    @property
+    def name(self) -> str:
+        return self.dataset.split(":")[0]
+
+    @property
+    def version(self) -> str:
+        return self.dataset.split(":")[1]
+
+
+class LossConfig(_Strict):
+    class_weight: float = Field(1.0, ge=0.0)
+    no_particle_weight: float = Field(0.1, ge=0.0, description="CE weight of the 'none' class")
+    momentum_weight: float = Field(1.0, ge=0.0)
+    group_bce_weight: float = Field(1.0, ge=0.0)
+    group_dice_weight: float = Field(1.0, ge=0.0)
+    group_loss: Literal["bce", "focal"] = "bce"
+    aux_weight: float = Field(1.0, ge=0.0, description="weight of each auxiliary decoder layer")
+    cost_class: float = Field(1.0, ge=0.0)
+    cost_momentum: float = Field(1.0, ge=0.0)
+    cost_mask: float = Field(1.0, ge=0.0)
+    cost_dice: float = Field(1.0, ge=0.0)
+
+
+class TrainConfig(_Strict):
+    global_batch_size: int = Field(4, ge=1)
+    grad_accumulation: int = Field(1, ge=1)
+    num_steps: int = Field(100, ge=1)
+    seed: int = Field(12345, ge=0)
+    optimizer: Literal["lamb"] = "lamb"
+    lr: float = Field(1e-3, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    lr_final_fraction: float = Field(0.1, ge=0.0, le=1.0)
+    val_freq: int = Field(50, ge=1)
+    checkpoint_freq: int = Field(50, ge=1)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    out_dir: str = "experiments/train"
+    deterministic: bool = False
+    loss: LossConfig = Field(default_factory=LossConfig)
+
+
+class Config(_Strict):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @model_validator(mode="after")
+    def _dataset_matches_variant(self) -> Config:
+        wanted = "_pf" if self.model.variant == TRACK_CLUSTER_VARIANT else "_hits"
+        if not self.data.name.endswith(wanted):
+            raise ValueError(
+                f"data.dataset={self.data.dataset!r} does not suit model.variant="
+                f"{self.model.variant!r}: that variant reads a '*{wanted}' data set "
+                f"(for example cld_edm_ttbar{wanted}:3.2.1); set data.dataset accordingly"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+class PlatformConfig(_Strict):
+    """Hardware and runtime settings only; the science lives in the scenario."""
+
+    name: str
+    device: Literal["cpu", "cuda", "rocm"]
+    devices_per_node: int = Field(ge=1)
+    nodes: int = Field(1, ge=1)
+    device_memory_gib: float = Field(gt=0.0)
+    dtype: Literal["float32", "bfloat16"]
+    attention_backend: Literal["auto", "fused", "plain"]
+    launcher: Literal["local", "torchrun", "slurm"]
+    cpus_per_task: int = Field(1, ge=1)
+    host_memory_gib: float = Field(0.0, ge=0.0)
+    time_limit: str = "48:00:00"
+    partition: str = ""
+    account: str = ""
+    env: dict[str, str] = Field(default_factory=dict)
+    modules: list[str] = Field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.devices_per_node * self.nodes
+
+
+DEFAULTS = Config
+
+
+def _read_yaml(path: str | Path, what: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} file {str(p)!r} does not exist; give the path of a YAML file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{what} file {str(p)!r} is not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{what} file {str(p)!r} must hold a mapping, found {type(data).__name__}")
+    return dict(data)
+
+
+def _parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    items = list(overrides)
+    for item in items:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(
+                f"override {item!r} is not of the form KEY=VALUE "
+                "(for example model.heptv2.activation_checkpointing=true)"
+            )
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist(items), resolve=True)  # type: ignore[return-value]
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"could not parse overrides {items}: {err}") from None
+
+
+def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys.extend(_known_keys(ann, prefix + name + "."))
+    return keys
+
+
+def _describe(err: ValidationError, schema: type[BaseModel], what: str) -> str:
+    known = _known_keys(schema)
+    lines = [f"invalid {what}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        value = e.get("input")
+        if e["type"] == "extra_forbidden":
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            lines.append(f"  {key}: unknown key (value {value!r}){hint}")
+        elif e["type"] == "value_error":
+            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
+        else:
+            where = f"  {key}: " if key else "  "
+            lines.append(f"{where}{e['msg'].lower()}, got {value!r}")
+    lines.append("fix the YAML file or the --set override named above and try again")
+    return "\n".join(lines)
+
+
+def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge plain mappings, later ones winning."""
+    merged = OmegaConf.merge(*[OmegaConf.create(dict(layer)) for layer in layers])
+    return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
+
+
+def validate(data: Mapping[str, Any], what: str = "configuration") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, Config, what)) from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    base: Mapping[str, Any] | None = None,
+) -> Config:
+    """Defaults (the recommended hit model), then ``base``, then the YAML at ``path``, then the
+    ``KEY=VALUE`` overrides; validated."""
+    layers: list[Mapping[str, Any]] = [Config().to_dict()]
+    if base:
+        layers.append(base)
+    if path is not None:
+        layers.append(_read_yaml(path, "configuration"))
+    layers.append(_parse_overrides(overrides))
+    try:
+        merged = merge(*layers)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"could not merge configuration: {err}") from None
+    return validate(merged)
+
+
+def load_platform(path: str | Path) -> PlatformConfig:
+    data = _read_yaml(path, "platform")
+    try:
+        return PlatformConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, PlatformConfig, f"platform profile {str(path)!r}")) from None
