@@ -1,0 +1,48 @@
+# Two entry points for a fresh machine: `make test` and `make study`.
+# Each creates .venv if missing and installs what it needs from pyproject.toml first.
+# GPU users pick their PyTorch build with TORCH_SPEC, e.g.
+#   make study TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+# The default is the CPU wheel so that no multi-GB CUDA build is pulled in by accident.
+
+VENV ?= .venv
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.heptstudy-installed
+STUDY_MATRIX ?= configs/study/cpu_default.yaml
+STUDY_NAME ?= cpu_reference
+DATA_DIR ?= data/tfds
+STUDY_EVENTS_TRAIN ?= 256
+STUDY_EVENTS_TEST ?= 64
+
+.PHONY: install test study lint format clean-venv
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check heptstudy tests
+	$(BIN)/python -m pytest -q
+
+study: $(STAMP)
+	test -f $(DATA_DIR)/cld_edm_ttbar_hits/1/3.2.1/dataset_info.json || \
+	  $(BIN)/heptstudy data generate --data-dir $(DATA_DIR) \
+	    --events-train $(STUDY_EVENTS_TRAIN) --events-test $(STUDY_EVENTS_TEST) --seed 20261014
+	$(BIN)/heptstudy study run --matrix $(STUDY_MATRIX) --out experiments/$(STUDY_NAME)
+	@echo "Report: experiments/$(STUDY_NAME)/report.html   figures: figures/"
+
+lint: $(STAMP)
+	$(BIN)/ruff check heptstudy tests scripts
+	$(BIN)/ruff format --check heptstudy tests scripts
+
+format: $(STAMP)
+	$(BIN)/ruff format heptstudy tests scripts
+	$(BIN)/ruff check --fix heptstudy tests scripts
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,102 @@
+"""Models of the study: ``build_model(config)`` and ``example_batch(...)``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from heptstudy.config import (
+    HIT_FEATURES,
+    HIT_VARIANT,
+    PF_FEATURES,
+    TARGET_COLUMNS,
+    TRACK_CLUSTER_VARIANT,
+    Config,
+)
+
+
+def build_model(config: Config) -> nn.Module:
+    """The configured model, initialised from the global RNG (seed it first)."""
+    if config.model.variant == HIT_VARIANT:
+        from heptstudy.model.hit_model import HitModel
+
+        return HitModel(config)
+    if config.model.variant == TRACK_CLUSTER_VARIANT:
+        from heptstudy.model.track_cluster import TrackClusterModel
+
+        return TrackClusterModel(config)
+    raise ValueError(f"unknown model.variant {config.model.variant!r}")
+
+
+def example_batch(
+    config: Config,
+    batch_size: int,
+    hits_per_event: int | Sequence[int],
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """A random but well-formed input batch for the configured model, padded and masked like
+    real batches (each event to a multiple of ``data.pad_to_multiple``, the batch to its
+    longest event). Targets follow the data sets' convention. For tests and quick checks only:
+    measurements read real events from a data set."""
+    lengths = (
+        [int(hits_per_event)] * batch_size
+        if isinstance(hits_per_event, int)
+        else [int(n) for n in hits_per_event]
+    )
+    if len(lengths) != batch_size or min(lengths) < 1:
+        raise ValueError(f"hits_per_event must give {batch_size} positive lengths, got {lengths}")
+    rng = np.random.default_rng(seed)
+    mult = config.data.pad_to_multiple
+    S = max(math.ceil(n / mult) * mult for n in lengths)
+    hits = config.model.variant == HIT_VARIANT
+    nfeat = len(HIT_FEATURES) if hits else len(PF_FEATURES)
+    X = np.zeros((batch_size, S, nfeat), np.float32)
+    y = np.zeros((batch_size, S, len(TARGET_COLUMNS)), np.float32)
+    mask = np.zeros((batch_size, S), bool)
+    for b, n in enumerate(lengths):
+        X[b, :n], y[b, :n] = _random_event(rng, n, nfeat)
+        mask[b, :n] = True
+    batch = {
+        "X": torch.from_numpy(X),
+        "mask": torch.from_numpy(mask),
+        "ytarget": torch.from_numpy(y),
+        "event_index": torch.arange(batch_size),
+        "length": torch.tensor(lengths),
+        "padded_length": torch.tensor([math.ceil(n / mult) * mult for n in lengths]),
+    }
+    width = config.model.tracker_features.num_features
+    if hits and width:
+        neigh = rng.random((batch_size, S, width), dtype=np.float32) * mask[..., None]
+        batch["neighbourhood"] = torch.from_numpy(neigh)
+    return batch
+
+
+def _random_event(rng: np.random.Generator, n: int, nfeat: int):
+    n_tracker = max(1, n // 10)
+    eta = rng.normal(0.0, 1.5, n)
+    phi = rng.uniform(-np.pi, np.pi, n)
+    scale = rng.uniform(0.5, 2.0)  # real hit data carry a common factor on (sin, cos)
+    X = np.zeros((n, nfeat), np.float32)
+    X[:, 0] = np.where(np.arange(n) < n_tracker, 1, 2)
+    X[:, 1] = rng.exponential(0.5, n)
+    X[:, 2], X[:, 3], X[:, 4] = eta, scale * np.sin(phi), scale * np.cos(phi)
+    X[:, 5] = X[:, 1] * np.cosh(eta)
+    X[:, 6:] = rng.normal(0.0, 100.0, (n, nfeat - 6))
+    n_particles = max(1, n // 30)
+    owner = rng.integers(0, n_particles + 1, n)  # 0: hit of no particle
+    y = np.zeros((n, len(TARGET_COLUMNS)), np.float32)
+    y[:, 13] = owner
+    for p in range(1, n_particles + 1):
+        idx = np.flatnonzero(owner == p)
+        if idx.size == 0:
+            continue
+        r = idx[0]
+        cls = rng.integers(1, 6)
+        pt = rng.exponential(3.0) + 0.1
+        y[r, 0], y[r, 1], y[r, 2], y[r, 3] = cls, (cls in (1, 4, 5)) * rng.choice([-1, 1]), pt, eta[r]
+        y[r, 4], y[r, 5], y[r, 6] = np.sin(phi[r]), np.cos(phi[r]), pt * np.cosh(eta[r])
+    return X, y

@@ -1,0 +1,135 @@
+"""The recommended hit model, ``hit_heptv2_grouped_tracker_features``.
+
+Hits (and their tracker-neighbourhood summaries) are encoded per type, refined by the HEPTv2
+backbone, and read out by a global decoder of learned particle queries. Every decoder layer
+predicts, per query, a class (5 particle classes + "no particle"), a momentum and a grouping
+logit for every hit; the last layer's predictions are the output, the earlier ones are
+auxiliary (``aux{l}_*``) for the losses.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from heptstudy.config import CLASS_PDG_IDS, HIT_FEATURES, Config
+from heptstudy.model.checkpointing import run_backbone
+from heptstudy.model.encoding import TypeEncoder, mlp, normalise_features
+from heptstudy.model.heptv2 import HEPTv2Layer, RMSNorm, hit_coordinates
+
+NUM_CLASSES = len(CLASS_PDG_IDS)
+MOMENTUM_DIM = 5  # pt, eta, sin phi, cos phi, energy
+
+
+class DecoderLayer(nn.Module):
+    """Masked cross-attention to the hits, self-attention among queries, feed-forward."""
+
+    def __init__(self, dim: int, heads: int, hidden: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.cross_norm = nn.LayerNorm(dim)
+        self.cross_q = nn.Linear(dim, dim)
+        self.cross_kv = nn.Linear(dim, 2 * dim)
+        self.cross_out = nn.Linear(dim, dim)
+        self.self_norm = nn.LayerNorm(dim)
+        self.self_attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, queries: torch.Tensor, memory: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        B, Q, D = queries.shape
+        S = memory.shape[1]
+        dh = D // self.heads
+        q = self.cross_q(self.cross_norm(queries)).view(B, Q, self.heads, dh).transpose(1, 2)
+        k, v = self.cross_kv(memory).view(B, S, 2, self.heads, dh).permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+        queries = queries + self.dropout(self.cross_out(attn.transpose(1, 2).reshape(B, Q, D)))
+        h = self.self_norm(queries)
+        queries = queries + self.dropout(self.self_attn(h, h, h, need_weights=False)[0])
+        return queries + self.dropout(self.ffn(self.ffn_norm(queries)))
+
+
+class PredictionHeads(nn.Module):
+    """Shared by every decoder layer, so auxiliary predictions are comparable."""
+
+    def __init__(self, dim: int, width: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.cls = nn.Linear(dim, NUM_CLASSES)
+        self.momentum = mlp(dim, width, MOMENTUM_DIM)
+        self.mask_embed = mlp(dim, width, dim)
+
+    def forward(self, queries: torch.Tensor, hit_embed: torch.Tensor, mask: torch.Tensor):
+        h = self.norm(queries)
+        group = torch.einsum("bqd,bsd->bqs", self.mask_embed(h), hit_embed)
+        group = group.masked_fill(~mask[:, None, :], -1.0e4)
+        return self.cls(h), self.momentum(h), group
+
+
+class HitModel(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        m = config.model
+        cfg = m.heptv2
+        self.backbone_cfg = cfg
+        dim = cfg.embedding_dim
+        self.neighbourhood_dim = m.tracker_features.num_features
+        self.input_encoder = TypeEncoder(len(HIT_FEATURES) + self.neighbourhood_dim, cfg.width, dim)
+        self.backbone = nn.ModuleList(HEPTv2Layer(cfg, i) for i in range(cfg.num_convs))
+        self.backbone_norm = RMSNorm(dim)
+        self.hit_proj = nn.Linear(dim, dim)
+        self.queries = nn.Parameter(torch.randn(m.decoder.num_queries, dim) * 0.02)
+        self.decoder = nn.ModuleList(
+            DecoderLayer(dim, m.decoder.num_heads, 4 * dim, m.decoder.dropout)
+            for _ in range(m.decoder.num_layers)
+        )
+        self.heads = PredictionHeads(dim, cfg.width)
+        if m.freeze.input_encoder:
+            self.input_encoder.requires_grad_(False)
+
+    def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        raw = batch["X"]
+        inputs = normalise_features(raw)
+        if self.neighbourhood_dim:
+            if "neighbourhood" not in batch:
+                raise KeyError(
+                    "batch has no 'neighbourhood' features but model.tracker_features.enabled is "
+                    "true; build batches with the same configuration as the model"
+                )
+            inputs = torch.cat([inputs, batch["neighbourhood"].to(inputs.dtype)], dim=-1)
+        return self.input_encoder(raw, inputs)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        mask = batch["mask"]
+        coords = hit_coordinates(batch["X"])
+        x = self.encode(batch) * mask[..., None]
+        # Hashing depends only on coordinates: done once per layer, outside checkpointed regions.
+        orders = [layer.bucket_order(coords, mask) for layer in self.backbone]
+        x = run_backbone(self.backbone, self.backbone_cfg, x, mask, coords, orders)
+        hits = self.backbone_norm(x)
+        hit_embed = self.hit_proj(hits)
+
+        B = x.shape[0]
+        queries = self.queries.unsqueeze(0).expand(B, -1, -1)
+        allowed = mask[:, None, :].expand(-1, queries.shape[1], -1)
+        outputs: dict[str, torch.Tensor] = {}
+        last = len(self.decoder) - 1
+        for i, layer in enumerate(self.decoder):
+            queries = layer(queries, hits, allowed)
+            cls, mom, group = self.heads(queries, hit_embed, mask)
+            prefix = "" if i == last else f"aux{i}_"
+            outputs[prefix + "class_logits"] = cls
+            outputs[prefix + "momentum"] = mom
+            outputs[prefix + "group_logits"] = group
+            allowed = _next_attention_mask(group, mask)
+        return outputs
+
+
+def _next_attention_mask(group_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each query attends to the valid hits it currently claims; a query claiming none attends to
+    all valid hits, so attention is never empty."""
+    claimed = (group_logits.detach() > 0) & mask[:, None, :]
+    empty = ~claimed.any(dim=-1, keepdim=True)
+    return claimed | (empty & mask[:, None, :])

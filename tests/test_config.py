@@ -1,0 +1,82 @@
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from heptstudy.config import ConfigError, load_config
+
+
+def test_defaults_are_the_recommended_model():
+    cfg = load_config()
+    h = cfg.model.heptv2
+    assert cfg.model.variant == "hit_heptv2_grouped_tracker_features"
+    assert (h.embedding_dim, h.width, h.num_heads, h.block_size, h.n_hashes, h.num_regions) == (
+        128, 512, 8, 100, 3, 140,
+    )
+    assert (h.num_convs, h.mlp_ratio, h.dropout, cfg.model.decoder.num_layers) == (6, 4.0, 0.1, 4)
+    assert h.activation_checkpointing is False
+
+
+def test_overrides_apply_and_parse_types():
+    cfg = load_config(overrides=["model.heptv2.activation_checkpointing=true", "train.lr=0.002"])
+    assert cfg.model.heptv2.activation_checkpointing is True
+    assert cfg.train.lr == 0.002
+
+
+def test_yaml_file_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"model": {"heptv2": {"num_convs": 2}}, "train": {"seed": 7}}))
+    cfg = load_config(path, ["train.seed=9"])
+    assert cfg.model.heptv2.num_convs == 2 and cfg.train.seed == 9
+
+
+def test_misspelled_key_names_key_and_suggests():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["model.heptv2.num_hedas=4"])
+    msg = str(err.value)
+    assert "model.heptv2.num_hedas" in msg and "unknown key" in msg and "model.heptv2.num_heads" in msg
+
+
+def test_wrong_type_names_key_and_value():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["model.heptv2.num_heads=eight"])
+    msg = str(err.value)
+    assert "model.heptv2.num_heads" in msg and "'eight'" in msg and "integer" in msg
+
+
+def test_block_size_zero_is_refused_with_the_allowed_range():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["model.heptv2.block_size=0"])
+    msg = str(err.value)
+    assert "model.heptv2.block_size" in msg and "greater than or equal to 1" in msg and "0" in msg
+
+
+def test_heads_must_divide_embedding():
+    with pytest.raises(ConfigError, match="divisible"):
+        load_config(overrides=["model.heptv2.num_heads=7"])
+
+
+def test_dataset_must_suit_variant():
+    with pytest.raises(ConfigError, match="_pf"):
+        load_config(overrides=["model.variant=track_cluster_mlpf"])
+    cfg = load_config(overrides=["model.variant=track_cluster_mlpf", "data.dataset=cld_edm_ttbar_pf:3.2.1"])
+    assert cfg.data.name == "cld_edm_ttbar_pf"
+
+
+def test_missing_file_and_malformed_override():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("no/such/file.yaml")
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_config(overrides=["model.heptv2.num_heads"])
+
+
+def test_cli_config_show_prints_resolved_config_and_clean_errors():
+    run = [sys.executable, "-m", "heptstudy.cli", "config", "show"]
+    ok = subprocess.run(run + ["--set", "model.heptv2.activation_checkpointing=true"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    shown = yaml.safe_load(ok.stdout)
+    assert shown["model"]["heptv2"]["activation_checkpointing"] is True
+    bad = subprocess.run(run + ["--set", "model.heptv2.block_size=0"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "model.heptv2.block_size" in bad.stderr and "Traceback" not in bad.stderr
