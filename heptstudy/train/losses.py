@@ -1,0 +1,384 @@
+"""Losses: Hungarian set matching, auxiliary decoder and grouping losses (hit model) and
+element-wise losses (track/cluster model).
+
+Conventions
+-----------
+* ``ytarget`` columns: 0 class index (0 = no particle, 1..5 into ``CLASS_PDG_IDS``), 1 charge,
+  2 pt, 3 eta, 4 sin phi, 5 cos phi, 6 energy, ..., 13 particle_number.
+* Momentum is regressed in a transformed space so that every column is O(1):
+  ``(log pt, eta, sin phi, cos phi, log E)`` with pt and E floored at ``LOG_FLOOR`` before the
+  log. The model's ``momentum`` output lives in that space; :func:`momentum_to_physical`
+  maps it back.
+* Hit data set: every target particle has one *representative* hit (class > 0) carrying its
+  properties and ``particle_number`` p >= 1; its other hits carry only p. A particle without a
+  representative hit is not a target (its hits count as "no particle"); so is a hit with
+  class > 0 and p = 0.
+* Everything is computed in float32 with autocast disabled, so the losses are safe under bf16
+  autocast. Only the Hungarian matching leaves the device: one float32 copy of the cost
+  matrices per decoder layer, solved with :func:`scipy.optimize.linear_sum_assignment`.
+* Normalisation: the class loss is the class-weighted mean over all queries of the batch (the
+  "no particle" class weighted by ``no_particle_weight``); momentum and grouping losses are
+  means over the matched (query, particle) pairs of the batch (per-pair grouping losses are
+  means over the event's valid hits). Under DDP these are per-rank means.
+* With ``group_loss="focal"`` the ``group_bce`` component holds the sigmoid focal loss
+  (alpha ``FOCAL_ALPHA``, gamma ``FOCAL_GAMMA``) so that metric names stay stable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
+
+from heptstudy.config import CLASS_PDG_IDS, HIT_VARIANT, TRACK_CLUSTER_VARIANT, LossConfig
+from heptstudy.errors import ConfigError, DataError
+
+NUM_CLASSES = len(CLASS_PDG_IDS)
+COL_CLASS, COL_PT, COL_ENERGY, COL_PARTICLE = 0, 2, 6, 13
+MOMENTUM_COLUMNS = slice(2, 7)  # pt, eta, sin phi, cos phi, energy
+LOG_FLOOR = 1e-3
+FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
+DICE_SMOOTH = 1.0
+#: Cost given to non-finite entries so the matching still runs; the loss then shows the problem.
+_BAD_COST = 1e6
+
+Tensor = torch.Tensor
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def momentum_targets(values: Tensor) -> Tensor:
+    """Physical ``(pt, eta, sin phi, cos phi, E)`` [..., 5] -> regression space (float32)."""
+    v = values.float()
+    return torch.stack(
+        (
+            torch.log(v[..., 0].clamp(min=LOG_FLOOR)),
+            v[..., 1],
+            v[..., 2],
+            v[..., 3],
+            torch.log(v[..., 4].clamp(min=LOG_FLOOR)),
+        ),
+        dim=-1,
+    )
+
+
+def momentum_to_physical(values: Tensor) -> Tensor:
+    """Inverse of :func:`momentum_targets` (for predictions): ``(pt, eta, sin, cos, E)``."""
+    v = values.float()
+    return torch.stack((v[..., 0].exp(), v[..., 1], v[..., 2], v[..., 3], v[..., 4].exp()), -1)
+
+
+@dataclass
+class EventTargets:
+    """Target particles of one event (all tensors on the batch's device).
+
+    ``cls`` [P] long in 1..5, ``momentum`` [P, 5] float32 in regression space, ``membership``
+    [P, S] bool (hit s belongs to particle p; always False on padded hits), ``valid`` [S] bool,
+    ``particle_number`` [P] long (the data set's particle numbers, ascending).
+    """
+
+    cls: Tensor
+    momentum: Tensor
+    membership: Tensor
+    valid: Tensor
+    particle_number: Tensor
+
+    @property
+    def num_particles(self) -> int:
+        return int(self.cls.shape[0])
+
+
+def _check_classes(cls: np.ndarray, what: str) -> None:
+    bad = (cls < 0) | (cls >= NUM_CLASSES)
+    if bad.any():
+        raise DataError(
+            f"{what}: class index {int(cls[bad][0])} in ytarget column 0 is outside 0..{NUM_CLASSES - 1} "
+            f"(classes {CLASS_PDG_IDS}); regenerate or rebuild the data set"
+        )
+
+
+def targets_from_batch(batch: Mapping[str, Tensor]) -> list[EventTargets]:
+    """Group the valid hits of each event by ``particle_number`` into target particles.
+
+    Class and momentum come from the particle's representative hit (the first valid hit with
+    class > 0 and that particle number). One small host copy (class and particle number
+    columns) is made for the grouping.
+    """
+    y, mask = batch["ytarget"], batch["mask"].bool()
+    device = y.device
+    host = y[..., [COL_CLASS, COL_PARTICLE]].detach().float().cpu().numpy()
+    valid_h = mask.cpu().numpy()
+    cls_h = np.rint(host[..., 0]).astype(np.int64)
+    pid_h = np.rint(host[..., 1]).astype(np.int64)
+    _check_classes(cls_h[valid_h], "targets_from_batch")
+    pid = torch.as_tensor(np.where(valid_h, pid_h, 0), device=device)  # [B, S]
+
+    out = []
+    for b in range(y.shape[0]):
+        rep_hits = np.flatnonzero(valid_h[b] & (cls_h[b] > 0) & (pid_h[b] > 0))
+        ids, first = np.unique(pid_h[b, rep_hits], return_index=True)
+        rep = torch.as_tensor(rep_hits[first], device=device, dtype=torch.long)
+        ids_t = torch.as_tensor(ids, device=device, dtype=torch.long)
+        out.append(
+            EventTargets(
+                cls=torch.as_tensor(cls_h[b, rep_hits[first]], device=device, dtype=torch.long),
+                momentum=momentum_targets(y[b, rep][:, MOMENTUM_COLUMNS]),
+                membership=pid[b][None, :] == ids_t[:, None],
+                valid=mask[b],
+                particle_number=ids_t,
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- matching
+
+
+def _no_autocast(device: torch.device):
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+def cost_matrix(
+    class_logits: Tensor,
+    momentum: Tensor,
+    group_logits: Tensor,
+    target: EventTargets,
+    loss_cfg: LossConfig,
+) -> Tensor:
+    """Matching cost [Q, P] of one event (float32, no gradient).
+
+    ``cost_class * (1 - p(class)) + cost_momentum * mean L1 + cost_mask * mean BCE over valid
+    hits + cost_dice * (1 - Dice)``: a perfect prediction costs zero.
+    """
+    with torch.no_grad(), _no_autocast(class_logits.device):
+        prob = class_logits.float().softmax(-1)[:, target.cls]  # [Q, P]
+        c_cls = 1.0 - prob
+        c_mom = torch.cdist(momentum.float(), target.momentum, p=1) / momentum.shape[-1]
+        x = group_logits[:, target.valid].float()  # [Q, Sv]
+        t = target.membership[:, target.valid].float()  # [P, Sv]
+        n = max(x.shape[1], 1)
+        c_bce = (F.softplus(-x) @ t.T + F.softplus(x) @ (1.0 - t).T) / n
+        p = x.sigmoid()
+        c_dice = 1.0 - (2.0 * (p @ t.T) + DICE_SMOOTH) / (
+            p.sum(-1)[:, None] + t.sum(-1)[None, :] + DICE_SMOOTH
+        )
+        cost = (
+            loss_cfg.cost_class * c_cls
+            + loss_cfg.cost_momentum * c_mom
+            + loss_cfg.cost_mask * c_bce
+            + loss_cfg.cost_dice * c_dice
+        )
+        return torch.nan_to_num(cost, nan=_BAD_COST, posinf=_BAD_COST, neginf=_BAD_COST)
+
+
+def match_event(cost: Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hungarian assignment of a [Q, P] cost: (query indices ascending, target indices)."""
+    c = cost.detach().float().cpu().numpy() if isinstance(cost, Tensor) else np.asarray(cost)
+    if c.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rows, cols = linear_sum_assignment(c.astype(np.float32, copy=False))
+    return rows.astype(np.int64), cols.astype(np.int64)
+
+
+def match(
+    outputs: Mapping[str, Tensor],
+    targets: list[EventTargets],
+    loss_cfg: LossConfig,
+    prefix: str = "",
+) -> list[tuple[Tensor, Tensor]]:
+    """Match the queries of one decoder layer (``prefix`` "" for the final one, "aux{l}_" for
+    an auxiliary one) to the targets of each event: a list of (query idx, target idx) long
+    tensors on the device. All cost matrices of the layer travel to the host in one copy."""
+    cl, mo, gr = (outputs[prefix + k] for k in ("class_logits", "momentum", "group_logits"))
+    costs = [cost_matrix(cl[b], mo[b], gr[b], t, loss_cfg) for b, t in enumerate(targets)]
+    flat = torch.cat([c.reshape(-1) for c in costs]).cpu().numpy() if costs else np.zeros(0)
+    out, start = [], 0
+    for c in costs:
+        n = c.numel()
+        rows, cols = match_event(flat[start : start + n].reshape(c.shape))
+        start += n
+        out.append(
+            (torch.as_tensor(rows, device=cl.device), torch.as_tensor(cols, device=cl.device))
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- loss terms
+
+
+def _class_weights(loss_cfg: LossConfig, device: torch.device) -> Tensor:
+    w = torch.ones(NUM_CLASSES, device=device)
+    w[0] = loss_cfg.no_particle_weight
+    return w
+
+
+def weighted_cross_entropy(logits: Tensor, target: Tensor, loss_cfg: LossConfig) -> Tensor:
+    """Class-weighted mean cross-entropy (float32); zero if every weight is zero."""
+    ce = F.cross_entropy(logits.float(), target, reduction="none")
+    w = _class_weights(loss_cfg, logits.device)[target]
+    return (w * ce).sum() / w.sum().clamp(min=1e-12)
+
+
+def group_mask_loss(logits: Tensor, target: Tensor, valid: Tensor, kind: str = "bce") -> Tensor:
+    """Per-row mean over valid hits of BCE (or sigmoid focal loss) [M, S] -> [M]."""
+    x, t, v = logits.float(), target.float(), valid.float()
+    ce = F.binary_cross_entropy_with_logits(x, t, reduction="none")
+    if kind == "focal":
+        p = x.sigmoid()
+        p_t = p * t + (1.0 - p) * (1.0 - t)
+        alpha_t = FOCAL_ALPHA * t + (1.0 - FOCAL_ALPHA) * (1.0 - t)
+        ce = alpha_t * ce * (1.0 - p_t) ** FOCAL_GAMMA
+    elif kind != "bce":
+        raise ConfigError(f"train.loss.group_loss={kind!r} is not known; use 'bce' or 'focal'")
+    return (ce * v).sum(-1) / v.sum(-1).clamp(min=1.0)
+
+
+def group_dice_loss(logits: Tensor, target: Tensor, valid: Tensor) -> Tensor:
+    """Per-row ``1 - Dice`` over valid hits [M, S] -> [M]."""
+    p = logits.float().sigmoid() * valid
+    t = target.float() * valid
+    return 1.0 - (2.0 * (p * t).sum(-1) + DICE_SMOOTH) / (p.sum(-1) + t.sum(-1) + DICE_SMOOTH)
+
+
+def _layer_losses(
+    outputs: Mapping[str, Tensor],
+    targets: list[EventTargets],
+    matches: list[tuple[Tensor, Tensor]],
+    loss_cfg: LossConfig,
+    prefix: str,
+) -> dict[str, Tensor]:
+    cl, mo, gr = (outputs[prefix + k] for k in ("class_logits", "momentum", "group_logits"))
+    B, Q, C = cl.shape
+    dev = cl.device
+    offsets = np.cumsum([0] + [t.num_particles for t in targets])
+    all_cls = torch.cat([t.cls for t in targets])
+    all_mom = torch.cat([t.momentum for t in targets])
+    all_mem = torch.cat([t.membership for t in targets])
+    valid = torch.stack([t.valid for t in targets])  # [B, S]
+    b_idx = torch.cat([torch.full_like(q, b) for b, (q, _) in enumerate(matches)])
+    q_idx = torch.cat([q for q, _ in matches])
+    t_idx = torch.cat([p + int(offsets[b]) for b, (_, p) in enumerate(matches)])
+
+    tgt_cls = torch.zeros(B, Q, dtype=torch.long, device=dev)
+    tgt_cls[b_idx, q_idx] = all_cls[t_idx]
+    losses = {"class": weighted_cross_entropy(cl.reshape(-1, C), tgt_cls.reshape(-1), loss_cfg)}
+
+    if q_idx.numel() == 0:  # nothing matched: zero, but keep the graph connected (DDP)
+        zero = (mo.float().sum() + gr.float().sum()) * 0.0
+        losses.update(momentum=zero, group_bce=zero, group_dice=zero)
+        return losses
+    losses["momentum"] = F.l1_loss(mo[b_idx, q_idx].float(), all_mom[t_idx])
+    x, t, v = gr[b_idx, q_idx], all_mem[t_idx], valid[b_idx]
+    losses["group_bce"] = group_mask_loss(x, t, v, loss_cfg.group_loss).mean()
+    losses["group_dice"] = group_dice_loss(x, t, v).mean()
+    return losses
+
+
+def _weighted(losses: Mapping[str, Tensor], loss_cfg: LossConfig) -> Tensor:
+    return (
+        loss_cfg.class_weight * losses["class"]
+        + loss_cfg.momentum_weight * losses["momentum"]
+        + loss_cfg.group_bce_weight * losses["group_bce"]
+        + loss_cfg.group_dice_weight * losses["group_dice"]
+    )
+
+
+def aux_prefixes(outputs: Mapping[str, Tensor]) -> list[str]:
+    """``["aux0_", "aux1_", ...]`` for the auxiliary layers present in ``outputs``."""
+    out, layer = [], 0
+    while f"aux{layer}_class_logits" in outputs:
+        out.append(f"aux{layer}_")
+        layer += 1
+    return out
+
+
+def hit_losses(
+    outputs: Mapping[str, Tensor],
+    batch: Mapping[str, Tensor],
+    loss_cfg: LossConfig,
+    targets: list[EventTargets] | None = None,
+) -> dict[str, Tensor]:
+    """Set-matching losses of the hit model, final layer and every auxiliary layer (each with
+    its own matching): "class", "momentum", "group_bce", "group_dice", "aux{l}_class", ...,
+    and "total" = weighted final + ``aux_weight`` x weighted aux layers. All float32 scalars."""
+    if targets is None:
+        targets = targets_from_batch(batch)
+    with _no_autocast(batch["mask"].device):
+        result: dict[str, Tensor] = {}
+        total = None
+        for prefix in ["", *aux_prefixes(outputs)]:
+            matches = match(outputs, targets, loss_cfg, prefix)
+            layer = _layer_losses(outputs, targets, matches, loss_cfg, prefix)
+            result.update({prefix + k: v for k, v in layer.items()})
+            w = 1.0 if prefix == "" else loss_cfg.aux_weight
+            total = w * _weighted(layer, loss_cfg) + (0.0 if total is None else total)
+        result["total"] = total
+    return result
+
+
+def element_losses(
+    outputs: Mapping[str, Tensor], batch: Mapping[str, Tensor], loss_cfg: LossConfig
+) -> dict[str, Tensor]:
+    """Track/cluster model: class cross-entropy over valid elements (class 0 "no particle"
+    weighted by ``no_particle_weight``) and momentum L1 where the target class > 0."""
+    y, mask = batch["ytarget"], batch["mask"].bool()
+    with _no_autocast(mask.device):
+        cls = y[..., COL_CLASS].round().long()
+        logits, mom = outputs["class_logits"][mask], outputs["momentum"]
+        tgt = cls[mask]
+        if tgt.numel() and (int(tgt.min()) < 0 or int(tgt.max()) >= NUM_CLASSES):
+            _check_classes(tgt.cpu().numpy(), "element_losses")
+        losses = {"class": weighted_cross_entropy(logits, tgt, loss_cfg)}
+        has = mask & (cls > 0)
+        if bool(has.any()):
+            losses["momentum"] = F.l1_loss(
+                mom[has].float(), momentum_targets(y[..., MOMENTUM_COLUMNS][has])
+            )
+        else:
+            losses["momentum"] = mom.float().sum() * 0.0
+        losses["total"] = (
+            loss_cfg.class_weight * losses["class"] + loss_cfg.momentum_weight * losses["momentum"]
+        )
+    return losses
+
+
+def compute_losses(
+    variant: str,
+    outputs: Mapping[str, Tensor],
+    batch: Mapping[str, Tensor],
+    loss_cfg: LossConfig,
+) -> dict[str, Tensor]:
+    """The loss components of ``model.variant`` (always with a "total")."""
+    if variant == HIT_VARIANT:
+        return hit_losses(outputs, batch, loss_cfg)
+    if variant == TRACK_CLUSTER_VARIANT:
+        return element_losses(outputs, batch, loss_cfg)
+    raise ConfigError(
+        f"model.variant={variant!r} has no loss; use {HIT_VARIANT!r} or {TRACK_CLUSTER_VARIANT!r}"
+    )
+
+
+def is_finite(losses: Mapping[str, Tensor]) -> bool:
+    """True when every component is finite (one host sync)."""
+    return bool(torch.stack([v.detach().float() for v in losses.values()]).isfinite().all())
+
+
+__all__ = [
+    "EventTargets",
+    "aux_prefixes",
+    "compute_losses",
+    "cost_matrix",
+    "element_losses",
+    "hit_losses",
+    "is_finite",
+    "match",
+    "match_event",
+    "momentum_targets",
+    "momentum_to_physical",
+    "targets_from_batch",
+]
