@@ -1,0 +1,67 @@
+"""torchrun integration: process group set-up from the environment torchrun provides, and the
+rank-0 rule for anything written to disk."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def pick_device(local_rank: int = 0) -> torch.device:
+    if torch.cuda.is_available():  # ROCm builds report through torch.cuda too
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def setup(device: torch.device | None = None) -> DistContext:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): gloo on CPU, nccl on
+    CUDA and ROCm (RCCL answers to the same name)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = device or pick_device(local)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    return DistContext(rank=rank, world_size=world, local_rank=local, device=dev)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_mean(value: float, ctx: DistContext) -> float:
+    if not ctx.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t)
+    return float(t.item()) / ctx.world_size
+
+
+def gather_lists(values: list, ctx: DistContext) -> list[list]:
+    """Every rank's list, indexed by rank (a one-element list outside torchrun)."""
+    if not ctx.distributed:
+        return [values]
+    gathered: list = [None] * ctx.world_size
+    dist.all_gather_object(gathered, values)
+    return gathered

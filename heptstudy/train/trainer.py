@@ -1,0 +1,211 @@
+"""The training loop, readable top to bottom: set up, (resume), then steps of forward, loss,
+backward, LAMB and scheduler, with validation and checkpoints at their frequencies."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+
+from heptstudy.config import Config
+from heptstudy.errors import HeptstudyError
+from heptstudy.model import build_model
+from heptstudy.train import distributed
+from heptstudy.train.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
+from heptstudy.train.losses import compute_losses
+from heptstudy.train.optim import build_optimizer, build_scheduler
+from heptstudy.train.validate import validate
+
+
+class NonFiniteLoss(HeptstudyError):
+    pass
+
+
+class OutOfMemory(HeptstudyError):
+    pass
+
+
+def autocast_dtype(config: Config, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast when the configuration asks for it; float32 otherwise (the CPU default)."""
+    return torch.bfloat16 if config.train.dtype == "bfloat16" else None
+
+
+def forward_and_loss(model, batch, config: Config, dtype: torch.dtype | None):
+    device_type = batch["X"].device.type
+    with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
+        outputs = model(batch)
+    return outputs, compute_losses(config.model.variant, outputs, batch, config.train.loss)
+
+
+def train_step(model, batch, optimizer, scheduler, config: Config, dtype=None) -> dict[str, torch.Tensor]:
+    """One optimisation step: forward, loss (matching, auxiliary, grouping), backward, LAMB,
+    scheduler. Returns the detached loss components (no host synchronisation here)."""
+    _, losses = forward_and_loss(model, batch, config, dtype)
+    losses["total"].backward()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {k: v.detach() for k, v in losses.items()}
+
+
+def describe_batch(batch) -> str:
+    return (
+        f"events {batch['event_index'].tolist()}, hits {batch['length'].tolist()}, "
+        f"padded to {list(batch['X'].shape[:2])} (batch x hits)"
+    )
+
+
+def check_finite(losses: dict[str, torch.Tensor], step: int, batch) -> dict[str, float]:
+    values = {k: float(v) for k, v in losses.items()}
+    if not all(math.isfinite(v) for v in values.values()):
+        raise NonFiniteLoss(
+            f"non-finite loss at step {step} ({describe_batch(batch)}): components {values}. "
+            "The last good checkpoint is untouched; lower train.lr or inspect these events"
+        )
+    return values
+
+
+def out_of_memory_message(batch, config: Config) -> str:
+    hint = (
+        "switch on model.heptv2.activation_checkpointing=true or lower the per-device batch"
+        if not config.model.heptv2.activation_checkpointing
+        else "lower the per-device batch (activation checkpointing is already on)"
+    )
+    return f"out of device memory on {describe_batch(batch)}; {hint}"
+
+
+def _to(batch, device):
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _write_json_line(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as fh:
+        fh.write(json.dumps(record) + "\n")
+        fh.flush()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _save_predictions(path: Path, predictions: dict[str, np.ndarray]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        np.savez_compressed(fh, **predictions)
+    os.replace(tmp, path)
+
+
+def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
+    """Train as configured; returns a summary (last step, last metrics, output paths)."""
+    from heptstudy.data import BatchLoader, validation_batches
+
+    ctx = distributed.setup()
+    tc = config.train
+    if tc.deterministic:
+        torch.use_deterministic_algorithms(True)
+    devices = ctx.world_size * tc.grad_accumulation
+    if tc.global_batch_size % devices:
+        raise HeptstudyError(
+            f"train.global_batch_size={tc.global_batch_size} does not divide over {ctx.world_size} "
+            f"processes x {tc.grad_accumulation} accumulation steps; choose a multiple of {devices}"
+        )
+    per_device = tc.global_batch_size // devices
+    out = Path(tc.out_dir)
+    ckpt_dir, pred_dir = out / "checkpoints", out / "predictions"
+    dtype = autocast_dtype(config, ctx.device)
+
+    state = load_checkpoint(resume, config) if resume else None  # refuse before writing anything
+    torch.manual_seed(tc.seed)
+    model = build_model(config).to(ctx.device)
+    optimizer = build_optimizer(model, tc)
+    scheduler = build_scheduler(optimizer, tc)
+    loader = BatchLoader(config, "train", rank=ctx.rank, world_size=ctx.world_size, per_device_batch=per_device)
+    start = 0
+    if state is not None:
+        model.load_state_dict(state["model"], strict=True)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        loader.load_state_dict(state["loader"])
+        restore_rng_states(state["rng"])
+        start = int(state["step"])
+    net = model
+    if ctx.distributed:
+        net = DistributedDataParallel(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    valid = validation_batches(config, per_device) if ctx.is_main else []
+
+    if ctx.is_main:
+        for d in (ckpt_dir, pred_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        _atomic_write_text(out / "config.yaml", config.to_yaml())
+    metrics_path = out / "metrics.jsonl"
+    last: dict[str, Any] = {}
+    bar = tqdm(total=tc.num_steps, initial=start, disable=not (progress and ctx.is_main), desc="train", unit="step")
+    net.train()
+    batches = iter(loader)
+    for step in range(start + 1, tc.num_steps + 1):
+        t0 = time.perf_counter()
+        losses, events = _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, step)
+        elapsed = time.perf_counter() - t0
+        record = {"kind": "train", "step": step, "lr": scheduler.get_last_lr()[0], "time_s": elapsed}
+        record["event_index_by_rank"] = events
+        record.update({f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()})
+        if ctx.is_main:
+            _write_json_line(metrics_path, record)
+            bar.set_postfix(loss=f"{record['loss_total']:.4g}", step_s=f"{elapsed:.2f}")
+        bar.update(1)
+        last = record
+        if step % tc.val_freq == 0 or step == tc.num_steps:
+            if ctx.is_main:
+                metrics, predictions = validate(model, valid, config, ctx.device, dtype)
+                _write_json_line(metrics_path, {"kind": "validation", "step": step, **metrics})
+                _save_predictions(pred_dir / f"step_{step:06d}.npz", predictions)
+                last = {**last, **{f"val_{k}": v for k, v in metrics.items()}}
+            _barrier(ctx)
+        if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
+            if ctx.is_main:
+                save_checkpoint(
+                    ckpt_dir / f"step_{step:06d}.pt",
+                    model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, step=step, config=config,
+                )
+            _barrier(ctx)
+    bar.close()
+    distributed.teardown()
+    return {"step": tc.num_steps, "last": last, "out_dir": str(out), "rank": ctx.rank, "world_size": ctx.world_size}
+
+
+def _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, step):
+    accum = config.train.grad_accumulation
+    totals: dict[str, float] = {}
+    events: list[int] = []
+    for _ in range(accum):
+        batch = _to(next(batches), ctx.device)
+        events += batch["event_index"].tolist()
+        try:
+            _, losses = forward_and_loss(net, batch, config, dtype)
+            values = check_finite(losses, step, batch)
+            (losses["total"] / accum).backward()
+        except torch.OutOfMemoryError:
+            raise OutOfMemory(out_of_memory_message(batch, config)) from None
+        for k, v in values.items():
+            totals[k] = totals.get(k, 0.0) + v / accum
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return totals, distributed.gather_lists(events, ctx)
+
+
+def _barrier(ctx) -> None:
+    if ctx.distributed:
+        torch.distributed.barrier()

@@ -1,0 +1,100 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from heptstudy.config import load_config
+from heptstudy.errors import HeptstudyError
+from heptstudy.train.trainer import train
+from tests.conftest import tiny_train_overrides
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _records(out, kind):
+    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def test_short_run_lowers_loss_and_writes_everything(tiny_data_dir, tmp_path):
+    cfg = load_config(
+        overrides=tiny_train_overrides(tiny_data_dir, tmp_path, num_steps=16, val_freq=8, checkpoint_freq=8, lr=0.01)
+    )
+    train(cfg, progress=False)
+    losses = [r["loss_total"] for r in _records(tmp_path, "train")]
+    assert len(losses) == 16
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4
+    val = _records(tmp_path, "validation")
+    assert [r["step"] for r in val] == [8, 16]
+    assert 0.0 <= val[-1]["matched_right_class_fraction"] <= 1.0 and val[-1]["target_particles"] > 0
+    assert (tmp_path / "predictions" / "step_000016.npz").is_file()
+    assert (tmp_path / "checkpoints" / "step_000008.pt").is_file()
+    assert (tmp_path / "config.yaml").is_file()
+
+
+def _final_state(out):
+    return torch.load(Path(out) / "checkpoints" / "step_000004.pt", weights_only=True)
+
+
+def test_resume_is_bit_for_bit(tiny_data_dir, tmp_path):
+    common = ["train.deterministic=true", "model.heptv2.dropout=0.2"]
+    full = load_config(overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "full") + common)
+    train(full, progress=False)
+    resumed = load_config(overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "resumed") + common)
+    train(resumed, resume=tmp_path / "full" / "checkpoints" / "step_000002.pt", progress=False)
+    a, b = _final_state(tmp_path / "full"), _final_state(tmp_path / "resumed")
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    for pid, st in a["optimizer"]["state"].items():
+        for k, v in st.items():
+            other = b["optimizer"]["state"][pid][k]
+            assert torch.equal(v, other) if torch.is_tensor(v) else v == other
+    assert a["loader"] == b["loader"]
+
+
+def test_corrupt_and_incompatible_checkpoints_are_refused(tiny_data_dir, tmp_path):
+    cfg = load_config(overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "run", num_steps=2))
+    train(cfg, progress=False)
+    good = tmp_path / "run" / "checkpoints" / "step_000002.pt"
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(good.read_bytes()[:5000])
+    other_out = tmp_path / "other"
+    with pytest.raises(HeptstudyError, match="not a readable heptstudy checkpoint"):
+        train(load_config(overrides=tiny_train_overrides(tiny_data_dir, other_out)), resume=corrupt, progress=False)
+    wider = tiny_train_overrides(tiny_data_dir, other_out) + ["model.heptv2.embedding_dim=32"]
+    with pytest.raises(HeptstudyError, match="incompatible configuration.*embedding_dim"):
+        train(load_config(overrides=wider), resume=good, progress=False)
+    assert not other_out.exists()  # refused before anything was written
+    before = good.read_bytes()
+    assert good.read_bytes() == before
+
+
+def test_non_finite_loss_stops_with_step_and_events(tiny_data_dir, tmp_path):
+    cfg = load_config(overrides=tiny_train_overrides(tiny_data_dir, tmp_path, lr=1e30, num_steps=6, checkpoint_freq=1))
+    with pytest.raises(HeptstudyError, match=r"non-finite loss at step \d+ \(events \["):
+        train(cfg, progress=False)
+
+
+def test_torchrun_two_process_gloo_matches_single_process(tiny_data_dir, tmp_path):
+    common = ["model.heptv2.activation_checkpointing=true", "model.heptv2.dropout=0.0", "model.decoder.dropout=0.0"]
+    single = load_config(overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "single", num_steps=1) + common)
+    train(single, progress=False)
+    args = [f"--set={o}" for o in tiny_train_overrides(tiny_data_dir, tmp_path / "ddp", num_steps=1) + common]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "heptstudy.cli", "train", "--no-progress", *args],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    a = torch.load(tmp_path / "single" / "checkpoints" / "step_000001.pt", weights_only=True)
+    b = torch.load(tmp_path / "ddp" / "checkpoints" / "step_000001.pt", weights_only=True)
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+    by_rank = _records(tmp_path / "ddp", "train")[0]["event_index_by_rank"]
+    assert len(by_rank) == 2 and not set(by_rank[0]) & set(by_rank[1])
+    assert sorted(by_rank[0] + by_rank[1]) == sorted(_records(tmp_path / "single", "train")[0]["event_index_by_rank"][0])
