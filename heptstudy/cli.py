@@ -15,6 +15,8 @@ from heptstudy.errors import HeptstudyError
 
 _AREAS = (
     "heptstudy.data.cli",
+    "heptstudy.train.cli",
+    "heptstudy.scenario",
 )
 
 
