@@ -285,3 +285,33 @@ def test_compute_losses_dispatch():
     )
     with pytest.raises(ConfigError, match="model.variant"):
         L.compute_losses("nope", out, batch, cfg)
+
+
+def test_batch_loss_is_mean_of_half_batch_losses_as_ddp_needs():
+    """Under DDP each rank's loss is averaged: that equals the global-batch loss only if every
+    event weighs the same, whatever its size or number of particles."""
+    import torch
+
+    from heptstudy.config import load_config
+    from heptstudy.model import build_model, example_batch
+    from heptstudy.train.losses import compute_losses
+
+    for variant, dataset in (
+        ("hit_heptv2_grouped_tracker_features", "cld_edm_ttbar_hits:3.2.1"),
+        ("track_cluster_mlpf", "cld_edm_ttbar_pf:3.2.1"),
+    ):
+        cfg = load_config(overrides=[
+            f"model.variant={variant}", f"data.dataset={dataset}", "model.heptv2.embedding_dim=16",
+            "model.heptv2.num_heads=2", "model.heptv2.width=32", "model.heptv2.num_convs=1",
+            "model.heptv2.block_size=16", "model.decoder.num_layers=2", "model.decoder.num_queries=10",
+            "model.track_cluster.num_layers=1", "data.pad_to_multiple=16",
+        ])
+        torch.manual_seed(0)
+        model = build_model(cfg).eval()
+        batch = example_batch(cfg, 4, [90, 40, 64, 17], seed=3)
+        halves = [{k: v[s] for k, v in batch.items()} for s in (slice(0, 2), slice(2, 4))]
+        with torch.no_grad():
+            whole = compute_losses(variant, model(batch), batch, cfg.train.loss)
+            parts = [compute_losses(variant, model(h), h, cfg.train.loss) for h in halves]
+        for k in whole:
+            torch.testing.assert_close(whole[k], (parts[0][k] + parts[1][k]) / 2, rtol=1e-5, atol=1e-6)

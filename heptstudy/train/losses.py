@@ -16,10 +16,11 @@ Conventions
 * Everything is computed in float32 with autocast disabled, so the losses are safe under bf16
   autocast. Only the Hungarian matching leaves the device: one float32 copy of the cost
   matrices per decoder layer, solved with :func:`scipy.optimize.linear_sum_assignment`.
-* Normalisation: the class loss is the class-weighted mean over all queries of the batch (the
-  "no particle" class weighted by ``no_particle_weight``); momentum and grouping losses are
-  means over the matched (query, particle) pairs of the batch (per-pair grouping losses are
-  means over the event's valid hits). Under DDP these are per-rank means.
+* Normalisation: every component is a mean over the events of the batch of a per-event value
+  (class: class-weighted mean over the event's queries or elements; momentum and grouping: mean
+  over the event's matched pairs, zero for an event with none). Each event weighs the same
+  whatever its size, so under DDP (equal per-rank batches, gradients averaged over ranks) the
+  loss and its gradient equal those of one process on the whole global batch.
 * With ``group_loss="focal"`` the ``group_bce`` component holds the sigmoid focal loss
   (alpha ``FOCAL_ALPHA``, gamma ``FOCAL_GAMMA``) so that metric names stay stable.
 """
@@ -217,11 +218,24 @@ def _class_weights(loss_cfg: LossConfig, device: torch.device) -> Tensor:
     return w
 
 
-def weighted_cross_entropy(logits: Tensor, target: Tensor, loss_cfg: LossConfig) -> Tensor:
-    """Class-weighted mean cross-entropy (float32); zero if every weight is zero."""
-    ce = F.cross_entropy(logits.float(), target, reduction="none")
+def weighted_cross_entropy(
+    logits: Tensor, target: Tensor, loss_cfg: LossConfig, valid: Tensor | None = None
+) -> Tensor:
+    """Class-weighted mean cross-entropy (float32) over the last-but-one dimension, then mean
+    over events. ``logits`` [B, N, C], ``target`` [B, N], ``valid`` [B, N] (default: all)."""
+    ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none").view(target.shape)
     w = _class_weights(loss_cfg, logits.device)[target]
-    return (w * ce).sum() / w.sum().clamp(min=1e-12)
+    if valid is not None:
+        w = w * valid.float()
+    return ((w * ce).sum(-1) / w.sum(-1).clamp(min=1e-12)).mean()
+
+
+def event_mean(values: Tensor, event: Tensor, num_events: int) -> Tensor:
+    """Mean over ``num_events`` events of the per-event mean of ``values`` (zero for an event
+    with no entry); ``event`` gives each value's event index."""
+    sums = torch.zeros(num_events, device=values.device).index_add(0, event, values.float())
+    counts = torch.zeros(num_events, device=values.device).index_add(0, event, torch.ones_like(values.float()))
+    return (sums / counts.clamp(min=1.0)).sum() / num_events
 
 
 def group_mask_loss(logits: Tensor, target: Tensor, valid: Tensor, kind: str = "bce") -> Tensor:
@@ -266,16 +280,17 @@ def _layer_losses(
 
     tgt_cls = torch.zeros(B, Q, dtype=torch.long, device=dev)
     tgt_cls[b_idx, q_idx] = all_cls[t_idx]
-    losses = {"class": weighted_cross_entropy(cl.reshape(-1, C), tgt_cls.reshape(-1), loss_cfg)}
+    losses = {"class": weighted_cross_entropy(cl, tgt_cls, loss_cfg)}
 
     if q_idx.numel() == 0:  # nothing matched: zero, but keep the graph connected (DDP)
         zero = (mo.float().sum() + gr.float().sum()) * 0.0
         losses.update(momentum=zero, group_bce=zero, group_dice=zero)
         return losses
-    losses["momentum"] = F.l1_loss(mo[b_idx, q_idx].float(), all_mom[t_idx])
+    l1 = (mo[b_idx, q_idx].float() - all_mom[t_idx]).abs().mean(-1)
+    losses["momentum"] = event_mean(l1, b_idx, B)
     x, t, v = gr[b_idx, q_idx], all_mem[t_idx], valid[b_idx]
-    losses["group_bce"] = group_mask_loss(x, t, v, loss_cfg.group_loss).mean()
-    losses["group_dice"] = group_dice_loss(x, t, v).mean()
+    losses["group_bce"] = event_mean(group_mask_loss(x, t, v, loss_cfg.group_loss), b_idx, B)
+    losses["group_dice"] = event_mean(group_dice_loss(x, t, v), b_idx, B)
     return losses
 
 
@@ -328,17 +343,16 @@ def element_losses(
     weighted by ``no_particle_weight``) and momentum L1 where the target class > 0."""
     y, mask = batch["ytarget"], batch["mask"].bool()
     with _no_autocast(mask.device):
-        cls = y[..., COL_CLASS].round().long()
-        logits, mom = outputs["class_logits"][mask], outputs["momentum"]
-        tgt = cls[mask]
-        if tgt.numel() and (int(tgt.min()) < 0 or int(tgt.max()) >= NUM_CLASSES):
-            _check_classes(tgt.cpu().numpy(), "element_losses")
-        losses = {"class": weighted_cross_entropy(logits, tgt, loss_cfg)}
+        cls = torch.where(mask, y[..., COL_CLASS].round().long(), 0)
+        mom = outputs["momentum"]
+        if int(cls.min()) < 0 or int(cls.max()) >= NUM_CLASSES:
+            _check_classes(cls[mask].cpu().numpy(), "element_losses")
+        losses = {"class": weighted_cross_entropy(outputs["class_logits"], cls, loss_cfg, valid=mask)}
         has = mask & (cls > 0)
         if bool(has.any()):
-            losses["momentum"] = F.l1_loss(
-                mom[has].float(), momentum_targets(y[..., MOMENTUM_COLUMNS][has])
-            )
+            l1 = (mom[has].float() - momentum_targets(y[..., MOMENTUM_COLUMNS][has])).abs().mean(-1)
+            event = torch.nonzero(has, as_tuple=True)[0]
+            losses["momentum"] = event_mean(l1, event, mask.shape[0])
         else:
             losses["momentum"] = mom.float().sum() * 0.0
         losses["total"] = (
