@@ -451,8 +451,11 @@ def _run_wrapper(variant: str, env: dict, *extra: str) -> subprocess.CompletedPr
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not (_have("heptstudy.train.trainer") and _have("heptstudy.data.generate")),
-    reason="the trainer (heptstudy.train.trainer) or the generator is not there yet",
+    not all(
+        _have(m)
+        for m in ("heptstudy.train.trainer", "heptstudy.data.generate", "heptstudy.data.cli")
+    ),
+    reason="the trainer, the data generator or the data CLI is not there yet",
 )
 @pytest.mark.parametrize("variant", [HIT_VARIANT, TRACK_CLUSTER_VARIANT])
 def test_local_wrapper_smoke_and_resume(variant, tmp_path):
