@@ -1,0 +1,403 @@
+"""TFDS schemas of the CLD ttbar data sets, the builders that write them and the reader.
+
+The two data sets have the feature dictionaries of the real ``cld_edm_ttbar_hits`` and
+``cld_edm_ttbar_pf`` TFDS data sets (version 3.2.1, builder configs "1".."10", splits train and
+test, ArrayRecord files).  Writing goes through TFDS's own ``download_and_prepare`` with
+``file_format="array_record"``; reading goes through ``tfds.builder(...).as_data_source(split)``,
+which builds the reader from the ``features.json``/``dataset_info.json`` on disk.  Neither needs
+TensorFlow.  The reader only relies on the feature dictionary, never on how our generator
+happens to write, so the real data sets open the same way.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heptstudy.config import CLASS_PDG_IDS
+from heptstudy.errors import DataError
+
+VERSION = "3.2.1"
+CONFIG_NAMES = tuple(str(i) for i in range(1, 11))
+SPLITS = ("train", "test")
+HITS_NAME = "cld_edm_ttbar_hits"
+PF_NAME = "cld_edm_ttbar_pf"
+
+#: Per-hit input features of ``cld_edm_ttbar_hits`` (elemtype 1 = tracker hit, 2 = calorimeter).
+X_FEATURES_HITS = (
+    "elemtype",
+    "et",
+    "eta",
+    "sin_phi",
+    "cos_phi",
+    "energy",
+    "position.x",
+    "position.y",
+    "position.z",
+    "time",
+    "subdetector",
+    "type",
+    "system",
+    "side",
+    "layer",
+)
+
+#: Per-element input features of ``cld_edm_ttbar_pf``: one row layout shared by tracks
+#: (elemtype 1) and calorimeter clusters (elemtype 2); the name is "track name/cluster name".
+X_FEATURES_PF = (
+    "elemtype",
+    "pt/et",
+    "eta",
+    "sin_phi",
+    "cos_phi",
+    "p/energy",
+    "chi2/position.x",
+    "ndf/position.y",
+    "dEdx/position.z",
+    "dEdxError/iTheta",
+    "radiusOfInnermostHit/energy_ecal",
+    "tanLambda/energy_hcal",
+    "D0/energy_other",
+    "omega/num_hits",
+    "Z0/sigma_x",
+    "time/sigma_y",
+    "-/sigma_z",
+)
+
+#: Target columns per hit (or per element); PDG is stored as a class index into CLASS_PDG_IDS.
+Y_FEATURES = (
+    "PDG",
+    "charge",
+    "pt",
+    "eta",
+    "sin_phi",
+    "cos_phi",
+    "energy",
+    "ispu",
+    "generatorStatus",
+    "simulatorStatus",
+    "gp_to_track",
+    "gp_to_cluster",
+    "jet_idx",
+    "particle_number",
+)
+
+X_WIDTH = {HITS_NAME: len(X_FEATURES_HITS), PF_NAME: len(X_FEATURES_PF)}
+Y_WIDTH = len(Y_FEATURES)
+FEATURE_KEYS = ("X", "ytarget", "ycand", "genmet", "genjets", "targetjets")
+JET_COLUMNS = ("pt", "eta", "phi", "energy")
+assert tuple(CLASS_PDG_IDS) == (0, 211, 130, 22, 11, 13)
+
+
+def features_dict(name: str):
+    """The TFDS feature dictionary of data set ``name`` (identical to the real data set's)."""
+    import tensorflow_datasets as tfds
+
+    if name not in X_WIDTH:
+        raise DataError(
+            f"unknown data set name {name!r}; known: {sorted(X_WIDTH)}; "
+            "set data.dataset to one of them (NAME:VERSION)"
+        )
+    nx = X_WIDTH[name]
+    return tfds.features.FeaturesDict(
+        {
+            "X": tfds.features.Tensor(shape=(None, nx), dtype=np.float32),
+            "ytarget": tfds.features.Tensor(shape=(None, Y_WIDTH), dtype=np.float32),
+            "ycand": tfds.features.Tensor(shape=(None, Y_WIDTH), dtype=np.float32),
+            "genmet": tfds.features.Scalar(dtype=np.float32),
+            "genjets": tfds.features.Tensor(shape=(None, 4), dtype=np.float32),
+            "targetjets": tfds.features.Tensor(shape=(None, 4), dtype=np.float32),
+        }
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+def write_with_tfds(
+    data_dir: str | Path,
+    name: str,
+    config: str,
+    examples: Mapping[str, Callable[[], Iterable[tuple[int, dict[str, Any]]]]],
+    metadata: Mapping[str, Any],
+    description: str = "",
+) -> Path:
+    """Write one builder config of ``name`` through TFDS's ``download_and_prepare`` as ArrayRecord.
+
+    ``examples[split]()`` yields ``(key, example)`` pairs in the order they are to be stored
+    (shuffling is disabled, so event ``i`` of a split is the ``i``-th example generated).
+    Returns the directory ``data_dir/name/config/VERSION``.
+    """
+    import tensorflow_datasets as tfds
+
+    if config not in CONFIG_NAMES:
+        raise DataError(f"builder config {config!r} is not one of {list(CONFIG_NAMES)}")
+    meta = dict(metadata)
+    ds_name = name
+
+    class _Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+        # A one-part module name keeps TFDS's code_path() off a branch that imports the
+        # `importlib_resources` back-port, which TFDS only declares for Python < 3.9.
+        __module__ = "heptstudy"
+        name = ds_name
+        VERSION = tfds.core.Version(VERSION)
+        BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=c) for c in CONFIG_NAMES]
+
+        def _info(self):
+            return tfds.core.DatasetInfo(
+                builder=self,
+                description=description,
+                features=features_dict(name),
+                disable_shuffling=True,
+                metadata=tfds.core.MetadataDict(meta),
+                homepage="https://github.com/jpata/particleflow (schema); synthetic events",
+            )
+
+        def _split_generators(self, dl_manager):
+            return {split: self._generate_examples(split) for split in examples}
+
+        def _generate_examples(self, split):
+            yield from examples[split]()
+
+    builder = _Builder(data_dir=str(data_dir), config=config)
+    builder.download_and_prepare(
+        file_format="array_record",
+        download_config=tfds.download.DownloadConfig(
+            download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS
+        ),
+    )
+    return Path(data_dir) / name / config / VERSION
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+_DATASET_RE = re.compile(r"^([a-z0-9_]+):(\d+\.\d+\.\d+)$")
+
+
+def parse_dataset(dataset: str) -> tuple[str, str]:
+    m = _DATASET_RE.match(dataset or "")
+    if not m:
+        raise DataError(
+            f"data.dataset={dataset!r} is not of the form NAME:VERSION "
+            f"(for example {HITS_NAME}:{VERSION}); fix data.dataset"
+        )
+    return m.group(1), m.group(2)
+
+
+def _subdirs(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _locate(data_dir: Path, name: str, config: str, version: str) -> Path:
+    gen_hint = (
+        f"generate synthetic events with `heptstudy data generate --data-dir {data_dir} "
+        "--events-train N --events-test M --seed S` or point data.data_dir at a TFDS directory "
+        f"that holds {name}"
+    )
+    if not data_dir.is_dir():
+        raise DataError(f"data directory {str(data_dir)!r} does not exist; {gen_hint}")
+    if not (data_dir / name).is_dir():
+        raise DataError(
+            f"data set {name!r} not found in data directory {str(data_dir)!r} "
+            f"(it holds: {_subdirs(data_dir) or 'nothing'}); {gen_hint}"
+        )
+    configs = _subdirs(data_dir / name)
+    if config not in configs:
+        raise DataError(
+            f"builder config {config!r} of {name} not found under {str(data_dir / name)!r}; "
+            f"available configs: {configs or 'none'}; set data.configs to some of them "
+            "or generate the missing config with `heptstudy data generate --configs ...`"
+        )
+    versions = _subdirs(data_dir / name / config)
+    if version not in versions:
+        raise DataError(
+            f"version {version!r} of {name}/{config} not found; available versions: "
+            f"{versions or 'none'}; set data.dataset to {name}:<one of them>"
+        )
+    path = data_dir / name / config / version
+    if not (path / "dataset_info.json").is_file() or not (path / "features.json").is_file():
+        raise DataError(
+            f"{str(path)!r} has no dataset_info.json/features.json, so it is not a complete "
+            "TFDS data set (an interrupted write?); regenerate it or copy it again"
+        )
+    return path
+
+
+class ShardedDataset:
+    """Several builder configs of one data set and split, seen as one indexable sequence.
+
+    Global index ``i`` runs over config 0's events, then config 1's, and so on; each config is
+    one shard.  ``ds[i]`` returns a dict of numpy arrays (``X``, ``ytarget``, ``ycand``,
+    ``genmet``, ``genjets``, ``targetjets``) plus ``event_index`` (= ``i``).
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Any],
+        shard_names: Sequence[str],
+        name: str,
+        split: str,
+        metadata: dict[str, Any],
+        x_width: int,
+    ) -> None:
+        self._sources = list(sources)
+        self.shard_names = list(shard_names)
+        self.name = name
+        self.split = split
+        self.metadata = metadata
+        self.x_width = x_width
+        self.shard_sizes = [len(s) for s in self._sources]
+        self._offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
+
+    @property
+    def is_hits(self) -> bool:
+        return self.name.endswith("_hits")
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard, index within the shard) of global event ``index``."""
+        if not 0 <= index < len(self):
+            raise DataError(
+                f"event index {index} is out of range for {self.name} {self.split} "
+                f"(configs {self.shard_names}, {len(self)} events); use 0..{len(self) - 1}"
+            )
+        shard = bisect.bisect_right(self._offsets.tolist(), index) - 1
+        return shard, index - int(self._offsets[shard])
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        index = int(index)
+        shard, local = self.locate(index)
+        raw = self._sources[shard][local]
+        ev = {
+            "X": np.asarray(raw["X"], dtype=np.float32).reshape(-1, self.x_width),
+            "ytarget": np.asarray(raw["ytarget"], dtype=np.float32).reshape(-1, Y_WIDTH),
+            "ycand": np.asarray(raw["ycand"], dtype=np.float32).reshape(-1, Y_WIDTH),
+            "genmet": np.asarray(raw["genmet"], dtype=np.float32).reshape(()),
+            "genjets": np.asarray(raw["genjets"], dtype=np.float32).reshape(-1, 4),
+            "targetjets": np.asarray(raw["targetjets"], dtype=np.float32).reshape(-1, 4),
+        }
+        if not np.isfinite(ev["X"]).all():
+            bad = np.argwhere(~np.isfinite(ev["X"]))[0]
+            raise DataError(
+                f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
+                f"index {index}) has a non-finite input feature: X[{bad[0]}, {bad[1]}] = "
+                f"{ev['X'][bad[0], bad[1]]} ({self._x_feature(bad[1])}); the study does not "
+                "patch or drop such events: fix or regenerate the data set"
+            )
+        if not np.isfinite(ev["ytarget"]).all():
+            bad = np.argwhere(~np.isfinite(ev["ytarget"]))[0]
+            raise DataError(
+                f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
+                f"index {index}) has a non-finite target: ytarget[{bad[0]}, {bad[1]}] "
+                f"({Y_FEATURES[bad[1]]}); fix or regenerate the data set"
+            )
+        if len(ev["ytarget"]) != len(ev["X"]):
+            raise DataError(
+                f"{self.name}/{self.shard_names[shard]} {self.split} event {local}: X has "
+                f"{len(ev['X'])} rows but ytarget has {len(ev['ytarget'])}; they must match"
+            )
+        ev["event_index"] = np.int64(index)
+        return ev
+
+    def _x_feature(self, col: int) -> str:
+        names = X_FEATURES_HITS if self.is_hits else X_FEATURES_PF
+        return names[col] if col < len(names) else f"column {col}"
+
+    def lengths(self) -> np.ndarray:
+        """Number of hits (elements) of every event, in global index order (reads every event)."""
+        return np.array([len(self[i]["X"]) for i in range(len(self))], dtype=np.int64)
+
+
+def open_dataset(
+    data_dir: str | Path, dataset: str, configs: Sequence[str], split: str
+) -> ShardedDataset:
+    """Open ``NAME/CONFIG:VERSION`` for every config in ``configs`` (one shard each) and ``split``.
+
+    Works on the generated data and on a real TFDS directory alike.  Fails with a
+    :class:`DataError` on a missing directory, an unknown version or config, an unknown split, a
+    wrong feature count or a non-ArrayRecord data set; NaN/inf are reported when read.
+    """
+    import tensorflow_datasets as tfds
+
+    name, version = parse_dataset(dataset)
+    if not configs:
+        raise DataError("data.configs is empty; give at least one builder config, e.g. ['1']")
+    if isinstance(configs, str):
+        configs = [configs]
+    data_dir = Path(data_dir).expanduser()
+    sources, metas = [], []
+    expected = X_WIDTH.get(name)
+    for config in configs:
+        config = str(config)
+        path = _locate(data_dir, name, config, version)
+        try:
+            builder = tfds.builder(f"{name}/{config}:{version}", data_dir=str(data_dir))
+        except Exception as err:  # TFDS raises several types; report them all the same way
+            raise DataError(
+                f"TFDS could not open {str(path)!r}: {type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}; check that the directory holds "
+                "a TFDS data set"
+            ) from None
+        info = builder.info
+        if split not in info.splits:
+            raise DataError(
+                f"split {split!r} not found in {name}/{config}:{version}; available splits: "
+                f"{sorted(info.splits)}; use one of them"
+            )
+        feats = info.features
+        missing = [k for k in FEATURE_KEYS if k not in feats]
+        if missing:
+            raise DataError(
+                f"{name}/{config}:{version} lacks the features {missing} (it has "
+                f"{sorted(feats)}); the study needs {list(FEATURE_KEYS)}"
+            )
+        found = feats["X"].shape[-1]
+        if expected is not None and found != expected:
+            raise DataError(
+                f"{name}/{config}:{version} has {found} input features per row in X, expected "
+                f"{expected} ({', '.join(X_FEATURES_HITS if name == HITS_NAME else X_FEATURES_PF)}); "
+                "this is not the schema the study reads: use a matching data set version"
+            )
+        found_y = feats["ytarget"].shape[-1]
+        if found_y != Y_WIDTH:
+            raise DataError(
+                f"{name}/{config}:{version} has {found_y} target columns, expected {Y_WIDTH} "
+                f"({', '.join(Y_FEATURES)}); use a matching data set version"
+            )
+        if expected is None:
+            expected = found
+        try:
+            source = builder.as_data_source(split)
+        except Exception as err:
+            raise DataError(
+                f"{str(path)!r} cannot be read as a random-access data source "
+                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); the "
+                "reader needs ArrayRecord files (file_format array_record): convert the data set "
+                "with `tfds build --file_format=array_record` or regenerate it"
+            ) from None
+        sources.append(source)
+        md = dict(info.metadata or {})
+        md.setdefault("synthetic", False)
+        md["synthetic"] = bool(md["synthetic"])
+        md["config"] = config
+        md["path"] = str(path)
+        metas.append(md)
+    metadata = dict(metas[0])
+    metadata.pop("config", None)
+    metadata.pop("path", None)
+    metadata["synthetic"] = any(m["synthetic"] for m in metas)
+    metadata["name"] = name
+    metadata["version"] = version
+    metadata["configs"] = [str(c) for c in configs]
+    metadata["split"] = split
+    metadata["per_config"] = metas
+    return ShardedDataset(sources, [str(c) for c in configs], name, split, metadata, expected)
