@@ -1,0 +1,205 @@
+"""Padding events into batches, the training batch loader, and fixed validation/test events.
+
+A batch is a dict of tensors:
+
+* ``X`` float32 ``[B, S, F]``: hit (or element) features, zeros on padding;
+* ``mask`` bool ``[B, S]``: True on real hits;
+* ``ytarget`` float32 ``[B, S, 14]``: targets, zeros on padding;
+* ``neighbourhood`` float32 ``[B, S, K]``: tracker-neighbourhood block (only when radii are
+  given; zeros on padding);
+* ``event_index`` int64 ``[B]``: global event indices (see :class:`ShardedDataset`);
+* ``length`` int64 ``[B]``: real hits per event;
+* ``padded_length`` int64 ``[B]``: each event's length rounded up to ``pad_to_multiple``.
+
+``S`` is the largest ``padded_length`` in the batch (at least ``pad_to_multiple``).
+
+Fixed evaluation events come from the **test** split: validation uses events ``0..nvalid-1``,
+the held-out test set the next ``ntest`` (``nvalid..nvalid+ntest-1``), of the configs in
+``data.configs`` (global index order: config after config).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from heptstudy.data.features import tracker_neighbourhood
+from heptstudy.data.sampler import InterleavedShardSampler
+from heptstudy.data.tfds import ShardedDataset, open_dataset
+from heptstudy.errors import DataError
+
+
+def padded_size(n: int, multiple: int) -> int:
+    return -(-int(n) // multiple) * multiple
+
+
+def collate(
+    events: Sequence[dict[str, Any]],
+    pad_to_multiple: int,
+    neighbourhood_radii: Sequence[float] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Pad ``events`` (dicts with ``X``, ``ytarget`` and optionally ``event_index``) into a batch."""
+    if not events:
+        raise DataError("cannot build a batch from zero events; ask for at least one event")
+    if pad_to_multiple < 1:
+        raise DataError(f"data.pad_to_multiple={pad_to_multiple} must be >= 1 (default 128)")
+    lengths = np.array([len(ev["X"]) for ev in events], dtype=np.int64)
+    padded = np.array([padded_size(n, pad_to_multiple) for n in lengths], dtype=np.int64)
+    S = max(int(padded.max()), pad_to_multiple)
+    B = len(events)
+    F = events[0]["X"].shape[1]
+    X = np.zeros((B, S, F), dtype=np.float32)
+    Y = np.zeros((B, S, events[0]["ytarget"].shape[1]), dtype=np.float32)
+    mask = np.zeros((B, S), dtype=bool)
+    K = len(neighbourhood_radii) + 3 if neighbourhood_radii is not None else 0
+    nb = np.zeros((B, S, K), dtype=np.float32) if K else None
+    for b, ev in enumerate(events):
+        n = lengths[b]
+        X[b, :n] = ev["X"]
+        Y[b, :n] = ev["ytarget"]
+        mask[b, :n] = True
+        if nb is not None:
+            nb[b, :n] = ev["neighbourhood"] if "neighbourhood" in ev else tracker_neighbourhood(
+                ev["X"], neighbourhood_radii
+            )
+    out = {
+        "X": torch.from_numpy(X),
+        "mask": torch.from_numpy(mask),
+        "ytarget": torch.from_numpy(Y),
+        "event_index": torch.tensor(
+            [int(ev.get("event_index", i)) for i, ev in enumerate(events)], dtype=torch.int64
+        ),
+        "length": torch.from_numpy(lengths),
+        "padded_length": torch.from_numpy(padded),
+    }
+    if nb is not None:
+        out["neighbourhood"] = torch.from_numpy(nb)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Config-driven helpers
+
+
+@functools.lru_cache(maxsize=8)
+def _open_cached(data_dir: str, dataset: str, configs: tuple[str, ...], split: str) -> ShardedDataset:
+    return open_dataset(data_dir, dataset, list(configs), split)
+
+
+def dataset_for(config, split: str) -> ShardedDataset:
+    """The data set of ``config.data`` for ``split`` (opened once per process)."""
+    d = config.data
+    return _open_cached(str(d.data_dir), d.dataset, tuple(str(c) for c in d.configs), split)
+
+
+def neighbourhood_radii(config, ds: ShardedDataset) -> list[float] | None:
+    """The radii when tracker features are on and the data set is a hits one, else None."""
+    tf = config.model.tracker_features
+    return list(tf.radii) if tf.enabled and ds.is_hits else None
+
+
+def _read(ds: ShardedDataset, indices: Sequence[int], workers: int) -> list[dict[str, Any]]:
+    if workers > 0 and len(indices) > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(ds.__getitem__, indices))
+    return [ds[i] for i in indices]
+
+
+def load_events(config, indices: Sequence[int], split: str = "train") -> dict[str, torch.Tensor]:
+    """One collated batch of exactly the events ``indices`` of ``split`` (global indices)."""
+    ds = dataset_for(config, split)
+    events = _read(ds, [int(i) for i in indices], config.data.num_workers)
+    return collate(events, config.data.pad_to_multiple, neighbourhood_radii(config, ds))
+
+
+def _fixed_batches(config, start: int, count: int, batch_size: int, what: str) -> list[dict]:
+    if batch_size < 1:
+        raise DataError(f"batch_size={batch_size} must be >= 1")
+    ds = dataset_for(config, "test")
+    need = config.data.nvalid + config.data.ntest
+    if need > len(ds):
+        raise DataError(
+            f"data.nvalid + data.ntest = {config.data.nvalid} + {config.data.ntest} = {need} "
+            f"events are needed from the test split, but {ds.name} configs {ds.shard_names} "
+            f"hold only {len(ds)}; lower data.nvalid/data.ntest or generate more test events"
+        )
+    idx = list(range(start, start + count))
+    return [
+        load_events(config, idx[i : i + batch_size], "test") for i in range(0, len(idx), batch_size)
+    ]
+
+
+def validation_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """Batches of the ``nvalid`` fixed validation events: test-split events ``0..nvalid-1``."""
+    return _fixed_batches(config, 0, config.data.nvalid, batch_size, "validation")
+
+
+def ntest_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """Batches of the ``ntest`` fixed test events: test-split events ``nvalid..nvalid+ntest-1``."""
+    return _fixed_batches(config, config.data.nvalid, config.data.ntest, batch_size, "test")
+
+
+class BatchLoader:
+    """Endless iterator of padded batches for one rank, in sampler order across epochs.
+
+    ``state_dict()`` holds the sampler position after the last batch handed out;
+    ``load_state_dict()`` on a fresh loader continues with the identical batch sequence.
+    """
+
+    def __init__(
+        self,
+        config,
+        split: str = "train",
+        rank: int = 0,
+        world_size: int = 1,
+        per_device_batch: int | None = None,
+    ) -> None:
+        self.config = config
+        self.split = split
+        self.dataset = dataset_for(config, split)
+        if per_device_batch is None:
+            gbs = config.train.global_batch_size
+            if gbs % world_size:
+                raise DataError(
+                    f"train.global_batch_size={gbs} is not divisible by world_size={world_size}; "
+                    "choose a multiple of the number of devices or pass per_device_batch"
+                )
+            per_device_batch = gbs // world_size
+        if per_device_batch < 1:
+            raise DataError(f"per_device_batch={per_device_batch} must be >= 1")
+        self.batch_size = int(per_device_batch)
+        self.sampler = InterleavedShardSampler(
+            self.dataset.shard_sizes,
+            seed=config.train.seed,
+            rank=rank,
+            world_size=world_size,
+            mode=config.data.sampler,
+        )
+        self.radii = neighbourhood_radii(config, self.dataset)
+        self.batches_served = 0
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.dataset.metadata
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        indices = self.sampler.take(self.batch_size)
+        events = _read(self.dataset, indices, self.config.data.num_workers)
+        batch = collate(events, self.config.data.pad_to_multiple, self.radii)
+        self.batches_served += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict(), "batches_served": self.batches_served}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.batches_served = int(state.get("batches_served", 0))

@@ -1,0 +1,148 @@
+"""Interleaved-shard sampling with a distributed form and an exactly resumable position.
+
+Epoch order (``mode="interleaved_shards"``): shuffle the events within each shard; then,
+round after round, visit the shards that still have events in a random order and take one event
+from each, until all are used.  ``mode="sequential"`` keeps the global index order.
+
+Distributed form: the epoch order is cut into ``world_size`` interleaved slices
+(``order[rank::world_size]``), each truncated to ``len(order) // world_size`` events, so slices
+are disjoint and every rank sees the same number of events, hence of batches (at most
+``world_size - 1`` events per epoch are left out, different ones each epoch).
+
+State: ``(epoch, position)`` within the rank's slice; ``state_dict()`` after taking some events
+and ``load_state_dict()`` into a fresh sampler continue with the identical sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from heptstudy.errors import DataError
+
+MODES = ("interleaved_shards", "sequential")
+
+
+def interleaved_order(shard_sizes: Sequence[int], rng: np.random.Generator) -> np.ndarray:
+    """One epoch of global indices in interleaved-shard order (vectorised, O(N log N))."""
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    total = int(offsets[-1])
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    shard = np.repeat(np.arange(len(sizes)), sizes)
+    # position of each event within its shard after the within-shard shuffle = its round
+    rounds = np.empty(total, dtype=np.int64)
+    index = np.empty(total, dtype=np.int64)
+    for s, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:], strict=True)):
+        rounds[lo:hi] = np.arange(hi - lo)
+        index[lo:hi] = lo + rng.permutation(int(sizes[s]))
+    # within a round, the active shards come in a random order: one random key per (round, shard)
+    n_rounds = int(sizes.max())
+    keys = rng.random((n_rounds, len(sizes)))
+    order = np.lexsort((keys[rounds, shard], rounds))
+    return index[order]
+
+
+class InterleavedShardSampler:
+    """Iterable of global event indices for one rank; see the module docstring."""
+
+    def __init__(
+        self,
+        shard_sizes: Sequence[int],
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        mode: str = "interleaved_shards",
+    ) -> None:
+        if mode not in MODES:
+            raise DataError(f"data.sampler={mode!r} is not one of {list(MODES)}; pick one of them")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise DataError(
+                f"rank={rank}, world_size={world_size}: need world_size >= 1 and 0 <= rank < "
+                "world_size; check the launcher's RANK/WORLD_SIZE"
+            )
+        self.shard_sizes = [int(s) for s in shard_sizes]
+        self.num_events = sum(self.shard_sizes)
+        if self.num_events < world_size:
+            raise DataError(
+                f"the data set has {self.num_events} events, fewer than world_size={world_size}: "
+                "every rank needs at least one event per epoch; generate or select more events"
+            )
+        self.seed = int(seed)
+        self.rank = rank
+        self.world_size = world_size
+        self.mode = mode
+        self.epoch = 0
+        self.position = 0
+        self._cache: tuple[int, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        """Events per epoch on this rank."""
+        return self.num_events // self.world_size
+
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        """This rank's indices of ``epoch``, in order."""
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1]
+        if self.mode == "sequential":
+            order = np.arange(self.num_events, dtype=np.int64)
+        else:
+            rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]))
+            order = interleaved_order(self.shard_sizes, rng)
+        mine = order[self.rank :: self.world_size][: len(self)]
+        self._cache = (epoch, mine)
+        return mine
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self.position = 0
+
+    def __iter__(self) -> Iterator[int]:
+        """The rest of the current epoch from the current position (advancing it)."""
+        idx = self.epoch_indices(self.epoch)
+        while self.position < len(idx):
+            i = int(idx[self.position])
+            self.position += 1
+            yield i
+
+    def take(self, n: int) -> list[int]:
+        """The next ``n`` indices, continuing into the following epochs as needed."""
+        out: list[int] = []
+        while len(out) < n:
+            idx = self.epoch_indices(self.epoch)
+            if self.position >= len(idx):
+                self.set_epoch(self.epoch + 1)
+                continue
+            got = idx[self.position : self.position + n - len(out)]
+            out.extend(int(i) for i in got)
+            self.position += len(got)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "mode": self.mode,
+            "shard_sizes": list(self.shard_sizes),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("seed", "world_size", "mode", "shard_sizes"):
+            mine = getattr(self, key)
+            theirs = state.get(key)
+            if key == "shard_sizes":
+                theirs = [int(s) for s in theirs] if theirs is not None else None
+            if theirs != mine:
+                raise DataError(
+                    f"sampler state has {key}={theirs!r} but this run has {key}={mine!r}; a run "
+                    "can only resume with the same data set, seed, sampler and world size: "
+                    "restore those settings or start a new run"
+                )
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
