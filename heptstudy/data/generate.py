@@ -46,7 +46,7 @@ from heptstudy.data.tfds import (
     VERSION,
     X_WIDTH,
     Y_WIDTH,
-    write_with_tfds,
+    ArrayRecordDatasetWriter,
 )
 from heptstudy.errors import DataError
 
@@ -813,7 +813,6 @@ def generate_datasets(
     index) and written to both data sets.  Returns a summary with the written paths, the event
     counts and the seconds spent.
     """
-    import tensorflow_datasets as tfds
     from tqdm.auto import tqdm
 
     for what, value in (("events_train", events_train), ("events_test", events_test)):
@@ -860,51 +859,32 @@ def generate_datasets(
             "bkg_calo_median": BKG_CALO_MEDIAN,
         },
     }
-    tfds.disable_progress_bar()  # our own bar counts events across both data sets
     counts = {"train": int(events_train), "test": int(events_test)}
-    total = 2 * len(configs) * sum(counts.values())
+    total = len(configs) * sum(counts.values())
     bar = tqdm(total=total, desc="generating events", unit="ev", disable=not progress)
     t0 = time.perf_counter()
     written = {HITS_NAME: [], PF_NAME: []}
     try:
         for config in configs:
-            pf_cache: dict[str, list[dict[str, np.ndarray]]] = {s: [] for s in counts}
-
-            def hits_examples(split, config=config, pf_cache=pf_cache):
-                def gen():
-                    for i in range(counts[split]):
-                        ev = simulate_event(_event_rng(seed, config, split, i), occupancy_scale)
-                        pf_cache[split].append(ev["pf"])
-                        bar.update(1)
-                        yield i, ev["hits"]
-
-                return gen
-
-            def pf_examples(split, pf_cache=pf_cache):
-                def gen():
-                    for i, ex in enumerate(pf_cache[split]):
-                        bar.update(1)
-                        yield i, ex
-
-                return gen
-
             md = dict(metadata, config=config)
-            written[HITS_NAME].append(
-                str(
-                    write_with_tfds(
-                        data_dir, HITS_NAME, config, {s: hits_examples(s) for s in counts}, md,
-                        "Synthetic CLD-like ttbar events, one row per tracker/calorimeter hit.",
-                    )
-                )
-            )
-            written[PF_NAME].append(
-                str(
-                    write_with_tfds(
-                        data_dir, PF_NAME, config, {s: pf_examples(s) for s in counts}, md,
-                        "Synthetic CLD-like ttbar events, one row per track/calorimeter cluster.",
-                    )
-                )
-            )
+            writers = {
+                "hits": ArrayRecordDatasetWriter(
+                    data_dir, HITS_NAME, config, counts, md,
+                    "Synthetic CLD-like ttbar events, one row per tracker/calorimeter hit.",
+                ),
+                "pf": ArrayRecordDatasetWriter(
+                    data_dir, PF_NAME, config, counts, md,
+                    "Synthetic CLD-like ttbar events, one row per track/calorimeter cluster.",
+                ),
+            }
+            for split, n in counts.items():
+                for i in range(n):
+                    ev = simulate_event(_event_rng(seed, config, split, i), occupancy_scale)
+                    writers["hits"].add(split, ev["hits"])
+                    writers["pf"].add(split, ev["pf"])
+                    bar.update(1)
+            written[HITS_NAME].append(str(writers["hits"].close()))
+            written[PF_NAME].append(str(writers["pf"].close()))
     finally:
         bar.close()
     return {

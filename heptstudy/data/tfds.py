@@ -2,8 +2,8 @@
 
 The two data sets have the feature dictionaries of the real ``cld_edm_ttbar_hits`` and
 ``cld_edm_ttbar_pf`` TFDS data sets (version 3.2.1, builder configs "1".."10", splits train and
-test, ArrayRecord files).  Writing goes through TFDS's own ``download_and_prepare`` with
-``file_format="array_record"``; reading goes through ``tfds.builder(...).as_data_source(split)``,
+test, ArrayRecord files).  Writing serialises examples with the data set's TFDS ``FeaturesDict`` into ArrayRecord
+shards and writes TFDS's ``DatasetInfo`` next to them; reading goes through ``tfds.builder(...).as_data_source(split)``,
 which builds the reader from the ``features.json``/``dataset_info.json`` on disk.  Neither needs
 TensorFlow.  The reader only relies on the feature dictionary, never on how our generator
 happens to write, so the real data sets open the same way.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,59 +120,125 @@ def features_dict(name: str):
 # Writing
 
 
-def write_with_tfds(
-    data_dir: str | Path,
-    name: str,
-    config: str,
-    examples: Mapping[str, Callable[[], Iterable[tuple[int, dict[str, Any]]]]],
-    metadata: Mapping[str, Any],
-    description: str = "",
-) -> Path:
-    """Write one builder config of ``name`` through TFDS's ``download_and_prepare`` as ArrayRecord.
+class ArrayRecordDatasetWriter:
+    """Stream examples of one builder config into ArrayRecord shards plus TFDS metadata.
 
-    ``examples[split]()`` yields ``(key, example)`` pairs in the order they are to be stored
-    (shuffling is disabled, so event ``i`` of a split is the ``i``-th example generated).
-    Returns the directory ``data_dir/name/config/VERSION``.
+    ``tfds``'s ``download_and_prepare`` buffers examples in a shuffler that spills to disk through
+    TensorFlow once it holds more than 1 GB, so it cannot write full-size data sets without
+    TensorFlow.  This writer does what it does, without the buffer: each example is serialised
+    with the data set's ``FeaturesDict.serialize_example``, appended to the current shard file
+    ``NAME-SPLIT.array_record-XXXXX-of-YYYYY`` (events kept in the order given), and at the end
+    ``DatasetInfo`` (features, splits with shard lengths, file format, metadata) is written with
+    ``write_to_directory``.  Everything goes to a temporary folder renamed into place at the end,
+    so an interrupted write never looks like a data set.
     """
-    import tensorflow_datasets as tfds
 
-    if config not in CONFIG_NAMES:
-        raise DataError(f"builder config {config!r} is not one of {list(CONFIG_NAMES)}")
-    meta = dict(metadata)
-    ds_name = name
+    def __init__(
+        self,
+        data_dir: str | Path,
+        name: str,
+        config: str,
+        split_sizes: Mapping[str, int],
+        metadata: Mapping[str, Any],
+        description: str = "",
+        events_per_shard: int = 256,
+    ) -> None:
+        import tensorflow_datasets as tfds
 
-    class _Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-        # A one-part module name keeps TFDS's code_path() off a branch that imports the
-        # `importlib_resources` back-port, which TFDS only declares for Python < 3.9.
-        __module__ = "heptstudy"
-        name = ds_name
-        VERSION = tfds.core.Version(VERSION)
-        BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=c) for c in CONFIG_NAMES]
-
-        def _info(self):
-            return tfds.core.DatasetInfo(
-                builder=self,
-                description=description,
-                features=features_dict(name),
-                disable_shuffling=True,
-                metadata=tfds.core.MetadataDict(meta),
-                homepage="https://github.com/jpata/particleflow (schema); synthetic events",
+        if config not in CONFIG_NAMES:
+            raise DataError(f"builder config {config!r} is not one of {list(CONFIG_NAMES)}")
+        self.name, self.config = name, config
+        self.final = Path(data_dir) / name / config / VERSION
+        if self.final.exists():
+            raise DataError(
+                f"{self.final} already exists; remove it or choose another --data-dir "
+                "(data sets are never silently overwritten)"
             )
+        self.tmp = self.final.parent / f"incomplete.{VERSION}"
+        if self.tmp.exists():
+            import shutil
 
-        def _split_generators(self, dl_manager):
-            return {split: self._generate_examples(split) for split in examples}
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True)
+        self.features = features_dict(name)
+        self.metadata = dict(metadata)
+        self.description = description
+        self._tfds = tfds
+        self._plan = {}
+        for split, n in split_sizes.items():
+            n_shards = max(1, -(-int(n) // events_per_shard))
+            bounds = np.linspace(0, int(n), n_shards + 1).astype(int)
+            self._plan[split] = {"n": int(n), "bounds": bounds, "count": 0, "writer": None,
+                                 "shard": -1, "bytes": 0}
 
-        def _generate_examples(self, split):
-            yield from examples[split]()
+    def _path(self, split: str, shard: int, n_shards: int) -> Path:
+        return self.tmp / f"{self.name}-{split}.array_record-{shard:05d}-of-{n_shards:05d}"
 
-    builder = _Builder(data_dir=str(data_dir), config=config)
-    builder.download_and_prepare(
-        file_format="array_record",
-        download_config=tfds.download.DownloadConfig(
-            download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS
-        ),
-    )
-    return Path(data_dir) / name / config / VERSION
+    def add(self, split: str, example: Mapping[str, Any]) -> None:
+        from array_record.python.array_record_module import ArrayRecordWriter
+
+        plan = self._plan[split]
+        i = plan["count"]
+        if i >= plan["n"]:
+            raise DataError(f"more than the announced {plan['n']} events written to split {split!r}")
+        bounds = plan["bounds"]
+        shard = int(np.searchsorted(bounds, i, side="right")) - 1
+        if shard != plan["shard"]:
+            if plan["writer"] is not None:
+                plan["writer"].close()
+            plan["writer"] = ArrayRecordWriter(
+                str(self._path(split, shard, len(bounds) - 1)), "group_size:1"
+            )
+            plan["shard"] = shard
+        data = self.features.serialize_example(example)
+        plan["writer"].write(data)
+        plan["bytes"] += len(data)
+        plan["count"] = i + 1
+
+    def close(self) -> Path:
+        tfds = self._tfds
+        infos = []
+        for split, plan in self._plan.items():
+            if plan["writer"] is not None:
+                plan["writer"].close()
+            if plan["count"] != plan["n"]:
+                raise DataError(f"split {split!r}: {plan['count']} of {plan['n']} events written")
+            template = tfds.core.ShardedFileTemplate(
+                data_dir=self.final,
+                dataset_name=self.name,
+                split=split,
+                filetype_suffix="array_record",
+            )
+            infos.append(
+                tfds.core.SplitInfo(
+                    name=split,
+                    shard_lengths=[int(x) for x in np.diff(plan["bounds"])],
+                    num_bytes=plan["bytes"],
+                    filename_template=template,
+                )
+            )
+        from tensorflow_datasets.core import dataset_info as dataset_info_lib
+
+        identity = dataset_info_lib.DatasetIdentity(
+            name=self.name,
+            version=tfds.core.Version(VERSION),
+            data_dir=str(self.final),
+            module_name="heptstudy.data.generate",
+            config_name=self.config,
+            config_description=f"builder config {self.config}",
+        )
+        info = tfds.core.DatasetInfo(
+            builder=identity,
+            description=self.description,
+            features=self.features,
+            metadata=tfds.core.MetadataDict(self.metadata),
+            homepage="https://github.com/jpata/particleflow (schema); synthetic events",
+        )
+        info.set_file_format("array_record")
+        info.set_splits(tfds.core.SplitDict(infos))
+        info.write_to_directory(self.tmp)
+        self.tmp.rename(self.final)
+        return self.final
 
 
 # --------------------------------------------------------------------------------------------
