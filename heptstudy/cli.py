@@ -16,6 +16,7 @@ from heptstudy.errors import HeptstudyError
 _AREAS = (
     "heptstudy.data.cli",
     "heptstudy.train.cli",
+    "heptstudy.measure.cli",
     "heptstudy.scenario",
 )
 

@@ -93,8 +93,12 @@ def test_torchrun_two_process_gloo_matches_single_process(tiny_data_dir, tmp_pat
     assert run.returncode == 0, run.stderr[-3000:]
     a = torch.load(tmp_path / "single" / "checkpoints" / "step_000001.pt", weights_only=True)
     b = torch.load(tmp_path / "ddp" / "checkpoints" / "step_000001.pt", weights_only=True)
+    # Gradients agree to float32 rounding; LAMB's first step divides each gradient by its own
+    # magnitude, so a gradient that is exactly zero in theory (the attention key bias) turns
+    # rounding noise into an update of at most lr * noise / (noise + eps): atol covers that,
+    # 0.2% of one learning-rate step (lr = 0.005).
     for k, v in a["model"].items():
-        torch.testing.assert_close(b["model"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(b["model"][k], v, rtol=1e-5, atol=1e-5, msg=k)
     by_rank = _records(tmp_path / "ddp", "train")[0]["event_index_by_rank"]
     assert len(by_rank) == 2 and not set(by_rank[0]) & set(by_rank[1])
     assert sorted(by_rank[0] + by_rank[1]) == sorted(_records(tmp_path / "single", "train")[0]["event_index_by_rank"][0])

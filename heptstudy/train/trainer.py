@@ -65,7 +65,7 @@ def describe_batch(batch) -> str:
 
 
 def check_finite(losses: dict[str, torch.Tensor], step: int, batch) -> dict[str, float]:
-    values = {k: float(v) for k, v in losses.items()}
+    values = {k: float(v.detach()) for k, v in losses.items()}
     if not all(math.isfinite(v) for v in values.values()):
         raise NonFiniteLoss(
             f"non-finite loss at step {step} ({describe_batch(batch)}): components {values}. "

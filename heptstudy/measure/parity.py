@@ -1,0 +1,152 @@
+"""Checkpointing parity: does switching activation checkpointing on change anything it must not?
+
+Three passes without optimizer updates on the same batch, the same initial weights and the same
+dropout seed: baseline, a repeat of the baseline, and checkpointed. The repeat shows how much a
+pass differs from itself on this device (non-deterministic kernels); checkpointed-vs-baseline is
+read against it. A few optimizer steps in both modes give the loss trajectories.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from heptstudy.config import Config
+from heptstudy.model import build_model
+from heptstudy.train.optim import build_optimizer, build_scheduler
+from heptstudy.train.trainer import forward_and_loss, train_step
+
+#: Dropout seed of every parity pass.
+PASS_SEED = 4242
+
+
+def set_deterministic(device: torch.device) -> None:
+    if device.type == "cuda":
+        # cuBLAS needs a fixed workspace before its first call to be deterministic.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
+def with_checkpointing(config: Config, on: bool) -> Config:
+    data = config.to_dict()
+    data["model"]["heptv2"]["activation_checkpointing"] = on
+    return Config.model_validate(data)
+
+
+def build_seeded(config: Config, device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(config.train.seed)
+    return build_model(config).to(device)
+
+
+def _pass(model, batch, config, dtype) -> tuple[dict, dict, dict]:
+    model.train()
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(PASS_SEED)
+    outputs, losses = forward_and_loss(model, batch, config, dtype)
+    losses["total"].backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    outputs = {k: v.detach().clone() for k, v in outputs.items()}
+    return outputs, {k: v.detach().clone() for k, v in losses.items()}, grads
+
+
+def _compare_tensors(a: dict, b: dict) -> list[dict[str, Any]]:
+    rows = []
+    for name in a:
+        x, y = a[name].float(), b[name].float()
+        rows.append(
+            {
+                "name": name,
+                "shape": list(x.shape),
+                "equal": bool(torch.equal(a[name], b[name])),
+                "max_abs_diff": float((x - y).abs().max()) if x.numel() else 0.0,
+            }
+        )
+    return rows
+
+
+def _compare_grads(a: dict, b: dict) -> list[dict[str, Any]]:
+    rows = []
+    for name in b:
+        x, y = a[name].double(), b[name].double()
+        ref = float(y.norm())
+        diff = float((x - y).norm())
+        rows.append(
+            {
+                "name": name,
+                "equal": bool(torch.equal(a[name], b[name])),
+                "rel_l2": diff / ref if ref > 0 else (0.0 if diff == 0 else float("inf")),
+                "max_abs_diff": float((x - y).abs().max()),
+            }
+        )
+    return rows
+
+
+def _overall_rel_l2(a: dict, b: dict) -> float:
+    num = sum(float((a[n].double() - b[n].double()).norm() ** 2) for n in b)
+    den = sum(float(b[n].double().norm() ** 2) for n in b)
+    return (num / den) ** 0.5 if den > 0 else 0.0
+
+
+def run_parity(config: Config, batch: dict, device: torch.device, dtype=None, trajectory_steps: int = 3) -> dict:
+    """The parity section of a report (see module docstring)."""
+    base_cfg, ckpt_cfg = with_checkpointing(config, False), with_checkpointing(config, True)
+    baseline = build_seeded(base_cfg, device)
+    checkpointed = build_seeded(ckpt_cfg, device)
+    for (n, p), (_, q) in zip(baseline.state_dict().items(), checkpointed.state_dict().items(), strict=True):
+        if not torch.equal(p, q):
+            raise RuntimeError(f"parity: initial weights differ at {n}; seeding is broken")
+
+    out_a, loss_a, grad_a = _pass(baseline, batch, base_cfg, dtype)
+    out_r, loss_r, grad_r = _pass(baseline, batch, base_cfg, dtype)
+    out_c, loss_c, grad_c = _pass(checkpointed, batch, ckpt_cfg, dtype)
+    if set(grad_a) != set(grad_c):
+        raise RuntimeError("parity: checkpointing changed which parameters receive gradients")
+
+    ckpt_grads, repeat_grads = _compare_grads(grad_c, grad_a), _compare_grads(grad_r, grad_a)
+    within = [
+        c["equal"] or c["max_abs_diff"] <= r["max_abs_diff"]
+        for c, r in zip(ckpt_grads, repeat_grads, strict=True)
+    ]
+    return {
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "outputs": {
+            "checkpointed_vs_baseline": _compare_tensors(out_c, out_a),
+            "repeat_vs_baseline": _compare_tensors(out_r, out_a),
+        },
+        "loss": {
+            "checkpointed_vs_baseline": _compare_tensors(loss_c, loss_a),
+            "repeat_vs_baseline": _compare_tensors(loss_r, loss_a),
+        },
+        "gradients": {
+            "checkpointed_vs_baseline": ckpt_grads,
+            "repeat_vs_baseline": repeat_grads,
+            "overall_rel_l2": {
+                "checkpointed_vs_baseline": _overall_rel_l2(grad_c, grad_a),
+                "repeat_vs_baseline": _overall_rel_l2(grad_r, grad_a),
+            },
+        },
+        "summary": {
+            "num_outputs": len(out_a),
+            "outputs_equal": sum(r["equal"] for r in _compare_tensors(out_c, out_a)),
+            "loss_equal": all(r["equal"] for r in _compare_tensors(loss_c, loss_a)),
+            "num_gradients": len(grad_a),
+            "gradients_equal": sum(r["equal"] for r in ckpt_grads),
+            "gradients_within_repeat": sum(within),
+        },
+        "loss_trajectories": {
+            "baseline": _trajectory(base_cfg, batch, device, dtype, trajectory_steps),
+            "checkpointed": _trajectory(ckpt_cfg, batch, device, dtype, trajectory_steps),
+        },
+    }
+
+
+def _trajectory(config, batch, device, dtype, steps: int) -> list[float]:
+    model = build_seeded(config, device)
+    optimizer = build_optimizer(model, config.train)
+    scheduler = build_scheduler(optimizer, config.train)
+    model.train()
+    torch.manual_seed(PASS_SEED)
+    return [float(train_step(model, batch, optimizer, scheduler, config, dtype)["total"]) for _ in range(steps)]
+
