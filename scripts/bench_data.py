@@ -1,0 +1,58 @@
+"""Throughput of the input path on one core: read + decode, pad (collate) and tracker features.
+
+    .venv/bin/python scripts/bench_data.py --data-dir data/tfds --events 200 --batch 4
+
+Prints events/s for reading alone and for reading + padding + neighbourhood features.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def main() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    from heptstudy.data.batching import collate
+    from heptstudy.data.tfds import open_dataset
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data-dir", default="data/tfds")
+    ap.add_argument("--dataset", default="cld_edm_ttbar_hits:3.2.1")
+    ap.add_argument("--configs", nargs="+", default=["1"])
+    ap.add_argument("--events", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--radii", nargs="+", type=float, default=[0.05, 0.2])
+    args = ap.parse_args()
+    ds = open_dataset(args.data_dir, args.dataset, args.configs, "train")
+    n = min(args.events, len(ds))
+    t0 = time.perf_counter()
+    hits = sum(len(ds[i]["X"]) for i in range(n))
+    t_read = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for s in range(0, n, args.batch):
+        collate([ds[i] for i in range(s, min(s + args.batch, n))], 128, args.radii)
+    t_all = time.perf_counter() - t0
+    print(
+        json.dumps(
+            {
+                "events": n,
+                "mean_hits_per_event": hits / n,
+                "synthetic": ds.metadata["synthetic"],
+                "read_events_per_s": n / t_read,
+                "read_pad_features_events_per_s": n / t_all,
+                "cpu_threads": 1,
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
