@@ -27,7 +27,7 @@ def _config(tiny, *extra):
     return load_config(
         overrides=[
             f"data.data_dir={tiny}",
-            "data.configs=[\"1\",\"2\"]",
+            'data.configs=["1","2"]',
             "data.pad_to_multiple=32",
             "data.nvalid=3",
             "data.ntest=2",
@@ -70,7 +70,12 @@ def test_collate_exact_multiple_and_pf(tiny):
     pf = open_dataset(tiny, "cld_edm_ttbar_pf:3.2.1", ["1"], "test")
     b = collate([pf[0], pf[1]], 16)
     assert b["X"].shape[2] == 17 and set(b) == {
-        "X", "mask", "ytarget", "event_index", "length", "padded_length"
+        "X",
+        "mask",
+        "ytarget",
+        "event_index",
+        "length",
+        "padded_length",
     }
 
 
@@ -107,7 +112,9 @@ def test_neighbourhood_brute_force_near_phi_wrap():
     X2 = np.zeros((3, 15), np.float32)
     X2[:, 0] = [1, 1, 2]
     X2[:, 4] = 1.0
-    np.testing.assert_allclose(tracker_neighbourhood(X2, RADII), brute_force_neighbourhood(X2, RADII))
+    np.testing.assert_allclose(
+        tracker_neighbourhood(X2, RADII), brute_force_neighbourhood(X2, RADII)
+    )
     assert tracker_neighbourhood(X2[:1], RADII)[0, -1] == 1.0
 
 

@@ -40,7 +40,9 @@ def test_interleaves_shards():
         pos += len(active)
     # the shard order within rounds is random, not fixed
     firsts = {tuple(order[:4]) for _ in range(1)}
-    orders = {tuple(_shard_of(i) for i in InterleavedShardSampler(SIZES, seed=k))[:4] for k in range(10)}
+    orders = {
+        tuple(_shard_of(i) for i in InterleavedShardSampler(SIZES, seed=k))[:4] for k in range(10)
+    }
     assert len(orders) > 1 and firsts
     # within a shard events are shuffled
     s.set_epoch(0)

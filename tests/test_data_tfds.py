@@ -28,7 +28,9 @@ KEYS = ("X", "ytarget", "ycand", "genmet", "genjets", "targetjets")
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("tfds")
-    generate_datasets(d, N_TRAIN, N_TEST, seed=SEED, configs=("1",), occupancy_scale=OCC, progress=False)
+    generate_datasets(
+        d, N_TRAIN, N_TEST, seed=SEED, configs=("1",), occupancy_scale=OCC, progress=False
+    )
     return d
 
 

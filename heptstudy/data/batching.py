@@ -64,8 +64,10 @@ def collate(
         Y[b, :n] = ev["ytarget"]
         mask[b, :n] = True
         if nb is not None:
-            nb[b, :n] = ev["neighbourhood"] if "neighbourhood" in ev else tracker_neighbourhood(
-                ev["X"], neighbourhood_radii
+            nb[b, :n] = (
+                ev["neighbourhood"]
+                if "neighbourhood" in ev
+                else tracker_neighbourhood(ev["X"], neighbourhood_radii)
             )
     out = {
         "X": torch.from_numpy(X),
@@ -87,7 +89,9 @@ def collate(
 
 
 @functools.lru_cache(maxsize=8)
-def _open_cached(data_dir: str, dataset: str, configs: tuple[str, ...], split: str) -> ShardedDataset:
+def _open_cached(
+    data_dir: str, dataset: str, configs: tuple[str, ...], split: str
+) -> ShardedDataset:
     return open_dataset(data_dir, dataset, list(configs), split)
 
 

@@ -188,7 +188,9 @@ def _orthonormal(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # Generator level
 
 
-def _partons(rng: np.random.Generator) -> tuple[list[np.ndarray], list[tuple[int, np.ndarray]], np.ndarray]:
+def _partons(
+    rng: np.random.Generator,
+) -> tuple[list[np.ndarray], list[tuple[int, np.ndarray]], np.ndarray]:
     """Quark four-vectors, isolated leptons (pid, p4) and the summed neutrino four-vector."""
     m_t, m_w, m_b = 172.5, 80.4, 4.8
     e_top = SQRT_S / 2
@@ -234,9 +236,8 @@ def _fragment(rng: np.random.Generator, quarks: list[np.ndarray]):
         theta = np.arctan2(pt_rel, e)
         azim = rng.uniform(-np.pi, np.pi, n)
         e1, e2 = _orthonormal(axis[None, :])
-        d = (
-            np.cos(theta)[:, None] * axis[None, :]
-            + np.sin(theta)[:, None] * (np.cos(azim)[:, None] * e1 + np.sin(azim)[:, None] * e2)
+        d = np.cos(theta)[:, None] * axis[None, :] + np.sin(theta)[:, None] * (
+            np.cos(azim)[:, None] * e1 + np.sin(azim)[:, None] * e2
         )
         cls.append(c)
         energy.append(e)
@@ -288,7 +289,9 @@ def _hits_array(n: int) -> np.ndarray:
     return np.zeros((n, _HIT_COLS), dtype=np.float64)
 
 
-def _fill_geometry(h: np.ndarray, pos: np.ndarray, energy: np.ndarray, time_ns: np.ndarray, unit_scale: bool) -> None:
+def _fill_geometry(
+    h: np.ndarray, pos: np.ndarray, energy: np.ndarray, time_ns: np.ndarray, unit_scale: bool
+) -> None:
     """Columns et, eta, sin_phi, cos_phi, energy, position, time from positions and energies.
 
     Tracker hits store (sin, cos) of phi multiplied by the common positive factor
@@ -332,7 +335,9 @@ def _tracker_hits(rng, parts: dict[str, np.ndarray], occ: float):
     pi, li = np.nonzero(ok)
     phi = phi0[pi, 0] - q[pi, 0] * alpha[pi, li] + rng.normal(0, 0.005 / r_l[0, li])
     pos = np.stack([r_l[0, li] * np.cos(phi), r_l[0, li] * np.sin(phi), z[pi, li]], axis=1)
-    blocks.append((pi, pos, _BARREL[li, 0], _BARREL[li, 1], np.zeros(len(li)), s[pi, li], z[pi, li]))
+    blocks.append(
+        (pi, pos, _BARREL[li, 0], _BARREL[li, 1], np.zeros(len(li)), s[pi, li], z[pi, li])
+    )
     # disks [P, D]
     zd = _DISKS[None, :, 2]
     s_d = (zd - z0) / np.where(np.abs(cot) < 1e-9, 1e-9, cot)
@@ -343,7 +348,9 @@ def _tracker_hits(rng, parts: dict[str, np.ndarray], occ: float):
     phi = phi0[pi, 0] - q[pi, 0] * turn[pi, di]
     rr = r_d[pi, di]
     pos = np.stack([rr * np.cos(phi), rr * np.sin(phi), zd[0, di]], axis=1)
-    blocks.append((pi, pos, _DISKS[di, 0], _DISKS[di, 1], _DISKS[di, 5], s_d[pi, di], zd[0, di] - z0[pi, 0]))
+    blocks.append(
+        (pi, pos, _DISKS[di, 0], _DISKS[di, 1], _DISKS[di, 5], s_d[pi, di], zd[0, di] - z0[pi, 0])
+    )
     owner = np.concatenate([b[0] for b in blocks])
     pos = np.concatenate([b[1] for b in blocks])
     system = np.concatenate([b[2] for b in blocks])
@@ -351,7 +358,9 @@ def _tracker_hits(rng, parts: dict[str, np.ndarray], occ: float):
     side = np.concatenate([b[4] for b in blocks])
     path = np.hypot(np.concatenate([b[5] for b in blocks]), np.concatenate([b[6] for b in blocks]))
     keep = rng.random(len(owner)) < TRACKER_EFFICIENCY * min(occ, 1.0)
-    owner, pos, system, layer, side, path = (a[keep] for a in (owner, pos, system, layer, side, path))
+    owner, pos, system, layer, side, path = (
+        a[keep] for a in (owner, pos, system, layer, side, path)
+    )
     edep = 8e-5 * (1.0 + rng.exponential(0.3, len(owner)))  # GeV, Landau-like tail
     t = path / (C_MM_PER_NS * beta[owner, 0]) + rng.normal(0, 0.05, len(owner))
     h = _hits_array(len(owner))
@@ -470,12 +479,20 @@ def _calo_hits(rng, parts: dict[str, np.ndarray], occ: float):
             owners.append(own[m])
         m = ~in_ecal
         if m.any():
-            blocks.append(_calo_block(rng, own[m], axis, barrel, np.maximum(lh[m], 0), "hcal", e_hit[m], 60.0, 1))
+            blocks.append(
+                _calo_block(
+                    rng, own[m], axis, barrel, np.maximum(lh[m], 0), "hcal", e_hit[m], 60.0, 1
+                )
+            )
             owners.append(own[m])
 
     # MIP tracks: muons through everything, charged hadrons through the ECAL layers before their
     # shower starts; one hit per layer (thinned when occupancy < 1)
-    mip_ecal_layers = np.where(mu, ECAL_LAYERS, np.where(had & (parts["charge"] != 0), np.minimum(start, 1.0) * ECAL_LAYERS, 0)).astype(int)
+    mip_ecal_layers = np.where(
+        mu,
+        ECAL_LAYERS,
+        np.where(had & (parts["charge"] != 0), np.minimum(start, 1.0) * ECAL_LAYERS, 0),
+    ).astype(int)
     for calo, nl_of, e_mip in (
         ("ecal", mip_ecal_layers, 0.005),
         ("hcal", np.where(mu, HCAL_LAYERS, 0), 0.025),
@@ -502,7 +519,9 @@ def _calo_hits(rng, parts: dict[str, np.ndarray], occ: float):
         pos = (r_l / np.maximum(sin_t, 0.3))[:, None] * axis[own]
         pos = np.round(pos / MUON_CELL) * MUON_CELL
         h = _hits_array(len(own))
-        _fill_geometry(h, pos, 0.002 * np.ones(len(own)), np.linalg.norm(pos, axis=1) / C_MM_PER_NS, True)
+        _fill_geometry(
+            h, pos, 0.002 * np.ones(len(own)), np.linalg.norm(pos, axis=1) / C_MM_PER_NS, True
+        )
         h[:, 0] = 2
         h[:, 10] = SUBDET_MUON
         h[:, 11] = 2
@@ -523,10 +542,15 @@ def _calo_hits(rng, parts: dict[str, np.ndarray], occ: float):
         hcal = rng.random(n_bkg) < 0.4
         own = np.arange(n_bkg)
         e = rng.exponential(0.004, n_bkg)
-        for calo, m, nl, spread in (("ecal", ~hcal, ECAL_LAYERS, 0.0), ("hcal", hcal, HCAL_LAYERS, 0.0)):
+        for calo, m, nl, spread in (
+            ("ecal", ~hcal, ECAL_LAYERS, 0.0),
+            ("hcal", hcal, HCAL_LAYERS, 0.0),
+        ):
             if m.any():
                 layer = rng.integers(0, nl, m.sum())
-                h = _calo_block(rng, np.arange(m.sum()), ax[m], bar[m], layer, calo, e[m], spread, 3)
+                h = _calo_block(
+                    rng, np.arange(m.sum()), ax[m], bar[m], layer, calo, e[m], spread, 3
+                )
                 blocks.append(h)
                 owners.append(np.full(m.sum(), -1))
         del own
@@ -616,7 +640,9 @@ def _jet_definition():
 # One event -> both data sets
 
 
-def simulate_event(rng: np.random.Generator, occupancy_scale: float = 1.0) -> dict[str, dict[str, np.ndarray]]:
+def simulate_event(
+    rng: np.random.Generator, occupancy_scale: float = 1.0
+) -> dict[str, dict[str, np.ndarray]]:
     """Simulate one event; return the ``hits`` and ``pf`` examples (TFDS feature dicts)."""
     parts = generate_particles(rng)
     n_part = len(parts["pid"])
@@ -749,11 +775,20 @@ def _pf_elements(rng, parts, props, X, owner, is_trk, n_trk, has_track) -> dict[
         w = Xc[:, 5]
         esum = np.bincount(ow, weights=w, minlength=n_part)
         cnt = np.bincount(ow, minlength=n_part)
-        mean = np.stack([np.bincount(ow, weights=w * Xc[:, 6 + k], minlength=n_part) for k in range(3)], 1)
+        mean = np.stack(
+            [np.bincount(ow, weights=w * Xc[:, 6 + k], minlength=n_part) for k in range(3)], 1
+        )
         mean /= np.maximum(esum, 1e-12)[:, None]
-        var = np.stack(
-            [np.bincount(ow, weights=w * (Xc[:, 6 + k] - mean[ow, k]) ** 2, minlength=n_part) for k in range(3)], 1
-        ) / np.maximum(esum, 1e-12)[:, None]
+        var = (
+            np.stack(
+                [
+                    np.bincount(ow, weights=w * (Xc[:, 6 + k] - mean[ow, k]) ** 2, minlength=n_part)
+                    for k in range(3)
+                ],
+                1,
+            )
+            / np.maximum(esum, 1e-12)[:, None]
+        )
         e_sub = [np.bincount(ow, weights=w * (Xc[:, 10] == s), minlength=n_part) for s in (1, 2, 3)]
         m = mean[cl_ids]
         rt = np.hypot(m[:, 0], m[:, 1])
@@ -792,7 +827,9 @@ def _pf_elements(rng, parts, props, X, owner, is_trk, n_trk, has_track) -> dict[
 
 
 def _event_rng(seed: int, config: str, split: str, index: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed, int(config), SPLIT_CODE[split], index]))
+    return np.random.default_rng(
+        np.random.SeedSequence([seed, int(config), SPLIT_CODE[split], index])
+    )
 
 
 SPLIT_CODE = {"train": 0, "test": 1}
@@ -817,7 +854,9 @@ def generate_datasets(
 
     for what, value in (("events_train", events_train), ("events_test", events_test)):
         if not isinstance(value, (int, np.integer)) or value < 1:
-            raise DataError(f"{what}={value!r} must be a positive integer number of events; give e.g. 100")
+            raise DataError(
+                f"{what}={value!r} must be a positive integer number of events; give e.g. 100"
+            )
     if not occupancy_scale > 0 or not math.isfinite(occupancy_scale):
         raise DataError(
             f"occupancy_scale={occupancy_scale!r} must be a positive finite number "
@@ -869,11 +908,19 @@ def generate_datasets(
             md = dict(metadata, config=config)
             writers = {
                 "hits": ArrayRecordDatasetWriter(
-                    data_dir, HITS_NAME, config, counts, md,
+                    data_dir,
+                    HITS_NAME,
+                    config,
+                    counts,
+                    md,
                     "Synthetic CLD-like ttbar events, one row per tracker/calorimeter hit.",
                 ),
                 "pf": ArrayRecordDatasetWriter(
-                    data_dir, PF_NAME, config, counts, md,
+                    data_dir,
+                    PF_NAME,
+                    config,
+                    counts,
+                    md,
                     "Synthetic CLD-like ttbar events, one row per track/calorimeter cluster.",
                 ),
             }

@@ -85,7 +85,13 @@ def write_histogram_png(stats: dict[str, Any], path: str | Path) -> Path:
     med = stats["total"]["quantiles"]["p50"]
     ax.axvline(med, color="k", ls="--", lw=1, label=f"median {med:.0f}")
     if top > stats["tail_threshold"]:
-        ax.axvline(stats["tail_threshold"], color="grey", ls=":", lw=1, label=f"{stats['tail_threshold']:,}")
+        ax.axvline(
+            stats["tail_threshold"],
+            color="grey",
+            ls=":",
+            lw=1,
+            label=f"{stats['tail_threshold']:,}",
+        )
     ax.set_xlabel(f"{stats['row_kind']} per event")
     ax.set_ylabel("events")
     kind = "synthetic" if stats["synthetic"] else "real"

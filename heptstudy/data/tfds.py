@@ -168,8 +168,14 @@ class ArrayRecordDatasetWriter:
         for split, n in split_sizes.items():
             n_shards = max(1, -(-int(n) // events_per_shard))
             bounds = np.linspace(0, int(n), n_shards + 1).astype(int)
-            self._plan[split] = {"n": int(n), "bounds": bounds, "count": 0, "writer": None,
-                                 "shard": -1, "bytes": 0}
+            self._plan[split] = {
+                "n": int(n),
+                "bounds": bounds,
+                "count": 0,
+                "writer": None,
+                "shard": -1,
+                "bytes": 0,
+            }
 
     def _path(self, split: str, shard: int, n_shards: int) -> Path:
         return self.tmp / f"{self.name}-{split}.array_record-{shard:05d}-of-{n_shards:05d}"
@@ -180,7 +186,9 @@ class ArrayRecordDatasetWriter:
         plan = self._plan[split]
         i = plan["count"]
         if i >= plan["n"]:
-            raise DataError(f"more than the announced {plan['n']} events written to split {split!r}")
+            raise DataError(
+                f"more than the announced {plan['n']} events written to split {split!r}"
+            )
         bounds = plan["bounds"]
         shard = int(np.searchsorted(bounds, i, side="right")) - 1
         if shard != plan["shard"]:
