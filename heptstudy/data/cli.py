@@ -17,6 +17,7 @@ def _generate(args: argparse.Namespace) -> int:
         configs=args.configs,
         occupancy_scale=args.occupancy_scale,
         progress=not args.no_progress,
+        workers=args.workers,
     )
     print(
         f"wrote {result['events']['train']} train + {result['events']['test']} test synthetic "
@@ -51,6 +52,9 @@ def register_cli(subparsers) -> None:
     gen.add_argument("--configs", nargs="+", default=["1"], help="builder configs (1..10)")
     gen.add_argument(
         "--occupancy-scale", type=float, default=1.0, help="hit multiplicity factor (1 = CLD-like)"
+    )
+    gen.add_argument(
+        "--workers", type=int, default=None, help="processes simulating events (default: up to 2)"
     )
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     gen.set_defaults(func=_generate)

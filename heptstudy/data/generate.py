@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,7 @@ from heptstudy.data.tfds import (
     X_WIDTH,
     Y_WIDTH,
     ArrayRecordDatasetWriter,
+    features_dict,
 )
 from heptstudy.errors import DataError
 
@@ -835,6 +837,15 @@ def _event_rng(seed: int, config: str, split: str, index: int) -> np.random.Gene
 SPLIT_CODE = {"train": 0, "test": 1}
 
 
+def _serialized_event(job: tuple[int, str, str, int, float]) -> tuple[bytes, bytes]:
+    seed, config, split, index, occ = job
+    ev = simulate_event(_event_rng(seed, config, split, index), occ)
+    return (
+        features_dict(HITS_NAME).serialize_example(ev["hits"]),
+        features_dict(PF_NAME).serialize_example(ev["pf"]),
+    )
+
+
 def generate_datasets(
     data_dir: str | Path,
     events_train: int,
@@ -843,11 +854,13 @@ def generate_datasets(
     configs: Sequence[str] = ("1",),
     occupancy_scale: float = 1.0,
     progress: bool = True,
+    workers: int | None = None,
 ) -> dict[str, Any]:
     """Write ``cld_edm_ttbar_hits`` and ``cld_edm_ttbar_pf`` (version 3.2.1) for ``configs``.
 
     Each event is simulated once (its random stream depends only on seed, config, split and
-    index) and written to both data sets.  Returns a summary with the written paths, the event
+    index) and written to both data sets.  ``workers`` processes (default: up to 2) simulate and
+    serialise events; the results do not depend on it.  Returns a summary with the written paths, the event
     counts and the seconds spent.
     """
     from tqdm.auto import tqdm
@@ -903,6 +916,13 @@ def generate_datasets(
     bar = tqdm(total=total, desc="generating events", unit="ev", disable=not progress)
     t0 = time.perf_counter()
     written = {HITS_NAME: [], PF_NAME: []}
+    if workers is None:
+        workers = min(2, os.cpu_count() or 1)
+    pool = None
+    if workers > 1 and total > 8:
+        import multiprocessing
+
+        pool = multiprocessing.get_context("fork").Pool(workers)
     try:
         for config in configs:
             md = dict(metadata, config=config)
@@ -925,15 +945,23 @@ def generate_datasets(
                 ),
             }
             for split, n in counts.items():
-                for i in range(n):
-                    ev = simulate_event(_event_rng(seed, config, split, i), occupancy_scale)
-                    writers["hits"].add(split, ev["hits"])
-                    writers["pf"].add(split, ev["pf"])
+                jobs = [(seed, config, split, i, occupancy_scale) for i in range(n)]
+                results = (
+                    pool.imap(_serialized_event, jobs, chunksize=4)
+                    if pool
+                    else map(_serialized_event, jobs)
+                )
+                for hits_bytes, pf_bytes in results:
+                    writers["hits"].add_serialized(split, hits_bytes)
+                    writers["pf"].add_serialized(split, pf_bytes)
                     bar.update(1)
             written[HITS_NAME].append(str(writers["hits"].close()))
             written[PF_NAME].append(str(writers["pf"].close()))
     finally:
         bar.close()
+        if pool is not None:
+            pool.close()
+            pool.join()
     return {
         "data_dir": str(data_dir),
         "paths": written,

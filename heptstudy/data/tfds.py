@@ -12,6 +12,7 @@ happens to write, so the real data sets open the same way.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -94,6 +95,7 @@ JET_COLUMNS = ("pt", "eta", "phi", "energy")
 assert tuple(CLASS_PDG_IDS) == (0, 211, 130, 22, 11, 13)
 
 
+@functools.cache
 def features_dict(name: str):
     """The TFDS feature dictionary of data set ``name`` (identical to the real data set's)."""
     import tensorflow_datasets as tfds
@@ -181,6 +183,11 @@ class ArrayRecordDatasetWriter:
         return self.tmp / f"{self.name}-{split}.array_record-{shard:05d}-of-{n_shards:05d}"
 
     def add(self, split: str, example: Mapping[str, Any]) -> None:
+        """Serialise ``example`` with the feature dictionary and append it to ``split``."""
+        self.add_serialized(split, self.features.serialize_example(example))
+
+    def add_serialized(self, split: str, data: bytes) -> None:
+        """Append an example already serialised with :func:`features_dict` ``(name)``."""
         from array_record.python.array_record_module import ArrayRecordWriter
 
         plan = self._plan[split]
@@ -198,7 +205,6 @@ class ArrayRecordDatasetWriter:
                 str(self._path(split, shard, len(bounds) - 1)), "group_size:1"
             )
             plan["shard"] = shard
-        data = self.features.serialize_example(example)
         plan["writer"].write(data)
         plan["bytes"] += len(data)
         plan["count"] = i + 1
