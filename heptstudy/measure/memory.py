@@ -1,0 +1,627 @@
+"""Peak memory of one training step, one interface for every device.
+
+``make_meter(device)`` returns a :class:`MemoryMeter`; wrap exactly the part of the step to be
+measured (forward, loss and backward: the backward must run while the meter is active)::
+
+    meter = make_meter(device)
+    with meter.step(model=model, optimizer=optimizer, baseline_tensors=batch.values()) as m:
+        loss = compute_loss(model(batch), batch)
+        loss.backward()
+    m.result.peak_allocated_bytes
+
+or ``meter.start_step(...)`` / ``meter.stop_step() -> StepMemory``.
+
+Definitions (also in :data:`heptstudy.measure.report.PROTOCOL`):
+
+* CUDA / ROCm: ``torch.cuda.reset_peak_memory_stats`` before the step, then
+  ``max_memory_allocated`` ("allocated") and ``max_memory_reserved`` ("reserved") after it, with
+  the device synchronised on both sides.
+* CPU, where PyTorch keeps no allocator statistics: "allocated" is the peak of live tensor-storage
+  bytes. A ``TorchDispatchMode`` sees every ATen op below autograd (forward, backward, the
+  recomputation of checkpointed regions inside backward, optimizer kernels); each storage an op
+  returns is counted once, when first seen, and released when the storage is freed (a weak
+  reference on the storage object). Storages alive at the start are counted through the tensors
+  handed to ``start_step`` (model parameters, buffers and gradients, optimizer state, the batch):
+  peak = live bytes known at the start + peak growth during the step. "Reserved" is the process's
+  peak resident set over the step: ``5`` written to ``/proc/self/clear_refs`` before the step
+  resets ``VmHWM`` in ``/proc/self/status``, read after it. Without ``/proc`` reserved is ``None``
+  and the result says why.
+
+What the CPU tracker cannot see: scratch memory a kernel allocates internally and frees before it
+returns (e.g. oneDNN or BLAS workspaces, the intermediate buffers of a fused kernel), memory that
+is not a tensor storage (Python objects, the allocator's cached free blocks) and tensors created
+before the step that were neither handed to ``start_step`` nor used as an op input during the
+step. It slows the step down (a Python call per op): take times from untracked steps.
+
+With ``track_categories=True`` the meter also attributes the live bytes at the step's peak to
+``parameters`` (parameters and buffers), ``gradients``, ``optimizer_state``, ``activations`` (saved
+for backward, seen through ``torch.autograd.graph.saved_tensors_hooks``), ``inputs`` (other
+tensors handed to ``start_step``, typically the batch) and ``temporaries`` (the rest), and records
+a timeline of live bytes after every op. On CUDA the categories come from the same storage
+tracker running next to the allocator statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from heptstudy.errors import HeptstudyError
+
+MIB = 1024**2
+
+CATEGORIES = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "inputs",
+    "temporaries",
+)
+
+ALLOCATED_DEFINITIONS = {
+    "cuda": "torch.cuda.max_memory_allocated after reset_peak_memory_stats (caching allocator)",
+    "rocm": "torch.cuda.max_memory_allocated after reset_peak_memory_stats (HIP caching allocator)",
+    "cpu": "peak live tensor-storage bytes (TorchDispatchMode storage tracker, "
+    "baseline = storages of parameters, buffers, gradients, optimizer state and batch)",
+    "tracked": "peak live tensor-storage bytes (TorchDispatchMode storage tracker)",
+}
+RESERVED_DEFINITIONS = {
+    "cuda": "torch.cuda.max_memory_reserved after reset_peak_memory_stats (caching allocator)",
+    "rocm": "torch.cuda.max_memory_reserved after reset_peak_memory_stats (HIP caching allocator)",
+    "cpu": "peak resident set of the whole process over the step "
+    "(VmHWM from /proc/self/status after writing 5 to /proc/self/clear_refs)",
+    "tracked": "not measured",
+}
+
+
+class MemoryMeterError(HeptstudyError, RuntimeError):
+    """The meter was used out of order (stop without start, start twice, ...)."""
+
+
+@dataclass
+class StepMemory:
+    """The memory of one measured step. Bytes; ``None`` where the device cannot say."""
+
+    device_kind: str
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    allocated_definition: str
+    reserved_definition: str
+    reserved_unavailable_reason: str | None = None
+    #: Storage tracker only: live bytes known at the start and at the end of the step.
+    baseline_bytes: int | None = None
+    end_allocated_bytes: int | None = None
+    #: Storage tracker only: bytes of storages first seen as an op *input* during the step (made
+    #: before the step, or outside the dispatcher, and not handed to ``start_step``).
+    adopted_bytes: int | None = None
+    ops_seen: int | None = None
+    #: ``track_categories`` only.
+    categories_at_peak: dict[str, int] | None = None
+    categories_at_end: dict[str, int] | None = None
+    tracked_peak_bytes: int | None = None
+    timeline: list[tuple[int, int]] | None = None
+    marks: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def peak_allocated_mib(self) -> float | None:
+        return None if self.peak_allocated_bytes is None else self.peak_allocated_bytes / MIB
+
+    @property
+    def peak_reserved_mib(self) -> float | None:
+        return None if self.peak_reserved_bytes is None else self.peak_reserved_bytes / MIB
+
+
+# --------------------------------------------------------------------------------------------
+# Storage tracker (device independent: CPU, CUDA, fake tensors)
+# --------------------------------------------------------------------------------------------
+
+
+class _Entry:
+    __slots__ = ("nbytes", "category", "ref")
+
+    def __init__(self, nbytes: int, category: str, ref: weakref.ref):
+        self.nbytes = nbytes
+        self.category = category
+        self.ref = ref
+
+
+def _storage_of(t: torch.Tensor):
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None  # sparse or other storage-less tensors
+
+
+class StorageTracker(TorchDispatchMode):
+    """Live tensor-storage bytes, their peak and (optionally) their categories.
+
+    A dispatch mode: active between :meth:`begin` and :meth:`end` in the thread that called
+    ``begin`` and in the autograd engine's threads that run the backward started from it (the
+    engine carries the dispatch-mode stack into its worker threads; on CPU the backward runs in
+    the calling thread anyway). Storages are keyed by the identity of their Python object, which
+    PyTorch keeps unique and alive for as long as the storage itself lives.
+    """
+
+    def __init__(self, *, track_categories: bool = False, record_timeline: bool | None = None):
+        super().__init__()
+        self.track_categories = track_categories
+        self.record_timeline = track_categories if record_timeline is None else record_timeline
+        self._lock = threading.RLock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._live: dict[int, _Entry] = {}
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.baseline_bytes = 0
+        self.adopted_bytes = 0
+        self.op_index = 0
+        self.category_bytes: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self.categories_at_peak: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self.timeline: list[tuple[int, int]] = []
+        self.marks: list[tuple[int, str]] = []
+        self._label: str | None = None
+        self._active = False
+        self._hooks: list = []
+        self._saved_hooks = None
+
+    # -- bookkeeping --------------------------------------------------------------------------
+    def _on_free(self, key: int) -> None:
+        with self._lock:
+            entry = self._live.pop(key, None)
+            if entry is not None:
+                self.live_bytes -= entry.nbytes
+                self.category_bytes[entry.category] -= entry.nbytes
+
+    def _register(self, storage, category: str) -> _Entry:
+        """Count ``storage`` if it is new, follow a resize if it is not. Lock held."""
+        key = id(storage)
+        entry = self._live.get(key)
+        nbytes = int(storage.nbytes())
+        if entry is None:
+            ref = weakref.ref(storage, lambda _r, key=key: self._on_free(key))
+            entry = _Entry(nbytes, category, ref)
+            self._live[key] = entry
+            self.live_bytes += nbytes
+            self.category_bytes[category] += nbytes
+        elif entry.nbytes != nbytes:  # resize_ / out= on a storage we already know
+            self.live_bytes += nbytes - entry.nbytes
+            self.category_bytes[entry.category] += nbytes - entry.nbytes
+            entry.nbytes = nbytes
+        return entry
+
+    def _update_peak(self) -> None:
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+            if self.track_categories:
+                self.categories_at_peak = dict(self.category_bytes)
+
+    def _reclassify(self, t: torch.Tensor, category: str, only_from: tuple[str, ...]) -> None:
+        storage = _storage_of(t)
+        if storage is None:
+            return
+        with self._lock:
+            entry = self._live.get(id(storage))
+            if entry is None:
+                entry = self._register(storage, category)
+                self._update_peak()
+            elif entry.category in only_from and entry.category != category:
+                self.category_bytes[entry.category] -= entry.nbytes
+                self.category_bytes[category] += entry.nbytes
+                entry.category = category
+                if self.track_categories and self.live_bytes == self.peak_bytes:
+                    # still at the peak (e.g. the op that reached it made an output now saved)
+                    self.categories_at_peak = dict(self.category_bytes)
+
+    def add_baseline(self, tensors: Iterable[torch.Tensor | None], category: str) -> None:
+        """Count storages alive at the start (skipping ones already counted)."""
+        with self._lock:
+            for t in tensors:
+                if isinstance(t, torch.Tensor):
+                    storage = _storage_of(t)
+                    if storage is not None and id(storage) not in self._live:
+                        self._register(storage, category)
+            self.baseline_bytes = self.live_bytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            self.categories_at_peak = dict(self.category_bytes)
+
+    # -- dispatch -----------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        live = self._live
+        # Inputs we have never seen were made before the step (and not handed to start_step)
+        # or outside the dispatcher: they are live memory, count them from now on.
+        for t in _iter_tensors((args, kwargs)):
+            storage = _storage_of(t)
+            if storage is not None and id(storage) not in live:
+                with self._lock:
+                    before = self.live_bytes
+                    self._register(storage, self._label or "temporaries")
+                    self.adopted_bytes += self.live_bytes - before
+        out = func(*args, **kwargs)
+        with self._lock:
+            for t in _iter_tensors(out):
+                storage = _storage_of(t)
+                if storage is not None:
+                    self._register(storage, self._label or "temporaries")
+            self.op_index += 1
+            self._update_peak()
+            if self.record_timeline:
+                self.timeline.append((self.op_index, self.live_bytes))
+        return out
+
+    # -- saved-for-backward and gradient classification ---------------------------------------
+    def _pack(self, t: torch.Tensor):
+        self._reclassify(t, "activations", only_from=("temporaries",))
+        # detach: no reference cycle through the output's own grad_fn; same storage.
+        return t.detach()
+
+    @staticmethod
+    def _unpack(t: torch.Tensor):
+        return t
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def begin(
+        self,
+        *,
+        baseline_tensors: Iterable[torch.Tensor | None] = (),
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
+        if self._active:
+            raise MemoryMeterError("the memory meter is already measuring a step: stop it first")
+        self._reset()
+        if model is not None:
+            params = list(model.parameters())
+            self.add_baseline(params, "parameters")
+            self.add_baseline(model.buffers(), "parameters")
+            self.add_baseline((p.grad for p in params), "gradients")
+        if optimizer is not None:
+            self.add_baseline(_optimizer_tensors(optimizer), "optimizer_state")
+            for group in optimizer.param_groups:
+                self.add_baseline(group["params"], "parameters")
+                self.add_baseline((p.grad for p in group["params"]), "gradients")
+        self.add_baseline(_flatten_tensors(baseline_tensors), "inputs")
+        if self.track_categories:
+            params = list(model.parameters()) if model is not None else []
+            if optimizer is not None:
+                params += [p for g in optimizer.param_groups for p in g["params"]]
+            seen: set[int] = set()
+            for p in params:
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
+            self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            self._saved_hooks.__enter__()
+        self._active = True
+        self.__enter__()
+
+    def _grad_hook(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self._reclassify(p.grad, "gradients", only_from=("temporaries", "activations"))
+
+    def end(self) -> None:
+        if not self._active:
+            raise MemoryMeterError("the memory meter is not measuring a step: call start_step")
+        self.__exit__(None, None, None)
+        if self._saved_hooks is not None:
+            self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks = None
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._active = False
+
+    def release(self) -> None:
+        """Forget every storage (drops the weak references; no callbacks after this)."""
+        with self._lock:
+            self._live = {}
+
+    @contextlib.contextmanager
+    def label(self, category: str) -> Iterator[None]:
+        if category not in CATEGORIES:
+            raise ValueError(f"unknown memory category {category!r}; allowed: {CATEGORIES}")
+        previous, self._label = self._label, category
+        try:
+            yield
+        finally:
+            self._label = previous
+
+    def mark(self, label: str) -> None:
+        self.marks.append((self.op_index, label))
+
+
+def _iter_tensors(obj) -> Iterator[torch.Tensor]:
+    """Tensors in an op's arguments or results (tensors, lists, tuples, dicts; nested)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            if isinstance(item, torch.Tensor):
+                yield item
+            elif isinstance(item, (list, tuple, dict)):
+                yield from _iter_tensors(item)
+    elif isinstance(obj, dict):
+        yield from _iter_tensors(list(obj.values()))
+
+
+def _flatten_tensors(obj) -> list[torch.Tensor]:
+    """Tensors in ``obj``: a tensor, a dict, or any (nested) iterable; ``None`` skipped."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    elif not isinstance(obj, (list, tuple)):
+        obj = list(obj)
+    return [x for x in tree_flatten(obj)[0] if isinstance(x, torch.Tensor)]
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [
+        v
+        for state in optimizer.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Resident-set peak (CPU "reserved")
+# --------------------------------------------------------------------------------------------
+
+
+class _RssPeak:
+    CLEAR_REFS = "/proc/self/clear_refs"
+    STATUS = "/proc/self/status"
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def start(self) -> None:
+        self.reason = None
+        try:
+            with open(self.CLEAR_REFS, "w") as f:
+                f.write("5")
+        except OSError as exc:
+            self.reason = f"could not reset the resident-set peak ({self.CLEAR_REFS}: {exc})"
+
+    def stop(self) -> int | None:
+        if self.reason is not None:
+            return None
+        try:
+            with open(self.STATUS) as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        value, unit = line.split()[1:3]
+                        return int(value) * {"kB": 1024, "mB": MIB}.get(unit, 1024)
+        except (OSError, ValueError, IndexError) as exc:
+            self.reason = f"could not read VmHWM from {self.STATUS}: {exc}"
+            return None
+        self.reason = f"no VmHWM line in {self.STATUS}"
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Meters
+# --------------------------------------------------------------------------------------------
+
+
+class MemoryMeter:
+    """Measure the peak memory of a step: ``start_step`` / ``stop_step`` or ``with step()``."""
+
+    device_kind = "tracked"
+
+    def __init__(self, device: torch.device, *, track_categories: bool = False):
+        self.device = torch.device(device)
+        self.track_categories = track_categories
+        self.tracker: StorageTracker | None = None
+        self.last: StepMemory | None = None
+
+    def start_step(
+        self,
+        baseline_tensors: Iterable[torch.Tensor | None] = (),
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
+        raise NotImplementedError
+
+    def stop_step(self) -> StepMemory:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def step(self, baseline_tensors=(), *, model=None, optimizer=None) -> Iterator[_StepHandle]:
+        handle = _StepHandle()
+        self.start_step(baseline_tensors, model=model, optimizer=optimizer)
+        try:
+            yield handle
+        finally:
+            handle.result = self.stop_step()
+
+    def label(self, category: str):
+        """New storages made inside the block count as ``category`` (e.g. ``optimizer_state``
+        around ``optimizer.step()``). A no-op without a storage tracker."""
+        if self.tracker is None:
+            return contextlib.nullcontext()
+        return self.tracker.label(category)
+
+    def mark(self, label: str) -> None:
+        """Mark the current op index in the timeline (e.g. ``"backward"``)."""
+        if self.tracker is not None:
+            self.tracker.mark(label)
+
+    @property
+    def categories_at_peak(self) -> dict[str, int] | None:
+        return None if self.last is None else self.last.categories_at_peak
+
+    @property
+    def timeline(self) -> list[tuple[int, int]] | None:
+        return None if self.last is None else self.last.timeline
+
+    def _tracker_fields(self) -> dict:
+        tr = self.tracker
+        assert tr is not None
+        fields = dict(
+            baseline_bytes=tr.baseline_bytes,
+            end_allocated_bytes=tr.live_bytes,
+            adopted_bytes=tr.adopted_bytes,
+            ops_seen=tr.op_index,
+            tracked_peak_bytes=tr.peak_bytes,
+            marks=list(tr.marks),
+        )
+        if tr.track_categories:
+            fields["categories_at_peak"] = dict(tr.categories_at_peak)
+            fields["categories_at_end"] = dict(tr.category_bytes)
+        if tr.record_timeline:
+            fields["timeline"] = list(tr.timeline)
+        tr.release()
+        return fields
+
+
+@dataclass
+class _StepHandle:
+    result: StepMemory | None = None
+
+
+class TrackedMemoryMeter(MemoryMeter):
+    """Storage tracker only (no resident-set or allocator figure): for fake devices
+    (``FakeTensorMode``) and as the base of the CPU meter."""
+
+    device_kind = "tracked"
+
+    def __init__(self, device, *, track_categories=False, record_timeline=None):
+        super().__init__(device, track_categories=track_categories)
+        self.record_timeline = record_timeline
+
+    def start_step(self, baseline_tensors=(), *, model=None, optimizer=None) -> None:
+        if self.tracker is not None and self.tracker._active:
+            raise MemoryMeterError("the memory meter is already measuring a step: stop it first")
+        self.tracker = StorageTracker(
+            track_categories=self.track_categories, record_timeline=self.record_timeline
+        )
+        self._start_extra()
+        self.tracker.begin(baseline_tensors=baseline_tensors, model=model, optimizer=optimizer)
+
+    def _start_extra(self) -> None:
+        pass
+
+    def stop_step(self) -> StepMemory:
+        if self.tracker is None or not self.tracker._active:
+            raise MemoryMeterError("stop_step without start_step")
+        self.tracker.end()
+        reserved, reason = self._stop_extra()
+        fields = self._tracker_fields()
+        self.last = StepMemory(
+            device_kind=self.device_kind,
+            peak_allocated_bytes=fields["tracked_peak_bytes"],
+            peak_reserved_bytes=reserved,
+            allocated_definition=ALLOCATED_DEFINITIONS[self.device_kind],
+            reserved_definition=RESERVED_DEFINITIONS[self.device_kind],
+            reserved_unavailable_reason=reason,
+            **fields,
+        )
+        return self.last
+
+    def _stop_extra(self) -> tuple[int | None, str | None]:
+        return None, "the storage tracker measures no reserved memory"
+
+
+class CpuMemoryMeter(TrackedMemoryMeter):
+    device_kind = "cpu"
+
+    def _start_extra(self) -> None:
+        self._rss = _RssPeak()
+        self._rss.start()
+
+    def _stop_extra(self) -> tuple[int | None, str | None]:
+        value = self._rss.stop()
+        return value, self._rss.reason
+
+
+class CudaMemoryMeter(MemoryMeter):
+    """CUDA and ROCm (HIP builds use the same ``torch.cuda`` API)."""
+
+    def __init__(self, device, *, track_categories=False):
+        super().__init__(device, track_categories=track_categories)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device_kind = "rocm" if torch.version.hip else "cuda"
+        self._started = False
+
+    def start_step(self, baseline_tensors=(), *, model=None, optimizer=None) -> None:
+        if self._started:
+            raise MemoryMeterError("the memory meter is already measuring a step: stop it first")
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        if self.track_categories:
+            self.tracker = StorageTracker(track_categories=True)
+            self.tracker.begin(baseline_tensors=baseline_tensors, model=model, optimizer=optimizer)
+        self._started = True
+
+    def stop_step(self) -> StepMemory:
+        if not self._started:
+            raise MemoryMeterError("stop_step without start_step")
+        torch.cuda.synchronize(self.device)
+        allocated = int(torch.cuda.max_memory_allocated(self.device))
+        reserved = int(torch.cuda.max_memory_reserved(self.device))
+        fields = {}
+        if self.tracker is not None:
+            self.tracker.end()
+            fields = self._tracker_fields()
+            self.tracker = None
+        self._started = False
+        self.last = StepMemory(
+            device_kind=self.device_kind,
+            peak_allocated_bytes=allocated,
+            peak_reserved_bytes=reserved,
+            allocated_definition=ALLOCATED_DEFINITIONS[self.device_kind],
+            reserved_definition=RESERVED_DEFINITIONS[self.device_kind],
+            **fields,
+        )
+        return self.last
+
+
+def make_meter(device: torch.device | str, track_categories: bool = False) -> MemoryMeter:
+    """The meter for ``device``: CUDA/ROCm allocator statistics, or the CPU storage tracker."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return CudaMemoryMeter(device, track_categories=track_categories)
+    if device.type == "cpu":
+        return CpuMemoryMeter(device, track_categories=track_categories)
+    if device.type == "meta":
+        return TrackedMemoryMeter(device, track_categories=track_categories)
+    raise HeptstudyError(
+        f"no memory meter for device type {device.type!r}; supported: cuda (also ROCm), cpu, "
+        "meta (storage tracker only). Run the measurement on one of these devices."
+    )
+
+
+def model_state_tensors(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> list[torch.Tensor]:
+    """Parameters, buffers, gradients and optimizer state: what is alive before a step."""
+    out = list(model.parameters()) + list(model.buffers())
+    out += [p.grad for p in model.parameters() if p.grad is not None]
+    if optimizer is not None:
+        out += _optimizer_tensors(optimizer)
+    return out
+
+
+def live_bytes_of(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views and shared storages once)."""
+    seen: dict[int, int] = {}
+    keep = []
+    for t in _flatten_tensors(tensors):
+        storage = _storage_of(t)
+        if storage is not None:
+            keep.append(storage)
+            seen.setdefault(id(storage), int(storage.nbytes()))
+    return sum(seen.values())

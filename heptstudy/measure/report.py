@@ -1,0 +1,429 @@
+"""The JSON report of one measurement run: a versioned, validated schema.
+
+One file per run (``baseline_b4.json``, ``checkpointed_b16.json``, ``parity_b1.json``, ...).
+:func:`write_report` validates and writes atomically; :func:`read_report` validates and says
+which file, which field and what is wrong. Every report carries :data:`PROTOCOL`, the written
+measurement definitions, so a file explains its own numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from heptstudy.errors import HeptstudyError
+
+SCHEMA_VERSION = "heptstudy.bench/1"
+
+PROTOCOL = """\
+heptstudy measurement protocol (schema heptstudy.bench/1)
+
+Step. One training step = forward pass + loss (real Hungarian matching, auxiliary decoder and
+grouping losses) + backward + optimizer update (LAMB) + learning-rate scheduler step, on one
+batch already resident on the device.
+
+Time. Wall clock (time.perf_counter) around the step with the device synchronised before the
+clock starts and before it stops (torch.cuda.synchronize on CUDA/ROCm). Excluded: input loading
+and host-to-device transfer (batches are on the device before the clock starts), host-side
+checks, validation, report writing. The first `warmup` steps (default 2) are run and recorded but
+not counted; the summary time is the mean of the counted steps (std and min also given). On CPU,
+times come from steps run without the memory tracker (it slows every op down); memory comes from
+tracked steps over the same batches.
+
+Memory. The peak over forward, loss and backward of each step (not step-end occupancy); the
+summary is the maximum over counted steps, in MiB (2^20 bytes).
+- CUDA and ROCm: torch.cuda.reset_peak_memory_stats before the step, then
+  torch.cuda.max_memory_allocated ("allocated") and torch.cuda.max_memory_reserved ("reserved",
+  the caching allocator's segments) after it, with the device synchronised.
+- CPU (PyTorch keeps no allocator statistics): "allocated" is the peak of live tensor-storage
+  bytes, tracked by a TorchDispatchMode that sees every ATen op below autograd (including backward
+  and the recomputation of checkpointed layers) and counts each new storage once until it is
+  freed, on top of the storages alive at the start (parameters, buffers, gradients, optimizer
+  state, batch). Not seen: scratch buffers a kernel allocates and frees internally, non-tensor
+  memory. "Reserved" is the peak resident set of the whole process over the step (VmHWM from
+  /proc/self/status after writing 5 to /proc/self/clear_refs); null, with the reason, where /proc
+  is unavailable.
+
+Comparisons. The same batch size uses the same event indices and the same initialisation seed with
+checkpointing on and off. Each configuration is meant to run in a fresh process;
+environment.fresh_process records whether it did.
+
+Data. data.synthetic says whether the events come from the generated (synthetic) data set or a
+real one; batches are real events of the data set, never truncated or made up on the fly.
+
+Parity. Repeated passes without optimizer updates on the same batch and initialisation: baseline,
+baseline repeat, checkpointed. Outputs and loss: exactly equal or not, max |difference|.
+Gradients: relative L2 norm of the difference and max |difference|, checkpointed-vs-baseline next
+to repeat-vs-baseline.
+"""
+
+
+#: ``summary.tracked_memory_note`` for CPU runs, where the storage tracker slows the step down.
+CPU_TRACKED_MEMORY_NOTE = (
+    "CPU: step times come from untracked steps; peak allocated (live tensor-storage bytes) and "
+    "peak reserved (process VmHWM) come from separate tracked steps over the same batches, "
+    "because the dispatch-mode tracker slows every op down."
+)
+
+
+class ReportError(HeptstudyError, ValueError):
+    """A report file could not be read or does not follow the schema."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+class OomInfo(_Strict):
+    """What did not fit: an out-of-memory is a result of the study, not a crash."""
+
+    message: str
+    step: int | None = None
+    phase: str | None = None  # e.g. "forward", "backward", "optimizer"
+    batch_size: int
+    padded_hits: list[int]  # per event of the batch that did not fit
+    padded_batch_hits: int | None = None  # batch_size x longest padded event
+    device_memory_bytes: int | None = None
+
+
+class Environment(_Strict):
+    platform: str | None  # platform profile name, e.g. "lumi_mi250x"; None for ad-hoc runs
+    device_kind: Literal["cpu", "cuda", "rocm", "mps", "meta", "other"]
+    device_name: str
+    device_count: int | None = None
+    dtype: str
+    threads: int
+    torch_version: str
+    git_commit: str | None
+    git_dirty: bool | None = None
+    hostname: str
+    python: str
+    fresh_process: bool
+
+
+class DataInfo(_Strict):
+    dataset: str
+    data_dir: str | None
+    synthetic: bool
+    split: str
+
+
+class Checkpointing(_Strict):
+    enabled: bool
+    policy: str | None = None  # "full", "selective", ...; None when disabled
+    checkpoint_every: int | None = None
+
+
+class StepRecord(_Strict):
+    step: int
+    counted: bool
+    event_indices: list[int]
+    hits: list[int]
+    padded_hits: list[int]
+    time_s: float | None
+    peak_allocated_mib: float | None
+    peak_reserved_mib: float | None
+    loss: dict[str, float] = Field(default_factory=dict)
+
+
+class Summary(_Strict):
+    counted_steps: int
+    warmup_steps: int
+    mean_step_time_s: float | None
+    std_step_time_s: float | None = None
+    min_step_time_s: float | None = None
+    max_peak_allocated_mib: float | None
+    max_peak_reserved_mib: float | None
+    allocated_definition: str | None = None
+    reserved_definition: str | None = None
+    reserved_unavailable_reason: str | None = None
+    tracked_memory_note: str | None = None
+
+
+class TensorComparison(_Strict):
+    name: str
+    equal: bool
+    max_abs_diff: float
+
+
+class GradientComparison(_Strict):
+    name: str
+    rel_l2: float
+    max_abs_diff: float
+    equal: bool | None = None
+
+
+class ComparisonSet(_Strict):
+    outputs: list[TensorComparison]
+    loss: TensorComparison
+    gradients: list[GradientComparison]
+    num_outputs: int
+    num_gradients: int
+
+    @model_validator(mode="after")
+    def _counts(self) -> ComparisonSet:
+        if self.num_outputs != len(self.outputs) or self.num_gradients != len(self.gradients):
+            raise ValueError(
+                f"num_outputs/num_gradients ({self.num_outputs}/{self.num_gradients}) do not match "
+                f"the lists ({len(self.outputs)}/{len(self.gradients)})"
+            )
+        return self
+
+
+class Parity(_Strict):
+    checkpointed_vs_baseline: ComparisonSet
+    repeat_vs_baseline: ComparisonSet
+    deterministic: bool
+    #: short loss trajectories of a few optimizer steps per mode, e.g. {"baseline": [...],
+    #: "checkpointed": [...]}
+    loss_trajectories: dict[str, list[float]] = Field(default_factory=dict)
+
+
+class MemoryCategories(_Strict):
+    """Live bytes by category at the peak of one step, and the step's memory timeline."""
+
+    step: int
+    peak_bytes: int
+    at_peak_bytes: dict[str, int]
+    note: str
+    timeline: list[tuple[int, int]] | None = None  # (op index, live bytes)
+    marks: list[tuple[int, str]] = Field(default_factory=list)  # (op index, label)
+
+
+class BenchReport(_Strict):
+    schema_version: Literal["heptstudy.bench/1"] = SCHEMA_VERSION
+    kind: Literal["memory", "parity"]
+    status: Literal["ok", "oom", "error"]
+    name: str | None = None  # e.g. "checkpointed_b16"
+    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    error: str | None = None
+    oom: OomInfo | None = None
+    protocol: str = PROTOCOL
+    environment: Environment
+    data: DataInfo
+    config: dict[str, Any]
+    batch_size: int = Field(ge=1)
+    checkpointing: Checkpointing
+    steps: list[StepRecord] = Field(default_factory=list)
+    summary: Summary | None = None
+    validation: dict[str, float] | None = None
+    parity: Parity | None = None
+    memory_categories: list[MemoryCategories] | None = None
+    notes: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _status_details(self) -> BenchReport:
+        if self.status == "oom" and self.oom is None:
+            raise ValueError("status is 'oom' but the 'oom' details (what did not fit) are missing")
+        if self.status == "error" and not self.error:
+            raise ValueError("status is 'error' but the 'error' message is missing")
+        if self.status == "ok" and self.kind == "parity" and self.parity is None:
+            raise ValueError("a parity report with status 'ok' needs the 'parity' results")
+        if self.status == "ok" and self.kind == "memory" and self.summary is None:
+            raise ValueError("a memory report with status 'ok' needs the 'summary'")
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Writing and reading
+# --------------------------------------------------------------------------------------------
+
+
+def _describe(err: ValidationError, path: str | os.PathLike) -> str:
+    lines = [f"{path}: not a valid heptstudy report (schema {SCHEMA_VERSION}):"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "missing":
+            lines.append(f"  {field}: required field is missing")
+        elif e["type"] == "extra_forbidden":
+            lines.append(f"  {field}: unknown field (value {_short(e.get('input'))})")
+        elif e["type"] == "value_error":
+            lines.append(f"  {field}: {msg}")
+        else:
+            lines.append(f"  {field}: {msg.lower()}, got {_short(e.get('input'))}")
+    lines.append("regenerate the report with `heptstudy bench` or fix the field named above")
+    return "\n".join(lines)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def validate_report(
+    data: BenchReport | dict[str, Any], source: str = "<report>", *, require_version: bool = True
+) -> BenchReport:
+    """A validated copy of ``data`` (a report, possibly mutated since it was built, or a dict).
+    ``require_version=False`` fills in the current ``schema_version`` when a dict has none."""
+    if isinstance(data, BenchReport):
+        data = data.model_dump(mode="python")
+    if not isinstance(data, dict):
+        raise ReportError(f"{source}: a report must be a JSON object, got {type(data).__name__}")
+    if not require_version and "schema_version" not in data:
+        data = {"schema_version": SCHEMA_VERSION, **data}
+    version = data.get("schema_version", None)
+    if version != SCHEMA_VERSION:
+        what = "is missing" if "schema_version" not in data else f"is {version!r}"
+        raise ReportError(
+            f"{source}: schema_version {what}; this heptstudy reads {SCHEMA_VERSION!r} only. "
+            "Regenerate the report with this version of heptstudy (`heptstudy bench ...`)."
+        )
+    try:
+        return BenchReport.model_validate(data)
+    except ValidationError as err:
+        raise ReportError(_describe(err, source)) from None
+
+
+def _serialise(report: BenchReport) -> str:
+    return report.model_dump_json(indent=2) + "\n"
+
+
+def write_report(report: BenchReport | dict[str, Any], path: str | os.PathLike) -> Path:
+    """Validate and write atomically: a temporary file in the same folder, then ``os.replace``.
+    A failure (invalid report, serialisation, disk) leaves any previous file untouched."""
+    path = Path(path)
+    report = validate_report(report, source=str(path), require_version=False)
+    text = _serialise(report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_report(path: str | os.PathLike) -> BenchReport:
+    """Read and validate a report; :class:`ReportError` names the file, the field and the problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read the report ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+            "the file may be truncated: regenerate it with `heptstudy bench`"
+        ) from None
+    return validate_report(data, source=str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# Environment
+# --------------------------------------------------------------------------------------------
+
+
+def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
+    """The commit checked out in the repository holding this package (or ``repo_dir``);
+    ``None`` outside a git checkout or without git."""
+    return _git(["rev-parse", "HEAD"], repo_dir)
+
+
+def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
+    """Whether tracked files differ from the commit; ``None`` when unknown."""
+    out = _git(["status", "--porcelain", "--untracked-files=no"], repo_dir)
+    return None if out is None else bool(out)
+
+
+def _git(args: list[str], repo_dir) -> str | None:
+    cwd = Path(repo_dir) if repo_dir is not None else Path(__file__).resolve().parent
+    try:
+        res = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+_FRESH = {"claimed": False}
+
+
+def claim_fresh_process() -> bool:
+    """True the first time a measurement asks in this process, False afterwards: a
+    measurement that is not the first in its process did not run in a fresh process."""
+    fresh = not _FRESH["claimed"]
+    _FRESH["claimed"] = True
+    return fresh
+
+
+def device_kind(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "rocm" if torch.version.hip else "cuda"
+    if device.type in ("cpu", "mps", "meta"):
+        return device.type
+    return "other"
+
+
+def device_name(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return platform.processor() or platform.machine() or "cpu"
+    return str(device)
+
+
+def environment_info(
+    device: torch.device | str,
+    dtype: torch.dtype | str,
+    platform_name: str | None,
+    fresh_process: bool | None = None,
+) -> Environment:
+    """The environment block of a report. ``fresh_process`` defaults to
+    :func:`claim_fresh_process` (call this once per measurement)."""
+    device = torch.device(device)
+    dtype_name = str(dtype).removeprefix("torch.")
+    count = torch.cuda.device_count() if device.type == "cuda" else None
+    return Environment(
+        platform=platform_name,
+        device_kind=device_kind(device),
+        device_name=device_name(device),
+        device_count=count,
+        dtype=dtype_name,
+        threads=torch.get_num_threads(),
+        torch_version=torch.__version__,
+        git_commit=git_commit(),
+        git_dirty=git_dirty(),
+        hostname=socket.gethostname(),
+        python=sys.version.split()[0],
+        fresh_process=claim_fresh_process() if fresh_process is None else fresh_process,
+    )
+
+
+def mib(nbytes: int | None) -> float | None:
+    return None if nbytes is None else nbytes / 2**20
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)

@@ -1,0 +1,206 @@
+import json
+
+import pytest
+import torch
+
+from heptstudy.errors import HeptstudyError
+from heptstudy.measure import report as rp
+from heptstudy.measure.report import (
+    PROTOCOL,
+    SCHEMA_VERSION,
+    BenchReport,
+    environment_info,
+    read_report,
+    write_report,
+)
+
+
+def _cmp(name, equal=True, diff=0.0):
+    return {"name": name, "equal": equal, "max_abs_diff": diff}
+
+
+def _good(kind="memory", **changes):
+    env = environment_info("cpu", torch.float32, "local_cpu", fresh_process=True)
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": kind,
+        "status": "ok",
+        "name": "checkpointed_b4",
+        "environment": env.model_dump(),
+        "data": {
+            "dataset": "cld_edm_ttbar_hits:3.2.1",
+            "data_dir": "data",
+            "synthetic": True,
+            "split": "train",
+        },
+        "config": {"model": {"variant": "hit_heptv2_grouped_tracker_features"}},
+        "batch_size": 4,
+        "checkpointing": {"enabled": True, "policy": "full"},
+        "steps": [
+            {
+                "step": i,
+                "counted": i >= 2,
+                "event_indices": [0, 1, 2, 3],
+                "hits": [100, 90, 80, 70],
+                "padded_hits": [112, 96, 80, 80],
+                "time_s": 0.5,
+                "peak_allocated_mib": 10.0 + i,
+                "peak_reserved_mib": 300.0,
+                "loss": {"total": 1.5, "grouping": float("nan")},
+            }
+            for i in range(3)
+        ],
+        "summary": {
+            "counted_steps": 1,
+            "warmup_steps": 2,
+            "mean_step_time_s": 0.5,
+            "max_peak_allocated_mib": 12.0,
+            "max_peak_reserved_mib": 300.0,
+            "tracked_memory_note": "memory from tracked steps, time from untracked steps",
+        },
+        "validation": {"loss": 1.2},
+        "memory_categories": [
+            {
+                "step": 2,
+                "peak_bytes": 100,
+                "at_peak_bytes": {"parameters": 60, "temporaries": 40},
+                "note": "at the peak",
+                "timeline": [[0, 50], [1, 100]],
+                "marks": [[1, "backward"]],
+            }
+        ],
+    }
+    if kind == "parity":
+        cmpset = {
+            "outputs": [_cmp("class_logits"), _cmp("aux0.class_logits")],
+            "loss": _cmp("loss"),
+            "gradients": [{"name": "w", "rel_l2": 0.0, "max_abs_diff": 0.0}],
+            "num_outputs": 2,
+            "num_gradients": 1,
+        }
+        data["parity"] = {
+            "checkpointed_vs_baseline": cmpset,
+            "repeat_vs_baseline": cmpset,
+            "deterministic": True,
+            "loss_trajectories": {"baseline": [2.0, 1.5], "checkpointed": [2.0, 1.5]},
+        }
+    data.update(changes)
+    return data
+
+
+@pytest.mark.parametrize("kind", ["memory", "parity"])
+def test_round_trip(tmp_path, kind):
+    path = write_report(_good(kind), tmp_path / "sub" / "r.json")
+    back = read_report(path)
+    assert isinstance(back, BenchReport)
+    assert back.schema_version == SCHEMA_VERSION and back.protocol == PROTOCOL
+    assert back.environment.fresh_process is True and back.environment.device_kind == "cpu"
+    assert back.steps[2].loss["grouping"] != back.steps[2].loss["grouping"]  # NaN survives
+    assert back.memory_categories[0].timeline == [(0, 50), (1, 100)]
+    again = write_report(back, tmp_path / "r2.json")
+    assert read_report(again) == back
+    assert [p.name for p in tmp_path.rglob("*.tmp")] == []
+
+
+def _write_raw(tmp_path, data):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_missing_field_is_named(tmp_path):
+    data = _good()
+    del data["batch_size"]
+    with pytest.raises(HeptstudyError) as e:
+        read_report(_write_raw(tmp_path, data))
+    msg = str(e.value)
+    assert "bad.json" in msg and "batch_size" in msg and "missing" in msg
+
+
+def test_wrong_type_is_named(tmp_path):
+    data = _good()
+    data["steps"][1]["time_s"] = "fast"
+    with pytest.raises(HeptstudyError) as e:
+        read_report(_write_raw(tmp_path, data))
+    msg = str(e.value)
+    assert "bad.json" in msg and "steps.1.time_s" in msg and "'fast'" in msg
+
+
+def test_wrong_or_missing_schema_version(tmp_path):
+    data = _good()
+    data["schema_version"] = "heptstudy.bench/0"
+    with pytest.raises(HeptstudyError, match=r"bad.json: schema_version is 'heptstudy.bench/0'"):
+        read_report(_write_raw(tmp_path, data))
+    del data["schema_version"]
+    with pytest.raises(HeptstudyError, match="schema_version is missing"):
+        read_report(_write_raw(tmp_path, data))
+
+
+def test_unreadable_and_inconsistent_files(tmp_path):
+    path = tmp_path / "trunc.json"
+    path.write_text('{"schema_version": "heptstudy.bench/1", "kind": ')
+    with pytest.raises(HeptstudyError, match="trunc.json: not valid JSON"):
+        read_report(path)
+    with pytest.raises(HeptstudyError, match="cannot read"):
+        read_report(tmp_path / "absent.json")
+    with pytest.raises(HeptstudyError, match="oom"):
+        read_report(_write_raw(tmp_path, _good(status="oom", summary=None)))
+    with pytest.raises(HeptstudyError, match="unknown field"):
+        read_report(_write_raw(tmp_path, _good(colour="blue")))
+
+
+def test_oom_report_round_trips(tmp_path):
+    oom = {
+        "message": "CUDA out of memory",
+        "batch_size": 16,
+        "padded_hits": [9000] * 16,
+        "phase": "backward",
+    }
+    path = write_report(_good(status="oom", summary=None, steps=[], oom=oom), tmp_path / "o.json")
+    assert read_report(path).oom.padded_hits == [9000] * 16
+
+
+def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    path = write_report(_good(), tmp_path / "r.json")
+    before = path.read_bytes()
+    with pytest.raises(HeptstudyError):
+        write_report(_good(batch_size="four"), path)  # invalid: rejected before writing
+
+    def broken(report):
+        raise RuntimeError("serialisation failed")
+
+    monkeypatch.setattr(rp, "_serialise", broken)
+    with pytest.raises(RuntimeError):
+        write_report(_good(batch_size=8), path)
+    monkeypatch.undo()
+
+    def fail_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(rp.os, "replace", fail_replace)
+    with pytest.raises(OSError):
+        write_report(_good(batch_size=8), path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_dict_without_version_is_written_with_the_current_one(tmp_path):
+    data = _good()
+    del data["schema_version"]
+    assert read_report(write_report(data, tmp_path / "r.json")).schema_version == SCHEMA_VERSION
+
+
+def test_mutated_report_is_revalidated(tmp_path):
+    report = BenchReport.model_validate(_good())
+    report.batch_size = 0  # not validated on assignment
+    with pytest.raises(HeptstudyError, match="batch_size"):
+        write_report(report, tmp_path / "r.json")
+
+
+def test_environment_helpers():
+    env = environment_info("cpu", "bfloat16", None)
+    assert env.dtype == "bfloat16" and env.threads == torch.get_num_threads()
+    assert env.torch_version == torch.__version__
+    assert rp.claim_fresh_process() is False  # environment_info above claimed it
+    commit = rp.git_commit()
+    assert commit is None or len(commit) == 40
