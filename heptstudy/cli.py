@@ -18,11 +18,14 @@ _AREAS = (
     "heptstudy.train.cli",
     "heptstudy.measure.cli",
     "heptstudy.scenario",
+    "heptstudy.study",
 )
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML configuration file (defaults: the recommended model)")
+    parser.add_argument(
+        "--config", help="YAML configuration file (defaults: the recommended model)"
+    )
     parser.add_argument(
         "--set",
         dest="overrides",

@@ -25,18 +25,58 @@ VARIANTS = (HIT_VARIANT, TRACK_CLUSTER_VARIANT)
 
 #: Per-hit features of the ``*_hits`` data sets, in column order.
 HIT_FEATURES = (
-    "elemtype", "et", "eta", "sin_phi", "cos_phi", "energy", "position.x", "position.y",
-    "position.z", "time", "subdetector", "type", "system", "side", "layer",
+    "elemtype",
+    "et",
+    "eta",
+    "sin_phi",
+    "cos_phi",
+    "energy",
+    "position.x",
+    "position.y",
+    "position.z",
+    "time",
+    "subdetector",
+    "type",
+    "system",
+    "side",
+    "layer",
 )
 #: Per-element features of the ``*_pf`` data sets (tracks: elemtype 1, clusters: 2).
 PF_FEATURES = (
-    "elemtype", "pt", "eta", "sin_phi", "cos_phi", "energy", "position.x", "position.y",
-    "position.z", "time", "num_hits", "chi2", "ndf", "tanLambda", "D0", "omega", "Z0",
+    "elemtype",
+    "pt",
+    "eta",
+    "sin_phi",
+    "cos_phi",
+    "energy",
+    "position.x",
+    "position.y",
+    "position.z",
+    "time",
+    "num_hits",
+    "chi2",
+    "ndf",
+    "tanLambda",
+    "D0",
+    "omega",
+    "Z0",
 )
 #: Target columns shared by both data sets.
 TARGET_COLUMNS = (
-    "PDG", "charge", "pt", "eta", "sin_phi", "cos_phi", "energy", "ispu", "generatorStatus",
-    "simulatorStatus", "gp_to_track", "gp_to_cluster", "jet_idx", "particle_number",
+    "PDG",
+    "charge",
+    "pt",
+    "eta",
+    "sin_phi",
+    "cos_phi",
+    "energy",
+    "ispu",
+    "generatorStatus",
+    "simulatorStatus",
+    "gp_to_track",
+    "gp_to_cluster",
+    "jet_idx",
+    "particle_number",
 )
 
 #: Particle classes: index 0 is "no particle", the rest are PDG ids (absolute values).
@@ -121,7 +161,9 @@ class ModelConfig(_Strict):
 class DataConfig(_Strict):
     data_dir: str = "data/tfds"
     dataset: str = Field(
-        "cld_edm_ttbar_hits:3.2.1", pattern=r"^[a-z0-9_]+:\d+\.\d+\.\d+$", description="NAME:VERSION"
+        "cld_edm_ttbar_hits:3.2.1",
+        pattern=r"^[a-z0-9_]+:\d+\.\d+\.\d+$",
+        description="NAME:VERSION",
     )
     configs: list[str] = Field(default_factory=lambda: ["1"], min_length=1)
     pad_to_multiple: int = Field(128, ge=1)
@@ -231,7 +273,9 @@ def _read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{what} file {str(p)!r} must hold a mapping, found {type(data).__name__}")
+        raise ConfigError(
+            f"{what} file {str(p)!r} must hold a mapping, found {type(data).__name__}"
+        )
     return dict(data)
 
 
@@ -316,4 +360,6 @@ def load_platform(path: str | Path) -> PlatformConfig:
     try:
         return PlatformConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_describe(err, PlatformConfig, f"platform profile {str(path)!r}")) from None
+        raise ConfigError(
+            _describe(err, PlatformConfig, f"platform profile {str(path)!r}")
+        ) from None

@@ -46,7 +46,13 @@ def tiny_data_dir(tmp_path_factory):
 
     data_dir = tmp_path_factory.mktemp("tfds")
     generate_datasets(
-        data_dir, events_train=24, events_test=16, seed=7, configs=("1",), occupancy_scale=0.03, progress=False
+        data_dir,
+        events_train=24,
+        events_test=16,
+        seed=7,
+        configs=("1",),
+        occupancy_scale=0.03,
+        progress=False,
     )
     return data_dir
 
@@ -54,10 +60,17 @@ def tiny_data_dir(tmp_path_factory):
 def tiny_train_overrides(data_dir, out_dir, **train):
     """Overrides for a short CPU training run of the tiny model on the tiny data set."""
     settings = {
-        "global_batch_size": 4, "num_steps": 4, "val_freq": 2, "checkpoint_freq": 2, "lr": 0.005,
-        "out_dir": str(out_dir), **train,
+        "global_batch_size": 4,
+        "num_steps": 4,
+        "val_freq": 2,
+        "checkpoint_freq": 2,
+        "lr": 0.005,
+        "out_dir": str(out_dir),
+        **train,
     }
     return TINY_MODEL + [
-        f"data.data_dir={data_dir}", "data.nvalid=4", "data.ntest=4",
+        f"data.data_dir={data_dir}",
+        "data.nvalid=4",
+        "data.ntest=4",
         *(f"train.{k}={v}" for k, v in settings.items()),
     ]

@@ -12,7 +12,12 @@ def test_defaults_are_the_recommended_model():
     h = cfg.model.heptv2
     assert cfg.model.variant == "hit_heptv2_grouped_tracker_features"
     assert (h.embedding_dim, h.width, h.num_heads, h.block_size, h.n_hashes, h.num_regions) == (
-        128, 512, 8, 100, 3, 140,
+        128,
+        512,
+        8,
+        100,
+        3,
+        140,
     )
     assert (h.num_convs, h.mlp_ratio, h.dropout, cfg.model.decoder.num_layers) == (6, 4.0, 0.1, 4)
     assert h.activation_checkpointing is False
@@ -35,7 +40,9 @@ def test_misspelled_key_names_key_and_suggests():
     with pytest.raises(ConfigError) as err:
         load_config(overrides=["model.heptv2.num_hedas=4"])
     msg = str(err.value)
-    assert "model.heptv2.num_hedas" in msg and "unknown key" in msg and "model.heptv2.num_heads" in msg
+    assert (
+        "model.heptv2.num_hedas" in msg and "unknown key" in msg and "model.heptv2.num_heads" in msg
+    )
 
 
 def test_wrong_type_names_key_and_value():
@@ -60,7 +67,9 @@ def test_heads_must_divide_embedding():
 def test_dataset_must_suit_variant():
     with pytest.raises(ConfigError, match="_pf"):
         load_config(overrides=["model.variant=track_cluster_mlpf"])
-    cfg = load_config(overrides=["model.variant=track_cluster_mlpf", "data.dataset=cld_edm_ttbar_pf:3.2.1"])
+    cfg = load_config(
+        overrides=["model.variant=track_cluster_mlpf", "data.dataset=cld_edm_ttbar_pf:3.2.1"]
+    )
     assert cfg.data.name == "cld_edm_ttbar_pf"
 
 
@@ -73,10 +82,16 @@ def test_missing_file_and_malformed_override():
 
 def test_cli_config_show_prints_resolved_config_and_clean_errors():
     run = [sys.executable, "-m", "heptstudy.cli", "config", "show"]
-    ok = subprocess.run(run + ["--set", "model.heptv2.activation_checkpointing=true"], capture_output=True, text=True)
+    ok = subprocess.run(
+        run + ["--set", "model.heptv2.activation_checkpointing=true"],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     shown = yaml.safe_load(ok.stdout)
     assert shown["model"]["heptv2"]["activation_checkpointing"] is True
-    bad = subprocess.run(run + ["--set", "model.heptv2.block_size=0"], capture_output=True, text=True)
+    bad = subprocess.run(
+        run + ["--set", "model.heptv2.block_size=0"], capture_output=True, text=True
+    )
     assert bad.returncode == 2
     assert "model.heptv2.block_size" in bad.stderr and "Traceback" not in bad.stderr

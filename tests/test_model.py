@@ -10,7 +10,9 @@ LENGTHS = [70, 41, 23]  # unequal events, padded to 80 hits
 
 
 def _build(overrides, checkpointing, seed=0):
-    cfg = load_config(overrides=overrides + [f"model.heptv2.activation_checkpointing={checkpointing}"])
+    cfg = load_config(
+        overrides=overrides + [f"model.heptv2.activation_checkpointing={checkpointing}"]
+    )
     torch.manual_seed(seed)
     return build_model(cfg), cfg
 
@@ -21,7 +23,9 @@ def _train_pass(model, batch, rng_seed=123):
     model.zero_grad(set_to_none=True)
     torch.manual_seed(rng_seed)
     out = model(batch)
-    loss = sum((v.float() * torch.linspace(0.5, 1.5, v.numel()).view_as(v)).sum() for v in out.values())
+    loss = sum(
+        (v.float() * torch.linspace(0.5, 1.5, v.numel()).view_as(v)).sum() for v in out.values()
+    )
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return {k: v.detach() for k, v in out.items()}, grads, torch.get_rng_state()
@@ -29,7 +33,10 @@ def _train_pass(model, batch, rng_seed=123):
 
 @pytest.mark.parametrize("freeze", [False, True])
 def test_checkpointing_changes_no_output_gradient_or_rng_state(tiny_overrides, freeze):
-    overrides = tiny_overrides + ["model.heptv2.dropout=0.3", f"model.freeze.input_encoder={freeze}"]
+    overrides = tiny_overrides + [
+        "model.heptv2.dropout=0.3",
+        f"model.freeze.input_encoder={freeze}",
+    ]
     base, cfg = _build(overrides, False)
     ckpt, _ = _build(overrides, True)
     batch = example_batch(cfg, 3, LENGTHS, seed=5)
@@ -186,7 +193,8 @@ def test_phi_read_through_atan2_ignores_common_scale(tiny_overrides):
 
 def test_track_cluster_variant_builds_and_runs(tiny_overrides):
     cfg = load_config(
-        overrides=tiny_overrides + ["model.variant=track_cluster_mlpf", "data.dataset=cld_edm_ttbar_pf:3.2.1"]
+        overrides=tiny_overrides
+        + ["model.variant=track_cluster_mlpf", "data.dataset=cld_edm_ttbar_pf:3.2.1"]
     )
     model = build_model(cfg)
     batch = example_batch(cfg, 2, [30, 17], seed=1)

@@ -22,7 +22,9 @@ def _records(out, kind):
 
 def test_short_run_lowers_loss_and_writes_everything(tiny_data_dir, tmp_path):
     cfg = load_config(
-        overrides=tiny_train_overrides(tiny_data_dir, tmp_path, num_steps=16, val_freq=8, checkpoint_freq=8, lr=0.01)
+        overrides=tiny_train_overrides(
+            tiny_data_dir, tmp_path, num_steps=16, val_freq=8, checkpoint_freq=8, lr=0.01
+        )
     )
     train(cfg, progress=False)
     losses = [r["loss_total"] for r in _records(tmp_path, "train")]
@@ -44,7 +46,9 @@ def test_resume_is_bit_for_bit(tiny_data_dir, tmp_path):
     common = ["train.deterministic=true", "model.heptv2.dropout=0.2"]
     full = load_config(overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "full") + common)
     train(full, progress=False)
-    resumed = load_config(overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "resumed") + common)
+    resumed = load_config(
+        overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "resumed") + common
+    )
     train(resumed, resume=tmp_path / "full" / "checkpoints" / "step_000002.pt", progress=False)
     a, b = _final_state(tmp_path / "full"), _final_state(tmp_path / "resumed")
     for k, v in a["model"].items():
@@ -64,7 +68,11 @@ def test_corrupt_and_incompatible_checkpoints_are_refused(tiny_data_dir, tmp_pat
     corrupt.write_bytes(good.read_bytes()[:5000])
     other_out = tmp_path / "other"
     with pytest.raises(HeptstudyError, match="not a readable heptstudy checkpoint"):
-        train(load_config(overrides=tiny_train_overrides(tiny_data_dir, other_out)), resume=corrupt, progress=False)
+        train(
+            load_config(overrides=tiny_train_overrides(tiny_data_dir, other_out)),
+            resume=corrupt,
+            progress=False,
+        )
     wider = tiny_train_overrides(tiny_data_dir, other_out) + ["model.heptv2.embedding_dim=32"]
     with pytest.raises(HeptstudyError, match="incompatible configuration.*embedding_dim"):
         train(load_config(overrides=wider), resume=good, progress=False)
@@ -74,21 +82,49 @@ def test_corrupt_and_incompatible_checkpoints_are_refused(tiny_data_dir, tmp_pat
 
 
 def test_non_finite_loss_stops_with_step_and_events(tiny_data_dir, tmp_path):
-    cfg = load_config(overrides=tiny_train_overrides(tiny_data_dir, tmp_path, lr=1e30, num_steps=6, checkpoint_freq=1))
+    cfg = load_config(
+        overrides=tiny_train_overrides(
+            tiny_data_dir, tmp_path, lr=1e30, num_steps=6, checkpoint_freq=1
+        )
+    )
     with pytest.raises(HeptstudyError, match=r"non-finite loss at step \d+ \(events \["):
         train(cfg, progress=False)
 
 
 def test_torchrun_two_process_gloo_matches_single_process(tiny_data_dir, tmp_path):
-    common = ["model.heptv2.activation_checkpointing=true", "model.heptv2.dropout=0.0", "model.decoder.dropout=0.0"]
-    single = load_config(overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "single", num_steps=1) + common)
+    common = [
+        "model.heptv2.activation_checkpointing=true",
+        "model.heptv2.dropout=0.0",
+        "model.decoder.dropout=0.0",
+    ]
+    single = load_config(
+        overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "single", num_steps=1) + common
+    )
     train(single, progress=False)
-    args = [f"--set={o}" for o in tiny_train_overrides(tiny_data_dir, tmp_path / "ddp", num_steps=1) + common]
+    args = [
+        f"--set={o}"
+        for o in tiny_train_overrides(tiny_data_dir, tmp_path / "ddp", num_steps=1) + common
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "heptstudy.cli", "train", "--no-progress", *args],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "heptstudy.cli",
+            "train",
+            "--no-progress",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     a = torch.load(tmp_path / "single" / "checkpoints" / "step_000001.pt", weights_only=True)
@@ -101,4 +137,6 @@ def test_torchrun_two_process_gloo_matches_single_process(tiny_data_dir, tmp_pat
         torch.testing.assert_close(b["model"][k], v, rtol=1e-5, atol=1e-5, msg=k)
     by_rank = _records(tmp_path / "ddp", "train")[0]["event_index_by_rank"]
     assert len(by_rank) == 2 and not set(by_rank[0]) & set(by_rank[1])
-    assert sorted(by_rank[0] + by_rank[1]) == sorted(_records(tmp_path / "single", "train")[0]["event_index_by_rank"][0])
+    assert sorted(by_rank[0] + by_rank[1]) == sorted(
+        _records(tmp_path / "single", "train")[0]["event_index_by_rank"][0]
+    )

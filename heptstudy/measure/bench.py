@@ -52,7 +52,9 @@ class BenchOptions:
         for name, low in (("batch_size", 1), ("steps", 1), ("warmup", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"bench {name}={value!r} is not allowed: give an integer >= {low}")
+                raise ConfigError(
+                    f"bench {name}={value!r} is not allowed: give an integer >= {low}"
+                )
 
     @property
     def name(self) -> str:
@@ -76,11 +78,19 @@ def resolve(opts: BenchOptions) -> tuple[Config, torch.device, str | None]:
                 f"(torch {torch.__version__}); run it on the target machine or use "
                 "configs/training/platforms/local_cpu.yaml"
             )
-        base += [f"train.dtype={plat.dtype}", f"model.heptv2.attention_backend={plat.attention_backend}"]
+        base += [
+            f"train.dtype={plat.dtype}",
+            f"model.heptv2.attention_backend={plat.attention_backend}",
+        ]
     if opts.variant:
         if opts.variant not in DATASET_OF_VARIANT:
-            raise ConfigError(f"--variant {opts.variant!r} is not one of {sorted(DATASET_OF_VARIANT)}")
-        base += [f"model.variant={opts.variant}", f"data.dataset={DATASET_OF_VARIANT[opts.variant]}:3.2.1"]
+            raise ConfigError(
+                f"--variant {opts.variant!r} is not one of {sorted(DATASET_OF_VARIANT)}"
+            )
+        base += [
+            f"model.variant={opts.variant}",
+            f"data.dataset={DATASET_OF_VARIANT[opts.variant]}:3.2.1",
+        ]
     if opts.data_dir:
         base.append(f"data.data_dir={opts.data_dir}")
     if opts.dtype:
@@ -98,7 +108,9 @@ def event_indices(config: Config, batch_size: int, num_batches: int) -> list[lis
     from heptstudy.data.sampler import InterleavedShardSampler
 
     ds = dataset_for(config, "train")
-    sampler = InterleavedShardSampler(ds.shard_sizes, seed=config.train.seed, mode=config.data.sampler)
+    sampler = InterleavedShardSampler(
+        ds.shard_sizes, seed=config.train.seed, mode=config.data.sampler
+    )
     flat = sampler.take(batch_size * num_batches)
     return [flat[i * batch_size : (i + 1) * batch_size] for i in range(num_batches)]
 
@@ -118,23 +130,31 @@ def run_bench(opts: BenchOptions) -> rp.BenchReport:
     batches = [_to(load_events(config, idx, "train"), device) for idx in indices]
     common: dict[str, Any] = dict(
         name=opts.name,
-        environment=rp.environment_info(device, config.train.dtype, platform_name, fresh_process=fresh),
+        environment=rp.environment_info(
+            device, config.train.dtype, platform_name, fresh_process=fresh
+        ),
         data=rp.DataInfo(
-            dataset=config.data.dataset, data_dir=config.data.data_dir,
-            synthetic=bool(ds.metadata.get("synthetic", False)), split="train",
+            dataset=config.data.dataset,
+            data_dir=config.data.data_dir,
+            synthetic=bool(ds.metadata.get("synthetic", False)),
+            split="train",
         ),
         config=config.to_dict(),
         batch_size=opts.batch_size,
         checkpointing=rp.Checkpointing(
             enabled=opts.checkpointing,
-            policy=config.model.heptv2.activation_checkpointing_policy if opts.checkpointing else None,
+            policy=config.model.heptv2.activation_checkpointing_policy
+            if opts.checkpointing
+            else None,
             checkpoint_every=config.model.heptv2.checkpoint_every if opts.checkpointing else None,
         ),
         notes=[] if not ds.metadata.get("synthetic") else ["data: synthetic (generated) events"],
     )
     if opts.parity_only:
         parity = run_parity(config, batches[0], device, dtype)
-        report = rp.BenchReport(kind="parity", status="ok", parity=_parity_section(parity), **common)
+        report = rp.BenchReport(
+            kind="parity", status="ok", parity=_parity_section(parity), **common
+        )
     else:
         report = _memory_report(config, device, dtype, batches, opts, common)
     if opts.output:
@@ -148,8 +168,11 @@ def _to(batch, device):
 
 def _step_record(i, warmup, batch) -> dict[str, Any]:
     return dict(
-        step=i, counted=i >= warmup, event_indices=batch["event_index"].tolist(),
-        hits=batch["length"].tolist(), padded_hits=batch["padded_length"].tolist(),
+        step=i,
+        counted=i >= warmup,
+        event_indices=batch["event_index"].tolist(),
+        hits=batch["length"].tolist(),
+        padded_hits=batch["padded_length"].tolist(),
     )
 
 
@@ -186,19 +209,28 @@ def _memory_report(config, device, dtype, batches, opts, common) -> rp.BenchRepo
             if records[step]["counted"] and mem.categories_at_peak is not None:
                 if categories is None or mem.peak_allocated_bytes > categories.peak_bytes:
                     categories = rp.MemoryCategories(
-                        step=step, peak_bytes=mem.peak_allocated_bytes,
-                        at_peak_bytes=mem.categories_at_peak, note=_CATEGORY_NOTE,
+                        step=step,
+                        peak_bytes=mem.peak_allocated_bytes,
+                        at_peak_bytes=mem.categories_at_peak,
+                        note=_CATEGORY_NOTE,
                     )
             bar.update(1)
         phase = "validation"
-        validation, _ = validate(model, _validation(config, opts.batch_size, device), config, device, dtype)
+        validation, _ = validate(
+            model, _validation(config, opts.batch_size, device), config, device, dtype
+        )
     except torch.OutOfMemoryError as err:
         bar.close()
         batch = batches[step]
         return rp.BenchReport(
-            kind="memory", status="oom", steps=[rp.StepRecord(**_complete(r)) for r in records[:step]],
+            kind="memory",
+            status="oom",
+            steps=[rp.StepRecord(**_complete(r)) for r in records[:step]],
             oom=rp.OomInfo(
-                message=str(err).splitlines()[0], step=step, phase=phase, batch_size=opts.batch_size,
+                message=str(err).splitlines()[0],
+                step=step,
+                phase=phase,
+                batch_size=opts.batch_size,
                 padded_hits=batch["padded_length"].tolist(),
                 padded_batch_hits=int(batch["X"].shape[0] * batch["X"].shape[1]),
                 device_memory_bytes=_device_memory(device),
@@ -210,13 +242,17 @@ def _memory_report(config, device, dtype, batches, opts, common) -> rp.BenchRepo
     times = [r["time_s"] for r in counted]
     mean = sum(times) / len(times)
     summary = rp.Summary(
-        counted_steps=len(counted), warmup_steps=opts.warmup,
+        counted_steps=len(counted),
+        warmup_steps=opts.warmup,
         mean_step_time_s=mean,
-        std_step_time_s=math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1)) if len(times) > 1 else 0.0,
+        std_step_time_s=math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1))
+        if len(times) > 1
+        else 0.0,
         min_step_time_s=min(times),
         max_peak_allocated_mib=_max(r.get("peak_allocated_mib") for r in counted),
         max_peak_reserved_mib=_max(r.get("peak_reserved_mib") for r in counted),
-        allocated_definition=mem.allocated_definition, reserved_definition=mem.reserved_definition,
+        allocated_definition=mem.allocated_definition,
+        reserved_definition=mem.reserved_definition,
         reserved_unavailable_reason=mem.reserved_unavailable_reason,
         tracked_memory_note=(
             "times from untracked steps (phase 1); memory from a second pass over the same batches "
@@ -224,9 +260,13 @@ def _memory_report(config, device, dtype, batches, opts, common) -> rp.BenchRepo
         ),
     )
     return rp.BenchReport(
-        kind="memory", status="ok", steps=[rp.StepRecord(**_complete(r)) for r in records],
-        summary=summary, validation={k: float(v) for k, v in validation.items() if v is not None},
-        memory_categories=[categories] if categories else None, **common,
+        kind="memory",
+        status="ok",
+        steps=[rp.StepRecord(**_complete(r)) for r in records],
+        summary=summary,
+        validation={k: float(v) for k, v in validation.items() if v is not None},
+        memory_categories=[categories] if categories else None,
+        **common,
     )
 
 
@@ -266,14 +306,20 @@ def _validation(config, batch_size, device):
 
 def _parity_section(p: dict) -> rp.Parity:
     def comparison(which: str) -> rp.ComparisonSet:
-        outputs = [rp.TensorComparison(name=r["name"], equal=r["equal"], max_abs_diff=r["max_abs_diff"])
-                   for r in p["outputs"][which]]
+        outputs = [
+            rp.TensorComparison(name=r["name"], equal=r["equal"], max_abs_diff=r["max_abs_diff"])
+            for r in p["outputs"][which]
+        ]
         total = next(r for r in p["loss"][which] if r["name"] == "total")
         grads = [rp.GradientComparison(**r) for r in p["gradients"][which]]
         return rp.ComparisonSet(
             outputs=outputs,
-            loss=rp.TensorComparison(name="loss_total", equal=total["equal"], max_abs_diff=total["max_abs_diff"]),
-            gradients=grads, num_outputs=len(outputs), num_gradients=len(grads),
+            loss=rp.TensorComparison(
+                name="loss_total", equal=total["equal"], max_abs_diff=total["max_abs_diff"]
+            ),
+            gradients=grads,
+            num_outputs=len(outputs),
+            num_gradients=len(grads),
         )
 
     return rp.Parity(

@@ -10,10 +10,19 @@ def _bench(args: argparse.Namespace) -> int:
     from heptstudy.measure.summary import describe
 
     opts = BenchOptions(
-        batch_size=args.batch_size, checkpointing=args.checkpointing, steps=args.steps,
-        warmup=args.warmup, variant=args.variant, platform=args.platform, data_dir=args.data_dir,
-        dtype=args.dtype, seed=args.seed, overrides=args.overrides, parity_only=args.parity_only,
-        deterministic=args.deterministic, progress=not args.no_progress,
+        batch_size=args.batch_size,
+        checkpointing=args.checkpointing,
+        steps=args.steps,
+        warmup=args.warmup,
+        variant=args.variant,
+        platform=args.platform,
+        data_dir=args.data_dir,
+        dtype=args.dtype,
+        seed=args.seed,
+        overrides=args.overrides,
+        parity_only=args.parity_only,
+        deterministic=args.deterministic,
+        progress=not args.no_progress,
     )
     opts.output = args.output or str(default_output(opts))
     report = run_bench(opts)
@@ -25,18 +34,28 @@ def _bench(args: argparse.Namespace) -> int:
 def register_cli(sub) -> None:
     p = sub.add_parser("bench", help="measure peak memory and step time, or checkpointing parity")
     p.add_argument("--batch-size", type=int, required=True, help="events per step")
-    p.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=False,
-                   help="activation checkpointing of the HEPTv2 layers (default: off)")
+    p.add_argument(
+        "--checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="activation checkpointing of the HEPTv2 layers (default: off)",
+    )
     p.add_argument("--steps", type=int, default=5, help="counted steps (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="uncounted warm-up steps (default 2)")
-    p.add_argument("--variant", choices=["hit_heptv2_grouped_tracker_features", "track_cluster_mlpf"])
+    p.add_argument(
+        "--variant", choices=["hit_heptv2_grouped_tracker_features", "track_cluster_mlpf"]
+    )
     p.add_argument("--platform", help="platform profile YAML (device, dtype, attention backend)")
     p.add_argument("--data-dir", help="TFDS data directory (default: data.data_dir)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, help="initialisation and event-selection seed (train.seed)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--output", help="report path (default experiments/scratch/NAME.json)")
-    p.add_argument("--parity-only", action="store_true", help="checkpointing parity instead of memory/time")
-    p.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
+    p.add_argument(
+        "--parity-only", action="store_true", help="checkpointing parity instead of memory/time"
+    )
+    p.add_argument(
+        "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_bench)

@@ -89,12 +89,16 @@ def _overall_rel_l2(a: dict, b: dict) -> float:
     return (num / den) ** 0.5 if den > 0 else 0.0
 
 
-def run_parity(config: Config, batch: dict, device: torch.device, dtype=None, trajectory_steps: int = 3) -> dict:
+def run_parity(
+    config: Config, batch: dict, device: torch.device, dtype=None, trajectory_steps: int = 3
+) -> dict:
     """The parity section of a report (see module docstring)."""
     base_cfg, ckpt_cfg = with_checkpointing(config, False), with_checkpointing(config, True)
     baseline = build_seeded(base_cfg, device)
     checkpointed = build_seeded(ckpt_cfg, device)
-    for (n, p), (_, q) in zip(baseline.state_dict().items(), checkpointed.state_dict().items(), strict=True):
+    for (n, p), (_, q) in zip(
+        baseline.state_dict().items(), checkpointed.state_dict().items(), strict=True
+    ):
         if not torch.equal(p, q):
             raise RuntimeError(f"parity: initial weights differ at {n}; seeding is broken")
 
@@ -148,5 +152,7 @@ def _trajectory(config, batch, device, dtype, steps: int) -> list[float]:
     scheduler = build_scheduler(optimizer, config.train)
     model.train()
     torch.manual_seed(PASS_SEED)
-    return [float(train_step(model, batch, optimizer, scheduler, config, dtype)["total"]) for _ in range(steps)]
-
+    return [
+        float(train_step(model, batch, optimizer, scheduler, config, dtype)["total"])
+        for _ in range(steps)
+    ]

@@ -7,9 +7,11 @@ from heptstudy.measure.report import BenchReport
 
 def describe(report: BenchReport) -> str:
     """A few lines saying what a report found."""
-    head = f"{report.name}: {report.environment.device_name} ({report.environment.device_kind}), " \
-           f"{report.environment.dtype}, batch {report.batch_size}, " \
-           f"data {'synthetic' if report.data.synthetic else 'real'} {report.data.dataset}"
+    head = (
+        f"{report.name}: {report.environment.device_name} ({report.environment.device_kind}), "
+        f"{report.environment.dtype}, batch {report.batch_size}, "
+        f"data {'synthetic' if report.data.synthetic else 'real'} {report.data.dataset}"
+    )
     if report.status == "oom":
         return f"{head}\n  out of memory at step {report.oom.step} ({report.oom.phase}): padded hits {report.oom.padded_hits}"
     if report.kind == "parity":
@@ -18,7 +20,8 @@ def describe(report: BenchReport) -> str:
         eq_out = sum(o.equal for o in c.outputs)
         eq_grad = sum(bool(g.equal) for g in c.gradients)
         within = sum(
-            bool(g.equal) or g.max_abs_diff <= h.max_abs_diff for g, h in zip(c.gradients, r.gradients, strict=True)
+            bool(g.equal) or g.max_abs_diff <= h.max_abs_diff
+            for g, h in zip(c.gradients, r.gradients, strict=True)
         )
         return (
             f"{head}\n  outputs equal: {eq_out}/{c.num_outputs}; loss equal: {c.loss.equal} "

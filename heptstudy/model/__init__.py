@@ -97,6 +97,11 @@ def _random_event(rng: np.random.Generator, n: int, nfeat: int):
         r = idx[0]
         cls = rng.integers(1, 6)
         pt = rng.exponential(3.0) + 0.1
-        y[r, 0], y[r, 1], y[r, 2], y[r, 3] = cls, (cls in (1, 4, 5)) * rng.choice([-1, 1]), pt, eta[r]
+        y[r, 0], y[r, 1], y[r, 2], y[r, 3] = (
+            cls,
+            (cls in (1, 4, 5)) * rng.choice([-1, 1]),
+            pt,
+            eta[r],
+        )
         y[r, 4], y[r, 5], y[r, 6] = np.sin(phi[r]), np.cos(phi[r]), pt * np.cosh(eta[r])
     return X, y

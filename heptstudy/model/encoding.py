@@ -28,7 +28,9 @@ def normalise_features(x: torch.Tensor) -> torch.Tensor:
 
 
 def mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(inp, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Linear(hidden, out))
+    return nn.Sequential(
+        nn.Linear(inp, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Linear(hidden, out)
+    )
 
 
 class TypeEncoder(nn.Module):

@@ -67,6 +67,10 @@ class BucketOrder:
     rank: torch.Tensor  # [B, C, H, S] long, positions into 0..Sp-1
     n_valid: torch.Tensor  # [B] long
     padded_len: int  # Sp, a multiple of block_size
+    # The same permutations as flat row indices, for index_select on [B*S*H, dh] rows (sort)
+    # and on [B*C*H*Sp, dh] rows (unsort): far cheaper than gather with a full index tensor.
+    sort_rows: torch.Tensor  # [B*C*H*Sp]
+    unsort_rows: torch.Tensor  # [B*C*S*H]
 
 
 class HEPTv2Layer(nn.Module):
@@ -90,7 +94,9 @@ class HEPTv2Layer(nn.Module):
         # disturb) the global RNG, and kept as buffers so the state dict carries them.
         gen = torch.Generator().manual_seed(cfg.hash_seed * 1000 + layer_index)
         self.register_buffer("hash_directions", torch.randn(cfg.n_hashes, heads, 2, generator=gen))
-        self.register_buffer("region_shape", _region_shapes(cfg.n_hashes, heads, cfg.num_regions, gen))
+        self.register_buffer(
+            "region_shape", _region_shapes(cfg.n_hashes, heads, cfg.num_regions, gen)
+        )
 
     # -- hashing ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -120,7 +126,9 @@ class HEPTv2Layer(nn.Module):
         phi_bin = torch.minimum(torch.floor(phi_q * n_phi), n_phi - 1)
         region = eta_bin * n_phi + phi_bin  # [B,C,H,S]
 
-        proj = torch.einsum("bsk,chk->bchs", coords.masked_fill(~mask[..., None], 0.0), self.hash_directions)
+        proj = torch.einsum(
+            "bsk,chk->bchs", coords.masked_fill(~mask[..., None], 0.0), self.hash_directions
+        )
         lo = proj.masked_fill(~valid_f, big).amin(dim=-1, keepdim=True)
         hi = proj.masked_fill(~valid_f, -big).amax(dim=-1, keepdim=True)
         span = (hi - lo).clamp(min=1e-6)
@@ -134,10 +142,21 @@ class HEPTv2Layer(nn.Module):
             # Extra slots are padding; they point at a padded hit (or any hit: they are masked).
             fill = order[..., -1:].expand(*order.shape[:-1], Sp - S)
             order = torch.cat([order, fill], dim=-1)
-        rank = torch.empty(B, self.n_hashes, self.num_heads, S, dtype=torch.long, device=coords.device)
+        rank = torch.empty(
+            B, self.n_hashes, self.num_heads, S, dtype=torch.long, device=coords.device
+        )
         positions = torch.arange(S, device=coords.device).expand_as(rank)
         rank.scatter_(-1, order[..., :S], positions)
-        return BucketOrder(order=order, rank=rank, n_valid=n_valid, padded_len=Sp)
+        dev = coords.device
+        b = torch.arange(B, device=dev).view(B, 1, 1, 1)
+        c = torch.arange(self.n_hashes, device=dev).view(1, -1, 1, 1)
+        h = torch.arange(self.num_heads, device=dev).view(1, 1, -1, 1)
+        sort_rows = ((b * S + order) * self.num_heads + h).reshape(-1)
+        # Unsorted results come out as [B, C, S, H]: the layout the output projection reads.
+        unsort_rows = (
+            (((b * self.n_hashes + c) * self.num_heads + h) * Sp + rank).transpose(2, 3).reshape(-1)
+        )
+        return BucketOrder(order, rank, n_valid, Sp, sort_rows, unsort_rows)
 
     # -- forward ---------------------------------------------------------------------------
     def forward(
@@ -153,17 +172,15 @@ class HEPTv2Layer(nn.Module):
         B, S, D = h.shape
         H, dh = self.num_heads, self.head_dim
         q, k, v = self.qkv(h).view(B, S, 3, H, dh).unbind(dim=2)
-        q, k = self.q_norm(q), self.k_norm(k)
-        # [B,S,H,dh] -> [B,1,H,S,dh] so each round gathers its own sort of the same tensors.
-        q, k, v = (t.transpose(1, 2).unsqueeze(1) for t in (q, k, v))
+        q, k = self.q_norm(q) * (dh**-0.5), self.k_norm(k)
         if self._use_fused(h):
             out, lse = fused_bucket_attention(q, k, v, buckets, self.block_size)
         else:
             out, lse = plain_bucket_attention(q, k, v, buckets, self.block_size)
-        # out [B,C,H,S,dh], lse [B,C,H,S]: merge rounds by softmax of their log-sum-exps.
+        # out [B,C,S,H,dh], lse [B,C,S,H]: merge rounds by softmax of their log-sum-exps.
         weights = torch.softmax(lse.float(), dim=1).to(out.dtype)
-        merged = (weights.unsqueeze(-1) * out).sum(dim=1)  # [B,H,S,dh]
-        return self.out(merged.transpose(1, 2).reshape(B, S, D))
+        merged = (weights.unsqueeze(-1) * out).sum(dim=1)  # [B,S,H,dh]
+        return self.out(merged.reshape(B, S, D))
 
     def _use_fused(self, h: torch.Tensor) -> bool:
         if self.attention_backend == "plain":
@@ -173,7 +190,9 @@ class HEPTv2Layer(nn.Module):
         return h.is_cuda
 
 
-def _region_shapes(n_hashes: int, heads: int, num_regions: int, gen: torch.Generator) -> torch.Tensor:
+def _region_shapes(
+    n_hashes: int, heads: int, num_regions: int, gen: torch.Generator
+) -> torch.Tensor:
     """A random (eta regions, phi regions) pair per (round, head), product about num_regions."""
     root = math.sqrt(num_regions)
     lo, hi = max(1, int(root / 2)), max(1, int(root * 2))
@@ -190,49 +209,85 @@ def _ranks(values: torch.Tensor) -> torch.Tensor:
     return ranks
 
 
-def _sorted(t: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """Gather [B,1,H,S,dh] into each round's order [B,C,H,Sp] -> [B,C,H,Sp,dh]."""
-    B, C, H, Sp = order.shape
-    src = t.expand(B, C, H, t.shape[-2], t.shape[-1])
-    return torch.gather(src, 3, order.unsqueeze(-1).expand(B, C, H, Sp, t.shape[-1]))
+def _sorted(t: torch.Tensor, buckets: BucketOrder) -> torch.Tensor:
+    """[B,S,H,dh] in hit order -> [B,C,H,Sp,dh], each (round, head) in its own sorted order."""
+    dh = t.shape[-1]
+    rows = t.reshape(-1, dh).index_select(0, buckets.sort_rows)
+    return rows.view(*buckets.order.shape, dh)
 
 
-def _unsorted(t: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`_sorted` for tensors with or without a trailing feature dimension."""
-    if t.dim() == rank.dim():
-        return torch.gather(t, 3, rank)
-    return torch.gather(t, 3, rank.unsqueeze(-1).expand(*rank.shape, t.shape[-1]))
+def _unsorted(t: torch.Tensor, buckets: BucketOrder) -> torch.Tensor:
+    """Inverse of :func:`_sorted`: [B,C,H,Sp(,dh)] -> [B,C,S,H(,dh)] in hit order."""
+    B, C, H, S = buckets.rank.shape
+    shape = (B, C, S, H)
+    if t.dim() == len(shape):
+        return t.reshape(-1).index_select(0, buckets.unsort_rows).view(shape)
+    dh = t.shape[-1]
+    return t.reshape(-1, dh).index_select(0, buckets.unsort_rows).view(*shape, dh)
+
+
+class _BucketSoftmaxAttention(torch.autograd.Function):
+    """Softmax attention inside buckets, returning the output and the log-sum-exp per query.
+
+    Written as one autograd function so that the score tensor is turned into probabilities in
+    place and only the probabilities are kept for backward (autograd op by op would keep the
+    scores, the probabilities and several same-sized temporaries). The backward is the exact
+    gradient: with P the probabilities, dS = P * (dP - rowsum(dP * P) + dlse).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_valid):
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        scores.masked_fill_(~key_valid, _MASKED)
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        probs = scores.sub_(lse).exp_()
+        out = torch.matmul(probs, v)
+        ctx.save_for_backward(q, k, v, probs)
+        return out, lse.squeeze(-1)
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        q, k, v, probs = ctx.saved_tensors
+        d_v = torch.matmul(probs.transpose(-1, -2), d_out)
+        d_probs = torch.matmul(d_out, v.transpose(-1, -2))
+        row = (d_probs * probs).sum(dim=-1, keepdim=True)
+        d_scores = d_probs.sub_(row)
+        if d_lse is not None:
+            d_scores.add_(d_lse.unsqueeze(-1))
+        d_scores.mul_(probs)
+        d_q = torch.matmul(d_scores, k)
+        d_k = torch.matmul(d_scores.transpose(-1, -2), q)
+        return d_q, d_k, d_v, None
 
 
 def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int):
     """Softmax attention inside contiguous buckets of the sorted sequences, in plain PyTorch.
 
-    Returns the per-round output [B,C,H,S,dh] and log-sum-exp [B,C,H,S] in hit order.
+    ``q`` must already carry the 1/sqrt(head_dim) scale. Returns the per-round output
+    [B,C,H,S,dh] and log-sum-exp [B,C,H,S] in hit order.
     """
     B, C, H, Sp = buckets.order.shape
     dh = q.shape[-1]
     nb = Sp // block_size
-    qs, ks, vs = (_sorted(t, buckets.order).view(B, C, H, nb, block_size, dh) for t in (q, k, v))
+    qs, ks, vs = (_sorted(t, buckets).view(B, C, H, nb, block_size, dh) for t in (q, k, v))
     # Valid hits sort first, so a sorted position is a real hit iff it is below the event's count.
     key_valid = torch.arange(Sp, device=q.device)[None, :] < buckets.n_valid[:, None]  # [B,Sp]
     key_valid = key_valid.view(B, 1, 1, nb, 1, block_size)
-    scores = torch.matmul(qs, ks.transpose(-1, -2)) * (dh**-0.5)
-    scores = scores.masked_fill(~key_valid, _MASKED)
-    lse = torch.logsumexp(scores.float(), dim=-1)
-    probs = torch.exp(scores.float() - lse.unsqueeze(-1)).to(vs.dtype)
-    out = torch.matmul(probs, vs).view(B, C, H, Sp, dh)
+    out, lse = _BucketSoftmaxAttention.apply(qs, ks, vs, key_valid)
+    out = out.view(B, C, H, Sp, dh)
     lse = lse.view(B, C, H, Sp)
-    return _unsorted(out, buckets.rank), _unsorted(lse, buckets.rank)
+    return _unsorted(out, buckets), _unsorted(lse, buckets)
 
 
 def fused_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int):
-    """The same attention through ``flex_attention`` with a bucket-diagonal block mask; on CUDA
+    """The same attention through ``flex_attention`` with a bucket-diagonal block mask (``q``
+    pre-scaled, so the kernel scale is 1); on CUDA
     this is a fused kernel (compiled), elsewhere flex_attention's reference path."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     B, C, H, Sp = buckets.order.shape
     dh = q.shape[-1]
-    qs, ks, vs = (_sorted(t, buckets.order).reshape(B * C, H, Sp, dh) for t in (q, k, v))
+    qs, ks, vs = (_sorted(t, buckets).reshape(B * C, H, Sp, dh) for t in (q, k, v))
     n_valid = buckets.n_valid.repeat_interleave(C)
 
     def same_bucket(b, h, q_idx, kv_idx):
@@ -244,7 +299,7 @@ def fused_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int):
     lse = lse.view(B, C, H, Sp)
     # Queries in buckets with no valid key get lse = -inf; give them a finite, negligible weight.
     lse = torch.nan_to_num(lse.float(), neginf=_MASKED)
-    return _unsorted(out, buckets.rank), _unsorted(lse, buckets.rank)
+    return _unsorted(out, buckets), _unsorted(lse, buckets)
 
 
 def _flex(q, k, v, block_mask):
@@ -254,10 +309,10 @@ def _flex(q, k, v, block_mask):
     if q.is_cuda:
         fn = _compiled_flex()
     try:
-        out, aux = fn(q, k, v, block_mask=block_mask, return_aux=fa.AuxRequest(lse=True))
+        out, aux = fn(q, k, v, block_mask=block_mask, scale=1.0, return_aux=fa.AuxRequest(lse=True))
         return out, aux.lse
     except (AttributeError, TypeError):
-        return fn(q, k, v, block_mask=block_mask, return_lse=True)
+        return fn(q, k, v, block_mask=block_mask, scale=1.0, return_lse=True)
 
 
 _COMPILED_FLEX = None

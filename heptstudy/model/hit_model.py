@@ -38,7 +38,9 @@ class DecoderLayer(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, queries: torch.Tensor, memory: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, queries: torch.Tensor, memory: torch.Tensor, allowed: torch.Tensor
+    ) -> torch.Tensor:
         B, Q, D = queries.shape
         S = memory.shape[1]
         dh = D // self.heads

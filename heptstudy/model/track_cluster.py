@@ -25,7 +25,11 @@ class SelfAttentionLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         B, S, D = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(B, S, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = (
+            self.qkv(self.norm1(x))
+            .view(B, S, 3, self.heads, D // self.heads)
+            .permute(2, 0, 3, 1, 4)
+        )
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
         x = x + self.dropout(self.out(attn.transpose(1, 2).reshape(B, S, D)))
         x = x + self.dropout(self.ffn(self.norm2(x)))
@@ -39,7 +43,8 @@ class TrackClusterModel(nn.Module):
         dim = cfg.embedding_dim
         self.input_encoder = TypeEncoder(len(PF_FEATURES), cfg.width, dim)
         self.layers = nn.ModuleList(
-            SelfAttentionLayer(dim, cfg.num_heads, 4 * dim, cfg.dropout) for _ in range(cfg.num_layers)
+            SelfAttentionLayer(dim, cfg.num_heads, 4 * dim, cfg.dropout)
+            for _ in range(cfg.num_layers)
         )
         self.norm = nn.LayerNorm(dim)
         self.cls = mlp(dim, cfg.width, NUM_CLASSES)

@@ -22,12 +22,24 @@ from heptstudy.errors import HeptstudyError
 
 FORMAT = "heptstudy.checkpoint/1"
 #: Sections that must agree between a checkpoint and the run that resumes from it.
-COMPATIBLE_SECTIONS = ("model", "data.dataset", "data.configs", "data.pad_to_multiple",
-                       "train.global_batch_size", "train.seed", "train.optimizer")
+COMPATIBLE_SECTIONS = (
+    "model",
+    "data.dataset",
+    "data.configs",
+    "data.pad_to_multiple",
+    "train.global_batch_size",
+    "train.seed",
+    "train.optimizer",
+)
 
 #: Settings that change memory or speed, never the weights: a run may change them on resume.
 RUNTIME_KEYS = frozenset(
-    {"activation_checkpointing", "activation_checkpointing_policy", "checkpoint_every", "attention_backend"}
+    {
+        "activation_checkpointing",
+        "activation_checkpointing_policy",
+        "checkpoint_every",
+        "attention_backend",
+    }
 )
 
 
@@ -63,7 +75,9 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def save_checkpoint(path: Path, *, model, optimizer, scheduler, loader, step: int, config: Config) -> None:
+def save_checkpoint(
+    path: Path, *, model, optimizer, scheduler, loader, step: int, config: Config
+) -> None:
     atomic_torch_save(
         {
             "format": FORMAT,
@@ -83,7 +97,9 @@ def load_checkpoint(path: str | Path, config: Config) -> dict[str, Any]:
     """Read and check a checkpoint; refuse an unreadable one or one from another configuration."""
     p = Path(path)
     if not p.is_file():
-        raise CheckpointError(f"checkpoint {str(p)!r} does not exist; give a file written by `heptstudy train`")
+        raise CheckpointError(
+            f"checkpoint {str(p)!r} does not exist; give a file written by `heptstudy train`"
+        )
     try:
         state = torch.load(p, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError) as err:

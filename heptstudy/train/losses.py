@@ -223,7 +223,9 @@ def weighted_cross_entropy(
 ) -> Tensor:
     """Class-weighted mean cross-entropy (float32) over the last-but-one dimension, then mean
     over events. ``logits`` [B, N, C], ``target`` [B, N], ``valid`` [B, N] (default: all)."""
-    ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none").view(target.shape)
+    ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none").view(
+        target.shape
+    )
     w = _class_weights(loss_cfg, logits.device)[target]
     if valid is not None:
         w = w * valid.float()
@@ -234,7 +236,9 @@ def event_mean(values: Tensor, event: Tensor, num_events: int) -> Tensor:
     """Mean over ``num_events`` events of the per-event mean of ``values`` (zero for an event
     with no entry); ``event`` gives each value's event index."""
     sums = torch.zeros(num_events, device=values.device).index_add(0, event, values.float())
-    counts = torch.zeros(num_events, device=values.device).index_add(0, event, torch.ones_like(values.float()))
+    counts = torch.zeros(num_events, device=values.device).index_add(
+        0, event, torch.ones_like(values.float())
+    )
     return (sums / counts.clamp(min=1.0)).sum() / num_events
 
 
@@ -347,7 +351,9 @@ def element_losses(
         mom = outputs["momentum"]
         if int(cls.min()) < 0 or int(cls.max()) >= NUM_CLASSES:
             _check_classes(cls[mask].cpu().numpy(), "element_losses")
-        losses = {"class": weighted_cross_entropy(outputs["class_logits"], cls, loss_cfg, valid=mask)}
+        losses = {
+            "class": weighted_cross_entropy(outputs["class_logits"], cls, loss_cfg, valid=mask)
+        }
         has = mask & (cls > 0)
         if bool(has.any()):
             l1 = (mom[has].float() - momentum_targets(y[..., MOMENTUM_COLUMNS][has])).abs().mean(-1)

@@ -46,7 +46,9 @@ def forward_and_loss(model, batch, config: Config, dtype: torch.dtype | None):
     return outputs, compute_losses(config.model.variant, outputs, batch, config.train.loss)
 
 
-def train_step(model, batch, optimizer, scheduler, config: Config, dtype=None) -> dict[str, torch.Tensor]:
+def train_step(
+    model, batch, optimizer, scheduler, config: Config, dtype=None
+) -> dict[str, torch.Tensor]:
     """One optimisation step: forward, loss (matching, auxiliary, grouping), backward, LAMB,
     scheduler. Returns the detached loss components (no host synchronisation here)."""
     _, losses = forward_and_loss(model, batch, config, dtype)
@@ -107,7 +109,9 @@ def _save_predictions(path: Path, predictions: dict[str, np.ndarray]) -> None:
     os.replace(tmp, path)
 
 
-def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
+def train(
+    config: Config, resume: str | Path | None = None, progress: bool = True
+) -> dict[str, Any]:
     """Train as configured; returns a summary (last step, last metrics, output paths)."""
     from heptstudy.data import BatchLoader, validation_batches
 
@@ -131,7 +135,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     model = build_model(config).to(ctx.device)
     optimizer = build_optimizer(model, tc)
     scheduler = build_scheduler(optimizer, tc)
-    loader = BatchLoader(config, "train", rank=ctx.rank, world_size=ctx.world_size, per_device_batch=per_device)
+    loader = BatchLoader(
+        config, "train", rank=ctx.rank, world_size=ctx.world_size, per_device_batch=per_device
+    )
     start = 0
     if state is not None:
         model.load_state_dict(state["model"], strict=True)
@@ -142,7 +148,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         start = int(state["step"])
     net = model
     if ctx.distributed:
-        net = DistributedDataParallel(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+        net = DistributedDataParallel(
+            model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None
+        )
     valid = validation_batches(config, per_device) if ctx.is_main else []
 
     if ctx.is_main:
@@ -151,14 +159,27 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         _atomic_write_text(out / "config.yaml", config.to_yaml())
     metrics_path = out / "metrics.jsonl"
     last: dict[str, Any] = {}
-    bar = tqdm(total=tc.num_steps, initial=start, disable=not (progress and ctx.is_main), desc="train", unit="step")
+    bar = tqdm(
+        total=tc.num_steps,
+        initial=start,
+        disable=not (progress and ctx.is_main),
+        desc="train",
+        unit="step",
+    )
     net.train()
     batches = iter(loader)
     for step in range(start + 1, tc.num_steps + 1):
         t0 = time.perf_counter()
-        losses, events = _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, step)
+        losses, events = _accumulated_step(
+            net, batches, optimizer, scheduler, config, dtype, ctx, step
+        )
         elapsed = time.perf_counter() - t0
-        record = {"kind": "train", "step": step, "lr": scheduler.get_last_lr()[0], "time_s": elapsed}
+        record = {
+            "kind": "train",
+            "step": step,
+            "lr": scheduler.get_last_lr()[0],
+            "time_s": elapsed,
+        }
         record["event_index_by_rank"] = events
         record.update({f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()})
         if ctx.is_main:
@@ -177,12 +198,23 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             if ctx.is_main:
                 save_checkpoint(
                     ckpt_dir / f"step_{step:06d}.pt",
-                    model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, step=step, config=config,
+                    model=model,
+                    optimizer=optimizer,
+                    scheduler=scheduler,
+                    loader=loader,
+                    step=step,
+                    config=config,
                 )
             _barrier(ctx)
     bar.close()
     distributed.teardown()
-    return {"step": tc.num_steps, "last": last, "out_dir": str(out), "rank": ctx.rank, "world_size": ctx.world_size}
+    return {
+        "step": tc.num_steps,
+        "last": last,
+        "out_dir": str(out),
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+    }
 
 
 def _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, step):

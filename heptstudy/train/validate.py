@@ -77,10 +77,14 @@ def _hit_quality(outputs, batch, config, predictions):
         event = int(batch["event_index"][b])
         predictions.setdefault("event_index", []).append(np.full(len(qi), event))
         predictions.setdefault("query", []).append(qi.cpu().numpy())
-        predictions.setdefault("target_particle_number", []).append(t.particle_number[ti].cpu().numpy())
+        predictions.setdefault("target_particle_number", []).append(
+            t.particle_number[ti].cpu().numpy()
+        )
         predictions.setdefault("true_class", []).append(t.cls[ti].cpu().numpy())
         predictions.setdefault("pred_class", []).append(pred_cls[b, qi].cpu().numpy())
-        predictions.setdefault("true_momentum", []).append(momentum_to_physical(t.momentum[ti]).cpu().numpy())
+        predictions.setdefault("true_momentum", []).append(
+            momentum_to_physical(t.momentum[ti]).cpu().numpy()
+        )
         predictions.setdefault("pred_momentum", []).append(pred_mom[b, qi].cpu().numpy())
     return matched, correct, total, np.concatenate(rel) if rel else np.zeros(0)
 
