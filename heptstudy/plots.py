@@ -1,0 +1,446 @@
+"""Figures shared by the notebooks (matplotlib, the mplhep style when it is installed).
+
+Every function draws on an ``ax`` it is given (or makes one) and returns the figure, so notebooks
+stay one call per picture; :func:`save` writes a figure as PNG and PDF.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MIB = 2**20
+COLORS = {False: "#1f77b4", True: "#d62728"}  # baseline blue, checkpointed red
+LABELS = {False: "no checkpointing", True: "checkpointing"}
+
+
+def use_style() -> None:
+    """The mplhep ROOT-like style (no experiment label), falling back to matplotlib's."""
+    import matplotlib.pyplot as plt
+
+    try:
+        import mplhep
+
+        plt.style.use(mplhep.style.ROOT)
+        plt.rcParams.update({"figure.figsize": (7.5, 5.0), "font.size": 13, "legend.fontsize": 11})
+    except Exception:  # noqa: BLE001 - style only
+        plt.style.use("default")
+
+
+def _ax(ax=None, figsize=(7.5, 5.0)):
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize)
+        return fig, ax
+    return ax.figure, ax
+
+
+def save(fig, figures_dir: str | Path, name: str) -> list[Path]:
+    """``figures_dir/name.png`` (150 dpi) and ``.pdf``."""
+    out = Path(figures_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
+    fig.savefig(paths[1], bbox_inches="tight")
+    return paths
+
+
+def data_label(synthetic: bool | None) -> str:
+    return {True: "synthetic data", False: "real data", None: "data unknown"}[synthetic]
+
+
+def _tag(ax, text: str) -> None:
+    ax.text(0.02, 0.98, text, transform=ax.transAxes, ha="left", va="top", fontsize=10, color="0.3")
+
+
+# --------------------------------------------------------------------------------------------
+# One run (memory.ipynb)
+# --------------------------------------------------------------------------------------------
+
+
+def run_steps(steps, title: str = "") -> Any:
+    """Per-step time and peak memory of one run (``study.step_frame``); warm-up steps hatched."""
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    x = steps["step"].to_numpy()
+    counted = steps["counted"].to_numpy(bool)
+    for ax, cols, ylabel in (
+        (a1, [("time_s", "step time")], "step time [s]"),
+        (
+            a2,
+            [("peak_allocated_mib", "peak allocated"), ("peak_reserved_mib", "peak reserved")],
+            "memory [MiB]",
+        ),
+    ):
+        width = 0.8 / len(cols)
+        for j, (col, label) in enumerate(cols):
+            y = steps[col].astype(float).to_numpy()
+            bars = ax.bar(
+                x + (j - (len(cols) - 1) / 2) * width, np.nan_to_num(y), width, label=label
+            )
+            for b, c in zip(bars, counted, strict=True):
+                if not c:
+                    b.set_hatch("//")
+                    b.set_alpha(0.5)
+        ax.set_xlabel("step (hatched: warm-up, not counted)")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(x)
+        if len(cols) > 1:
+            ax.legend(loc="lower right")
+    if title:
+        fig.suptitle(title, fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def memory_categories(categories: dict[str, int], title: str = "", ax=None) -> Any:
+    """Live MiB by category at the step's peak (parameters, gradients, activations, ...)."""
+    fig, ax = _ax(ax, (7.5, 4.0))
+    names = list(categories)
+    vals = np.array([categories[n] for n in names], float) / MIB
+    ax.barh(names, vals, color="#4c72b0")
+    for i, v in enumerate(vals):
+        ax.text(v, i, f" {v:,.1f}", va="center", fontsize=10)
+    ax.set_xlabel("live MiB at the step's peak")
+    ax.set_title(title, fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Aggregate
+# --------------------------------------------------------------------------------------------
+
+
+def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "", ax=None) -> Any:
+    """Peak memory against batch size, with and without checkpointing; runs that ran out of
+    memory drawn as crosses at the top of the axis."""
+    fig, ax = _ax(ax)
+    for ckpt in (False, True):
+        sel = mem[(mem["checkpointing"] == ckpt) & mem[column].notna()].sort_values("batch_size")
+        if sel.empty:
+            continue
+        ax.plot(
+            sel["batch_size"], sel[column], "o-", color=COLORS[ckpt], label=LABELS[ckpt], lw=2, ms=7
+        )
+        for b, v in zip(sel["batch_size"], sel[column], strict=True):
+            ax.annotate(
+                f"{v:,.0f}",
+                (b, v),
+                textcoords="offset points",
+                xytext=(5, 5),
+                fontsize=9,
+                color=COLORS[ckpt],
+            )
+    if oom is not None and not oom.empty:
+        top = max(ax.get_ylim()[1], 1.0)
+        for ckpt in (False, True):
+            sel = oom[oom["checkpointing"] == ckpt]
+            if not sel.empty:
+                ax.plot(
+                    sel["batch_size"],
+                    [top] * len(sel),
+                    "x",
+                    color=COLORS[ckpt],
+                    ms=12,
+                    mew=3,
+                    label=f"{LABELS[ckpt]}: out of memory / failed",
+                    clip_on=False,
+                )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size [events]")
+    ax.set_ylabel(ylabel)
+    _set_batch_ticks(ax, mem, oom)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92))
+    if tag:
+        _tag(ax, tag)
+    fig.tight_layout()
+    return fig
+
+
+def _set_batch_ticks(ax, *frames) -> None:
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    values = sorted(
+        {int(b) for f in frames if f is not None and not f.empty for b in f["batch_size"]}
+    )
+    if values:
+        ax.xaxis.set_major_locator(FixedLocator(values))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([str(v) for v in values])
+        ax.set_xlim(values[0] / 1.5, values[-1] * 1.5)
+
+
+def percent_vs_batch(
+    comp, columns: list[tuple[str, str]], ylabel: str, tag: str = "", ax=None
+) -> Any:
+    """Percent columns of ``study.comparison_frame`` as grouped bars against batch size."""
+    fig, ax = _ax(ax)
+    x = np.arange(len(comp))
+    width = 0.8 / max(len(columns), 1)
+    for j, (col, label) in enumerate(columns):
+        y = comp[col].astype(float).to_numpy()
+        bars = ax.bar(
+            x + (j - (len(columns) - 1) / 2) * width, np.nan_to_num(y), width, label=label
+        )
+        for b, v in zip(bars, y, strict=True):
+            if np.isfinite(v):
+                ax.annotate(
+                    f"{v:.0f}%",
+                    (b.get_x() + b.get_width() / 2, v),
+                    ha="center",
+                    va="bottom" if v >= 0 else "top",
+                    fontsize=10,
+                )
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels([str(int(b)) for b in comp["batch_size"]])
+    ax.set_xlabel("batch size [events]")
+    ax.set_ylabel(ylabel)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(min(lo, 0), hi * 1.2 if hi > 0 else hi)
+    if len(columns) > 1:
+        ax.legend(loc="upper right")
+    if tag:
+        _tag(ax, tag)
+    fig.tight_layout()
+    return fig
+
+
+def parity_gradients(reports, ax=None) -> Any:
+    """Relative L2 difference of every parameter gradient: checkpointed vs baseline against
+    repeat vs baseline (points on the diagonal: checkpointing changes no more than a repeat)."""
+    fig, ax = _ax(ax, (6.5, 6.0))
+    lo, hi = np.inf, 0.0
+    drawn = False
+    for _, r in reports:
+        if r.kind != "parity" or r.status != "ok" or r.parity is None:
+            continue
+        c = np.array([g.rel_l2 for g in r.parity.checkpointed_vs_baseline.gradients])
+        rep = np.array([g.rel_l2 for g in r.parity.repeat_vs_baseline.gradients])
+        floor = 1e-12
+        ax.scatter(
+            np.maximum(rep, floor),
+            np.maximum(c, floor),
+            s=14,
+            alpha=0.7,
+            label=f"{r.name} ({len(c)} gradients)",
+        )
+        both = np.concatenate([np.maximum(rep, floor), np.maximum(c, floor)])
+        lo, hi = min(lo, both.min()), max(hi, both.max())
+        drawn = True
+    if drawn:
+        lo, hi = lo / 2, max(hi * 2, lo * 10)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="equal")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.legend(loc="upper left", fontsize=9)
+    else:
+        ax.text(0.5, 0.5, "no parity reports", ha="center", transform=ax.transAxes)
+    ax.set_xlabel("repeat vs baseline: gradient rel. L2 (1e-12 = equal)")
+    ax.set_ylabel("checkpointed vs baseline: gradient rel. L2")
+    fig.tight_layout()
+    return fig
+
+
+def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = None, ax=None) -> Any:
+    """Hits per event of the data set (``heptstudy.data.stats.hits_stats``), with the events
+    of the measured steps on top; 'synthetic' or 'real' in the title."""
+    fig, ax = _ax(ax)
+    if stats is None and not measured:
+        ax.text(0.5, 0.5, "data set not available", ha="center", transform=ax.transAxes)
+        return fig
+    values = list(stats["per_event"]["total"]) if stats else []
+    top = max(values + list(measured or []) + [1])
+    bins = np.linspace(0, top * 1.05 + 1, 50)
+    if stats:
+        ax.hist(
+            values,
+            bins=bins,
+            histtype="stepfilled",
+            alpha=0.35,
+            color="#4c72b0",
+            label=f"{stats['split']} split ({stats['num_events']} events)",
+        )
+        med = stats["total"]["quantiles"]["p50"]
+        ax.axvline(med, color="k", ls="--", lw=1, label=f"median {med:,.0f}")
+    if measured:
+        ax.hist(
+            measured,
+            bins=bins,
+            histtype="step",
+            lw=2,
+            color="#d62728",
+            label=f"events of the counted steps ({len(measured)}, repeats included)",
+        )
+    ax.set_xlabel("hits per event")
+    ax.set_ylabel("events")
+    if stats:
+        kind = "synthetic" if stats["synthetic"] else "real"
+        ax.set_title(
+            f"{stats['dataset']} configs {','.join(stats['configs'])} ({kind})", fontsize=12
+        )
+    ax.legend(loc="upper right", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Explore
+# --------------------------------------------------------------------------------------------
+
+
+def _event_arrays(batch, event: int = 0):
+    from heptstudy.model.heptv2 import hit_coordinates
+
+    n = int(batch["length"][event])
+    coords = hit_coordinates(batch["X"][event : event + 1])[0, :n].cpu().numpy()
+    owner = batch["ytarget"][event, :n, 13].cpu().numpy().astype(int)  # particle_number; 0: none
+    return coords, owner, n
+
+
+def event_hits(batch, event: int = 0, synthetic: bool | None = None, ax=None) -> Any:
+    """One event's hits in (eta, phi), coloured by the particle that made them (grey: none)."""
+    fig, ax = _ax(ax, (8, 5.5))
+    coords, owner, n = _event_arrays(batch, event)
+    none = owner == 0
+    ax.scatter(coords[none, 0], coords[none, 1], s=2, c="0.8", label="no particle", rasterized=True)
+    rng = np.random.default_rng(0)
+    ids = np.unique(owner[~none])
+    perm = rng.permutation(len(ids))
+    colour = dict(zip(ids, perm, strict=True))
+    c = np.array([colour[o] for o in owner[~none]])
+    ax.scatter(coords[~none, 0], coords[~none, 1], s=3, c=c, cmap="tab20", rasterized=True)
+    ax.set_xlabel(r"$\eta$")
+    ax.set_ylabel(r"$\phi$")
+    ax.set_title(
+        f"event {int(batch['event_index'][event])}: {n:,} hits, {len(ids)} particles "
+        f"({data_label(synthetic)})",
+        fontsize=12,
+    )
+    ax.legend(loc="upper right", markerscale=4, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def lsh_buckets(
+    model,
+    batch,
+    layer: int = 0,
+    round_: int = 0,
+    head: int = 0,
+    event: int = 0,
+    highlight: int = 6,
+    ax=None,
+) -> Any:
+    """The LSH buckets of one backbone layer (one hashing round and head) on one event: every
+    hit coloured by its bucket; a few buckets drawn large so their shape is visible."""
+    import torch
+
+    from heptstudy.model.heptv2 import hit_coordinates
+
+    fig, ax = _ax(ax, (8, 5.5))
+    blk = model.backbone[layer]
+    X = batch["X"][event : event + 1]
+    mask = batch["mask"][event : event + 1]
+    with torch.no_grad():
+        order = blk.bucket_order(hit_coordinates(X), mask)
+    n = int(batch["length"][event])
+    rank = order.rank[0, round_, head, :n].cpu().numpy()
+    bucket = rank // blk.block_size
+    coords = hit_coordinates(X)[0, :n].cpu().numpy()
+    nb = int(bucket.max()) + 1
+    shuffle = np.random.default_rng(1).permutation(nb)
+    ax.scatter(
+        coords[:, 0], coords[:, 1], s=2, c=shuffle[bucket], cmap="tab20", alpha=0.5, rasterized=True
+    )
+    picks = np.linspace(0, nb - 1, min(highlight, nb)).astype(int)
+    for k, b in enumerate(picks):
+        sel = bucket == b
+        ax.scatter(
+            coords[sel, 0],
+            coords[sel, 1],
+            s=18,
+            color=f"C{k % 10}",
+            edgecolor="k",
+            lw=0.3,
+            label=f"bucket {b}",
+        )
+    ax.set_xlabel(r"$\eta$")
+    ax.set_ylabel(r"$\phi$")
+    ax.set_title(
+        f"layer {layer}, hash round {round_}, head {head}: {nb} buckets of {blk.block_size} hits",
+        fontsize=12,
+    )
+    ax.legend(loc="upper right", fontsize=8, ncol=2, markerscale=1)
+    fig.tight_layout()
+    return fig
+
+
+def memory_timeline(steps: dict[str, Any], ax=None) -> Any:
+    """Live memory over one training step (op index on x), one line per mode; ``steps`` maps a
+    label (e.g. "no checkpointing") to a ``StepMemory`` with a timeline."""
+    fig, ax = _ax(ax, (10, 5))
+    for i, (label, mem) in enumerate(steps.items()):
+        if not mem.timeline:
+            continue
+        t = np.array(mem.timeline, dtype=float)
+        base = (mem.baseline_bytes or 0) / MIB
+        color = list(COLORS.values())[i % 2]
+        ax.plot(
+            t[:, 0],
+            t[:, 1] / MIB,
+            lw=1.2,
+            color=color,
+            label=f"{label}: peak {t[:, 1].max() / MIB:,.0f} MiB",
+        )
+        for op, mark in mem.marks:
+            if mark == "backward":
+                ax.axvline(op, color=color, ls=":", lw=1)
+                ax.annotate(
+                    "backward starts",
+                    (op, base),
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                    color=color,
+                    fontsize=9,
+                    rotation=90,
+                    va="bottom",
+                )
+    ax.set_xlabel("operator index within the step (forward, loss, backward)")
+    ax.set_ylabel("live tensor memory [MiB]")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def policy_tradeoff(mem, tag: str = "", ax=None) -> Any:
+    """Peak allocated against mean step time, one marker per checkpointing policy and one line
+    per batch size: the memory/time trade-off of the policies."""
+    fig, ax = _ax(ax)
+    for b, group in mem.groupby("batch_size"):
+        g = group.sort_values("mean_step_s")
+        ax.plot(g["mean_step_s"], g["peak_allocated_mib"], "-", color="0.7", lw=1)
+        for _, row in g.iterrows():
+            ax.plot(row["mean_step_s"], row["peak_allocated_mib"], "o", ms=8)
+            ax.annotate(
+                f"b{int(b)} {row['policy']}",
+                (row["mean_step_s"], row["peak_allocated_mib"]),
+                textcoords="offset points",
+                xytext=(5, 3),
+                fontsize=9,
+            )
+    ax.set_xlabel("mean step time [s]")
+    ax.set_ylabel("peak allocated [MiB]")
+    if tag:
+        _tag(ax, tag)
+    fig.tight_layout()
+    return fig
