@@ -16,7 +16,8 @@ number of hits per event and its spread.
 * Calorimeters: 40-layer ECAL (barrel r 2150-2352 mm) and 44-layer HCAL (r 2400-3566 mm) with
   endcaps; electromagnetic showers for photons and electrons, hadronic showers (starting point
   exponential in interaction lengths) for hadrons, one MIP hit per layer for muons and for hadrons
-  before they shower; hit counts grow with energy; low-energy background hits, mostly forward.
+  before they shower; hit counts grow with energy; low-energy background hits, mostly forward;
+  contributions to the same cell (5 mm ECAL, 30 mm HCAL) merged into one hit.
 * ``occupancy_scale`` multiplies the shower and background hit counts; below 1 it also thins the
   tracker and MIP hits with that probability (tests use ~0.03 for a few hundred hits per event).
 
@@ -111,11 +112,11 @@ SYSTEM_MUON = 13
 SUBDET_TRACKER, SUBDET_ECAL, SUBDET_HCAL, SUBDET_MUON = 0, 1, 2, 3
 
 # --- calibration (hit counts)
-EM_HITS_PER_GEV = 33.0  # EM shower: hits = k * E**0.9
-HAD_HITS_PER_GEV = 17.0  # hadronic shower: hits = k * E**0.9
+EM_HITS_PER_GEV = 44.0  # EM shower: hits = k * E**0.9
+HAD_HITS_PER_GEV = 22.0  # hadronic shower: hits = k * E**0.9
 EM_POWER = HAD_POWER = 0.9
 BKG_TRACKER_MEDIAN = 390.0  # beam-induced tracker hits (log-normal per event)
-BKG_CALO_MEDIAN = 1500.0  # low-energy calorimeter hits (log-normal per event)
+BKG_CALO_MEDIAN = 1700.0  # low-energy calorimeter hits (log-normal per event)
 BKG_SIGMA = 0.6
 JET_MULT_A, JET_MULT_B = 2.0, 3.4  # particles per quark jet ~ 1 + Poisson(a + b ln E)
 SPECIES_P = np.array([0.0, 0.50, 0.11, 0.36, 0.02, 0.01])  # over CLASS_PDG_IDS
@@ -558,7 +559,31 @@ def _calo_hits(rng, parts: dict[str, np.ndarray], occ: float):
         del own
     if not blocks:
         return _hits_array(0), np.zeros(0, dtype=np.int64)
-    return np.concatenate(blocks), np.concatenate(owners)
+    return _merge_cells(np.concatenate(blocks), np.concatenate(owners))
+
+
+def _merge_cells(h: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One hit per calorimeter cell: energies summed, earliest time, features and owner of the
+    most energetic contribution (the cell is identified by subdetector and cell position)."""
+    if len(h) == 0:
+        return h, owner
+    key = np.concatenate([h[:, 10:11], np.round(h[:, 6:9], 3)], axis=1)
+    _, group = np.unique(key, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    n = int(group.max()) + 1
+    if n == len(h):
+        return h, owner
+    order = np.lexsort((-h[:, 5], group))
+    first = order[np.r_[True, group[order][1:] != group[order][:-1]]]
+    esum = np.bincount(group, weights=h[:, 5], minlength=n)
+    tmin = np.full(n, np.inf)
+    np.minimum.at(tmin, group, h[:, 9])
+    out = h[first].copy()
+    g = group[first]
+    out[:, 1] *= esum[g] / np.maximum(out[:, 5], 1e-30)
+    out[:, 5] = esum[g]
+    out[:, 9] = tmin[g]
+    return out, owner[first]
 
 
 def _tracker_background(rng, occ: float) -> np.ndarray:
