@@ -110,6 +110,11 @@ def test_events_are_realistic_at_low_occupancy(tiny):
     assert 100 < np.median(n) < 600  # "a few hundred hits" at occupancy 0.03
     ev = ds[0]
     assert len(ev["genjets"]) > 0  # fastjet ee_genkt jets (fastjet is installed here)
+    for i in range(len(ds)):
+        X = ds[i]["X"]
+        cal = X[X[:, 0] == 2]
+        cells = np.unique(np.concatenate([cal[:, 10:11], cal[:, 6:9]], axis=1), axis=0)
+        assert len(cells) == len(cal)  # one hit per calorimeter cell
 
 
 def test_atan2_phi_invariant_to_common_positive_factor(tiny):
