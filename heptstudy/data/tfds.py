@@ -272,7 +272,9 @@ def parse_dataset(dataset: str) -> tuple[str, str]:
 
 
 def _subdirs(path: Path) -> list[str]:
-    return sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(
+        p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith((".", "incomplete."))
+    )
 
 
 def _locate(data_dir: Path, name: str, config: str, version: str) -> Path:
