@@ -19,6 +19,7 @@ _AREAS = (
     "heptstudy.measure.cli",
     "heptstudy.scenario",
     "heptstudy.study",
+    "heptstudy.fit",
 )
 
 
