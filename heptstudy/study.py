@@ -115,9 +115,8 @@ def parse_choice(name: str, value: Any, choices: tuple[str, ...]) -> str | None:
         return None
     if isinstance(value, str) and value in choices:
         return value
-    raise _bad(
-        name, value, f"give one of {', '.join(choices)} or None (the configuration's default)"
-    )
+    allowed = f"allowed values are {', '.join(choices)} or None (the default)"
+    raise _bad(name, value, allowed, choices[0])
 
 
 def parse_path(name: str, value: Any) -> str | None:
@@ -140,7 +139,7 @@ def parse_overrides(name: str, value: Any) -> list[str]:
         raise _bad(
             name,
             value,
-            "give a list of KEY=VALUE strings (papermill -y 'overrides: [model.heptv2.width=256]') "
+            "allowed values are a list of KEY=VALUE strings (-y 'overrides: [train.seed=3]') "
             "or one string of them separated by spaces",
             '"train.seed=3 model.heptv2.width=256"',
         )
@@ -208,8 +207,6 @@ def memory_options(
     """The validated :class:`~heptstudy.measure.bench.BenchOptions` of ``memory.ipynb``.
     ``steps``/``warmup`` ``None``: 5/2 on a GPU, 2/1 on CPU. ``output`` ``None``:
     ``experiments/scratch/NAME.json``."""
-    from heptstudy.measure.bench import BenchOptions, default_output
-
     common = _common(
         batch_size=batch_size,
         variant=variant,
@@ -227,6 +224,8 @@ def memory_options(
         auto = AUTO_STEPS["gpu" if _platform_is_gpu(common["platform"]) else "cpu"]
         steps = auto[0] if steps is None else steps
         warmup = auto[1] if warmup is None else warmup
+    from heptstudy.measure.bench import BenchOptions, default_output
+
     opts = BenchOptions(
         checkpointing=checkpointing, steps=steps, warmup=warmup, progress=progress, **common
     )
@@ -248,8 +247,6 @@ def parity_options(
     progress: bool = True,
 ):
     """The validated :class:`~heptstudy.measure.bench.BenchOptions` of ``parity.ipynb``."""
-    from heptstudy.measure.bench import BenchOptions, default_output
-
     common = _common(
         batch_size=batch_size,
         variant=variant,
@@ -260,6 +257,8 @@ def parity_options(
         output=output,
         overrides=overrides,
     )
+    from heptstudy.measure.bench import BenchOptions, default_output
+
     opts = BenchOptions(
         parity_only=True,
         deterministic=parse_bool("deterministic", deterministic),

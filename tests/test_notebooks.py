@@ -1,0 +1,281 @@
+"""The notebooks, executed by Papermill with the tiny model and data set (pyhf style).
+
+Each execution starts a fresh ``python3`` kernel from this environment; the whole module takes
+a couple of minutes on two cores.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from heptstudy.measure.report import read_report
+from tests.conftest import TINY_MODEL
+
+pm = pytest.importorskip("papermill")
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+ALL = ("memory", "parity", "pipeline", "explore", "aggregate")
+
+
+def _papermill_cli(notebook, out, *params, cwd=ROOT):
+    """``papermill notebooks/NAME.ipynb out.ipynb -p ... -y ...`` exactly as a user types it."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "papermill",
+        str(NOTEBOOKS / notebook),
+        str(out),
+        "--no-progress-bar",
+        *params,
+    ]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def _tiny_yaml(data_dir, **extra):
+    return yaml.safe_dump({"data_dir": str(data_dir), "overrides": TINY_MODEL, **extra})
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_committed_without_outputs_and_parameterised(name):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), (
+        f"{name}.ipynb has outputs"
+    )
+    tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, f"{name}.ipynb needs exactly one cell tagged 'parameters'"
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+
+
+def test_memory_parameters_cell_has_every_parameter():
+    params = pm.inspect_notebook(str(NOTEBOOKS / "memory.ipynb"))
+    expected = {
+        "batch_size",
+        "checkpointing",
+        "steps",
+        "warmup",
+        "variant",
+        "platform",
+        "data_dir",
+        "dtype",
+        "seed",
+        "output",
+        "overrides",
+    }
+    assert expected <= set(params)
+
+
+@pytest.mark.parametrize("flag,enabled", [("true", True), ("false", False)])
+def test_memory_notebook_checkpointing_string(tiny_data_dir, tmp_path, flag, enabled):
+    """``-p checkpointing true`` / ``false`` arrive as strings and mean what they say."""
+    params = tmp_path / "tiny.yaml"
+    params.write_text(_tiny_yaml(tiny_data_dir))
+    report_path = tmp_path / "report.json"
+    res = _papermill_cli(
+        "memory.ipynb",
+        tmp_path / "out.ipynb",
+        "-p",
+        "batch_size",
+        "2",
+        "-p",
+        "checkpointing",
+        flag,
+        "-p",
+        "steps",
+        "1",
+        "-p",
+        "warmup",
+        "1",
+        "-p",
+        "output",
+        str(report_path),
+        "-f",
+        str(params),
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = read_report(report_path)
+    assert report.status == "ok" and report.kind == "memory"
+    assert report.name == f"{'checkpointed' if enabled else 'baseline'}_b2"
+    assert report.checkpointing.enabled is enabled
+    assert report.config["model"]["heptv2"]["activation_checkpointing"] is enabled
+    assert report.batch_size == 2 and report.summary.counted_steps == 1
+    executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    images = [
+        o
+        for c in executed.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if "image/png" in o.get("data", {})
+    ]
+    assert images, "the memory notebook draws its figures"
+
+
+def test_parity_notebook(tiny_data_dir, tmp_path):
+    report_path = tmp_path / "parity.json"
+    pm.execute_notebook(
+        str(NOTEBOOKS / "parity.ipynb"),
+        str(tmp_path / "parity.ipynb"),
+        kernel_name="python3",
+        progress_bar=False,
+        cwd=str(ROOT),
+        parameters={
+            "batch_size": 1,
+            "deterministic": "True",
+            "data_dir": str(tiny_data_dir),
+            "overrides": TINY_MODEL,
+            "output": str(report_path),
+        },
+    )
+    report = read_report(report_path)
+    assert (
+        report.kind == "parity"
+        and report.status == "ok"
+        and report.name == "parity_deterministic_b1"
+    )
+    assert report.parity.deterministic is True
+    assert report.parity.checkpointed_vs_baseline.num_gradients > 0
+    assert report.parity.checkpointed_vs_baseline.loss.equal
+
+
+def _first_cell_error(executed: Path):
+    nb = nbformat.read(executed, as_version=4)
+    tags = [c.get("metadata", {}).get("tags", []) for c in nb.cells]
+    last = max(i for i, t in enumerate(tags) if "parameters" in t or "injected-parameters" in t)
+    # the first code cell after the parameters (papermill puts a markdown error banner before it)
+    after = next(i for i in range(last + 1, len(nb.cells)) if nb.cells[i].cell_type == "code")
+    errors = [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.output_type == "error"
+    ]
+    return after, errors, nb
+
+
+@pytest.mark.parametrize(
+    "name,value,allowed",
+    [("checkpointing", "maybe", "true or false"), ("batch_size", "four", "integers >= 1")],
+)
+def test_bad_parameter_stops_in_first_cell(tmp_path, name, value, allowed):
+    out = tmp_path / "bad.ipynb"
+    res = _papermill_cli(
+        "memory.ipynb", out, "-p", name, value, "-p", "output", str(tmp_path / "r.json")
+    )
+    assert res.returncode != 0
+    after, errors, nb = _first_cell_error(out)
+    assert errors == [after], "the first cell after the parameters must be the one that fails"
+    err = next(o for o in nb.cells[after].outputs if o.output_type == "error")
+    assert err.ename == "NotebookParameterError"
+    assert f"parameter {name}=" in err.evalue and allowed in err.evalue
+    assert "NotebookParameterError" in res.stderr and name in res.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_yaml_boolean_parameter(tiny_data_dir, tmp_path):
+    """``-y 'checkpointing: yes'`` (a YAML boolean) gets as far as the measurement."""
+    from heptstudy import study
+
+    # The notebook's first cell is study.memory_options: check the YAML value there, cheaply.
+    value = yaml.safe_load("checkpointing: yes")["checkpointing"]
+    assert study.memory_options(
+        batch_size=1, checkpointing=value, data_dir=str(tiny_data_dir)
+    ).checkpointing
+
+
+def test_study_run_end_to_end(tiny_data_dir, tmp_path):
+    """A tiny matrix: two memory runs in fresh kernels, aggregate.ipynb, report.html; rerun skips."""
+    from heptstudy.study import load_matrix, run_study
+
+    matrix = yaml.safe_load((ROOT / "configs" / "study" / "tiny.yaml").read_text())
+    matrix["defaults"].update(data_dir=str(tiny_data_dir), steps=1, warmup=1)
+    matrix["runs"] = [
+        {"batch_size": 2, "checkpointing": False},
+        {"batch_size": 2, "checkpointing": "true"},
+        # a run that fails inside its kernel is recorded as a result, and the study goes on
+        {"name": "no_data_b1", "batch_size": 1, "data_dir": str(tmp_path / "missing")},
+    ]
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    assert [r.name for r in load_matrix(path).runs] == [
+        "baseline_b2",
+        "checkpointed_b2",
+        "no_data_b1",
+    ]
+    out, figures = tmp_path / "exp", tmp_path / "figures"
+
+    results = run_study(path, out, figures_dir=figures, progress=False)
+    statuses = [(r.name, r.status) for r in results]
+    assert statuses == [("baseline_b2", "ok"), ("checkpointed_b2", "ok"), ("no_data_b1", "error")]
+    failed = read_report(out / "no_data_b1.json")
+    assert failed.status == "error" and "missing" in failed.error
+    assert read_report(out / "baseline_b2.json").checkpointing.enabled is False
+    assert read_report(out / "checkpointed_b2.json").checkpointing.enabled is True
+    for name in ("baseline_b2", "checkpointed_b2", "no_data_b1"):
+        assert (out / "notebooks" / f"{name}.ipynb").exists()
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64" in html, "figures are embedded in the report"
+    assert "smoke measurements" in html and "synthetic" in html
+    assert "study.reports_frame" not in html, "the report hides the code"
+    for fig in (
+        "peak_allocated_vs_batch",
+        "memory_reduction_vs_batch",
+        "step_time_overhead_vs_batch",
+        "hits_per_event",
+    ):
+        assert (figures / f"{fig}.png").exists() and (figures / f"{fig}.pdf").exists()
+    assert "skipped: no parity reports" in (out / "aggregate.ipynb").read_text()
+
+    again = run_study(path, out, figures_dir=figures, progress=False, aggregate=False)
+    assert [r.status for r in again] == ["skipped"] * 3
+
+
+def test_pipeline_notebook(tiny_data_dir, tmp_path):
+    """Train / validate / checkpoint, resume from the first checkpoint: the same losses."""
+    out = tmp_path / "pipeline.ipynb"
+    pm.execute_notebook(
+        str(NOTEBOOKS / "pipeline.ipynb"),
+        str(out),
+        kernel_name="python3",
+        progress_bar=False,
+        cwd=str(ROOT),
+        parameters={
+            "out_dir": str(tmp_path / "run"),
+            "batch_size": 2,
+            "num_steps": 4,
+            "checkpointing": "true",
+            "data_dir": str(tiny_data_dir),
+            "overrides": TINY_MODEL + ["data.nvalid=2", "data.ntest=2"],
+        },
+    )
+    assert (tmp_path / "run" / "checkpoints" / "step_000004.pt").exists()
+    assert (tmp_path / "run" / "resume" / "metrics.jsonl").exists()
+    assert "resumed losses equal the original ones: True" in out.read_text()
+
+
+def test_explore_notebook(tiny_data_dir, tmp_path):
+    """Pictures of one event, its LSH buckets and the memory timeline of both modes."""
+    out = tmp_path / "explore.ipynb"
+    pm.execute_notebook(
+        str(NOTEBOOKS / "explore.ipynb"),
+        str(out),
+        kernel_name="python3",
+        progress_bar=False,
+        cwd=str(ROOT),
+        parameters={"data_dir": str(tiny_data_dir), "overrides": TINY_MODEL, "layer": 1},
+    )
+    nb = nbformat.read(out, as_version=4)
+    images = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if "image/png" in o.get("data", {})
+    ]
+    assert len(images) >= 4  # event, buckets, timeline, categories

@@ -1,0 +1,279 @@
+"""heptstudy.study without kernels: notebook parameters, matrices, tables, failure reports."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from heptstudy import study
+from heptstudy.cli import build_parser
+from heptstudy.measure.report import read_report
+from heptstudy.study import NotebookParameterError, StudyError
+from tests.conftest import TINY_MODEL
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("true", True),
+        ("false", False),
+        ("TRUE", True),
+        ("False", False),
+        (" true ", True),
+        (True, True),
+        (False, False),
+    ],
+)
+def test_bool_spellings(value, expected):
+    assert study.parse_bool("checkpointing", value) is expected
+
+
+@pytest.mark.parametrize("value", ["maybe", "yes", "1", 1, 0, None, "", [True]])
+def test_bool_refuses_everything_else(value):
+    with pytest.raises(NotebookParameterError, match=r"parameter checkpointing=.*true or false"):
+        study.parse_bool("checkpointing", value)
+
+
+def test_yaml_booleans_mean_what_they_say():
+    values = yaml.safe_load("a: true\nb: False\nc: yes\nd: off")
+    assert [study.parse_bool(k, v) for k, v in values.items()] == [True, False, True, False]
+
+
+@pytest.mark.parametrize("value", ["four", 0, -1, 2.0, True, None, "1.5"])
+def test_batch_size_refused(value):
+    with pytest.raises(NotebookParameterError, match=r"parameter batch_size=.*integers >= 1"):
+        study.memory_options(batch_size=value)
+
+
+def test_memory_options_from_strings_and_defaults(tiny_data_dir):
+    opts = study.memory_options(
+        batch_size="4",
+        checkpointing="true",
+        platform="local_cpu",
+        data_dir=str(tiny_data_dir),
+        overrides="model.heptv2.num_convs=2 train.seed=3",
+    )
+    assert (opts.batch_size, opts.checkpointing, opts.steps, opts.warmup) == (
+        4,
+        True,
+        2,
+        1,
+    )  # CPU: 2/1
+    assert opts.platform.endswith("configs/training/platforms/local_cpu.yaml")
+    assert opts.overrides == ["model.heptv2.num_convs=2", "train.seed=3"]
+    assert (
+        opts.output == "experiments/scratch/checkpointed_b4.json" and opts.name == "checkpointed_b4"
+    )
+    gpu = study.memory_options(batch_size=1, platform="h100")
+    assert (gpu.steps, gpu.warmup) == (5, 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"steps": 0}, "steps"),
+        ({"warmup": -1}, "warmup"),
+        ({"variant": "mlp"}, "variant"),
+        ({"dtype": "float16"}, "dtype"),
+        ({"platform": "tpu"}, "local_cpu"),
+        ({"overrides": ["noequals"]}, "overrides"),
+        ({"seed": "x"}, "seed"),
+    ],
+)
+def test_other_parameters_refused(kwargs, match):
+    with pytest.raises(NotebookParameterError, match=match):
+        study.memory_options(batch_size=1, **kwargs)
+
+
+def test_parity_options():
+    opts = study.parity_options(batch_size=1, deterministic="TRUE")
+    assert opts.parity_only and opts.deterministic and opts.name == "parity_deterministic_b1"
+    with pytest.raises(NotebookParameterError, match="deterministic"):
+        study.parity_options(deterministic="sometimes")
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "configs" / "study").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_bundled_matrices_load(path):
+    matrix = study.load_matrix(path)
+    assert matrix.runs and matrix.description
+
+
+def test_default_matrices_hold_the_original_set():
+    original = {
+        "baseline_b1",
+        "checkpointed_b1",
+        "baseline_b4",
+        "checkpointed_b4",
+        "checkpointed_b16",
+        "parity_b1",
+        "parity_deterministic_b1",
+    }
+    cpu = study.load_matrix(ROOT / "configs" / "study" / "cpu_default.yaml")
+    gpu = study.load_matrix(ROOT / "configs" / "study" / "gpu.yaml")
+    assert {r.name for r in cpu.runs} == original
+    assert original <= {r.name for r in gpu.runs}
+    mem = [r for r in gpu.runs if r.notebook == "memory"]
+    assert all((r.options().steps, r.options().warmup) == (5, 2) for r in mem)
+    assert not any(
+        o.startswith("model.") for r in cpu.runs for o in r.parameters.get("overrides", [])
+    ), "the CPU default measures the full-size model"
+
+
+@pytest.mark.parametrize(
+    "runs,match",
+    [
+        ([{"batch_size": 1, "colour": "red"}], "unknown keys"),
+        ([{"notebook": "parity", "checkpointing": True}], "do not apply"),
+        ([{"batch_size": 1}, {"batch_size": 1}], "several runs are named"),
+        ([{"batch_size": 1, "checkpointing": "maybe"}], "run 1: parameter checkpointing"),
+        ([{"notebook": "train"}], "notebook 'train'"),
+        ([], "non-empty"),
+    ],
+)
+def test_bad_matrix(tmp_path, runs, match):
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({"runs": runs}))
+    with pytest.raises(StudyError, match=match):
+        study.load_matrix(path)
+
+
+def _row(name, b, ckpt, alloc, reserved, t, status="ok", kind="memory"):
+    return {
+        "name": name,
+        "kind": kind,
+        "status": status,
+        "batch_size": b,
+        "checkpointing": ckpt,
+        "policy": "full" if ckpt else "none",
+        "peak_allocated_mib": alloc,
+        "peak_reserved_mib": reserved,
+        "mean_step_s": t,
+    }
+
+
+def test_comparison_frame():
+    df = pd.DataFrame(
+        [
+            _row("baseline_b1", 1, False, 1000.0, 1200.0, 1.0),
+            _row("checkpointed_b1", 1, True, 250.0, 600.0, 1.25),
+            _row("checkpointed_b16", 16, True, 4000.0, 5000.0, 10.0),
+            _row("baseline_b4", 4, False, None, None, None, status="oom"),
+            _row("checkpointed_b4", 4, True, 900.0, 1000.0, 3.0),
+        ]
+    )
+    comp = study.comparison_frame(df)
+    assert comp["batch_size"].tolist() == [1]  # b4 baseline failed, b16 has no baseline
+    row = comp.iloc[0]
+    assert row["allocated_reduction_pct"] == pytest.approx(75.0)
+    assert row["reserved_reduction_pct"] == pytest.approx(50.0)
+    assert row["step_time_overhead_pct"] == pytest.approx(25.0)
+    assert study.comparison_frame(pd.DataFrame(columns=df.columns)).empty
+
+
+def test_empty_directory_aggregates_to_empty_tables(tmp_path):
+    (tmp_path / "junk.json").write_text("{}")
+    with pytest.warns(UserWarning, match="junk.json"):
+        reports = study.load_reports(tmp_path)
+    df = study.reports_frame(reports)
+    assert df.empty and study.memory_frame(df).empty and study.comparison_frame(df).empty
+    assert study.parity_frame(reports).empty
+    assert "No reports" in study.study_statement(df)
+
+
+def test_dead_kernel_is_recorded_as_a_result(tiny_data_dir, tmp_path):
+    from nbclient.exceptions import DeadKernelError
+
+    run = study.Run(
+        name="baseline_b2",
+        notebook="memory",
+        parameters={"batch_size": 2, "data_dir": str(tiny_data_dir), "overrides": TINY_MODEL},
+    )
+    status, text = study._failure_report(
+        run, tmp_path / "baseline_b2.json", DeadKernelError("Kernel died")
+    )
+    report = read_report(tmp_path / "baseline_b2.json")
+    assert status == report.status == "error"
+    assert "kernel died" in report.error and report.data.synthetic
+    assert report.batch_size == 2 and report.checkpointing.enabled is False
+
+    class CellError(Exception):
+        ename, evalue = "OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB"
+
+    status, _ = study._failure_report(run, tmp_path / "oom.json", CellError())
+    report = read_report(tmp_path / "oom.json")
+    assert status == report.status == "oom" and report.oom.batch_size == 2
+
+
+def test_statement_names_device_data_and_smoke(tiny_data_dir):
+    df = pd.DataFrame(
+        [
+            {
+                **_row("baseline_b1", 1, False, 1.0, 2.0, 0.1),
+                "device": "AMD EPYC",
+                "device_kind": "cpu",
+                "dtype": "float32",
+                "threads": 2,
+                "torch": "2.13.0",
+                "dataset": "cld_edm_ttbar_hits:3.2.1",
+                "data_dir": str(tiny_data_dir),
+                "synthetic": True,
+                "counted_steps": 2,
+                "warmup_steps": 1,
+            }
+        ]
+    )
+    text = study.study_statement(df, "A study.", ["a note"])
+    for words in (
+        "AMD EPYC",
+        "synthetic",
+        "smoke measurements",
+        "not a throughput or convergence study",
+        "2 counted step(s) after 1 warm-up",
+        "a note",
+    ):
+        assert words in text
+    stats = study.hits_stats_for(df)
+    assert stats["synthetic"] and stats["num_events"] == 24
+
+
+def test_cli_has_study_commands(capsys):
+    parser = build_parser()
+    args = parser.parse_args(["study", "run", "--matrix", "m.yaml", "--out", "x", "--force"])
+    assert args.force and args.func is study._cmd_run
+    args = parser.parse_args(
+        ["study", "check", "--matrix", str(ROOT / "configs/study/cpu_default.yaml")]
+    )
+    assert args.func(args) == 0
+    assert "checkpointed_b16" in capsys.readouterr().out
+
+
+def test_pipeline_config_and_fresh_dir(tmp_path, tiny_data_dir):
+    config = study.pipeline_config(
+        out_dir=str(tmp_path / "p"),
+        batch_size="2",
+        num_steps=3,
+        checkpointing="false",
+        data_dir=str(tiny_data_dir),
+        overrides=TINY_MODEL,
+    )
+    assert config.train.global_batch_size == 2 and config.train.num_steps == 3
+    assert config.model.heptv2.activation_checkpointing is False
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "precious.txt").write_text("x")
+    with pytest.raises(StudyError, match="does not look like a training output"):
+        study.fresh_output_dir(other)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    assert not any(study.fresh_output_dir(run).iterdir())
+
+
+def test_at_project_root_from_notebooks_dir(monkeypatch):
+    monkeypatch.chdir(ROOT / "notebooks")
+    assert study.at_project_root() == ROOT
