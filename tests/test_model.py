@@ -9,6 +9,16 @@ from heptstudy.model.heptv2 import hit_coordinates
 LENGTHS = [70, 41, 23]  # unequal events, padded to 80 hits
 
 
+#: Every checkpointing policy must keep the same guarantees.
+POLICIES = [
+    ["model.heptv2.activation_checkpointing_policy=full"],
+    ["model.heptv2.activation_checkpointing_policy=selective"],
+    ["model.heptv2.checkpoint_every=2"],
+    ["model.heptv2.activation_checkpointing_policy=selective", "model.heptv2.checkpoint_every=3"],
+]
+POLICY_IDS = ["full", "selective", "every2", "selective-every3"]
+
+
 def _build(overrides, checkpointing, seed=0):
     cfg = load_config(
         overrides=overrides + [f"model.heptv2.activation_checkpointing={checkpointing}"]
@@ -31,14 +41,15 @@ def _train_pass(model, batch, rng_seed=123):
     return {k: v.detach() for k, v in out.items()}, grads, torch.get_rng_state()
 
 
+@pytest.mark.parametrize("policy", POLICIES, ids=POLICY_IDS)
 @pytest.mark.parametrize("freeze", [False, True])
-def test_checkpointing_changes_no_output_gradient_or_rng_state(tiny_overrides, freeze):
+def test_checkpointing_changes_no_output_gradient_or_rng_state(tiny_overrides, freeze, policy):
     overrides = tiny_overrides + [
         "model.heptv2.dropout=0.3",
         f"model.freeze.input_encoder={freeze}",
     ]
     base, cfg = _build(overrides, False)
-    ckpt, _ = _build(overrides, True)
+    ckpt, _ = _build(overrides + policy, True)
     batch = example_batch(cfg, 3, LENGTHS, seed=5)
     assert batch["mask"].shape[1] == 80 and not batch["mask"][2, 23:].any()
 
@@ -59,9 +70,10 @@ def test_checkpointing_changes_no_output_gradient_or_rng_state(tiny_overrides, f
     assert not torch.equal(out_a["class_logits"], out_c["class_logits"])
 
 
-def test_state_dict_loads_strictly_both_ways(tiny_overrides):
+@pytest.mark.parametrize("policy", POLICIES, ids=POLICY_IDS)
+def test_state_dict_loads_strictly_both_ways(tiny_overrides, policy):
     base, _ = _build(tiny_overrides, False)
-    ckpt, _ = _build(tiny_overrides, True, seed=1)
+    ckpt, _ = _build(tiny_overrides + policy, True, seed=1)
     assert list(base.state_dict()) == list(ckpt.state_dict())
     assert any("hash_directions" in k for k in base.state_dict())
     assert any("region_shape" in k for k in base.state_dict())
@@ -84,13 +96,15 @@ class _CountingCheckpoint:
         monkeypatch.setattr(tuc, "checkpoint", counting)
 
 
-def test_checkpoint_used_only_when_training_with_grad(tiny_overrides, monkeypatch):
+@pytest.mark.parametrize("policy", POLICIES, ids=POLICY_IDS)
+def test_checkpoint_used_only_when_training_with_grad(tiny_overrides, monkeypatch, policy):
     counter = _CountingCheckpoint(monkeypatch)
-    model, cfg = _build(tiny_overrides, True)
+    model, cfg = _build(tiny_overrides + policy, True)
     batch = example_batch(cfg, 2, [40, 30], seed=1)
     model.train()
     model(batch)
-    assert counter.calls == cfg.model.heptv2.num_convs
+    every = cfg.model.heptv2.checkpoint_every
+    assert counter.calls == len(range(0, cfg.model.heptv2.num_convs, every))
     counter.calls = 0
     with torch.no_grad():
         model(batch)

@@ -25,6 +25,9 @@ from heptstudy.config import HEPTv2Config
 #: Indices of the raw hit features the layer reads.
 ETA, SIN_PHI, COS_PHI = 2, 3, 4
 
+#: Width of the positional MLP's hidden layer.
+POSITIONAL_HIDDEN = 32
+
 #: Large finite "minus infinity" so fully padded buckets stay finite (never NaN).
 _MASKED = -1.0e30
 
@@ -80,7 +83,9 @@ class HEPTv2Layer(nn.Module):
         self.num_heads, self.head_dim = heads, dim // heads
         self.block_size, self.n_hashes = cfg.block_size, cfg.n_hashes
         self.attention_backend = cfg.attention_backend
-        self.pos_embed = nn.Sequential(nn.Linear(2, 32), nn.SiLU(), nn.Linear(32, dim))
+        self.pos_embed = nn.Sequential(
+            nn.Linear(2, POSITIONAL_HIDDEN), nn.SiLU(), nn.Linear(POSITIONAL_HIDDEN, dim)
+        )
         self.attn_norm = RMSNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.q_norm = RMSNorm(self.head_dim)
@@ -232,7 +237,8 @@ class _BucketSoftmaxAttention(torch.autograd.Function):
     Written as one autograd function so that the score tensor is turned into probabilities in
     place and only the probabilities are kept for backward (autograd op by op would keep the
     scores, the probabilities and several same-sized temporaries). The backward is the exact
-    gradient: with P the probabilities, dS = P * (dP - rowsum(dP * P) + dlse).
+    gradient: with P the probabilities and O the output, dS = P * (dP - rowsum(dO * O) + dlse),
+    where rowsum(dO * O) equals rowsum(dP * P) without a bucket-sized temporary.
     """
 
     @staticmethod
@@ -242,19 +248,18 @@ class _BucketSoftmaxAttention(torch.autograd.Function):
         lse = torch.logsumexp(scores, dim=-1, keepdim=True)
         probs = scores.sub_(lse).exp_()
         out = torch.matmul(probs, v)
-        ctx.save_for_backward(q, k, v, probs)
+        ctx.save_for_backward(q, k, v, probs, out)
         return out, lse.squeeze(-1)
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
-        q, k, v, probs = ctx.saved_tensors
+        q, k, v, probs, out = ctx.saved_tensors
         d_v = torch.matmul(probs.transpose(-1, -2), d_out)
-        d_probs = torch.matmul(d_out, v.transpose(-1, -2))
-        row = (d_probs * probs).sum(dim=-1, keepdim=True)
-        d_scores = d_probs.sub_(row)
+        d_scores = torch.matmul(d_out, v.transpose(-1, -2))
+        row = (d_out * out).sum(dim=-1, keepdim=True)
         if d_lse is not None:
-            d_scores.add_(d_lse.unsqueeze(-1))
-        d_scores.mul_(probs)
+            row = row - d_lse.unsqueeze(-1)
+        d_scores.sub_(row).mul_(probs)
         d_q = torch.matmul(d_scores, k)
         d_k = torch.matmul(d_scores.transpose(-1, -2), q)
         return d_q, d_k, d_v, None
