@@ -6,9 +6,12 @@ import argparse
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from heptstudy.errors import ConfigError
     from heptstudy.measure.bench import BenchOptions, default_output, run_bench
     from heptstudy.measure.summary import describe
 
+    if args.batch_size is None:
+        raise ConfigError("heptstudy bench needs --batch-size B (events per step, an integer >= 1)")
     opts = BenchOptions(
         batch_size=args.batch_size,
         checkpointing=args.checkpointing,
@@ -31,9 +34,49 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_backbone(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from heptstudy.config import load_config
+    from heptstudy.measure.backbone import describe_backbone, run_backbone_bench
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = load_config(args.config, args.overrides)
+    result = run_backbone_bench(config, args.hits, repeats=args.repeats, device=args.device)
+    print(describe_backbone(result))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"written: {args.output}")
+    return 0
+
+
+def _add_backbone(sub) -> None:
+    from heptstudy.cli import add_config_args
+
+    p = sub.add_parser("backbone", help="forward+backward of the HEPTv2 backbone alone on N hits")
+    p.add_argument("--hits", type=int, default=10000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: PyTorch's choice)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--output", help="JSON file for the result")
+    add_config_args(p)
+    p.set_defaults(func=_bench_backbone)
+
+
 def register_cli(sub) -> None:
-    p = sub.add_parser("bench", help="measure peak memory and step time, or checkpointing parity")
-    p.add_argument("--batch-size", type=int, required=True, help="events per step")
+    p = sub.add_parser(
+        "bench",
+        help="measure peak memory and step time, or checkpointing parity",
+        description="heptstudy bench --batch-size B [...] measures one configuration; "
+        "heptstudy bench backbone --hits N times the backbone alone",
+    )
+    _add_backbone(p.add_subparsers(dest="bench_command"))
+    p.add_argument("--batch-size", type=int, help="events per step (required)")
     p.add_argument(
         "--checkpointing",
         action=argparse.BooleanOptionalAction,
