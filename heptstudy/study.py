@@ -358,7 +358,7 @@ class Matrix:
     notes: list[str] = field(default_factory=list)
 
 
-def load_matrix(path: str | os.PathLike) -> Matrix:
+def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
     """Read and check a study matrix: every run's parameters are validated before anything runs.
 
     Format::
@@ -397,7 +397,9 @@ def load_matrix(path: str | os.PathLike) -> Matrix:
     }
     if unknown:
         raise StudyError(f"study matrix {path}: unknown top-level keys {sorted(unknown)}")
-    defaults = data.get("defaults") or {}
+    defaults = dict(data.get("defaults") or {})
+    if data_dir:  # the command line's --data-dir: the default of every run
+        defaults["data_dir"] = str(data_dir)
     bad = (set(defaults) - _RUN_KEYS) | ({"notebook", "name"} & set(defaults))
     if bad:
         raise StudyError(f"study matrix {path}: 'defaults' cannot set {sorted(bad)}")
@@ -601,11 +603,13 @@ def run_study(
     figures_dir: str | os.PathLike | None = None,
     progress: bool = True,
     aggregate: bool = True,
+    data_dir: str | os.PathLike | None = None,
 ) -> list[RunResult]:
-    """Every run of the matrix, then ``aggregate.ipynb`` and ``out_dir/report.html``."""
+    """Every run of the matrix, then ``aggregate.ipynb`` and ``out_dir/report.html``.
+    ``data_dir`` replaces the matrix's default data directory."""
     from tqdm.auto import tqdm
 
-    matrix = load_matrix(matrix_path)
+    matrix = load_matrix(matrix_path, data_dir=str(data_dir) if data_dir else None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "matrix.yaml").write_text(matrix.path.read_text())
@@ -1037,19 +1041,38 @@ def hits_statement(stats: dict[str, Any]) -> str:
     )
 
 
-def optional_fit_figure(mem, tag: str = "") -> Any:
-    """The fitted memory lines of :mod:`heptstudy.fit` when that module provides
-    ``fit_lines(frame, tag=...) -> matplotlib Figure``; ``None`` otherwise (the section is skipped)."""
-    import importlib
+def optional_fit_figure(reports, tag: str = "") -> tuple[Any, Any, str]:
+    """The fitted memory lines of :mod:`heptstudy.fitting` over the successful memory reports:
+    ``(figure, table, "")``, or ``(None, None, why)`` when there is no fit to draw (module
+    missing, too few reports, a fit that fails): the aggregate section is then skipped."""
+    import pandas as pd
 
-    if mem is None or mem.empty or mem["batch_size"].nunique() < 2:
-        return None
+    paths = [p for p, r in reports if r.kind == MEMORY and r.status == "ok"]
+    if len({r.batch_size for p, r in reports if r.kind == MEMORY and r.status == "ok"}) < 2:
+        return None, None, "fewer than two batch sizes with successful memory reports"
     try:
-        fit = importlib.import_module("heptstudy.fit")
-    except ImportError:
-        return None
-    fit_lines = getattr(fit, "fit_lines", None)
-    return None if fit_lines is None else fit_lines(mem, tag=tag)
+        from heptstudy.fitting.memmodel import fit_reports
+        from heptstudy.fitting.plots import fit_figure, fit_table
+    except ImportError as err:
+        return None, None, f"the memory model is not available ({err})"
+    try:
+        models = fit_reports(paths)
+    except Exception as err:  # noqa: BLE001 - too few points for a fit is a result, not a crash
+        return None, None, f"no memory model could be fitted: {str(err).splitlines()[0]}"
+    synthetic = any(r.data.synthetic for _, r in reports)
+    fig = fit_figure(models, synthetic=synthetic)
+    if tag:
+        fig.axes[0].text(
+            0.02,
+            0.98,
+            tag,
+            transform=fig.axes[0].transAxes,
+            ha="left",
+            va="top",
+            fontsize=9,
+            color="0.3",
+        )
+    return fig, pd.DataFrame(fit_table(models)), ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -1149,6 +1172,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         args.out,
         force=args.force,
         figures_dir=args.figures,
+        data_dir=args.data_dir,
         progress=not args.no_progress,
         aggregate=not args.no_aggregate,
     )
@@ -1193,6 +1217,10 @@ def register_cli(subparsers) -> None:
     )
     run.add_argument("--force", action="store_true", help="rerun measurements whose report exists")
     run.add_argument("--figures", help="figures directory (default figures/<name of --out>)")
+    run.add_argument(
+        "--data-dir",
+        help="TFDS data directory of every run (default: the matrix's, else data/tfds)",
+    )
     run.add_argument("--no-aggregate", action="store_true", help="only the measurements")
     run.add_argument("--no-progress", action="store_true")
     run.set_defaults(func=_cmd_run)
