@@ -7,7 +7,14 @@ import json
 from pathlib import Path
 
 from heptstudy.errors import HeptstudyError
-from heptstudy.fitting.memmodel import GIB, FitError, MemoryModel, expand_report_paths, fit_reports, model_key
+from heptstudy.fitting.memmodel import (
+    GIB,
+    FitError,
+    MemoryModel,
+    expand_report_paths,
+    fit_reports,
+    model_key,
+)
 from heptstudy.fitting.predict import FitAnswer, evaluate
 
 DEFAULT_SCENARIO = "configs/training/scenarios/cld_pf_heptv2_batch512_50k.yaml"
@@ -16,24 +23,33 @@ FITS_DIR = Path("configs/fit")
 DEVICE_WORDS = {"rocm": "GCD", "cuda": "GPU", "cpu": "CPU process"}
 
 
-def resolve_config(scenario: str, platform: str, variant: str, data_dir: str | None):
+def resolve_config(scenario: str, platform: str, variant: str, data_dir: str | None, overrides=()):
     """The variant's resolved configuration on the platform (validation/test sizes lowered to 0
     when the data set's test split is too small: they do not change the training step)."""
     from heptstudy.scenario import ScenarioError, resolve
 
-    over = [f"data.data_dir={data_dir}"] if data_dir else []
+    over = ([f"data.data_dir={data_dir}"] if data_dir else []) + list(overrides)
     notes = []
     try:
         res = resolve(scenario, platform, variants=[variant], overrides=over)
     except ScenarioError as err:
         if err.rule != "eval-within-test-split":
             raise
-        res = resolve(scenario, platform, variants=[variant], overrides=over + ["data.nvalid=0", "data.ntest=0"])
-        notes.append("validation/test sizes lowered to 0 for this data set (they do not enter the training step)")
+        res = resolve(
+            scenario,
+            platform,
+            variants=[variant],
+            overrides=over + ["data.nvalid=0", "data.ntest=0"],
+        )
+        notes.append(
+            "validation/test sizes lowered to 0 for this data set (they do not enter the training step)"
+        )
     return res, res.variant(variant), notes
 
 
-def find_model(config, device_kind: str, reports=(), fits_dir: Path = FITS_DIR) -> MemoryModel | None:
+def find_model(
+    config, device_kind: str, reports=(), fits_dir: Path = FITS_DIR
+) -> MemoryModel | None:
     """A memory model for this configuration and device kind: measured (from ``reports``) first,
     then stored fits in ``fits_dir`` (measured before estimated); ``None`` if there is none."""
     key = model_key(config.to_dict(), device_kind)
@@ -76,8 +92,10 @@ def render(ans: FitAnswer, mm: MemoryModel, res_variant, platform, notes, length
         f"Memory model: {mm.source.upper()} — {mm.describe()}",
     ]
     if mm.validation.get("max_abs_rel_error") is not None:
-        lines.append(f"  validated on held-out batch sizes {mm.validation['held_out_batch_sizes']}: "
-                     f"max |error| {mm.validation['max_abs_rel_error']:.1%}")
+        lines.append(
+            f"  validated on held-out batch sizes {mm.validation['held_out_batch_sizes']}: "
+            f"max |error| {mm.validation['max_abs_rel_error']:.1%}"
+        )
     lines += [
         f"  fit residuals: max |relative| {mm.allocated.max_abs_rel_residual:.1%}, rms {mm.allocated.rms_residual_mib:.0f} MiB",
         f"Device: {platform.device_memory_gib:g} GiB; safety margin (allocator fragmentation, context) "
@@ -111,7 +129,9 @@ def render(ans: FitAnswer, mm: MemoryModel, res_variant, platform, notes, length
 def run_fit(args) -> dict:
     from heptstudy.data.batching import dataset_for
 
-    res, rv, notes = resolve_config(args.scenario, args.platform, args.variant, args.data_dir)
+    res, rv, notes = resolve_config(
+        args.scenario, args.platform, args.variant, args.data_dir, getattr(args, "overrides", [])
+    )
     platform = res.platform
     config = rv.config
     mm = find_model(config, platform.device, args.reports or (), Path(args.fits_dir))
@@ -122,18 +142,39 @@ def run_fit(args) -> dict:
         mm = estimate_memory_model(config, args.per_device_batch, platform.device)
     ds = dataset_for(config, "train")
     lengths = ds.lengths()
-    margin = args.safety_margin_gib if args.safety_margin_gib is not None else round(0.1 * platform.device_memory_gib, 1)
+    margin = (
+        args.safety_margin_gib
+        if args.safety_margin_gib is not None
+        else round(0.1 * platform.device_memory_gib, 1)
+    )
     ans = evaluate(
-        mm, lengths, args.per_device_batch, platform.device_memory_gib, safety_margin_gib=margin,
-        world_size=platform.world_size, seed=config.train.seed, num_steps=config.train.num_steps,
-        shard_sizes=ds.shard_sizes, mode=config.data.sampler, pad_to_multiple=config.data.pad_to_multiple,
+        mm,
+        lengths,
+        args.per_device_batch,
+        platform.device_memory_gib,
+        safety_margin_gib=margin,
+        world_size=platform.world_size,
+        seed=config.train.seed,
+        num_steps=config.train.num_steps,
+        shard_sizes=ds.shard_sizes,
+        mode=config.data.sampler,
+        pad_to_multiple=config.data.pad_to_multiple,
     )
     synthetic = bool(ds.metadata.get("synthetic", False))
-    info = (f"{ds.name} configs {ds.shard_names} train split, {len(lengths):,} events, hits per event "
-            f"{int(lengths.min()):,}..{int(lengths.max()):,} (mean {lengths.mean():,.0f})"
-            f"{' — SYNTHETIC (generated) events' if synthetic else ''}")
-    return {"answer": ans, "model": mm, "variant": rv, "platform": platform, "notes": notes, "data": info,
-            "synthetic": synthetic}
+    info = (
+        f"{ds.name} configs {ds.shard_names} train split, {len(lengths):,} events, hits per event "
+        f"{int(lengths.min()):,}..{int(lengths.max()):,} (mean {lengths.mean():,.0f})"
+        f"{' — SYNTHETIC (generated) events' if synthetic else ''}"
+    )
+    return {
+        "answer": ans,
+        "model": mm,
+        "variant": rv,
+        "platform": platform,
+        "notes": notes,
+        "data": info,
+        "synthetic": synthetic,
+    }
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
@@ -144,29 +185,67 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     if args.save_model:
         mm.save(args.save_model)
     if args.json:
-        print(json.dumps({
-            "answer": answer_words(ans, out["platform"].name, out["platform"].device),
-            "result": ans.to_dict(), "memory_model": mm.to_dict(), "platform": out["platform"].name,
-            "variant": out["variant"].name, "data": out["data"], "synthetic_data": out["synthetic"],
-            "notes": out["notes"],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "answer": answer_words(ans, out["platform"].name, out["platform"].device),
+                    "result": ans.to_dict(),
+                    "memory_model": mm.to_dict(),
+                    "platform": out["platform"].name,
+                    "variant": out["variant"].name,
+                    "data": out["data"],
+                    "synthetic_data": out["synthetic"],
+                    "notes": out["notes"],
+                },
+                indent=2,
+            )
+        )
     else:
         print(render(ans, mm, out["variant"], out["platform"], out["notes"], out["data"]))
     return 0
 
 
 def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("fit", help="will a per-device batch fit a platform's memory over the whole data set?")
+    p = subparsers.add_parser(
+        "fit", help="will a per-device batch fit a platform's memory over the whole data set?"
+    )
     p.add_argument("--platform", required=True, help="platform profile (YAML file or name)")
     p.add_argument("--per-device-batch", required=True, type=int, help="events per device")
-    p.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"training scenario (default {DEFAULT_SCENARIO})")
-    p.add_argument("--variant", default=DEFAULT_VARIANT, help=f"scenario variant (default {DEFAULT_VARIANT})")
+    p.add_argument(
+        "--scenario",
+        default=DEFAULT_SCENARIO,
+        help=f"training scenario (default {DEFAULT_SCENARIO})",
+    )
+    p.add_argument(
+        "--variant", default=DEFAULT_VARIANT, help=f"scenario variant (default {DEFAULT_VARIANT})"
+    )
     p.add_argument("--data-dir", default=None, help="TFDS data directory (default: the scenario's)")
-    p.add_argument("--reports", nargs="*", default=[], help="bench reports (files or directories) to fit a measured model")
-    p.add_argument("--fits-dir", default=str(FITS_DIR), help=f"stored memory models (default {FITS_DIR})")
-    p.add_argument("--safety-margin-gib", type=float, default=None,
-                   help="memory kept free for allocator fragmentation and context (default 10%% of the device)")
-    p.add_argument("--save-model", default=None, help="write the memory model used to this JSON file")
+    p.add_argument(
+        "--reports",
+        nargs="*",
+        default=[],
+        help="bench reports (files or directories) to fit a measured model",
+    )
+    p.add_argument(
+        "--fits-dir", default=str(FITS_DIR), help=f"stored memory models (default {FITS_DIR})"
+    )
+    p.add_argument(
+        "--safety-margin-gib",
+        type=float,
+        default=None,
+        help="memory kept free for allocator fragmentation and context (default 10%% of the device)",
+    )
+    p.add_argument(
+        "--save-model", default=None, help="write the memory model used to this JSON file"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override of the resolved recipe (repeatable)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_fit)
 

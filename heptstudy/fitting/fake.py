@@ -119,7 +119,9 @@ def _fake_substitutions(targets, type_counts):
 
     with contextlib.ExitStack() as stack:
         if targets is not None:
-            stack.enter_context(mock.patch.object(losses, "targets_from_batch", lambda batch: targets))
+            stack.enter_context(
+                mock.patch.object(losses, "targets_from_batch", lambda batch: targets)
+            )
             stack.enter_context(mock.patch.object(losses, "match", _deterministic_match))
         stack.enter_context(mock.patch.object(heptv2, "_flex", _fake_flex))
         stack.enter_context(
@@ -135,7 +137,12 @@ def _fake_targets(targets, mode, device):
         return mode.from_tensor(t).to(device) if device != "cpu" else mode.from_tensor(t)
 
     return [
-        EventTargets(**{f: conv(getattr(t, f)) for f in ("cls", "momentum", "membership", "valid", "particle_number")})
+        EventTargets(
+            **{
+                f: conv(getattr(t, f))
+                for f in ("cls", "momentum", "membership", "valid", "particle_number")
+            }
+        )
         for t in targets
     ]
 
@@ -168,7 +175,9 @@ def estimate_step(
 
     codes = batch["X"][..., 0]
     type_counts = {c: int((codes == c).sum()) for c in (1, 2)}
-    fake_targets = _fake_targets(real_targets, mode, device_type) if real_targets is not None else None
+    fake_targets = (
+        _fake_targets(real_targets, mode, device_type) if real_targets is not None else None
+    )
     subs = _fake_substitutions(fake_targets, type_counts)
     try:
         with mode, subs:
@@ -198,9 +207,13 @@ def estimate_step(
         ) from err
     B, L = batch["X"].shape[:2]
     return FakeStepEstimate(
-        batch_size=int(B), longest_padded=int(L), padded_batch_hits=int(B * L),
-        peak_allocated_bytes=int(mem.peak_allocated_bytes), baseline_bytes=int(mem.baseline_bytes or 0),
-        device=f"fake {device_type}", dtype=config.train.dtype,
+        batch_size=int(B),
+        longest_padded=int(L),
+        padded_batch_hits=int(B * L),
+        peak_allocated_bytes=int(mem.peak_allocated_bytes),
+        baseline_bytes=int(mem.baseline_bytes or 0),
+        device=f"fake {device_type}",
+        dtype=config.train.dtype,
         attention_backend=config.model.heptv2.attention_backend,
         categories_at_peak=mem.categories_at_peak,
     )
@@ -220,14 +233,18 @@ def estimation_batches(lengths, per_device_batch: int, seed: int = 0) -> list[li
     rng = np.random.default_rng(seed)
     order = np.argsort(-lengths, kind="stable")
     out = []
-    for b in sorted({max(1, per_device_batch // 4), max(1, per_device_batch // 2), per_device_batch}):
+    for b in sorted(
+        {max(1, per_device_batch // 4), max(1, per_device_batch // 2), per_device_batch}
+    ):
         b = min(b, len(lengths))
         out.append(sorted(rng.choice(len(lengths), size=b, replace=False).tolist()))
         out.append(sorted(order[:b].tolist()))
     return out
 
 
-def estimate_memory_model(config: Config, per_device_batch: int, device_kind: str, progress: bool = False):
+def estimate_memory_model(
+    config: Config, per_device_batch: int, device_kind: str, progress: bool = False
+):
     """An *estimated* memory model of ``config`` for a platform of ``device_kind``: fake-device
     steps on real events of the configured data set (see :func:`estimation_batches`), fitted
     like measurements. Its ``source_detail`` says so."""
@@ -241,12 +258,20 @@ def estimate_memory_model(config: Config, per_device_batch: int, device_kind: st
     dev = fake_device_type()
     for idx in estimation_batches(lengths, per_device_batch, seed=config.train.seed):
         est = estimate_step(config, load_events(config, idx, "train"), dev)
-        points.append(Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, None, f"fake {dev} step"))
+        points.append(
+            Point(
+                est.batch_size, est.longest_padded, est.peak_allocated_mib, None, f"fake {dev} step"
+            )
+        )
         if progress:
-            print(f"  estimated B={est.batch_size} L={est.longest_padded}: {est.peak_allocated_mib / 1024:.2f} GiB")
+            print(
+                f"  estimated B={est.batch_size} L={est.longest_padded}: {est.peak_allocated_mib / 1024:.2f} GiB"
+            )
     key = model_key(config.to_dict(), device_kind)
     mm = fit_points(
-        key, points, source="estimated",
+        key,
+        points,
+        source="estimated",
         source_detail=(
             f"fake-{dev} steps (FakeTensorMode + storage tracker, {config.train.dtype}, attention "
             f"{config.model.heptv2.attention_backend}) on {len(points)} batches of {ds.name} "
@@ -268,4 +293,10 @@ CPU_BUILD_NOTE = (
     "device (same tensor shapes and dtypes for the model's matmul/linear path)."
 )
 
-__all__ = ["FakeStepEstimate", "estimate_memory_model", "estimate_step", "estimation_batches", "fake_device_type"]
+__all__ = [
+    "FakeStepEstimate",
+    "estimate_memory_model",
+    "estimate_step",
+    "estimation_batches",
+    "fake_device_type",
+]

@@ -4,7 +4,10 @@ Batches pad every event to the longest one of the batch, so every activation ten
 has ``B x L`` rows (``B`` events, ``L`` the longest padded event; HEPTv2 attention is bucketed,
 hence linear in ``L``; the decoder's group logits are ``B x queries x L``). The model is
 
-    peak = fixed + per_padded_hit * (B * L) + per_event * B
+    peak = fixed + per_padded_hit * (B * L) + per_event * B + per_mask_entry * (B * L^2)
+
+The last term is the dense mask that ``flex_attention``'s ``create_block_mask`` builds eagerly
+(``B x rounds x L x L`` booleans) on the fused attention path; it is zero elsewhere.
 
 ``fixed``: parameters, gradients and LAMB state (and whatever else does not depend on the batch);
 ``per_padded_hit``: activations per padded hit; ``per_event``: per-event tensors (queries, targets).
@@ -29,7 +32,7 @@ from heptstudy.errors import HeptstudyError
 MIB = 1024**2
 GIB = 1024**3
 SCHEMA = "heptstudy.memfit/1"
-TERMS = ("fixed", "per_padded_hit", "per_event")
+TERMS = ("fixed", "per_padded_hit", "per_event", "per_mask_entry")
 
 
 class FitError(HeptstudyError, ValueError):
@@ -59,19 +62,34 @@ class LinearFit:
     fixed_mib: float
     per_padded_hit_mib: float
     per_event_mib: float
+    per_mask_entry_mib: float = 0.0
     rms_residual_mib: float = 0.0
     max_abs_rel_residual: float = 0.0
 
     def predict_mib(self, batch_size, longest_padded):
         b = np.asarray(batch_size, dtype=float)
-        return self.fixed_mib + self.per_padded_hit_mib * b * np.asarray(longest_padded, float) + self.per_event_mib * b
+        L = np.asarray(longest_padded, float)
+        return (
+            self.fixed_mib
+            + self.per_padded_hit_mib * b * L
+            + self.per_event_mib * b
+            + self.per_mask_entry_mib * b * L**2
+        )
 
 
 def _design(points: list[Point]) -> np.ndarray:
-    return np.array([[1.0, p.padded_batch_hits, p.batch_size] for p in points], dtype=float)
+    return np.array(
+        [
+            [1.0, p.padded_batch_hits, p.batch_size, p.batch_size * float(p.longest_padded) ** 2]
+            for p in points
+        ],
+        dtype=float,
+    )
 
 
-def fit_linear(points: list[Point], quantity: str = "peak_allocated") -> LinearFit:
+def fit_linear(
+    points: list[Point], quantity: str = "peak_allocated", quadratic: bool = False
+) -> LinearFit:
     """Non-negative least squares in relative terms (each point weighs by 1/peak, so small and
     large batches count alike)."""
     from scipy.optimize import nnls
@@ -86,14 +104,17 @@ def fit_linear(points: list[Point], quantity: str = "peak_allocated") -> LinearF
     A = _design(pts)
     y = np.array([getattr(p, attr) for p in pts], dtype=float)
     w = 1.0 / np.maximum(y, 1e-9)
+    cols = [0, 1]
+    if len({p.batch_size for p in pts}) >= 2 and len({p.longest_padded for p in pts}) >= 2:
+        cols.append(2)  # else B and B*L are not separable: the per-event term folds into per-hit
+    if quadratic:
+        cols.append(3)
+    A = A[:, cols]
     scale = A.max(axis=0)  # condition the columns
-    if len({p.batch_size for p in pts}) < 2 or len({p.longest_padded for p in pts}) < 2:
-        # B and B*L not separable: per-event term is folded into the per-hit term.
-        A, scale = A[:, :2], scale[:2]
-    coef, _ = nnls((A / scale) * w[:, None], y * w)
-    coef = coef / scale
-    coef = np.concatenate([coef, np.zeros(3 - len(coef))])
-    fit = LinearFit(quantity, float(coef[0]), float(coef[1]), float(coef[2]))
+    sol, _ = nnls((A / scale) * w[:, None], y * w)
+    coef = np.zeros(4)
+    coef[cols] = sol / scale
+    fit = LinearFit(quantity, float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]))
     res = y - fit.predict_mib([p.batch_size for p in pts], [p.longest_padded for p in pts])
     fit.rms_residual_mib = float(np.sqrt(np.mean(res**2)))
     fit.max_abs_rel_residual = float(np.max(np.abs(res / y)))
@@ -118,19 +139,27 @@ class MemoryModel:
         return self.allocated.predict_mib(batch_size, longest_padded)
 
     def predict_reserved_mib(self, batch_size, longest_padded):
-        return None if self.reserved is None else self.reserved.predict_mib(batch_size, longest_padded)
+        return (
+            None if self.reserved is None else self.reserved.predict_mib(batch_size, longest_padded)
+        )
 
     def residuals(self) -> list[dict[str, Any]]:
         out = []
         for kind, pts in (("fit", self.inputs), ("held_out", self.held_out)):
             for p in pts:
                 pred = float(self.predict_allocated_mib(p.batch_size, p.longest_padded))
-                out.append({
-                    "set": kind, "source": p.source, "batch_size": p.batch_size,
-                    "longest_padded": p.longest_padded, "measured_mib": p.peak_allocated_mib,
-                    "predicted_mib": pred, "residual_mib": p.peak_allocated_mib - pred,
-                    "rel_error": (pred - p.peak_allocated_mib) / p.peak_allocated_mib,
-                })
+                out.append(
+                    {
+                        "set": kind,
+                        "source": p.source,
+                        "batch_size": p.batch_size,
+                        "longest_padded": p.longest_padded,
+                        "measured_mib": p.peak_allocated_mib,
+                        "predicted_mib": pred,
+                        "residual_mib": p.peak_allocated_mib - pred,
+                        "rel_error": (pred - p.peak_allocated_mib) / p.peak_allocated_mib,
+                    }
+                )
         return out
 
     def describe(self) -> str:
@@ -139,7 +168,13 @@ class MemoryModel:
             f"{self.source} memory model for {k.get('variant')} ({k.get('device_kind')}, {k.get('dtype')}, "
             f"attention {k.get('attention_backend')}, checkpointing {k.get('checkpointing')}): "
             f"{self.allocated.fixed_mib:,.0f} MiB fixed + {self.allocated.per_padded_hit_mib * 1024:,.2f} KiB "
-            f"per padded hit + {self.allocated.per_event_mib:,.2f} MiB per event; {self.source_detail}"
+            f"per padded hit + {self.allocated.per_event_mib:,.2f} MiB per event"
+            + (
+                f" + {self.allocated.per_mask_entry_mib * MIB:,.3f} B per attention-mask entry (B x L^2)"
+                if self.allocated.per_mask_entry_mib
+                else ""
+            )
+            + f"; {self.source_detail}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,7 +183,8 @@ class MemoryModel:
             "key": self.key,
             "source": self.source,
             "source_detail": self.source_detail,
-            "model": "peak_mib = fixed_mib + per_padded_hit_mib * (batch_size * longest_padded) + per_event_mib * batch_size",
+            "model": "peak_mib = fixed_mib + per_padded_hit_mib * (batch_size * longest_padded) + per_event_mib * batch_size"
+            " + per_mask_entry_mib * batch_size * longest_padded**2",
             "allocated": asdict(self.allocated),
             "reserved": asdict(self.reserved) if self.reserved else None,
             "inputs": [asdict(p) for p in self.inputs],
@@ -161,14 +197,20 @@ class MemoryModel:
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "memory model") -> MemoryModel:
         if d.get("schema") != SCHEMA:
-            raise FitError(f"{where}: schema {d.get('schema')!r} is not {SCHEMA!r}; refit it (heptstudy fit)")
+            raise FitError(
+                f"{where}: schema {d.get('schema')!r} is not {SCHEMA!r}; refit it (heptstudy fit)"
+            )
         try:
             return cls(
-                key=d["key"], source=d["source"], source_detail=d["source_detail"],
+                key=d["key"],
+                source=d["source"],
+                source_detail=d["source_detail"],
                 allocated=LinearFit(**d["allocated"]),
                 reserved=LinearFit(**d["reserved"]) if d.get("reserved") else None,
-                inputs=[Point(**p) for p in d["inputs"]], held_out=[Point(**p) for p in d.get("held_out", [])],
-                validation=d.get("validation", {}), notes=d.get("notes", []),
+                inputs=[Point(**p) for p in d["inputs"]],
+                held_out=[Point(**p) for p in d.get("held_out", [])],
+                validation=d.get("validation", {}),
+                notes=d.get("notes", []),
             )
         except (KeyError, TypeError) as err:
             raise FitError(f"{where}: missing or unexpected field ({err}); refit it") from None
@@ -202,7 +244,9 @@ def model_key(config: dict[str, Any], device_kind: str) -> dict[str, Any]:
         "attention_backend": h.get("attention_backend"),
         "variant": model["variant"],
         "checkpointing": bool(h.get("activation_checkpointing")),
-        "checkpointing_policy": h.get("activation_checkpointing_policy") if h.get("activation_checkpointing") else None,
+        "checkpointing_policy": h.get("activation_checkpointing_policy")
+        if h.get("activation_checkpointing")
+        else None,
         "model_hash": digest,
     }
 
@@ -230,30 +274,46 @@ def points_from_reports(paths) -> dict[str, tuple[dict[str, Any], list[Point]]]:
         pts = groups.setdefault(label, (key, []))[1]
         for s in rep.steps:
             if s.counted and s.peak_allocated_mib is not None:
-                pts.append(Point(
-                    batch_size=len(s.padded_hits), longest_padded=max(s.padded_hits),
-                    peak_allocated_mib=s.peak_allocated_mib, peak_reserved_mib=s.peak_reserved_mib,
-                    source=f"{Path(path).name}#step{s.step}",
-                ))
+                pts.append(
+                    Point(
+                        batch_size=len(s.padded_hits),
+                        longest_padded=max(s.padded_hits),
+                        peak_allocated_mib=s.peak_allocated_mib,
+                        peak_reserved_mib=s.peak_reserved_mib,
+                        source=f"{Path(path).name}#step{s.step}",
+                    )
+                )
     return groups
 
 
 def fit_points(
-    key: dict[str, Any], points: list[Point], held_out_batch_sizes=(), source="measured", source_detail=""
+    key: dict[str, Any],
+    points: list[Point],
+    held_out_batch_sizes=(),
+    source="measured",
+    source_detail="",
 ) -> MemoryModel:
     """Fit on the points whose batch size is not in ``held_out_batch_sizes``; validate on the rest."""
     held = set(int(b) for b in held_out_batch_sizes)
     train = [p for p in points if p.batch_size not in held]
     test = [p for p in points if p.batch_size in held]
-    alloc = fit_linear(train, "peak_allocated")
+    quad = key.get("attention_backend") == "fused"
+    alloc = fit_linear(train, "peak_allocated", quad)
     reserved = None
     if sum(p.peak_reserved_mib is not None for p in train) >= 2:
         try:
-            reserved = fit_linear(train, "peak_reserved")
+            reserved = fit_linear(train, "peak_reserved", quad)
         except FitError:
             reserved = None
-    mm = MemoryModel(key=key, source=source, source_detail=source_detail, allocated=alloc, reserved=reserved,
-                     inputs=train, held_out=test)
+    mm = MemoryModel(
+        key=key,
+        source=source,
+        source_detail=source_detail,
+        allocated=alloc,
+        reserved=reserved,
+        inputs=train,
+        held_out=test,
+    )
     errs = [r["rel_error"] for r in mm.residuals() if r["set"] == "held_out"]
     mm.validation = {
         "held_out_batch_sizes": sorted(held),
@@ -275,7 +335,9 @@ def fit_reports(paths, held_out_batch_sizes=()) -> list[MemoryModel]:
         detail = f"bench reports {', '.join(sorted({p.source.split('#')[0] for p in pts}))} (batch sizes {sizes})"
         out.append(fit_points(key, pts, held_out_batch_sizes, "measured", detail))
     if not out:
-        raise FitError(f"no successful memory reports among {[str(p) for p in paths]}; run heptstudy bench first")
+        raise FitError(
+            f"no successful memory reports among {[str(p) for p in paths]}; run heptstudy bench first"
+        )
     return out
 
 

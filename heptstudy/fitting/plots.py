@@ -11,7 +11,8 @@ def fit_table(models: list[MemoryModel]) -> list[dict]:
     """One row per memory model: provenance, coefficients, residuals, held-out error."""
     return [
         {
-            "source": m.source, **m.key,
+            "source": m.source,
+            **m.key,
             "fixed_mib": m.allocated.fixed_mib,
             "per_padded_hit_kib": m.allocated.per_padded_hit_mib * 1024,
             "per_event_mib": m.allocated.per_event_mib,
@@ -34,11 +35,25 @@ def fit_figure(models: list[MemoryModel], ax=None, synthetic: bool = False):
         color = f"C{i}"
         pts = m.inputs + m.held_out
         x = np.array([p.padded_batch_hits for p in pts])
-        label = f"{m.source}: {m.key['variant']} {m.key['device_kind']} ckpt={m.key['checkpointing']}"
-        ax.scatter([p.padded_batch_hits for p in m.inputs], [p.peak_allocated_mib for p in m.inputs], color=color, s=14, label=label)
+        label = (
+            f"{m.source}: {m.key['variant']} {m.key['device_kind']} ckpt={m.key['checkpointing']}"
+        )
+        ax.scatter(
+            [p.padded_batch_hits for p in m.inputs],
+            [p.peak_allocated_mib for p in m.inputs],
+            color=color,
+            s=14,
+            label=label,
+        )
         if m.held_out:
-            ax.scatter([p.padded_batch_hits for p in m.held_out], [p.peak_allocated_mib for p in m.held_out],
-                       facecolors="none", edgecolors=color, s=30, label=f"held out (max err {m.validation.get('max_abs_rel_error', 0):.1%})")
+            ax.scatter(
+                [p.padded_batch_hits for p in m.held_out],
+                [p.peak_allocated_mib for p in m.held_out],
+                facecolors="none",
+                edgecolors=color,
+                s=30,
+                label=f"held out (max err {m.validation.get('max_abs_rel_error', 0):.1%})",
+            )
         for b in sorted({p.batch_size for p in pts}):
             xs = np.linspace(0, x.max() * 1.05, 50)
             ax.plot(xs, m.predict_allocated_mib(b, xs / b), color=color, lw=0.8, alpha=0.6)
@@ -58,7 +73,9 @@ def peak_distribution_figure(answers: dict, ax=None, synthetic: bool = False):
         _, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, (name, a) in enumerate(answers.items()):
         edges, counts = np.array(a.histogram["edges_gib"]), np.array(a.histogram["counts"])
-        ax.stairs(counts / counts.sum(), edges, color=f"C{i}", label=f"{name}: B={a.per_device_batch}")
+        ax.stairs(
+            counts / counts.sum(), edges, color=f"C{i}", label=f"{name}: B={a.per_device_batch}"
+        )
         ax.axvline(a.usable_gib, color=f"C{i}", ls="--", lw=0.8)
         ax.axvline(a.device_memory_gib, color=f"C{i}", ls=":", lw=0.8)
     ax.set_xlabel("predicted peak allocated per batch [GiB] (dashed: usable, dotted: device)")
