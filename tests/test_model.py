@@ -214,3 +214,20 @@ def test_track_cluster_variant_builds_and_runs(tiny_overrides):
     batch = example_batch(cfg, 2, [30, 17], seed=1)
     out = model(batch)
     assert out["class_logits"].shape == (2, 32, 6) and out["momentum"].shape == (2, 32, 5)
+
+
+@pytest.mark.parametrize("seq_len,block_size", [(1000, 100), (640, 48), (300, 128), (96, 100)])
+def test_bucket_block_mask_lists_every_block_a_bucket_needs(seq_len, block_size):
+    """The fused path's sparse block mask must cover every allowed (query, key) pair; the kernel
+    skips unlisted blocks, so a missing one would silently drop attention."""
+    from heptstudy.model.heptv2 import FLEX_BLOCK, bucket_block_mask
+
+    n_valid = torch.tensor([seq_len, seq_len - 37])
+    bm = bucket_block_mask(n_valid, seq_len, block_size, "cpu")
+    listed = bm.to_dense()[0, 0].bool()  # [q blocks, kv blocks]
+    idx = torch.arange(seq_len)
+    allowed = idx[:, None] // block_size == idx[None, :] // block_size
+    qb, kb = torch.nonzero(allowed, as_tuple=True)
+    assert listed[qb // FLEX_BLOCK, kb // FLEX_BLOCK].all()
+    # ... and lists no more than the few blocks the buckets touch.
+    assert int(listed.sum(1).max()) <= 2 + FLEX_BLOCK // block_size + 1
