@@ -988,6 +988,7 @@ def runs_table(df) -> Any:
     if df.empty:
         return df
     cols = [c for c in _RUN_COLUMNS if c in df.columns]
+    df = df.sort_values(["kind", "batch_size", "checkpointing", "name"]).reset_index(drop=True)
     table = df[cols].rename(columns=_RUN_COLUMNS)
     if not table["error"].notna().any():
         table = table.drop(columns="error")
