@@ -90,7 +90,8 @@ def run_steps(steps, title: str = "") -> Any:
         ax.set_ylabel(ylabel)
         ax.set_xticks(x)
         if len(cols) > 1:
-            ax.legend(loc="lower right")
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
+            ax.legend(loc="upper center", ncol=2)
     if title:
         fig.suptitle(title, fontsize=12)
     fig.tight_layout()
