@@ -683,6 +683,11 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
     print(summary(res))
+    from heptstudy.fitting.cli import fit_warning
+
+    warning = fit_warning(res)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.dry_run:
         print("dry run: nothing was launched; the launch commands are")
         for v in res.variants:

@@ -21,6 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "configs" / "training" / "scenarios"
 PLATFORMS = ROOT / "configs" / "training" / "platforms"
 RECIPE = SCENARIOS / "cld_pf_heptv2_batch512_50k.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _no_local_data(tmp_path, monkeypatch):
+    """Resolve away from the checkout: a study data set in ./data/tfds (small test split) must
+    not change what these tests see; the recipe's own test_split_events applies."""
+    monkeypatch.chdir(tmp_path)
 CLUSTER_PLATFORMS = ["h100", "lumi_mi250x"]
 
 

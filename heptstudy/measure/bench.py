@@ -58,9 +58,25 @@ class BenchOptions:
 
     @property
     def name(self) -> str:
+        """The report name for the default policy (see :func:`report_name`)."""
         if self.parity_only:
             return f"parity{'_deterministic' if self.deterministic else ''}_b{self.batch_size}"
         return f"{'checkpointed' if self.checkpointing else 'baseline'}_b{self.batch_size}"
+
+
+def report_name(opts: BenchOptions, config: Config) -> str:
+    """``baseline_b4``, ``checkpointed_b4`` (full policy, every layer), and for other policies
+    ``checkpointed_selective_b4``, ``checkpointed_every2_b4``, ``checkpointed_selective_every3_b4``."""
+    h = config.model.heptv2
+    if opts.parity_only or not opts.checkpointing:
+        return opts.name
+    policy = (
+        ""
+        if h.activation_checkpointing_policy == "full"
+        else f"_{h.activation_checkpointing_policy}"
+    )
+    every = "" if h.checkpoint_every == 1 else f"_every{h.checkpoint_every}"
+    return f"checkpointed{policy}{every}_b{opts.batch_size}"
 
 
 def resolve(opts: BenchOptions) -> tuple[Config, torch.device, str | None]:
@@ -128,8 +144,9 @@ def run_bench(opts: BenchOptions) -> rp.BenchReport:
     num = 1 if opts.parity_only else opts.warmup + opts.steps
     indices = event_indices(config, opts.batch_size, num)
     batches = [_to(load_events(config, idx, "train"), device) for idx in indices]
+    name = report_name(opts, config)
     common: dict[str, Any] = dict(
-        name=opts.name,
+        name=name,
         environment=rp.environment_info(
             device, config.train.dtype, platform_name, fresh_process=fresh
         ),
@@ -156,7 +173,7 @@ def run_bench(opts: BenchOptions) -> rp.BenchReport:
             kind="parity", status="ok", parity=_parity_section(parity), **common
         )
     else:
-        report = _memory_report(config, device, dtype, batches, opts, common)
+        report = _memory_report(config, device, dtype, batches, opts, common, name)
     if opts.output:
         rp.write_report(report, opts.output)
     return report
@@ -176,9 +193,9 @@ def _step_record(i, warmup, batch) -> dict[str, Any]:
     )
 
 
-def _memory_report(config, device, dtype, batches, opts, common) -> rp.BenchReport:
+def _memory_report(config, device, dtype, batches, opts, common, name) -> rp.BenchReport:
     records = [_step_record(i, opts.warmup, b) for i, b in enumerate(batches)]
-    bar = tqdm(total=2 * len(batches), disable=not opts.progress, desc=opts.name, unit="step")
+    bar = tqdm(total=2 * len(batches), disable=not opts.progress, desc=name, unit="step")
     step, phase = 0, "timing"
     try:
         # Phase 1: time, without any tracker.
@@ -331,4 +348,5 @@ def _parity_section(p: dict) -> rp.Parity:
 
 
 def default_output(opts: BenchOptions, out_dir: str | Path = "experiments/scratch") -> Path:
-    return Path(out_dir) / f"{opts.name}.json"
+    config, _, _ = resolve(opts)
+    return Path(out_dir) / f"{report_name(opts, config)}.json"

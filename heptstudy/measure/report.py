@@ -119,6 +119,7 @@ class DataInfo(_Strict):
     data_dir: str | None
     synthetic: bool
     split: str
+    configs: list[str] | None = None  # builder configs read as shards, e.g. ["1"]
 
 
 class Checkpointing(_Strict):
