@@ -125,7 +125,7 @@ class DecoderConfig(_Strict):
 class TrackerFeaturesConfig(_Strict):
     enabled: bool = True
     radii: list[float] = Field(
-        default_factory=lambda: [0.05, 0.2],
+        default_factory=lambda: [0.02, 0.05],
         min_length=1,
         description="(eta, phi) distances within which tracker hits are counted",
     )

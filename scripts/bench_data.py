@@ -30,7 +30,9 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["1"])
     ap.add_argument("--events", type=int, default=200)
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--radii", nargs="+", type=float, default=[0.05, 0.2])
+    from heptstudy.config import TrackerFeaturesConfig
+
+    ap.add_argument("--radii", nargs="+", type=float, default=TrackerFeaturesConfig().radii)
     args = ap.parse_args()
     ds = open_dataset(args.data_dir, args.dataset, args.configs, "train")
     n = min(args.events, len(ds))
@@ -53,6 +55,7 @@ def main() -> None:
                 "read_pad_features_events_per_cpu_s": n / c_all,
                 "load_average_1min": os.getloadavg()[0],
                 "cpu_threads": 1,
+                "radii": list(args.radii),
             },
             indent=1,
         )

@@ -11,7 +11,18 @@ For each hit (tracker or calorimeter) and radii ``r_1 < ... < r_K`` the block ho
 
 The distance is ``sqrt(deta^2 + dphi^2)`` with ``dphi`` wrapped into ``[-pi, pi]`` (a periodic
 k-d tree, ``scipy.spatial.cKDTree(boxsize=...)``), phi read as ``atan2(sin_phi, cos_phi)`` so a
-common positive factor on the two columns does not matter.  Cost O(N log N + pairs).
+common positive factor on the two columns does not matter.  Cost O(N log N + pairs): one
+dual-tree pair listing at the largest radius (``sparse_distance_matrix``), bincounts over the
+pairs, and a capped nearest-neighbour query only for the hits with no other tracker hit within
+the largest radius.  The pair count grows roughly with the square of the largest radius (about
+62k pairs per full-occupancy event at 0.05, 285k at 0.2), so the largest radius sets the cost.
+
+Default radii (``model.tracker_features.radii``) are ``[0.02, 0.05]``: 0.02 is a few ECAL cells
+(5 mm at ~2.1 m) around a hit, the scale of an electromagnetic shower core; 0.05 is a few HCAL cells
+and covers the offset between a track's outer tracker hits and its calorimeter entry point for
+tracks above roughly 1 GeV.  The earlier 0.2 (half a jet cone) measured jet-scale activity, which
+the backbone's attention sees anyway, at about twice the per-event cost (the input path fell to
+~50 events per CPU-second); the nearest-hit column still reaches out to ``NEAREST_CAP``.
 """
 
 from __future__ import annotations
@@ -47,33 +58,41 @@ def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
     if n == 0:
         return out
     out[:, -1] = NEAREST_CAP
-    is_trk = X[:, 0] == TRACKER
-    trk = np.flatnonzero(is_trk)
-    if len(trk) == 0:
+    trk = np.flatnonzero(X[:, 0] == TRACKER)
+    nt = len(trk)
+    if nt == 0:
         return out
+    r_hi = max(radii)
     eta = X[:, ETA].astype(np.float64)
     phi = np.mod(hit_phi(X).astype(np.float64), 2 * np.pi)
     phi[phi >= 2 * np.pi] = 0.0  # mod can round up to exactly 2 pi
-    rmax = max(max(radii), NEAREST_CAP)
     eta0 = eta.min()
-    box_eta = (eta.max() - eta0) + 2 * rmax + 1.0  # wider than any query: no wrap in eta
-    pts = np.stack([eta - eta0, phi], axis=1)
-    box = np.array([box_eta, 2 * np.pi])
+    pts = np.empty((n, 2))
+    pts[:, 0] = eta - eta0
+    pts[:, 1] = phi
+    # wider in eta than any query (no wrap there), periodic in phi
+    box = np.array([(eta.max() - eta0) + 2 * max(r_hi, NEAREST_CAP) + 1.0, 2 * np.pi])
     fast = {"balanced_tree": False, "compact_nodes": False}  # quicker to build, same answers
     tree_all = cKDTree(pts, boxsize=box, **fast)
-    tree_trk = cKDTree(pts[trk], boxsize=box, **fast)
+    tree_trk = cKDTree(pts[trk], boxsize=box)  # few points: a balanced tree queries faster
 
     # all (hit, tracker hit) pairs within the largest radius, zero distances (and so each tracker
     # hit with itself) included; self pairs are taken out below by subtraction
-    pairs = tree_all.sparse_distance_matrix(tree_trk, max(radii), output_type="ndarray")
+    pairs = tree_all.sparse_distance_matrix(tree_trk, r_hi, output_type="ndarray")
     i, jt, d = pairs["i"], pairs["j"], pairs["v"]
-    rad_trk = np.hypot(X[trk, POS_X], X[trk, POS_Y]).astype(np.float64) / 1000.0
-    self_count = np.zeros(n)
-    self_count[trk] = 1.0
+    del pairs
+    cnt = np.bincount(i, minlength=n).astype(np.float64)
+    cnt[trk] -= 1.0
     for c, r in enumerate(radii):
-        out[:, c] = np.bincount(i, weights=d <= r, minlength=n) - self_count
+        if r == r_hi:
+            out[:, c] = cnt
+        else:
+            cr = np.bincount(i[d <= r], minlength=n).astype(np.float64)
+            cr[trk] -= 1.0
+            out[:, c] = cr
+    rad_trk = np.hypot(X[trk, POS_X].astype(np.float64), X[trk, POS_Y].astype(np.float64))
+    rad_trk /= 1000.0
     rad = rad_trk[jt]
-    cnt = np.bincount(i, minlength=n) - self_count
     s1 = np.bincount(i, weights=rad, minlength=n)
     s2 = np.bincount(i, weights=rad * rad, minlength=n)
     s1[trk] -= rad_trk
@@ -84,19 +103,23 @@ def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
     out[:, k] = mean
     out[:, k + 1] = np.sqrt(np.clip(var, 0.0, None)) * (cnt > 1)
 
-    # nearest other tracker hit: from the pairs where there are any, else a capped tree query
+    # nearest other tracker hit: from the pairs where there are any (a self pair has i equal to
+    # its tracker hit's row), else a tree query capped at NEAREST_CAP (k=2 for tracker hits,
+    # whose first answer is the hit itself: any other hit at distance 0 would be in the pairs)
     nearest = np.full(n, np.inf)
-    np.minimum.at(nearest, i, np.where(trk[jt] == i, np.inf, d))
-    rest = np.flatnonzero(~np.isfinite(nearest))
+    d[trk[jt] == i] = np.inf
+    np.minimum.at(nearest, i, d)
+    rest = np.flatnonzero(cnt == 0)
     if len(rest):
-        kq = 2 if len(trk) > 1 else 1
-        dist, idx = tree_trk.query(pts[rest], k=kq, distance_upper_bound=NEAREST_CAP)
-        dist = dist.reshape(len(rest), kq)
-        idx = idx.reshape(len(rest), kq)
-        own = np.full(n, -1)
-        own[trk] = np.arange(len(trk))
-        first_is_self = idx[:, 0] == own[rest]
-        nearest[rest] = np.where(first_is_self, dist[:, -1] if kq == 2 else np.inf, dist[:, 0])
+        is_trk = np.zeros(n, dtype=bool)
+        is_trk[trk] = True
+        rest_trk = is_trk[rest]
+        calo, lone = rest[~rest_trk], rest[rest_trk]
+        if len(calo):
+            nearest[calo] = tree_trk.query(pts[calo], k=1, distance_upper_bound=NEAREST_CAP)[0]
+        if len(lone) and nt > 1:
+            dist = tree_trk.query(pts[lone], k=2, distance_upper_bound=NEAREST_CAP)[0]
+            nearest[lone] = dist[:, 1]
     out[:, -1] = np.minimum(nearest, NEAREST_CAP)
     return out
 
