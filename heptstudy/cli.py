@@ -18,7 +18,7 @@ _AREAS = (
     "heptstudy.train.cli",
     "heptstudy.measure.cli",
     "heptstudy.scenario",
-    "heptstudy.study",
+    "heptstudy.study.cli",
     "heptstudy.fit",
 )
 

@@ -1,0 +1,100 @@
+"""The notebook-driven study: notebook parameters, the matrix runner, aggregation, the HTML report.
+
+* :mod:`~heptstudy.study.params`: :func:`memory_options`, :func:`parity_options`,
+  :func:`pipeline_config`, the first cell of each notebook.
+* :mod:`~heptstudy.study.matrix`: :func:`load_matrix` (``configs/study/*.yaml``).
+* :mod:`~heptstudy.study.runner`: :func:`run_study`, one Papermill execution per run, failure
+  reports, ``aggregate.ipynb`` and ``report.html``.
+* :mod:`~heptstudy.study.frames` and :mod:`~heptstudy.study.tables`: pandas frames and report
+  tables of an experiments directory; :mod:`~heptstudy.study.text`: plain-words statements;
+  :mod:`~heptstudy.study.fits`: the fitted memory model in the report.
+* :mod:`~heptstudy.study.pipeline`: helpers of ``pipeline.ipynb`` and ``explore.ipynb``.
+* :mod:`~heptstudy.study.cli`: ``heptstudy study ...``.
+
+Everything the notebooks and tests use is importable as ``heptstudy.study.X``.
+"""
+
+from heptstudy.study.cli import _cmd_run, register_cli
+from heptstudy.study.common import (
+    MEMORY,
+    PARITY,
+    NotebookParameterError,
+    StudyError,
+    at_project_root,
+    project_root,
+)
+from heptstudy.study.fits import optional_fit_figure
+from heptstudy.study.frames import (
+    comparison_frame,
+    hits_stats_for,
+    load_reports,
+    measured_hits,
+    memory_frame,
+    parity_frame,
+    reports_frame,
+    step_frame,
+)
+from heptstudy.study.matrix import Matrix, Run, load_matrix
+from heptstudy.study.params import memory_options, parity_options, parse_bool, pipeline_config
+from heptstudy.study.pipeline import (
+    compare_resume,
+    fresh_output_dir,
+    read_metrics,
+    step_memory_timeline,
+)
+from heptstudy.study.runner import (
+    RunResult,
+    _failure_report,
+    aggregate_study,
+    render_html,
+    run_study,
+)
+from heptstudy.study.tables import comparison_table, runs_table
+from heptstudy.study.text import (
+    figure_tag,
+    hits_statement,
+    memory_definitions,
+    study_statement,
+)
+
+__all__ = [
+    "MEMORY",
+    "PARITY",
+    "Matrix",
+    "NotebookParameterError",
+    "Run",
+    "RunResult",
+    "StudyError",
+    "_cmd_run",
+    "_failure_report",
+    "aggregate_study",
+    "at_project_root",
+    "compare_resume",
+    "comparison_frame",
+    "comparison_table",
+    "figure_tag",
+    "fresh_output_dir",
+    "hits_statement",
+    "hits_stats_for",
+    "load_matrix",
+    "load_reports",
+    "measured_hits",
+    "memory_definitions",
+    "memory_frame",
+    "memory_options",
+    "optional_fit_figure",
+    "parity_frame",
+    "parity_options",
+    "parse_bool",
+    "pipeline_config",
+    "project_root",
+    "read_metrics",
+    "register_cli",
+    "render_html",
+    "reports_frame",
+    "run_study",
+    "runs_table",
+    "step_frame",
+    "step_memory_timeline",
+    "study_statement",
+]

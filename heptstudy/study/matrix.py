@@ -1,0 +1,147 @@
+"""Study matrices (``configs/study/*.yaml``): the runs of a study, validated before anything runs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from heptstudy.errors import HeptstudyError
+from heptstudy.study.common import MEMORY, NOTEBOOKS, StudyError
+from heptstudy.study.params import memory_options, parity_options, report_name
+
+_MEMORY_KEYS = (
+    "batch_size",
+    "checkpointing",
+    "steps",
+    "warmup",
+    "variant",
+    "platform",
+    "data_dir",
+    "dtype",
+    "seed",
+    "overrides",
+)
+_PARITY_KEYS = (
+    "batch_size",
+    "deterministic",
+    "variant",
+    "platform",
+    "data_dir",
+    "dtype",
+    "seed",
+    "overrides",
+)
+_RUN_KEYS = {"notebook", "name", *_MEMORY_KEYS, "deterministic"}
+
+
+@dataclass
+class Run:
+    """One measurement of a matrix: a notebook and its (validated) parameters."""
+
+    name: str
+    notebook: str  # "memory" or "parity"
+    parameters: dict[str, Any]
+
+    def options(self, output: str | None = None, progress: bool = True):
+        build = memory_options if self.notebook == MEMORY else parity_options
+        return build(**self.parameters, output=output, progress=progress)
+
+
+@dataclass
+class Matrix:
+    name: str
+    description: str
+    runs: list[Run]
+    path: Path
+    cell_timeout_s: int | None = None
+    figures_dir: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
+    """Read and check a study matrix: every run's parameters are validated before anything runs.
+
+    Format::
+
+        name: cpu_default
+        description: one paragraph (shown in the report)
+        notes: [lines shown in the report]
+        cell_timeout_s: 3600          # optional, per notebook cell
+        figures_dir: figures/NAME     # optional; default figures/<name of the --out directory>
+        defaults: {platform: local_cpu, steps: 2, warmup: 1}   # for every run
+        runs:
+          - {batch_size: 1, checkpointing: false}                  # memory.ipynb
+          - {notebook: parity, batch_size: 1, deterministic: true} # parity.ipynb
+    """
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise StudyError(f"cannot read the study matrix {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise StudyError(f"study matrix {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not data["runs"]:
+        raise StudyError(
+            f"study matrix {path}: needs a non-empty 'runs:' list (see configs/study/)"
+        )
+    unknown = set(data) - {
+        "name",
+        "description",
+        "notes",
+        "cell_timeout_s",
+        "figures_dir",
+        "defaults",
+        "runs",
+    }
+    if unknown:
+        raise StudyError(f"study matrix {path}: unknown top-level keys {sorted(unknown)}")
+    defaults = dict(data.get("defaults") or {})
+    if data_dir:  # the command line's --data-dir: the default of every run
+        defaults["data_dir"] = str(data_dir)
+    bad = (set(defaults) - _RUN_KEYS) | ({"notebook", "name"} & set(defaults))
+    if bad:
+        raise StudyError(f"study matrix {path}: 'defaults' cannot set {sorted(bad)}")
+    runs: list[Run] = []
+    for i, entry in enumerate(data["runs"]):
+        where = f"study matrix {path}, run {i + 1}"
+        if not isinstance(entry, dict):
+            raise StudyError(f"{where}: each run is a mapping of parameters, got {entry!r}")
+        unknown = set(entry) - _RUN_KEYS
+        if unknown:
+            raise StudyError(
+                f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_RUN_KEYS)}"
+            )
+        notebook = entry.get("notebook", MEMORY)
+        if notebook not in NOTEBOOKS:
+            raise StudyError(f"{where}: notebook {notebook!r} is not one of {sorted(NOTEBOOKS)}")
+        keys = _MEMORY_KEYS if notebook == MEMORY else _PARITY_KEYS
+        misplaced = set(entry) & (set(_RUN_KEYS) - set(keys) - {"notebook", "name"})
+        if misplaced:
+            raise StudyError(f"{where}: {sorted(misplaced)} do not apply to {notebook}.ipynb")
+        params = {k: v for k, v in {**defaults, **entry}.items() if k in keys}
+        run = Run(name="", notebook=notebook, parameters=params)
+        try:
+            opts = run.options(progress=False)
+        except HeptstudyError as err:
+            raise StudyError(f"{where}: {err}") from None
+        run.name = str(entry.get("name") or report_name(opts))
+        runs.append(run)
+    names = [r.name for r in runs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise StudyError(
+            f"study matrix {path}: several runs are named {dupes}; give them a 'name:'"
+        )
+    return Matrix(
+        name=str(data.get("name") or path.stem),
+        description=str(data.get("description") or ""),
+        runs=runs,
+        path=path,
+        cell_timeout_s=data.get("cell_timeout_s"),
+        figures_dir=data.get("figures_dir"),
+        notes=[str(n) for n in data.get("notes") or []],
+    )

@@ -1,0 +1,86 @@
+"""Helpers of ``pipeline.ipynb`` (a short training run and its resume) and ``explore.ipynb``
+(one training step's memory over time)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from heptstudy.study.common import StudyError
+
+
+def fresh_output_dir(path: str | os.PathLike) -> Path:
+    """An empty training output directory: an earlier pipeline run there (recognised by its
+    ``config.yaml`` or ``metrics.jsonl``) is removed; anything else is refused."""
+    import shutil
+
+    path = Path(path)
+    if path.exists() and any(path.iterdir()):
+        if not ((path / "config.yaml").exists() or (path / "metrics.jsonl").exists()):
+            raise StudyError(
+                f"{path} exists and does not look like a training output directory; "
+                "choose another out_dir or empty it yourself"
+            )
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def read_metrics(path: str | os.PathLike) -> Any:
+    """``metrics.jsonl`` of a training run as a DataFrame (train and validation records)."""
+    import json
+
+    import pandas as pd
+
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    df = pd.DataFrame(rows)
+    return df.drop(columns=[c for c in ("event_index_by_rank",) if c in df.columns])
+
+
+def compare_resume(original, resumed) -> Any:
+    """Training losses of the steps a resumed run repeated, next to the original run's."""
+    import pandas as pd
+
+    a = original[original["kind"] == "train"].set_index("step")
+    b = resumed[resumed["kind"] == "train"].set_index("step")
+    steps = [s for s in b.index if s in a.index]
+    cols = [c for c in b.columns if c.startswith("loss_")]
+    rows = []
+    for s in steps:
+        for c in cols:
+            rows.append(
+                {
+                    "step": s,
+                    "loss": c.removeprefix("loss_"),
+                    "original": a.at[s, c],
+                    "resumed": b.at[s, c],
+                    "equal": bool(a.at[s, c] == b.at[s, c]),
+                }
+            )
+    return pd.DataFrame(rows, columns=["step", "loss", "original", "resumed", "equal"])
+
+
+def step_memory_timeline(config, batch, device=None) -> Any:
+    """Run one training step (forward, loss, backward) of a freshly seeded model under the storage
+    tracker and return its :class:`~heptstudy.measure.memory.StepMemory` (``.timeline`` of
+    (op index, live bytes), ``.marks``). The optimizer update is not tracked."""
+    import torch
+
+    from heptstudy.measure.memory import make_meter
+    from heptstudy.measure.parity import build_seeded
+    from heptstudy.train.optim import build_optimizer
+    from heptstudy.train.trainer import autocast_dtype, forward_and_loss
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    batch = {k: v.to(device) for k, v in batch.items()}
+    model = build_seeded(config, device)
+    model.train()
+    optimizer = build_optimizer(model, config.train)
+    meter = make_meter(device, track_categories=True)
+    meter.start_step(batch.values(), model=model, optimizer=optimizer)
+    meter.mark("forward")
+    _, losses = forward_and_loss(model, batch, config, autocast_dtype(config, device))
+    meter.mark("backward")
+    losses["total"].backward()
+    return meter.stop_step()
