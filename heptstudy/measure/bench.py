@@ -88,12 +88,6 @@ def resolve(opts: BenchOptions) -> tuple[Config, torch.device, str | None]:
         plat = load_platform(opts.platform)
         platform_name = plat.name
         device = torch.device("cpu" if plat.device == "cpu" else "cuda")
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise HeptstudyError(
-                f"platform {opts.platform!r} is a {plat.device} profile but this PyTorch sees no GPU "
-                f"(torch {torch.__version__}); run it on the target machine or use "
-                "configs/training/platforms/local_cpu.yaml"
-            )
         base += [
             f"train.dtype={plat.dtype}",
             f"model.heptv2.attention_backend={plat.attention_backend}",
@@ -137,6 +131,12 @@ def run_bench(opts: BenchOptions) -> rp.BenchReport:
 
     fresh = rp.claim_fresh_process()
     config, device, platform_name = resolve(opts)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise HeptstudyError(
+            f"platform {opts.platform!r} is a GPU profile but this PyTorch sees no GPU "
+            f"(torch {torch.__version__}); run it on the target machine or use "
+            "configs/training/platforms/local_cpu.yaml"
+        )
     dtype = autocast_dtype(config, device)
     if opts.deterministic:
         set_deterministic(device)
