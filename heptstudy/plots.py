@@ -423,24 +423,96 @@ def memory_timeline(steps: dict[str, Any], ax=None) -> Any:
     return fig
 
 
-def policy_tradeoff(mem, tag: str = "", ax=None) -> Any:
-    """Peak allocated against mean step time, one marker per checkpointing policy and one line
-    per batch size: the memory/time trade-off of the policies."""
-    fig, ax = _ax(ax)
-    for b, group in mem.groupby("batch_size"):
-        g = group.sort_values("mean_step_s")
-        ax.plot(g["mean_step_s"], g["peak_allocated_mib"], "-", color="0.7", lw=1)
+POLICY_COLORS = {
+    "off": "#1f77b4",
+    "full": "#d62728",
+    "selective": "#2ca02c",
+    "every 2": "#ff7f0e",
+    "every 3": "#9467bd",
+}
+
+
+def policy_tradeoff(policies, tag: str = "", ax=None) -> Any:
+    """Peak allocated against mean step time (``study.policy_frame``): one point per
+    checkpointing policy, labelled with its memory cut and step-time overhead against ``off`` of
+    the same batch size; one grey line per batch size through its points."""
+    fig, ax = _ax(ax, (8.5, 5.5))
+    for b, group in policies.groupby("batch_size"):
+        g = group.dropna(subset=["mean_step_s", "peak_allocated_mib"]).sort_values("mean_step_s")
+        ax.plot(g["mean_step_s"], g["peak_allocated_mib"], "-", color="0.75", lw=1, zorder=1)
         for _, row in g.iterrows():
-            ax.plot(row["mean_step_s"], row["peak_allocated_mib"], "o", ms=8)
+            pol = row["policy"]
+            ax.plot(
+                row["mean_step_s"],
+                row["peak_allocated_mib"],
+                "o",
+                ms=9,
+                color=POLICY_COLORS.get(pol, "0.3"),
+                zorder=2,
+            )
+            text = f"{pol} (batch {int(b)})"
+            if pol != "off":
+                cut, over = row["allocated_cut_pct"], row["step_time_overhead_pct"]
+                text += f"\n{cut:.0f}% memory cut, {over:+.0f}% step time"
             ax.annotate(
-                f"b{int(b)} {row['policy']}",
+                text,
                 (row["mean_step_s"], row["peak_allocated_mib"]),
                 textcoords="offset points",
-                xytext=(5, 3),
+                xytext=(7, 4),
                 fontsize=9,
+                color=POLICY_COLORS.get(pol, "0.3"),
             )
     ax.set_xlabel("mean step time [s]")
     ax.set_ylabel("peak allocated [MiB]")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(lo, hi + 0.35 * (hi - lo))  # room for the labels
+    if tag:
+        _tag(ax, tag)
+    fig.tight_layout()
+    return fig
+
+
+CATEGORY_COLORS = {
+    "parameters": "#4c72b0",
+    "gradients": "#dd8452",
+    "optimizer_state": "#937860",
+    "inputs": "#8c8c8c",
+    "activations": "#c44e52",
+    "temporaries": "#55a868",
+}
+
+
+def memory_categories_stacked(categories, tag: str = "", ax=None) -> Any:
+    """Stacked bars of live MiB by category at the step's peak (``study.categories_frame``),
+    one bar per memory report, grouped by batch size (a gap between groups), policies in order."""
+    fig, ax = _ax(ax, (max(7.5, 0.9 * len(categories) + 3), 5.5))
+    x, pos, last = [], 0.0, None
+    for b in categories["batch_size"]:
+        if last is not None and b != last:
+            pos += 0.6
+        x.append(pos)
+        pos, last = pos + 1, b
+    x = np.array(x)
+    bottom = np.zeros(len(categories))
+    for cat, color in CATEGORY_COLORS.items():
+        vals = categories[cat].astype(float).to_numpy()
+        ax.bar(x, vals, 0.8, bottom=bottom, color=color, label=cat.replace("_", " "))
+        bottom += vals
+    for xi, top in zip(x, bottom, strict=True):
+        ax.annotate(f"{top:,.0f}", (xi, top), ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(x)
+    ax.set_xticklabels(
+        [
+            f"b{int(b)}\n{p}"
+            for b, p in zip(categories["batch_size"], categories["policy"], strict=True)
+        ],
+        fontsize=9,
+    )
+    ax.set_xlabel("batch size and checkpointing policy")
+    ax.set_ylabel("live MiB at the step's peak")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92), ncol=3, fontsize=9)
     if tag:
         _tag(ax, tag)
     fig.tight_layout()

@@ -198,26 +198,30 @@ def test_study_run_end_to_end(tiny_data_dir, tmp_path):
     matrix["runs"] = [
         {"batch_size": 2, "checkpointing": False},
         {"batch_size": 2, "checkpointing": "true"},
+        {
+            "batch_size": 2,
+            "checkpointing": True,
+            "overrides": ["model.heptv2.activation_checkpointing_policy=selective"],
+        },
         # a run that fails inside its kernel is recorded as a result, and the study goes on
         {"name": "no_data_b1", "batch_size": 1, "data_dir": str(tmp_path / "missing")},
     ]
     path = tmp_path / "matrix.yaml"
     path.write_text(yaml.safe_dump(matrix))
-    assert [r.name for r in load_matrix(path).runs] == [
-        "baseline_b2",
-        "checkpointed_b2",
-        "no_data_b1",
-    ]
+    names = ["baseline_b2", "checkpointed_b2", "checkpointed_selective_b2", "no_data_b1"]
+    assert [r.name for r in load_matrix(path).runs] == names
     out, figures = tmp_path / "exp", tmp_path / "figures"
 
     results = run_study(path, out, figures_dir=figures, progress=False)
     statuses = [(r.name, r.status) for r in results]
-    assert statuses == [("baseline_b2", "ok"), ("checkpointed_b2", "ok"), ("no_data_b1", "error")]
+    assert statuses == [(n, "ok") for n in names[:3]] + [("no_data_b1", "error")]
     failed = read_report(out / "no_data_b1.json")
     assert failed.status == "error" and "missing" in failed.error
     assert read_report(out / "baseline_b2.json").checkpointing.enabled is False
     assert read_report(out / "checkpointed_b2.json").checkpointing.enabled is True
-    for name in ("baseline_b2", "checkpointed_b2", "no_data_b1"):
+    selective = read_report(out / "checkpointed_selective_b2.json").checkpointing
+    assert (selective.policy, selective.checkpoint_every) == ("selective", 1)
+    for name in names:
         assert (out / "notebooks" / f"{name}.ipynb").exists()
     html = (out / "report.html").read_text()
     assert "data:image/png;base64" in html, "figures are embedded in the report"
@@ -228,12 +232,17 @@ def test_study_run_end_to_end(tiny_data_dir, tmp_path):
         "memory_reduction_vs_batch",
         "step_time_overhead_vs_batch",
         "hits_per_event",
+        "policy_tradeoff",
+        "memory_categories",
     ):
         assert (figures / f"{fig}.png").exists() and (figures / f"{fig}.pdf").exists()
-    assert "skipped: no parity reports" in (out / "aggregate.ipynb").read_text()
+    executed = (out / "aggregate.ipynb").read_text()
+    assert "skipped: no parity reports" in executed
+    assert "validation skipped" in executed  # one batch size: nothing to leave out
+    assert "which count as temporaries" in html  # what the categories mean
 
     again = run_study(path, out, figures_dir=figures, progress=False, aggregate=False)
-    assert [r.status for r in again] == ["skipped"] * 3
+    assert [r.status for r in again] == ["skipped"] * 4
 
 
 def test_pipeline_notebook(tiny_data_dir, tmp_path):

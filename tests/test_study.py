@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from heptstudy import study
+from heptstudy import plots, study
 from heptstudy.cli import build_parser
 from heptstudy.measure.report import read_report
 from heptstudy.study import NotebookParameterError, StudyError
@@ -113,15 +113,44 @@ def test_default_matrices_hold_the_original_set():
         "parity_b1",
         "parity_deterministic_b1",
     }
+    policies = {"checkpointed_selective_b4", "checkpointed_every2_b4", "checkpointed_every3_b4"}
     cpu = study.load_matrix(ROOT / "configs" / "study" / "cpu_default.yaml")
     gpu = study.load_matrix(ROOT / "configs" / "study" / "gpu.yaml")
-    assert {r.name for r in cpu.runs} == original
-    assert original <= {r.name for r in gpu.runs}
+    assert {r.name for r in cpu.runs} == original | policies
+    assert original | policies <= {r.name for r in gpu.runs}
     mem = [r for r in gpu.runs if r.notebook == "memory"]
     assert all((r.options().steps, r.options().warmup) == (5, 2) for r in mem)
+    policy_keys = (
+        "model.heptv2.activation_checkpointing_policy=",
+        "model.heptv2.checkpoint_every=",
+    )
     assert not any(
-        o.startswith("model.") for r in cpu.runs for o in r.parameters.get("overrides", [])
+        o.startswith("model.") and not o.startswith(policy_keys)
+        for r in cpu.runs
+        for o in r.parameters.get("overrides", [])
     ), "the CPU default measures the full-size model"
+
+
+def test_run_overrides_add_to_the_defaults(tmp_path):
+    path = tmp_path / "m.yaml"
+    matrix = {
+        "defaults": {"overrides": ["train.seed=3"]},
+        "runs": [
+            {"batch_size": 2, "checkpointing": True},
+            {
+                "batch_size": 2,
+                "checkpointing": True,
+                "overrides": ["model.heptv2.activation_checkpointing_policy=selective"],
+            },
+        ],
+    }
+    path.write_text(yaml.safe_dump(matrix))
+    full, selective = study.load_matrix(path).runs
+    assert (full.name, selective.name) == ("checkpointed_b2", "checkpointed_selective_b2")
+    assert selective.parameters["overrides"] == [
+        "train.seed=3",
+        "model.heptv2.activation_checkpointing_policy=selective",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -142,14 +171,15 @@ def test_bad_matrix(tmp_path, runs, match):
         study.load_matrix(path)
 
 
-def _row(name, b, ckpt, alloc, reserved, t, status="ok", kind="memory"):
+def _row(name, b, ckpt, alloc, reserved, t, status="ok", kind="memory", policy="full", every=1):
     return {
         "name": name,
         "kind": kind,
         "status": status,
         "batch_size": b,
         "checkpointing": ckpt,
-        "policy": "full" if ckpt else "none",
+        "policy": policy if ckpt else "none",
+        "checkpoint_every": every if ckpt else None,
         "peak_allocated_mib": alloc,
         "peak_reserved_mib": reserved,
         "mean_step_s": t,
@@ -175,12 +205,133 @@ def test_comparison_frame():
     assert study.comparison_frame(pd.DataFrame(columns=df.columns)).empty
 
 
+@pytest.mark.parametrize(
+    "enabled,policy,every,label",
+    [
+        (False, None, None, "off"),
+        (True, "full", 1, "full"),
+        (True, None, None, "full"),  # reports from before the policies
+        (True, "selective", 1, "selective"),
+        (True, "full", 2, "every 2"),
+        (True, "selective", 3, "selective every 3"),
+    ],
+)
+def test_policy_label(enabled, policy, every, label):
+    assert study.policy_label(enabled, policy, every) == label
+
+
+def _policies_b4():
+    return pd.DataFrame(
+        [
+            _row("baseline_b4", 4, False, 1000.0, 1100.0, 2.0),
+            _row("checkpointed_every3_b4", 4, True, 600.0, 700.0, 2.2, every=3),
+            _row("checkpointed_selective_b4", 4, True, 350.0, 500.0, 2.1, policy="selective"),
+            _row("checkpointed_b4", 4, True, 250.0, 400.0, 2.5),
+            _row("checkpointed_every2_b4", 4, True, 500.0, 600.0, 2.3, every=2),
+            _row("baseline_b1", 1, False, 300.0, 400.0, 0.5),
+            _row("checkpointed_b1", 1, True, 100.0, 200.0, 0.6),
+        ]
+    )
+
+
+def test_comparison_uses_the_full_policy_on_every_layer():
+    comp = study.comparison_frame(_policies_b4())
+    b4 = comp.set_index("batch_size").loc[4]
+    assert b4["checkpointed_allocated_mib"] == 250.0
+    assert b4["allocated_reduction_pct"] == pytest.approx(75.0)
+    assert b4["step_time_overhead_pct"] == pytest.approx(25.0)
+
+
+def test_policy_frame_and_table():
+    policies = study.policy_frame(_policies_b4())
+    assert policies["batch_size"].unique().tolist() == [4]  # batch 1: only one policy
+    assert policies["policy"].tolist() == ["off", "full", "selective", "every 2", "every 3"]
+    row = policies.set_index("policy").loc["selective"]
+    assert row["allocated_cut_pct"] == pytest.approx(65.0)
+    assert row["step_time_overhead_pct"] == pytest.approx(5.0)
+    off = policies.set_index("policy").loc["off"]
+    assert off["allocated_cut_pct"] == 0 and off["step_time_overhead_pct"] == 0
+    assert "allocated cut vs off [%]" in study.policy_table(policies).columns
+    assert study.policy_frame(_policies_b4(), min_policies=1)["batch_size"].nunique() == 2
+    fig = plots.policy_tradeoff(policies, tag="test")
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert any(t.startswith("selective") and "65% memory cut, +5% step time" in t for t in labels)
+
+
+def _report(name, b, enabled, policy=None, every=None, categories=None):
+    from heptstudy.measure import report as rp
+
+    env = rp.environment_info("cpu", "float32", "local_cpu", fresh_process=True)
+    return rp.BenchReport(
+        kind="memory",
+        status="ok",
+        name=name,
+        environment=env,
+        data=rp.DataInfo(dataset="d:1", data_dir=None, synthetic=True, split="train"),
+        config={"model": {}},
+        batch_size=b,
+        checkpointing=rp.Checkpointing(enabled=enabled, policy=policy, checkpoint_every=every),
+        summary=rp.Summary(
+            counted_steps=1,
+            warmup_steps=1,
+            mean_step_time_s=1.0,
+            max_peak_allocated_mib=1.0,
+            max_peak_reserved_mib=None,
+        ),
+        memory_categories=[
+            rp.MemoryCategories(step=i, peak_bytes=sum(c.values()), at_peak_bytes=c, note="")
+            for i, c in enumerate(categories or [])
+        ]
+        or None,
+    )
+
+
+def test_categories_frame():
+    mib = 2**20
+    reports = [
+        (Path(f"{r.name}.json"), r)
+        for r in (
+            _report(
+                "checkpointed_selective_b4",
+                4,
+                True,
+                "selective",
+                1,
+                [{"parameters": 10 * mib, "temporaries": 5 * mib}],
+            ),
+            _report(
+                "baseline_b4",
+                4,
+                False,
+                categories=[
+                    {"parameters": 10 * mib, "activations": 50 * mib},
+                    {"parameters": 10 * mib, "activations": 90 * mib, "gradients": 2 * mib},
+                ],
+            ),
+            _report("checkpointed_b1", 1, True, "full", 1, [{"parameters": 10 * mib}]),
+            _report("baseline_b16", 16, False),  # no categories: not a row
+        )
+    ]
+    cats = study.categories_frame(reports)
+    assert cats["name"].tolist() == ["checkpointed_b1", "baseline_b4", "checkpointed_selective_b4"]
+    assert cats["policy"].tolist() == ["full", "off", "selective"]
+    off = cats.set_index("name").loc["baseline_b4"]  # the step with the larger peak
+    assert (off["activations"], off["gradients"], off["peak_mib"]) == (90.0, 2.0, 102.0)
+    assert off["optimizer_state"] == 0.0
+    assert "peak [MiB]" in study.categories_table(cats).columns
+    fig = plots.memory_categories_stacked(cats)
+    assert len(fig.axes[0].get_xticklabels()) == 3
+    assert study.categories_frame([]).empty
+
+
 def test_empty_directory_aggregates_to_empty_tables(tmp_path):
     (tmp_path / "junk.json").write_text("{}")
     with pytest.warns(UserWarning, match="junk.json"):
         reports = study.load_reports(tmp_path)
     df = study.reports_frame(reports)
     assert df.empty and study.memory_frame(df).empty and study.comparison_frame(df).empty
+    assert study.policy_frame(df).empty and study.categories_frame(reports).empty
+    assert study.fit_validation(reports)[0] is None
     assert study.parity_frame(reports).empty
     assert "No reports" in study.study_statement(df)
 

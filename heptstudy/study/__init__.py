@@ -6,8 +6,10 @@
 * :mod:`~heptstudy.study.runner`: :func:`run_study`, one Papermill execution per run, failure
   reports, ``aggregate.ipynb`` and ``report.html``.
 * :mod:`~heptstudy.study.frames` and :mod:`~heptstudy.study.tables`: pandas frames and report
-  tables of an experiments directory; :mod:`~heptstudy.study.text`: plain-words statements;
-  :mod:`~heptstudy.study.fits`: the fitted memory model in the report.
+  tables of an experiments directory; :mod:`~heptstudy.study.policies`: checkpointing policies
+  side by side and memory by category; :mod:`~heptstudy.study.text`: plain-words statements;
+  :mod:`~heptstudy.study.fits`: the fitted memory model, its validation and the platform
+  predictions in the report.
 * :mod:`~heptstudy.study.pipeline`: helpers of ``pipeline.ipynb`` and ``explore.ipynb``.
 * :mod:`~heptstudy.study.cli`: ``heptstudy study ...``.
 
@@ -23,7 +25,7 @@ from heptstudy.study.common import (
     at_project_root,
     project_root,
 )
-from heptstudy.study.fits import optional_fit_figure
+from heptstudy.study.fits import fit_validation, optional_fit_figure, platform_predictions
 from heptstudy.study.frames import (
     comparison_frame,
     hits_stats_for,
@@ -31,6 +33,7 @@ from heptstudy.study.frames import (
     measured_hits,
     memory_frame,
     parity_frame,
+    policy_label,
     reports_frame,
     step_frame,
 )
@@ -42,6 +45,7 @@ from heptstudy.study.pipeline import (
     read_metrics,
     step_memory_timeline,
 )
+from heptstudy.study.policies import categories_frame, policy_frame
 from heptstudy.study.runner import (
     RunResult,
     _failure_report,
@@ -49,8 +53,9 @@ from heptstudy.study.runner import (
     render_html,
     run_study,
 )
-from heptstudy.study.tables import comparison_table, runs_table
+from heptstudy.study.tables import categories_table, comparison_table, policy_table, runs_table
 from heptstudy.study.text import (
+    CATEGORIES_NOTE,
     figure_tag,
     hits_statement,
     memory_definitions,
@@ -58,6 +63,14 @@ from heptstudy.study.text import (
 )
 
 __all__ = [
+    "CATEGORIES_NOTE",
+    "policy_table",
+    "categories_table",
+    "policy_frame",
+    "categories_frame",
+    "policy_label",
+    "platform_predictions",
+    "fit_validation",
     "MEMORY",
     "PARITY",
     "Matrix",

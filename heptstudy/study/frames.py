@@ -9,6 +9,36 @@ from typing import Any
 
 from heptstudy.study.common import MEMORY, PARITY
 
+#: The checkpointing policies of the study in the order the report shows them.
+POLICY_ORDER = ("off", "full", "selective", "every 2", "every 3")
+
+
+def policy_label(enabled: bool, policy: str | None, every: int | None) -> str:
+    """``off``, ``full`` (every layer), ``selective``, ``every 2`` (full policy on every second
+    layer), ``selective every 3``; reports from before the policies count as ``full``."""
+    if not enabled:
+        return "off"
+    policy = policy or "full"
+    if not every or int(every) == 1:
+        return policy
+    return f"every {int(every)}" if policy == "full" else f"{policy} every {int(every)}"
+
+
+def policy_labels(df) -> Any:
+    """:func:`policy_label` of every row (``policy_label`` column, else from the policy columns)."""
+    import pandas as pd
+
+    if "policy_label" in df.columns:
+        return df["policy_label"]
+    none = pd.Series([None] * len(df), index=df.index, dtype=object)
+    policy = df["policy"] if "policy" in df.columns else none
+    every = df["checkpoint_every"] if "checkpoint_every" in df.columns else none
+    labels = [
+        policy_label(bool(c), None if pd.isna(p) or p == "none" else p, None if pd.isna(e) else e)
+        for c, p, e in zip(df["checkpointing"], policy, every, strict=True)
+    ]
+    return pd.Series(labels, index=df.index, dtype=object)
+
 
 def load_reports(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
     """Every ``*.json`` report directly in ``experiments_dir`` (sorted by name). Files that are
@@ -43,6 +73,12 @@ def reports_frame(reports) -> Any:
                 "batch_size": r.batch_size,
                 "checkpointing": r.checkpointing.enabled,
                 "policy": r.checkpointing.policy if r.checkpointing.enabled else "none",
+                "checkpoint_every": r.checkpointing.checkpoint_every,
+                "policy_label": policy_label(
+                    r.checkpointing.enabled,
+                    r.checkpointing.policy,
+                    r.checkpointing.checkpoint_every,
+                ),
                 "peak_allocated_mib": s.max_peak_allocated_mib if s else None,
                 "peak_reserved_mib": s.max_peak_reserved_mib if s else None,
                 "mean_step_s": s.mean_step_time_s if s else None,
@@ -65,7 +101,17 @@ def reports_frame(reports) -> Any:
                 "created_at": r.created_at,
             }
         )
-    columns = ["file", "name", "kind", "status", "batch_size", "checkpointing", "policy"]
+    columns = [
+        "file",
+        "name",
+        "kind",
+        "status",
+        "batch_size",
+        "checkpointing",
+        "policy",
+        "checkpoint_every",
+        "policy_label",
+    ]
     return pd.DataFrame(rows, columns=columns if not rows else None)
 
 
@@ -78,8 +124,9 @@ def memory_frame(df) -> Any:
 
 
 def comparison_frame(df) -> Any:
-    """Per batch size with both a baseline and a (full-policy) checkpointed run: the memory
-    reduction and the step-time overhead of checkpointing, in percent."""
+    """Per batch size with both a baseline and a checkpointed run of the full policy on every
+    layer (the original measurement; other policies are in :func:`~heptstudy.study.policies.
+    policy_frame`): the memory reduction and the step-time overhead of checkpointing, in percent."""
     import pandas as pd
 
     mem = memory_frame(df)
@@ -87,7 +134,7 @@ def comparison_frame(df) -> Any:
     if not mem.empty:
         for b, group in mem.groupby("batch_size"):
             base = group[~group["checkpointing"]]
-            ckpt = group[group["checkpointing"] & group["policy"].isin(["full", None])]
+            ckpt = group[policy_labels(group) == "full"]
             if base.empty or ckpt.empty:
                 continue
             b0, c0 = base.iloc[0], ckpt.iloc[0]
@@ -96,17 +143,17 @@ def comparison_frame(df) -> Any:
                     "batch_size": int(b),
                     "baseline_allocated_mib": b0["peak_allocated_mib"],
                     "checkpointed_allocated_mib": c0["peak_allocated_mib"],
-                    "allocated_reduction_pct": _pct_less(
+                    "allocated_reduction_pct": pct_less(
                         b0["peak_allocated_mib"], c0["peak_allocated_mib"]
                     ),
                     "baseline_reserved_mib": b0["peak_reserved_mib"],
                     "checkpointed_reserved_mib": c0["peak_reserved_mib"],
-                    "reserved_reduction_pct": _pct_less(
+                    "reserved_reduction_pct": pct_less(
                         b0["peak_reserved_mib"], c0["peak_reserved_mib"]
                     ),
                     "baseline_step_s": b0["mean_step_s"],
                     "checkpointed_step_s": c0["mean_step_s"],
-                    "step_time_overhead_pct": _pct_more(b0["mean_step_s"], c0["mean_step_s"]),
+                    "step_time_overhead_pct": pct_more(b0["mean_step_s"], c0["mean_step_s"]),
                 }
             )
     return pd.DataFrame(
@@ -126,11 +173,11 @@ def comparison_frame(df) -> Any:
     )
 
 
-def _pct_less(base, new):
+def pct_less(base, new):
     return None if base is None or new is None or not base else 100.0 * (base - new) / base
 
 
-def _pct_more(base, new):
+def pct_more(base, new):
     return None if base is None or new is None or not base else 100.0 * (new - base) / base
 
 

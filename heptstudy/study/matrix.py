@@ -9,7 +9,7 @@ from typing import Any
 
 from heptstudy.errors import HeptstudyError
 from heptstudy.study.common import MEMORY, NOTEBOOKS, StudyError
-from heptstudy.study.params import memory_options, parity_options, report_name
+from heptstudy.study.params import memory_options, parity_options, parse_overrides, report_name
 
 _MEMORY_KEYS = (
     "batch_size",
@@ -34,6 +34,13 @@ _PARITY_KEYS = (
     "overrides",
 )
 _RUN_KEYS = {"notebook", "name", *_MEMORY_KEYS, "deterministic"}
+
+
+def _overrides(mapping: dict[str, Any], where: str) -> list[str]:
+    try:
+        return parse_overrides("overrides", mapping["overrides"])
+    except HeptstudyError as err:
+        raise StudyError(f"{where}: {err}") from None
 
 
 @dataclass
@@ -74,6 +81,10 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         runs:
           - {batch_size: 1, checkpointing: false}                  # memory.ipynb
           - {notebook: parity, batch_size: 1, deterministic: true} # parity.ipynb
+          - {batch_size: 4, checkpointing: true,                   # another policy: its own
+             overrides: [model.heptv2.activation_checkpointing_policy=selective]}  # report name
+
+    A run's ``overrides`` are added to those of ``defaults`` (later ones win).
     """
     import yaml
 
@@ -123,6 +134,10 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         if misplaced:
             raise StudyError(f"{where}: {sorted(misplaced)} do not apply to {notebook}.ipynb")
         params = {k: v for k, v in {**defaults, **entry}.items() if k in keys}
+        if (
+            "overrides" in defaults and "overrides" in entry
+        ):  # a run's overrides add to the defaults'
+            params["overrides"] = _overrides(defaults, where) + _overrides(entry, where)
         run = Run(name="", notebook=notebook, parameters=params)
         try:
             opts = run.options(progress=False)

@@ -19,6 +19,7 @@ from typing import Any
 
 from heptstudy.study.common import MEMORY, NOTEBOOKS, PARITY, StudyError, notebooks_dir
 from heptstudy.study.matrix import Matrix, Run, load_matrix
+from heptstudy.study.params import report_name
 
 
 @dataclass
@@ -56,6 +57,7 @@ def _failure_report(run: Run, report_path: Path, err: BaseException) -> tuple[st
 
     opts = run.options(output=str(report_path), progress=False)
     config, device, platform_name = resolve(opts)
+    h = config.model.heptv2
     ename = getattr(err, "ename", type(err).__name__)
     evalue = getattr(err, "evalue", str(err))
     text = f"{ename}: {evalue}".strip()
@@ -82,7 +84,7 @@ def _failure_report(run: Run, report_path: Path, err: BaseException) -> tuple[st
     fields: dict[str, Any] = dict(
         kind=PARITY if opts.parity_only else MEMORY,
         status=status,
-        name=opts.name,
+        name=report_name(opts),
         error=text[:2000],
         environment=rp.environment_info(
             device, config.train.dtype, platform_name, fresh_process=True
@@ -95,7 +97,11 @@ def _failure_report(run: Run, report_path: Path, err: BaseException) -> tuple[st
         ),
         config=config.to_dict(),
         batch_size=opts.batch_size,
-        checkpointing=rp.Checkpointing(enabled=opts.checkpointing),
+        checkpointing=rp.Checkpointing(
+            enabled=opts.checkpointing,
+            policy=h.activation_checkpointing_policy if opts.checkpointing else None,
+            checkpoint_every=h.checkpoint_every if opts.checkpointing else None,
+        ),
         notes=[
             *notes,
             f"recorded by heptstudy study run: {run.notebook}.ipynb did not write a report",

@@ -44,3 +44,26 @@ def comparison_table(comp) -> Any:
         "step_time_overhead_pct": "step-time overhead [%]",
     }
     return comp.rename(columns=names).round(1)
+
+
+def policy_table(policies) -> Any:
+    """:func:`~heptstudy.study.policies.policy_frame` with named columns."""
+    names = {
+        "batch_size": "batch",
+        "policy": "policy",
+        "peak_allocated_mib": "peak allocated [MiB]",
+        "peak_reserved_mib": "peak reserved [MiB]",
+        "mean_step_s": "mean step [s]",
+        "allocated_cut_pct": "allocated cut vs off [%]",
+        "reserved_cut_pct": "reserved cut vs off [%]",
+        "step_time_overhead_pct": "step-time overhead vs off [%]",
+    }
+    return policies[list(names)].rename(columns=names).round(1)
+
+
+def categories_table(categories) -> Any:
+    """:func:`~heptstudy.study.policies.categories_frame` with named columns (MiB)."""
+    table = categories.drop(columns=["device_kind"]).rename(
+        columns={"batch_size": "batch", "peak_mib": "peak [MiB]"}
+    )
+    return table.round(1)

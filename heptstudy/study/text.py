@@ -113,3 +113,15 @@ def hits_statement(stats: dict[str, Any]) -> str:
         f"95% below {q['p95']:,.0f}; {stats['events_above_tail_threshold']} events above "
         f"{stats['tail_threshold']:,} hits."
     )
+
+
+CATEGORIES_NOTE = """\
+Live tensor memory at the peak of the largest counted step of each run, by what holds it:
+*parameters* (weights and buffers), *gradients*, *optimizer_state* (LAMB moments), *inputs* (the
+batch), *activations* (tensors autograd saved for backward) and *temporaries* (everything else
+alive at that moment: intermediate results of the op running, and under checkpointing the
+activations being **recomputed** during backward, which count as temporaries rather than saved
+activations). Checkpointing trades saved activations for recomputation; its peak is usually
+reached in backward, where recomputed temporaries and gradients coexist.
+The categories come from the storage tracker (the CPU figure is live tensor storage; on CUDA they
+are reported next to the allocator statistics and do not include allocator caching)."""
