@@ -33,8 +33,9 @@ study: $(STAMP)
 	test -f $(DATA_DIR)/cld_edm_ttbar_hits/1/3.2.1/dataset_info.json || \
 	  $(BIN)/heptstudy data generate --data-dir $(DATA_DIR) \
 	    --events-train $(STUDY_EVENTS_TRAIN) --events-test $(STUDY_EVENTS_TEST) --seed 20261014
-	$(BIN)/heptstudy study run --matrix $(STUDY_MATRIX) --out experiments/$(STUDY_NAME)
-	@echo "Report: experiments/$(STUDY_NAME)/report.html   figures: figures/"
+	$(BIN)/heptstudy study run --matrix $(STUDY_MATRIX) --out experiments/$(STUDY_NAME) \
+	  --data-dir $(DATA_DIR) --figures figures/$(STUDY_NAME)
+	@echo "Report: experiments/$(STUDY_NAME)/report.html   figures: figures/$(STUDY_NAME)/"
 
 lint: $(STAMP)
 	$(BIN)/ruff check heptstudy tests scripts
