@@ -1,0 +1,171 @@
+"""Calorimeter and muon-system hits: electromagnetic showers for photons and electrons, hadronic
+showers (starting point exponential in interaction lengths) for hadrons, one MIP hit per layer
+for muons and for charged hadrons before they shower, a few muon-system hits for muons,
+low-energy background hits (mostly forward); contributions to the same cell merged into one hit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from heptstudy.data.generate.cells import calo_block, calo_entry, merge_cells
+from heptstudy.data.generate.detector import (
+    BKG_CALO_MEDIAN,
+    BKG_SIGMA,
+    C_MM_PER_NS,
+    ECAL_HALF_Z,
+    ECAL_LAYERS,
+    ECAL_R,
+    EM_HITS_PER_GEV,
+    EM_POWER,
+    HAD_HITS_PER_GEV,
+    HAD_POWER,
+    HCAL_LAYERS,
+    MUON_CELL,
+    MUON_LAYERS,
+    MUON_R,
+    SUBDET_MUON,
+    SYSTEM_MUON,
+)
+from heptstudy.data.generate.hits import fill_geometry, hits_array
+
+Block = tuple[np.ndarray, np.ndarray]  # hits, owner particle index (-1: none)
+
+
+def calo_hits(rng, parts: dict[str, np.ndarray], occ: float) -> Block:
+    """Shower, MIP and background hits in ECAL, HCAL and muon system; hits and owner (-1: none)."""
+    absid = np.abs(parts["pid"])
+    energy = parts["energy"]
+    axis, barrel, reaches = calo_entry(parts, np.arange(len(absid)))
+    em = reaches & ((absid == 22) | (absid == 11))
+    had = reaches & ((absid == 211) | (absid == 130))
+    mu = reaches & (absid == 13)
+    thin = min(occ, 1.0)
+    blocks = _em_showers(rng, em, energy, axis, barrel, occ)
+    start = rng.exponential(1.0, len(absid))  # hadronic shower start, interaction lengths
+    blocks += _hadron_showers(rng, had, start, energy, axis, barrel, occ)
+    blocks += _mip_hits(rng, mu, had & (parts["charge"] != 0), start, axis, barrel, thin)
+    blocks += _muon_system_hits(rng, mu & (energy > 3.0), axis, thin)
+    blocks += _background(rng, occ)
+    if not blocks:
+        return hits_array(0), np.zeros(0, dtype=np.int64)
+    return merge_cells(
+        np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks])
+    )
+
+
+def _share(rng, owner: np.ndarray, total: np.ndarray, shape: float = 0.6) -> np.ndarray:
+    """Split ``total[owner]`` among each owner's hits with Gamma-distributed weights."""
+    w = rng.gamma(shape, 1.0, len(owner))
+    s = np.bincount(owner, weights=w, minlength=len(total))
+    return total[owner] * w / np.maximum(s[owner], 1e-12)
+
+
+def _em_showers(rng, em, energy, axis, barrel, occ: float) -> list[Block]:
+    """Longitudinal Gamma profile peaking near ln(E) in the ECAL."""
+    n_em = np.where(em, rng.poisson(EM_HITS_PER_GEV * occ * energy**EM_POWER), 0)
+    own = np.repeat(np.arange(len(em)), n_em)
+    if not len(own):
+        return []
+    shape = 2.0 + 0.6 * np.log(np.maximum(energy[own], 0.1) / 0.01)
+    layer = np.minimum(rng.gamma(shape, 1.6), ECAL_LAYERS - 1).astype(int)
+    edep = energy * np.clip(1 + rng.normal(0, 0.15 / np.sqrt(energy)), 0.3, 2.0)
+    e_hit = _share(rng, own, edep)
+    return [(calo_block(rng, own, axis, barrel, layer, "ecal", e_hit, 9.0, 0), own)]
+
+
+def _hadron_showers(rng, had, start, energy, axis, barrel, occ: float) -> list[Block]:
+    """Showers starting at depth ``start`` (lambda); the ECAL is 1 lambda deep, the HCAL 5.5."""
+    n_had = np.where(had, rng.poisson(HAD_HITS_PER_GEV * occ * energy**HAD_POWER), 0)
+    own = np.repeat(np.arange(len(had)), n_had)
+    if not len(own):
+        return []
+    depth = start[own] + rng.gamma(2.0, 0.7, len(own))  # lambda
+    in_ecal = depth < 1.0
+    edep = energy * np.clip(0.85 + rng.normal(0, 0.5 / np.sqrt(energy)), 0.1, 1.5)
+    e_hit = _share(rng, own, edep)
+    le = np.minimum((depth / 1.0 * ECAL_LAYERS), ECAL_LAYERS - 1).astype(int)
+    lh = np.minimum(((depth - 1.0) / 5.5 * HCAL_LAYERS), HCAL_LAYERS - 1).astype(int)
+    blocks = []
+    m = in_ecal
+    if m.any():
+        h = calo_block(rng, own[m], axis, barrel, le[m], "ecal", e_hit[m], 25.0, 1)
+        blocks.append((h, own[m]))
+    m = ~in_ecal
+    if m.any():
+        h = calo_block(rng, own[m], axis, barrel, np.maximum(lh[m], 0), "hcal", e_hit[m], 60.0, 1)
+        blocks.append((h, own[m]))
+    return blocks
+
+
+def _mip_hits(rng, mu, charged_had, start, axis, barrel, thin: float) -> list[Block]:
+    """Muons through everything, charged hadrons through the ECAL layers before their shower
+    starts; one hit per layer (thinned when occupancy < 1)."""
+    idx = np.arange(len(mu))
+    mip_ecal_layers = np.where(
+        mu, ECAL_LAYERS, np.where(charged_had, np.minimum(start, 1.0) * ECAL_LAYERS, 0)
+    ).astype(int)
+    blocks = []
+    for calo, nl_of, e_mip in (
+        ("ecal", mip_ecal_layers, 0.005),
+        ("hcal", np.where(mu, HCAL_LAYERS, 0), 0.025),
+    ):
+        own = np.repeat(idx, nl_of)
+        if not len(own):
+            continue
+        first = np.concatenate([[0], np.cumsum(nl_of)[:-1]])
+        layer = np.arange(len(own)) - np.repeat(first, nl_of)
+        keep = rng.random(len(own)) < thin
+        own, layer = own[keep], layer[keep]
+        e = e_mip * (1 + rng.exponential(0.3, len(own)))
+        blocks.append((calo_block(rng, own, axis, barrel, layer, calo, e, 2.0, 2), own))
+    return blocks
+
+
+def _muon_system_hits(rng, selected, axis, thin: float) -> list[Block]:
+    """One hit per muon-system layer (thinned when occupancy < 1) for the ``selected`` muons."""
+    m_idx = np.flatnonzero(selected)
+    if not len(m_idx):
+        return []
+    own = np.repeat(m_idx, MUON_LAYERS)
+    layer = np.tile(np.arange(MUON_LAYERS), len(m_idx))
+    keep = rng.random(len(own)) < thin
+    own, layer = own[keep], layer[keep]
+    r_l = MUON_R[0] + (layer + 0.5) / MUON_LAYERS * (MUON_R[1] - MUON_R[0])
+    sin_t = np.hypot(axis[own, 0], axis[own, 1])
+    pos = (r_l / np.maximum(sin_t, 0.3))[:, None] * axis[own]
+    pos = np.round(pos / MUON_CELL) * MUON_CELL
+    h = hits_array(len(own))
+    fill_geometry(
+        h, pos, 0.002 * np.ones(len(own)), np.linalg.norm(pos, axis=1) / C_MM_PER_NS, True
+    )
+    h[:, 0] = 2
+    h[:, 10] = SUBDET_MUON
+    h[:, 11] = 2
+    h[:, 12] = SYSTEM_MUON
+    h[:, 14] = layer
+    return [(h, own)]
+
+
+def _background(rng, occ: float) -> list[Block]:
+    """Low-energy hits (gamma gamma -> hadrons, pairs), mostly forward, log-normal count."""
+    n_bkg = rng.poisson(BKG_CALO_MEDIAN * occ * math.exp(rng.normal(0, BKG_SIGMA)))
+    if not n_bkg:
+        return []
+    eta = rng.normal(0, 1.9, n_bkg)
+    phi = rng.uniform(-np.pi, np.pi, n_bkg)
+    theta = 2 * np.arctan(np.exp(-eta))
+    ax = np.stack([np.sin(theta) * np.cos(phi), np.sin(theta) * np.sin(phi), np.cos(theta)], 1)
+    cot = ax[:, 2] / np.maximum(np.hypot(ax[:, 0], ax[:, 1]), 1e-9)
+    bar = np.abs(ECAL_R[0] * cot) < ECAL_HALF_Z
+    hcal = rng.random(n_bkg) < 0.4
+    e = rng.exponential(0.004, n_bkg)
+    blocks = []
+    for calo, m, nl in (("ecal", ~hcal, ECAL_LAYERS), ("hcal", hcal, HCAL_LAYERS)):
+        if m.any():
+            layer = rng.integers(0, nl, m.sum())
+            h = calo_block(rng, np.arange(m.sum()), ax[m], bar[m], layer, calo, e[m], 0.0, 3)
+            blocks.append((h, np.full(m.sum(), -1)))
+    return blocks
