@@ -17,7 +17,7 @@ _AREAS = (
     "heptstudy.data.cli",
     "heptstudy.train.cli",
     "heptstudy.measure.cli",
-    "heptstudy.scenario",
+    "heptstudy.scenario.cli",
     "heptstudy.study.cli",
     "heptstudy.fit",
 )

@@ -1,0 +1,7 @@
+"""``python -m heptstudy.scenario resolve|render ...`` (used by scripts/*/train_scenario.sh)."""
+
+import sys
+
+from heptstudy.scenario.cli import main
+
+sys.exit(main())

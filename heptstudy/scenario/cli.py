@@ -1,0 +1,132 @@
+"""``heptstudy scenario resolve|render``: the scenario subcommands, also runnable alone as
+``python -m heptstudy.scenario resolve|render ...``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from heptstudy.errors import HeptstudyError
+from heptstudy.scenario.model import find_platform, load_scenario
+from heptstudy.scenario.render import render, shell_join
+from heptstudy.scenario.resolve import resolve, summary
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scenario", required=True, help="scenario YAML, or a name in configs/training/scenarios"
+    )
+    p.add_argument(
+        "--platform", required=True, help="platform YAML, or a name in configs/training/platforms"
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="resolve only this variant (repeatable; all are still checked)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override applied to every variant, e.g. train.num_steps=4",
+    )
+    p.add_argument(
+        "--data-dir",
+        help="shorthand for --set data.data_dir=DIR (also where the test-split size is read from)",
+    )
+    p.add_argument("--resume", metavar="PATH", help="append --resume PATH to the launch commands")
+    p.add_argument("--json", action="store_true", help="print the resolution as JSON")
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    return list(args.overrides) + ([f"data.data_dir={args.data_dir}"] if args.data_dir else [])
+
+
+def _cmd_resolve(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        out = args.render_dir
+        if out is None:
+            sc = load_scenario(args.scenario)
+            plat, _ = find_platform(args.platform)
+            out = Path("experiments/train/_rendered") / sc.name / plat.name
+        res, _ = render(
+            args.scenario, args.platform, out, args.variant, _overrides(args), args.resume
+        )
+    else:
+        res = resolve(args.scenario, args.platform, args.variant, _overrides(args))
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+        return 0
+    print(summary(res))
+    from heptstudy.fitting.cli import fit_warning
+
+    warning = fit_warning(res)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.dry_run:
+        print("dry run: nothing was launched; the launch commands are")
+        for v in res.variants:
+            print(f"# {v.name} (configuration {v.config_path})")
+            print(shell_join(v.launch))
+    return 0
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    res, scripts = render(
+        args.scenario, args.platform, args.out, args.variant, _overrides(args), args.resume
+    )
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2))
+        return 0
+    print(summary(res))
+    for v, s in zip(res.variants, scripts, strict=True):
+        print(f"rendered {v.name}: configuration {v.config_path}, launch script {s}")
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    sc = subparsers.add_parser(
+        "scenario", help="training scenarios: resolve, check, render launches"
+    )
+    sub = sc.add_subparsers(dest="scenario_command", required=True)
+    r = sub.add_parser("resolve", help="resolve a scenario on a platform and check its invariants")
+    _add_common(r)
+    r.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="also write the resolved configurations and print the exact launch commands",
+    )
+    r.add_argument(
+        "--render-dir",
+        type=Path,
+        default=None,
+        help="where --dry-run writes configurations (default experiments/train/_rendered/SCENARIO/PLATFORM)",
+    )
+    r.set_defaults(func=_cmd_resolve)
+    w = sub.add_parser(
+        "render",
+        help="write resolved configurations and launch scripts (Slurm batch "
+        "scripts for Slurm profiles) into --out",
+    )
+    _add_common(w)
+    w.add_argument("--out", required=True, type=Path, help="directory for the rendered files")
+    w.set_defaults(func=_cmd_render)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m heptstudy.scenario resolve|render ...``: the scenario commands alone, without
+    importing the rest of the package's CLI areas."""
+    parser = argparse.ArgumentParser(prog="heptstudy")
+    register_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["scenario", *(argv if argv is not None else sys.argv[1:])])
+    try:
+        return int(args.func(args) or 0)
+    except HeptstudyError as err:
+        print(f"heptstudy: error: {err}", file=sys.stderr)
+        return 2

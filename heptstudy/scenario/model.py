@@ -1,0 +1,119 @@
+"""Scenario files and platform profiles: the schema of a scenario, loading both by name or path.
+
+A *scenario* (``configs/training/scenarios/NAME.yaml``) holds the science: a ``shared`` partial
+configuration, one partial configuration per ``variants`` entry, and optionally
+``test_split_events`` (``{dataset NAME or NAME:VERSION: events}``, a declared number). A *platform
+profile* (``configs/training/platforms/NAME.yaml``, :class:`heptstudy.config.PlatformConfig`)
+holds the hardware and runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from heptstudy.config import PlatformConfig, _read_yaml, load_platform
+from heptstudy.errors import ConfigError
+from heptstudy.scenario.rules import ScenarioError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCENARIO_DIR = REPO_ROOT / "configs" / "training" / "scenarios"
+PLATFORM_DIR = REPO_ROOT / "configs" / "training" / "platforms"
+
+_SCENARIO_KEYS = {"name", "description", "shared", "variants", "test_split_events"}
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    shared: dict[str, Any]
+    variants: dict[str, dict[str, Any]]
+    test_split_events: dict[str, int]
+    path: Path
+
+
+def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
+    """A path as given, else for a bare name ``directory/NAME`` or ``directory/NAME.yaml``; None if
+    none exists."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    if p.parent == Path("."):
+        for candidate in (directory / p.name, directory / f"{p.name}.yaml"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    path = find_file(name_or_path, SCENARIO_DIR)
+    if path is None:
+        known = sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+        raise ScenarioError(
+            "scenario-exists",
+            f"scenario {str(name_or_path)!r} is neither a file nor a name in {SCENARIO_DIR}; "
+            f"known scenarios: {known}",
+        )
+    try:
+        data = _read_yaml(path, "scenario")
+    except ConfigError as err:
+        raise ScenarioError("scenario-exists", str(err)) from None
+    unknown = sorted(set(data) - _SCENARIO_KEYS)
+    missing = sorted({"name", "shared", "variants"} - set(data))
+    if unknown or missing:
+        raise ScenarioError(
+            "scenario-exists",
+            f"scenario {str(path)!r}: unknown top-level keys {unknown}, missing keys {missing}; "
+            f"a scenario holds exactly {sorted(_SCENARIO_KEYS)} (model/data/train go under "
+            "'shared' or a variant)",
+        )
+    variants = data["variants"]
+    if not isinstance(variants, Mapping) or not variants:
+        raise ScenarioError(
+            "scenario-exists",
+            f"scenario {str(path)!r}: 'variants' must be a non-empty mapping of name -> partial "
+            f"configuration, got {variants!r}",
+        )
+    shared = data.get("shared") or {}
+    for where, part in [("shared", shared)] + [(f"variants.{k}", v) for k, v in variants.items()]:
+        if part is not None and not isinstance(part, Mapping):
+            raise ScenarioError(
+                "scenario-exists",
+                f"scenario {str(path)!r}: {where} must be a mapping (a partial configuration with "
+                f"model/data/train sections), got {part!r}",
+            )
+    split = data.get("test_split_events") or {}
+    if not isinstance(split, Mapping) or not all(
+        isinstance(v, int) and v >= 0 for v in split.values()
+    ):
+        raise ScenarioError(
+            "scenario-exists",
+            f"scenario {str(path)!r}: test_split_events must map a data set (NAME or NAME:VERSION) "
+            f"to a non-negative event count, got {split!r}",
+        )
+    return Scenario(
+        name=str(data["name"]),
+        description=str(data.get("description", "")).strip(),
+        shared=dict(shared),
+        variants={str(k): dict(v or {}) for k, v in variants.items()},
+        test_split_events={str(k): int(v) for k, v in split.items()},
+        path=path,
+    )
+
+
+def find_platform(name_or_path: str | Path) -> tuple[PlatformConfig, Path]:
+    path = find_file(name_or_path, PLATFORM_DIR)
+    if path is None:
+        known = sorted(p.stem for p in PLATFORM_DIR.glob("*.yaml"))
+        raise ScenarioError(
+            "platform-exists",
+            f"platform profile {str(name_or_path)!r} is neither a file nor a name in "
+            f"{PLATFORM_DIR}; known platforms: {known}",
+        )
+    try:
+        return load_platform(path), path
+    except ConfigError as err:
+        raise ScenarioError("platform-exists", str(err)) from None

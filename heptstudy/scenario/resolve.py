@@ -1,0 +1,216 @@
+"""Resolution of a scenario on a platform: one validated configuration per variant, the derived
+quantities (world size, per-device batch, validation and checkpoint steps) and their summary.
+
+Resolution layers, per variant: schema defaults <- ``shared`` <- the variant <- ``--set``
+overrides <- the platform's ``dtype`` (``train.dtype``) and ``attention_backend``
+(``model.heptv2.attention_backend``). If the scenario or an override already sets one of those two
+keys to another value, resolution is refused: a profile never silently changes the recipe.
+Each variant writes into ``<train.out_dir>/<scenario>/<variant>``: the scenario's
+``train.out_dir`` is a root shared by the variants. Every resolution checks all the rules in
+:data:`heptstudy.scenario.rules.RULES`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf.errors import OmegaConfBaseException
+
+from heptstudy.config import Config, PlatformConfig, _parse_overrides, merge, validate
+from heptstudy.errors import ConfigError
+from heptstudy.scenario import rules
+from heptstudy.scenario.model import Scenario, find_platform, load_scenario
+from heptstudy.scenario.rules import RULES, TestSplit
+
+
+@dataclass
+class ResolvedVariant:
+    name: str
+    config: Config
+    world_size: int
+    nodes: int
+    devices_per_node: int
+    per_device_batch: int
+    grad_accumulation: int
+    event_presentations: int
+    val_steps: list[int]
+    checkpoint_steps: list[int]
+    dtype: str
+    attention_backend: str
+    test_split: TestSplit
+    config_path: Path | None = None
+    launch: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "world_size": self.world_size,
+            "nodes": self.nodes,
+            "devices_per_node": self.devices_per_node,
+            "global_batch_size": self.config.train.global_batch_size,
+            "per_device_batch": self.per_device_batch,
+            "grad_accumulation": self.grad_accumulation,
+            "num_steps": self.config.train.num_steps,
+            "event_presentations": self.event_presentations,
+            "val_steps": self.val_steps,
+            "checkpoint_steps": self.checkpoint_steps,
+            "dtype": self.dtype,
+            "attention_backend": self.attention_backend,
+            "test_split_events": self.test_split.events,
+            "test_split_source": self.test_split.source,
+            "out_dir": self.config.train.out_dir,
+            "config_path": str(self.config_path) if self.config_path else None,
+            "launch": shlex.join(self.launch) if self.launch else None,
+            "config": self.config.to_dict(),
+        }
+
+
+@dataclass
+class Resolution:
+    scenario: Scenario
+    platform: PlatformConfig
+    platform_path: Path
+    variants: list[ResolvedVariant]
+    rules_checked: list[str]
+
+    def variant(self, name: str) -> ResolvedVariant:
+        return next(v for v in self.variants if v.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario.name,
+            "scenario_path": str(self.scenario.path),
+            "description": self.scenario.description,
+            "platform": self.platform.name,
+            "platform_path": str(self.platform_path),
+            "rules_checked": self.rules_checked,
+            "variants": {v.name: v.to_dict() for v in self.variants},
+        }
+
+
+def _resolve_one(
+    scenario: Scenario, variant: str, platform: PlatformConfig, overrides: Mapping[str, Any]
+) -> Config:
+    try:
+        recipe = merge(scenario.shared, scenario.variants[variant], overrides)
+    except OmegaConfBaseException as err:
+        raise ConfigError(
+            f"could not merge scenario {scenario.name!r}, variant {variant!r}: {err}"
+        ) from None
+    rules.apply_platform(recipe, platform, scenario.name, variant)
+    root = rules.get_dotted(recipe, "train.out_dir") or Config().train.out_dir
+    rules.set_dotted(recipe, "train.out_dir", str(Path(root) / scenario.name / variant))
+    return validate(
+        merge(Config().to_dict(), recipe), f"scenario {scenario.name!r} variant {variant!r}"
+    )
+
+
+def _steps(freq: int, num_steps: int) -> list[int]:
+    return list(range(freq, num_steps + 1, freq))
+
+
+def _variant(name: str, cfg: Config, plat: PlatformConfig, split: TestSplit) -> ResolvedVariant:
+    t, world = cfg.train, plat.world_size
+    return ResolvedVariant(
+        name=name,
+        config=cfg,
+        world_size=world,
+        nodes=plat.nodes,
+        devices_per_node=plat.devices_per_node,
+        per_device_batch=t.global_batch_size // (world * t.grad_accumulation),
+        grad_accumulation=t.grad_accumulation,
+        event_presentations=t.global_batch_size * t.num_steps,
+        val_steps=_steps(t.val_freq, t.num_steps),
+        checkpoint_steps=_steps(t.checkpoint_freq, t.num_steps),
+        dtype=t.dtype,
+        attention_backend=cfg.model.heptv2.attention_backend,
+        test_split=split,
+    )
+
+
+def resolve(
+    scenario: str | Path | Scenario,
+    platform: str | Path,
+    variants: Sequence[str] | None = None,
+    overrides: Iterable[str] = (),
+) -> Resolution:
+    """Resolve every variant of ``scenario`` on ``platform``, check all rules, return the
+    requested ``variants`` (all by default)."""
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    plat, plat_path = find_platform(platform)
+    rules.check_variants_exist(sc.name, sc.variants, variants or ())
+    parsed = _parse_overrides(list(overrides))
+    configs = {name: _resolve_one(sc, name, plat, parsed) for name in sc.variants}
+    rules.check_shared_budget(sc.name, configs)
+    resolved = []
+    for name, cfg in configs.items():
+        rules.check_batch_divides_devices(sc.name, name, cfg, plat)
+        rules.check_frequencies_divide_steps(sc.name, name, cfg)
+        split = rules.check_eval_within_test_split(sc.name, name, cfg, sc.test_split_events)
+        resolved.append(_variant(name, cfg, plat, split))
+    wanted = list(variants) if variants else list(sc.variants)
+    return Resolution(
+        scenario=sc,
+        platform=plat,
+        platform_path=plat_path,
+        variants=[v for v in resolved if v.name in wanted],
+        rules_checked=list(RULES),
+    )
+
+
+def _steps_text(steps: list[int], freq: int) -> str:
+    if len(steps) <= 12:
+        body = ", ".join(f"{s:,}" for s in steps)
+    else:
+        body = f"{steps[0]:,}, {steps[1]:,}, ..., {steps[-1]:,}"
+    return f"{body} (every {freq:,}; {len(steps)} in all)"
+
+
+def summary(res: Resolution) -> str:
+    """The resolution as text: the platform, then per variant the derived quantities and where
+    dtype, backend, data and evaluation come from."""
+    p = res.platform
+    lines = [
+        f"scenario {res.scenario.name} ({res.scenario.path})",
+        f"platform {p.name} ({res.platform_path}): {p.nodes} node(s) x {p.devices_per_node} "
+        f"{p.device} device(s), {p.device_memory_gib:g} GiB each, launcher {p.launcher}",
+    ]
+    for v in res.variants:
+        t, d = v.config.train, v.config.data
+        rows = [
+            ("world size", f"{v.world_size} ({v.nodes} node(s) x {v.devices_per_node})"),
+            ("global batch", f"{t.global_batch_size:,} events"),
+            ("per-device batch", f"{v.per_device_batch} events per device"),
+            ("grad accumulation", str(v.grad_accumulation)),
+            ("optimizer steps", f"{t.num_steps:,}"),
+            ("event presentations", f"{v.event_presentations:,}"),
+            ("validation steps", _steps_text(v.val_steps, t.val_freq)),
+            ("checkpoint steps", _steps_text(v.checkpoint_steps, t.checkpoint_freq)),
+            ("dtype", f"{v.dtype} (from platform)"),
+            ("attention backend", f"{v.attention_backend} (from platform)"),
+            ("activation ckpt", str(v.config.model.heptv2.activation_checkpointing).lower()),
+            (
+                "optimizer",
+                f"{t.optimizer}, lr {t.lr:g}, weight decay {t.weight_decay:g}, "
+                f"cosine to {t.lr_final_fraction:g} x lr, seed {t.seed}",
+            ),
+            (
+                "data",
+                f"{d.dataset} configs {d.configs} in {d.data_dir}, sampler {d.sampler}, "
+                f"pad to {d.pad_to_multiple}",
+            ),
+            (
+                "evaluation",
+                f"nvalid {d.nvalid} + ntest {d.ntest} of {v.test_split.events:,} test "
+                f"events ({v.test_split.source})",
+            ),
+            ("out dir", t.out_dir),
+        ]
+        lines.append(f"variant {v.name} (model.variant {v.config.model.variant})")
+        lines += [f"  {k:<20} {val}" for k, val in rows]
+    lines.append(f"invariants passed: {', '.join(res.rules_checked)}")
+    return "\n".join(lines)

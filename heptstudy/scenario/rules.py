@@ -1,0 +1,209 @@
+"""The named invariants every scenario resolution checks, and the error that names a broken one.
+
+A scenario that breaks a rule is refused with a :class:`ScenarioError` whose message starts with
+``[rule NAME]``, never "fixed". The test-split size used by ``eval-within-test-split`` comes from
+the data set's TFDS metadata (``DATA_DIR/NAME/CONFIG/VERSION/dataset_info.json``, summed over
+``data.configs``) when it is there, otherwise from the scenario's ``test_split_events`` mapping,
+which is a declared number, not a measured one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from heptstudy.config import Config, PlatformConfig
+from heptstudy.errors import ConfigError
+
+#: Rule name -> what it demands. Every message of a refused resolution starts with its name.
+RULES: dict[str, str] = {
+    "scenario-exists": "the scenario file exists and holds name, description, shared and variants",
+    "platform-exists": "the platform profile exists and validates",
+    "variant-exists": "a requested variant is one of the scenario's variants",
+    "platform-keeps-recipe": "the platform's dtype and attention backend do not contradict the recipe",
+    "batch-divides-devices": "global batch = per-device batch x world size x accumulation steps",
+    "shared-budget": "all variants share the optimisation budget and the evaluation sizes",
+    "frequencies-divide-steps": "train.val_freq and train.checkpoint_freq divide train.num_steps",
+    "eval-within-test-split": "data.nvalid + data.ntest <= events in the test split",
+}
+
+#: Keys that every variant of a scenario must have equal (the optimisation budget and evaluation).
+BUDGET_KEYS = (
+    "train.global_batch_size",
+    "train.grad_accumulation",
+    "train.num_steps",
+    "train.seed",
+    "train.optimizer",
+    "train.lr",
+    "train.weight_decay",
+    "train.lr_final_fraction",
+    "train.val_freq",
+    "train.checkpoint_freq",
+    "data.nvalid",
+    "data.ntest",
+    "data.sampler",
+    "data.pad_to_multiple",
+)
+
+#: Platform field -> configuration key it sets at resolution.
+PLATFORM_KEYS = {"dtype": "train.dtype", "attention_backend": "model.heptv2.attention_backend"}
+
+
+class ScenarioError(ConfigError):
+    """A scenario, platform or override combination broke a named rule."""
+
+    def __init__(self, rule: str, message: str):
+        self.rule = rule
+        super().__init__(f"[rule {rule}] {message}")
+
+
+def get_dotted(data: Mapping[str, Any], dotted: str) -> Any:
+    """``data[a][b][c]`` for ``"a.b.c"``; None when any level is missing."""
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def check_variants_exist(scenario: str, known: Iterable[str], requested: Iterable[str]) -> None:
+    known = list(known)
+    for name in requested:
+        if name not in known:
+            raise ScenarioError(
+                "variant-exists",
+                f"variant {name!r} is not in scenario {scenario!r}; its variants are {known}",
+            )
+
+
+def apply_platform(
+    recipe: dict[str, Any], platform: PlatformConfig, scenario: str, variant: str
+) -> None:
+    """Set the platform's keys (:data:`PLATFORM_KEYS`) in ``recipe``; refuse one the recipe
+    already sets to another value (``platform-keeps-recipe``)."""
+    for pfield, key in PLATFORM_KEYS.items():
+        wanted, given = getattr(platform, pfield), get_dotted(recipe, key)
+        if given is not None and given != wanted:
+            raise ScenarioError(
+                "platform-keeps-recipe",
+                f"scenario {scenario!r} variant {variant!r} sets {key}={given!r}, but platform "
+                f"{platform.name!r} runs with {pfield}={wanted!r}; a profile never changes the "
+                f"recipe, so remove {key} from the scenario or --set, or pick a platform whose "
+                f"{pfield} is {given!r}",
+            )
+        set_dotted(recipe, key, wanted)
+
+
+def check_shared_budget(scenario: str, configs: Mapping[str, Config]) -> None:
+    """All variants equal on :data:`BUDGET_KEYS`."""
+    dicts = {name: cfg.to_dict() for name, cfg in configs.items()}
+    first, first_dict = next(iter(dicts.items()))
+    for name, data in dicts.items():
+        for key in BUDGET_KEYS:
+            a, b = get_dotted(first_dict, key), get_dotted(data, key)
+            if a != b:
+                raise ScenarioError(
+                    "shared-budget",
+                    f"scenario {scenario!r}: {key} is {a!r} in variant {first!r} but {b!r} in "
+                    f"variant {name!r}; the variants are compared on one optimisation budget, so "
+                    f"set {key} once under 'shared' (keys that must match: {list(BUDGET_KEYS)})",
+                )
+
+
+def check_batch_divides_devices(
+    scenario: str, variant: str, cfg: Config, platform: PlatformConfig
+) -> None:
+    t, world = cfg.train, platform.world_size
+    if t.global_batch_size % (world * t.grad_accumulation):
+        raise ScenarioError(
+            "batch-divides-devices",
+            f"scenario {scenario!r} variant {variant!r}: train.global_batch_size="
+            f"{t.global_batch_size} does not divide over world size {world} "
+            f"({platform.nodes} node(s) x {platform.devices_per_node} devices of "
+            f"{platform.name!r}) x train.grad_accumulation={t.grad_accumulation} = "
+            f"{world * t.grad_accumulation}; choose a global batch that is a multiple of that "
+            "product",
+        )
+
+
+def check_frequencies_divide_steps(scenario: str, variant: str, cfg: Config) -> None:
+    t = cfg.train
+    for key in ("val_freq", "checkpoint_freq"):
+        freq = getattr(t, key)
+        if t.num_steps % freq:
+            raise ScenarioError(
+                "frequencies-divide-steps",
+                f"scenario {scenario!r} variant {variant!r}: train.{key}={freq} does not divide "
+                f"train.num_steps={t.num_steps}, so the last step would not be validated and "
+                f"checkpointed; choose a divisor of {t.num_steps} or change num_steps",
+            )
+
+
+@dataclass
+class TestSplit:
+    events: int
+    source: str
+
+
+def test_split_size(cfg: Config, declared: Mapping[str, int]) -> TestSplit | None:
+    """Events in the test split of ``cfg.data``: TFDS metadata under ``data.data_dir`` summed over
+    ``data.configs``, else the scenario's declared number, else None."""
+    total, files = 0, []
+    for conf in cfg.data.configs:
+        info = (
+            Path(cfg.data.data_dir) / cfg.data.name / conf / cfg.data.version / "dataset_info.json"
+        )
+        if not info.is_file():
+            break
+        try:
+            splits = json.loads(info.read_text()).get("splits", [])
+            test = next(s for s in splits if s.get("name") == "test")
+            total += sum(int(n) for n in test.get("shardLengths", []))
+        except (ValueError, StopIteration, AttributeError, TypeError):
+            break
+        files.append(str(info))
+    else:
+        return TestSplit(total, "metadata " + ", ".join(files))
+    for key in (cfg.data.dataset, cfg.data.name):
+        if key in declared:
+            return TestSplit(declared[key], f"scenario test_split_events[{key!r}] (declared)")
+    return None
+
+
+def check_eval_within_test_split(
+    scenario: str, variant: str, cfg: Config, declared: Mapping[str, int]
+) -> TestSplit:
+    """The test split's size, once ``data.nvalid + data.ntest`` is known to fit in it."""
+    d = cfg.data
+    split = test_split_size(cfg, declared)
+    if split is None:
+        raise ScenarioError(
+            "eval-within-test-split",
+            f"scenario {scenario!r} variant {variant!r}: the test split size of "
+            f"{d.dataset} configs {d.configs} is unknown: no dataset_info.json "
+            f"under data.data_dir={d.data_dir!r} and no test_split_events entry for "
+            f"{d.name!r}; pass --data-dir with the data set or declare "
+            "test_split_events in the scenario",
+        )
+    need = d.nvalid + d.ntest
+    if need > split.events:
+        raise ScenarioError(
+            "eval-within-test-split",
+            f"scenario {scenario!r} variant {variant!r}: data.nvalid={d.nvalid} + "
+            f"data.ntest={d.ntest} = {need} exceeds the {split.events} events of the "
+            f"test split of {d.dataset} ({split.source}); lower nvalid/ntest or use a "
+            "larger test split",
+        )
+    return split
