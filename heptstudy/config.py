@@ -23,65 +23,6 @@ HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
 VARIANTS = (HIT_VARIANT, TRACK_CLUSTER_VARIANT)
 
-#: Per-hit features of the ``*_hits`` data sets, in column order.
-HIT_FEATURES = (
-    "elemtype",
-    "et",
-    "eta",
-    "sin_phi",
-    "cos_phi",
-    "energy",
-    "position.x",
-    "position.y",
-    "position.z",
-    "time",
-    "subdetector",
-    "type",
-    "system",
-    "side",
-    "layer",
-)
-#: Per-element features of the ``*_pf`` data sets (tracks: elemtype 1, clusters: 2).
-PF_FEATURES = (
-    "elemtype",
-    "pt",
-    "eta",
-    "sin_phi",
-    "cos_phi",
-    "energy",
-    "position.x",
-    "position.y",
-    "position.z",
-    "time",
-    "num_hits",
-    "chi2",
-    "ndf",
-    "tanLambda",
-    "D0",
-    "omega",
-    "Z0",
-)
-#: Target columns shared by both data sets.
-TARGET_COLUMNS = (
-    "PDG",
-    "charge",
-    "pt",
-    "eta",
-    "sin_phi",
-    "cos_phi",
-    "energy",
-    "ispu",
-    "generatorStatus",
-    "simulatorStatus",
-    "gp_to_track",
-    "gp_to_cluster",
-    "jet_idx",
-    "particle_number",
-)
-
-#: Particle classes: index 0 is "no particle", the rest are PDG ids (absolute values).
-CLASS_PDG_IDS = (0, 211, 130, 22, 11, 13)
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)

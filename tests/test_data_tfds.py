@@ -11,11 +11,11 @@ import pytest
 
 from heptstudy.data.generate import _event_rng, generate_datasets, simulate_event
 from heptstudy.data.tfds import (
+    HIT_FEATURES,
     HITS_NAME,
+    PF_FEATURES,
     PF_NAME,
-    X_FEATURES_HITS,
-    X_FEATURES_PF,
-    Y_FEATURES,
+    TARGET_COLUMNS,
     open_dataset,
 )
 from heptstudy.errors import DataError
@@ -47,8 +47,8 @@ def test_round_trip_field_by_field(tiny, name, key, split):
         for k in KEYS:
             assert got[k].dtype == np.float32, k
             np.testing.assert_array_equal(got[k], np.asarray(want[k], dtype=np.float32), err_msg=k)
-        width = len(X_FEATURES_HITS) if key == "hits" else len(X_FEATURES_PF)
-        assert got["X"].shape[1] == width and got["ytarget"].shape[1] == len(Y_FEATURES)
+        width = len(HIT_FEATURES) if key == "hits" else len(PF_FEATURES)
+        assert got["X"].shape[1] == width and got["ytarget"].shape[1] == len(TARGET_COLUMNS)
         assert not got["ycand"].any()
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from heptstudy.config import CLASS_PDG_IDS
+from heptstudy.data.schema import CLASS_PDG_IDS, HIT_FEATURES, PF_FEATURES, TARGET_COLUMNS
 from heptstudy.errors import DataError
 
 VERSION = "3.2.1"
@@ -29,67 +29,9 @@ SPLITS = ("train", "test")
 HITS_NAME = "cld_edm_ttbar_hits"
 PF_NAME = "cld_edm_ttbar_pf"
 
-#: Per-hit input features of ``cld_edm_ttbar_hits`` (elemtype 1 = tracker hit, 2 = calorimeter).
-X_FEATURES_HITS = (
-    "elemtype",
-    "et",
-    "eta",
-    "sin_phi",
-    "cos_phi",
-    "energy",
-    "position.x",
-    "position.y",
-    "position.z",
-    "time",
-    "subdetector",
-    "type",
-    "system",
-    "side",
-    "layer",
-)
 
-#: Per-element input features of ``cld_edm_ttbar_pf``: one row layout shared by tracks
-#: (elemtype 1) and calorimeter clusters (elemtype 2); the name is "track name/cluster name".
-X_FEATURES_PF = (
-    "elemtype",
-    "pt/et",
-    "eta",
-    "sin_phi",
-    "cos_phi",
-    "p/energy",
-    "chi2/position.x",
-    "ndf/position.y",
-    "dEdx/position.z",
-    "dEdxError/iTheta",
-    "radiusOfInnermostHit/energy_ecal",
-    "tanLambda/energy_hcal",
-    "D0/energy_other",
-    "omega/num_hits",
-    "Z0/sigma_x",
-    "time/sigma_y",
-    "-/sigma_z",
-)
-
-#: Target columns per hit (or per element); PDG is stored as a class index into CLASS_PDG_IDS.
-Y_FEATURES = (
-    "PDG",
-    "charge",
-    "pt",
-    "eta",
-    "sin_phi",
-    "cos_phi",
-    "energy",
-    "ispu",
-    "generatorStatus",
-    "simulatorStatus",
-    "gp_to_track",
-    "gp_to_cluster",
-    "jet_idx",
-    "particle_number",
-)
-
-X_WIDTH = {HITS_NAME: len(X_FEATURES_HITS), PF_NAME: len(X_FEATURES_PF)}
-Y_WIDTH = len(Y_FEATURES)
+X_WIDTH = {HITS_NAME: len(HIT_FEATURES), PF_NAME: len(PF_FEATURES)}
+Y_WIDTH = len(TARGET_COLUMNS)
 FEATURE_KEYS = ("X", "ytarget", "ycand", "genmet", "genjets", "targetjets")
 JET_COLUMNS = ("pt", "eta", "phi", "energy")
 assert tuple(CLASS_PDG_IDS) == (0, 211, 130, 22, 11, 13)
@@ -382,7 +324,7 @@ class ShardedDataset:
             raise DataError(
                 f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
                 f"index {index}) has a non-finite target: ytarget[{bad[0]}, {bad[1]}] "
-                f"({Y_FEATURES[bad[1]]}); fix or regenerate the data set"
+                f"({TARGET_COLUMNS[bad[1]]}); fix or regenerate the data set"
             )
         if len(ev["ytarget"]) != len(ev["X"]):
             raise DataError(
@@ -393,7 +335,7 @@ class ShardedDataset:
         return ev
 
     def _x_feature(self, col: int) -> str:
-        names = X_FEATURES_HITS if self.is_hits else X_FEATURES_PF
+        names = HIT_FEATURES if self.is_hits else PF_FEATURES
         return names[col] if col < len(names) else f"column {col}"
 
     def lengths(self) -> np.ndarray:
@@ -448,14 +390,14 @@ def open_dataset(
         if expected is not None and found != expected:
             raise DataError(
                 f"{name}/{config}:{version} has {found} input features per row in X, expected "
-                f"{expected} ({', '.join(X_FEATURES_HITS if name == HITS_NAME else X_FEATURES_PF)}); "
+                f"{expected} ({', '.join(HIT_FEATURES if name == HITS_NAME else PF_FEATURES)}); "
                 "this is not the schema the study reads: use a matching data set version"
             )
         found_y = feats["ytarget"].shape[-1]
         if found_y != Y_WIDTH:
             raise DataError(
                 f"{name}/{config}:{version} has {found_y} target columns, expected {Y_WIDTH} "
-                f"({', '.join(Y_FEATURES)}); use a matching data set version"
+                f"({', '.join(TARGET_COLUMNS)}); use a matching data set version"
             )
         if expected is None:
             expected = found

@@ -9,14 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from heptstudy.config import (
-    HIT_FEATURES,
-    HIT_VARIANT,
-    PF_FEATURES,
-    TARGET_COLUMNS,
-    TRACK_CLUSTER_VARIANT,
-    Config,
-)
+from heptstudy.config import HIT_VARIANT, TRACK_CLUSTER_VARIANT, Config
+from heptstudy.data.schema import HIT_FEATURES, PF_FEATURES, TARGET_COLUMNS
 
 
 def build_model(config: Config) -> nn.Module:

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heptstudy.config import PF_FEATURES, Config
+from heptstudy.config import Config
+from heptstudy.data.schema import PF_FEATURES
 from heptstudy.model.encoding import TypeEncoder, mlp, normalise_features
 from heptstudy.model.hit_model import MOMENTUM_DIM, NUM_CLASSES
 

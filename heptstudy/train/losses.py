@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
-from heptstudy.config import CLASS_PDG_IDS, HIT_VARIANT, TRACK_CLUSTER_VARIANT, LossConfig
+from heptstudy.config import HIT_VARIANT, TRACK_CLUSTER_VARIANT, LossConfig
+from heptstudy.data.schema import CLASS_PDG_IDS
 from heptstudy.errors import ConfigError, DataError
 
 NUM_CLASSES = len(CLASS_PDG_IDS)

@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from heptstudy.config import CLASS_PDG_IDS
 from heptstudy.data.generate.kinematics import orthonormal, random_dir, two_body
+from heptstudy.data.schema import CLASS_PDG_IDS
 
 SQRT_S = 365.0  # GeV
 JET_MULT_A, JET_MULT_B = 2.0, 3.4  # particles per quark jet ~ 1 + Poisson(a + b ln E)
