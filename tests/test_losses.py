@@ -300,12 +300,21 @@ def test_batch_loss_is_mean_of_half_batch_losses_as_ddp_needs():
         ("hit_heptv2_grouped_tracker_features", "cld_edm_ttbar_hits:3.2.1"),
         ("track_cluster_mlpf", "cld_edm_ttbar_pf:3.2.1"),
     ):
-        cfg = load_config(overrides=[
-            f"model.variant={variant}", f"data.dataset={dataset}", "model.heptv2.embedding_dim=16",
-            "model.heptv2.num_heads=2", "model.heptv2.width=32", "model.heptv2.num_convs=1",
-            "model.heptv2.block_size=16", "model.decoder.num_layers=2", "model.decoder.num_queries=10",
-            "model.track_cluster.num_layers=1", "data.pad_to_multiple=16",
-        ])
+        cfg = load_config(
+            overrides=[
+                f"model.variant={variant}",
+                f"data.dataset={dataset}",
+                "model.heptv2.embedding_dim=16",
+                "model.heptv2.num_heads=2",
+                "model.heptv2.width=32",
+                "model.heptv2.num_convs=1",
+                "model.heptv2.block_size=16",
+                "model.decoder.num_layers=2",
+                "model.decoder.num_queries=10",
+                "model.track_cluster.num_layers=1",
+                "data.pad_to_multiple=16",
+            ]
+        )
         torch.manual_seed(0)
         model = build_model(cfg).eval()
         batch = example_batch(cfg, 4, [90, 40, 64, 17], seed=3)
@@ -314,4 +323,6 @@ def test_batch_loss_is_mean_of_half_batch_losses_as_ddp_needs():
             whole = compute_losses(variant, model(batch), batch, cfg.train.loss)
             parts = [compute_losses(variant, model(h), h, cfg.train.loss) for h in halves]
         for k in whole:
-            torch.testing.assert_close(whole[k], (parts[0][k] + parts[1][k]) / 2, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(
+                whole[k], (parts[0][k] + parts[1][k]) / 2, rtol=1e-5, atol=1e-6
+            )

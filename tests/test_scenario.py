@@ -28,6 +28,8 @@ def _no_local_data(tmp_path, monkeypatch):
     """Resolve away from the checkout: a study data set in ./data/tfds (small test split) must
     not change what these tests see; the recipe's own test_split_events applies."""
     monkeypatch.chdir(tmp_path)
+
+
 CLUSTER_PLATFORMS = ["h100", "lumi_mi250x"]
 
 
