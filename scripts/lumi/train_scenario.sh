@@ -12,29 +12,9 @@
 # the profile names an account.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
 [ $# -ge 1 ] || { echo "usage: $0 SCENARIO [mi250x] [--variant NAME] [--set KEY=VALUE ...] [--resume PATH] [--out DIR]" >&2; exit 2; }
 SCENARIO="$1"; shift
 PROFILE=mi250x
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then PROFILE="$1"; shift; fi
-PLATFORM="$ROOT/configs/training/platforms/lumi_$PROFILE.yaml"
-OUT="$ROOT/experiments/train/_rendered/$(basename "$SCENARIO" .yaml)/lumi_$PROFILE"
-ARGS=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) OUT="${2:?--out needs a DIR}"; shift 2 ;;
-    *) ARGS+=("$1"); shift ;;
-  esac
-done
-
-"$PY" -m heptstudy.scenario render --scenario "$SCENARIO" --platform "$PLATFORM" --out "$OUT" \
-  "${ARGS[@]+"${ARGS[@]}"}"
-
-mapfile -t SCRIPTS < "$OUT/launch_scripts.txt"
-if command -v sbatch >/dev/null 2>&1; then
-  for s in "${SCRIPTS[@]}"; do echo "submitting $s"; sbatch "$s"; done
-else
-  for s in "${SCRIPTS[@]}"; do echo "===== $s"; cat "$s"; done
-  echo "sbatch not found: nothing was submitted. The batch scripts are written to:"
-  printf '  %s\n' "${SCRIPTS[@]}"
-fi
+exec "$ROOT/scripts/lib/submit_scenario.sh" "$ROOT/configs/training/platforms/lumi_$PROFILE.yaml" \
+  "$ROOT/experiments/train/_rendered/$(basename "$SCENARIO" .yaml)/lumi_$PROFILE" "$SCENARIO" "$@"
