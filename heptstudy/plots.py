@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from heptstudy.study.frames import policy_labels
+
 MIB = 2**20
 COLORS = {False: "#1f77b4", True: "#d62728"}  # baseline blue, checkpointed red
 LABELS = {False: "no checkpointing", True: "checkpointing"}
@@ -121,6 +123,9 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "", ax=N
     """Peak memory against batch size, with and without checkpointing; runs that ran out of
     memory drawn as crosses at the top of the axis."""
     fig, ax = _ax(ax)
+    # The headline lines: off and the default policy (full, every layer); other policies have
+    # their own trade-off figure.
+    mem = mem[policy_labels(mem).isin(["off", "full"])]
     for ckpt in (False, True):
         sel = mem[(mem["checkpointing"] == ckpt) & mem[column].notna()].sort_values("batch_size")
         if sel.empty:

@@ -200,7 +200,6 @@ def largest_safe_batch(
     expected in ``num_steps``); ``None`` when even one event does not fit. Binary search: the
     peak grows with the batch size (the per-hit and per-event terms are non-negative)."""
     usable_mib = (device_memory_gib - safety_margin_gib) * GIB / MIB
-    n_events = len(lengths) // kw.get("world_size", 1)
 
     def ok(b: int) -> bool:
         # at most ~2 million events per rank simulated per candidate
@@ -209,7 +208,9 @@ def largest_safe_batch(
         fails = (np.asarray(model.predict_allocated_mib(b, longest)) > usable_mib).any(axis=1)
         return not fails.any() and fails.mean() * num_steps < 0.5
 
-    hi = min(upper, max(1, n_events))
+    # Not capped at the events per rank of the data set: batches run on across epochs, so a
+    # batch larger than an epoch's share simply holds the longest events more than once.
+    hi = upper
     if not ok(1):
         return None
     if ok(hi):
