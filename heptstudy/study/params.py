@@ -116,18 +116,17 @@ def _platform_is_gpu(platform: str | None) -> bool:
 
 
 def report_name(opts) -> str:
-    """The report name of bench options (``checkpointed_selective_b4``, ...) from the policy in
-    their overrides, without resolving the platform's device: a GPU matrix loads on a laptop."""
-    from heptstudy.config import load_config
+    """The report name of bench options (``checkpointed_selective_b4``, ...)."""
     from heptstudy.measure import bench
 
-    ckpt = f"model.heptv2.activation_checkpointing={opts.checkpointing}"
-    return bench.report_name(opts, load_config(overrides=[ckpt, *opts.overrides]))
+    return bench.report_name(opts, bench.resolve(opts)[0])
 
 
 def default_output(opts) -> str:
     """``experiments/scratch/NAME.json``: where a notebook run without ``output`` writes."""
-    return str(Path("experiments/scratch") / f"{report_name(opts)}.json")
+    from heptstudy.measure import bench
+
+    return str(bench.default_output(opts))
 
 
 def _common(
