@@ -203,7 +203,8 @@ def check_eval_within_test_split(
             "eval-within-test-split",
             f"scenario {scenario!r} variant {variant!r}: data.nvalid={d.nvalid} + "
             f"data.ntest={d.ntest} = {need} exceeds the {split.events} events of the "
-            f"test split of {d.dataset} ({split.source}); lower nvalid/ntest or use a "
-            "larger test split",
+            f"test split of {d.dataset} ({split.source}); resolve against the data set the run "
+            "will read (--data-dir DIR, e.g. the cluster's TFDS directory), or lower "
+            "nvalid/ntest for a smaller one",
         )
     return split
