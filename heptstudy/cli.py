@@ -23,18 +23,21 @@ _AREAS = (
 )
 
 
+def add_set_arg(
+    parser: argparse.ArgumentParser,
+    help: str = "dotted override, e.g. model.heptv2.activation_checkpointing=true (repeatable)",
+) -> None:
+    """``--set KEY=VALUE`` (repeatable) into ``args.overrides``: the one override syntax."""
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help
+    )
+
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", help="YAML configuration file (defaults: the recommended model)"
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted override, e.g. model.heptv2.activation_checkpointing=true (repeatable)",
-    )
+    add_set_arg(parser)
 
 
 def _config_show(args: argparse.Namespace) -> int:

@@ -206,6 +206,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers) -> None:
+    from heptstudy.cli import add_set_arg
+
     p = subparsers.add_parser(
         "fit", help="will a per-device batch fit a platform's memory over the whole data set?"
     )
@@ -238,14 +240,7 @@ def register_cli(subparsers) -> None:
     p.add_argument(
         "--save-model", default=None, help="write the memory model used to this JSON file"
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted override of the resolved recipe (repeatable)",
-    )
+    add_set_arg(p, help="dotted override of the resolved recipe (repeatable)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_fit)
 

@@ -69,6 +69,8 @@ def _add_backbone(sub) -> None:
 
 
 def register_cli(sub) -> None:
+    from heptstudy.cli import add_set_arg
+
     p = sub.add_parser(
         "bench",
         help="measure peak memory and step time, or checkpointing parity",
@@ -92,7 +94,7 @@ def register_cli(sub) -> None:
     p.add_argument("--data-dir", help="TFDS data directory (default: data.data_dir)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, help="initialisation and event-selection seed (train.seed)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set_arg(p)
     p.add_argument("--output", help="report path (default experiments/scratch/NAME.json)")
     p.add_argument(
         "--parity-only", action="store_true", help="checkpointing parity instead of memory/time"

@@ -15,6 +15,8 @@ from heptstudy.scenario.resolve import resolve, summary
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
+    from heptstudy.cli import add_set_arg
+
     p.add_argument(
         "--scenario", required=True, help="scenario YAML, or a name in configs/training/scenarios"
     )
@@ -28,14 +30,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="resolve only this variant (repeatable; all are still checked)",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted override applied to every variant, e.g. train.num_steps=4",
-    )
+    add_set_arg(p, help="dotted override applied to every variant, e.g. train.num_steps=4")
     p.add_argument(
         "--data-dir",
         help="shorthand for --set data.data_dir=DIR (also where the test-split size is read from)",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import Any
 
 from heptstudy.study.common import (
@@ -18,7 +17,6 @@ from heptstudy.study.common import (
     DTYPES,
     VARIANTS,
     NotebookParameterError,
-    project_root,
 )
 
 
@@ -91,12 +89,12 @@ def parse_platform(name: str, value: Any) -> str | None:
     value = parse_path(name, value)
     if value is None:
         return None
-    if Path(value).is_file():
-        return value
-    bundled = project_root() / "configs" / "training" / "platforms" / f"{value}.yaml"
-    if bundled.is_file():
-        return str(bundled)
-    names = sorted(p.stem for p in bundled.parent.glob("*.yaml"))
+    from heptstudy.scenario.model import PLATFORM_DIR, find_file
+
+    found = find_file(value, PLATFORM_DIR)
+    if found is not None:
+        return str(found)
+    names = sorted(p.stem for p in PLATFORM_DIR.glob("*.yaml"))
     raise _bad(
         name,
         value,
