@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from heptstudy.atomic import atomic_savefig
 from heptstudy.study.frames import policy_labels
 
 MIB = 2**20
@@ -45,8 +46,8 @@ def save(fig, figures_dir: str | Path, name: str) -> list[Path]:
     out = Path(figures_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    atomic_savefig(fig, paths[0], dpi=150, bbox_inches="tight")
+    atomic_savefig(fig, paths[1], bbox_inches="tight")
     return paths
 
 

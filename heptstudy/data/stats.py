@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from heptstudy.atomic import atomic_savefig, atomic_write_text
 from heptstudy.data.batching import padded_size
 from heptstudy.data.tfds import open_dataset
 
@@ -101,7 +102,7 @@ def write_histogram_png(stats: dict[str, Any], path: str | Path) -> Path:
     )
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -112,6 +113,6 @@ def write_stats(stats: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{stats['dataset'].split(':')[0]}_{stats['split']}_stats"
     js = out / f"{stem}.json"
-    js.write_text(json.dumps(stats, indent=1) + "\n")
+    atomic_write_text(js, json.dumps(stats, indent=1) + "\n")
     png = write_histogram_png(stats, out / f"{stem}.png")
     return js, png

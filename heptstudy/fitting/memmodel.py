@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from heptstudy.atomic import atomic_write_text
 from heptstudy.errors import HeptstudyError
 
 MIB = 1024**2
@@ -216,10 +217,7 @@ class MemoryModel:
             raise FitError(f"{where}: missing or unexpected field ({err}); refit it") from None
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> MemoryModel:

@@ -36,10 +36,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _bench_backbone(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     import torch
 
+    from heptstudy.atomic import atomic_write_text
     from heptstudy.config import load_config
     from heptstudy.measure.backbone import describe_backbone, run_backbone_bench
 
@@ -49,8 +49,7 @@ def _bench_backbone(args: argparse.Namespace) -> int:
     result = run_backbone_bench(config, args.hits, repeats=args.repeats, device=args.device)
     print(describe_backbone(result))
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
         print(f"written: {args.output}")
     return 0
 

@@ -8,7 +8,6 @@ measurement definitions, so a file explains its own numbers.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -16,7 +15,6 @@ import platform
 import socket
 import subprocess
 import sys
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +22,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from heptstudy.atomic import atomic_write_text
 from heptstudy.errors import HeptstudyError
 
 SCHEMA_VERSION = "heptstudy.bench/1"
@@ -294,24 +293,12 @@ def _serialise(report: BenchReport) -> str:
 
 
 def write_report(report: BenchReport | dict[str, Any], path: str | os.PathLike) -> Path:
-    """Validate and write atomically: a temporary file in the same folder, then ``os.replace``.
+    """Validate, then write atomically (:mod:`heptstudy.atomic`).
     A failure (invalid report, serialisation, disk) leaves any previous file untouched."""
     path = Path(path)
     report = validate_report(report, source=str(path), require_version=False)
     text = _serialise(report)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write_text(path, text)
 
 
 def read_report(path: str | os.PathLike) -> BenchReport:

@@ -8,6 +8,7 @@ import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from heptstudy.atomic import atomic_write_text
 from heptstudy.config import PlatformConfig
 from heptstudy.errors import ConfigError
 from heptstudy.scenario.resolve import Resolution, ResolvedVariant, resolve
@@ -138,15 +139,15 @@ def render(
     scripts = []
     for v in res.variants:
         v.config_path = out / f"{v.name}.yaml"
-        v.config_path.write_text(v.config.to_yaml())
+        atomic_write_text(v.config_path, v.config.to_yaml())
         v.launch = launch_command(res.platform, v.config_path, resume)
         if res.platform.launcher == "slurm":
             script = out / f"{v.name}.sbatch"
-            script.write_text(slurm_script(res, v, workdir, out))
+            atomic_write_text(script, slurm_script(res, v, workdir, out))
         else:
             script = out / f"{v.name}.sh"
-            script.write_text(local_script(res, v, workdir))
+            atomic_write_text(script, local_script(res, v, workdir))
         scripts.append(script)
-    (out / "resolution.json").write_text(json.dumps(res.to_dict(), indent=2) + "\n")
-    (out / "launch_scripts.txt").write_text("".join(f"{s}\n" for s in scripts))
+    atomic_write_text(out / "resolution.json", json.dumps(res.to_dict(), indent=2) + "\n")
+    atomic_write_text(out / "launch_scripts.txt", "".join(f"{s}\n" for s in scripts))
     return res, scripts

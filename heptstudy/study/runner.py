@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from heptstudy.atomic import atomic_path, atomic_write_text
 from heptstudy.study.common import MEMORY, NOTEBOOKS, PARITY, StudyError, notebooks_dir
 from heptstudy.study.matrix import Matrix, Run, load_matrix
 from heptstudy.study.params import report_name
@@ -189,7 +190,7 @@ def run_study(
     matrix = load_matrix(matrix_path, data_dir=str(data_dir) if data_dir else None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "matrix.yaml").write_text(matrix.path.read_text())
+    atomic_write_text(out / "matrix.yaml", matrix.path.read_text())
     results: list[RunResult] = []
     bar = tqdm(
         matrix.runs, desc=f"study {matrix.name}", unit="run", disable=not progress, file=sys.stdout
@@ -234,23 +235,25 @@ def aggregate_study(
 def render_html(notebook: str | os.PathLike, html: str | os.PathLike) -> Path:
     """``jupyter nbconvert --to html --no-input``: figures are embedded in the page."""
     notebook, html = Path(notebook), Path(html)
-    cmd = [
-        sys.executable,
-        "-m",
-        "jupyter",
-        "nbconvert",
-        "--to",
-        "html",
-        "--no-input",
-        "--output-dir",
-        str(html.parent.resolve()),
-        "--output",
-        html.stem,
-        str(notebook),
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        raise StudyError(
-            f"rendering {notebook} to HTML failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}"
-        )
+    # nbconvert opens the output file itself, so it is pointed at the temporary one.
+    with atomic_path(html, suffix=".html") as tmp:
+        cmd = [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "nbconvert",
+            "--to",
+            "html",
+            "--no-input",
+            "--output-dir",
+            str(tmp.parent.resolve()),
+            "--output",
+            tmp.stem,
+            str(notebook),
+        ]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise StudyError(
+                f"rendering {notebook} to HTML failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}"
+            )
     return html

@@ -8,15 +8,14 @@ one, and loaded with ``weights_only=True``: a checkpoint is data, never code.
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from heptstudy.atomic import atomic_open
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
 
@@ -48,17 +47,8 @@ class CheckpointError(HeptstudyError):
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "wb") as fh:
+        torch.save(obj, fh)
 
 
 def rng_states() -> dict[str, Any]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from heptstudy.atomic import atomic_open, atomic_write_text
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
 from heptstudy.model import build_model
@@ -95,18 +94,9 @@ def _write_json_line(path: Path, record: dict[str, Any]) -> None:
         fh.flush()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def _save_predictions(path: Path, predictions: dict[str, np.ndarray]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-    with os.fdopen(fd, "wb") as fh:
+    with atomic_open(path, "wb") as fh:
         np.savez_compressed(fh, **predictions)
-    os.replace(tmp, path)
 
 
 def train(
@@ -156,7 +146,7 @@ def train(
     if ctx.is_main:
         for d in (ckpt_dir, pred_dir):
             d.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(out / "config.yaml", config.to_yaml())
+        atomic_write_text(out / "config.yaml", config.to_yaml())
     metrics_path = out / "metrics.jsonl"
     last: dict[str, Any] = {}
     bar = tqdm(

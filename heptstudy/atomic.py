@@ -1,0 +1,96 @@
+"""Atomic file writes: nothing is lost on a crash.
+
+Every checkpoint, report, configuration and figure is written to a temporary file in the same
+folder and renamed over the target with :func:`os.replace`. A crash or an exception mid-write
+leaves the previous file as it was (or no file at all), never a truncated one, and no temporary
+file behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+
+def _umask() -> int:
+    # os.umask can only be read by setting it, which races with threads creating files meanwhile;
+    # Linux reports it without changing it.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _final_mode(path: Path) -> int:
+    # mkstemp creates 0600 files; give the result the mode a plain open() would have left.
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yield a temporary path next to ``path`` for a writer to fill; on success it replaces
+    ``path``, on any exception it is removed and ``path`` is left untouched. ``suffix`` is for
+    writers that pick the format from the file name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Same folder as the target: os.replace is only atomic within one file system.
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        _fsync(tmp)  # the rename must not reach the disk before the data does
+        os.chmod(tmp, _final_mode(path))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
+    """:func:`open` for writing, made atomic: ``path`` changes only if the block completes."""
+    if "w" not in mode:
+        raise ValueError(f"atomic_open writes a whole new file; mode {mode!r} has no 'w'")
+    with atomic_path(path) as tmp, open(tmp, mode, **kwargs) as fh:
+        yield fh
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    with atomic_open(path, "w", encoding=encoding) as fh:
+        fh.write(text)
+    return Path(path)
+
+
+def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
+    """``fig.savefig(path, **kwargs)``, atomically."""
+    path = Path(path)
+    if kwargs.get("format") is None:
+        # matplotlib takes the format from the file name; the temporary one must not decide it.
+        import matplotlib
+
+        kwargs["format"] = path.suffix[1:] or matplotlib.rcParams["savefig.format"]
+    with atomic_path(path, suffix=path.suffix) as tmp:
+        fig.savefig(tmp, **kwargs)
+    return path
