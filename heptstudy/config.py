@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from omegaconf import OmegaConf
@@ -65,10 +65,11 @@ class DecoderConfig(_Strict):
 
 class TrackerFeaturesConfig(_Strict):
     enabled: bool = True
-    radii: list[float] = Field(
+    # at most 1.0: the phi wrap-around handling of the features reaches that far past the seam
+    radii: list[Annotated[float, Field(gt=0.0, le=1.0)]] = Field(
         default_factory=lambda: [0.02, 0.05],
         min_length=1,
-        description="(eta, phi) distances within which tracker hits are counted",
+        description="(eta, phi) distances within which tracker hits are counted, each in (0, 1]",
     )
 
     @property

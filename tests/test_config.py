@@ -59,6 +59,14 @@ def test_block_size_zero_is_refused_with_the_allowed_range():
     assert "model.heptv2.block_size" in msg and "greater than or equal to 1" in msg and "0" in msg
 
 
+def test_neighbourhood_radius_above_one_is_refused():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["model.tracker_features.radii=[0.02,1.5]"])
+    msg = str(err.value)
+    assert "model.tracker_features.radii.1" in msg and "less than or equal to 1" in msg
+    assert "1.5" in msg
+
+
 def test_heads_must_divide_embedding():
     with pytest.raises(ConfigError, match="divisible"):
         load_config(overrides=["model.heptv2.num_heads=7"])

@@ -88,6 +88,29 @@ def test_neighbourhood_matches_brute_force_on_events(tiny):
         )
 
 
+@pytest.mark.parametrize("radii", [[0.02, 0.05], [0.05, 0.2], [0.3, 1.0]])
+def test_neighbourhood_brute_force_full_phi_range(radii):
+    # sparse hits all around phi: nearest-hit distances up to the cap cross the seam
+    rng = np.random.default_rng(11)
+    n = 300
+    X = np.zeros((n, 15), np.float32)
+    X[:, 0] = rng.choice([1, 2], n, p=[0.3, 0.7])
+    X[:, 2] = rng.normal(0, 1.0, n)
+    phi = rng.uniform(-np.pi, np.pi, n)
+    X[:, 3], X[:, 4] = np.sin(phi), np.cos(phi)
+    X[:, 6], X[:, 7] = rng.uniform(-2000, 2000, n), rng.uniform(-2000, 2000, n)
+    got = tracker_neighbourhood(X, radii)
+    np.testing.assert_allclose(got, brute_force_neighbourhood(X, radii), atol=1e-5)
+    assert (got[:, -1] < 1.0).any() and (got[:, 0] > 0).any()
+
+
+def test_neighbourhood_rejects_radii_outside_range():
+    X = np.zeros((2, 15), np.float32)
+    for bad in ([0.0, 0.05], [0.05, 1.5], []):
+        with pytest.raises(ValueError, match=r"radii must lie in \(0, 1.0\]"):
+            tracker_neighbourhood(X, bad)
+
+
 def test_neighbourhood_brute_force_near_phi_wrap():
     rng = np.random.default_rng(4)
     n = 400

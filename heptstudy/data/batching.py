@@ -107,18 +107,34 @@ def neighbourhood_radii(config, ds: ShardedDataset) -> list[float] | None:
     return list(tf.radii) if tf.enabled and ds.is_hits else None
 
 
-def _read(ds: ShardedDataset, indices: Sequence[int], workers: int) -> list[dict[str, Any]]:
+def read_event(
+    ds: ShardedDataset, index: int, radii: Sequence[float] | None = None
+) -> dict[str, Any]:
+    """Event ``index`` of ``ds``, with its neighbourhood block when ``radii`` are given."""
+    ev = ds[index]
+    if radii is not None:
+        ev["neighbourhood"] = tracker_neighbourhood(ev["X"], radii)
+    return ev
+
+
+def _read(
+    ds: ShardedDataset, indices: Sequence[int], workers: int, radii: Sequence[float] | None
+) -> list[dict[str, Any]]:
+    # the features are computed where the event is read, so that worker threads (the k-d tree
+    # searches and the ArrayRecord reads release the GIL) share that work too
+    read = functools.partial(read_event, ds, radii=radii)
     if workers > 0 and len(indices) > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(ds.__getitem__, indices))
-    return [ds[i] for i in indices]
+            return list(pool.map(read, indices))
+    return [read(i) for i in indices]
 
 
 def load_events(config, indices: Sequence[int], split: str = "train") -> dict[str, torch.Tensor]:
     """One collated batch of exactly the events ``indices`` of ``split`` (global indices)."""
     ds = dataset_for(config, split)
-    events = _read(ds, [int(i) for i in indices], config.data.num_workers)
-    return collate(events, config.data.pad_to_multiple, neighbourhood_radii(config, ds))
+    radii = neighbourhood_radii(config, ds)
+    events = _read(ds, [int(i) for i in indices], config.data.num_workers, radii)
+    return collate(events, config.data.pad_to_multiple, radii)
 
 
 def _fixed_batches(config, start: int, count: int, batch_size: int, what: str) -> list[dict]:
@@ -196,7 +212,7 @@ class BatchLoader:
 
     def __next__(self) -> dict[str, torch.Tensor]:
         indices = self.sampler.take(self.batch_size)
-        events = _read(self.dataset, indices, self.config.data.num_workers)
+        events = _read(self.dataset, indices, self.config.data.num_workers, self.radii)
         batch = collate(events, self.config.data.pad_to_multiple, self.radii)
         self.batches_served += 1
         return batch

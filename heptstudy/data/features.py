@@ -9,13 +9,16 @@ For each hit (tracker or calorimeter) and radii ``r_1 < ... < r_K`` the block ho
 * ``radius_spread``: their standard deviation (metres; 0 when fewer than two);
 * ``nearest``: distance to the nearest other tracker hit, capped at ``NEAREST_CAP``.
 
-The distance is ``sqrt(deta^2 + dphi^2)`` with ``dphi`` wrapped into ``[-pi, pi]`` (a periodic
-k-d tree, ``scipy.spatial.cKDTree(boxsize=...)``), phi read as ``atan2(sin_phi, cos_phi)`` so a
-common positive factor on the two columns does not matter.  Cost O(N log N + pairs): one
-dual-tree pair listing at the largest radius (``sparse_distance_matrix``), bincounts over the
-pairs, and a capped nearest-neighbour query only for the hits with no other tracker hit within
-the largest radius.  The pair count grows roughly with the square of the largest radius (about
-62k pairs per full-occupancy event at 0.05, 285k at 0.2), so the largest radius sets the cost.
+The distance is ``sqrt(deta^2 + dphi^2)`` with ``dphi`` wrapped into ``[-pi, pi]``, phi read as
+``atan2(sin_phi, cos_phi)`` (in float64) so a common positive factor on the two columns does not
+matter.  The wrap-around is handled by copying the tracker hits within ``NEAREST_CAP`` of the seam
+to the other side (phi -/+ 2 pi) and searching plain ``scipy.spatial.cKDTree`` trees; on
+full-occupancy events that is about 1.5x quicker than periodic trees (``boxsize``) with the same
+answers.  Cost O(N log N + pairs): one dual-tree pair listing at the largest radius
+(``sparse_distance_matrix``), bincounts over the pairs, and a capped nearest-neighbour query only
+for the hits with no other tracker hit within the largest radius.  The pair count grows roughly
+with the square of the largest radius (about 67k pairs per full-occupancy event at 0.05, 285k at
+0.2), so the largest radius sets the cost.
 
 Default radii (``model.tracker_features.radii``) are ``[0.02, 0.05]``: 0.02 is a few ECAL cells
 (5 mm at ~2.1 m) around a hit, the scale of an electromagnetic shower core; 0.05 is a few HCAL cells
@@ -34,6 +37,9 @@ from scipy.spatial import cKDTree
 
 #: Nearest-tracker-hit distances at or above this are reported as this value.
 NEAREST_CAP = 1.0
+#: Largest allowed radius: the phi wrap-around copies reach this far past the seam.
+MAX_RADIUS = NEAREST_CAP
+TWO_PI = 2 * np.pi
 TRACKER = 1  # elemtype of tracker hits
 ETA, SIN_PHI, COS_PHI, POS_X, POS_Y = 2, 3, 4, 6, 7
 
@@ -50,36 +56,38 @@ def feature_names(radii: Sequence[float]) -> list[str]:
 def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
     """The ``[N, len(radii) + 3]`` float32 neighbourhood block of the hits ``X [N, 15]``."""
     radii = [float(r) for r in radii]
-    if not radii or min(radii) <= 0:
-        raise ValueError(f"radii must be positive, got {radii}")
+    if not radii or min(radii) <= 0 or max(radii) > MAX_RADIUS:
+        raise ValueError(f"radii must lie in (0, {MAX_RADIUS}], got {radii}")
     X = np.asarray(X)
     n, k = len(X), len(radii)
     out = np.zeros((n, k + 3), dtype=np.float32)
-    if n == 0:
-        return out
     out[:, -1] = NEAREST_CAP
-    trk = np.flatnonzero(X[:, 0] == TRACKER)
+    is_trk = X[:, 0] == TRACKER
+    trk = np.flatnonzero(is_trk)
     nt = len(trk)
     if nt == 0:
         return out
     r_hi = max(radii)
-    eta = X[:, ETA].astype(np.float64)
-    phi = np.mod(hit_phi(X).astype(np.float64), 2 * np.pi)
-    phi[phi >= 2 * np.pi] = 0.0  # mod can round up to exactly 2 pi
-    eta0 = eta.min()
     pts = np.empty((n, 2))
-    pts[:, 0] = eta - eta0
-    pts[:, 1] = phi
-    # wider in eta than any query (no wrap there), periodic in phi
-    box = np.array([(eta.max() - eta0) + 2 * max(r_hi, NEAREST_CAP) + 1.0, 2 * np.pi])
-    fast = {"balanced_tree": False, "compact_nodes": False}  # quicker to build, same answers
-    tree_all = cKDTree(pts, boxsize=box, **fast)
-    tree_trk = cKDTree(pts[trk], boxsize=box)  # few points: a balanced tree queries faster
+    pts[:, 0] = X[:, ETA]
+    pts[:, 1] = np.mod(np.arctan2(X[:, SIN_PHI], X[:, COS_PHI], dtype=np.float64), TWO_PI)
+    pts[pts[:, 1] >= TWO_PI, 1] = 0.0  # mod can round up to exactly 2 pi
+
+    # phi wrap-around: tracker hits within NEAREST_CAP of the seam get a copy shifted by 2 pi, so
+    # plain (non-periodic) trees, quicker to build and query than periodic ones, see every
+    # neighbour; ``owner`` maps each copy back to its tracker hit
+    tp = pts[trk]
+    low, high = tp[:, 1] < NEAREST_CAP, tp[:, 1] > TWO_PI - NEAREST_CAP
+    images = np.concatenate([tp, tp[low] + (0.0, TWO_PI), tp[high] - (0.0, TWO_PI)])
+    owner = np.concatenate([np.arange(nt), np.flatnonzero(low), np.flatnonzero(high)])
+    # leaf sizes measured fastest on full-occupancy events; an unbalanced tree builds quicker
+    tree_all = cKDTree(pts, leafsize=64, balanced_tree=False, compact_nodes=False)
+    tree_trk = cKDTree(images, leafsize=8)
 
     # all (hit, tracker hit) pairs within the largest radius, zero distances (and so each tracker
     # hit with itself) included; self pairs are taken out below by subtraction
-    pairs = tree_all.sparse_distance_matrix(tree_trk, r_hi, output_type="ndarray")
-    i, jt, d = pairs["i"], pairs["j"], pairs["v"]
+    pairs = tree_trk.sparse_distance_matrix(tree_all, r_hi, output_type="ndarray")
+    i, jt, d = pairs["j"], owner[pairs["i"]], pairs["v"]
     del pairs
     cnt = np.bincount(i, minlength=n).astype(np.float64)
     cnt[trk] -= 1.0
@@ -87,11 +95,10 @@ def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
         if r == r_hi:
             out[:, c] = cnt
         else:
-            cr = np.bincount(i[d <= r], minlength=n).astype(np.float64)
-            cr[trk] -= 1.0
+            cr = np.bincount(i[d <= r], minlength=n)
+            cr[trk] -= 1
             out[:, c] = cr
-    rad_trk = np.hypot(X[trk, POS_X].astype(np.float64), X[trk, POS_Y].astype(np.float64))
-    rad_trk /= 1000.0
+    rad_trk = np.hypot(X[trk, POS_X], X[trk, POS_Y]).astype(np.float64) / 1000.0
     rad = rad_trk[jt]
     s1 = np.bincount(i, weights=rad, minlength=n)
     s2 = np.bincount(i, weights=rad * rad, minlength=n)
@@ -109,17 +116,13 @@ def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
     nearest = np.full(n, np.inf)
     d[trk[jt] == i] = np.inf
     np.minimum.at(nearest, i, d)
-    rest = np.flatnonzero(cnt == 0)
-    if len(rest):
-        is_trk = np.zeros(n, dtype=bool)
-        is_trk[trk] = True
-        rest_trk = is_trk[rest]
-        calo, lone = rest[~rest_trk], rest[rest_trk]
-        if len(calo):
-            nearest[calo] = tree_trk.query(pts[calo], k=1, distance_upper_bound=NEAREST_CAP)[0]
-        if len(lone) and nt > 1:
-            dist = tree_trk.query(pts[lone], k=2, distance_upper_bound=NEAREST_CAP)[0]
-            nearest[lone] = dist[:, 1]
+    rest = np.flatnonzero(~has)
+    rest_trk = is_trk[rest]
+    calo, lone = rest[~rest_trk], rest[rest_trk]
+    if len(calo):
+        nearest[calo] = tree_trk.query(pts[calo], k=1, distance_upper_bound=NEAREST_CAP)[0]
+    if len(lone) and nt > 1:
+        nearest[lone] = tree_trk.query(pts[lone], k=2, distance_upper_bound=NEAREST_CAP)[0][:, 1]
     out[:, -1] = np.minimum(nearest, NEAREST_CAP)
     return out
 
