@@ -112,7 +112,10 @@ class DataConfig(_Strict):
     sampler: Literal["interleaved_shards", "sequential"] = "interleaved_shards"
     nvalid: int = Field(16, ge=0)
     ntest: int = Field(16, ge=0)
-    num_workers: int = Field(0, ge=0)
+    num_workers: int = Field(0, ge=0, description="reader threads per batch (0: read in turn)")
+    prefetch_batches: int = Field(
+        2, ge=0, description="batches read ahead during training while a step runs (0: none)"
+    )
 
     @property
     def name(self) -> str:
@@ -189,12 +192,28 @@ class PlatformConfig(_Strict):
     attention_backend: Literal["auto", "fused", "plain"]
     launcher: Literal["local", "torchrun", "slurm"]
     cpus_per_task: int = Field(1, ge=1)
+    data_workers: int = Field(
+        0, ge=0, description="data.num_workers per rank unless the scenario or --set gives it"
+    )
     host_memory_gib: float = Field(0.0, ge=0.0)
     time_limit: str = "48:00:00"
     partition: str = ""
     account: str = ""
     env: dict[str, str] = Field(default_factory=dict)
     modules: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _workers_leave_a_core(self) -> PlatformConfig:
+        if self.launcher == "slurm":
+            per_rank = self.cpus_per_task // self.devices_per_node
+            if self.data_workers >= max(per_rank, 1) and self.data_workers:
+                raise ValueError(
+                    f"data_workers={self.data_workers} reader threads per rank leave no core for "
+                    f"the training loop: cpus_per_task={self.cpus_per_task} over "
+                    f"{self.devices_per_node} devices is {per_rank} per rank; use at most "
+                    f"{max(per_rank - 1, 0)}"
+                )
+        return self
 
     @property
     def world_size(self) -> int:

@@ -272,6 +272,18 @@ def test_rule_platform_keeps_recipe(tmp_path):
     assert "attention_backend" in msg and "plain" in msg
 
 
+def test_platform_data_workers_are_a_default(tmp_path):
+    for platform in CLUSTER_PLATFORMS:
+        v = sc.resolve(RECIPE, PLATFORMS / f"{platform}.yaml").variants[0]
+        assert v.config.data.num_workers == _yaml(PLATFORMS / f"{platform}.yaml")["data_workers"]
+    given = sc.resolve(RECIPE, "h100", overrides=["data.num_workers=1"]).variants[0]
+    assert given.config.data.num_workers == 1
+    greedy = tmp_path / "greedy.yaml"
+    greedy.write_text(yaml.safe_dump({**_yaml(PLATFORMS / "h100.yaml"), "data_workers": 8}))
+    msg = _refused("platform-exists", RECIPE, greedy)
+    assert "data_workers=8" in msg and "8 per rank" in msg and "at most 7" in msg
+
+
 def test_rule_variant_and_scenario_exist(tmp_path):
     assert "track_cluster_mlpf" in _refused("variant-exists", RECIPE, "h100", ["nope"])
     _refused("scenario-exists", tmp_path / "missing.yaml", "h100")

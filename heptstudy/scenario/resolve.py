@@ -4,7 +4,8 @@ quantities (world size, per-device batch, validation and checkpoint steps) and t
 Resolution layers, per variant: schema defaults <- ``shared`` <- the variant <- ``--set``
 overrides <- the platform's ``dtype`` (``train.dtype``) and ``attention_backend``
 (``model.heptv2.attention_backend``). If the scenario or an override already sets one of those two
-keys to another value, resolution is refused: a profile never silently changes the recipe.
+keys to another value, resolution is refused: a profile never silently changes the recipe.  The
+platform's ``data_workers`` fills ``data.num_workers`` only where neither sets it.
 Each variant writes into ``<train.out_dir>/<scenario>/<variant>``: the scenario's
 ``train.out_dir`` is a root shared by the variants. Every resolution checks all the rules in
 :data:`heptstudy.scenario.rules.RULES`.
@@ -102,6 +103,10 @@ def _resolve_one(
             f"could not merge scenario {scenario.name!r}, variant {variant!r}: {err}"
         ) from None
     rules.apply_platform(recipe, platform, scenario.name, variant)
+    # reader threads are a property of the node, not of the science: the profile's value is a
+    # default that the scenario or --set may override
+    if rules.get_dotted(recipe, "data.num_workers") is None:
+        rules.set_dotted(recipe, "data.num_workers", platform.data_workers)
     root = rules.get_dotted(recipe, "train.out_dir") or Config().train.out_dir
     rules.set_dotted(recipe, "train.out_dir", str(Path(root) / scenario.name / variant))
     return validate(
@@ -201,7 +206,8 @@ def summary(res: Resolution) -> str:
             (
                 "data",
                 f"{d.dataset} configs {d.configs} in {d.data_dir}, sampler {d.sampler}, "
-                f"pad to {d.pad_to_multiple}",
+                f"pad to {d.pad_to_multiple}, {d.num_workers} reader threads and "
+                f"{d.prefetch_batches} batches read ahead per rank",
             ),
             (
                 "evaluation",

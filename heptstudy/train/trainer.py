@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from heptstudy.atomic import atomic_open, atomic_write_text
 from heptstudy.config import Config
+from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError
 from heptstudy.model import build_model
 from heptstudy.train import distributed
@@ -157,45 +158,45 @@ def train(
         unit="step",
     )
     net.train()
-    batches = iter(loader)
-    for step in range(start + 1, tc.num_steps + 1):
-        t0 = time.perf_counter()
-        losses, events = _accumulated_step(
-            net, batches, optimizer, scheduler, config, dtype, ctx, step
-        )
-        elapsed = time.perf_counter() - t0
-        record = {
-            "kind": "train",
-            "step": step,
-            "lr": scheduler.get_last_lr()[0],
-            "time_s": elapsed,
-        }
-        record["event_index_by_rank"] = events
-        record.update({f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()})
-        if ctx.is_main:
-            _write_json_line(metrics_path, record)
-            bar.set_postfix(loss=f"{record['loss_total']:.4g}", step_s=f"{elapsed:.2f}")
-        bar.update(1)
-        last = record
-        if step % tc.val_freq == 0 or step == tc.num_steps:
+    with PrefetchingLoader(loader, config.data.prefetch_batches) as batches:
+        for step in range(start + 1, tc.num_steps + 1):
+            t0 = time.perf_counter()
+            losses, events = _accumulated_step(
+                net, batches, optimizer, scheduler, config, dtype, ctx, step
+            )
+            elapsed = time.perf_counter() - t0
+            record = {
+                "kind": "train",
+                "step": step,
+                "lr": scheduler.get_last_lr()[0],
+                "time_s": elapsed,
+            }
+            record["event_index_by_rank"] = events
+            record.update({f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()})
             if ctx.is_main:
-                metrics, predictions = validate(model, valid, config, ctx.device, dtype)
-                _write_json_line(metrics_path, {"kind": "validation", "step": step, **metrics})
-                _save_predictions(pred_dir / f"step_{step:06d}.npz", predictions)
-                last = {**last, **{f"val_{k}": v for k, v in metrics.items()}}
-            _barrier(ctx)
-        if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
-            if ctx.is_main:
-                save_checkpoint(
-                    ckpt_dir / f"step_{step:06d}.pt",
-                    model=model,
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    loader=loader,
-                    step=step,
-                    config=config,
-                )
-            _barrier(ctx)
+                _write_json_line(metrics_path, record)
+                bar.set_postfix(loss=f"{record['loss_total']:.4g}", step_s=f"{elapsed:.2f}")
+            bar.update(1)
+            last = record
+            if step % tc.val_freq == 0 or step == tc.num_steps:
+                if ctx.is_main:
+                    metrics, predictions = validate(model, valid, config, ctx.device, dtype)
+                    _write_json_line(metrics_path, {"kind": "validation", "step": step, **metrics})
+                    _save_predictions(pred_dir / f"step_{step:06d}.npz", predictions)
+                    last = {**last, **{f"val_{k}": v for k, v in metrics.items()}}
+                _barrier(ctx)
+            if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
+                if ctx.is_main:
+                    save_checkpoint(
+                        ckpt_dir / f"step_{step:06d}.pt",
+                        model=model,
+                        optimizer=optimizer,
+                        scheduler=scheduler,
+                        loader=batches,
+                        step=step,
+                        config=config,
+                    )
+                _barrier(ctx)
     bar.close()
     distributed.teardown()
     return {

@@ -1,0 +1,107 @@
+"""Reading batches ahead: same batches, checkpoint position of the consumed batches, errors
+surface in the training thread, the reader thread stops."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from heptstudy.config import load_config
+from heptstudy.data import BatchLoader
+from heptstudy.data.prefetch import PrefetchingLoader
+from heptstudy.errors import DataError
+
+
+@pytest.fixture
+def config(tiny_data_dir):
+    return load_config(overrides=[f"data.data_dir={tiny_data_dir}", "data.pad_to_multiple=32"])
+
+
+def _wait_until(cond, timeout=30.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out waiting for the reader thread"
+        time.sleep(0.01)
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_same_batches_and_position_of_consumed_batches(config):
+    plain = BatchLoader(config, per_device_batch=2)
+    ahead = BatchLoader(config, per_device_batch=2)
+    with PrefetchingLoader(ahead, depth=3) as pf:
+        for _ in range(2):
+            _same(next(pf), next(plain))
+        # the reader has gone past the consumed batches ...
+        _wait_until(lambda: ahead.batches_served >= 2 + 3)
+        # ... but the saved position is that of the two batches handed out
+        assert pf.state_dict() == plain.state_dict()
+        resumed = BatchLoader(config, per_device_batch=2)
+        resumed.load_state_dict(pf.state_dict())
+        _same(next(pf), next(resumed))
+
+
+def test_depth_zero_reads_in_the_callers_thread(config):
+    plain = BatchLoader(config, per_device_batch=2)
+    loader = BatchLoader(config, per_device_batch=2)
+    with PrefetchingLoader(loader, depth=0) as pf:
+        assert pf._thread is None
+        _same(next(pf), next(plain))
+        assert loader.batches_served == 1
+        assert pf.state_dict() == plain.state_dict()
+    with pytest.raises(ValueError, match="depth must be >= 0"):
+        PrefetchingLoader(loader, depth=-1)
+
+
+class _FailsAt:
+    def __init__(self, n):
+        self.n, self.served = n, 0
+
+    def __next__(self):
+        self.served += 1
+        if self.served == self.n:
+            raise DataError(f"event {self.served} is broken; regenerate the data set")
+        return self.served
+
+    def state_dict(self):
+        return {"served": self.served}
+
+
+def test_reader_error_reaches_the_consumer_with_its_message():
+    pf = PrefetchingLoader(_FailsAt(3), depth=4)
+    assert [next(pf), next(pf)] == [1, 2]
+    with pytest.raises(DataError, match="event 3 is broken; regenerate"):
+        next(pf)
+    assert not pf._thread.is_alive()
+    assert pf.state_dict() == {"served": 2}
+    with pytest.raises(RuntimeError, match="closed"):
+        next(pf)
+
+
+class _Endless:
+    def __init__(self):
+        self.served = 0
+
+    def __next__(self):
+        self.served += 1
+        return self.served
+
+    def state_dict(self):
+        return {"served": self.served}
+
+
+def test_close_stops_a_reader_blocked_on_a_full_queue():
+    source = _Endless()
+    pf = PrefetchingLoader(source, depth=2)
+    _wait_until(lambda: source.served >= 3)  # two queued, a third waiting for room
+    t0 = time.monotonic()
+    pf.close()
+    assert not pf._thread.is_alive()
+    assert time.monotonic() - t0 < 5.0
+    assert source.served == 3
