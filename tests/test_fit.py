@@ -155,6 +155,13 @@ def test_held_out_cpu_measurements_within_ten_percent(cpu_reports):
     assert mm.allocated.fixed_mib > 0 and mm.allocated.per_padded_hit_mib > 0
 
 
+def test_bench_records_the_host_load(cpu_reports):
+    from heptstudy.measure.report import read_report
+
+    load = read_report(cpu_reports[0]).environment.load_average_1min
+    assert isinstance(load, float) and load >= 0.0
+
+
 def test_fake_estimate_matches_cpu_live_bytes(tiny_data_dir):
     from heptstudy.data import load_events
     from heptstudy.fit import estimate_step

@@ -111,6 +111,9 @@ class Environment(_Strict):
     hostname: str
     python: str
     fresh_process: bool
+    # the host's 1-minute load average when the measurement ended: a run keeps about ``threads``
+    # cores busy, so a clearly higher value means other work competed and times are unreliable
+    load_average_1min: float | None = None
 
 
 class DataInfo(_Strict):
@@ -407,6 +410,14 @@ def environment_info(
         python=sys.version.split()[0],
         fresh_process=claim_fresh_process() if fresh_process is None else fresh_process,
     )
+
+
+def host_load() -> float | None:
+    """The 1-minute load average of the host (None where the OS does not report one)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def mib(nbytes: int | None) -> float | None:

@@ -92,6 +92,7 @@ def reports_frame(reports) -> Any:
                 "device_kind": r.environment.device_kind,
                 "dtype": r.environment.dtype,
                 "threads": r.environment.threads,
+                "load_average_1min": r.environment.load_average_1min,
                 "torch": r.environment.torch_version,
                 "dataset": r.data.dataset,
                 "data_dir": r.data.data_dir,

@@ -56,9 +56,27 @@ def study_statement(df, description: str = "", notes: list[str] | tuple[str, ...
                 "  Fewer than the 5 counted + 2 warm-up steps of the GPU protocol: one full-size step "
                 "takes tens of seconds on CPU, and the whole CPU matrix has to fit in about 30 minutes."
             )
+    lines += busy_host_lines(df)
     lines += [f"- {n}" for n in notes]
     lines += ["", f"**{SMOKE_STATEMENT}**"]
     return "\n".join(lines)
+
+
+def busy_host_lines(df) -> list[str]:
+    """A warning naming the runs measured while other work competed for the cores (load average
+    more than one above the run's own threads), or nothing."""
+    if "load_average_1min" not in df:
+        return []
+    load = df["load_average_1min"]
+    busy = df[load.notna() & (load > df["threads"] + 1)]
+    if busy.empty:
+        return []
+    runs = ", ".join(f"{r['name']} ({r['load_average_1min']:.1f})" for r in busy.to_dict("records"))
+    return [
+        f"- **Busy host:** {runs} ended with a load average more than one above their own "
+        "threads: other work competed for the cores, so their step times overstate the cost; "
+        "rerun them on a quiet machine."
+    ]
 
 
 def figure_tag(df) -> str:
