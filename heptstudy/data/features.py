@@ -13,8 +13,8 @@ The distance is ``sqrt(deta^2 + dphi^2)`` with ``dphi`` wrapped into ``[-pi, pi]
 ``atan2(sin_phi, cos_phi)`` (in float64) so a common positive factor on the two columns does not
 matter.  The wrap-around is handled by copying the tracker hits within ``NEAREST_CAP`` of the seam
 to the other side (phi -/+ 2 pi) and searching plain ``scipy.spatial.cKDTree`` trees; on
-full-occupancy events that is about 1.5x quicker than periodic trees (``boxsize``) with the same
-answers.  Cost O(N log N + pairs): one dual-tree pair listing at the largest radius
+full-occupancy events that saves about 1 ms per event against periodic trees (``boxsize``), with
+the same answers.  Cost O(N log N + pairs): one dual-tree pair listing at the largest radius
 (``sparse_distance_matrix``), bincounts over the pairs, and a capped nearest-neighbour query only
 for the hits with no other tracker hit within the largest radius.  The pair count grows roughly
 with the square of the largest radius (about 67k pairs per full-occupancy event at 0.05, 285k at
