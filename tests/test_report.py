@@ -204,3 +204,31 @@ def test_environment_helpers():
     assert rp.claim_fresh_process() is False  # environment_info above claimed it
     commit = rp.git_commit()
     assert commit is None or len(commit) == 40
+
+
+def test_git_dirty_counts_code_not_results(tmp_path):
+    import subprocess
+
+    from heptstudy.measure.report import git_dirty
+
+    def git(*args):
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+        )
+
+    for rel in ("pkg/code.py", "experiments/run.json", "figures/fig.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("v1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "init")
+    assert git_dirty(tmp_path / "pkg") is False
+    (tmp_path / "experiments/run.json").write_text("v2\n")
+    (tmp_path / "figures/fig.png").unlink()
+    (tmp_path / "pkg/new_untracked.py").write_text("x\n")
+    assert git_dirty(tmp_path / "pkg") is False  # results and untracked files do not count
+    (tmp_path / "pkg/code.py").write_text("v2\n")
+    assert git_dirty(tmp_path / "pkg") is True

@@ -333,8 +333,20 @@ def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
 
 
 def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
-    """Whether tracked files differ from the commit; ``None`` when unknown."""
-    out = _git(["status", "--porcelain", "--untracked-files=no"], repo_dir)
+    """Whether tracked code differs from the commit; ``None`` when unknown.  Results
+    (``experiments/``, ``figures/``) do not count: a study rewrites them as it runs."""
+    out = _git(
+        [
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ":(top)",
+            ":(top,exclude)experiments",
+            ":(top,exclude)figures",
+        ],
+        repo_dir,
+    )
     return None if out is None else bool(out)
 
 
