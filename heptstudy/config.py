@@ -206,7 +206,7 @@ class PlatformConfig(_Strict):
     def _workers_leave_a_core(self) -> PlatformConfig:
         if self.launcher == "slurm":
             per_rank = self.cpus_per_task // self.devices_per_node
-            if self.data_workers >= max(per_rank, 1) and self.data_workers:
+            if self.data_workers and self.data_workers >= per_rank:
                 raise ValueError(
                     f"data_workers={self.data_workers} reader threads per rank leave no core for "
                     f"the training loop: cpus_per_task={self.cpus_per_task} over "

@@ -85,8 +85,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from heptstudy.atomic import atomic_write_text  # noqa
+    from heptstudy.atomic import atomic_write_text
     from heptstudy.config import load_config
+    from heptstudy.data.batching import dataset_for
 
     overrides = [
         f"data.data_dir={args.data_dir}",
@@ -101,7 +102,7 @@ def main() -> None:
     per_s = [p["events_per_s"] for p in passes]
     result = {
         "what": "read + tracker features + padding through BatchLoader, one CPU, one thread",
-        "synthetic": None,  # filled in from the data set's metadata below
+        "synthetic": bool(dataset_for(config, "train").metadata.get("synthetic", False)),
         "data_dir": args.data_dir,
         "configs": args.configs,
         "events_per_pass": passes[0]["events"],
@@ -114,9 +115,6 @@ def main() -> None:
         **_stage_split(config, n_batches, args.batch),
         "load_average_1min": os.getloadavg()[0],
     }
-    from heptstudy.data.batching import dataset_for
-
-    result["synthetic"] = bool(dataset_for(config, "train").metadata.get("synthetic", False))
     text = json.dumps(result, indent=1) + "\n"
     print(text, end="")
     if args.out:

@@ -34,8 +34,10 @@ from heptstudy.data.tfds import ShardedDataset, open_dataset
 from heptstudy.errors import DataError
 
 
-def padded_size(n: int, multiple: int) -> int:
-    return -(-int(n) // multiple) * multiple
+def padded_sizes(lengths, multiple: int) -> np.ndarray:
+    """Event lengths rounded up to a multiple of ``multiple`` (int64 array)."""
+    n = np.asarray(lengths, dtype=np.int64)
+    return -(-n // multiple) * multiple
 
 
 def collate(
@@ -49,7 +51,7 @@ def collate(
     if pad_to_multiple < 1:
         raise DataError(f"data.pad_to_multiple={pad_to_multiple} must be >= 1 (default 128)")
     lengths = np.array([len(ev["X"]) for ev in events], dtype=np.int64)
-    padded = np.array([padded_size(n, pad_to_multiple) for n in lengths], dtype=np.int64)
+    padded = padded_sizes(lengths, pad_to_multiple)
     S = max(int(padded.max()), pad_to_multiple)
     B = len(events)
     F = events[0]["X"].shape[1]

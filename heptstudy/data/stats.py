@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from heptstudy.atomic import atomic_savefig, atomic_write_text
-from heptstudy.data.batching import padded_size
+from heptstudy.data.batching import padded_sizes
 from heptstudy.data.tfds import open_dataset
 
 STATS_SCHEMA = "heptstudy.data_stats/1"
@@ -45,7 +45,7 @@ def hits_stats(
         tracker.append(int((X[:, 0] == 1).sum()))
         calo.append(int((X[:, 0] == 2).sum()))
     total_a = np.array(total, dtype=np.int64)
-    padded = np.array([padded_size(n, pad_to_multiple) for n in total], dtype=np.int64)
+    padded = padded_sizes(total, pad_to_multiple)
     md = ds.metadata
     return {
         "schema": STATS_SCHEMA,

@@ -11,7 +11,6 @@ happens to write, so the real data sets open the same way.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import re
 from collections.abc import Mapping, Sequence
@@ -294,7 +293,7 @@ class ShardedDataset:
                 f"event index {index} is out of range for {self.name} {self.split} "
                 f"(configs {self.shard_names}, {len(self)} events); use 0..{len(self) - 1}"
             )
-        shard = bisect.bisect_right(self._offsets.tolist(), index) - 1
+        shard = int(np.searchsorted(self._offsets, index, side="right")) - 1
         return shard, index - int(self._offsets[shard])
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
@@ -311,20 +310,17 @@ class ShardedDataset:
         }
         # a finite sum means every entry is finite (NaN/inf propagate); only an overflowing or
         # non-finite sum needs the element-wise look
-        if not np.isfinite(ev["X"].sum()) and not np.isfinite(ev["X"]).all():
-            bad = np.argwhere(~np.isfinite(ev["X"]))[0]
+        for key, what in (("X", "input feature"), ("ytarget", "target")):
+            values = ev[key]
+            if np.isfinite(values.sum()) or np.isfinite(values).all():
+                continue
+            row, col = np.argwhere(~np.isfinite(values))[0]
+            column = self._x_feature(col) if key == "X" else TARGET_COLUMNS[col]
             raise DataError(
                 f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
-                f"index {index}) has a non-finite input feature: X[{bad[0]}, {bad[1]}] = "
-                f"{ev['X'][bad[0], bad[1]]} ({self._x_feature(bad[1])}); the study does not "
-                "patch or drop such events: fix or regenerate the data set"
-            )
-        if not np.isfinite(ev["ytarget"].sum()) and not np.isfinite(ev["ytarget"]).all():
-            bad = np.argwhere(~np.isfinite(ev["ytarget"]))[0]
-            raise DataError(
-                f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
-                f"index {index}) has a non-finite target: ytarget[{bad[0]}, {bad[1]}] "
-                f"({TARGET_COLUMNS[bad[1]]}); fix or regenerate the data set"
+                f"index {index}) has a non-finite {what}: {key}[{row}, {col}] = "
+                f"{values[row, col]} ({column}); the study does not patch or drop such events: "
+                "fix or regenerate the data set"
             )
         if len(ev["ytarget"]) != len(ev["X"]):
             raise DataError(

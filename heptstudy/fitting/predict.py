@@ -15,17 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from heptstudy.data.batching import padded_sizes
 from heptstudy.fitting.memmodel import GIB, MIB, MemoryModel
 
 #: Steps simulated when the scenario has more: enough for a stable probability (the sampling is
 #: exact; the expected count in the scenario's steps is probability x steps).
 MAX_SIMULATED_STEPS = 5000
 MAX_EPOCHS = 200
-
-
-def padded(lengths, multiple: int) -> np.ndarray:
-    n = np.asarray(lengths, dtype=np.int64)
-    return -(-n // multiple) * multiple
 
 
 def batch_longest(
@@ -43,7 +39,7 @@ def batch_longest(
     ``num_steps`` steps of the sampler (epochs follow one another)."""
     from heptstudy.data.sampler import InterleavedShardSampler
 
-    plen = padded(lengths, pad_to_multiple)
+    plen = padded_sizes(lengths, pad_to_multiple)
     shard_sizes = list(shard_sizes) if shard_sizes is not None else [len(plen)]
     per_rank = max(1, len(plen) // world_size)
     # small data sets: at most MAX_EPOCHS epochs simulated (each epoch costs a shuffle)
@@ -130,7 +126,7 @@ def evaluate(
     p_batch = float(exceeds.mean())
     p_step = float(step_fails.mean())
     w = np.unravel_index(int(np.argmax(peaks)), peaks.shape)
-    lmax = int(padded(lengths, pad_to_multiple).max())
+    lmax = int(padded_sizes(lengths, pad_to_multiple).max())
     worst_possible_mib = float(model.predict_allocated_mib(per_device_batch, lmax))
     flat = peaks.ravel() / 1024
     counts, edges = np.histogram(flat, bins=30)

@@ -48,15 +48,20 @@ def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
     return None
 
 
-def load_scenario(name_or_path: str | Path) -> Scenario:
-    path = find_file(name_or_path, SCENARIO_DIR)
+def _find_or_refuse(name_or_path: str | Path, directory: Path, rule: str, what: str) -> Path:
+    path = find_file(name_or_path, directory)
     if path is None:
-        known = sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+        known = sorted(p.stem for p in directory.glob("*.yaml"))
         raise ScenarioError(
-            "scenario-exists",
-            f"scenario {str(name_or_path)!r} is neither a file nor a name in {SCENARIO_DIR}; "
-            f"known scenarios: {known}",
+            rule,
+            f"{what} {str(name_or_path)!r} is neither a file nor a name in {directory}; "
+            f"known: {known}",
         )
+    return path
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    path = _find_or_refuse(name_or_path, SCENARIO_DIR, "scenario-exists", "scenario")
     try:
         data = _read_yaml(path, "scenario")
     except ConfigError as err:
@@ -105,14 +110,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
 
 
 def find_platform(name_or_path: str | Path) -> tuple[PlatformConfig, Path]:
-    path = find_file(name_or_path, PLATFORM_DIR)
-    if path is None:
-        known = sorted(p.stem for p in PLATFORM_DIR.glob("*.yaml"))
-        raise ScenarioError(
-            "platform-exists",
-            f"platform profile {str(name_or_path)!r} is neither a file nor a name in "
-            f"{PLATFORM_DIR}; known platforms: {known}",
-        )
+    path = _find_or_refuse(name_or_path, PLATFORM_DIR, "platform-exists", "platform profile")
     try:
         return load_platform(path), path
     except ConfigError as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,28 +12,16 @@ from heptstudy.errors import HeptstudyError
 from heptstudy.study.common import MEMORY, NOTEBOOKS, StudyError
 from heptstudy.study.params import memory_options, parity_options, parse_overrides, report_name
 
-_MEMORY_KEYS = (
-    "batch_size",
-    "checkpointing",
-    "steps",
-    "warmup",
-    "variant",
-    "platform",
-    "data_dir",
-    "dtype",
-    "seed",
-    "overrides",
-)
-_PARITY_KEYS = (
-    "batch_size",
-    "deterministic",
-    "variant",
-    "platform",
-    "data_dir",
-    "dtype",
-    "seed",
-    "overrides",
-)
+
+def _notebook_keys(options) -> tuple[str, ...]:
+    # a run takes exactly its notebook's parameters; the runner picks output and progress itself
+    return tuple(
+        p for p in inspect.signature(options).parameters if p not in ("output", "progress")
+    )
+
+
+_MEMORY_KEYS = _notebook_keys(memory_options)
+_PARITY_KEYS = _notebook_keys(parity_options)
 _RUN_KEYS = {"notebook", "name", *_MEMORY_KEYS, "deterministic"}
 
 
