@@ -220,7 +220,7 @@ def test_track_cluster_variant_builds_and_runs(tiny_overrides):
 def test_bucket_block_mask_lists_every_block_a_bucket_needs(seq_len, block_size):
     """The fused path's sparse block mask must cover every allowed (query, key) pair; the kernel
     skips unlisted blocks, so a missing one would silently drop attention."""
-    from heptstudy.model.heptv2 import FLEX_BLOCK, bucket_block_mask
+    from heptstudy.model.fused_attention import FLEX_BLOCK, bucket_block_mask
 
     n_valid = torch.tensor([seq_len, seq_len - 37])
     bm = bucket_block_mask(n_valid, seq_len, block_size, "cpu")

@@ -114,7 +114,7 @@ def _type_encoder_forward(counts):
 
 @contextlib.contextmanager
 def _fake_substitutions(targets, type_counts):
-    from heptstudy.model import encoding, heptv2
+    from heptstudy.model import encoding, fused_attention
     from heptstudy.train import losses
 
     with contextlib.ExitStack() as stack:
@@ -123,7 +123,7 @@ def _fake_substitutions(targets, type_counts):
                 mock.patch.object(losses, "targets_from_batch", lambda batch: targets)
             )
             stack.enter_context(mock.patch.object(losses, "match", _deterministic_match))
-        stack.enter_context(mock.patch.object(heptv2, "_flex", _fake_flex))
+        stack.enter_context(mock.patch.object(fused_attention, "_flex", _fake_flex))
         stack.enter_context(
             mock.patch.object(encoding.TypeEncoder, "forward", _type_encoder_forward(type_counts))
         )
