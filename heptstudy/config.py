@@ -2,7 +2,11 @@
 
 OmegaConf does the merging and parses ``key=value`` overrides; pydantic does the checking, so
 every unknown key, wrong type or out-of-range value fails with the key, the value and what is
-allowed.
+allowed. Pydantic would read ``true`` as the integer 1 and ``1`` as true; here a number key
+refuses true/false and a true/false key refuses numbers.
+
+Relative paths (``data.data_dir``, ``train.out_dir``) are taken from the repository, wherever a
+command starts (:mod:`heptstudy.paths`): :func:`load_config` returns them absolute.
 """
 
 from __future__ import annotations
@@ -10,22 +14,76 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from heptstudy.errors import ConfigError
+from heptstudy.paths import resolve_in_repo
 
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
 VARIANTS = (HIT_VARIANT, TRACK_CLUSTER_VARIANT)
 
 
+def as_yaml(value: Any) -> str:
+    """``value`` as a user writes it in YAML or ``--set`` (true, not True)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def _scalar_kind(annotation: Any) -> Any:
+    """``int``, ``float`` or ``bool`` for a field holding that scalar (or a list or tuple of
+    it); None for anything else."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _scalar_kind(get_args(annotation)[0])
+    if origin in (list, tuple):
+        kinds = {_scalar_kind(a) for a in get_args(annotation) if a is not Ellipsis}
+        return kinds.pop() if len(kinds) == 1 else None
+    return annotation if annotation in (int, float, bool) else None
+
+
+def _bool_mixup(kind: Any, value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_bool_mixup(kind, v) for v in value)
+    if kind in (int, float):
+        return isinstance(value, bool)
+    return kind is bool and isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode turns true into 1 and 1 into true: a typo, never an intention
+        field = cls.model_fields.get(info.field_name or "")
+        kind = _scalar_kind(field.annotation) if field else None
+        if kind is None or not _bool_mixup(kind, value):
+            return value
+        wanted = "true or false" if kind is bool else f"{'a whole' if kind is int else 'a'} number"
+        raise PydanticCustomError(
+            "bool_number_mixup",
+            "takes {wanted}, not {got}; give {wanted}, for example the default {default}",
+            {
+                "wanted": wanted,
+                "got": "a number" if kind is bool else "true/false",
+                "default": as_yaml(field.get_default(call_default_factory=True)),
+            },
+        )
 
 
 class HEPTv2Config(_Strict):
@@ -140,6 +198,25 @@ class LossConfig(_Strict):
     cost_dice: float = Field(1.0, ge=0.0)
 
 
+class LambConfig(_Strict):
+    """LAMB as particleflow's ``mlpf/optimizers/lamb.py`` runs it (see heptstudy.train.lamb)."""
+
+    bias_correction: bool = Field(
+        True, description="divide the moment estimates by 1 - beta^step (Adam's correction)"
+    )
+    max_grad_norm: float = Field(
+        1.0,
+        ge=0.0,
+        description="scale all gradients down together when their global L2 norm exceeds this "
+        "(0: no clipping)",
+    )
+    weight_decay_on: Literal["all", "matrices"] = Field(
+        "all",
+        description="all: every trainable parameter, as particleflow; matrices: tensors with two "
+        "or more dimensions only (biases and norm scales neither decayed nor trust-scaled)",
+    )
+
+
 class TrainConfig(_Strict):
     global_batch_size: int = Field(4, ge=1)
     grad_accumulation: int = Field(1, ge=1)
@@ -148,6 +225,7 @@ class TrainConfig(_Strict):
     optimizer: Literal["lamb"] = "lamb"
     lr: float = Field(1e-3, gt=0.0)
     weight_decay: float = Field(0.01, ge=0.0)
+    lamb: LambConfig = Field(default_factory=LambConfig)
     lr_final_fraction: float = Field(0.1, ge=0.0, le=1.0)
     val_freq: int = Field(50, ge=1)
     checkpoint_freq: int = Field(50, ge=1)
@@ -276,6 +354,8 @@ def _describe(err: ValidationError, schema: type[BaseModel], what: str) -> str:
             lines.append(f"  {key}: unknown key (value {value!r}){hint}")
         elif e["type"] == "value_error":
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
+        elif e["type"] == "bool_number_mixup":
+            lines.append(f"  {key}={as_yaml(value)}: {e['msg']}")
         else:
             where = f"  {key}: " if key else "  "
             lines.append(f"{where}{e['msg'].lower()}, got {value!r}")
@@ -313,7 +393,16 @@ def load_config(
         merged = merge(*layers)
     except OmegaConfBaseException as err:
         raise ConfigError(f"could not merge configuration: {err}") from None
-    return validate(merged)
+    return resolve_paths(validate(merged))
+
+
+def resolve_paths(config: Config) -> Config:
+    """``config`` with its relative paths made absolute against the repository (see
+    :mod:`heptstudy.paths`), so that a command started anywhere reads and writes the same
+    folders."""
+    config.data.data_dir = str(resolve_in_repo(config.data.data_dir))
+    config.train.out_dir = str(resolve_in_repo(config.train.out_dir))
+    return config
 
 
 def load_platform(path: str | Path) -> PlatformConfig:

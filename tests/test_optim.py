@@ -1,4 +1,4 @@
-"""LAMB optimizer and cosine schedule."""
+"""LAMB optimizer (as particleflow runs it) and cosine schedule."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
-from pytorch_optimizer import Lamb
 
-from heptstudy.config import TrainConfig
+from heptstudy.config import ConfigError, TrainConfig, load_config
+from heptstudy.train.lamb import Lamb
 from heptstudy.train.optim import build_optimizer, build_scheduler, cosine_factor
 
 
@@ -73,16 +73,94 @@ def test_lamb_from_config_updates_parameters():
     before = copy.deepcopy(model.state_dict())
     opt = build_optimizer(model, cfg)
     assert isinstance(opt, Lamb)
-    decay, no_decay = opt.param_groups
-    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
-    assert all(p.ndim >= 2 for p in decay["params"]) and all(
-        p.ndim == 1 for p in no_decay["params"]
-    )
-    assert all(g["lr"] == 1e-2 for g in opt.param_groups)
+    # particleflow's recipe: one group, every trainable parameter decayed, clipping at 1.0
+    (group,) = opt.param_groups
+    assert group["weight_decay"] == 0.05 and len(group["params"]) == len(list(model.parameters()))
+    assert group["lr"] == 1e-2 and group["bias_correction"] is True
+    assert opt.defaults["max_grad_norm"] == 1.0
     _step(model, opt, 0)
     for k, v in model.state_dict().items():
         assert not torch.equal(v, before[k]), k
         assert torch.isfinite(v).all()
+
+
+def test_weight_decay_on_matrices_leaves_vectors_undecayed():
+    cfg = TrainConfig(weight_decay=0.05, lamb={"weight_decay_on": "matrices"})
+    decay, no_decay = build_optimizer(_model(), cfg).param_groups
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decay["params"])
+    assert all(p.ndim == 1 for p in no_decay["params"])
+
+
+def test_lamb_settings_are_validated():
+    for bad, fragment in (
+        ("train.lamb.max_grad_norm=-1", "greater than or equal to 0"),
+        ("train.lamb.bias_correction=1", "true or false"),
+        ("train.lamb.weight_decay_on=biases", "'all' or 'matrices'"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            load_config(overrides=[bad])
+        assert bad.split("=")[0] in str(err.value) and fragment in str(err.value), str(err.value)
+
+
+def _reference_lamb(params, grads, moments, step, *, lr, wd, bias_correction, max_norm):
+    """LAMB written from its equations (float64), particleflow's variant: clip all gradients
+    together to max_norm, Adam moments, optional bias correction, weight decay added to the
+    update, trust ratio |p| / |update| where wd != 0."""
+    b1, b2, eps = 0.9, 0.999, 1e-6
+    norm = math.sqrt(sum(float((g * g).sum()) for g in grads))
+    scale = max_norm / norm if max_norm and norm > max_norm else 1.0
+    out = []
+    for p, g, (m, v) in zip(params, grads, moments, strict=True):
+        g = g * scale
+        m.copy_(b1 * m + (1 - b1) * g)
+        v.copy_(b2 * v + (1 - b2) * g * g)
+        m_hat = m / (1 - b1**step) if bias_correction else m
+        v_hat = v / (1 - b2**step) if bias_correction else v
+        update = m_hat / (v_hat.sqrt() + eps) + wd * p
+        if wd:
+            w_norm, u_norm = float(p.norm()), float(update.norm())
+            update = update * (w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0)
+        out.append(p - lr * update)
+    return out, norm
+
+
+@pytest.mark.parametrize(
+    "bias_correction,max_norm,wd", [(True, 1.0, 0.01), (False, 1.0, 0.01), (True, 0.0, 0.0)]
+)
+def test_steps_match_lamb_written_from_its_equations(bias_correction, max_norm, wd):
+    model = _model()
+    with torch.no_grad():
+        model[0].bias.zero_()  # |p| = 0: the trust ratio falls back to 1
+    cfg = TrainConfig(
+        lr=0.01,
+        weight_decay=wd,
+        lamb={"bias_correction": bias_correction, "max_grad_norm": max_norm},
+    )
+    opt = build_optimizer(model, cfg)
+    ref = [p.detach().double().clone() for p in model.parameters()]
+    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in ref]
+    norms = []
+    for step in (1, 2, 3):
+        x = torch.randn(16, 4, generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        (100.0 * model(x).pow(2).mean()).backward()  # large enough for clipping to act
+        grads = [p.grad.detach().double().clone() for p in model.parameters()]
+        opt.step()
+        ref, norm = _reference_lamb(
+            ref,
+            grads,
+            moments,
+            step,
+            lr=0.01,
+            wd=wd,
+            bias_correction=bias_correction,
+            max_norm=max_norm,
+        )
+        norms.append(norm)
+        for p, r in zip(model.parameters(), ref, strict=True):
+            torch.testing.assert_close(p.detach().double(), r, rtol=2e-5, atol=1e-7)
+    assert min(norms) > 1.0  # clipping really took part where it is on
 
 
 def test_frozen_parameters_left_out():

@@ -427,7 +427,7 @@ def _checkpoints(out_dir: Path) -> dict[int, Path]:
     checkpoint format), not by a file-name convention."""
     import torch
 
-    from heptstudy.train.checkpoint import FORMAT
+    from heptstudy.train.state import FORMAT
 
     found = {}
     for path in sorted(out_dir.rglob("*")):

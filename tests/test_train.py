@@ -9,6 +9,7 @@ import torch
 
 from heptstudy.config import load_config
 from heptstudy.errors import HeptstudyError
+from heptstudy.train.out_dir import choose_out_dir
 from heptstudy.train.trainer import train
 from tests.conftest import tiny_train_overrides
 
@@ -60,25 +61,47 @@ def test_resume_is_bit_for_bit(tiny_data_dir, tmp_path):
     assert a["loader"] == b["loader"]
 
 
-def test_corrupt_and_incompatible_checkpoints_are_refused(tiny_data_dir, tmp_path):
-    cfg = load_config(overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "run", num_steps=2))
-    train(cfg, progress=False)
-    good = tmp_path / "run" / "checkpoints" / "step_000002.pt"
-    corrupt = tmp_path / "corrupt.pt"
-    corrupt.write_bytes(good.read_bytes()[:5000])
-    other_out = tmp_path / "other"
-    with pytest.raises(HeptstudyError, match="not a readable heptstudy checkpoint"):
-        train(
-            load_config(overrides=tiny_train_overrides(tiny_data_dir, other_out)),
-            resume=corrupt,
-            progress=False,
-        )
-    wider = tiny_train_overrides(tiny_data_dir, other_out) + ["model.heptv2.embedding_dim=32"]
-    with pytest.raises(HeptstudyError, match="incompatible configuration.*embedding_dim"):
-        train(load_config(overrides=wider), resume=good, progress=False)
-    assert not other_out.exists()  # refused before anything was written
-    before = good.read_bytes()
-    assert good.read_bytes() == before
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_earlier_run_is_kept_new_runs_are_numbered_and_resume_continues(tiny_data_dir, tmp_path):
+    out = tmp_path / "run"
+    two = load_config(overrides=tiny_train_overrides(tiny_data_dir, out, num_steps=2))
+    train(two, progress=False)
+    first = _snapshot(out)
+
+    with pytest.raises(HeptstudyError, match="already holds an earlier run.*--new-run"):
+        train(two, progress=False)
+    assert _snapshot(out) == first
+
+    summary = train(two, progress=False, new_run=True)
+    assert summary["out_dir"] == str(out / "run-002")
+    assert {k: v for k, v in _snapshot(out).items() if not k.startswith("run-002")} == first
+    assert (out / "run-002" / "checkpoints" / "step_000002.pt").is_file()
+    assert choose_out_dir(out, new_run=True) == out / "run-003"
+
+    # resuming continues the run in its own folder: nothing earlier replaced, steps appended
+    four = load_config(overrides=tiny_train_overrides(tiny_data_dir, out, num_steps=4))
+    summary = train(four, resume=out / "checkpoints" / "step_000002.pt", progress=False)
+    assert summary["out_dir"] == str(out)
+    after = _snapshot(out)
+    changed = [k for k, v in first.items() if after[k] != v]
+    assert changed == ["metrics.jsonl"]
+    assert after["metrics.jsonl"].startswith(first["metrics.jsonl"])
+    kinds = [
+        (r["kind"], r["step"])
+        for r in map(json.loads, after["metrics.jsonl"].decode().splitlines())
+    ]
+    assert [s for kind, s in kinds if kind == "train"] == [1, 2, 3, 4]
+    assert ("resume", 2) in kinds
+    assert "checkpoints/step_000004.pt" in after
+    # the run's configuration changed (num_steps): the new one is written beside the old one
+    assert "config.resumed_step_000002.yaml" in after
+
+    with pytest.raises(HeptstudyError, match="would replace files of later steps"):
+        train(four, resume=out / "checkpoints" / "step_000002.pt", progress=False)
+    assert _snapshot(out) == after
 
 
 def test_non_finite_loss_stops_with_step_and_events(tiny_data_dir, tmp_path):

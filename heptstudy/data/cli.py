@@ -1,16 +1,50 @@
-"""`heptstudy data generate` and `heptstudy data stats`."""
+"""`heptstudy data generate` and `heptstudy data stats`.
+
+Default folders are the repository's (``data/tfds``, ``experiments/data_stats``), where the
+configuration's ``data.data_dir`` points, wherever the command starts; a folder given on the
+command line is taken as the shell gives it (relative to the current directory).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from heptstudy.paths import resolve_in_repo
+
+DEFAULT_DATA_DIR = "data/tfds"
+DEFAULT_STATS_DIR = "experiments/data_stats"
+
+
+def _at_least(minimum: int, example: int):
+    """An argparse type: a whole number >= ``minimum`` (argparse reports anything else)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number; give one of at least {minimum}, e.g. {example}"
+            ) from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{value} is below {minimum}; give a whole number of at least {minimum}, "
+                f"e.g. {example}"
+            )
+        return value
+
+    return parse
+
+
+def _data_dir(args: argparse.Namespace) -> str:
+    return args.data_dir or str(resolve_in_repo(DEFAULT_DATA_DIR))
+
 
 def _generate(args: argparse.Namespace) -> int:
     from heptstudy.data.generate import generate_datasets
 
     result = generate_datasets(
-        args.data_dir,
+        _data_dir(args),
         events_train=args.events_train,
         events_test=args.events_test,
         seed=args.seed,
@@ -30,8 +64,10 @@ def _generate(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     from heptstudy.data.stats import hits_stats, write_stats
 
-    stats = hits_stats(args.data_dir, args.dataset, args.configs, args.split, args.pad_to_multiple)
-    js, png = write_stats(stats, args.out)
+    stats = hits_stats(
+        _data_dir(args), args.dataset, args.configs, args.split, args.pad_to_multiple
+    )
+    js, png = write_stats(stats, args.out or resolve_in_repo(DEFAULT_STATS_DIR))
     summary = {k: stats[k] for k in ("dataset", "split", "num_events", "synthetic")}
     summary["total"] = stats["total"]
     summary["events_above_tail_threshold"] = stats["events_above_tail_threshold"]
@@ -45,25 +81,34 @@ def register_cli(subparsers) -> None:
     sub = data.add_subparsers(dest="data_command", required=True)
 
     gen = sub.add_parser("generate", help="write synthetic cld_edm_ttbar_hits and _pf data sets")
-    gen.add_argument("--data-dir", default="data/tfds", help="TFDS data directory")
-    gen.add_argument("--events-train", type=int, required=True)
-    gen.add_argument("--events-test", type=int, required=True)
-    gen.add_argument("--seed", type=int, required=True)
+    gen.add_argument(
+        "--data-dir", help=f"TFDS data directory (default: the repository's {DEFAULT_DATA_DIR})"
+    )
+    gen.add_argument("--events-train", type=_at_least(1, 256), required=True)
+    gen.add_argument("--events-test", type=_at_least(1, 64), required=True)
+    gen.add_argument("--seed", type=_at_least(0, 20261014), required=True)
     gen.add_argument("--configs", nargs="+", default=["1"], help="builder configs (1..10)")
     gen.add_argument(
         "--occupancy-scale", type=float, default=1.0, help="hit multiplicity factor (1 = CLD-like)"
     )
     gen.add_argument(
-        "--workers", type=int, default=None, help="processes simulating events (default: up to 2)"
+        "--workers",
+        type=_at_least(1, 2),
+        default=None,
+        help="processes simulating events (default: up to 2)",
     )
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     gen.set_defaults(func=_generate)
 
     st = sub.add_parser("stats", help="hits-per-event distribution as JSON and PNG")
-    st.add_argument("--data-dir", default="data/tfds")
+    st.add_argument(
+        "--data-dir", help=f"TFDS data directory (default: the repository's {DEFAULT_DATA_DIR})"
+    )
     st.add_argument("--dataset", default="cld_edm_ttbar_hits:3.2.1", help="NAME:VERSION")
     st.add_argument("--configs", nargs="+", default=["1"])
     st.add_argument("--split", default="train")
-    st.add_argument("--pad-to-multiple", type=int, default=128)
-    st.add_argument("--out", default="experiments/data_stats", help="output directory")
+    st.add_argument("--pad-to-multiple", type=_at_least(1, 128), default=128)
+    st.add_argument(
+        "--out", help=f"output directory (default: the repository's {DEFAULT_STATS_DIR})"
+    )
     st.set_defaults(func=_stats)

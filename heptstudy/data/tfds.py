@@ -258,7 +258,9 @@ class ShardedDataset:
 
     Global index ``i`` runs over config 0's events, then config 1's, and so on; each config is
     one shard.  ``ds[i]`` returns a dict of numpy arrays (``X``, ``ytarget``, ``ycand``,
-    ``genmet``, ``genjets``, ``targetjets``) plus ``event_index`` (= ``i``).
+    ``genmet``, ``genjets``, ``targetjets``) plus ``event_index`` (= ``i``).  ``files`` lists,
+    per config, its ArrayRecord files with their event counts, so that a record that cannot be
+    read is reported with the file it is in.
     """
 
     def __init__(
@@ -269,8 +271,10 @@ class ShardedDataset:
         split: str,
         metadata: dict[str, Any],
         x_width: int,
+        files: Sequence[Sequence[tuple[Path, int]]] | None = None,
     ) -> None:
         self._sources = list(sources)
+        self._files = [list(f) for f in files] if files is not None else None
         self.shard_names = list(shard_names)
         self.name = name
         self.split = split
@@ -299,7 +303,12 @@ class ShardedDataset:
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         index = int(index)
         shard, local = self.locate(index)
-        raw = self._sources[shard][local]
+        try:
+            raw = self._sources[shard][local]
+        except DataError:
+            raise
+        except Exception as err:  # the reader's errors have no common type; all mean "unreadable"
+            raise self._unreadable(shard, local, err) from None
         ev = {
             "X": np.asarray(raw["X"], dtype=np.float32).reshape(-1, self.x_width),
             "ytarget": np.asarray(raw["ytarget"], dtype=np.float32).reshape(-1, Y_WIDTH),
@@ -330,6 +339,23 @@ class ShardedDataset:
         ev["event_index"] = np.int64(index)
         return ev
 
+    def _unreadable(self, shard: int, local: int, err: Exception) -> DataError:
+        where, folder = f"{self.name}/{self.shard_names[shard]} {self.split}", "its folder"
+        position = local
+        for path, count in self._files[shard] if self._files else []:
+            if position < count:
+                where, folder = f"file {str(path)!r}", repr(str(path.parent))
+                break
+            position -= count
+        detail = (str(err).splitlines() or [""])[0][:200]
+        return DataError(
+            f"{where} cannot be read at its record {position} ({type(err).__name__}: {detail}); "
+            f"the file is truncated, damaged or missing (event {local} of {self.name}/"
+            f"{self.shard_names[shard]} {self.split}). The study does not skip unreadable "
+            "events: copy the file again from where the data set came from, or regenerate "
+            f"synthetic data (remove {folder}, then run `heptstudy data generate`)"
+        )
+
     def _x_feature(self, col: int) -> str:
         names = HIT_FEATURES if self.is_hits else PF_FEATURES
         return names[col] if col < len(names) else f"column {col}"
@@ -356,7 +382,7 @@ def open_dataset(
     if isinstance(configs, str):
         configs = [configs]
     data_dir = Path(data_dir).expanduser()
-    sources, metas = [], []
+    sources, metas, files = [], [], []
     expected = X_WIDTH.get(name)
     for config in configs:
         config = str(config)
@@ -406,6 +432,7 @@ def open_dataset(
                 "reader needs ArrayRecord files (file_format array_record): convert the data set "
                 "with `tfds build --file_format=array_record` or regenerate it"
             ) from None
+        files.append(_shard_files(info.splits[split], path, name, config, version, split))
         sources.append(source)
         md = dict(info.metadata or {})
         md.setdefault("synthetic", False)
@@ -422,4 +449,23 @@ def open_dataset(
     metadata["configs"] = [str(c) for c in configs]
     metadata["split"] = split
     metadata["per_config"] = metas
-    return ShardedDataset(sources, [str(c) for c in configs], name, split, metadata, expected)
+    return ShardedDataset(
+        sources, [str(c) for c in configs], name, split, metadata, expected, files
+    )
+
+
+def _shard_files(split_info, path: Path, name, config, version, split) -> list[tuple[Path, int]]:
+    """The split's ArrayRecord files with their event counts; a missing one is refused here,
+    before anything reads (a damaged one is reported when read)."""
+    paths, lengths = split_info.filepaths, split_info.shard_lengths
+    listed = [(Path(str(f)), int(n)) for f, n in zip(paths, lengths, strict=True)]
+    missing = [f.name for f, _ in listed if not f.is_file()]
+    if missing:
+        raise DataError(
+            f"{name}/{config}:{version} {split} lacks {len(missing)} of its {len(listed)} "
+            f"ArrayRecord files listed in {str(path / 'dataset_info.json')!r}: "
+            f"{', '.join(missing[:3])}{', ...' if missing[3:] else ''}; copy them again from "
+            "where the data set came from, or regenerate synthetic data (remove "
+            f"{str(path)!r}, then `heptstudy data generate`)"
+        )
+    return listed

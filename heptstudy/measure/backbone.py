@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from heptstudy.config import Config
+from heptstudy.errors import ConfigError
 from heptstudy.measure.memory import make_meter
 from heptstudy.measure.timing import synchronize
 from heptstudy.model import example_batch
@@ -17,10 +18,40 @@ from heptstudy.model.checkpointing import run_backbone
 from heptstudy.model.heptv2 import HEPTv2Layer, hit_coordinates
 
 
+def check_backbone_request(hits: Any, repeats: Any, device: Any) -> torch.device:
+    """Refuse what cannot be measured before building anything; returns the device."""
+    for name, value in (("--hits", hits), ("--repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"{name} {value!r}: the backbone bench needs a whole number of at least 1 "
+                f"({'hits in the one event' if name == '--hits' else 'timed runs'}); "
+                f"give for example {name} {10000 if name == '--hits' else 3}"
+            )
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"--device {device!r} is not a device name; give cpu, cuda or cuda:N"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"--device {device!r}: this PyTorch ({torch.__version__}) sees no CUDA or ROCm device; "
+            "run on a GPU machine or give --device cpu"
+        )
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(
+            f"--device {device!r}: there are {torch.cuda.device_count()} devices "
+            f"(cuda:0..cuda:{torch.cuda.device_count() - 1}); give one of them"
+        )
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: the backbone bench runs on cpu or cuda only")
+    return dev
+
+
 def run_backbone_bench(
     config: Config, hits: int, repeats: int = 3, device: str = "cpu", seed: int = 0
 ) -> dict[str, Any]:
-    dev = torch.device(device)
+    dev = check_backbone_request(hits, repeats, device)
     cfg = config.model.heptv2
     torch.manual_seed(seed)
     layers = torch.nn.ModuleList(HEPTv2Layer(cfg, i) for i in range(cfg.num_convs)).to(dev).train()

@@ -39,6 +39,7 @@ BUDGET_KEYS = (
     "train.optimizer",
     "train.lr",
     "train.weight_decay",
+    "train.lamb",
     "train.lr_final_fraction",
     "train.val_freq",
     "train.checkpoint_freq",

@@ -4,10 +4,16 @@ rank-0 rule for anything written to disk."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+from heptstudy.errors import HeptstudyError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,24 @@ def setup(device: torch.device | None = None) -> DistContext:
 def teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def decided_on_main(decide: Callable[[], T], ctx: DistContext) -> T:
+    """``decide()`` run by rank 0 alone, its answer (or its refusal) given to every rank: a
+    decision about files must not depend on which rank looked first."""
+    if not ctx.distributed:
+        return decide()
+    box: list = [None]
+    if ctx.is_main:
+        try:
+            box[0] = (True, decide())
+        except HeptstudyError as err:
+            box[0] = (False, err)
+    dist.broadcast_object_list(box, src=0)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def all_mean(value: float, ctx: DistContext) -> float:

@@ -1,12 +1,16 @@
-"""LAMB optimizer and the cosine learning-rate schedule.
+"""The training recipe's optimizer (LAMB as particleflow runs it) and its cosine schedule.
 
-Optimizer: ``pytorch_optimizer.Lamb`` (not a hand-written LAMB) with ``lr`` and
-``weight_decay`` from ``train``; the package's other settings keep their defaults: betas
-(0.9, 0.999), eps 1e-6, decoupled weight decay (``p <- p * (1 - lr * weight_decay)``), no
-rectification, no global-norm pre-scaling (``pre_norm=False``, so ``max_grad_norm`` is unused),
-no bias correction (LAMB paper, v3). Weight decay applies to tensors with two or more
-dimensions (weights of linear layers and embeddings); biases, norm scales and other 1-d
-parameters are not decayed. Frozen parameters (``requires_grad=False``) are left out.
+Optimizer: :class:`heptstudy.train.lamb.Lamb` with ``train.lr``, ``train.weight_decay`` and
+``train.lamb``: bias correction on, global gradient-norm clipping at 1.0, weight decay (and so
+the trust ratio) on every trainable parameter, as particleflow's ``get_optimizer`` passes
+``model.parameters()`` in one group. ``train.lamb.weight_decay_on=matrices`` decays only
+tensors with two or more dimensions (the parameters this study decayed before); biases, norm
+scales and other 1-d parameters then take the plain Adam step, without trust ratio. Frozen
+parameters (``requires_grad=False``) are left out.
+
+Remaining differences from particleflow: none in the update (the module docstring of
+``heptstudy.train.lamb`` lists the options neither side uses); particleflow counts frozen
+parameters in its one group, where they receive no gradient and so no update either.
 
 Schedule: ``lr(k) = lr * (f + (1 - f) * (1 + cos(pi * k / num_steps)) / 2)`` with
 ``f = lr_final_fraction``, where k counts ``scheduler.step()`` calls (one after each optimizer
@@ -20,37 +24,42 @@ from __future__ import annotations
 import math
 
 import torch
-from pytorch_optimizer import Lamb
 
 from heptstudy.config import TrainConfig
 from heptstudy.errors import ConfigError
+from heptstudy.train.lamb import Lamb
 
 
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups, in parameter order: decayed (ndim >= 2) and not decayed (ndim < 2)."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = []
-    if decay:
-        groups.append({"params": decay, "weight_decay": weight_decay})
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+def parameter_groups(model: torch.nn.Module, train_cfg: TrainConfig) -> list[dict]:
+    """The trainable parameters in model order: one decayed group (``weight_decay_on=all``),
+    or a decayed group of tensors with ndim >= 2 and an undecayed one (``matrices``)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    wd = train_cfg.weight_decay
+    if train_cfg.lamb.weight_decay_on == "all":
+        return [{"params": trainable, "weight_decay": wd}] if trainable else []
+    decay = [p for p in trainable if p.ndim >= 2]
+    no_decay = [p for p in trainable if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": wd}] if decay else []
+    return groups + ([{"params": no_decay, "weight_decay": 0.0}] if no_decay else [])
 
 
 def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.optim.Optimizer:
     """LAMB over the trainable parameters of ``model`` (see the module docstring)."""
     if train_cfg.optimizer != "lamb":
         raise ConfigError(f"train.optimizer={train_cfg.optimizer!r} is not supported; use 'lamb'")
-    groups = parameter_groups(model, train_cfg.weight_decay)
+    groups = parameter_groups(model, train_cfg)
     if not groups:
         raise ConfigError(
             "the model has no trainable parameters (all have requires_grad=False); "
             "unset model.freeze.* so that something can be trained"
         )
-    return Lamb(groups, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+    return Lamb(
+        groups,
+        lr=train_cfg.lr,
+        weight_decay=train_cfg.weight_decay,
+        bias_correction=train_cfg.lamb.bias_correction,
+        max_grad_norm=train_cfg.lamb.max_grad_norm,
+    )
 
 
 def cosine_factor(step: int, num_steps: int, final_fraction: float) -> float:

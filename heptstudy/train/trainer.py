@@ -19,10 +19,16 @@ from heptstudy.config import Config
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError
 from heptstudy.model import build_model
+from heptstudy.paths import resolve_in_repo
 from heptstudy.train import distributed
-from heptstudy.train.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from heptstudy.train.losses import compute_losses
 from heptstudy.train.optim import build_optimizer, build_scheduler
+from heptstudy.train.out_dir import choose_out_dir, config_file_name
+from heptstudy.train.state import (
+    load_training_state,
+    restore_training_state,
+    save_training_state,
+)
 from heptstudy.train.validate import validate
 
 
@@ -101,9 +107,16 @@ def _save_predictions(path: Path, predictions: dict[str, np.ndarray]) -> None:
 
 
 def train(
-    config: Config, resume: str | Path | None = None, progress: bool = True
+    config: Config,
+    resume: str | Path | None = None,
+    progress: bool = True,
+    new_run: bool = False,
 ) -> dict[str, Any]:
-    """Train as configured; returns a summary (last step, last metrics, output paths)."""
+    """Train as configured; returns a summary (last step, last metrics, output paths).
+
+    ``train.out_dir`` must be empty or new unless ``resume`` continues the run there or
+    ``new_run`` asks for a new numbered run beside it (heptstudy.train.out_dir); the folder
+    actually written is the summary's ``out_dir``."""
     from heptstudy.data import BatchLoader, validation_batches
 
     ctx = distributed.setup()
@@ -117,11 +130,21 @@ def train(
             f"processes x {tc.grad_accumulation} accumulation steps; choose a multiple of {devices}"
         )
     per_device = tc.global_batch_size // devices
-    out = Path(tc.out_dir)
-    ckpt_dir, pred_dir = out / "checkpoints", out / "predictions"
     dtype = autocast_dtype(config, ctx.device)
 
-    state = load_checkpoint(resume, config) if resume else None  # refuse before writing anything
+    # refuse a damaged or unsuitable training state, or an occupied out_dir, before writing
+    state = load_training_state(resume, config) if resume else None
+    resume_step = int(state["step"]) if state else None
+    out = distributed.decided_on_main(
+        lambda: choose_out_dir(
+            resolve_in_repo(tc.out_dir),
+            new_run=new_run,
+            resume=resume,
+            resume_step=resume_step or 0,
+        ),
+        ctx,
+    )
+    ckpt_dir, pred_dir = out / "checkpoints", out / "predictions"
     torch.manual_seed(tc.seed)
     model = build_model(config).to(ctx.device)
     optimizer = build_optimizer(model, tc)
@@ -131,12 +154,9 @@ def train(
     )
     start = 0
     if state is not None:
-        model.load_state_dict(state["model"], strict=True)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        loader.load_state_dict(state["loader"])
-        restore_rng_states(state["rng"])
-        start = int(state["step"])
+        start = restore_training_state(
+            state, resume, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader
+        )
     net = model
     if ctx.distributed:
         net = DistributedDataParallel(
@@ -144,11 +164,22 @@ def train(
         )
     valid = validation_batches(config, per_device) if ctx.is_main else []
 
-    if ctx.is_main:
+    metrics_path = out / "metrics.jsonl"
+
+    def open_run() -> None:
+        # only once a step has succeeded: a run that fails at once (out of memory, bad data)
+        # leaves no half-made folder that would block the retry
         for d in (ckpt_dir, pred_dir):
             d.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "config.yaml", config.to_yaml())
-    metrics_path = out / "metrics.jsonl"
+        run_config = config.model_copy(deep=True)
+        run_config.train.out_dir = str(out)
+        text = run_config.to_yaml()
+        atomic_write_text(config_file_name(out, text, resume_step), text)
+        if state is not None:
+            _write_json_line(
+                metrics_path, {"kind": "resume", "step": start, "from": str(Path(resume))}
+            )
+
     last: dict[str, Any] = {}
     bar = tqdm(
         total=tc.num_steps,
@@ -174,6 +205,8 @@ def train(
             record["event_index_by_rank"] = events
             record.update({f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()})
             if ctx.is_main:
+                if step == start + 1:
+                    open_run()
                 _write_json_line(metrics_path, record)
                 bar.set_postfix(loss=f"{record['loss_total']:.4g}", step_s=f"{elapsed:.2f}")
             bar.update(1)
@@ -187,7 +220,7 @@ def train(
                 _barrier(ctx)
             if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
                 if ctx.is_main:
-                    save_checkpoint(
+                    save_training_state(
                         ckpt_dir / f"step_{step:06d}.pt",
                         model=model,
                         optimizer=optimizer,

@@ -1,0 +1,33 @@
+"""Where relative paths of a configuration point: the repository, wherever a command starts.
+
+``data.data_dir: data/tfds`` in a YAML file, a default or a ``--set`` override means the
+repository's ``data/tfds`` whether the command runs in the repository root, in ``notebooks/``
+or in ``/tmp``. The repository is the folder holding this package and its ``pyproject.toml``
+(an editable install, as ``make install`` makes); a copy installed elsewhere has no repository,
+and its relative paths are taken from the current directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _find_repository() -> Path | None:
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() and (root / "heptstudy").is_dir() else None
+
+
+#: The repository holding this package, or None for a non-editable install.
+REPO_ROOT: Path | None = _find_repository()
+
+
+def base_dir() -> Path:
+    """The folder relative configuration paths are resolved against."""
+    return REPO_ROOT if REPO_ROOT is not None else Path.cwd()
+
+
+def resolve_in_repo(path: str | os.PathLike) -> Path:
+    """``path`` made absolute: ``~`` expanded, a relative path taken from :func:`base_dir`."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else base_dir() / p

@@ -1,0 +1,142 @@
+"""Where a training run writes (``train.out_dir``): never over an earlier run.
+
+- An empty or new ``train.out_dir`` takes the run.
+- A non-empty one is refused, unless the user asks
+  - to start a new numbered run (``--new-run``): it goes to ``OUT/run-002`` (then ``run-003``,
+    ...; the run written directly into ``OUT`` counts as the first), or
+  - to resume (``--resume CKPT``): the run continues in the folder that wrote ``CKPT`` when that
+    is ``OUT`` or one of its numbered runs, appending to its metrics. Files of steps after the
+    resumed one (an earlier attempt that got further) would be replaced, so they are refused.
+- A folder that cannot be created or written is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from heptstudy.errors import HeptstudyError
+
+RUN_NAME = re.compile(r"^run-(\d{3,})$")
+STEP_FILE = re.compile(r"^step_(\d+)\.(pt|npz)$")
+#: The sub-folders whose step files a resumed run writes again.
+STEP_FOLDERS = ("checkpoints", "predictions")
+
+
+class OutputDirError(HeptstudyError):
+    pass
+
+
+def choose_out_dir(
+    out_dir: str | Path,
+    *,
+    new_run: bool = False,
+    resume: str | Path | None = None,
+    resume_step: int = 0,
+) -> Path:
+    """The folder this run writes to (see the module docstring): ``resume`` is the training-state
+    file resumed from, at step ``resume_step``. Raises OutputDirError."""
+    out = Path(out_dir)
+    _refuse_unwritable(out)
+    files = _files_below(out)
+    if not files:
+        return out
+    if new_run:
+        return out / f"run-{_next_run_number(out):03d}"
+    if resume is not None:
+        target = _run_of(Path(resume), out)
+        if target is not None:
+            _refuse_later_steps(target, resume_step)
+            return target
+    shown = ", ".join(str(f.relative_to(out)) for f in files[:3]) + (", ..." if files[3:] else "")
+    latest = _latest_checkpoint(out)
+    resume_hint = (
+        f"To continue that run give --resume {latest}"
+        if latest
+        else "To continue a run give --resume with one of its checkpoints/step_*.pt"
+    )
+    raise OutputDirError(
+        f"train.out_dir={str(out)!r} already holds an earlier run ({len(files)} files: {shown}); "
+        f"a new run would replace or append to them, so nothing was written. {resume_hint}; to "
+        f"start a new run next to it give --new-run (it writes to "
+        f"{str(out / f'run-{_next_run_number(out):03d}')!r}); or set train.out_dir to a new folder"
+    )
+
+
+def _refuse_unwritable(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(
+            f"train.out_dir={str(out)!r} is a file, not a folder; set train.out_dir to a folder"
+        )
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputDirError(
+            f"train.out_dir={str(out)!r} cannot be written: {str(existing)!r} is not a writable "
+            "folder; choose a train.out_dir you can write to (nothing was written)"
+        )
+
+
+def _files_below(out: Path) -> list[Path]:
+    if not out.is_dir():
+        return []
+    return sorted(p for p in out.rglob("*") if not p.is_dir())
+
+
+def _next_run_number(out: Path) -> int:
+    taken = [int(m.group(1)) for p in out.iterdir() if (m := RUN_NAME.match(p.name))]
+    return max([1, *taken]) + 1
+
+
+def _run_of(checkpoint: Path, out: Path) -> Path | None:
+    """The run folder that wrote ``checkpoint`` when it is ``out`` or a numbered run in it."""
+    if checkpoint.parent.name != "checkpoints":
+        return None
+    run = checkpoint.resolve().parent.parent
+    root = out.resolve()
+    if run == root or (run.parent == root and RUN_NAME.match(run.name)):
+        return out if run == root else out / run.name
+    return None
+
+
+def _step_of(path: Path) -> int:
+    m = STEP_FILE.match(path.name)
+    return int(m.group(1)) if m else -1
+
+
+def _refuse_later_steps(run: Path, step: int) -> None:
+    later = sorted(
+        str(p.relative_to(run))
+        for folder in STEP_FOLDERS
+        if (run / folder).is_dir()
+        for p in (run / folder).iterdir()
+        if _step_of(p) > step
+    )
+    if later:
+        raise OutputDirError(
+            f"resuming step {step} in {str(run)!r} would replace files of later steps, written "
+            f"by an attempt that got further: {', '.join(later[:4])}; nothing was written. "
+            "Resume from the latest checkpoint of that run, or give --new-run as well to continue "
+            "in a new numbered run next to it"
+        )
+
+
+def _latest_checkpoint(out: Path) -> Path | None:
+    found = [p for p in (out / "checkpoints").glob("step_*.pt")] if out.is_dir() else []
+    return max(found, key=_step_of) if found else None
+
+
+def config_file_name(run: Path, text: str, resume_step: int | None) -> Path:
+    """``config.yaml`` of the run, or, when a resumed run changes it (a runtime setting such as
+    activation checkpointing), a new ``config.resumed_step_NNNNNN[.k].yaml`` beside it."""
+    path = run / "config.yaml"
+    if resume_step is None or not path.exists() or path.read_text() == text:
+        return path
+    k, stem = 0, f"config.resumed_step_{resume_step:06d}"
+    while (candidate := run / (f"{stem}.yaml" if k == 0 else f"{stem}.{k}.yaml")).exists():
+        if candidate.read_text() == text:
+            return candidate
+        k += 1
+    return candidate

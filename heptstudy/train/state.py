@@ -1,0 +1,248 @@
+"""Training-state files (``checkpoints/step_NNNNNN.pt``): written atomically, read as verified data.
+
+A training-state file holds the model, optimizer and scheduler states, the data loader's exact
+position, the RNG states, the step and the resolved configuration, plus ``sha256``: a digest of
+all of them (every tensor's dtype, shape and bytes, every other value and every key). It is
+written to a temporary file in the same folder and renamed into place (heptstudy.atomic), so a
+crash mid-write never destroys the previous one; it is loaded with ``weights_only=True`` (a
+training state is data, never code) and refused when the digest does not match, when a required
+part is missing, or when it comes from an incompatible configuration. Bytes overwritten on disk
+with other finite values, which ``torch.load`` reads without complaint, are caught this way.
+
+("Checkpoint" in the configuration, ``model.heptv2.activation_checkpointing``, means
+recomputing activations; this module is only about saving and resuming training.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from heptstudy.atomic import atomic_open
+from heptstudy.config import Config
+from heptstudy.errors import HeptstudyError
+
+FORMAT = "heptstudy.training_state/2"
+#: Written before training-state files carried a digest; they cannot be verified.
+UNVERIFIED_FORMATS = ("heptstudy.checkpoint/1",)
+#: The parts every training-state file holds, with the type each must have.
+PARTS: dict[str, type | tuple[type, ...]] = {
+    "step": int,
+    "config": dict,
+    "model": dict,
+    "optimizer": dict,
+    "scheduler": dict,
+    "loader": dict,
+    "rng": dict,
+}
+#: Sections that must agree between a training state and the run that resumes from it.
+COMPATIBLE_SECTIONS = (
+    "model",
+    "data.dataset",
+    "data.configs",
+    "data.pad_to_multiple",
+    "train.global_batch_size",
+    "train.seed",
+    "train.optimizer",
+    "train.lamb",
+)
+
+#: Settings that change memory or speed, never the weights: a run may change them on resume.
+RUNTIME_KEYS = frozenset(
+    {
+        "activation_checkpointing",
+        "activation_checkpointing_policy",
+        "checkpoint_every",
+        "attention_backend",
+    }
+)
+
+_NOTHING_WRITTEN = "nothing was written"
+
+
+class TrainingStateError(HeptstudyError):
+    pass
+
+
+def state_digest(parts: Mapping[str, Any]) -> str:
+    """SHA-256 over ``parts`` in a fixed order: keys, tensor dtypes, shapes and bytes, values."""
+    h = hashlib.sha256()
+    _feed(h, parts)
+    return h.hexdigest()
+
+
+def _feed(h, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(obj, Mapping):
+        h.update(f"D{len(obj)}|".encode())
+        for key in sorted(obj, key=repr):
+            _feed(h, key)
+            _feed(h, obj[key])
+    elif isinstance(obj, (list, tuple)):  # a tuple may come back as a list: the same value
+        h.update(f"L{len(obj)}|".encode())
+        for item in obj:
+            _feed(h, item)
+    elif obj is None or isinstance(obj, (bool, int, float, str)):
+        h.update(f"{type(obj).__name__}:{obj!r}|".encode())
+    else:
+        raise TypeError(f"a training state holds no {type(obj).__name__} ({obj!r})")
+
+
+def rng_states() -> dict[str, Any]:
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate((3, tuple(states["python"]), None))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_training_state(
+    path: Path, *, model, optimizer, scheduler, loader, step: int, config: Config
+) -> None:
+    parts = {
+        "step": step,
+        "config": config.to_dict(),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "loader": loader.state_dict(),
+        "rng": rng_states(),
+    }
+    with atomic_open(path, "wb") as fh:
+        torch.save({"format": FORMAT, "sha256": state_digest(parts), **parts}, fh)
+
+
+def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
+    """Read and verify a training-state file; refuse an unreadable, damaged or incomplete one
+    and one from an incompatible configuration, before anything is written."""
+    p = Path(path)
+    if not p.is_file():
+        raise TrainingStateError(
+            f"--resume {str(p)!r}: no such file; give a checkpoints/step_NNNNNN.pt file written "
+            f"by `heptstudy train`; {_NOTHING_WRITTEN}"
+        )
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError) as err:
+        raise TrainingStateError(
+            f"--resume {str(p)!r} is not a readable training-state file ({type(err).__name__}: "
+            f"{(str(err).splitlines() or [''])[0][:200]}); it may be truncated or damaged. Resume "
+            f"from an earlier checkpoint of the run; {_NOTHING_WRITTEN}"
+        ) from None
+    fmt = state.get("format") if isinstance(state, dict) else None
+    if fmt in UNVERIFIED_FORMATS:
+        raise TrainingStateError(
+            f"--resume {str(p)!r} has format {fmt!r}, written before training-state files "
+            f"carried a checksum, so its tensors cannot be verified; this version reads "
+            f"{FORMAT!r}. Start a new run (`heptstudy train --new-run`) or resume with the "
+            f"heptstudy version that wrote it; {_NOTHING_WRITTEN}"
+        )
+    if fmt != FORMAT:
+        raise TrainingStateError(
+            f"--resume {str(p)!r} has format {fmt!r}, expected {FORMAT!r}: it is not a "
+            f"training-state file of `heptstudy train`; {_NOTHING_WRITTEN}"
+        )
+    _check_parts(p, state)
+    if state.get("sha256") != state_digest({k: state[k] for k in PARTS}):
+        raise TrainingStateError(
+            f"--resume {str(p)!r}: its contents do not match the sha256 checksum written with "
+            "them (the file was changed or damaged after it was written). Resume from another "
+            f"checkpoint of the run (the previous step_*.pt); {_NOTHING_WRITTEN}"
+        )
+    differences = _differences(state["config"], config.to_dict())
+    if differences:
+        listed = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, a, b in differences[:8])
+        raise TrainingStateError(
+            f"--resume {str(p)!r} comes from an incompatible configuration ({listed}). Resume "
+            "with the configuration it was written with (it is stored in the file's 'config'); "
+            f"{_NOTHING_WRITTEN}"
+        )
+    return state
+
+
+def _check_parts(p: Path, state: dict) -> None:
+    missing = [k for k in (*PARTS, "sha256") if k not in state]
+    if missing:
+        raise TrainingStateError(
+            f"--resume {str(p)!r} lacks {', '.join(repr(k) for k in missing)}; a training-state "
+            f"file holds {', '.join(repr(k) for k in (*PARTS, 'sha256'))}. It was not written by "
+            f"`heptstudy train` or was edited: resume from another checkpoint; {_NOTHING_WRITTEN}"
+        )
+    wrong = [
+        f"{k!r} is a {type(state[k]).__name__}"
+        for k, kind in PARTS.items()
+        if not isinstance(state[k], kind) or isinstance(state[k], bool)
+    ]
+    if wrong:
+        raise TrainingStateError(
+            f"--resume {str(p)!r}: {', '.join(wrong)}, which no training-state file holds "
+            f"(step is an integer, the other parts mappings); resume from another checkpoint; "
+            f"{_NOTHING_WRITTEN}"
+        )
+
+
+def restore_training_state(state: dict[str, Any], path, *, model, optimizer, scheduler, loader):
+    """Load a verified state into the run's objects; a part that does not fit them is reported
+    by name (a digest only proves the file is as written, not that it suits this code)."""
+    for name, target in (
+        ("model", model),
+        ("optimizer", optimizer),
+        ("scheduler", scheduler),
+        ("loader", loader),
+    ):
+        try:
+            if name == "model":
+                target.load_state_dict(state[name], strict=True)
+            else:
+                target.load_state_dict(state[name])
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as err:
+            raise TrainingStateError(
+                f"--resume {str(path)!r}: its {name!r} state does not fit this run "
+                f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}); resume "
+                "with the heptstudy version and configuration that wrote it"
+            ) from None
+    restore_rng_states(state["rng"])
+    return int(state["step"])
+
+
+def _differences(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
+    out = []
+    for key in COMPATIBLE_SECTIONS:
+        a, b = _lookup(saved, key), _lookup(current, key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [(f"{key}.{k}", x, y) for k, x, y in _flat_diff(a, b)]
+        elif a != b:
+            out.append((key, a, b))
+    return out
+
+
+def _flat_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _flat_diff(x, y, f"{prefix}{k}.")
+        elif x != y and k not in RUNTIME_KEYS:
+            out.append((prefix + k, x, y))
+    return out
+
+
+def _lookup(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
