@@ -19,7 +19,7 @@ _AREAS = (
     "heptstudy.measure.cli",
     "heptstudy.scenario.cli",
     "heptstudy.study.cli",
-    "heptstudy.fit",
+    "heptstudy.fitting.cli",
 )
 
 

@@ -24,15 +24,15 @@ What differs from a real step, and why:
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict, dataclass
-from unittest import mock
 
 import numpy as np
 import torch
 
+from heptstudy import stand_ins
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
+from heptstudy.stand_ins import StandIns
 
 MIB = 1024**2
 
@@ -112,22 +112,18 @@ def _type_encoder_forward(counts):
     return forward
 
 
-@contextlib.contextmanager
 def _fake_substitutions(targets, type_counts):
-    from heptstudy.model import encoding, fused_attention
-    from heptstudy.train import losses
-
-    with contextlib.ExitStack() as stack:
-        if targets is not None:
-            stack.enter_context(
-                mock.patch.object(losses, "targets_from_batch", lambda batch: targets)
-            )
-            stack.enter_context(mock.patch.object(losses, "match", _deterministic_match))
-        stack.enter_context(mock.patch.object(fused_attention, "_flex", _fake_flex))
-        stack.enter_context(
-            mock.patch.object(encoding.TypeEncoder, "forward", _type_encoder_forward(type_counts))
+    """The stand-ins of a fake-tensor step (:mod:`heptstudy.stand_ins`): the real batch's
+    targets and a deterministic matching (hit model only), the per-type encoding with the real
+    batch's counts, and the same-footprint flex_attention."""
+    return stand_ins.using(
+        StandIns(
+            targets=targets,
+            match=_deterministic_match if targets is not None else None,
+            type_encoding=_type_encoder_forward(type_counts),
+            flex=_fake_flex,
         )
-        yield
+    )
 
 
 def _fake_targets(targets, mode, device):

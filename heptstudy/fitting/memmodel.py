@@ -2,24 +2,26 @@
 
 Batches pad every event to the longest one of the batch, so every activation tensor of a step
 has ``B x L`` rows (``B`` events, ``L`` the longest padded event; HEPTv2 attention is bucketed,
-hence linear in ``L``; the decoder's group logits are ``B x queries x L``). The model is
+hence linear in ``L``; the decoder's group logits are ``B x queries x L``). Peak *allocated* is
 
-    peak = fixed + per_padded_hit * (B * L) + per_event * B + per_mask_entry * (B * L^2)
+    allocated = fixed + per_padded_hit * (B * L) + per_event * B + per_mask_entry * (B * L^2)
 
-The last term is the dense mask that ``flex_attention``'s ``create_block_mask`` builds eagerly
-(``B x rounds x L x L`` booleans) on the fused attention path; it is zero elsewhere.
+(the last term: the dense mask a fused-attention block mask may build, ``B x rounds x L x L``
+booleans; fitted on the fused path only). ``fixed``: parameters, gradients, LAMB state;
+``per_padded_hit``: activations and temporaries per padded hit; ``per_event``: per-event tensors.
+Fitted by non-negative least squares in relative terms (each term is memory, never negative).
 
-``fixed``: parameters, gradients and LAMB state (and whatever else does not depend on the batch);
-``per_padded_hit``: activations per padded hit; ``per_event``: per-event tensors (queries, targets).
-Fitted by non-negative least squares (each term is memory, never negative) on the counted steps of
-bench reports (or on fake-device estimates), one fit per device kind, dtype, model configuration
-and checkpointing policy; stored as JSON with its inputs and residuals, and validated on batch
-sizes left out of the fit.
+Peak *reserved* (the caching allocator's pool; on CPU the resident set) is the allocated peak
+times a measured ratio: the pool a process holds after steps whose longest padded event reached
+``L``. The ratio is not a constant of nature (it depends on the order of allocation sizes a run
+meets), so the model states how well it predicts batch sizes it was not fitted on.
+
+Validation: leave one batch size out, for allocated and for reserved: each batch size's steps
+predicted by the model fitted on the other batch sizes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,26 +31,25 @@ import numpy as np
 
 from heptstudy.atomic import atomic_write_text
 from heptstudy.errors import HeptstudyError
+from heptstudy.fitting.keys import key_label
 
 MIB = 1024**2
 GIB = 1024**3
-SCHEMA = "heptstudy.memfit/1"
-TERMS = ("fixed", "per_padded_hit", "per_event", "per_mask_entry")
+SCHEMA = "heptstudy.memfit/2"
 
 
 class FitError(HeptstudyError, ValueError):
-    """A memory model could not be fitted, read or applied."""
+    """A memory model could not be fitted, read, chosen or applied."""
 
 
 @dataclass
 class Point:
-    """One measured (or estimated) step: its shape and its peaks in MiB."""
+    """One measured (or estimated) step: its shape and one peak in MiB."""
 
     batch_size: int
     longest_padded: int
-    peak_allocated_mib: float
-    peak_reserved_mib: float | None = None
-    source: str = ""  # report file and step, or "fake"
+    peak_mib: float
+    source: str = ""  # report file and step, or "fake cpu step"
 
     @property
     def padded_batch_hits(self) -> int:
@@ -57,9 +58,8 @@ class Point:
 
 @dataclass
 class LinearFit:
-    """``peak_mib = fixed + per_padded_hit * B*L + per_event * B`` for one quantity."""
+    """Peak allocated in MiB: ``fixed + per_padded_hit * B*L + per_event * B + per_mask_entry * B*L^2``."""
 
-    quantity: str  # "peak_allocated" or "peak_reserved"
     fixed_mib: float
     per_padded_hit_mib: float
     per_event_mib: float
@@ -69,57 +69,124 @@ class LinearFit:
 
     def predict_mib(self, batch_size, longest_padded):
         b = np.asarray(batch_size, dtype=float)
-        L = np.asarray(longest_padded, float)
+        length = np.asarray(longest_padded, dtype=float)
         return (
             self.fixed_mib
-            + self.per_padded_hit_mib * b * L
+            + self.per_padded_hit_mib * b * length
             + self.per_event_mib * b
-            + self.per_mask_entry_mib * b * L**2
+            + self.per_mask_entry_mib * b * length**2
         )
 
 
-def _design(points: list[Point]) -> np.ndarray:
-    return np.array(
+@dataclass
+class ReservedFit:
+    """Peak reserved in MiB: ``ratio`` x the allocated model at the same shape."""
+
+    ratio: float
+    rms_residual_mib: float = 0.0
+    max_abs_rel_residual: float = 0.0
+
+
+def _residual_stats(points: list[Point], predicted) -> tuple[float, float]:
+    y = np.array([p.peak_mib for p in points], dtype=float)
+    res = y - np.asarray(predicted, dtype=float)
+    return float(np.sqrt(np.mean(res**2))), float(np.max(np.abs(res / y)))
+
+
+def fit_allocated(points: list[Point], quadratic: bool = False) -> LinearFit:
+    """Non-negative least squares, each point weighted by 1/peak (small and large batches count
+    alike)."""
+    from scipy.optimize import nnls
+
+    if len({p.padded_batch_hits for p in points}) < 2:
+        raise FitError(
+            f"fitting peak allocated needs steps of at least two different padded batch sizes "
+            f"(B x longest padded event); got {len(points)} step(s) of "
+            f"{sorted({p.padded_batch_hits for p in points})}: measure more batch sizes "
+            "(heptstudy bench)"
+        )
+    design = np.array(
         [
-            [1.0, p.padded_batch_hits, p.batch_size, p.batch_size * float(p.longest_padded) ** 2]
+            [1.0, p.padded_batch_hits, p.batch_size, p.batch_size * p.longest_padded**2]
             for p in points
         ],
         dtype=float,
     )
-
-
-def fit_linear(
-    points: list[Point], quantity: str = "peak_allocated", quadratic: bool = False
-) -> LinearFit:
-    """Non-negative least squares in relative terms (each point weighs by 1/peak, so small and
-    large batches count alike)."""
-    from scipy.optimize import nnls
-
-    attr = f"{quantity}_mib"
-    pts = [p for p in points if getattr(p, attr) is not None]
-    if len({p.padded_batch_hits for p in pts}) < 2:
-        raise FitError(
-            f"fitting {quantity} needs steps of at least two different padded batch sizes (B x "
-            f"longest padded event); got {len(pts)} step(s): measure more batch sizes (heptstudy bench)"
-        )
-    A = _design(pts)
-    y = np.array([getattr(p, attr) for p in pts], dtype=float)
-    w = 1.0 / np.maximum(y, 1e-9)
+    y = np.array([p.peak_mib for p in points], dtype=float)
     cols = [0, 1]
-    if len({p.batch_size for p in pts}) >= 2 and len({p.longest_padded for p in pts}) >= 2:
+    if len({p.batch_size for p in points}) >= 2 and len({p.longest_padded for p in points}) >= 2:
         cols.append(2)  # else B and B*L are not separable: the per-event term folds into per-hit
     if quadratic:
         cols.append(3)
-    A = A[:, cols]
-    scale = A.max(axis=0)  # condition the columns
-    sol, _ = nnls((A / scale) * w[:, None], y * w)
+    a = design[:, cols]
+    scale = a.max(axis=0)  # condition the columns
+    w = 1.0 / np.maximum(y, 1e-9)
+    sol, _ = nnls((a / scale) * w[:, None], y * w)
     coef = np.zeros(4)
     coef[cols] = sol / scale
-    fit = LinearFit(quantity, float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]))
-    res = y - fit.predict_mib([p.batch_size for p in pts], [p.longest_padded for p in pts])
-    fit.rms_residual_mib = float(np.sqrt(np.mean(res**2)))
-    fit.max_abs_rel_residual = float(np.max(np.abs(res / y)))
+    fit = LinearFit(*map(float, coef))
+    fit.rms_residual_mib, fit.max_abs_rel_residual = _residual_stats(
+        points, fit.predict_mib([p.batch_size for p in points], [p.longest_padded for p in points])
+    )
     return fit
+
+
+def fit_reserved(points: list[Point], allocated: LinearFit) -> ReservedFit:
+    """The ratio minimising the squared relative error of ``ratio x allocated`` over ``points``."""
+    if not points:
+        raise FitError("fitting peak reserved needs at least one step with a reserved peak")
+    a = allocated.predict_mib([p.batch_size for p in points], [p.longest_padded for p in points])
+    q = np.asarray(a, dtype=float) / np.array([p.peak_mib for p in points], dtype=float)
+    ratio = float(q.sum() / (q**2).sum())
+    fit = ReservedFit(ratio)
+    fit.rms_residual_mib, fit.max_abs_rel_residual = _residual_stats(points, ratio * a)
+    return fit
+
+
+def _leave_one_batch_size_out(
+    alloc: list[Point], reserved: list[Point], quadratic: bool
+) -> dict[str, dict[str, Any]]:
+    """Per quantity: one row per batch size predicted by the fit on the others, and the largest
+    error; ``why`` instead when no batch size can be left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for quantity, pts in (("allocated", alloc), ("reserved", reserved)):
+        rows = []
+        sizes = sorted({p.batch_size for p in pts})
+        for b in sizes if len(sizes) >= 2 else []:
+            train = [p for p in alloc if p.batch_size != b]
+            test = [p for p in pts if p.batch_size == b]
+            try:
+                fit = fit_allocated(train, quadratic)
+                pred = fit.predict_mib(
+                    [p.batch_size for p in test], [p.longest_padded for p in test]
+                )
+                if quantity == "reserved":
+                    pred = (
+                        fit_reserved([p for p in reserved if p.batch_size != b], fit).ratio * pred
+                    )
+            except FitError:
+                continue  # the other batch sizes alone do not determine a fit
+            err = (np.asarray(pred) - [p.peak_mib for p in test]) / [p.peak_mib for p in test]
+            rows.append(
+                {
+                    "held_out_batch_size": b,
+                    "fit_batch_sizes": [s for s in sizes if s != b],
+                    "held_out_steps": len(test),
+                    "mean_rel_error": float(np.mean(err)),
+                    "max_abs_rel_error": float(np.max(np.abs(err))),
+                }
+            )
+        out[quantity] = {
+            "method": "leave one batch size out",
+            "rows": rows,
+            "max_abs_rel_error": max((r["max_abs_rel_error"] for r in rows), default=None),
+        }
+        if not rows:
+            out[quantity]["why"] = (
+                f"measured at batch sizes {sizes}: no batch size can be left out with a fit "
+                "still possible on the others (needs two padded batch sizes)"
+            )
+    return out
 
 
 @dataclass
@@ -130,67 +197,58 @@ class MemoryModel:
     source: str  # "measured" or "estimated"
     source_detail: str
     allocated: LinearFit
-    reserved: LinearFit | None
-    inputs: list[Point]
-    held_out: list[Point] = field(default_factory=list)
+    reserved: ReservedFit | None
+    allocated_points: list[Point]
+    reserved_points: list[Point] = field(default_factory=list)
     validation: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def predict_allocated_mib(self, batch_size, longest_padded):
         return self.allocated.predict_mib(batch_size, longest_padded)
 
     def predict_reserved_mib(self, batch_size, longest_padded):
-        return (
-            None if self.reserved is None else self.reserved.predict_mib(batch_size, longest_padded)
-        )
+        if self.reserved is None:
+            return None
+        return self.reserved.ratio * self.allocated.predict_mib(batch_size, longest_padded)
 
-    def residuals(self) -> list[dict[str, Any]]:
-        out = []
-        for kind, pts in (("fit", self.inputs), ("held_out", self.held_out)):
-            for p in pts:
-                pred = float(self.predict_allocated_mib(p.batch_size, p.longest_padded))
-                out.append(
-                    {
-                        "set": kind,
-                        "source": p.source,
-                        "batch_size": p.batch_size,
-                        "longest_padded": p.longest_padded,
-                        "measured_mib": p.peak_allocated_mib,
-                        "predicted_mib": pred,
-                        "residual_mib": p.peak_allocated_mib - pred,
-                        "rel_error": (pred - p.peak_allocated_mib) / p.peak_allocated_mib,
-                    }
-                )
-        return out
+    def held_out_error(self, quantity: str) -> float | None:
+        """Largest relative error on a held-out batch size (``None``: not validated)."""
+        return (self.validation.get(quantity) or {}).get("max_abs_rel_error")
 
     def describe(self) -> str:
-        k = self.key
-        return (
-            f"{self.source} memory model for {k.get('variant')} ({k.get('device_kind')}, {k.get('dtype')}, "
-            f"attention {k.get('attention_backend')}, checkpointing {k.get('checkpointing')}): "
-            f"{self.allocated.fixed_mib:,.0f} MiB fixed + {self.allocated.per_padded_hit_mib * 1024:,.2f} KiB "
-            f"per padded hit + {self.allocated.per_event_mib:,.2f} MiB per event"
-            + (
-                f" + {self.allocated.per_mask_entry_mib * MIB:,.3f} B per attention-mask entry (B x L^2)"
-                if self.allocated.per_mask_entry_mib
-                else ""
-            )
-            + f"; {self.source_detail}"
+        a, k = self.allocated, self.key
+        text = (
+            f"{self.source} memory model for {k.get('variant')} ({k.get('device_kind')}, "
+            f"{k.get('dtype')}, attention {k.get('attention_backend')}, checkpointing "
+            f"{k.get('checkpointing_policy') if k.get('checkpointing') else 'off'}"
+            f"{', every ' + str(k['checkpoint_every']) if (k.get('checkpoint_every') or 1) > 1 else ''}): "
+            f"allocated {a.fixed_mib:,.0f} MiB fixed + {a.per_padded_hit_mib * 1024:,.2f} KiB per "
+            f"padded hit + {a.per_event_mib:,.2f} MiB per event"
         )
+        if a.per_mask_entry_mib:
+            text += f" + {a.per_mask_entry_mib * MIB:,.3f} B per attention-mask entry (B x L^2)"
+        if self.reserved is not None:
+            text += f"; reserved {self.reserved.ratio:.3f} x allocated"
+        return text + f"; {self.source_detail}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
+            "label": key_label(self.key),
             "key": self.key,
             "source": self.source,
             "source_detail": self.source_detail,
-            "model": "peak_mib = fixed_mib + per_padded_hit_mib * (batch_size * longest_padded) + per_event_mib * batch_size"
-            " + per_mask_entry_mib * batch_size * longest_padded**2",
+            "provenance": self.provenance,
+            "model": (
+                "peak_allocated_mib = fixed_mib + per_padded_hit_mib * batch_size * longest_padded"
+                " + per_event_mib * batch_size + per_mask_entry_mib * batch_size * "
+                "longest_padded**2; peak_reserved_mib = ratio * peak_allocated_mib"
+            ),
             "allocated": asdict(self.allocated),
             "reserved": asdict(self.reserved) if self.reserved else None,
-            "inputs": [asdict(p) for p in self.inputs],
-            "held_out": [asdict(p) for p in self.held_out],
-            "residuals": self.residuals(),
+            "allocated_points": [asdict(p) for p in self.allocated_points],
+            "reserved_points": [asdict(p) for p in self.reserved_points],
             "validation": self.validation,
             "notes": self.notes,
         }
@@ -199,7 +257,8 @@ class MemoryModel:
     def from_dict(cls, d: dict[str, Any], where: str = "memory model") -> MemoryModel:
         if d.get("schema") != SCHEMA:
             raise FitError(
-                f"{where}: schema {d.get('schema')!r} is not {SCHEMA!r}; refit it (heptstudy fit)"
+                f"{where}: schema {d.get('schema')!r} is not {SCHEMA!r}; refit it from its reports "
+                "(heptstudy fit --reports DIR --save-model PATH)"
             )
         try:
             return cls(
@@ -207,10 +266,11 @@ class MemoryModel:
                 source=d["source"],
                 source_detail=d["source_detail"],
                 allocated=LinearFit(**d["allocated"]),
-                reserved=LinearFit(**d["reserved"]) if d.get("reserved") else None,
-                inputs=[Point(**p) for p in d["inputs"]],
-                held_out=[Point(**p) for p in d.get("held_out", [])],
+                reserved=ReservedFit(**d["reserved"]) if d.get("reserved") else None,
+                allocated_points=[Point(**p) for p in d["allocated_points"]],
+                reserved_points=[Point(**p) for p in d.get("reserved_points", [])],
                 validation=d.get("validation", {}),
+                provenance=d.get("provenance", {}),
                 notes=d.get("notes", []),
             )
         except (KeyError, TypeError) as err:
@@ -222,126 +282,35 @@ class MemoryModel:
     @classmethod
     def load(cls, path: str | Path) -> MemoryModel:
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()), str(path))
+            data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise FitError(f"cannot read memory model {path}: {err}") from None
-
-
-# ------------------------------------------------------------------------------- keys
-
-
-def model_key(config: dict[str, Any], device_kind: str) -> dict[str, Any]:
-    """What a memory model is specific to: device kind, dtype, attention path, variant,
-    checkpointing and a hash of the whole model section (sizes, layers, queries)."""
-    model = config["model"]
-    h = model.get("heptv2", {})
-    digest = hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()[:12]
-    return {
-        "device_kind": device_kind,
-        "dtype": config["train"]["dtype"],
-        "attention_backend": h.get("attention_backend"),
-        "variant": model["variant"],
-        "checkpointing": bool(h.get("activation_checkpointing")),
-        "checkpointing_policy": h.get("activation_checkpointing_policy")
-        if h.get("activation_checkpointing")
-        else None,
-        "model_hash": digest,
-    }
-
-
-def key_label(key: dict[str, Any]) -> str:
-    ck = "ckpt" if key["checkpointing"] else "nockpt"
-    return f"{key['variant']}_{key['device_kind']}_{key['dtype']}_{key['attention_backend']}_{ck}_{key['model_hash']}"
-
-
-# ------------------------------------------------------------------------------- from reports
-
-
-def points_from_reports(paths) -> dict[str, tuple[dict[str, Any], list[Point]]]:
-    """Counted steps of ``kind="memory"``, ``status="ok"`` bench reports, grouped by
-    :func:`model_key` (label -> (key, points))."""
-    from heptstudy.measure.report import read_report
-
-    groups: dict[str, tuple[dict[str, Any], list[Point]]] = {}
-    for path in paths:
-        rep = read_report(path)
-        if rep.kind != "memory" or rep.status != "ok":
-            continue
-        key = model_key(rep.config, rep.environment.device_kind)
-        label = key_label(key)
-        pts = groups.setdefault(label, (key, []))[1]
-        for s in rep.steps:
-            if s.counted and s.peak_allocated_mib is not None:
-                pts.append(
-                    Point(
-                        batch_size=len(s.padded_hits),
-                        longest_padded=max(s.padded_hits),
-                        peak_allocated_mib=s.peak_allocated_mib,
-                        peak_reserved_mib=s.peak_reserved_mib,
-                        source=f"{Path(path).name}#step{s.step}",
-                    )
-                )
-    return groups
+        if not isinstance(data, dict):
+            raise FitError(f"memory model {path}: not a JSON object; refit it")
+        return cls.from_dict(data, str(path))
 
 
 def fit_points(
     key: dict[str, Any],
-    points: list[Point],
-    held_out_batch_sizes=(),
-    source="measured",
-    source_detail="",
+    allocated: list[Point],
+    reserved: list[Point] = (),
+    *,
+    source: str = "measured",
+    source_detail: str = "",
+    provenance: dict[str, Any] | None = None,
 ) -> MemoryModel:
-    """Fit on the points whose batch size is not in ``held_out_batch_sizes``; validate on the rest."""
-    held = set(int(b) for b in held_out_batch_sizes)
-    train = [p for p in points if p.batch_size not in held]
-    test = [p for p in points if p.batch_size in held]
-    quad = key.get("attention_backend") == "fused"
-    alloc = fit_linear(train, "peak_allocated", quad)
-    reserved = None
-    if sum(p.peak_reserved_mib is not None for p in train) >= 2:
-        try:
-            reserved = fit_linear(train, "peak_reserved", quad)
-        except FitError:
-            reserved = None
-    mm = MemoryModel(
+    """Fit on every point and validate by leaving one batch size out."""
+    quadratic = key.get("attention_backend") == "fused"
+    alloc = fit_allocated(list(allocated), quadratic)
+    res = fit_reserved(list(reserved), alloc) if reserved else None
+    return MemoryModel(
         key=key,
         source=source,
         source_detail=source_detail,
         allocated=alloc,
-        reserved=reserved,
-        inputs=train,
-        held_out=test,
+        reserved=res,
+        allocated_points=list(allocated),
+        reserved_points=list(reserved),
+        validation=_leave_one_batch_size_out(list(allocated), list(reserved), quadratic),
+        provenance=dict(provenance or {}),
     )
-    errs = [r["rel_error"] for r in mm.residuals() if r["set"] == "held_out"]
-    mm.validation = {
-        "held_out_batch_sizes": sorted(held),
-        "fit_batch_sizes": sorted({p.batch_size for p in train}),
-        "held_out_points": len(test),
-        "max_abs_rel_error": float(max(map(abs, errs))) if errs else None,
-        "mean_rel_error": float(np.mean(errs)) if errs else None,
-        "fit_max_abs_rel_residual": alloc.max_abs_rel_residual,
-    }
-    return mm
-
-
-def fit_reports(paths, held_out_batch_sizes=()) -> list[MemoryModel]:
-    """One measured memory model per group of reports (see :func:`points_from_reports`)."""
-    paths = [Path(p) for p in paths]
-    out = []
-    for _label, (key, pts) in points_from_reports(paths).items():
-        sizes = sorted({p.batch_size for p in pts})
-        detail = f"bench reports {', '.join(sorted({p.source.split('#')[0] for p in pts}))} (batch sizes {sizes})"
-        out.append(fit_points(key, pts, held_out_batch_sizes, "measured", detail))
-    if not out:
-        raise FitError(
-            f"no successful memory reports among {[str(p) for p in paths]}; run heptstudy bench first"
-        )
-    return out
-
-
-def expand_report_paths(paths) -> list[Path]:
-    """Files as given; directories as their ``*.json`` files."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        out += sorted(p.glob("*.json")) if p.is_dir() else [p]
-    return out

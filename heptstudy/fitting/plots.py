@@ -1,4 +1,5 @@
-"""Figures and tables for the aggregation notebook (matplotlib; nothing is shown or saved here)."""
+"""Figures and tables of memory models and fit answers (matplotlib; nothing is shown or saved
+here)."""
 
 from __future__ import annotations
 
@@ -8,78 +9,111 @@ from heptstudy.fitting.memmodel import MemoryModel
 
 
 def fit_table(models: list[MemoryModel]) -> list[dict]:
-    """One row per memory model: provenance, coefficients, residuals, held-out error."""
+    """One row per memory model: provenance, coefficients, residuals, held-out errors."""
     return [
         {
             "source": m.source,
-            **m.key,
+            "device": m.key.get("device_kind"),
+            "dtype": m.key.get("dtype"),
+            "every": m.key.get("checkpoint_every"),
+            "attention": m.key.get("attention_backend"),
+            "checkpointing": m.key.get("checkpointing_policy")
+            if m.key.get("checkpointing")
+            else "off",
             "fixed_mib": m.allocated.fixed_mib,
             "per_padded_hit_kib": m.allocated.per_padded_hit_mib * 1024,
             "per_event_mib": m.allocated.per_event_mib,
-            "fit_max_rel_residual": m.allocated.max_abs_rel_residual,
-            "held_out_batch_sizes": m.validation.get("held_out_batch_sizes"),
-            "held_out_max_rel_error": m.validation.get("max_abs_rel_error"),
+            "reserved_ratio": m.reserved.ratio if m.reserved else None,
+            "allocated_held_out_max_error": m.held_out_error("allocated"),
+            "reserved_held_out_max_error": m.held_out_error("reserved"),
         }
         for m in models
     ]
 
 
 def fit_figure(models: list[MemoryModel], ax=None, synthetic: bool = False):
-    """Peak allocated against padded batch hits: measured points (held-out ones open) and the
-    fitted lines, one colour per model. Returns the figure."""
+    """Peaks against padded batch hits: measured allocated (dots) and reserved (crosses) with
+    the fitted allocated line of each batch size, one colour per model. Returns the figure."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, m in enumerate(models):
         color = f"C{i}"
-        pts = m.inputs + m.held_out
-        x = np.array([p.padded_batch_hits for p in pts])
-        label = (
-            f"{m.source}: {m.key['variant']} {m.key['device_kind']} ckpt={m.key['checkpointing']}"
-        )
+        ck = m.key.get("checkpointing_policy") if m.key.get("checkpointing") else "off"
+        pts = m.allocated_points
         ax.scatter(
-            [p.padded_batch_hits for p in m.inputs],
-            [p.peak_allocated_mib for p in m.inputs],
+            [p.padded_batch_hits for p in pts],
+            [p.peak_mib for p in pts],
             color=color,
             s=14,
-            label=label,
+            label=f"{m.source} {m.key.get('device_kind')}, checkpointing {ck}: allocated",
         )
-        if m.held_out:
+        if m.reserved_points:
             ax.scatter(
-                [p.padded_batch_hits for p in m.held_out],
-                [p.peak_allocated_mib for p in m.held_out],
-                facecolors="none",
-                edgecolors=color,
-                s=30,
-                label=f"held out (max err {m.validation.get('max_abs_rel_error', 0):.1%})",
+                [p.padded_batch_hits for p in m.reserved_points],
+                [p.peak_mib for p in m.reserved_points],
+                color=color,
+                marker="x",
+                s=20,
+                label=f"reserved ({m.reserved.ratio:.2f} x allocated)"
+                if m.reserved
+                else "reserved",
             )
+        top = max(p.padded_batch_hits for p in pts) * 1.05
         for b in sorted({p.batch_size for p in pts}):
-            xs = np.linspace(0, x.max() * 1.05, 50)
+            xs = np.linspace(b, top, 50)
             ax.plot(xs, m.predict_allocated_mib(b, xs / b), color=color, lw=0.8, alpha=0.6)
     ax.set_xlabel("padded batch hits (batch size x longest padded event)")
-    ax.set_ylabel("peak allocated [MiB]")
+    ax.set_ylabel("peak [MiB]")
     ax.set_title("memory model" + (" — synthetic data" if synthetic else ""))
     ax.legend(fontsize=7)
     return ax.figure
 
 
-def peak_distribution_figure(answers: dict, ax=None, synthetic: bool = False):
-    """Histogram of predicted per-batch peaks, one per platform (``{name: FitAnswer}``), with
-    each platform's usable memory and device memory marked. Returns the figure."""
+def peak_vs_longest_figure(results: dict, synthetic: bool = False):
+    """One panel per platform (``{name: FitResult}``): predicted peak allocated and reserved
+    of a batch of the answer's size against the longest padded event in it, the device's
+    capacity and usable memory, the measured steps of that batch size, and (right axis) how
+    often a batch's longest event has each length on the data. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.4, 4.2))
-    for i, (name, a) in enumerate(answers.items()):
-        edges, counts = np.array(a.histogram["edges_gib"]), np.array(a.histogram["counts"])
-        ax.stairs(
-            counts / counts.sum(), edges, color=f"C{i}", label=f"{name}: B={a.per_device_batch}"
+    fig, axes = plt.subplots(
+        1, len(results), figsize=(5.2 * len(results), 4.2), squeeze=False, sharey=False
+    )
+    for ax, (name, r) in zip(axes[0], results.items(), strict=True):
+        a, c = r.answer, r.answer.curve
+        x = np.array(c["longest_padded"])
+        ax.plot(x, c["allocated_gib"], color="C0", label="peak allocated")
+        if c["reserved_gib"] is not None:
+            ax.plot(x, c["reserved_gib"], color="C1", label="peak reserved")
+        measured = [p for p in r.model.allocated_points if p.batch_size == a.per_device_batch]
+        if measured:
+            ax.scatter(
+                [p.longest_padded for p in measured],
+                [p.peak_mib / 1024 for p in measured],
+                color="C0",
+                s=16,
+                zorder=3,
+                label=f"{r.model.source} steps of {a.per_device_batch} (allocated)",
+            )
+        ax.axhline(
+            a.device_memory_gib, color="k", lw=1.2, label=f"device {a.device_memory_gib:g} GiB"
         )
-        ax.axvline(a.usable_gib, color=f"C{i}", ls="--", lw=0.8)
-        ax.axvline(a.device_memory_gib, color=f"C{i}", ls=":", lw=0.8)
-    ax.set_xlabel("predicted peak allocated per batch [GiB] (dashed: usable, dotted: device)")
-    ax.set_ylabel("fraction of batches")
-    ax.set_title("per-batch peak distribution" + (" — synthetic data" if synthetic else ""))
-    ax.legend(fontsize=7)
-    return ax.figure
+        ax.axhline(a.usable_gib, color="k", ls=":", lw=1, label=f"usable {a.usable_gib:.1f} GiB")
+        ax.axvline(x.max(), color="0.5", ls="--", lw=0.8, label="longest event of the data")
+        ax.set_xlabel("longest padded event in the batch [hits]")
+        ax.set_ylabel(f"predicted peak, batch of {a.per_device_batch} [GiB]")
+        ax.set_title(f"{name}: {r.model.source} model", fontsize=9)
+        twin = ax.twinx()
+        pmf = np.diff(np.array(c["p_batch_longest_at_most"]), prepend=0.0)
+        bins = np.linspace(x.min(), x.max() + 1, 41)
+        mass, _ = np.histogram(x, bins=bins, weights=pmf)
+        twin.stairs(mass, bins, fill=True, color="C2", alpha=0.25)
+        twin.set_ylabel("fraction of batches (longest event in bin)", color="C2", fontsize=8)
+        twin.set_ylim(bottom=0)
+        ax.legend(fontsize=7, loc="upper left")
+    if synthetic:
+        fig.suptitle("synthetic (generated) data", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -1,11 +1,12 @@
-"""Will it fit? Per-batch peaks over the sampler's batching, failure probability and counts.
+"""Will it fit? A memory model applied to every event length a data set holds.
 
-Every step, each of the ``world_size`` ranks takes the next ``per_device_batch`` events of its
-slice of the interleaved-shard order (:class:`heptstudy.data.sampler.InterleavedShardSampler`,
-continuing into the next epoch like the training loader), pads them to the longest one, and
-the step's peak on that rank is the memory model at (B, longest padded event). A step fails when
-any rank's peak exceeds the usable memory (device memory less the safety margin); the first
-failure ends the run.
+A step's peak on a rank is the memory model at (B, the longest padded event of its batch). A
+step fails when any rank's peak exceeds the usable memory (device memory less the safety
+margin); the first failure ends the run. The *criterion* is the peak reserved when the model
+has one (the allocator's pool, fragmentation included: what the device must hold), else the
+peak allocated; the answer also gives the allocated-only figures, a lower bound on what the
+device must hold. Probabilities come from the data set's whole length distribution
+(:mod:`heptstudy.fitting.occupancy`), so the longest event of the data set always counts.
 """
 
 from __future__ import annotations
@@ -16,79 +17,108 @@ from typing import Any
 import numpy as np
 
 from heptstudy.data.batching import padded_sizes
+from heptstudy.fitting import occupancy
 from heptstudy.fitting.memmodel import GIB, MIB, MemoryModel
 
-#: Steps simulated when the scenario has more: enough for a stable probability (the sampling is
-#: exact; the expected count in the scenario's steps is probability x steps).
-MAX_SIMULATED_STEPS = 5000
-MAX_EPOCHS = 200
+#: Quantiles of the per-batch longest padded event reported as typical batches.
+QUANTILES = (0.5, 0.9, 0.99)
+#: Largest per-device batch the search for the largest safe batch tries.
+MAX_BATCH = 4096
 
 
-def batch_longest(
-    lengths,
-    per_device_batch: int,
-    *,
-    world_size: int = 1,
-    seed: int = 0,
-    num_steps: int = 1,
-    shard_sizes=None,
-    mode: str = "interleaved_shards",
-    pad_to_multiple: int = 1,
-) -> np.ndarray:
-    """Longest padded event of every rank's batch: ``[steps, world_size]`` for the first
-    ``num_steps`` steps of the sampler (epochs follow one another)."""
-    from heptstudy.data.sampler import InterleavedShardSampler
+@dataclass
+class Tail:
+    """One failure criterion applied to the data: which events are too long and how likely a
+    step and the run are to meet one."""
 
-    plen = padded_sizes(lengths, pad_to_multiple)
-    shard_sizes = list(shard_sizes) if shard_sizes is not None else [len(plen)]
-    per_rank = max(1, len(plen) // world_size)
-    # small data sets: at most MAX_EPOCHS epochs simulated (each epoch costs a shuffle)
-    num_steps = max(1, min(num_steps, -(-MAX_EPOCHS * per_rank // per_device_batch)))
-    need = num_steps * per_device_batch
-    out = np.empty((num_steps, world_size), dtype=np.int64)
-    for rank in range(world_size):
-        s = InterleavedShardSampler(
-            shard_sizes, seed=seed, rank=rank, world_size=world_size, mode=mode
-        )
-        chunks, have, epoch = [], 0, 0
-        while have < need:
-            idx = s.epoch_indices(epoch)
-            if len(idx) == 0:
-                break
-            chunks.append(idx[: need - have])
-            have += len(chunks[-1])
-            epoch += 1
-        flat = np.concatenate(chunks)
-        out[:, rank] = plen[flat].reshape(num_steps, per_device_batch).max(axis=1)
-    return out
+    quantity: str  # "reserved" or "allocated"
+    events_too_long: int
+    longest_fitting_padded: int | None  # longest padded event a batch may hold; None: none
+    p_step_fails: float
+    p_run_fails: float
+    expected_failing_steps: float
+    largest_safe_batch: int | None  # never fails on this data; None: not even one event
 
 
 @dataclass
 class FitAnswer:
     per_device_batch: int
+    world_size: int
+    scenario_steps: int
     device_memory_gib: float
     safety_margin_gib: float
     usable_gib: float
-    simulated_steps: int
-    scenario_steps: int
-    world_size: int
-    peaks_gib: dict[str, float]  # distribution of per-batch peaks: min, p50, p90, p99, max, mean
-    worst_batch: dict[str, Any]  # worst batch met in the simulated steps
-    worst_possible: dict[str, Any]  # a batch holding the longest event of the data set
-    p_batch_exceeds: float
-    p_step_fails: float
-    failing_steps_simulated: int
-    expected_failures: float
-    largest_safe_batch: int | None
-    spare_gib_at_worst: float
-    histogram: dict[str, list[float]] = field(default_factory=dict)
+    num_events: int
+    longest_event_hits: int
+    criterion: Tail
+    allocated_only: Tail
+    worst_batch: dict[str, Any]  # the batch holding the data set's longest event
+    typical_batches: list[dict[str, Any]] = field(default_factory=list)
+    curve: dict[str, list] = field(default_factory=dict)  # peaks against batch longest, CDF
 
     @property
     def fits(self) -> bool:
-        return self.expected_failures < 0.5 and self.failing_steps_simulated == 0
+        """Never fails on this data: even the batch holding the longest event fits."""
+        return self.criterion.events_too_long == 0
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "fits": self.fits}
+
+
+def _peak_mib(model: MemoryModel, quantity: str, batch_size, longest):
+    if quantity == "reserved":
+        return model.predict_reserved_mib(batch_size, longest)
+    return model.predict_allocated_mib(batch_size, longest)
+
+
+def largest_safe_batch(
+    model: MemoryModel, quantity: str, longest_padded: int, usable_mib: float
+) -> int | None:
+    """Largest batch whose peak at the data's longest padded event fits (the peak grows with the
+    batch size: every term is non-negative); ``None`` when one event does not fit."""
+
+    def ok(b: int) -> bool:
+        return float(_peak_mib(model, quantity, b, longest_padded)) <= usable_mib
+
+    if not ok(1):
+        return None
+    if ok(MAX_BATCH):
+        return MAX_BATCH
+    lo, hi = 1, MAX_BATCH  # ok(lo), not ok(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def _tail(model, quantity, plen, batch, world_size, num_steps, usable_mib) -> Tail:
+    peaks = np.asarray(_peak_mib(model, quantity, batch, plen), dtype=float)
+    bad = int((peaks > usable_mib).sum())
+    fitting = plen[peaks <= usable_mib]
+    p_step = occupancy.p_step_fails(len(plen), bad, batch, world_size)
+    return Tail(
+        quantity=quantity,
+        events_too_long=bad,
+        longest_fitting_padded=int(fitting.max()) if len(fitting) else None,
+        p_step_fails=p_step,
+        p_run_fails=occupancy.p_run_fails(len(plen), bad, batch, world_size, num_steps),
+        expected_failing_steps=p_step * num_steps,
+        largest_safe_batch=largest_safe_batch(model, quantity, int(plen.max()), usable_mib),
+    )
+
+
+def _batch_row(model: MemoryModel, batch: int, longest: int, usable_mib: float, what: str):
+    alloc = float(model.predict_allocated_mib(batch, longest))
+    reserved = model.predict_reserved_mib(batch, longest)
+    worst = float(reserved) if reserved is not None else alloc
+    return {
+        "batch": what,
+        "longest_padded": int(longest),
+        "padded_batch_hits": int(longest) * batch,
+        "allocated_gib": alloc * MIB / GIB,
+        "reserved_gib": None if reserved is None else float(reserved) * MIB / GIB,
+        "margin_gib": (usable_mib - worst) * MIB / GIB,
+    }
 
 
 def evaluate(
@@ -99,120 +129,52 @@ def evaluate(
     *,
     safety_margin_gib: float = 0.0,
     world_size: int = 1,
-    seed: int = 0,
     num_steps: int = 1,
-    shard_sizes=None,
-    mode: str = "interleaved_shards",
     pad_to_multiple: int = 1,
-    search_largest: bool = True,
-    max_simulated_steps: int = MAX_SIMULATED_STEPS,
 ) -> FitAnswer:
+    """The answer for ``per_device_batch`` events per device on the events of ``lengths`` (hits
+    per event of the training split)."""
+    plen = padded_sizes(lengths, pad_to_multiple)
     usable_mib = (device_memory_gib - safety_margin_gib) * GIB / MIB
-    sim = max(1, min(num_steps, max_simulated_steps))
-    kw = dict(
-        world_size=world_size,
-        seed=seed,
-        shard_sizes=shard_sizes,
-        mode=mode,
-        pad_to_multiple=pad_to_multiple,
-    )
-    longest = batch_longest(lengths, per_device_batch, num_steps=sim, **kw)
-    sim = longest.shape[0]
-    peaks = np.asarray(
-        model.predict_allocated_mib(per_device_batch, longest), dtype=float
-    )  # [steps, ranks]
-    exceeds = peaks > usable_mib
-    step_fails = exceeds.any(axis=1)
-    p_batch = float(exceeds.mean())
-    p_step = float(step_fails.mean())
-    w = np.unravel_index(int(np.argmax(peaks)), peaks.shape)
-    lmax = int(padded_sizes(lengths, pad_to_multiple).max())
-    worst_possible_mib = float(model.predict_allocated_mib(per_device_batch, lmax))
-    flat = peaks.ravel() / 1024
-    counts, edges = np.histogram(flat, bins=30)
-    largest = (
-        largest_safe_batch(
+    criterion = "reserved" if model.reserved is not None else "allocated"
+    tails = {
+        q: _tail(model, q, plen, per_device_batch, world_size, num_steps, usable_mib)
+        for q in {criterion, "allocated"}
+    }
+    levels = np.unique(plen)
+    cdf = occupancy.batch_longest_cdf(plen, per_device_batch, levels)
+    reserved = model.predict_reserved_mib(per_device_batch, levels)
+    typical = [
+        _batch_row(
             model,
-            lengths,
-            device_memory_gib,
-            safety_margin_gib=safety_margin_gib,
-            num_steps=num_steps,
-            max_simulated_steps=max_simulated_steps,
-            **kw,
+            per_device_batch,
+            occupancy.batch_longest_quantile(plen, per_device_batch, q),
+            usable_mib,
+            "median batch" if q == 0.5 else f"p{round(q * 100)} batch",
         )
-        if search_largest
-        else None
-    )
+        for q in QUANTILES
+    ]
     return FitAnswer(
         per_device_batch=per_device_batch,
+        world_size=world_size,
+        scenario_steps=num_steps,
         device_memory_gib=device_memory_gib,
         safety_margin_gib=safety_margin_gib,
         usable_gib=usable_mib * MIB / GIB,
-        simulated_steps=sim,
-        scenario_steps=num_steps,
-        world_size=world_size,
-        peaks_gib={
-            "min": float(flat.min()),
-            "p50": float(np.percentile(flat, 50)),
-            "p90": float(np.percentile(flat, 90)),
-            "p99": float(np.percentile(flat, 99)),
-            "max": float(flat.max()),
-            "mean": float(flat.mean()),
+        num_events=len(plen),
+        longest_event_hits=int(np.max(lengths)),
+        criterion=tails[criterion],
+        allocated_only=tails["allocated"],
+        worst_batch=_batch_row(
+            model, per_device_batch, int(plen.max()), usable_mib, "holding the longest event"
+        ),
+        typical_batches=typical,
+        curve={
+            "longest_padded": levels.tolist(),
+            "p_batch_longest_at_most": cdf.tolist(),
+            "allocated_gib": (
+                model.predict_allocated_mib(per_device_batch, levels) / 1024
+            ).tolist(),
+            "reserved_gib": None if reserved is None else (np.asarray(reserved) / 1024).tolist(),
         },
-        worst_batch={
-            "step": int(w[0]),
-            "rank": int(w[1]),
-            "longest_padded": int(longest[w]),
-            "padded_batch_hits": int(longest[w]) * per_device_batch,
-            "peak_gib": float(peaks[w]) / 1024,
-        },
-        worst_possible={
-            "longest_padded": lmax,
-            "padded_batch_hits": lmax * per_device_batch,
-            "peak_gib": worst_possible_mib / 1024,
-        },
-        p_batch_exceeds=p_batch,
-        p_step_fails=p_step,
-        failing_steps_simulated=int(step_fails.sum()),
-        expected_failures=p_step * num_steps,
-        largest_safe_batch=largest,
-        spare_gib_at_worst=(usable_mib - float(peaks[w])) / 1024,
-        histogram={"edges_gib": edges.tolist(), "counts": counts.astype(float).tolist()},
     )
-
-
-def largest_safe_batch(
-    model: MemoryModel,
-    lengths,
-    device_memory_gib: float,
-    *,
-    safety_margin_gib: float = 0.0,
-    num_steps: int = 1,
-    max_simulated_steps: int = MAX_SIMULATED_STEPS,
-    upper: int = 4096,
-    **kw,
-) -> int | None:
-    """Largest per-device batch with no failing step in the simulated steps (and fewer than 0.5
-    expected in ``num_steps``); ``None`` when even one event does not fit. Binary search: the
-    peak grows with the batch size (the per-hit and per-event terms are non-negative)."""
-    usable_mib = (device_memory_gib - safety_margin_gib) * GIB / MIB
-
-    def ok(b: int) -> bool:
-        # at most ~2 million events per rank simulated per candidate
-        sim = max(1, min(num_steps, max_simulated_steps, 2_000_000 // b))
-        longest = batch_longest(lengths, b, num_steps=sim, **kw)
-        fails = (np.asarray(model.predict_allocated_mib(b, longest)) > usable_mib).any(axis=1)
-        return not fails.any() and fails.mean() * num_steps < 0.5
-
-    # Not capped at the events per rank of the data set: batches run on across epochs, so a
-    # batch larger than an epoch's share simply holds the longest events more than once.
-    hi = upper
-    if not ok(1):
-        return None
-    if ok(hi):
-        return hi
-    lo = 1  # ok(lo) and not ok(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo

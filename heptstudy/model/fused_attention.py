@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from heptstudy import stand_ins
 from heptstudy.model.heptv2 import _MASKED, BucketOrder, _sorted, _unsorted
 
 
@@ -58,6 +59,9 @@ def bucket_block_mask(n_valid: torch.Tensor, seq_len: int, block_size: int, devi
 
 
 def _flex(q, k, v, block_mask):
+    stand = stand_ins.active()  # a fake-tensor step: a same-footprint stand-in for the kernel
+    if stand is not None and stand.flex is not None:
+        return stand.flex(q, k, v, block_mask)
     from torch.nn.attention import flex_attention as fa
 
     fn = fa.flex_attention

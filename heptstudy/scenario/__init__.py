@@ -8,10 +8,10 @@ A *scenario* (``configs/training/scenarios/NAME.yaml``) holds the science; a *pl
 * :mod:`~heptstudy.scenario.resolve`: :func:`resolve` a scenario on a platform, :func:`summary`;
 * :mod:`~heptstudy.scenario.render`: launch commands, Slurm and local launch scripts;
 * :mod:`~heptstudy.scenario.cli`: ``heptstudy scenario resolve|render`` and
-  ``python -m heptstudy.scenario``.
+  ``python -m heptstudy.scenario`` (not imported here: the command line sits on top of the
+  library, and it calls :mod:`heptstudy.fitting`, which resolves scenarios through this package).
 """
 
-from heptstudy.scenario.cli import main, register_cli
 from heptstudy.scenario.model import Scenario, find_platform, load_scenario
 from heptstudy.scenario.render import launch_command, render
 from heptstudy.scenario.resolve import Resolution, ResolvedVariant, resolve, summary
@@ -27,8 +27,6 @@ __all__ = [
     "find_platform",
     "launch_command",
     "load_scenario",
-    "main",
-    "register_cli",
     "render",
     "resolve",
     "summary",

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from heptstudy.errors import HeptstudyError
+from heptstudy.fitting import fit_warning
 from heptstudy.scenario.model import find_platform, load_scenario
 from heptstudy.scenario.render import render, shell_join
 from heptstudy.scenario.resolve import resolve, summary
@@ -59,8 +60,6 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
     print(summary(res))
-    from heptstudy.fitting.cli import fit_warning
-
     warning = fit_warning(res)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """The memory model (:mod:`heptstudy.fitting`) in the report: fitted lines over the measured
-points, their held-out validation error, and the predicted per-batch peaks of the recipe on each
-platform profile. Each part returns ``why`` instead of its result when it cannot be computed, so
-the aggregate notebook skips it with a message."""
+points, their held-out validation error for allocated and reserved, and the answer of the fit
+for the recipe's per-device batch on each platform profile. Each part returns ``why`` instead
+of its result when it cannot be computed, so the aggregate notebook skips it with a message."""
 
 from __future__ import annotations
 
@@ -13,29 +13,19 @@ from heptstudy.study.common import MEMORY
 PLATFORMS = ("h100", "lumi_mi250x")
 
 
-def _ok_paths(reports) -> list:
-    return [p for p, r in reports if r.kind == MEMORY and r.status == "ok"]
+def _ok_paths(reports) -> list[str]:
+    return [str(p) for p, r in reports if r.kind == MEMORY and r.status == "ok"]
 
 
-def _groups(reports) -> list[tuple[dict, list]]:
-    """(model key, measured points) of every configuration of the successful memory reports."""
-    from heptstudy.fitting.memmodel import points_from_reports
+def _models(reports) -> tuple[list, list[str]]:
+    """Measured models of the successful memory reports, and why the others gave none."""
+    from heptstudy.fitting import fit_reports
 
-    return list(points_from_reports(_ok_paths(reports)).values())
-
-
-def _fit_groups(reports) -> tuple[list, list[str]]:
-    """A measured memory model for every configuration that can be fitted, and why the others
-    cannot (a single padded size: the trade-off policies measured at one batch size only)."""
-    from heptstudy.fitting.memmodel import FitError, fit_points, key_label
-
-    models, skipped = [], []
-    for key, pts in _groups(reports):
-        try:
-            models.append(fit_points(key, pts))
-        except FitError as err:
-            skipped.append(f"{key_label(key)}: {str(err).splitlines()[0]}")
-    return models, skipped
+    paths = _ok_paths(reports)
+    if not paths:
+        return [], ["no successful memory reports"]
+    models, rejected = fit_reports(paths)
+    return models, [str(r) for r in rejected]
 
 
 def optional_fit_figure(reports, tag: str = "") -> tuple[Any, Any, str]:
@@ -43,16 +33,11 @@ def optional_fit_figure(reports, tag: str = "") -> tuple[Any, Any, str]:
     ``(None, None, why)`` when there is no fit to draw."""
     import pandas as pd
 
-    if len({r.batch_size for p, r in reports if r.kind == MEMORY and r.status == "ok"}) < 2:
-        return None, None, "fewer than two batch sizes with successful memory reports"
-    try:
-        from heptstudy.fitting.plots import fit_figure, fit_table
+    from heptstudy.fitting.plots import fit_figure, fit_table
 
-        models, _ = _fit_groups(reports)
-    except Exception as err:  # noqa: BLE001 - a fit that fails is a result, not a crash
-        return None, None, f"no memory model could be fitted: {str(err).splitlines()[0]}"
+    models, why = _models(reports)
     if not models:
-        return None, None, "no configuration was measured at two padded batch sizes"
+        return None, None, "; ".join(why) or "no configuration could be fitted"
     fig = fit_figure(models, synthetic=any(r.data.synthetic for _, r in reports))
     if tag:
         ax = fig.axes[0]
@@ -63,126 +48,101 @@ def optional_fit_figure(reports, tag: str = "") -> tuple[Any, Any, str]:
 
 
 def fit_validation(reports) -> tuple[Any, str]:
-    """Leave one batch size out: for every configuration measured at several batch sizes, the
-    model fitted without one batch size predicts that batch size's steps; the table gives the
-    relative error of peak allocated (``(table, "")`` or ``(None, why)``)."""
+    """Leave one batch size out, for peak allocated and peak reserved: for every configuration
+    measured at several batch sizes, each batch size's steps predicted by the model fitted on
+    the others (``(table, "")`` or ``(None, why)``)."""
     import pandas as pd
 
-    from heptstudy.fitting.memmodel import FitError, fit_points
-
+    models, why = _models(reports)
     rows = []
-    try:
-        groups = _groups(reports)
-    except Exception as err:  # noqa: BLE001
-        return None, f"the reports cannot be read as fit points: {str(err).splitlines()[0]}"
-    for key, pts in groups:
-        sizes = sorted({p.batch_size for p in pts})
-        for b in sizes if len(sizes) >= 2 else []:
-            try:
-                mm = fit_points(key, pts, held_out_batch_sizes=[b])
-            except FitError:
-                continue  # the other batch sizes alone do not determine a fit
-            v = mm.validation
-            rows.append(
-                {
-                    "device": key["device_kind"],
-                    "checkpointing": key.get("checkpointing_policy") or "off",
-                    "fit on batch sizes": ", ".join(map(str, v["fit_batch_sizes"])),
-                    "held-out batch size": b,
-                    "held-out steps": v["held_out_points"],
-                    "mean error [%]": 100 * v["mean_rel_error"],
-                    "max |error| [%]": 100 * v["max_abs_rel_error"],
-                }
-            )
+    for m in models:
+        ck = m.key.get("checkpointing_policy") if m.key.get("checkpointing") else "off"
+        for quantity in ("allocated", "reserved"):
+            for r in (m.validation.get(quantity) or {}).get("rows", []):
+                rows.append(
+                    {
+                        "device": m.key.get("device_kind"),
+                        "checkpointing": ck,
+                        "peak": quantity,
+                        "fit on batch sizes": ", ".join(map(str, r["fit_batch_sizes"])),
+                        "held-out batch size": r["held_out_batch_size"],
+                        "held-out steps": r["held_out_steps"],
+                        "mean error [%]": 100 * r["mean_rel_error"],
+                        "max |error| [%]": 100 * r["max_abs_rel_error"],
+                    }
+                )
     if not rows:
         return None, (
-            "no configuration was measured at enough batch sizes to leave one out "
-            "(needs a fit on the others: two padded sizes)"
+            "no configuration was measured at enough batch sizes to leave one out (needs a fit "
+            "on the others: two padded sizes)" + (f"; {'; '.join(why)}" if why else "")
         )
     return pd.DataFrame(rows).round(1), ""
 
 
 def _data_dir(runs) -> str | None:
-    from pathlib import Path
+    from heptstudy.fitting.api import repo_path
 
     if runs.empty or "data_dir" not in runs.columns:
         return None
-    dirs = [d for d in runs["data_dir"].dropna().unique() if Path(d).is_dir()]
-    return str(dirs[0]) if dirs else None
+    dirs = [str(repo_path(d)) for d in runs["data_dir"].dropna().unique() if repo_path(d).is_dir()]
+    return dirs[0] if dirs else None
 
 
 def platform_predictions(runs, reports=(), platforms=PLATFORMS) -> tuple[Any, Any, list[str]]:
-    """``heptstudy fit`` for the recipe's per-device batch on each platform profile, on the data
-    of the reports: ``(figure, table, skipped)``; figure and table ``None`` when no platform could
-    be predicted. Only measured (from ``reports``) or stored (``configs/fit``) memory models are
-    used: estimating one on a fake device takes too long for the report."""
-    import argparse
-
+    """The fit's answer for the recipe's per-device batch on each platform profile, on the data
+    of the reports: ``(figure, table, skipped)``; figure and table ``None`` when no platform
+    could be answered. Only measured (from ``reports``) or stored (``configs/fit``) memory models
+    are used: estimating one on a fake device takes too long for the report."""
     import pandas as pd
 
-    try:
-        from heptstudy.fitting.cli import (
-            DEFAULT_SCENARIO,
-            DEFAULT_VARIANT,
-            FITS_DIR,
-            answer_words,
-            find_model,
-            resolve_config,
-            run_fit,
-        )
-        from heptstudy.fitting.plots import peak_distribution_figure
-    except ImportError as err:
-        return None, None, [f"the fit prediction is not available ({err})"]
-    data_dir = _data_dir(runs)
-    paths = [str(p) for p in _ok_paths(reports)]
-    answers, rows, skipped = {}, [], []
+    from heptstudy.fitting import FitRequest, fit
+    from heptstudy.fitting.plots import peak_vs_longest_figure
+
+    data_dir, paths = _data_dir(runs), tuple(_ok_paths(reports))
+    results, rows, skipped = {}, [], []
     for name in platforms:
+        request = FitRequest(
+            platform=name,
+            data_dir=data_dir,
+            reports=paths,
+            estimate_if_missing=False,
+            stored_if_reports_unusable=True,
+        )
         try:
-            res, rv, _ = resolve_config(DEFAULT_SCENARIO, name, DEFAULT_VARIANT, data_dir)
-            try:
-                found = find_model(rv.config, res.platform.device, paths)
-            except Exception:  # noqa: BLE001 - reports that cannot be fitted: stored models only
-                found, paths = find_model(rv.config, res.platform.device), []
-            if found is None:
-                skipped.append(
-                    f"{name}: no measured or stored memory model matches the recipe's "
-                    f"configuration; run `heptstudy fit --platform {name} --per-device-batch "
-                    f"{rv.per_device_batch}` (estimates one on a fake device)"
-                )
-                continue
-            args = argparse.Namespace(
-                scenario=DEFAULT_SCENARIO,
-                platform=name,
-                variant=DEFAULT_VARIANT,
-                data_dir=data_dir,
-                reports=paths,
-                fits_dir=str(FITS_DIR),
-                safety_margin_gib=None,
-                per_device_batch=rv.per_device_batch,
-            )
-            out = run_fit(args)
+            result = fit(request)
         except Exception as err:  # noqa: BLE001 - a prediction that fails is skipped, with why
             skipped.append(f"{name}: {type(err).__name__}: {str(err).splitlines()[0][:300]}")
             continue
-        ans, mm, plat = out["answer"], out["model"], out["platform"]
-        answers[name] = ans
+        if result is None:
+            skipped.append(
+                f"{name}: no measured or stored memory model holds for the recipe's "
+                f"configuration; run `heptstudy fit --platform {name} --per-device-batch N` "
+                "(estimates one on a fake device)"
+            )
+            continue
+        results[name] = result
+        a, w = result.answer, result.answer.worst_batch
         rows.append(
             {
                 "platform": name,
-                "per-device batch": ans.per_device_batch,
-                "memory model": mm.source,
-                "median peak [GiB]": ans.peaks_gib["p50"],
-                "p99 peak [GiB]": ans.peaks_gib["p99"],
-                "worst batch [GiB]": ans.worst_batch["peak_gib"],
-                "usable [GiB]": ans.usable_gib,
-                "P(batch exceeds)": ans.p_batch_exceeds,
-                "expected failures": ans.expected_failures,
-                "largest safe batch": ans.largest_safe_batch,
-                "answer": answer_words(ans, plat.name, plat.device),
+                "per-device batch": a.per_device_batch,
+                "memory model": f"{result.model.source} ({result.model_origin})",
+                "criterion": a.criterion.quantity,
+                "worst batch allocated [GiB]": w["allocated_gib"],
+                "worst batch reserved [GiB]": w["reserved_gib"],
+                "usable [GiB]": a.usable_gib,
+                "margin at worst batch [GiB]": w["margin_gib"],
+                "P(step fails)": a.criterion.p_step_fails,
+                "P(run fails)": a.criterion.p_run_fails,
+                "largest batch never failing": a.criterion.largest_safe_batch,
+                "answer": result.words(),
             }
         )
-    if not answers:
+    if not results:
         return None, None, skipped
-    synthetic = bool(not runs.empty and runs["synthetic"].astype(bool).any())
-    fig = peak_distribution_figure(answers, synthetic=synthetic)
-    return fig, pd.DataFrame(rows).round(3), skipped
+    synthetic = any(r.synthetic for r in results.values())
+    return (
+        peak_vs_longest_figure(results, synthetic=synthetic),
+        pd.DataFrame(rows).round(3),
+        skipped,
+    )

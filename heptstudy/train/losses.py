@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
+from heptstudy import stand_ins
 from heptstudy.config import HIT_VARIANT, TRACK_CLUSTER_VARIANT, LossConfig
 from heptstudy.data.schema import CLASS_PDG_IDS
 from heptstudy.errors import ConfigError, DataError
@@ -326,13 +327,17 @@ def hit_losses(
     """Set-matching losses of the hit model, final layer and every auxiliary layer (each with
     its own matching): "class", "momentum", "group_bce", "group_dice", "aux{l}_class", ...,
     and "total" = weighted final + ``aux_weight`` x weighted aux layers. All float32 scalars."""
+    stand = stand_ins.active()  # a fake-tensor step: no host copy, targets built beforehand
     if targets is None:
-        targets = targets_from_batch(batch)
+        targets = (
+            stand.targets if stand and stand.targets is not None else targets_from_batch(batch)
+        )
+    matcher = stand.match if stand and stand.match is not None else match
     with _no_autocast(batch["mask"].device):
         result: dict[str, Tensor] = {}
         total = None
         for prefix in ["", *aux_prefixes(outputs)]:
-            matches = match(outputs, targets, loss_cfg, prefix)
+            matches = matcher(outputs, targets, loss_cfg, prefix)
             layer = _layer_losses(outputs, targets, matches, loss_cfg, prefix)
             result.update({prefix + k: v for k, v in layer.items()})
             w = 1.0 if prefix == "" else loss_cfg.aux_weight

@@ -1,0 +1,268 @@
+"""The fit as a library: a :class:`FitRequest` in, a :class:`FitResult` out.
+
+``heptstudy fit``, the study's report and ``heptstudy scenario resolve`` all call :func:`fit`
+(or :func:`fit_warning`); none of them goes through the command line. Paths in a request (the
+scenario, the platform, the stored fits, the reports) are taken as given when they exist from
+the current folder, else from the repository, so ``configs/...`` means the same wherever the
+command starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from heptstudy.fitting.memmodel import GIB, MIB, FitError, MemoryModel
+from heptstudy.fitting.predict import FitAnswer, evaluate
+from heptstudy.fitting.reports import Rejected
+from heptstudy.fitting.select import choose_model
+from heptstudy.scenario.model import REPO_ROOT
+
+DEFAULT_SCENARIO = "cld_pf_heptv2_batch512_50k"
+DEFAULT_VARIANT = "hit_heptv2_grouped_tracker_features"
+FITS_DIR = REPO_ROOT / "configs" / "fit"
+#: Default safety margin, as a fraction of the device memory (context, kernels' workspaces).
+DEFAULT_MARGIN_FRACTION = 0.1
+
+
+def repo_path(path: str | Path) -> Path:
+    """``path`` as given if it exists from the current folder, else from the repository (if
+    it exists there), else as given (the caller's own lookup then explains what is missing)."""
+    p = Path(path).expanduser()
+    if p.exists() or p.is_absolute():
+        return p
+    in_repo = REPO_ROOT / p
+    return in_repo if in_repo.exists() else p
+
+
+@dataclass(frozen=True)
+class FitRequest:
+    """Will ``per_device_batch`` events per device of ``variant`` of ``scenario`` fit
+    ``platform``'s memory over the whole training data set?"""
+
+    platform: str
+    per_device_batch: int | None = None  # default: the recipe's (global batch / devices)
+    scenario: str = DEFAULT_SCENARIO
+    variant: str = DEFAULT_VARIANT
+    data_dir: str | None = None  # default: the scenario's
+    reports: tuple[str, ...] = ()  # bench reports (files or folders) to fit a measured model
+    fits_dir: str | None = None  # stored memory models; default configs/fit
+    safety_margin_gib: float | None = None  # default DEFAULT_MARGIN_FRACTION of the device
+    overrides: tuple[str, ...] = ()
+    estimate_if_missing: bool = True  # else no answer when no measured or stored model holds
+    stored_if_reports_unusable: bool = False  # else refuse reports that do not hold
+
+    def __post_init__(self) -> None:
+        b = self.per_device_batch
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise FitError(
+                f"per-device batch {b!r} is not allowed: give a whole number of events >= 1 "
+                "(e.g. --per-device-batch 48)"
+            )
+        m = self.safety_margin_gib
+        if m is not None and (
+            isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m < 0
+        ):
+            raise FitError(
+                f"--safety-margin-gib {m!r} is not allowed: the memory kept free must be a finite "
+                "number of GiB >= 0 and below the device memory (default "
+                f"{DEFAULT_MARGIN_FRACTION:.0%} of the device); omit it for the default"
+            )
+        object.__setattr__(self, "reports", tuple(str(r) for r in self.reports))
+        object.__setattr__(self, "overrides", tuple(self.overrides))
+
+
+@dataclass
+class FitResult:
+    """The answer, the model it came from, and everything needed to judge it."""
+
+    request: FitRequest
+    answer: FitAnswer
+    model: MemoryModel
+    model_origin: str
+    platform: Any  # heptstudy.config.PlatformConfig
+    variant: Any  # heptstudy.scenario.ResolvedVariant
+    data: str  # one line: data set, events, hits per event, synthetic or not
+    synthetic: bool
+    notes: list[str] = field(default_factory=list)
+    not_used: list[Rejected] = field(default_factory=list)
+    cross_checks: list[dict[str, Any]] = field(default_factory=list)
+
+    def words(self) -> str:
+        from heptstudy.fitting.words import answer_words
+
+        return answer_words(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "answer": self.words(),
+            "fits": self.answer.fits,
+            "result": self.answer.to_dict(),
+            "memory_model": self.model.to_dict(),
+            "memory_model_origin": self.model_origin,
+            "platform": self.platform.name,
+            "variant": self.variant.name,
+            "data": self.data,
+            "synthetic_data": self.synthetic,
+            "notes": self.notes,
+            "not_used": [{"path": r.path, "why": r.reason} for r in self.not_used],
+            "cross_checks": self.cross_checks,
+        }
+
+
+def resolve_config(request: FitRequest):
+    """``(resolution, resolved variant, notes)`` of the request's scenario on its platform
+    (validation/test sizes lowered to 0 when the data set's test split is too small: they do not
+    change the training step)."""
+    from heptstudy.scenario import ScenarioError, resolve
+
+    over = list(request.overrides)
+    if request.data_dir:
+        over.insert(0, f"data.data_dir={Path(request.data_dir).expanduser().resolve()}")
+    scenario, platform = repo_path(request.scenario), repo_path(request.platform)
+    notes = []
+    try:
+        res = resolve(scenario, platform, variants=[request.variant], overrides=over)
+    except ScenarioError as err:
+        if err.rule != "eval-within-test-split":
+            raise
+        over += ["data.nvalid=0", "data.ntest=0"]
+        res = resolve(scenario, platform, variants=[request.variant], overrides=over)
+        notes.append(
+            "validation/test sizes lowered to 0 for this data set (they do not enter the training step)"
+        )
+    return res, res.variant(request.variant), notes
+
+
+def _margin(request: FitRequest, device_memory_gib: float, platform: str) -> float:
+    if request.safety_margin_gib is None:
+        return round(DEFAULT_MARGIN_FRACTION * device_memory_gib, 1)
+    if request.safety_margin_gib >= device_memory_gib:
+        raise FitError(
+            f"--safety-margin-gib {request.safety_margin_gib:g} is not allowed: platform "
+            f"{platform!r} has {device_memory_gib:g} GiB per device, and the margin must leave "
+            f"some of it usable (0 <= margin < {device_memory_gib:g}); omit it for the default "
+            f"{DEFAULT_MARGIN_FRACTION:.0%} of the device"
+        )
+    return float(request.safety_margin_gib)
+
+
+def _cross_check(
+    origin: str, model: MemoryModel, differs: list[str], answer: FitAnswer
+) -> dict[str, Any]:
+    """Another device kind's or attention backend's model at the answer's worst batch."""
+    b, longest = answer.per_device_batch, answer.worst_batch["longest_padded"]
+    allocated = float(model.predict_allocated_mib(b, longest)) * MIB / GIB
+    reserved = model.predict_reserved_mib(b, longest)
+    reserved = None if reserved is None else float(reserved) * MIB / GIB
+    return {
+        "origin": origin,
+        "source": model.source,
+        "differs": differs,
+        "device_kind": model.key.get("device_kind"),
+        "attention_backend": model.key.get("attention_backend"),
+        "device_names": model.provenance.get("device_names") or [],
+        "worst_batch_allocated_gib": allocated,
+        "worst_batch_reserved_gib": reserved,
+        "criterion": "allocated" if reserved is None else "reserved",
+        "fits": (allocated if reserved is None else reserved) <= answer.usable_gib,
+    }
+
+
+def fit(request: FitRequest) -> FitResult | None:
+    """The answer to ``request``; ``None`` only when no model holds and
+    ``request.estimate_if_missing`` is false."""
+    from heptstudy.data.batching import dataset_for
+    from heptstudy.fitting.keys import model_key
+
+    res, rv, notes = resolve_config(request)
+    platform, config = res.platform, rv.config
+    margin = _margin(request, platform.device_memory_gib, platform.name)
+    key = model_key(config.to_dict(), platform.device)
+    reports = [str(repo_path(r)) for r in request.reports]
+    fits_dir = repo_path(request.fits_dir) if request.fits_dir else FITS_DIR
+    choice = choose_model(key, reports, fits_dir, request.stored_if_reports_unusable)
+    if choice.model is None:
+        if not request.estimate_if_missing:
+            return None
+        from heptstudy.fitting.fake import estimate_memory_model
+
+        notes.append("no measured or stored memory model holds: estimated now on a fake device")
+        batch = request.per_device_batch or rv.per_device_batch
+        choice.model = estimate_memory_model(config, batch, platform.device)
+        choice.origin = "estimated now"
+    if choice.assumptions:
+        notes.append(
+            "model fields the memory model's configuration does not record, taken at their "
+            f"defaults: {', '.join(choice.assumptions)}"
+        )
+    batch = request.per_device_batch or rv.per_device_batch
+    if batch != rv.per_device_batch:
+        notes.append(
+            f"the recipe runs {rv.per_device_batch} events per device; this answer is for {batch}"
+        )
+    ds = dataset_for(config, "train")
+    lengths = ds.lengths()
+    answer = evaluate(
+        choice.model,
+        lengths,
+        batch,
+        platform.device_memory_gib,
+        safety_margin_gib=margin,
+        world_size=platform.world_size,
+        num_steps=config.train.num_steps,
+        pad_to_multiple=config.data.pad_to_multiple,
+    )
+    synthetic = bool(ds.metadata.get("synthetic", False))
+    data = (
+        f"{ds.name} configs {ds.shard_names} train split at {config.data.data_dir}, "
+        f"{len(lengths):,} events, hits per event {int(lengths.min()):,}..{int(lengths.max()):,} "
+        f"(mean {lengths.mean():,.0f})" + (" — SYNTHETIC (generated) events" if synthetic else "")
+    )
+    return FitResult(
+        request=request,
+        answer=answer,
+        model=choice.model,
+        model_origin=choice.origin,
+        platform=platform,
+        variant=rv,
+        data=data,
+        synthetic=synthetic,
+        notes=notes,
+        not_used=choice.not_used,
+        cross_checks=[_cross_check(o, m, d, answer) for o, m, d in choice.cross_checks],
+    )
+
+
+def fit_warning(resolution) -> str | None:
+    """One line for ``heptstudy scenario resolve``: a warning when a stored memory model of a
+    resolved variant says its per-device batch will not fit a batch holding the longest event
+    the model was fitted on (``None`` when it fits or no stored model holds: this reads no data
+    and estimates nothing)."""
+    from heptstudy.fitting.keys import model_key
+
+    warnings = []
+    plat = resolution.platform
+    margin = DEFAULT_MARGIN_FRACTION * plat.device_memory_gib
+    usable = plat.device_memory_gib - margin
+    for v in resolution.variants:
+        mm = choose_model(model_key(v.config.to_dict(), plat.device), (), FITS_DIR).model
+        if mm is None or not mm.allocated_points:
+            continue
+        longest = max(p.longest_padded for p in mm.allocated_points)
+        peak = mm.predict_reserved_mib(v.per_device_batch, longest)
+        what = "reserved"
+        if peak is None:
+            peak, what = mm.predict_allocated_mib(v.per_device_batch, longest), "allocated"
+        peak_gib = float(peak) * MIB / GIB
+        if peak_gib > usable:
+            warnings.append(
+                f"{v.name}: {v.per_device_batch} events per device on {plat.name} is expected to "
+                f"exceed {usable:.0f} GiB ({plat.device_memory_gib:g} GiB less a {margin:.1f} GiB "
+                f"margin): the {mm.source} model gives {peak_gib:.1f} GiB {what} for a batch "
+                f"holding an event of {longest:,} padded hits; run `heptstudy fit --platform "
+                f"{plat.name} --per-device-batch {v.per_device_batch}` for the full answer"
+            )
+    return "; ".join(warnings) or None

@@ -1,0 +1,178 @@
+"""Bench reports -> measured memory models, one per configuration, and for every report that
+cannot be used, which one and why.
+
+The reports are read as JSON, field by field, rather than through the report schema's own
+reader: a model stays fittable from reports of an earlier schema version as long as they hold
+the few fields it needs (kind, status, device kind, configuration, per-step shapes and peaks).
+
+Points: every counted step gives one allocated point at (batch size, its longest padded event).
+Reserved memory is the caching allocator's pool, kept from step to step, so a counted step's
+reserved point sits at the longest padded event of *every step so far* in that process
+(warm-up steps included).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from heptstudy.fitting.keys import key_label, model_key
+from heptstudy.fitting.memmodel import FitError, MemoryModel, Point, fit_points
+
+
+@dataclass
+class Rejected:
+    """A report (or a group of reports) that gave no model, and why."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+@dataclass
+class ReportGroup:
+    """The usable steps of the reports of one configuration (one :func:`model_key`)."""
+
+    key: dict[str, Any]
+    allocated: list[Point] = field(default_factory=list)
+    reserved: list[Point] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    environments: list[dict[str, Any]] = field(default_factory=list)
+
+    def provenance(self) -> dict[str, Any]:
+        def values(name: str) -> list:
+            return sorted({str(e.get(name)) for e in self.environments if e.get(name) is not None})
+
+        return {
+            "reports": self.files,
+            "device_names": values("device_name"),
+            "platform_profiles": values("platform"),
+            "torch_versions": values("torch_version"),
+            "git_commits": values("git_commit"),
+            "measured_at": values("created_at"),
+            "synthetic_data": sorted({bool(e.get("synthetic")) for e in self.environments}),
+        }
+
+
+def expand_report_paths(paths) -> list[Path]:
+    """Files as given; directories as their ``*.json`` files. A path that does not exist is
+    refused (a mistyped folder must not read as "no usable reports")."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += sorted(p.glob("*.json"))
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise FitError(
+                f"--reports {str(p)!r}: no such file or directory; give bench report files or "
+                "folders holding them (e.g. experiments/h200_2026-11-30)"
+            )
+    return out
+
+
+def _report_steps(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict]] | str:
+    """``(config, environment, steps)`` of a usable memory report, else why it is not usable."""
+    try:
+        rep = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"cannot be read as JSON ({type(err).__name__}: {err})"
+    schema = rep.get("schema_version") if isinstance(rep, dict) else None
+    if not (isinstance(schema, str) and schema.startswith("heptstudy.bench/")):
+        return f"not a heptstudy bench report (schema_version {schema!r})"
+    if rep.get("kind") != "memory":
+        return f"a {rep.get('kind')!r} report: only memory reports hold per-step peaks"
+    if rep.get("status") != "ok":
+        error = str(rep.get("error") or "").strip().splitlines()
+        return f"status {rep.get('status')!r}" + (f" ({error[0][:200]})" if error else "")
+    env, config, steps = rep.get("environment"), rep.get("config"), rep.get("steps")
+    if not isinstance(env, dict) or not env.get("device_kind"):
+        return "no environment.device_kind: the device the report was measured on is unknown"
+    if not isinstance(config, dict) or "model" not in config or "train" not in config:
+        return "no resolved configuration (config.model, config.train)"
+    counted = [
+        s
+        for s in steps or []
+        if s.get("counted") and s.get("peak_allocated_mib") is not None and s.get("padded_hits")
+    ]
+    if not counted:
+        return "no counted step with a peak allocated and its padded hits"
+    data = rep.get("data") or {}
+    env = {**env, "created_at": rep.get("created_at"), "synthetic": data.get("synthetic")}
+    return config, env, steps
+
+
+def read_groups(paths) -> tuple[list[ReportGroup], list[Rejected]]:
+    """The usable reports among ``paths`` grouped by configuration, and the others with why."""
+    groups: dict[str, ReportGroup] = {}
+    rejected: list[Rejected] = []
+    for path in expand_report_paths(paths):
+        got = _report_steps(path)
+        if isinstance(got, str):
+            rejected.append(Rejected(str(path), got))
+            continue
+        config, env, steps = got
+        key = model_key(config, str(env["device_kind"]))
+        group = groups.setdefault(key_label(key), ReportGroup(key))
+        group.files.append(str(path))
+        group.environments.append(env)
+        longest_so_far = 0
+        for s in steps:
+            if not s.get("padded_hits"):
+                continue
+            batch, longest = len(s["padded_hits"]), max(s["padded_hits"])
+            longest_so_far = max(longest_so_far, longest)
+            if not s.get("counted") or s.get("peak_allocated_mib") is None:
+                continue
+            where = f"{path.name}#step{s.get('step')}"
+            group.allocated.append(Point(batch, longest, float(s["peak_allocated_mib"]), where))
+            if s.get("peak_reserved_mib") is not None:
+                group.reserved.append(
+                    Point(batch, longest_so_far, float(s["peak_reserved_mib"]), where)
+                )
+    return list(groups.values()), rejected
+
+
+def fit_group(group: ReportGroup) -> MemoryModel:
+    sizes = sorted({p.batch_size for p in group.allocated})
+    names = ", ".join(Path(f).name for f in group.files)
+    return fit_points(
+        group.key,
+        group.allocated,
+        group.reserved,
+        source="measured",
+        source_detail=f"bench reports {names} (batch sizes {sizes})",
+        provenance=group.provenance(),
+    )
+
+
+def fit_reports(paths) -> tuple[list[MemoryModel], list[Rejected]]:
+    """One measured memory model per configuration among the reports ``paths`` (files or
+    folders); the reports that gave none, and why."""
+    groups, rejected = read_groups(paths)
+    models = []
+    for group in groups:
+        try:
+            models.append(fit_group(group))
+        except FitError as err:
+            for f in group.files:
+                rejected.append(Rejected(f, f"its configuration cannot be fitted: {err}"))
+    return models, rejected
+
+
+def save_measured_models(paths, out_dir: str | Path) -> tuple[list[Path], list[Rejected]]:
+    """Write one ``LABEL_measured.json`` into ``out_dir`` per configuration of the reports that
+    is validated on a held-out batch size; the others (and unusable reports) with why not."""
+    models, rejected = fit_reports(paths)
+    written = []
+    for m in models:
+        if m.held_out_error("allocated") is None:
+            why = m.validation["allocated"].get("why", "not validated")
+            rejected += [Rejected(f, f"not stored: {why}") for f in m.provenance["reports"]]
+            continue
+        written.append(m.save(Path(out_dir) / f"{key_label(m.key)}_measured.json"))
+    return written, rejected

@@ -1,0 +1,104 @@
+"""Which memory model answers for a configuration: one measured from the given reports, else a
+stored one (measured before estimated), and for every model not used, why not.
+
+A model holds only for its own key (:mod:`heptstudy.fitting.keys`): a model measured with the
+plain attention says so when the configuration runs the fused one, a CUDA model when the
+platform is ROCm. Models that differ from the configuration only in the device kind or the
+attention backend are kept aside as cross-checks: shown beside the answer, never used for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from heptstudy.fitting.keys import mismatches
+from heptstudy.fitting.memmodel import FitError, MemoryModel
+from heptstudy.fitting.reports import Rejected, fit_reports
+
+#: A model that differs from the configuration only in these settings is shown beside the
+#: answer as a cross-check (the same network on another device kind or attention backend).
+CROSS_CHECK_SETTINGS = ("device_kind:", "attention_backend:")
+
+
+@dataclass
+class Choice:
+    """The model chosen (``None``: none holds), where it came from, and the models not used."""
+
+    model: MemoryModel | None = None
+    origin: str = ""  # "reports DIR..." or the stored file
+    assumptions: list[str] = field(default_factory=list)
+    not_used: list[Rejected] = field(default_factory=list)
+    cross_checks: list[tuple[str, MemoryModel, list[str]]] = field(default_factory=list)
+
+
+def _sort_into(choice: Choice, candidates, key: dict[str, Any]) -> list[tuple[str, MemoryModel]]:
+    """Models of ``candidates`` (origin, model) that hold for ``key``; the others go to
+    ``choice.not_used`` (and, when only the device kind differs, to its cross-checks)."""
+    holding = []
+    for origin, model in candidates:
+        diffs, assumed = mismatches(model.key, key)
+        if not diffs:
+            holding.append((origin, model, assumed))
+            continue
+        choice.not_used.append(
+            Rejected(origin, f"{model.source} for another configuration: {'; '.join(diffs)}")
+        )
+        if all(d.startswith(CROSS_CHECK_SETTINGS) for d in diffs):
+            choice.cross_checks.append((origin, model, diffs))
+    # measured first, then the best validated
+    holding.sort(key=lambda c: (c[1].source != "measured", c[1].held_out_error("allocated") or 0))
+    return holding
+
+
+def _report_names(model: MemoryModel) -> str:
+    files = model.provenance.get("reports") or []
+    folders = sorted({str(Path(f).parent) for f in files})
+    return f"reports {', '.join(Path(f).name for f in files)} in {', '.join(folders)}"
+
+
+def stored_models(fits_dir: Path) -> tuple[list[tuple[str, MemoryModel]], list[Rejected]]:
+    """The readable memory models in ``fits_dir`` and the unreadable files with why."""
+    models, bad = [], []
+    for path in sorted(fits_dir.glob("*.json")) if fits_dir.is_dir() else []:
+        try:
+            models.append((str(path), MemoryModel.load(path)))
+        except FitError as err:
+            bad.append(Rejected(str(path), str(err)))
+    return models, bad
+
+
+def choose_model(
+    key: dict[str, Any], reports=(), fits_dir: Path | None = None, stored_if_reports_unusable=False
+) -> Choice:
+    """The model for ``key``: from ``reports`` (files or folders) when given, else (or, with
+    ``stored_if_reports_unusable``, when none of them holds) from ``fits_dir``.
+
+    Raises :class:`FitError` when reports were given, none of them holds for ``key`` and
+    ``stored_if_reports_unusable`` is false: the message lists every report and why."""
+    choice = Choice()
+    if reports:
+        models, rejected = fit_reports(reports)
+        choice.not_used += rejected
+        holding = _sort_into(choice, [(_report_names(m), m) for m in models], key)
+        if holding:
+            choice.origin, choice.model, choice.assumptions = holding[0]
+            return choice
+        if not stored_if_reports_unusable:
+            lines = "\n".join(f"  {r}" for r in choice.not_used) or "  (no reports found)"
+            raise FitError(
+                f"none of the reports given fits a memory model for this configuration "
+                f"({key['variant']} on {key['device_kind']}, {key['dtype']}, attention "
+                f"{key['attention_backend']}, checkpointing "
+                f"{key['checkpointing_policy'] if key['checkpointing'] else 'off'}):\n{lines}\n"
+                "Measure this configuration with `heptstudy bench` on the platform's device, or "
+                "run without --reports to answer from a stored or estimated model"
+            )
+    if fits_dir is not None:
+        stored, unreadable = stored_models(fits_dir)
+        choice.not_used += unreadable
+        holding = _sort_into(choice, stored, key)
+        if holding:
+            choice.origin, choice.model, choice.assumptions = holding[0]
+    return choice

@@ -1,0 +1,169 @@
+"""The fit's answer in words: one headline and the report `heptstudy fit` prints."""
+
+from __future__ import annotations
+
+from heptstudy.fitting.predict import FitAnswer, Tail
+
+DEVICE_WORDS = {"rocm": "GCD", "cuda": "GPU", "cpu": "CPU process"}
+
+
+def _pct(p: float) -> str:
+    if p == 0 or p == 1:
+        return f"{p:.0%}"
+    return f"{p:.3%}" if p >= 1e-4 else f"{p:.2e}"
+
+
+def _tail_words(t: Tail, a: FitAnswer) -> str:
+    if t.events_too_long == 0:
+        return (
+            f"no event of the data is too long for it; largest per-device batch that never fails "
+            f"on this data: {t.largest_safe_batch}"
+        )
+    limit = (
+        f"longer than {t.longest_fitting_padded:,} padded hits"
+        if t.longest_fitting_padded
+        else "of any length"
+    )
+    return (
+        f"{t.events_too_long:,} of {a.num_events:,} events ({limit}) overflow any batch holding "
+        f"them; P(a step fails) = {_pct(t.p_step_fails)}; over the recipe's "
+        f"{a.scenario_steps:,} steps P(at least one failure) = {_pct(t.p_run_fails)} "
+        f"({t.expected_failing_steps:,.1f} failing steps expected); largest per-device batch "
+        f"that never fails on this data: {t.largest_safe_batch}"
+    )
+
+
+def answer_words(result) -> str:
+    """The headline: fits or not, on which criterion, with the worst batch's margin."""
+    a, plat = result.answer, result.platform
+    unit = DEVICE_WORDS.get(plat.device, "device")
+    head = f"{a.per_device_batch} events per {plat.name} {unit}"
+    w, crit = a.worst_batch, a.criterion.quantity
+    peak = w["reserved_gib"] if crit == "reserved" else w["allocated_gib"]
+    worst = (
+        f"the batch holding the data's longest event ({w['longest_padded']:,} padded hits) needs "
+        f"{peak:.1f} GiB {crit} of {a.usable_gib:.1f} GiB usable (margin {w['margin_gib']:+.1f} GiB"
+    )
+    err = result.model.held_out_error(crit)
+    worst += f"; the {crit} model's held-out error is up to {err:.0%})" if err is not None else ")"
+    by = (
+        " by an ESTIMATED model (fake-tensor steps, not measured)"
+        if result.model.source != "measured"
+        else ""
+    )
+    if a.fits:
+        text = f"{head}: fits on this data{by}: {worst}."
+    else:
+        text = f"{head}: does NOT fit on this data{by}: {worst}; {_tail_words(a.criterion, a)}."
+        if crit == "reserved" and a.allocated_only.events_too_long == 0:
+            text += (
+                f" On peak allocated alone (no allocator overhead, a lower bound) it would fit "
+                f"({w['allocated_gib']:.1f} GiB)."
+            )
+    for c in result.cross_checks:
+        if c["source"] == "measured" and c["fits"] != a.fits:
+            text += (
+                f" NOT SHOWN: the MEASURED model of the same network with {_settings(c)} gives "
+                f"this batch {_peaks(c)}, which would {'fit' if c['fits'] else 'NOT fit'}."
+            )
+    return text
+
+
+def _settings(c: dict) -> str:
+    names = ", ".join(c["device_names"])
+    return (
+        f"{c['device_kind']}{f' ({names})' if names else ''} and attention {c['attention_backend']}"
+    )
+
+
+def _peaks(c: dict) -> str:
+    res = c["worst_batch_reserved_gib"]
+    return f"{c['worst_batch_allocated_gib']:.1f} GiB allocated" + (
+        f", {res:.1f} GiB reserved" if res is not None else ""
+    )
+
+
+def _row(r: dict) -> str:
+    reserved = "" if r["reserved_gib"] is None else f", {r['reserved_gib']:.1f} GiB reserved"
+    return (
+        f"  {r['batch']:<26} longest {r['longest_padded']:>7,} padded hits: "
+        f"{r['allocated_gib']:.1f} GiB allocated{reserved}; margin {r['margin_gib']:+.1f} GiB"
+    )
+
+
+def _validation_lines(mm) -> list[str]:
+    out = []
+    for q in ("allocated", "reserved"):
+        v = mm.validation.get(q)
+        if q == "reserved" and mm.reserved is None:
+            out.append("  reserved: not modelled (the model's inputs hold no reserved peaks)")
+        elif not v or v.get("max_abs_rel_error") is None:
+            why = (v or {}).get("why", "no validation recorded")
+            out.append(f"  {q}: NOT validated on held-out batch sizes ({why})")
+        else:
+            rows = ", ".join(
+                f"B={r['held_out_batch_size']} {r['mean_rel_error']:+.1%}" for r in v["rows"]
+            )
+            out.append(
+                f"  {q}: held-out error (leave one batch size out) max {v['max_abs_rel_error']:.1%} "
+                f"({rows})"
+            )
+    return out
+
+
+def render(result) -> str:
+    """The full report of one fit."""
+    a, mm, rv = result.answer, result.model, result.variant
+    cfg = rv.config
+    lines = [answer_words(result), ""]
+    lines.append(f"Memory model: {mm.source.upper()} ({result.model_origin}) — {mm.describe()}")
+    prov = mm.provenance
+    if prov.get("device_names"):
+        lines.append(
+            f"  measured on {', '.join(prov['device_names'])}, PyTorch "
+            f"{', '.join(prov.get('torch_versions') or ['?'])}, commit "
+            f"{', '.join(c[:9] for c in prov.get('git_commits') or ['?'])}"
+        )
+    lines += _validation_lines(mm)
+    lines.append(
+        f"  fit residuals: allocated max {mm.allocated.max_abs_rel_residual:.1%}"
+        + (f", reserved max {mm.reserved.max_abs_rel_residual:.1%}" if mm.reserved else "")
+    )
+    lines += [
+        f"Device: {a.device_memory_gib:g} GiB; safety margin {a.safety_margin_gib:g} GiB; usable "
+        f"{a.usable_gib:.1f} GiB. Criterion: peak {a.criterion.quantity}"
+        + (
+            " (the allocator's pool, fragmentation included)"
+            if a.criterion.quantity == "reserved"
+            else ""
+        ),
+        f"Batches of {a.per_device_batch} on this data ({a.world_size} ranks per step):",
+        *(_row(r) for r in a.typical_batches),
+        _row(a.worst_batch),
+        f"Tail on peak {a.criterion.quantity}: {_tail_words(a.criterion, a)}",
+    ]
+    if a.criterion.quantity != "allocated":
+        lines.append(f"Tail on peak allocated alone: {_tail_words(a.allocated_only, a)}")
+    for c in result.cross_checks:
+        lines.append(
+            f"Cross-check, not the answer ({'; '.join(c['differs'])}): the {c['source']} model "
+            f"with {_settings(c)} ({c['origin']}) gives the worst batch {_peaks(c)}: it would "
+            f"{'fit' if c['fits'] else 'NOT fit'} on peak {c['criterion']}"
+        )
+    if result.not_used:
+        lines.append("Memory models and reports not used:")
+        lines += [f"  {r}" for r in result.not_used]
+    lines += [
+        "",
+        "Assumptions:",
+        f"  recipe: {rv.name}, global batch {cfg.train.global_batch_size} over {a.world_size} "
+        f"devices, {a.scenario_steps:,} steps, sampler {cfg.data.sampler}, padding to "
+        f"{cfg.data.pad_to_multiple}, dtype {cfg.train.dtype}, attention "
+        f"{cfg.model.heptv2.attention_backend}, checkpointing "
+        f"{cfg.model.heptv2.activation_checkpointing_policy if cfg.model.heptv2.activation_checkpointing else 'off'}",
+        f"  data: {result.data}",
+        "  a step's peak = memory model at (batch size, longest padded event of the batch); a "
+        "batch or step = a uniformly random set of events of an epoch; validation steps not modelled",
+        *(f"  {n}" for n in result.notes + mm.notes),
+    ]
+    return "\n".join(lines)
