@@ -303,6 +303,8 @@ DEFAULTS = Config
 
 def _read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{what} file {str(p)!r} is a folder; give the path of a YAML file")
     if not p.is_file():
         raise ConfigError(f"{what} file {str(p)!r} does not exist; give the path of a YAML file")
     try:

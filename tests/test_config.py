@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -103,3 +104,42 @@ def test_cli_config_show_prints_resolved_config_and_clean_errors():
     )
     assert bad.returncode == 2
     assert "model.heptv2.block_size" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "yaml_text,key,fragment",
+    [
+        ("model: {heptv2: {block_size: true}}", "model.heptv2.block_size=true", "whole number"),
+        ("model: {heptv2: {block_size: yes}}", "model.heptv2.block_size=true", "whole number"),
+        ("train: {lr: true}", "train.lr=true", "a number, not true/false"),
+        ("model: {tracker_features: {radii: [0.02, true]}}", "radii=[0.02, true]", "a number"),
+        ("model: {heptv2: {activation_checkpointing: 1}}", "checkpointing=1", "true or false"),
+        ("model: {tracker_features: {enabled: 0}}", "enabled=0", "true or false"),
+    ],
+)
+def test_booleans_and_numbers_are_not_interchangeable(tmp_path, yaml_text, key, fragment):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml_text + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert key in str(err.value) and fragment in str(err.value), str(err.value)
+
+
+def test_whole_numbers_still_serve_as_floats():
+    cfg = load_config(overrides=["train.lr=1", "model.heptv2.dropout=0"])
+    assert cfg.train.lr == 1.0 and cfg.model.heptv2.dropout == 0.0
+
+
+def test_relative_paths_are_the_repositorys_wherever_the_command_starts(tmp_path, monkeypatch):
+    from heptstudy.paths import REPO_ROOT
+
+    monkeypatch.chdir(tmp_path)
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("train: {out_dir: experiments/mine}\n")
+    cfg = load_config(yaml_file)
+    assert REPO_ROOT is not None and (REPO_ROOT / "pyproject.toml").is_file()
+    assert cfg.data.data_dir == str(REPO_ROOT / "data" / "tfds")
+    assert cfg.train.out_dir == str(REPO_ROOT / "experiments" / "mine")
+    absolute = load_config(overrides=[f"data.data_dir={tmp_path}"])
+    assert absolute.data.data_dir == str(tmp_path)
+    assert load_config(overrides=["data.data_dir=~/d"]).data.data_dir == str(Path.home() / "d")

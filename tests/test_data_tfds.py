@@ -264,3 +264,45 @@ def test_generate_refuses_to_overwrite(tiny):
 def test_metadata_file_on_disk(tiny):
     md = json.loads((tiny / HITS_NAME / "1" / "3.2.1" / "metadata.json").read_text())
     assert md["synthetic"] is True
+
+
+def _second_of_three(tmp_path):
+    events = write_independently(tmp_path, HITS_NAME, "1", 15, {"train": 11}, shards=3)
+    folder = tmp_path / HITS_NAME / "1" / "3.2.1"
+    return events, folder / f"{HITS_NAME}-train.array_record-00001-of-00003"
+
+
+def test_shard_cut_at_a_block_boundary_is_refused_when_opened(tmp_path):
+    # ArrayRecord reads such a file as a valid one holding no records, and TFDS then returns
+    # empty examples without an error: only the record count tells
+    _, second = _second_of_three(tmp_path)
+    second.write_bytes(second.read_bytes()[:65536])
+    with pytest.raises(DataError) as err:
+        open_dataset(tmp_path, f"{HITS_NAME}:3.2.1", ["1"], "train")
+    message = str(err.value)
+    for fragment in (second.name, "holds 0 events", "lists 4", "truncated", "copy it again"):
+        assert fragment in message, message
+
+
+def test_damaged_record_is_named_and_the_other_files_still_read(tmp_path):
+    events, second = _second_of_three(tmp_path)
+    raw = bytearray(second.read_bytes())
+    raw[100:300] = b"\x07" * 200  # inside the first record's chunk
+    second.write_bytes(bytes(raw))
+    ds = open_dataset(tmp_path, f"{HITS_NAME}:3.2.1", ["1"], "train")
+    np.testing.assert_array_equal(ds[2]["X"], events["train"][2]["X"].reshape(-1, 15))
+    with pytest.raises(DataError) as err:
+        ds[3]  # global events 3..6 are the second file's records 0..3 (shard lengths 3, 4, 4)
+    message = str(err.value)
+    for fragment in (second.name, "record 0", "truncated, damaged or missing", "copy the file"):
+        assert fragment in message, message
+    np.testing.assert_array_equal(ds[8]["X"], events["train"][8]["X"].reshape(-1, 15))
+
+
+def test_missing_shard_is_refused_when_opened(tmp_path):
+    write_independently(tmp_path, HITS_NAME, "1", 15, {"train": 6}, shards=2)
+    (
+        tmp_path / HITS_NAME / "1" / "3.2.1" / f"{HITS_NAME}-train.array_record-00000-of-00002"
+    ).unlink()
+    with pytest.raises(DataError, match=r"lacks 1 of its 2 ArrayRecord files.*00000-of-00002"):
+        open_dataset(tmp_path, f"{HITS_NAME}:3.2.1", ["1"], "train")

@@ -129,27 +129,27 @@ def test_torchrun_two_process_gloo_matches_single_process(tiny_data_dir, tmp_pat
         for o in tiny_train_overrides(tiny_data_dir, tmp_path / "ddp", num_steps=1) + common
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "heptstudy.cli",
-            "train",
-            "--no-progress",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=300,
-    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "heptstudy.cli",
+        "train",
+        "--no-progress",
+        *args,
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
+    # again into the same folder: rank 0 refuses for both ranks, nothing hangs or changes
+    written = _snapshot(tmp_path / "ddp")
+    again = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert again.returncode != 0
+    assert again.stderr.count("heptstudy: error: train.out_dir=") == 2, again.stderr[-3000:]
+    assert _snapshot(tmp_path / "ddp") == written
     a = torch.load(tmp_path / "single" / "checkpoints" / "step_000001.pt", weights_only=True)
     b = torch.load(tmp_path / "ddp" / "checkpoints" / "step_000001.pt", weights_only=True)
     # Gradients agree to float32 rounding; LAMB's first step divides each gradient by its own

@@ -158,6 +158,10 @@ def case_state_truncated(ws):
     return _resume(ws, bad)
 
 
+def case_state_is_a_folder(ws):
+    return _resume(ws, ws.run)
+
+
 def case_state_missing(ws):
     return _resume(ws, ws.root / "nope.pt")
 
@@ -177,7 +181,7 @@ def _damaged_copy(ws, damage: Callable[[Path], None]) -> Path:
 
 
 def _truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    path.write_bytes(path.read_bytes()[:-1000])  # an interrupted copy: the index is cut
 
 
 def case_truncated_shard_in_data_stats(ws):
@@ -187,6 +191,28 @@ def case_truncated_shard_in_data_stats(ws):
 
 def case_truncated_shard_in_training(ws):
     data = _damaged_copy(ws, _truncate)
+    cfg = load_config(overrides=tiny_train_overrides(data, ws.new))
+    return lambda: _refused(lambda: train(cfg, progress=False))
+
+
+def case_shard_cut_at_64_kib_in_training(ws):
+    # opens as a valid file without records; TFDS would return empty examples
+    data = _damaged_copy(ws, lambda p: p.write_bytes(p.read_bytes()[:65536]))
+    cfg = load_config(overrides=tiny_train_overrides(data, ws.new))
+    return lambda: _refused(lambda: train(cfg, progress=False))
+
+
+def _overwrite_every_record(path: Path) -> None:
+    # a run of bytes every 4 KiB before the index: whichever events training reads first, it
+    # meets a damaged one
+    raw = bytearray(path.read_bytes())
+    for at in range(100, len(raw) // 2, 4096):
+        raw[at : at + 64] = b"\x07" * 64
+    path.write_bytes(bytes(raw))
+
+
+def case_damaged_record_in_training(ws):
+    data = _damaged_copy(ws, _overwrite_every_record)
     cfg = load_config(overrides=tiny_train_overrides(data, ws.new))
     return lambda: _refused(lambda: train(cfg, progress=False))
 
@@ -220,6 +246,10 @@ def case_stats_pad_to_zero(ws):
 
 def case_block_size_true(ws):
     return lambda: _cli(*_train_cli(ws, ws.new), "--set", "model.heptv2.block_size=true")
+
+
+def case_config_is_a_folder(ws):
+    return lambda: _cli(*_train_cli(ws, ws.new), "--config", str(ws.run))
 
 
 def case_checkpointing_one(ws):
@@ -270,17 +300,21 @@ CASES = [
                                            "cannot be verified", "--new-run"]),
     (case_state_truncated, ["truncated.pt", "not a readable training-state file", "truncated"]),
     (case_state_missing, ["nope.pt", "no such file", "step_NNNNNN.pt"]),
+    (case_state_is_a_folder, ["/run'", "is a folder", "step_000004.pt"]),
     (case_state_of_another_configuration, ["incompatible configuration", "embedding_dim",
                                            "checkpoint 16 vs now 32"]),
-    (case_truncated_shard_in_data_stats, [SHARD, "cannot be read", "truncated, damaged or missing",
-                                          "heptstudy data generate"]),
-    (case_truncated_shard_in_training, [SHARD, "cannot be read", "copy the file again"]),
-    (case_missing_shard, [SHARD, "lacks 1 of its 1 ArrayRecord files", "copy them again"]),
+    (case_truncated_shard_in_data_stats, [SHARD, "truncated", "heptstudy data generate"]),
+    (case_truncated_shard_in_training, [SHARD, "truncated", "copy it again"]),
+    (case_shard_cut_at_64_kib_in_training, [SHARD, "holds 0 events", "lists 24", "truncated"]),
+    (case_damaged_record_in_training, [SHARD, "cannot be read at its record",
+                                       "truncated, damaged or missing", "copy the file again"]),
+    (case_missing_shard, [SHARD, "lacks 1 of its 1 ArrayRecord files", "copy it again"]),
     (case_missing_data_dir, ["no_data", "does not exist", "heptstudy data generate"]),
     (case_generate_negative_seed, ["--seed", "-1 is below 0", "at least 0"]),
     (case_stats_pad_to_zero, ["--pad-to-multiple", "0 is below 1"]),
     (case_block_size_true, ["model.heptv2.block_size=true", "whole number, not true/false",
                             "default 100"]),
+    (case_config_is_a_folder, ["configuration file", "/run'", "is a folder", "YAML file"]),
     (case_checkpointing_one, ["model.heptv2.activation_checkpointing=1", "true or false",
                               "default false"]),
     (case_learning_rate_false, ["train.lr=false", "a number, not true/false", "default 0.001"]),

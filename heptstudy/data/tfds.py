@@ -347,9 +347,8 @@ class ShardedDataset:
                 where, folder = f"file {str(path)!r}", repr(str(path.parent))
                 break
             position -= count
-        detail = (str(err).splitlines() or [""])[0][:200]
         return DataError(
-            f"{where} cannot be read at its record {position} ({type(err).__name__}: {detail}); "
+            f"{where} cannot be read at its record {position} ({_describe_error(err)}); "
             f"the file is truncated, damaged or missing (event {local} of {self.name}/"
             f"{self.shard_names[shard]} {self.split}). The study does not skip unreadable "
             "events: copy the file again from where the data set came from, or regenerate "
@@ -454,18 +453,47 @@ def open_dataset(
     )
 
 
+def _describe_error(err: Exception) -> str:
+    first = (str(err).splitlines() or [""])[0][:200]
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
 def _shard_files(split_info, path: Path, name, config, version, split) -> list[tuple[Path, int]]:
-    """The split's ArrayRecord files with their event counts; a missing one is refused here,
-    before anything reads (a damaged one is reported when read)."""
+    """The split's ArrayRecord files with their event counts, each checked against
+    ``dataset_info.json`` before anything reads: a missing file, one whose index cannot be
+    read, or one holding another number of records is refused. (A file cut at a 64 KiB
+    boundary opens as a valid, shorter file whose reads return empty examples, so the count is
+    the check that catches it.) Damage inside a record is reported when it is read."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
     paths, lengths = split_info.filepaths, split_info.shard_lengths
     listed = [(Path(str(f)), int(n)) for f, n in zip(paths, lengths, strict=True)]
+    redo = (
+        "copy it again from where the data set came from, or regenerate synthetic data (remove "
+        f"{str(path)!r}, then run `heptstudy data generate`)"
+    )
     missing = [f.name for f, _ in listed if not f.is_file()]
     if missing:
         raise DataError(
             f"{name}/{config}:{version} {split} lacks {len(missing)} of its {len(listed)} "
             f"ArrayRecord files listed in {str(path / 'dataset_info.json')!r}: "
-            f"{', '.join(missing[:3])}{', ...' if missing[3:] else ''}; copy them again from "
-            "where the data set came from, or regenerate synthetic data (remove "
-            f"{str(path)!r}, then `heptstudy data generate`)"
+            f"{', '.join(missing[:3])}{', ...' if missing[3:] else ''}; {redo}"
         )
+    for file, expected in listed:
+        reader, found = None, -1
+        try:
+            reader = ArrayRecordReader(str(file), "readahead_buffer_size:0")
+            found = reader.num_records()
+            reader.close()
+        except Exception as err:  # the reader's errors have no common type
+            if found < 0 or found == expected:  # (closing a cut file fails after its count)
+                raise DataError(
+                    f"file {str(file)!r} cannot be read ({_describe_error(err)}); it is "
+                    f"truncated or damaged. The study does not skip unreadable events: {redo}"
+                ) from None
+        if found != expected:
+            raise DataError(
+                f"file {str(file)!r} holds {found} events, but dataset_info.json lists "
+                f"{expected} for it: it is truncated or was replaced; {redo}"
+            )
     return listed

@@ -131,6 +131,13 @@ def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
     """Read and verify a training-state file; refuse an unreadable, damaged or incomplete one
     and one from an incompatible configuration, before anything is written."""
     p = Path(path)
+    if p.is_dir():
+        found = sorted(p.glob("checkpoints/step_*.pt")) or sorted(p.glob("step_*.pt"))
+        raise TrainingStateError(
+            f"--resume {str(p)!r} is a folder; give one training-state file"
+            + (f", for example the latest there, {str(found[-1])!r}" if found else "")
+            + f"; {_NOTHING_WRITTEN}"
+        )
     if not p.is_file():
         raise TrainingStateError(
             f"--resume {str(p)!r}: no such file; give a checkpoints/step_NNNNNN.pt file written "
