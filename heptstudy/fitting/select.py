@@ -33,6 +33,11 @@ class Choice:
     cross_checks: list[tuple[str, MemoryModel, list[str]]] = field(default_factory=list)
 
 
+def _same(a: MemoryModel, b: MemoryModel) -> bool:
+    """The same fit (a stored model and the reports it was fitted from)."""
+    return a.key == b.key and a.source == b.source and a.allocated == b.allocated
+
+
 def _sort_into(choice: Choice, candidates, key: dict[str, Any]) -> list[tuple[str, MemoryModel]]:
     """Models of ``candidates`` (origin, model) that hold for ``key``; the others go to
     ``choice.not_used`` (and, when only the device kind differs, to its cross-checks)."""
@@ -45,7 +50,8 @@ def _sort_into(choice: Choice, candidates, key: dict[str, Any]) -> list[tuple[st
         choice.not_used.append(
             Rejected(origin, f"{model.source} for another configuration: {'; '.join(diffs)}")
         )
-        if all(d.startswith(CROSS_CHECK_SETTINGS) for d in diffs):
+        seen = any(_same(model, m) for _, m, _ in choice.cross_checks)
+        if all(d.startswith(CROSS_CHECK_SETTINGS) for d in diffs) and not seen:
             choice.cross_checks.append((origin, model, diffs))
     # measured first, then the best validated
     holding.sort(key=lambda c: (c[1].source != "measured", c[1].held_out_error("allocated") or 0))

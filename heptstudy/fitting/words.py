@@ -25,8 +25,9 @@ def _tail_words(t: Tail, a: FitAnswer) -> str:
         else "of any length"
     )
     return (
-        f"{t.events_too_long:,} of {a.num_events:,} events ({limit}) overflow any batch holding "
-        f"them; P(a step fails) = {_pct(t.p_step_fails)}; over the recipe's "
+        f"{t.events_too_long:,} of {a.num_events:,} events ({limit}) "
+        f"{'overflows any batch holding it' if t.events_too_long == 1 else 'overflow any batch holding them'}; "
+        f"P(a step fails) = {_pct(t.p_step_fails)}; over the recipe's "
         f"{a.scenario_steps:,} steps P(at least one failure) = {_pct(t.p_run_fails)} "
         f"({t.expected_failing_steps:,.1f} failing steps expected); largest per-device batch "
         f"that never fails on this data: {t.largest_safe_batch}"
@@ -44,7 +45,7 @@ def answer_words(result) -> str:
         f"the batch holding the data's longest event ({w['longest_padded']:,} padded hits) needs "
         f"{peak:.1f} GiB {crit} of {a.usable_gib:.1f} GiB usable (margin {w['margin_gib']:+.1f} GiB"
     )
-    err = result.model.held_out_error(crit)
+    err = result.model.held_out_error(crit) if result.model.source == "measured" else None
     worst += f"; the {crit} model's held-out error is up to {err:.0%})" if err is not None else ")"
     by = (
         " by an ESTIMATED model (fake-tensor steps, not measured)"
@@ -60,8 +61,8 @@ def answer_words(result) -> str:
                 f" On peak allocated alone (no allocator overhead, a lower bound) it would fit "
                 f"({w['allocated_gib']:.1f} GiB)."
             )
-    for c in result.cross_checks:
-        if c["source"] == "measured" and c["fits"] != a.fits:
+    for c in [c for c in result.cross_checks if c["source"] == "measured"][:1]:
+        if c["fits"] != a.fits:
             text += (
                 f" NOT SHOWN: the MEASURED model of the same network with {_settings(c)} gives "
                 f"this batch {_peaks(c)}, which would {'fit' if c['fits'] else 'NOT fit'}."
