@@ -235,6 +235,21 @@ def case_generate_negative_seed(ws):
     )  # fmt: skip
 
 
+def case_stats_out_is_a_file(ws):
+    (ws.root / "notes.txt").write_text("mine\n")
+    return lambda: _cli(
+        "data", "stats", "--data-dir", str(ws.data), "--out", str(ws.root / "notes.txt")
+    )
+
+
+def case_generate_below_a_file(ws):
+    (ws.root / "notes.txt").write_text("mine\n")
+    return lambda: _cli(
+        "data", "generate", "--data-dir", str(ws.root / "notes.txt" / "tfds"),
+        "--events-train", "2", "--events-test", "2", "--seed", "1",
+    )  # fmt: skip
+
+
 def case_stats_pad_to_zero(ws):
     return lambda: _cli(
         "data", "stats", "--data-dir", str(ws.data), "--pad-to-multiple", "0", "--out", str(ws.new)
@@ -284,6 +299,14 @@ def case_backbone_unknown_device(ws):
     return _backbone("--hits", "64", "--device", "gpu")
 
 
+def case_backbone_zero_threads(ws):
+    return _backbone("--hits", "64", "--threads", "0")
+
+
+def case_backbone_output_is_a_folder(ws):
+    return _backbone("--hits", "64", "--output", str(ws.run))
+
+
 CASES = [
     (case_train_into_earlier_run, ["train.out_dir=", "/run'", "already holds an earlier run",
                                    "--resume", "step_000004.pt", "--new-run", "run-002"]),
@@ -311,6 +334,8 @@ CASES = [
     (case_missing_shard, [SHARD, "lacks 1 of its 1 ArrayRecord files", "copy it again"]),
     (case_missing_data_dir, ["no_data", "does not exist", "heptstudy data generate"]),
     (case_generate_negative_seed, ["--seed", "-1 is below 0", "at least 0"]),
+    (case_stats_out_is_a_file, ["--out", "notes.txt", "is a file", "Give --out a folder"]),
+    (case_generate_below_a_file, ["--data-dir", "notes.txt", "is a file", "nothing was generated"]),
     (case_stats_pad_to_zero, ["--pad-to-multiple", "0 is below 1"]),
     (case_block_size_true, ["model.heptv2.block_size=true", "whole number, not true/false",
                             "default 100"]),
@@ -322,6 +347,8 @@ CASES = [
     (case_backbone_zero_hits, ["--hits 0", "at least 1", "--hits 10000"]),
     (case_backbone_zero_repeats, ["--repeats 0", "at least 1"]),
     (case_backbone_unknown_device, ["--device 'gpu'", "cpu, cuda or cuda:N"]),
+    (case_backbone_zero_threads, ["--threads 0", "at least 1"]),
+    (case_backbone_output_is_a_folder, ["/run'", "is a directory", "NAME.json"]),
 ]  # fmt: skip
 
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
+from pathlib import Path
 
+from heptstudy.errors import DataError
 from heptstudy.paths import resolve_in_repo
 
 DEFAULT_DATA_DIR = "data/tfds"
@@ -40,11 +44,35 @@ def _data_dir(args: argparse.Namespace) -> str:
     return args.data_dir or str(resolve_in_repo(DEFAULT_DATA_DIR))
 
 
+def _writable_folder(folder: str | Path, option: str) -> Path:
+    """Refuse, before any work, a folder that could not be created or written: a file in its
+    place or above it, or a nearest existing folder that takes no new file. Creates nothing."""
+    folder = Path(folder)
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise DataError(
+            f"{option} {str(folder)!r} cannot be a folder: {str(blocker)!r} is a file; nothing "
+            f"was generated or measured. Give {option} a folder"
+        )
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise DataError(
+            f"{option} {str(folder)!r} cannot be written ({str(existing)!r}: "
+            f"{exc.strerror or exc}); nothing was generated or measured. Give {option} a folder "
+            "you can write to"
+        ) from None
+    return folder
+
+
 def _generate(args: argparse.Namespace) -> int:
     from heptstudy.data.generate import generate_datasets
 
     result = generate_datasets(
-        _data_dir(args),
+        _writable_folder(_data_dir(args), "--data-dir"),
         events_train=args.events_train,
         events_test=args.events_test,
         seed=args.seed,
@@ -64,10 +92,11 @@ def _generate(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     from heptstudy.data.stats import hits_stats, write_stats
 
+    out = _writable_folder(args.out or resolve_in_repo(DEFAULT_STATS_DIR), "--out")
     stats = hits_stats(
         _data_dir(args), args.dataset, args.configs, args.split, args.pad_to_multiple
     )
-    js, png = write_stats(stats, args.out or resolve_in_repo(DEFAULT_STATS_DIR))
+    js, png = write_stats(stats, out)
     summary = {k: stats[k] for k in ("dataset", "split", "num_events", "synthetic")}
     summary["total"] = stats["total"]
     summary["events_above_tail_threshold"] = stats["events_above_tail_threshold"]

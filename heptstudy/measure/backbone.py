@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,19 +15,28 @@ from heptstudy.errors import ConfigError
 from heptstudy.measure.memory import make_meter
 from heptstudy.measure.timing import synchronize
 from heptstudy.model import example_batch
-from heptstudy.model.checkpointing import run_backbone
+from heptstudy.model.activation_checkpointing import run_backbone
 from heptstudy.model.heptv2 import HEPTv2Layer, hit_coordinates
 
 
-def check_backbone_request(hits: Any, repeats: Any, device: Any) -> torch.device:
-    """Refuse what cannot be measured before building anything; returns the device."""
-    for name, value in (("--hits", hits), ("--repeats", repeats)):
+def check_backbone_request(
+    hits: Any, repeats: Any, device: Any, threads: Any = None, output: Any = None
+) -> torch.device:
+    """Refuse what cannot be measured, or whose result could not be written, before anything
+    runs; returns the device."""
+    wanted = {"--hits": 10000, "--repeats": 3, "--threads": 2}
+    for name, value in (("--hits", hits), ("--repeats", repeats), ("--threads", threads)):
+        if name == "--threads" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(
                 f"{name} {value!r}: the backbone bench needs a whole number of at least 1 "
-                f"({'hits in the one event' if name == '--hits' else 'timed runs'}); "
-                f"give for example {name} {10000 if name == '--hits' else 3}"
+                f"here; give for example {name} {wanted[name]}"
             )
+    if output is not None:
+        from heptstudy.measure.bench import check_writable
+
+        check_writable(Path(output))
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):

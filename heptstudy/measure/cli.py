@@ -41,8 +41,13 @@ def _bench_backbone(args: argparse.Namespace) -> int:
 
     from heptstudy.atomic import atomic_write_text
     from heptstudy.config import load_config
-    from heptstudy.measure.backbone import describe_backbone, run_backbone_bench
+    from heptstudy.measure.backbone import (
+        check_backbone_request,
+        describe_backbone,
+        run_backbone_bench,
+    )
 
+    check_backbone_request(args.hits, args.repeats, args.device, args.threads, args.output)
     if args.threads:
         torch.set_num_threads(args.threads)
     config = load_config(args.config, args.overrides)
