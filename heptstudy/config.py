@@ -175,6 +175,18 @@ class DataConfig(_Strict):
         2, ge=0, description="batches read ahead during training while a step runs (0: none)"
     )
 
+    @field_validator("configs")
+    @classmethod
+    def _configs_once(cls, configs: list[str]) -> list[str]:
+        repeated = sorted({c for c in configs if configs.count(c) > 1})
+        if repeated:
+            # a repeated builder config would read its events twice as if they were others
+            raise ValueError(
+                f"data.configs={configs} names {repeated} more than once; list each builder "
+                "config once"
+            )
+        return configs
+
     @property
     def name(self) -> str:
         return self.dataset.split(":")[0]

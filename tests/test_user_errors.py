@@ -275,6 +275,10 @@ def case_learning_rate_false(ws):
     return lambda: _cli(*_train_cli(ws, ws.new), "--set", "train.lr=false")
 
 
+def case_repeated_builder_config(ws):
+    return lambda: _cli(*_train_cli(ws, ws.new), "--set", 'data.configs=["1","1"]')
+
+
 def case_negative_clip_norm(ws):
     return lambda: _cli("config", "show", "--set", "train.lamb.max_grad_norm=-1")
 
@@ -343,6 +347,7 @@ CASES = [
     (case_checkpointing_one, ["model.heptv2.activation_checkpointing=1", "true or false",
                               "default false"]),
     (case_learning_rate_false, ["train.lr=false", "a number, not true/false", "default 0.001"]),
+    (case_repeated_builder_config, ["data.configs=['1', '1']", "more than once"]),
     (case_negative_clip_norm, ["train.lamb.max_grad_norm", "greater than or equal to 0", "-1"]),
     (case_backbone_zero_hits, ["--hits 0", "at least 1", "--hits 10000"]),
     (case_backbone_zero_repeats, ["--repeats 0", "at least 1"]),
