@@ -211,6 +211,47 @@ def test_real_model_checkpointing_lowers_the_peak(tiny_overrides):
     assert peaks[True] < 0.8 * peaks[False]
 
 
+def test_tracker_runs_a_compiled_fused_forward(tiny_overrides):
+    """The fused (flex_attention) backend under the tracker: the higher-order operator passes
+    through, the compiled call stays compiled (no unfused fallback), the peak is recorded and
+    the outputs are those of an untracked forward."""
+    from heptstudy.model import flex_kernel
+
+    model, cfg = _tiny(tiny_overrides + ["model.heptv2.attention_backend=fused"], False)
+    model.eval()
+    batch = example_batch(cfg, 2, [150, 40], seed=1)
+    with torch.no_grad():
+        untracked = model(batch)
+    calls = flex_kernel.status()["fused_calls"]
+    meter = make_meter("cpu", track_categories=True)
+    with torch.no_grad(), meter.step(batch.values(), model=model) as m:
+        tracked = model(batch)
+    r = m.result
+    assert flex_kernel.status()["fused_calls"] == calls + cfg.model.heptv2.num_convs
+    assert r.peak_allocated_bytes > r.baseline_bytes and r.ops_seen > 0
+    for key in untracked:
+        assert torch.equal(untracked[key], tracked[key])
+
+
+def test_tracker_counts_the_outputs_of_a_higher_order_operator():
+    from torch.nn.attention import flex_attention as fa
+
+    from heptstudy.model.fused_attention import bucket_block_mask
+
+    q = torch.randn(2, 2, 256, 8)
+    mask = bucket_block_mask(torch.tensor([250, 100]), 256, 16, "cpu")
+    meter = make_meter("cpu")
+    with (
+        pytest.warns(UserWarning, match="without torch.compile"),
+        meter.step([q, mask.kv_indices]) as m,
+    ):
+        fa._WARNINGS_SHOWN.discard("flex_attention_performance")
+        out, aux = fa.flex_attention(q, q, q, block_mask=mask, return_aux=fa.AuxRequest(lse=True))
+    r = m.result
+    # the HOP's outputs are counted; its inside (the dense score matrix here) is not seen
+    assert r.peak_allocated_bytes - r.baseline_bytes >= out.nbytes + aux.lse.nbytes
+
+
 def test_fake_tensors_are_tracked_like_real_ones():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -175,6 +175,7 @@ def run_bench(opts: BenchOptions) -> rp.BenchReport:
     else:
         report = _memory_report(config, device, dtype, batches, opts, common, name)
     report.environment.load_average_1min = rp.host_load()
+    report.environment.attention = rp.attention_info(config)
     if opts.output:
         rp.write_report(report, opts.output)
     return report

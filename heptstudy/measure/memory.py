@@ -28,7 +28,10 @@ Definitions (also in :data:`heptstudy.measure.report.PROTOCOL`):
   and the result says why.
 
 What the CPU tracker cannot see: scratch memory a kernel allocates internally and frees before it
-returns (e.g. oneDNN or BLAS workspaces, the intermediate buffers of a fused kernel), memory that
+returns (e.g. oneDNN or BLAS workspaces, the intermediate buffers of a fused kernel, including a
+higher-order operator such as flex_attention, whose inputs and outputs are counted but whose
+inside runs below the tracker, and ``torch.compile``'d regions, which run compiled under the
+tracker: their outputs are counted when later ops use them), memory that
 is not a tensor storage (Python objects, the allocator's cached free blocks) and tensors created
 before the step that were neither handed to ``start_step`` nor used as an op input during the
 step. It slows the step down (a Python call per op): take times from untracked steps.
@@ -38,7 +41,9 @@ With ``track_categories=True`` the meter also attributes the live bytes at the s
 for backward, seen through ``torch.autograd.graph.saved_tensors_hooks``), ``inputs`` (other
 tensors handed to ``start_step``, typically the batch) and ``temporaries`` (the rest), and records
 a timeline of live bytes after every op. On CUDA the categories come from the same storage
-tracker running next to the allocator statistics.
+tracker running next to the allocator statistics; the peaks stay the allocator's. The tracker
+lets ``torch.compile``'d code run compiled (``ignore_compile_internals``), so that the fused
+attention kernel is the one measured, not flex_attention's unfused fallback.
 """
 
 from __future__ import annotations
@@ -149,6 +154,17 @@ class StorageTracker(TorchDispatchMode):
     the calling thread anyway). Storages are keyed by the identity of their Python object, which
     PyTorch keeps unique and alive for as long as the storage itself lives.
     """
+
+    # Higher-order operators (flex_attention and its backward) come through __torch_dispatch__
+    # like any op: their inputs and outputs are counted, their internals are a kernel's scratch.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """True: torch.compile'd code (the fused attention kernel) keeps running compiled under
+        the tracker instead of falling back to eager, so a tracked step is the real step; the
+        tracker sees the compiled region's outputs (when later ops use them), not its internals."""
+        return True
 
     def __init__(self, *, track_categories: bool = False, record_timeline: bool | None = None):
         super().__init__()

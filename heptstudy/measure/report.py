@@ -98,6 +98,30 @@ class OomInfo(_Strict):
     device_memory_bytes: int | None = None
 
 
+class AttentionInfo(_Strict):
+    """The HEPTv2 bucket attention of a run (:func:`heptstudy.model.flex_kernel.attention_status`).
+
+    ``backend_used``: ``fused`` (the compiled flex_attention kernel), ``fused-reference``
+    (flex_attention's dense CPU implementation), ``plain`` or ``none`` (no HEPTv2 attention ran).
+    The counts are for the whole process: fused calls, dynamo compiles of flex_attention (each
+    with its backward), distinct kernel sequence lengths."""
+
+    backend_used: Literal["fused", "fused-reference", "plain", "none"]
+    configured: str | None = None  # model.heptv2.attention_backend
+    fused_calls: int = 0
+    fused_compiles: int = 0
+    fused_compiler: str | None = None  # torch.compile backend: inductor (CUDA), eager (CPU)
+    fused_shape_policy: str | None = None  # dynamic or ladder
+    fused_kernel_lengths: int = 0
+
+
+def attention_info(config) -> AttentionInfo:
+    """The attention block of a report, read after the run (compiles happen during it)."""
+    from heptstudy.model.flex_kernel import attention_status
+
+    return AttentionInfo(**attention_status(config))
+
+
 class Environment(_Strict):
     platform: str | None  # platform profile name, e.g. "lumi_mi250x"; None for ad-hoc runs
     device_kind: Literal["cpu", "cuda", "rocm", "mps", "meta", "other"]
@@ -114,6 +138,9 @@ class Environment(_Strict):
     # the host's 1-minute load average when the measurement ended: a run keeps about ``threads``
     # cores busy, so a clearly higher value means other work competed and times are unreliable
     load_average_1min: float | None = None
+    # the bucket attention the run actually used and what compiling it cost (None in reports
+    # from before it was recorded)
+    attention: AttentionInfo | None = None
 
 
 class DataInfo(_Strict):

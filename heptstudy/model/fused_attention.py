@@ -1,5 +1,8 @@
 """The fused bucket attention: the HEPTv2 layer's bucket-diagonal softmax attention through
-``flex_attention`` (a compiled kernel on CUDA, flex_attention's reference path elsewhere)."""
+``flex_attention`` with a sparse block mask. The kernel call itself (compiled a bounded number
+of times, never silently unfused, counted) is :mod:`heptstudy.model.flex_kernel`; on CUDA it is
+the fused Triton kernel, on CPU flex_attention's dense reference implementation (inference
+only)."""
 
 from __future__ import annotations
 
@@ -8,27 +11,47 @@ import math
 import torch
 
 from heptstudy import stand_ins
-from heptstudy.model.heptv2 import _MASKED, BucketOrder, _sorted, _unsorted
+from heptstudy.model import flex_kernel
+from heptstudy.model.heptv2 import _MASKED, BucketOrder
+
+#: Sparse block size of flex_attention's block mask.
+FLEX_BLOCK = flex_kernel.FLEX_BLOCK
 
 
 def fused_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int):
     """The same attention through ``flex_attention`` with a bucket-diagonal block mask (``q``
-    pre-scaled, so the kernel scale is 1); on CUDA this is a fused kernel (compiled), elsewhere
-    flex_attention's reference path."""
+    pre-scaled, so the kernel scale is 1). Returns ``out [B,C,S,H,dh]`` and ``lse [B,C,S,H]``
+    in hit order, like the plain path."""
     B, C, H, Sp = buckets.order.shape
+    S = buckets.rank.shape[-1]
     dh = q.shape[-1]
-    qs, ks, vs = (_sorted(t, buckets).reshape(B * C, H, Sp, dh) for t in (q, k, v))
+    L = flex_kernel.kernel_length(Sp)
+    sort_rows, unsort_rows = _kernel_rows(buckets, L)
+    qs, ks, vs = (
+        t.reshape(-1, dh).index_select(0, sort_rows).view(B * C, H, L, dh) for t in (q, k, v)
+    )
     n_valid = buckets.n_valid.repeat_interleave(C)
-    out, lse = _flex(qs, ks, vs, bucket_block_mask(n_valid, Sp, block_size, q.device))
-    out = out.view(B, C, H, Sp, dh)
-    lse = lse.view(B, C, H, Sp)
+    out, lse = _flex(qs, ks, vs, bucket_block_mask(n_valid, L, block_size, q.device))
     # Queries in buckets with no valid key get lse = -inf; give them a finite, negligible weight.
     lse = torch.nan_to_num(lse.float(), neginf=_MASKED)
-    return _unsorted(out, buckets), _unsorted(lse, buckets)
+    out = out.reshape(-1, dh).index_select(0, unsort_rows).view(B, C, S, H, dh)
+    lse = lse.reshape(-1).index_select(0, unsort_rows).view(B, C, S, H)
+    return out, lse
 
 
-#: Sparse block size of flex_attention's block mask.
-FLEX_BLOCK = 128
+def _kernel_rows(buckets: BucketOrder, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sort and unsort row indices for a kernel length ``L >= Sp``. Rows past ``Sp`` read
+    hit row 0: as keys they lie past every event's valid count (masked), as queries their
+    outputs are never read back, so they change nothing and get zero gradient. Padding the
+    indices rather than the sorted tensors costs no copy of q, k or v."""
+    Sp = buckets.padded_len
+    if L == Sp:
+        return buckets.sort_rows, buckets.unsort_rows
+    rows = buckets.sort_rows.view(-1, Sp)
+    pad = rows.new_zeros(rows.shape[0], L - Sp)
+    sort_rows = torch.cat([rows, pad], dim=1).reshape(-1)
+    u = buckets.unsort_rows
+    return sort_rows, u + (u // Sp) * (L - Sp)
 
 
 def bucket_block_mask(n_valid: torch.Tensor, seq_len: int, block_size: int, device):
@@ -59,28 +82,9 @@ def bucket_block_mask(n_valid: torch.Tensor, seq_len: int, block_size: int, devi
 
 
 def _flex(q, k, v, block_mask):
-    stand = stand_ins.active()  # a fake-tensor step: a same-footprint stand-in for the kernel
+    """The kernel seam: ``(out, lse)`` of flex_attention with scale 1. A fake-tensor step
+    (:mod:`heptstudy.stand_ins`) substitutes a same-footprint stand-in here."""
+    stand = stand_ins.active()
     if stand is not None and stand.flex is not None:
         return stand.flex(q, k, v, block_mask)
-    from torch.nn.attention import flex_attention as fa
-
-    fn = fa.flex_attention
-    if q.is_cuda:
-        fn = _compiled_flex()
-    try:
-        out, aux = fn(q, k, v, block_mask=block_mask, scale=1.0, return_aux=fa.AuxRequest(lse=True))
-        return out, aux.lse
-    except (AttributeError, TypeError):
-        return fn(q, k, v, block_mask=block_mask, scale=1.0, return_lse=True)
-
-
-_COMPILED_FLEX = None
-
-
-def _compiled_flex():
-    global _COMPILED_FLEX
-    if _COMPILED_FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED_FLEX
+    return flex_kernel.flex_attention_lse(q, k, v, block_mask)

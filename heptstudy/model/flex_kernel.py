@@ -1,0 +1,315 @@
+"""The one call into ``flex_attention``: compiled a bounded number of times, never silently
+unfused, counted.
+
+Why this module exists. ``torch.compile(flex_attention, dynamic=False)`` compiles once per new
+sequence length; real batches bring a new padded length almost every step, so after eight
+lengths dynamo hits its recompile limit and flex_attention quietly runs its unfused reference
+path, which materialises the whole score matrix (on an H200 the peak for two events of about
+7,000 hits went from 2.2 GB to 67-78 GB: ``diag_recompile_limit.txt`` in
+``../shared/evidence/h200-2026-11-30/``, outside the repository).
+
+What it does instead:
+
+* Shape policy ``dynamic`` (default): compiled with a symbolic sequence length and batch, so
+  that every length reuses one compile per dtype and grad mode (a training step and the
+  validation after it under ``no_grad`` are two). Dynamo specialises sizes of 1, so sequences
+  are padded to at least two 128-row blocks; a batch x rounds of 1 (one event, one hashing
+  round) would still cost one more. Policy ``ladder``: the caller pads the sorted sequence up
+  to the next size of :data:`LADDER` (multiples of 128 growing by about 19%) and each size is
+  compiled statically (``IS_DIVISIBLE`` kernels, at most about a fifth of the work padded); the
+  number of compiles is then the number of sizes a run meets. Which is faster is a GPU
+  measurement (``scripts/gpu/``); the default stays ``dynamic`` until it is made.
+* Never unfused without saying so: the recompile limit is made a hard error for these calls
+  (``fail_on_recompile_limit_hit``), a compile failure is reported as such, an active
+  ``TorchDispatchMode`` that would make dynamo skip the call is refused before the call, and a
+  call that still reached flex_attention's eager path (its "called without torch.compile"
+  marker) is refused after it. Each becomes a :class:`FusedAttentionError` that names the cause
+  and the way out (``model.heptv2.attention_backend=plain``).
+* Counted: :func:`status` gives the calls, the compiles (dynamo cache entries of
+  ``flex_attention`` added by these calls) and the kernel lengths seen, for every report.
+
+Compilers. CUDA: ``inductor`` (the fused Triton kernel). CPU: ``eager``, i.e. the same dynamo
+graph run by flex_attention's dense reference implementation, which is what flex_attention does
+on CPU anyway (inductor's CPU flex kernel has neither a backward nor the log-sum-exp this
+attention needs); it materialises the score matrix and has no backward on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from heptstudy.errors import HeptstudyError
+
+#: Shape policies: see the module docstring.
+SHAPE_POLICIES = ("dynamic", "ladder")
+
+#: flex_attention's sparse block size; ladder sizes are multiples of it.
+FLEX_BLOCK = 128
+
+#: Shortest kernel length of the ``dynamic`` policy: two blocks, so that no size of the block
+#: mask is 1 (dynamo specialises sizes of 1, which would cost a second compile).
+MIN_DYNAMIC_LENGTH = 2 * FLEX_BLOCK
+
+#: Kernel sequence lengths of the ``ladder`` policy: 128 x ceil(2^(k/4)), up to 2^19 rows.
+LADDER = tuple(sorted({FLEX_BLOCK * math.ceil(2 ** (k / 4)) for k in range(4 * 12 + 1)}))
+
+#: The ``ladder`` policy may need this many static compiles in one process (sizes x dtypes x
+#: grad modes); dynamo's own limit (8) is raised to it for these calls only.
+LADDER_RECOMPILE_LIMIT = 64
+
+WAY_OUT = (
+    "Run with the plain attention instead: --set model.heptv2.attention_backend=plain "
+    "(the same result without flex_attention), or use a platform profile whose "
+    "attention_backend is plain"
+)
+
+# flex_attention's eager path records this id when it runs unfused ("called without
+# torch.compile"); it is the one marker that cannot be missed when a fallback happens.
+_UNFUSED_WARNING_ID = "flex_attention_performance"
+
+
+class FusedAttentionError(HeptstudyError, RuntimeError):
+    """The fused attention would run (or ran) without its compiled kernel, or failed to
+    compile."""
+
+
+@dataclass
+class _Stats:
+    calls: int = 0
+    compiles: int = 0
+    compiler: str | None = None
+    lengths: set[int] = field(default_factory=set)
+
+
+_STATS = _Stats()
+_POLICY = "dynamic"
+_COMPILED: dict[tuple[str, str], object] = {}
+
+
+def set_shape_policy(policy: str) -> None:
+    """Choose ``dynamic`` or ``ladder`` for the rest of the process (the GPU comparison script
+    does; the model uses the default)."""
+    global _POLICY
+    if policy not in SHAPE_POLICIES:
+        raise FusedAttentionError(
+            f"fused attention shape policy {policy!r} is not allowed; allowed: "
+            f"{', '.join(SHAPE_POLICIES)}"
+        )
+    _POLICY = policy
+
+
+def shape_policy() -> str:
+    return _POLICY
+
+
+def kernel_length(padded_len: int) -> int:
+    """The sequence length the kernel runs on for a sorted length of ``padded_len``."""
+    if _POLICY == "dynamic":
+        return max(padded_len, MIN_DYNAMIC_LENGTH)
+    for size in LADDER:
+        if size >= padded_len:
+            return size
+    raise FusedAttentionError(
+        f"a sorted sequence of {padded_len} rows is longer than the largest ladder size "
+        f"{LADDER[-1]}; use the dynamic shape policy or the plain attention. {WAY_OUT}"
+    )
+
+
+def compiler_for(device: torch.device) -> str:
+    return "inductor" if device.type == "cuda" else "eager"
+
+
+def status() -> dict:
+    """What the fused attention did in this process so far."""
+    return {
+        "fused_calls": _STATS.calls,
+        "fused_compiles": _STATS.compiles,
+        "fused_compiler": _STATS.compiler,
+        "fused_shape_policy": _POLICY,
+        "fused_kernel_lengths": len(_STATS.lengths),
+    }
+
+
+def attention_status(config=None) -> dict:
+    """:func:`status` plus the bucket attention a run actually used: ``fused`` (the compiled
+    kernel), ``fused-reference`` (flex_attention's dense CPU implementation), ``plain`` (a HEPTv2
+    model that made no fused call) or ``none`` (no HEPTv2 attention ran); ``configured`` is
+    ``model.heptv2.attention_backend`` of ``config``. Counts are for the whole process."""
+    from heptstudy.config import HIT_VARIANT
+
+    if _STATS.calls:
+        used = "fused" if _STATS.compiler == "inductor" else "fused-reference"
+    elif config is not None and config.model.variant == HIT_VARIANT:
+        used = "plain"
+    else:
+        used = "none"
+    configured = config.model.heptv2.attention_backend if config is not None else None
+    return {"backend_used": used, "configured": configured, **status()}
+
+
+def reset_counts() -> None:
+    """Forget the calls and compiles counted so far (compiled code stays cached)."""
+    global _STATS
+    _STATS = _Stats()
+
+
+def flex_attention_lse(q, k, v, block_mask, *, compiler: str | None = None, need_lse=True):
+    """``flex_attention(q, k, v, block_mask, scale=1)`` through the bounded, checked compile;
+    returns ``(out, lse)`` (``lse`` None when not asked for)."""
+    from torch.nn.attention import flex_attention as fa
+
+    compiler = compiler or compiler_for(q.device)
+    if compiler == "eager" and q.device.type == "cpu" and torch.is_grad_enabled():
+        if any(t.requires_grad for t in (q, k, v)):
+            raise FusedAttentionError(
+                "the fused attention has no backward on CPU (flex_attention supports only "
+                f"inference there). {WAY_OUT}"
+            )
+    kwargs = {"block_mask": block_mask, "scale": 1.0}
+    if need_lse:
+        kwargs["return_aux"] = fa.AuxRequest(lse=True)
+    if torch.compiler.is_compiling():  # inside a caller's own compiled region: it compiles us
+        result = fa.flex_attention(q, k, v, **kwargs)
+    else:
+        _refuse_known_fallbacks(fa)
+        fn = _compiled(compiler)
+        before = _cache_entries(fa)
+        with _checked(fa, compiler):
+            result = fn(q, k, v, **kwargs)
+        _STATS.compiles += max(0, _cache_entries(fa) - before)
+        _STATS.compiler = compiler
+    _STATS.calls += 1
+    _STATS.lengths.add(int(q.shape[-2]))
+    if need_lse:
+        out, aux = result
+        return out, aux.lse
+    return result, None
+
+
+def _compiled(compiler: str):
+    key = (compiler, _POLICY)
+    if key not in _COMPILED:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED[key] = torch.compile(
+            flex_attention, backend=compiler, dynamic=_POLICY == "dynamic"
+        )
+    return _COMPILED[key]
+
+
+def _cache_entries(fa) -> int:
+    """Compiled variants of flex_attention in this process (one per dynamo compile)."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        return len(_debug_get_cache_entry_list(fa.flex_attention.__code__))
+    except (ImportError, AttributeError, RuntimeError):
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+
+
+def _refuse_known_fallbacks(fa) -> None:
+    """Causes that would make dynamo skip the call: refuse them before anything runs."""
+    if getattr(fa, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", False):
+        raise FusedAttentionError(
+            "flex_attention's compile is switched off "
+            "(torch.nn.attention.flex_attention._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True): "
+            f"the fused attention would run unfused. Set it back to False. {WAY_OUT}"
+        )
+    if torch._dynamo.config.disable:
+        raise FusedAttentionError(
+            "torch._dynamo is disabled (torch._dynamo.config.disable / TORCHDYNAMO_DISABLE=1): "
+            f"the fused attention would run unfused. Enable it again. {WAY_OUT}"
+        )
+    mode = _mode_blocking_compile()
+    if mode is not None:
+        raise FusedAttentionError(
+            f"a TorchDispatchMode ({type(mode).__name__}) is active and does not let "
+            "torch.compile run (its ignore_compile_internals() is False): the fused attention "
+            "would run unfused, materialising the whole score matrix. Measure without that "
+            f"mode, or give it ignore_compile_internals() = True. {WAY_OUT}"
+        )
+
+
+def _mode_blocking_compile():
+    from torch.utils import _python_dispatch as pd
+
+    for mode in pd._get_current_dispatch_mode_stack():
+        infra = getattr(mode, "is_infra_mode", None)
+        if infra is not None and infra():
+            continue
+        ignores = getattr(mode, "ignore_compile_internals", None)
+        if ignores is not None and ignores():
+            continue
+        return mode
+    return None
+
+
+def _no_duck_sizing():
+    """Dynamo gives equal sizes one symbol ("duck sizing") and guards on the equality, so a
+    batch x rounds that happens to equal the number of 128-row blocks would cost a recompile
+    when they differ later; the sizes of this call are independent."""
+    from torch.fx.experimental import _config as fx_config
+
+    if not hasattr(fx_config, "use_duck_shape"):
+        return contextlib.nullcontext()
+    return fx_config.patch(use_duck_shape=False)
+
+
+@contextlib.contextmanager
+def _checked(fa, compiler: str):
+    """Recompile limit as a hard error; compile failures and a reached eager path as
+    :class:`FusedAttentionError`; out-of-memory passes through (it is a result)."""
+    from torch._dynamo import exc as dynamo_exc
+
+    patch = {"fail_on_recompile_limit_hit": True}
+    limit = torch._dynamo.config.recompile_limit
+    if _POLICY == "ladder" and limit < LADDER_RECOMPILE_LIMIT:
+        patch["recompile_limit"] = LADDER_RECOMPILE_LIMIT
+    shown = getattr(fa, "_WARNINGS_SHOWN", None)
+    if shown is not None:
+        shown.discard(_UNFUSED_WARNING_ID)
+    limit_hit = getattr(dynamo_exc, "FailOnRecompileLimitHit", ())
+    try:
+        with torch._dynamo.config.patch(**patch), _no_duck_sizing():
+            yield
+    except limit_hit:
+        raise FusedAttentionError(
+            f"flex_attention reached dynamo's recompile limit "
+            f"(torch._dynamo.config.recompile_limit={torch._dynamo.config.recompile_limit}) "
+            f"after {_STATS.compiles} compiles in this process (shape policy {_POLICY}); "
+            "dynamo would now run it unfused, materialising the whole score matrix. Raise the "
+            f"limit only if the compiles are expected. {WAY_OUT}"
+        ) from None
+    except dynamo_exc.TorchDynamoException as err:
+        inner = getattr(err, "inner_exception", None)
+        if isinstance(inner, torch.OutOfMemoryError):
+            raise inner from None
+        raise FusedAttentionError(
+            f"flex_attention failed to compile with torch.compile(backend={compiler!r}) "
+            f"({_first_line(err)}); torch {torch.__version__}. {WAY_OUT}"
+        ) from None
+    except Exception as err:
+        if shown is not None and _UNFUSED_WARNING_ID in shown:
+            raise FusedAttentionError(_fell_back(f"and then failed ({_first_line(err)})")) from None
+        raise
+    if shown is not None and _UNFUSED_WARNING_ID in shown:
+        raise FusedAttentionError(_fell_back("and ran"))
+
+
+def _fell_back(what: str) -> str:
+    return (
+        "flex_attention fell back to its unfused path (the 'called without torch.compile' "
+        f"path, which materialises the whole score matrix) {what}: the compiled call was "
+        f"skipped by dynamo. {WAY_OUT}"
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0][:300] if text else ''}"
