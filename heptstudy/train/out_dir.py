@@ -72,7 +72,12 @@ def _refuse_unwritable(out: Path) -> None:
     existing = out
     while not existing.exists():
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    if not existing.is_dir():
+        raise OutputDirError(
+            f"train.out_dir={str(out)!r} cannot be created: {str(existing)!r} is a file, not a "
+            "folder; choose another train.out_dir (nothing was written)"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputDirError(
             f"train.out_dir={str(out)!r} cannot be written: {str(existing)!r} is not a writable "
             "folder; choose a train.out_dir you can write to (nothing was written)"
