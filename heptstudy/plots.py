@@ -523,3 +523,32 @@ def memory_categories_stacked(categories, tag: str = "", ax=None) -> Any:
         _tag(ax, tag)
     fig.tight_layout()
     return fig
+
+
+PHASE_COLORS = ("#4c72b0", "#8172b3", "#ccb974", "#c44e52", "#55a868")
+
+
+def step_breakdown_figure(breakdown, tag: str = "", ax=None) -> Any:
+    """Stacked bars of the mean time per step phase (``summary.step_breakdown_frame``): one bar
+    per memory report, labelled with its name; the bar's total is the sum of the phases (the
+    mean step time is printed above it). ``tag`` names the data (synthetic or not)."""
+    from heptstudy.measure.summary import PHASE_LABELS
+
+    fig, ax = _ax(ax, (max(7.5, 0.9 * len(breakdown) + 3), 5.5))
+    x = np.arange(len(breakdown))
+    bottom = np.zeros(len(breakdown))
+    for label, color in zip(PHASE_LABELS.values(), PHASE_COLORS, strict=True):
+        vals = breakdown[label].astype(float).fillna(0.0).to_numpy()
+        ax.bar(x, vals, 0.8, bottom=bottom, color=color, label=label)
+        bottom += vals
+    for xi, top, step in zip(x, bottom, breakdown["mean_step_s"], strict=True):
+        ax.annotate(f"{step:.3g} s", (xi, top), ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(x)
+    ax.set_xticklabels(breakdown["name"], rotation=30, ha="right", fontsize=9)
+    ax.set_ylabel("mean time per counted step [s]")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92), ncol=3, fontsize=9)
+    if tag:
+        _tag(ax, tag)
+    fig.tight_layout()
+    return fig

@@ -53,22 +53,13 @@ def test_committed_without_outputs_and_parameterised(name):
     assert nb.metadata["kernelspec"]["name"] == "python3"
 
 
-def test_memory_parameters_cell_has_every_parameter():
-    params = pm.inspect_notebook(str(NOTEBOOKS / "memory.ipynb"))
-    expected = {
-        "batch_size",
-        "checkpointing",
-        "steps",
-        "warmup",
-        "variant",
-        "platform",
-        "data_dir",
-        "dtype",
-        "seed",
-        "output",
-        "overrides",
-    }
-    assert expected <= set(params)
+@pytest.mark.parametrize("kind", ["memory", "parity"])
+def test_parameters_cell_has_exactly_the_request_parameters(kind):
+    """What papermill sees in the parameters cell is what the measurement request takes."""
+    from heptstudy.measure.request import NOTEBOOK_PARAMETERS
+
+    params = pm.inspect_notebook(str(NOTEBOOKS / f"{kind}.ipynb"))
+    assert set(params) == set(NOTEBOOK_PARAMETERS[kind])
 
 
 @pytest.mark.parametrize("flag,enabled", [("true", True), ("false", False)])
@@ -105,6 +96,13 @@ def test_memory_notebook_checkpointing_string(tiny_data_dir, tmp_path, flag, ena
     assert report.checkpointing.enabled is enabled
     assert report.config["model"]["heptv2"]["activation_checkpointing"] is enabled
     assert report.batch_size == 2 and report.summary.counted_steps == 1
+    assert set(report.summary.mean_phase_time_s) == {
+        "backbone_forward",
+        "decoder_and_heads",
+        "loss",
+        "backward",
+        "optimizer",
+    }
     executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     images = [
         o
@@ -172,9 +170,25 @@ def test_bad_parameter_stops_in_first_cell(tmp_path, name, value, allowed):
     after, errors, nb = _first_cell_error(out)
     assert errors == [after], "the first cell after the parameters must be the one that fails"
     err = next(o for o in nb.cells[after].outputs if o.output_type == "error")
-    assert err.ename == "NotebookParameterError"
+    assert err.ename == "RequestError"
     assert f"parameter {name}=" in err.evalue and allowed in err.evalue
-    assert "NotebookParameterError" in res.stderr and name in res.stderr
+    assert "RequestError" in res.stderr and name in res.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_misspelled_parameter_is_refused(tmp_path):
+    """papermill only warns about a parameter the notebook does not have; the notebook refuses
+    it instead of measuring batch 1 and exiting 0."""
+    out = tmp_path / "bad.ipynb"
+    res = _papermill_cli(
+        "memory.ipynb", out, "-p", "batchsize", "4", "-p", "output", str(tmp_path / "r.json")
+    )
+    assert res.returncode != 0
+    after, errors, nb = _first_cell_error(out)
+    assert errors == [after]
+    err = next(o for o in nb.cells[after].outputs if o.output_type == "error")
+    assert err.ename == "RequestError"
+    assert "memory.ipynb has no parameter batchsize (did you mean batch_size?)" in err.evalue
     assert not (tmp_path / "r.json").exists()
 
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -232,3 +233,36 @@ def test_git_dirty_counts_code_not_results(tmp_path):
     assert git_dirty(tmp_path / "pkg") is False  # results and untracked files do not count
     (tmp_path / "pkg/code.py").write_text("v2\n")
     assert git_dirty(tmp_path / "pkg") is True
+
+
+def _committed_reports():
+    root = Path(__file__).resolve().parent.parent / "experiments"
+    return sorted(
+        p for p in root.rglob("*.json") if '"schema_version": "heptstudy.bench/' in p.read_text()
+    )
+
+
+@pytest.mark.parametrize("path", _committed_reports(), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_committed_reports_still_read(path):
+    """Reports from before the step-time breakdown and the typed parity fields stay readable."""
+    report = read_report(path)
+    assert report.kind in ("memory", "parity")
+    if report.summary is not None and report.summary.mean_phase_time_s is None:
+        assert all(s.phase_time_s is None for s in report.steps)
+
+
+def test_breakdown_and_parity_fields_round_trip(tmp_path):
+    data = _good()
+    data["steps"][0]["phase_time_s"] = {"backbone_forward": 0.2, "backward": 0.3}
+    data["summary"]["mean_phase_time_s"] = {"backbone_forward": 0.2, "backward": 0.3}
+    data["summary"]["phase_time_definition"] = "wall clock"
+    write_report(data, tmp_path / "m.json")
+    assert read_report(tmp_path / "m.json").summary.mean_phase_time_s["backward"] == 0.3
+    parity = _good("parity")
+    cmp = parity["parity"]["checkpointed_vs_baseline"]
+    cmp["outputs"][0]["shape"] = [1, 12, 6]
+    cmp["overall_rel_l2"] = 0.0
+    cmp["loss_components"] = [_cmp("total")]
+    write_report(parity, tmp_path / "p.json")
+    again = read_report(tmp_path / "p.json").parity.checkpointed_vs_baseline
+    assert again.outputs[0].shape == [1, 12, 6] and again.loss_components[0].name == "total"

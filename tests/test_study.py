@@ -31,7 +31,7 @@ def test_bool_spellings(value, expected):
     assert study.parse_bool("checkpointing", value) is expected
 
 
-@pytest.mark.parametrize("value", ["maybe", "yes", "1", 1, 0, None, "", [True]])
+@pytest.mark.parametrize("value", ["maybe", "yes", "1", 1, 0, 1.0, None, "", [True]])
 def test_bool_refuses_everything_else(value):
     with pytest.raises(NotebookParameterError, match=r"parameter checkpointing=.*true or false"):
         study.parse_bool("checkpointing", value)
@@ -54,7 +54,7 @@ def test_memory_options_from_strings_and_defaults(tiny_data_dir):
         checkpointing="true",
         platform="local_cpu",
         data_dir=str(tiny_data_dir),
-        overrides="model.heptv2.num_convs=2 train.seed=3",
+        overrides="model.heptv2.num_convs=2 train.lr=0.002",
     )
     assert (opts.batch_size, opts.checkpointing, opts.steps, opts.warmup) == (
         4,
@@ -63,10 +63,9 @@ def test_memory_options_from_strings_and_defaults(tiny_data_dir):
         1,
     )  # CPU: 2/1
     assert opts.platform.endswith("configs/training/platforms/local_cpu.yaml")
-    assert opts.overrides == ["model.heptv2.num_convs=2", "train.seed=3"]
-    assert (
-        opts.output == "experiments/scratch/checkpointed_b4.json" and opts.name == "checkpointed_b4"
-    )
+    assert opts.overrides == ["model.heptv2.num_convs=2", "train.lr=0.002"]
+    assert opts.output is None and opts.name == "checkpointed_b4"
+    assert str(opts.report_path()) == "experiments/scratch/checkpointed_b4.json"
     gpu = study.memory_options(batch_size=1, platform="h100")
     assert (gpu.steps, gpu.warmup) == (5, 2)
 
@@ -81,6 +80,11 @@ def test_memory_options_from_strings_and_defaults(tiny_data_dir):
         ({"platform": "tpu"}, "local_cpu"),
         ({"overrides": ["noequals"]}, "overrides"),
         ({"seed": "x"}, "seed"),
+        ({"seed": True}, "a boolean is not an integer"),
+        ({"steps": "2.0"}, "steps"),
+        ({"batchsize": 4}, "did you mean 'batch_size'"),
+        ({"overrides": ["train.seed=3"]}, "give seed instead"),
+        ({"overrides": ["model.heptv2.activation_checkpointing=true"]}, "give checkpointing"),
     ],
 )
 def test_other_parameters_refused(kwargs, match):
@@ -90,9 +94,12 @@ def test_other_parameters_refused(kwargs, match):
 
 def test_parity_options():
     opts = study.parity_options(batch_size=1, deterministic="TRUE")
-    assert opts.parity_only and opts.deterministic and opts.name == "parity_deterministic_b1"
+    assert opts.kind == "parity" and opts.deterministic and opts.name == "parity_deterministic_b1"
+    assert (opts.steps, opts.warmup) == (None, None)
     with pytest.raises(NotebookParameterError, match="deterministic"):
         study.parity_options(deterministic="sometimes")
+    with pytest.raises(NotebookParameterError, match="steps does not apply to a parity"):
+        study.parity_options(steps=3)
 
 
 @pytest.mark.parametrize(
@@ -120,7 +127,7 @@ def test_default_matrices_hold_the_original_set():
     assert original | policies <= {r.name for r in gpu.runs}
     mem = [r for r in gpu.runs if r.notebook == "memory"]
     # batch 48 (the recipe's per-device batch): 2 after 1, the data and time a GPU session has
-    steps = {r.name: (r.options().steps, r.options().warmup) for r in mem}
+    steps = {r.name: (r.request().steps, r.request().warmup) for r in mem}
     assert all(s == ((2, 1) if n.endswith("_b48") else (5, 2)) for n, s in steps.items())
     policy_keys = (
         "model.heptv2.activation_checkpointing_policy=",
@@ -136,7 +143,7 @@ def test_default_matrices_hold_the_original_set():
 def test_run_overrides_add_to_the_defaults(tmp_path):
     path = tmp_path / "m.yaml"
     matrix = {
-        "defaults": {"overrides": ["train.seed=3"]},
+        "defaults": {"overrides": ["train.lr=0.002"]},
         "runs": [
             {"batch_size": 2, "checkpointing": True},
             {
@@ -150,7 +157,7 @@ def test_run_overrides_add_to_the_defaults(tmp_path):
     full, selective = study.load_matrix(path).runs
     assert (full.name, selective.name) == ("checkpointed_b2", "checkpointed_selective_b2")
     assert selective.parameters["overrides"] == [
-        "train.seed=3",
+        "train.lr=0.002",
         "model.heptv2.activation_checkpointing_policy=selective",
     ]
 
@@ -422,6 +429,16 @@ def test_pipeline_config_and_fresh_dir(tmp_path, tiny_data_dir):
     )
     assert config.train.global_batch_size == 2 and config.train.num_steps == 3
     assert config.model.heptv2.activation_checkpointing is False
+    with pytest.raises(NotebookParameterError, match="did you mean 'num_steps'"):
+        study.pipeline_config(numsteps=3)
+    with pytest.raises(NotebookParameterError, match="parameter checkpointing=1"):
+        study.pipeline_config(checkpointing=1)
+    from heptstudy.study.params import pipeline_parameters
+
+    injected = "# Parameters\nnumsteps = 3\n"  # papermill's cell for -p numsteps 3
+    namespace = {"num_steps": 4, "numsteps": 3, "In": ["", "num_steps = 4", injected, ""]}
+    with pytest.raises(NotebookParameterError, match=r"pipeline.ipynb has no parameter numsteps"):
+        pipeline_parameters(namespace)
     other = tmp_path / "other"
     other.mkdir()
     (other / "precious.txt").write_text("x")

@@ -155,10 +155,11 @@ def estimate_step(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from heptstudy.measure.memory import TrackedMemoryMeter
+    from heptstudy.measure.step import prime_optimizer, run_step
     from heptstudy.model import build_model
     from heptstudy.train.losses import targets_from_batch
     from heptstudy.train.optim import build_optimizer, build_scheduler
-    from heptstudy.train.trainer import autocast_dtype, forward_and_loss
+    from heptstudy.train.trainer import autocast_dtype
 
     device_type = device_type or fake_device_type()
     device = torch.device(device_type)
@@ -182,19 +183,11 @@ def estimate_step(
             fbatch = {k: mode.from_tensor(v).to(device) for k, v in batch.items()}
             optimizer = build_optimizer(model, config.train)
             scheduler = build_scheduler(optimizer, config.train)
-            # LAMB's state exists before every counted bench step: one update on zero gradients
-            # creates it (the same tensors a real first step creates).
-            for p in model.parameters():
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            # LAMB's state exists before every counted bench step
+            prime_optimizer(model, optimizer, scheduler)
             meter = TrackedMemoryMeter(device, track_categories=track_categories)
-            meter.start_step(fbatch.values(), model=model, optimizer=optimizer)
-            _, losses = forward_and_loss(model, fbatch, config, dtype)
-            losses["total"].backward()
-            mem = meter.stop_step()
+            # the bench's step (heptstudy.measure.step), the meter over forward, loss, backward
+            mem = run_step(model, fbatch, optimizer, scheduler, config, dtype, meter=meter).memory
     except (RuntimeError, NotImplementedError) as err:
         raise HeptstudyError(
             f"the fake-device step failed on {device_type} ({type(err).__name__}: {str(err).splitlines()[0]}); "

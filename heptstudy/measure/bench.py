@@ -1,115 +1,44 @@
-"""`heptstudy bench`: one measurement of peak memory and step time (or checkpointing parity) of
-the configured model on real events of a data set, written as a self-describing JSON report.
+"""One measurement of a :class:`~heptstudy.measure.request.MeasurementRequest`: peak memory and
+step time (or checkpointing parity) of the configured model on real events of a data set,
+written as a self-describing JSON report.
 
 Protocol in :data:`heptstudy.measure.report.PROTOCOL`. In short: the events of each step are the
 first batches of the interleaved-shard sampler seeded with ``train.seed``, so the same batch size
-gets the same events with checkpointing on and off; every phase starts from a freshly seeded
-model. Phase 1 times the steps (no tracker); phase 2 runs the same batches with the memory meter
-and then validates on test-split events.
+gets the same events with checkpointing on and off; every pass starts from a freshly seeded
+model. Pass 1 times the steps and their phases (no tracker); pass 2 runs the same batches with
+the memory meter and then validates on test-split events. Every step is
+:func:`heptstudy.measure.step.run_step`.
+
+Before anything is measured the report's folder is checked for writing and the data set for
+enough events, so that a measurement is never run only to be lost.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from heptstudy.config import HIT_VARIANT, TRACK_CLUSTER_VARIANT, Config, load_config, load_platform
-from heptstudy.errors import ConfigError, HeptstudyError
+from heptstudy.config import Config
+from heptstudy.errors import HeptstudyError
 from heptstudy.measure import report as rp
 from heptstudy.measure.memory import make_meter
 from heptstudy.measure.parity import build_seeded, run_parity, set_deterministic
-from heptstudy.measure.timing import StepTimer
+from heptstudy.measure.request import PARITY, MeasurementRequest
+from heptstudy.measure.step import run_step
+from heptstudy.measure.timing import STEP_PHASES, PhaseClock, StepTimer, make_phase_clock
 from heptstudy.train.optim import build_optimizer, build_scheduler
-from heptstudy.train.trainer import autocast_dtype, forward_and_loss, train_step
+from heptstudy.train.trainer import autocast_dtype
 from heptstudy.train.validate import validate
 
-DATASET_OF_VARIANT = {HIT_VARIANT: "cld_edm_ttbar_hits", TRACK_CLUSTER_VARIANT: "cld_edm_ttbar_pf"}
 
-
-@dataclass
-class BenchOptions:
-    batch_size: int
-    checkpointing: bool = False
-    steps: int = 5
-    warmup: int = 2
-    variant: str | None = None
-    platform: str | None = None
-    data_dir: str | None = None
-    dtype: str | None = None
-    seed: int | None = None
-    overrides: list[str] = field(default_factory=list)
-    output: str | None = None
-    parity_only: bool = False
-    deterministic: bool = False
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        for name, low in (("batch_size", 1), ("steps", 1), ("warmup", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(
-                    f"bench {name}={value!r} is not allowed: give an integer >= {low}"
-                )
-
-    @property
-    def name(self) -> str:
-        """The report name for the default policy (see :func:`report_name`)."""
-        if self.parity_only:
-            return f"parity{'_deterministic' if self.deterministic else ''}_b{self.batch_size}"
-        return f"{'checkpointed' if self.checkpointing else 'baseline'}_b{self.batch_size}"
-
-
-def report_name(opts: BenchOptions, config: Config) -> str:
-    """``baseline_b4``, ``checkpointed_b4`` (full policy, every layer), and for other policies
-    ``checkpointed_selective_b4``, ``checkpointed_every2_b4``, ``checkpointed_selective_every3_b4``."""
-    h = config.model.heptv2
-    if opts.parity_only or not opts.checkpointing:
-        return opts.name
-    policy = (
-        ""
-        if h.activation_checkpointing_policy == "full"
-        else f"_{h.activation_checkpointing_policy}"
-    )
-    every = "" if h.checkpoint_every == 1 else f"_every{h.checkpoint_every}"
-    return f"checkpointed{policy}{every}_b{opts.batch_size}"
-
-
-def resolve(opts: BenchOptions) -> tuple[Config, torch.device, str | None]:
-    """The configuration, device and platform name of a bench run."""
-    base: list[str] = [f"data.nvalid={opts.batch_size}", "data.ntest=0"]
-    platform_name = None
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if opts.platform:
-        plat = load_platform(opts.platform)
-        platform_name = plat.name
-        device = torch.device("cpu" if plat.device == "cpu" else "cuda")
-        base += [
-            f"train.dtype={plat.dtype}",
-            f"model.heptv2.attention_backend={plat.attention_backend}",
-        ]
-    if opts.variant:
-        if opts.variant not in DATASET_OF_VARIANT:
-            raise ConfigError(
-                f"--variant {opts.variant!r} is not one of {sorted(DATASET_OF_VARIANT)}"
-            )
-        base += [
-            f"model.variant={opts.variant}",
-            f"data.dataset={DATASET_OF_VARIANT[opts.variant]}:3.2.1",
-        ]
-    if opts.data_dir:
-        base.append(f"data.data_dir={opts.data_dir}")
-    if opts.dtype:
-        base.append(f"train.dtype={opts.dtype}")
-    if opts.seed is not None:
-        base.append(f"train.seed={opts.seed}")
-    base.append(f"model.heptv2.activation_checkpointing={opts.checkpointing}")
-    config = load_config(overrides=base + list(opts.overrides))
-    return config, device, platform_name
+class OutputNotWritable(HeptstudyError):
+    """The report could not be written where it was asked to go."""
 
 
 def event_indices(config: Config, batch_size: int, num_batches: int) -> list[list[int]]:
@@ -125,60 +54,140 @@ def event_indices(config: Config, batch_size: int, num_batches: int) -> list[lis
     return [flat[i * batch_size : (i + 1) * batch_size] for i in range(num_batches)]
 
 
-def run_bench(opts: BenchOptions) -> rp.BenchReport:
+def check_writable(path: Path) -> None:
+    """Create the report's folder and a file in it (removed again), or say why not."""
+    if path.is_dir():
+        raise OutputNotWritable(
+            f"report path {str(path)!r} is a directory; give a file name such as "
+            f"{str(path / 'NAME.json')!r}"
+        )
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise OutputNotWritable(
+            f"cannot write the report {str(path)!r}: {str(blocker)!r} is a file, not a folder; "
+            "nothing was measured. Choose another report path (--output / output)"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputNotWritable(
+            f"cannot write the report {str(path)!r}: {exc.strerror or exc} "
+            f"({type(exc).__name__}); nothing was measured. Choose a writable folder "
+            "(--output / output) or fix its permissions"
+        ) from None
+
+
+def check_enough_events(request: MeasurementRequest, config: Config) -> None:
+    """Every step has its own events (none repeated); validation reads test-split events."""
+    from heptstudy.data.batching import dataset_for
+
+    train = dataset_for(config, "train")
+    need = request.events_needed()
+    if need > len(train):
+        steps = (
+            "one batch"
+            if request.kind == PARITY
+            else f"{request.warmup} warm-up + {request.steps} counted steps"
+        )
+        raise HeptstudyError(
+            f"batch_size={request.batch_size} x {steps} needs {need} events of the train split, "
+            f"but {train.name} in {config.data.data_dir} holds {len(train)}; lower the batch "
+            "size or the steps, or generate more events (heptstudy data generate)"
+        )
+    if request.kind != PARITY:
+        test = dataset_for(config, "test")
+        need = config.data.nvalid + config.data.ntest
+        if need > len(test):
+            raise HeptstudyError(
+                f"validation after the measurement needs {need} events of the test split "
+                f"(data.nvalid={config.data.nvalid}, data.ntest={config.data.ntest}), but "
+                f"{test.name} in {config.data.data_dir} holds {len(test)}; lower the batch size "
+                "or data.nvalid, or generate more test events"
+            )
+
+
+def run_bench(request: MeasurementRequest) -> rp.BenchReport:
+    """Measure as requested and write the report to ``request.report_path()``."""
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
 
     fresh = rp.claim_fresh_process()
-    config, device, platform_name = resolve(opts)
+    config = request.config()
+    device = request.device
+    output = request.report_path(config)
+    check_writable(output)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise HeptstudyError(
-            f"platform {opts.platform!r} is a GPU profile but this PyTorch sees no GPU "
+            f"platform {request.platform!r} is a GPU profile but this PyTorch sees no GPU "
             f"(torch {torch.__version__}); run it on the target machine or use "
             "configs/training/platforms/local_cpu.yaml"
         )
+    check_enough_events(request, config)
     dtype = autocast_dtype(config, device)
-    if opts.deterministic:
+    if request.deterministic:
         set_deterministic(device)
-    ds = dataset_for(config, "train")
-    num = 1 if opts.parity_only else opts.warmup + opts.steps
-    indices = event_indices(config, opts.batch_size, num)
-    batches = [_to(load_events(config, idx, "train"), device) for idx in indices]
-    name = report_name(opts, config)
-    common: dict[str, Any] = dict(
-        name=name,
+    synthetic = bool(dataset_for(config, "train").metadata.get("synthetic", False))
+    num = 1 if request.kind == PARITY else request.warmup + request.steps
+    batches = [
+        _to(load_events(config, idx, "train"), device)
+        for idx in event_indices(config, request.batch_size, num)
+    ]
+    header = report_header(request, config, fresh_process=fresh, synthetic=synthetic)
+    if request.kind == PARITY:
+        report = rp.BenchReport(
+            kind="parity",
+            status="ok",
+            parity=run_parity(config, batches[0], device, dtype),
+            **header,
+        )
+    else:
+        report = _memory_report(request, config, device, dtype, batches, header)
+    report.environment.load_average_1min = rp.host_load()
+    report.environment.attention = rp.attention_info(config)
+    rp.write_report(report, output)
+    return report
+
+
+def report_header(
+    request: MeasurementRequest,
+    config: Config,
+    *,
+    fresh_process: bool,
+    synthetic: bool,
+    notes: list[str] | tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The fields every report of ``request`` starts with (name, environment, data, config,
+    batch size, checkpointing, notes), for the bench and for the study runner's failure
+    reports alike."""
+    profile = request.platform_profile()
+    h = config.model.heptv2
+    on = request.checkpointing
+    return dict(
+        name=request.report_name(config),
         environment=rp.environment_info(
-            device, config.train.dtype, platform_name, fresh_process=fresh
+            request.device,
+            config.train.dtype,
+            profile.name if profile else None,
+            fresh_process=fresh_process,
         ),
         data=rp.DataInfo(
             dataset=config.data.dataset,
             data_dir=config.data.data_dir,
-            synthetic=bool(ds.metadata.get("synthetic", False)),
+            synthetic=synthetic,
             split="train",
         ),
         config=config.to_dict(),
-        batch_size=opts.batch_size,
+        batch_size=request.batch_size,
         checkpointing=rp.Checkpointing(
-            enabled=opts.checkpointing,
-            policy=config.model.heptv2.activation_checkpointing_policy
-            if opts.checkpointing
-            else None,
-            checkpoint_every=config.model.heptv2.checkpoint_every if opts.checkpointing else None,
+            enabled=on,
+            policy=h.activation_checkpointing_policy if on else None,
+            checkpoint_every=h.checkpoint_every if on else None,
         ),
-        notes=[] if not ds.metadata.get("synthetic") else ["data: synthetic (generated) events"],
+        notes=[*notes, *(["data: synthetic (generated) events"] if synthetic else [])],
     )
-    if opts.parity_only:
-        parity = run_parity(config, batches[0], device, dtype)
-        report = rp.BenchReport(
-            kind="parity", status="ok", parity=_parity_section(parity), **common
-        )
-    else:
-        report = _memory_report(config, device, dtype, batches, opts, common, name)
-    report.environment.load_average_1min = rp.host_load()
-    report.environment.attention = rp.attention_info(config)
-    if opts.output:
-        rp.write_report(report, opts.output)
-    return report
 
 
 def _to(batch, device):
@@ -195,34 +204,40 @@ def _step_record(i, warmup, batch) -> dict[str, Any]:
     )
 
 
-def _memory_report(config, device, dtype, batches, opts, common, name) -> rp.BenchReport:
-    records = [_step_record(i, opts.warmup, b) for i, b in enumerate(batches)]
-    bar = tqdm(total=2 * len(batches), disable=not opts.progress, desc=name, unit="step")
-    step, phase = 0, "timing"
+def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchReport:
+    warmup = request.warmup
+    records = [_step_record(i, warmup, b) for i, b in enumerate(batches)]
+    bar = tqdm(
+        total=2 * len(batches),
+        disable=not request.progress,
+        desc=header["name"],
+        unit="step",
+    )
+    step, where, clock = 0, "timing pass", None
     try:
-        # Phase 1: time, without any tracker.
-        timer = StepTimer(device, warmup=opts.warmup)
+        # Pass 1: time the steps and their phases, without any tracker.
+        timer = StepTimer(device, warmup=warmup)
         model, optimizer, scheduler = _fresh(config, device)
         for step, batch in enumerate(batches):
+            clock = make_phase_clock(device)
             with timer.step():
-                losses = train_step(model, batch, optimizer, scheduler, config, dtype)
+                result = run_step(model, batch, optimizer, scheduler, config, dtype, clock=clock)
             records[step]["time_s"] = timer.records[-1].seconds
-            records[step]["loss"] = {k: float(v) for k, v in losses.items()}  # host check, untimed
+            records[step]["phase_time_s"] = clock.seconds()
+            records[step]["loss"] = {k: float(v) for k, v in result.losses.items()}  # untimed
             bar.update(1)
-        del model, optimizer, scheduler
-        # Phase 2: memory, over the same batches from the same initial state.
-        phase = "memory"
+        del model, optimizer, scheduler, result
+        # Pass 2: memory, over the same batches from the same initial state.
+        where = "memory pass"
         meter = make_meter(device, track_categories=True)
         model, optimizer, scheduler = _fresh(config, device)
         categories = None
         for step, batch in enumerate(batches):
-            meter.start_step(batch.values(), model=model, optimizer=optimizer)
-            _, losses = forward_and_loss(model, batch, config, dtype)
-            losses["total"].backward()
-            mem = meter.stop_step()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            clock = PhaseClock()  # knows the phase (for an out-of-memory), times nothing
+            result = run_step(
+                model, batch, optimizer, scheduler, config, dtype, meter=meter, clock=clock
+            )
+            mem = result.memory
             records[step]["peak_allocated_mib"] = mem.peak_allocated_mib
             records[step]["peak_reserved_mib"] = mem.peak_reserved_mib
             if records[step]["counted"] and mem.categories_at_peak is not None:
@@ -234,13 +249,14 @@ def _memory_report(config, device, dtype, batches, opts, common, name) -> rp.Ben
                         note=_CATEGORY_NOTE,
                     )
             bar.update(1)
-        phase = "validation"
+        where, clock = "validation", None
         validation, _ = validate(
-            model, _validation(config, opts.batch_size, device), config, device, dtype
+            model, _validation(config, request.batch_size, device), config, device, dtype
         )
     except torch.OutOfMemoryError as err:
         bar.close()
         batch = batches[step]
+        phase = where if clock is None or clock.phase is None else f"{where}: {clock.phase}"
         return rp.BenchReport(
             kind="memory",
             status="oom",
@@ -249,12 +265,12 @@ def _memory_report(config, device, dtype, batches, opts, common, name) -> rp.Ben
                 message=str(err).splitlines()[0],
                 step=step,
                 phase=phase,
-                batch_size=opts.batch_size,
+                batch_size=request.batch_size,
                 padded_hits=batch["padded_length"].tolist(),
                 padded_batch_hits=int(batch["X"].shape[0] * batch["X"].shape[1]),
                 device_memory_bytes=_device_memory(device),
             ),
-            **common,
+            **header,
         )
     bar.close()
     counted = [r for r in records if r["counted"]]
@@ -262,7 +278,7 @@ def _memory_report(config, device, dtype, batches, opts, common, name) -> rp.Ben
     mean = sum(times) / len(times)
     summary = rp.Summary(
         counted_steps=len(counted),
-        warmup_steps=opts.warmup,
+        warmup_steps=warmup,
         mean_step_time_s=mean,
         std_step_time_s=math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1))
         if len(times) > 1
@@ -274,9 +290,11 @@ def _memory_report(config, device, dtype, batches, opts, common, name) -> rp.Ben
         reserved_definition=mem.reserved_definition,
         reserved_unavailable_reason=mem.reserved_unavailable_reason,
         tracked_memory_note=(
-            "times from untracked steps (phase 1); memory from a second pass over the same batches "
-            "from the same initial state with the meter on (phase 2)"
+            "times from untracked steps (pass 1); memory from a second pass over the same batches "
+            "from the same initial state with the meter on (pass 2)"
         ),
+        mean_phase_time_s=mean_phases([r.get("phase_time_s") for r in counted]),
+        phase_time_definition=make_phase_clock(device).definition,
     )
     return rp.BenchReport(
         kind="memory",
@@ -285,8 +303,16 @@ def _memory_report(config, device, dtype, batches, opts, common, name) -> rp.Ben
         summary=summary,
         validation={k: float(v) for k, v in validation.items() if v is not None},
         memory_categories=[categories] if categories else None,
-        **common,
+        **header,
     )
+
+
+def mean_phases(per_step: list[dict[str, float] | None]) -> dict[str, float] | None:
+    """The mean time of each phase over steps that all have a breakdown; None otherwise."""
+    if not per_step or any(p is None for p in per_step):
+        return None
+    names = [n for n in STEP_PHASES if any(n in p for p in per_step)]
+    return {n: sum(p.get(n, 0.0) for p in per_step) / len(per_step) for n in names}
 
 
 _CATEGORY_NOTE = (
@@ -313,7 +339,7 @@ def _fresh(config, device):
     model = build_seeded(config, device)
     optimizer = build_optimizer(model, config.train)
     scheduler = build_scheduler(optimizer, config.train)
-    torch.manual_seed(config.train.seed)  # the same dropout sequence in every phase and mode
+    torch.manual_seed(config.train.seed)  # the same dropout sequence in every pass and mode
     return model, optimizer, scheduler
 
 
@@ -321,34 +347,3 @@ def _validation(config, batch_size, device):
     from heptstudy.data import validation_batches
 
     return [_to(b, device) for b in validation_batches(config, batch_size)]
-
-
-def _parity_section(p: dict) -> rp.Parity:
-    def comparison(which: str) -> rp.ComparisonSet:
-        outputs = [
-            rp.TensorComparison(name=r["name"], equal=r["equal"], max_abs_diff=r["max_abs_diff"])
-            for r in p["outputs"][which]
-        ]
-        total = next(r for r in p["loss"][which] if r["name"] == "total")
-        grads = [rp.GradientComparison(**r) for r in p["gradients"][which]]
-        return rp.ComparisonSet(
-            outputs=outputs,
-            loss=rp.TensorComparison(
-                name="loss_total", equal=total["equal"], max_abs_diff=total["max_abs_diff"]
-            ),
-            gradients=grads,
-            num_outputs=len(outputs),
-            num_gradients=len(grads),
-        )
-
-    return rp.Parity(
-        checkpointed_vs_baseline=comparison("checkpointed_vs_baseline"),
-        repeat_vs_baseline=comparison("repeat_vs_baseline"),
-        deterministic=p["deterministic"],
-        loss_trajectories=p["loss_trajectories"],
-    )
-
-
-def default_output(opts: BenchOptions, out_dir: str | Path = "experiments/scratch") -> Path:
-    config, _, _ = resolve(opts)
-    return Path(out_dir) / f"{report_name(opts, config)}.json"

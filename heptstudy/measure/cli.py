@@ -3,34 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+
+def request_from_args(args: argparse.Namespace):
+    """The :class:`~heptstudy.measure.request.MeasurementRequest` of ``heptstudy bench``'s
+    options: only the options given, so that the request states every default."""
+    from heptstudy.measure.request import MeasurementRequest, RequestError
+
+    given = {f: getattr(args, f) for f in MeasurementRequest.model_fields if hasattr(args, f)}
+    try:
+        return MeasurementRequest.build(**given)
+    except RequestError as err:
+        text = str(err)
+        for field in MeasurementRequest.model_fields:
+            flag = _FLAGS.get(field, (f"--{field.replace('_', '-')}",))[0]
+            text = text.replace(f"parameter {field}=", f"{flag} ")
+        raise RequestError(f"heptstudy bench: {text}") from None
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from heptstudy.errors import ConfigError
-    from heptstudy.measure.bench import BenchOptions, default_output, run_bench
+    from heptstudy.measure.allocator import platform_allocator, start_with
+    from heptstudy.measure.bench import run_bench
     from heptstudy.measure.summary import describe
 
-    if args.batch_size is None:
-        raise ConfigError("heptstudy bench needs --batch-size B (events per step, an integer >= 1)")
-    opts = BenchOptions(
-        batch_size=args.batch_size,
-        checkpointing=args.checkpointing,
-        steps=args.steps,
-        warmup=args.warmup,
-        variant=args.variant,
-        platform=args.platform,
-        data_dir=args.data_dir,
-        dtype=args.dtype,
-        seed=args.seed,
-        overrides=args.overrides,
-        parity_only=args.parity_only,
-        deterministic=args.deterministic,
-        progress=not args.no_progress,
-    )
-    opts.output = args.output or str(default_output(opts))
-    report = run_bench(opts)
+    request = request_from_args(args)
+    # the platform's allocator settings take effect only in a process started with them
+    if not start_with(platform_allocator(request.platform)):
+        print(
+            f"note: the allocator settings of platform {request.platform} are not in effect "
+            "(this process was not started with them); the report records what it ran with",
+            file=sys.stderr,
+        )
+    report = run_bench(request)
     print(describe(report))
-    print(f"report: {opts.output}")
+    print(f"report: {request.report_path()}")
     return 0
 
 
@@ -72,9 +79,35 @@ def _add_backbone(sub) -> None:
     p.set_defaults(func=_bench_backbone)
 
 
-def register_cli(sub) -> None:
-    from heptstudy.cli import add_set_arg
+#: Request fields whose option is not the plain ``--field-name VALUE``.
+_FLAGS: dict[str, tuple[str, dict]] = {
+    "kind": (
+        "--parity-only",
+        dict(
+            action="store_const",
+            const="parity",
+            help="checkpointing parity (kind parity) instead of memory and step time",
+        ),
+    ),
+    "overrides": ("--set", dict(action="append", metavar="KEY=VALUE")),
+    "progress": ("--no-progress", dict(action="store_const", const=False, help="no progress bar")),
+    "checkpointing": ("--checkpointing", dict(action=argparse.BooleanOptionalAction)),
+    "deterministic": ("--deterministic", dict(action=argparse.BooleanOptionalAction)),
+}
 
+
+def _add_request_options(p: argparse.ArgumentParser) -> None:
+    """One option per request field, with the field's description as help; an option not given
+    is not passed on, so the request's own default applies."""
+    from heptstudy.measure.request import MeasurementRequest
+
+    for field, info in MeasurementRequest.model_fields.items():
+        flag, extra = _FLAGS.get(field, (f"--{field.replace('_', '-')}", {}))
+        options = {"help": info.description, **extra}
+        p.add_argument(flag, dest=field, default=argparse.SUPPRESS, **options)
+
+
+def register_cli(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="measure peak memory and step time, or checkpointing parity",
@@ -82,29 +115,5 @@ def register_cli(sub) -> None:
         "heptstudy bench backbone --hits N times the backbone alone",
     )
     _add_backbone(p.add_subparsers(dest="bench_command"))
-    p.add_argument("--batch-size", type=int, help="events per step (required)")
-    p.add_argument(
-        "--checkpointing",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="activation checkpointing of the HEPTv2 layers (default: off)",
-    )
-    p.add_argument("--steps", type=int, default=5, help="counted steps (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="uncounted warm-up steps (default 2)")
-    p.add_argument(
-        "--variant", choices=["hit_heptv2_grouped_tracker_features", "track_cluster_mlpf"]
-    )
-    p.add_argument("--platform", help="platform profile YAML (device, dtype, attention backend)")
-    p.add_argument("--data-dir", help="TFDS data directory (default: data.data_dir)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"])
-    p.add_argument("--seed", type=int, help="initialisation and event-selection seed (train.seed)")
-    add_set_arg(p)
-    p.add_argument("--output", help="report path (default experiments/scratch/NAME.json)")
-    p.add_argument(
-        "--parity-only", action="store_true", help="checkpointing parity instead of memory/time"
-    )
-    p.add_argument(
-        "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)"
-    )
-    p.add_argument("--no-progress", action="store_true")
+    _add_request_options(p)
     p.set_defaults(func=_bench)

@@ -9,14 +9,14 @@ read against it. A few optimizer steps in both modes give the loss trajectories.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
 from heptstudy.config import Config
+from heptstudy.measure.report import ComparisonSet, GradientComparison, Parity, TensorComparison
+from heptstudy.measure.step import run_step
 from heptstudy.model import build_model
 from heptstudy.train.optim import build_optimizer, build_scheduler
-from heptstudy.train.trainer import forward_and_loss, train_step
 
 #: Dropout seed of every parity pass.
 PASS_SEED = 4242
@@ -44,41 +44,40 @@ def _pass(model, batch, config, dtype) -> tuple[dict, dict, dict]:
     model.train()
     model.zero_grad(set_to_none=True)
     torch.manual_seed(PASS_SEED)
-    outputs, losses = forward_and_loss(model, batch, config, dtype)
-    losses["total"].backward()
+    result = run_step(model, batch, None, None, config, dtype, keep_outputs=True)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    outputs = {k: v.detach().clone() for k, v in outputs.items()}
-    return outputs, {k: v.detach().clone() for k, v in losses.items()}, grads
+    outputs = {k: v.clone() for k, v in result.outputs.items()}
+    return outputs, {k: v.clone() for k, v in result.losses.items()}, grads
 
 
-def _compare_tensors(a: dict, b: dict) -> list[dict[str, Any]]:
+def _compare_tensors(a: dict, b: dict) -> list[TensorComparison]:
     rows = []
     for name in a:
         x, y = a[name].float(), b[name].float()
         rows.append(
-            {
-                "name": name,
-                "shape": list(x.shape),
-                "equal": bool(torch.equal(a[name], b[name])),
-                "max_abs_diff": float((x - y).abs().max()) if x.numel() else 0.0,
-            }
+            TensorComparison(
+                name=name,
+                shape=list(x.shape),
+                equal=bool(torch.equal(a[name], b[name])),
+                max_abs_diff=float((x - y).abs().max()) if x.numel() else 0.0,
+            )
         )
     return rows
 
 
-def _compare_grads(a: dict, b: dict) -> list[dict[str, Any]]:
+def _compare_grads(a: dict, b: dict) -> list[GradientComparison]:
     rows = []
     for name in b:
         x, y = a[name].double(), b[name].double()
         ref = float(y.norm())
         diff = float((x - y).norm())
         rows.append(
-            {
-                "name": name,
-                "equal": bool(torch.equal(a[name], b[name])),
-                "rel_l2": diff / ref if ref > 0 else (0.0 if diff == 0 else float("inf")),
-                "max_abs_diff": float((x - y).abs().max()),
-            }
+            GradientComparison(
+                name=name,
+                equal=bool(torch.equal(a[name], b[name])),
+                rel_l2=diff / ref if ref > 0 else (0.0 if diff == 0 else float("inf")),
+                max_abs_diff=float((x - y).abs().max()),
+            )
         )
     return rows
 
@@ -89,9 +88,26 @@ def _overall_rel_l2(a: dict, b: dict) -> float:
     return (num / den) ** 0.5 if den > 0 else 0.0
 
 
+def _comparison(outputs, losses, grads, reference) -> ComparisonSet:
+    """One pass (``outputs, losses, grads``) against the baseline pass ``reference``."""
+    out = _compare_tensors(outputs, reference[0])
+    loss_components = _compare_tensors(losses, reference[1])
+    total = next(c for c in loss_components if c.name == "total")
+    gradients = _compare_grads(grads, reference[2])
+    return ComparisonSet(
+        outputs=out,
+        loss=total.model_copy(update={"name": "loss_total"}),
+        gradients=gradients,
+        num_outputs=len(out),
+        num_gradients=len(gradients),
+        overall_rel_l2=_overall_rel_l2(grads, reference[2]),
+        loss_components=loss_components,
+    )
+
+
 def run_parity(
     config: Config, batch: dict, device: torch.device, dtype=None, trajectory_steps: int = 3
-) -> dict:
+) -> Parity:
     """The parity section of a report (see module docstring)."""
     base_cfg, ckpt_cfg = with_checkpointing(config, False), with_checkpointing(config, True)
     baseline = build_seeded(base_cfg, device)
@@ -102,48 +118,20 @@ def run_parity(
         if not torch.equal(p, q):
             raise RuntimeError(f"parity: initial weights differ at {n}; seeding is broken")
 
-    out_a, loss_a, grad_a = _pass(baseline, batch, base_cfg, dtype)
-    out_r, loss_r, grad_r = _pass(baseline, batch, base_cfg, dtype)
-    out_c, loss_c, grad_c = _pass(checkpointed, batch, ckpt_cfg, dtype)
-    if set(grad_a) != set(grad_c):
+    reference = _pass(baseline, batch, base_cfg, dtype)
+    repeat = _pass(baseline, batch, base_cfg, dtype)
+    ckpt = _pass(checkpointed, batch, ckpt_cfg, dtype)
+    if set(reference[2]) != set(ckpt[2]):
         raise RuntimeError("parity: checkpointing changed which parameters receive gradients")
-
-    ckpt_grads, repeat_grads = _compare_grads(grad_c, grad_a), _compare_grads(grad_r, grad_a)
-    within = [
-        c["equal"] or c["max_abs_diff"] <= r["max_abs_diff"]
-        for c, r in zip(ckpt_grads, repeat_grads, strict=True)
-    ]
-    return {
-        "deterministic": torch.are_deterministic_algorithms_enabled(),
-        "outputs": {
-            "checkpointed_vs_baseline": _compare_tensors(out_c, out_a),
-            "repeat_vs_baseline": _compare_tensors(out_r, out_a),
-        },
-        "loss": {
-            "checkpointed_vs_baseline": _compare_tensors(loss_c, loss_a),
-            "repeat_vs_baseline": _compare_tensors(loss_r, loss_a),
-        },
-        "gradients": {
-            "checkpointed_vs_baseline": ckpt_grads,
-            "repeat_vs_baseline": repeat_grads,
-            "overall_rel_l2": {
-                "checkpointed_vs_baseline": _overall_rel_l2(grad_c, grad_a),
-                "repeat_vs_baseline": _overall_rel_l2(grad_r, grad_a),
-            },
-        },
-        "summary": {
-            "num_outputs": len(out_a),
-            "outputs_equal": sum(r["equal"] for r in _compare_tensors(out_c, out_a)),
-            "loss_equal": all(r["equal"] for r in _compare_tensors(loss_c, loss_a)),
-            "num_gradients": len(grad_a),
-            "gradients_equal": sum(r["equal"] for r in ckpt_grads),
-            "gradients_within_repeat": sum(within),
-        },
-        "loss_trajectories": {
+    return Parity(
+        checkpointed_vs_baseline=_comparison(*ckpt, reference),
+        repeat_vs_baseline=_comparison(*repeat, reference),
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+        loss_trajectories={
             "baseline": _trajectory(base_cfg, batch, device, dtype, trajectory_steps),
             "checkpointed": _trajectory(ckpt_cfg, batch, device, dtype, trajectory_steps),
         },
-    }
+    )
 
 
 def _trajectory(config, batch, device, dtype, steps: int) -> list[float]:
@@ -153,6 +141,6 @@ def _trajectory(config, batch, device, dtype, steps: int) -> list[float]:
     model.train()
     torch.manual_seed(PASS_SEED)
     return [
-        float(train_step(model, batch, optimizer, scheduler, config, dtype)["total"])
+        float(run_step(model, batch, optimizer, scheduler, config, dtype).losses["total"])
         for _ in range(steps)
     ]

@@ -37,10 +37,16 @@ batch already resident on the device.
 Time. Wall clock (time.perf_counter) around the step with the device synchronised before the
 clock starts and before it stops (torch.cuda.synchronize on CUDA/ROCm). Excluded: input loading
 and host-to-device transfer (batches are on the device before the clock starts), host-side
-checks, validation, report writing. The first `warmup` steps (default 2) are run and recorded but
-not counted; the summary time is the mean of the counted steps (std and min also given). On CPU,
-times come from steps run without the memory tracker (it slows every op down); memory comes from
-tracked steps over the same batches.
+checks, validation, report writing. The first `warmup` steps are run and recorded but not
+counted (default: 2 warm-up and 5 counted steps on CUDA/ROCm, 1 and 2 on CPU); the summary time is
+the mean of the counted steps (std and min also given). On CPU, times come from steps run without
+the memory tracker (it slows every op down); memory comes from tracked steps over the same batches.
+
+Step-time breakdown. Each timed step is split into backbone forward (input encoding, hashing,
+backbone layers), decoder and heads, loss (with the Hungarian matching on the host), backward and
+optimizer (LAMB, scheduler, clearing gradients), without any added synchronisation: on CPU the
+wall clock at the phase boundaries, on CUDA/ROCm events recorded on the stream at the boundaries.
+The summary gives the mean of each phase over the counted steps.
 
 Memory. The peak over forward, loss and backward of each step (not step-end occupancy); the
 summary is the maximum over counted steps, in MiB (2^20 bytes).
@@ -91,7 +97,9 @@ class OomInfo(_Strict):
 
     message: str
     step: int | None = None
-    phase: str | None = None  # e.g. "forward", "backward", "optimizer"
+    # where it ran out: the bench pass and the step phase, e.g. "memory pass: backward",
+    # "timing pass: backbone_forward", "validation"
+    phase: str | None = None
     batch_size: int
     padded_hits: list[int]  # per event of the batch that did not fit
     padded_batch_hits: int | None = None  # batch_size x longest padded event
@@ -167,6 +175,9 @@ class StepRecord(_Strict):
     peak_allocated_mib: float | None
     peak_reserved_mib: float | None
     loss: dict[str, float] = Field(default_factory=dict)
+    # seconds per phase of the step (backbone_forward, decoder_and_heads, loss, backward,
+    # optimizer); None in reports from before the breakdown or where it was not measured
+    phase_time_s: dict[str, float] | None = None
 
 
 class Summary(_Strict):
@@ -181,12 +192,16 @@ class Summary(_Strict):
     reserved_definition: str | None = None
     reserved_unavailable_reason: str | None = None
     tracked_memory_note: str | None = None
+    # mean seconds per step phase over the counted steps, and how the phases were timed
+    mean_phase_time_s: dict[str, float] | None = None
+    phase_time_definition: str | None = None
 
 
 class TensorComparison(_Strict):
     name: str
     equal: bool
     max_abs_diff: float
+    shape: list[int] | None = None
 
 
 class GradientComparison(_Strict):
@@ -202,6 +217,9 @@ class ComparisonSet(_Strict):
     gradients: list[GradientComparison]
     num_outputs: int
     num_gradients: int
+    # relative L2 norm of the difference of all gradients together; every loss component
+    overall_rel_l2: float | None = None
+    loss_components: list[TensorComparison] | None = None
 
     @model_validator(mode="after")
     def _counts(self) -> ComparisonSet:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from heptstudy.measure.report import BenchReport
 
 
@@ -14,6 +16,8 @@ def describe(report: BenchReport) -> str:
     )
     if report.status == "oom":
         return f"{head}\n  out of memory at step {report.oom.step} ({report.oom.phase}): padded hits {report.oom.padded_hits}"
+    if report.status == "error" or (report.summary is None and report.parity is None):
+        return f"{head}\n  no measurement: {report.error}"
     if report.kind == "parity":
         p = report.parity
         c, r = p.checkpointed_vs_baseline, p.repeat_vs_baseline
@@ -29,9 +33,59 @@ def describe(report: BenchReport) -> str:
             f"within the repeat's own difference: {within}/{c.num_gradients}; deterministic: {p.deterministic}"
         )
     s = report.summary
-    return (
+    text = (
         f"{head}\n  checkpointing {'on' if report.checkpointing.enabled else 'off'}: "
-        f"peak allocated {s.max_peak_allocated_mib:,.0f} MiB, peak reserved "
-        f"{'n/a' if s.max_peak_reserved_mib is None else f'{s.max_peak_reserved_mib:,.0f} MiB'}, "
-        f"mean step {s.mean_step_time_s * 1000:,.0f} ms over {s.counted_steps} counted steps"
+        f"peak allocated {_mib(s.max_peak_allocated_mib)}, "
+        f"peak reserved {_mib(s.max_peak_reserved_mib)}, mean step "
+        f"{'not timed' if s.mean_step_time_s is None else f'{s.mean_step_time_s * 1000:,.0f} ms'}"
+        f" over {s.counted_steps} counted steps"
     )
+    if s.mean_phase_time_s:
+        parts = ", ".join(
+            f"{PHASE_LABELS.get(k, k)} {v * 1000:,.0f} ms" for k, v in s.mean_phase_time_s.items()
+        )
+        text += f"\n  of which {parts}"
+    return text
+
+
+def _mib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f} MiB"
+
+
+#: How the step phases are called in tables and figures.
+PHASE_LABELS = {
+    "backbone_forward": "backbone forward",
+    "decoder_and_heads": "decoder and heads",
+    "loss": "loss (incl. matching)",
+    "backward": "backward",
+    "optimizer": "optimizer",
+}
+
+
+def step_breakdown_frame(reports) -> Any:
+    """Mean seconds per step phase of each successful memory report that has a breakdown:
+    one row per report (name, batch size, checkpointing, device, synthetic, mean step time and
+    a column per phase). ``reports``: reports or ``(path, report)`` pairs."""
+    import pandas as pd
+
+    rows = []
+    for item in reports:
+        r = item[1] if isinstance(item, tuple) else item
+        s = r.summary
+        if r.kind != "memory" or r.status != "ok" or s is None or not s.mean_phase_time_s:
+            continue
+        rows.append(
+            {
+                "name": r.name,
+                "batch_size": r.batch_size,
+                "checkpointing": r.checkpointing.enabled,
+                "device": r.environment.device_name,
+                "synthetic": r.data.synthetic,
+                "mean_step_s": s.mean_step_time_s,
+                **{PHASE_LABELS.get(k, k): v for k, v in s.mean_phase_time_s.items()},
+            }
+        )
+    phases = list(PHASE_LABELS.values())
+    columns = ["name", "batch_size", "checkpointing", "device", "synthetic", "mean_step_s"]
+    df = pd.DataFrame(rows, columns=columns + phases)
+    return df.sort_values(["batch_size", "checkpointing", "name"], ignore_index=True)

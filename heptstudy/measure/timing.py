@@ -12,6 +12,11 @@ The first ``warmup`` steps are timed but not counted (kernel selection, allocato
 initialisation). The clock is ``time.perf_counter``; the device is synchronised before the clock
 starts (so queued work from before the step is not charged to it) and before it stops (so the
 step's asynchronous kernels are).
+
+Inside a timed step a :class:`PhaseClock` splits the time into the phases of
+:data:`STEP_PHASES` without adding any synchronisation: on CPU, where every op has finished when
+it returns, the wall clock at each phase boundary; on CUDA/ROCm, events recorded on the stream at
+each boundary and read once the step timer has synchronised.
 """
 
 from __future__ import annotations
@@ -109,3 +114,105 @@ def summarize(times: list[float], warmup: int = 0) -> TimingSummary:
     mean = sum(times) / n
     std = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1)) if n > 1 else 0.0
     return TimingSummary(warmup, n, mean, std, min(times), max(times), tuple(times))
+
+
+#: The phases of one training step, in order (see :mod:`heptstudy.measure.step`).
+STEP_PHASES = ("backbone_forward", "decoder_and_heads", "loss", "backward", "optimizer")
+
+
+class PhaseClock:
+    """Knows which phase of a step is running (``mark`` at each phase start, ``stop`` at the
+    end); this base class times nothing. :meth:`seconds` gives the time of each phase."""
+
+    definition: str | None = None
+
+    def __init__(self) -> None:
+        self.phase: str | None = None
+
+    def mark(self, phase: str) -> None:
+        self.phase = phase
+
+    def stop(self) -> None:
+        self.phase = None
+
+    def seconds(self) -> dict[str, float] | None:
+        return None
+
+
+class WallPhaseClock(PhaseClock):
+    """CPU: ``time.perf_counter`` at each boundary (CPU ops are synchronous)."""
+
+    definition = (
+        "wall clock (time.perf_counter) at the phase boundaries inside each timed step; CPU ops "
+        "have finished when they return, so no synchronisation is added"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stamps: list[tuple[str | None, float]] = []
+
+    def mark(self, phase: str) -> None:
+        self._stamps.append((phase, time.perf_counter()))
+        self.phase = phase
+
+    def stop(self) -> None:
+        self._stamps.append((None, time.perf_counter()))
+        self.phase = None
+
+    def seconds(self) -> dict[str, float] | None:
+        return _between(self._stamps, lambda a, b: b - a)
+
+
+class CudaPhaseClock(PhaseClock):
+    """CUDA/ROCm: an event recorded on the current stream at each boundary; the times are the
+    device's elapsed time between them, read after the step timer's synchronisation."""
+
+    definition = (
+        "CUDA events recorded on the stream at the phase boundaries of each timed step, read "
+        "after the step's closing synchronisation; host work that holds the device up (the "
+        "Hungarian matching on the host) counts in the phase that waits for it"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._events: list[tuple[str | None, torch.cuda.Event]] = []
+
+    def _record(self, phase: str | None) -> None:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self._events.append((phase, event))
+
+    def mark(self, phase: str) -> None:
+        self._record(phase)
+        self.phase = phase
+
+    def stop(self) -> None:
+        self._record(None)
+        self.phase = None
+
+    def seconds(self) -> dict[str, float] | None:
+        if not self._events:
+            return None
+        self._events[-1][1].synchronize()  # already complete after the step timer's sync
+        return _between(self._events, lambda a, b: a.elapsed_time(b) / 1000.0)
+
+
+def _between(stamps, elapsed) -> dict[str, float] | None:
+    """Time from each phase's mark to the next mark, summed per phase name."""
+    if len(stamps) < 2 or stamps[-1][0] is not None:
+        return None
+    out: dict[str, float] = {}
+    for (phase, start), (_, end) in zip(stamps, stamps[1:], strict=False):
+        out[phase] = out.get(phase, 0.0) + float(elapsed(start, end))
+    return out
+
+
+def make_phase_clock(device: torch.device | str) -> PhaseClock:
+    """The phase clock of ``device``: wall clock on CPU, CUDA events on CUDA/ROCm; on other
+    devices (asynchronous, no events here) a clock that times nothing."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return WallPhaseClock()
+    if device.type == "cuda":
+        return CudaPhaseClock()
+    return PhaseClock()

@@ -1,4 +1,4 @@
-"""What the study modules share: the two notebooks, the allowed values, the errors, the paths."""
+"""What the study modules share: the two notebooks, the errors, the paths."""
 
 from __future__ import annotations
 
@@ -6,19 +6,13 @@ import os
 from pathlib import Path
 
 from heptstudy.errors import HeptstudyError
+from heptstudy.measure.request import MEMORY, PARITY, RequestError
 
 #: Memory measurements of a matrix run ``memory.ipynb``; parity runs ``parity.ipynb``.
-MEMORY, PARITY = "memory", "parity"
 NOTEBOOKS = {MEMORY: "memory.ipynb", PARITY: "parity.ipynb"}
-VARIANTS = ("hit_heptv2_grouped_tracker_features", "track_cluster_mlpf")
-DTYPES = ("float32", "bfloat16")
-#: Steps and warm-up when a notebook leaves them at ``None``: the GPU protocol of the original
-#: measurements, and fewer on CPU where one full-size step takes tens of seconds.
-AUTO_STEPS = {"gpu": (5, 2), "cpu": (2, 1)}
 
-
-class NotebookParameterError(HeptstudyError, ValueError):
-    """A notebook (or matrix) parameter has a value the study cannot use."""
+#: A notebook (or matrix) parameter the study cannot use: the measurement request's error.
+NotebookParameterError = RequestError
 
 
 class StudyError(HeptstudyError):

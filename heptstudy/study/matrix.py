@@ -2,34 +2,29 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from heptstudy.errors import HeptstudyError
+from heptstudy.measure.request import (
+    NOTEBOOK_PARAMETERS,
+    MeasurementRequest,
+    parse_overrides,
+)
 from heptstudy.study.common import MEMORY, NOTEBOOKS, StudyError
-from heptstudy.study.params import memory_options, parity_options, parse_overrides, report_name
 
-
-def _notebook_keys(options) -> tuple[str, ...]:
-    # a run takes exactly its notebook's parameters; the runner picks output and progress itself
-    return tuple(
-        p for p in inspect.signature(options).parameters if p not in ("output", "progress")
-    )
-
-
-_MEMORY_KEYS = _notebook_keys(memory_options)
-_PARITY_KEYS = _notebook_keys(parity_options)
-_RUN_KEYS = {"notebook", "name", *_MEMORY_KEYS, "deterministic"}
+# a run takes exactly its notebook's parameters; the runner picks the output itself
+_KEYS = {nb: tuple(k for k in NOTEBOOK_PARAMETERS[nb] if k != "output") for nb in NOTEBOOKS}
+_RUN_KEYS = {"notebook", "name", *(k for keys in _KEYS.values() for k in keys)}
 
 
 def _overrides(mapping: dict[str, Any], where: str) -> list[str]:
     try:
-        return parse_overrides("overrides", mapping["overrides"])
-    except HeptstudyError as err:
-        raise StudyError(f"{where}: {err}") from None
+        return parse_overrides(mapping["overrides"])
+    except ValueError as err:
+        raise StudyError(f"{where}: parameter overrides={mapping['overrides']!r}: {err}") from None
 
 
 @dataclass
@@ -40,9 +35,11 @@ class Run:
     notebook: str  # "memory" or "parity"
     parameters: dict[str, Any]
 
-    def options(self, output: str | None = None, progress: bool = True):
-        build = memory_options if self.notebook == MEMORY else parity_options
-        return build(**self.parameters, output=output, progress=progress)
+    def request(self, output: str | None = None, progress: bool = True) -> MeasurementRequest:
+        """The measurement request the run's notebook builds from these parameters."""
+        return MeasurementRequest.build(
+            kind=self.notebook, **self.parameters, output=output, progress=progress
+        )
 
 
 @dataclass
@@ -118,7 +115,7 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         notebook = entry.get("notebook", MEMORY)
         if notebook not in NOTEBOOKS:
             raise StudyError(f"{where}: notebook {notebook!r} is not one of {sorted(NOTEBOOKS)}")
-        keys = _MEMORY_KEYS if notebook == MEMORY else _PARITY_KEYS
+        keys = _KEYS[notebook]
         misplaced = set(entry) & (set(_RUN_KEYS) - set(keys) - {"notebook", "name"})
         if misplaced:
             raise StudyError(f"{where}: {sorted(misplaced)} do not apply to {notebook}.ipynb")
@@ -129,10 +126,10 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
             params["overrides"] = _overrides(defaults, where) + _overrides(entry, where)
         run = Run(name="", notebook=notebook, parameters=params)
         try:
-            opts = run.options(progress=False)
+            request = run.request(progress=False)
         except HeptstudyError as err:
             raise StudyError(f"{where}: {err}") from None
-        run.name = str(entry.get("name") or report_name(opts))
+        run.name = str(entry.get("name") or request.name)
         runs.append(run)
     names = [r.name for r in runs]
     dupes = sorted({n for n in names if names.count(n) > 1})

@@ -62,25 +62,24 @@ def compare_resume(original, resumed) -> Any:
 
 
 def step_memory_timeline(config, batch, device=None) -> Any:
-    """Run one training step (forward, loss, backward) of a freshly seeded model under the storage
-    tracker and return its :class:`~heptstudy.measure.memory.StepMemory` (``.timeline`` of
-    (op index, live bytes), ``.marks``). The optimizer update is not tracked."""
+    """Run one training step (:func:`heptstudy.measure.step.run_step`) of a freshly seeded model
+    with the storage tracker over forward, loss and backward and return its
+    :class:`~heptstudy.measure.memory.StepMemory` (``.timeline`` of (op index, live bytes),
+    ``.marks`` where each phase starts)."""
     import torch
 
     from heptstudy.measure.memory import make_meter
     from heptstudy.measure.parity import build_seeded
-    from heptstudy.train.optim import build_optimizer
-    from heptstudy.train.trainer import autocast_dtype, forward_and_loss
+    from heptstudy.measure.step import run_step
+    from heptstudy.train.optim import build_optimizer, build_scheduler
+    from heptstudy.train.trainer import autocast_dtype
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     batch = {k: v.to(device) for k, v in batch.items()}
     model = build_seeded(config, device)
     model.train()
     optimizer = build_optimizer(model, config.train)
+    scheduler = build_scheduler(optimizer, config.train)
     meter = make_meter(device, track_categories=True)
-    meter.start_step(batch.values(), model=model, optimizer=optimizer)
-    meter.mark("forward")
-    _, losses = forward_and_loss(model, batch, config, autocast_dtype(config, device))
-    meter.mark("backward")
-    losses["total"].backward()
-    return meter.stop_step()
+    dtype = autocast_dtype(config, device)
+    return run_step(model, batch, optimizer, scheduler, config, dtype, meter=meter).memory

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from heptstudy.atomic import atomic_path, atomic_write_text
-from heptstudy.study.common import MEMORY, NOTEBOOKS, PARITY, StudyError, notebooks_dir
+from heptstudy.study.common import NOTEBOOKS, StudyError, notebooks_dir
 from heptstudy.study.matrix import Matrix, Run, load_matrix
-from heptstudy.study.params import report_name
 
 
 @dataclass
@@ -54,11 +53,10 @@ def _failure_report(run: Run, report_path: Path, err: BaseException) -> tuple[st
     import torch
 
     from heptstudy.measure import report as rp
-    from heptstudy.measure.bench import resolve
+    from heptstudy.measure.bench import report_header
 
-    opts = run.options(output=str(report_path), progress=False)
-    config, device, platform_name = resolve(opts)
-    h = config.model.heptv2
+    request = run.request(output=str(report_path), progress=False)
+    config, device = request.config(), request.device
     ename = getattr(err, "ename", type(err).__name__)
     evalue = getattr(err, "evalue", str(err))
     text = f"{ename}: {evalue}".strip()
@@ -83,35 +81,24 @@ def _failure_report(run: Run, report_path: Path, err: BaseException) -> tuple[st
     except Exception:  # noqa: BLE001 - the data set itself may be what failed
         pass
     fields: dict[str, Any] = dict(
-        kind=PARITY if opts.parity_only else MEMORY,
+        kind=request.kind,
         status=status,
-        name=report_name(opts),
         error=text[:2000],
-        environment=rp.environment_info(
-            device, config.train.dtype, platform_name, fresh_process=True
-        ),
-        data=rp.DataInfo(
-            dataset=config.data.dataset,
-            data_dir=config.data.data_dir,
+        **report_header(
+            request,
+            config,
+            fresh_process=True,
             synthetic=synthetic,
-            split="train",
+            notes=[
+                *notes,
+                f"recorded by heptstudy study run: {run.notebook}.ipynb did not write a report",
+            ],
         ),
-        config=config.to_dict(),
-        batch_size=opts.batch_size,
-        checkpointing=rp.Checkpointing(
-            enabled=opts.checkpointing,
-            policy=h.activation_checkpointing_policy if opts.checkpointing else None,
-            checkpoint_every=h.checkpoint_every if opts.checkpointing else None,
-        ),
-        notes=[
-            *notes,
-            f"recorded by heptstudy study run: {run.notebook}.ipynb did not write a report",
-        ],
     )
     if status == "oom":
         fields["oom"] = rp.OomInfo(
             message=text.splitlines()[0][:500],
-            batch_size=opts.batch_size,
+            batch_size=request.batch_size,
             padded_hits=[],
             device_memory_bytes=(
                 torch.cuda.get_device_properties(device).total_memory

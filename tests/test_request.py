@@ -1,0 +1,211 @@
+"""The one measurement request: the same object from the CLI, a notebook and a matrix row; its
+parsing of Papermill's strings; its refusals."""
+
+import argparse
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from heptstudy.config import load_config, load_platform
+from heptstudy.measure.cli import register_cli, request_from_args
+from heptstudy.measure.request import (
+    DEFAULT_STEPS,
+    NOTEBOOK_PARAMETERS,
+    MeasurementRequest,
+    RequestError,
+    from_notebook,
+)
+from heptstudy.study import load_matrix
+
+pm_translators = pytest.importorskip("papermill.translators")
+pm_cli = pytest.importorskip("papermill.cli")
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU = DEFAULT_STEPS["cpu"]
+
+
+def _cli(argv: list[str]) -> MeasurementRequest:
+    parser = argparse.ArgumentParser(prog="heptstudy")
+    register_cli(parser.add_subparsers())
+    return request_from_args(parser.parse_args(["bench", *argv]))
+
+
+def _parameters_cell(kind: str) -> str:
+    nb = nbformat.read(ROOT / "notebooks" / f"{kind}.ipynb", as_version=4)
+    return next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+
+
+def _notebook(kind: str, cli_strings: dict[str, str]) -> MeasurementRequest:
+    """What the notebook's first cell builds after ``papermill -p NAME VALUE ...``: papermill's
+    own conversion of the strings, its own injected cell, the kernel's input history."""
+    params = {k: pm_cli._resolve_type(v) for k, v in cli_strings.items()}
+    injected = pm_translators.translate_parameters("python3", "python", params, "Parameters")
+    namespace: dict = {}
+    cell = _parameters_cell(kind)
+    exec(cell, namespace)
+    exec(injected, namespace)
+    namespace["In"] = ["", cell, injected, "request = from_notebook(...)"]
+    return from_notebook(kind, namespace)
+
+
+def _matrix(tmp_path, kind: str, row: dict) -> MeasurementRequest:
+    path = tmp_path / "m.yaml"
+    entry = {**row, **({"notebook": kind} if kind == "parity" else {})}
+    path.write_text(yaml.safe_dump({"runs": [entry]}))
+    (run,) = load_matrix(path).runs
+    return run.request()
+
+
+# (command line, the same inputs as `papermill -p` strings; the matrix row holds them as strings)
+CASES = [
+    ("memory", ["--batch-size", "4"], {"batch_size": "4"}),
+    (
+        "memory",
+        [
+            "--batch-size",
+            "2",
+            "--checkpointing",
+            "--steps",
+            "3",
+            "--platform",
+            "local_cpu",
+            "--dtype",
+            "bfloat16",
+            "--seed",
+            "5",
+            "--set",
+            "model.heptv2.num_convs=2",
+            "--set",
+            "model.heptv2.activation_checkpointing_policy=selective",
+        ],
+        {
+            "batch_size": "2",
+            "checkpointing": "true",
+            "steps": "3",
+            "platform": "local_cpu",
+            "dtype": "bfloat16",
+            "seed": "5",
+            "overrides": "model.heptv2.num_convs=2 model.heptv2.activation_checkpointing_policy=selective",
+        },
+    ),
+    ("memory", ["--batch-size", "1", "--platform", "h100"], {"platform": "h100"}),
+    ("parity", ["--parity-only", "--deterministic"], {"deterministic": "True"}),
+]
+
+
+@pytest.mark.parametrize("kind,argv,strings", CASES, ids=["defaults", "many", "gpu", "parity"])
+def test_cli_notebook_and_matrix_build_the_same_request(tmp_path, kind, argv, strings):
+    cli = _cli(argv)
+    notebook = _notebook(kind, strings)
+    matrix = _matrix(tmp_path, kind, strings)
+    assert cli == notebook == matrix
+    assert cli.config() == notebook.config() == matrix.config()
+    assert cli.name == notebook.name == matrix.name
+    assert cli.report_path() == notebook.report_path() == matrix.report_path()
+
+
+def test_defaults_are_stated_once_and_depend_on_the_device():
+    cpu = _cli(["--platform", "local_cpu"])
+    assert (cpu.batch_size, cpu.steps, cpu.warmup) == (1, CPU["steps"], CPU["warmup"])
+    gpu = _cli(["--platform", "lumi_mi250x"])
+    assert (gpu.steps, gpu.warmup) == (
+        DEFAULT_STEPS["cuda"]["steps"],
+        DEFAULT_STEPS["cuda"]["warmup"],
+    )
+    assert _cli(["--platform", "h100", "--steps", "1", "--warmup", "0"]).steps == 1
+    many = CASES[1]
+    assert _cli(many[1]).name == "checkpointed_selective_b2"
+
+
+@pytest.mark.parametrize("kind", ["memory", "parity"])
+def test_parameters_cell_has_the_request_fields_and_defaults(kind):
+    """A notebook's parameter cell is not another source of defaults: it holds the request's."""
+    namespace: dict = {}
+    exec(_parameters_cell(kind), namespace)
+    names = [k for k in namespace if not k.startswith("__")]
+    assert set(names) == set(NOTEBOOK_PARAMETERS[kind])
+    fields = MeasurementRequest.model_fields
+    for name in names:
+        assert namespace[name] == fields[name].get_default(call_default_factory=True), name
+
+
+def test_config_is_built_directly(tmp_path):
+    request = MeasurementRequest.build(
+        batch_size=3,
+        checkpointing=True,
+        variant="track_cluster_mlpf",
+        platform="h100",
+        data_dir=str(tmp_path),
+        dtype="float32",
+        seed=5,
+        overrides=["model.track_cluster.width=64"],
+    )
+    backend = load_platform(request.platform).attention_backend
+    dotted = [
+        "data.nvalid=3",
+        "data.ntest=0",
+        f"model.heptv2.attention_backend={backend}",
+        "model.variant=track_cluster_mlpf",
+        "data.dataset=cld_edm_ttbar_pf:3.2.1",
+        f"data.data_dir={tmp_path}",
+        "train.dtype=float32",  # the request's dtype wins over the platform's bf16
+        "train.seed=5",
+        "model.heptv2.activation_checkpointing=true",
+        "model.track_cluster.width=64",
+    ]
+    assert request.config() == load_config(overrides=dotted)
+
+
+@pytest.mark.parametrize(
+    "values,words",
+    [
+        ({"batch_size": True}, "batch_size=True is not allowed: allowed values are integers >= 1"),
+        ({"steps": False}, "a boolean is not an integer"),
+        ({"seed": True}, "a boolean is not an integer"),
+        ({"batch_size": 2.0}, "integers >= 1"),
+        ({"checkpointing": 1}, "checkpointing=1 is not allowed: allowed values are true or false"),
+        ({"checkpointing": "1"}, "true or false"),
+        ({"deterministic": 0}, "a number is not a boolean"),
+        ({"batchsize": 4}, "unknown parameter batchsize=4; did you mean 'batch_size'?"),
+        ({"kind": "parity", "checkpointing": True}, "checkpointing does not apply to a parity"),
+        ({"kind": "timing"}, "allowed values are memory or parity"),
+        ({"overrides": ["data.data_dir=/x"]}, "give data_dir instead of overriding data.data_dir"),
+    ],
+)
+def test_refusals_name_the_parameter(values, words):
+    with pytest.raises(RequestError) as err:
+        MeasurementRequest.build(**values)
+    assert words in str(err.value)
+
+
+def test_cli_errors_name_the_option():
+    with pytest.raises(RequestError, match=r"--batch-size 'four' is not allowed"):
+        _cli(["--batch-size", "four"])
+    with pytest.raises(RequestError, match=r"--steps '0' is not allowed"):
+        _cli(["--steps", "0"])
+
+
+@pytest.mark.parametrize("kind", ["memory", "parity"])
+def test_misspelled_notebook_parameter_is_refused(kind):
+    with pytest.raises(RequestError) as err:
+        _notebook(kind, {"batchsize": "4"})
+    text = str(err.value)
+    assert f"{kind}.ipynb has no parameter batchsize (did you mean batch_size?)" in text
+    assert "batch_size" in text and "run it again" in text
+
+
+def test_notebook_outside_papermill_checks_nothing_extra():
+    """In JupyterLab there is no injected cell: the parameters are the notebook's own."""
+    namespace: dict = {}
+    exec(_parameters_cell("memory"), namespace)
+    namespace["In"] = ["", _parameters_cell("memory"), "request = from_notebook(...)"]
+    namespace["batch_size"] = 3
+    assert from_notebook("memory", namespace).batch_size == 3
+
+
+def test_request_parses_yaml_and_papermill_forms():
+    a = MeasurementRequest.build(batch_size=" 2 ", checkpointing="TRUE", seed="None", dtype="")
+    b = MeasurementRequest.build(batch_size=2, checkpointing=True)
+    assert a == b
