@@ -1,4 +1,5 @@
-# Two entry points for a fresh machine: `make test` and `make study`.
+# Two entry points for a fresh machine: `make test` and `make study` (measures on this machine
+# into experiments/local/<host>-<date>); `make reference` regenerates the committed reference.
 # Each creates .venv if missing and installs what it needs from pyproject.toml first.
 # GPU users pick their PyTorch build with TORCH_SPEC, e.g.
 #   make study TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
@@ -10,12 +11,18 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.heptstudy-installed
 STUDY_MATRIX ?= configs/study/cpu_default.yaml
-STUDY_NAME ?= cpu_reference
+# `make study` measures on this machine into its own folder: experiments/local/<host>-<date>,
+# or STUDY_OUT. `make reference` regenerates the committed reference study experiments/REFERENCE.
+STUDY_OUT ?=
+REFERENCE ?= cpu_reference
+STUDY_FLAGS ?=
 DATA_DIR ?= data/tfds
+# the package of this checkout, whichever checkout the environment was installed from
+HEPTSTUDY := $(BIN)/python -m heptstudy
 STUDY_EVENTS_TRAIN ?= 256
 STUDY_EVENTS_TEST ?= 64
 
-.PHONY: install test study lint format clean-venv
+.PHONY: install test study reference study-data lint format clean-venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,13 +36,19 @@ test: $(STAMP)
 	$(BIN)/ruff check heptstudy tests
 	$(BIN)/python -m pytest -q
 
-study: $(STAMP)
+study-data: $(STAMP)
 	test -f $(DATA_DIR)/cld_edm_ttbar_hits/1/3.2.1/dataset_info.json || \
-	  $(BIN)/heptstudy data generate --data-dir $(DATA_DIR) \
+	  $(HEPTSTUDY) data generate --data-dir $(DATA_DIR) \
 	    --events-train $(STUDY_EVENTS_TRAIN) --events-test $(STUDY_EVENTS_TEST) --seed 20261014
-	$(BIN)/heptstudy study run --matrix $(STUDY_MATRIX) --out experiments/$(STUDY_NAME) \
-	  --data-dir $(DATA_DIR) --figures figures/$(STUDY_NAME)
-	@echo "Report: experiments/$(STUDY_NAME)/report.html   figures: figures/$(STUDY_NAME)/"
+
+# Ends with the table of what was measured and where the report is.
+study: study-data
+	$(HEPTSTUDY) study run --matrix $(STUDY_MATRIX) --data-dir $(DATA_DIR) \
+	  $(if $(STUDY_OUT),--out $(STUDY_OUT)) $(STUDY_FLAGS)
+
+reference: study-data
+	$(HEPTSTUDY) study run --matrix $(STUDY_MATRIX) --data-dir $(DATA_DIR) \
+	  --reference $(REFERENCE) $(STUDY_FLAGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check heptstudy tests scripts

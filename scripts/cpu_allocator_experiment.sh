@@ -6,8 +6,8 @@
 #
 #   bash scripts/cpu_allocator_experiment.sh [DATA_DIR] [OUT_DIR]
 #
-# Writes OUT_DIR/{default,retain}_{baseline,checkpointed}_b{1,4}.json (bench reports) and
-# OUT_DIR/processes.tsv. Synthetic data unless DATA_DIR holds real events. About 12 minutes on
+# Writes OUT_DIR/{default,retain}_{baseline,checkpointed}_b{1,4}.json (bench reports; they record
+# the allocator settings and each step's page faults and system time) and OUT_DIR/processes.tsv. Synthetic data unless DATA_DIR holds real events. About 12 minutes on
 # two cores.
 set -euo pipefail
 data_dir=${1:-data/tfds}
@@ -21,12 +21,14 @@ for allocator in default retain; do
       flag=--no-checkpointing
       [ "$mode" = checkpointed ] && flag=--checkpointing
       name="${allocator}_${mode}_b${batch}"
+      # "default": none of glibc's variables, whatever the calling shell has; "retain": the
+      # settings of configs/training/platforms/local_cpu.yaml (each report records which)
+      env_vars=(-u MALLOC_MMAP_THRESHOLD_ -u MALLOC_TRIM_THRESHOLD_ -u MALLOC_TOP_PAD_)
       if [ "$allocator" = retain ]; then
-        env_vars=(MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184
-                  MALLOC_TOP_PAD_=1073741824)
-      else
-        env_vars=()
+        env_vars+=(MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184
+                   MALLOC_TOP_PAD_=1073741824)
       fi
+      # no --platform: bench would start itself again with local_cpu's allocator settings
       /usr/bin/time -o "$out/.time" -f "%e\t%U\t%S\t%R\t%M" \
         env "${env_vars[@]}" "$bin/heptstudy" bench --batch-size "$batch" $flag \
           --steps 2 --warmup 1 --data-dir "$data_dir" --no-progress \

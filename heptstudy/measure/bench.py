@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure import report as rp
+from heptstudy.measure.host_usage import HostUsage
 from heptstudy.measure.memory import make_meter
 from heptstudy.measure.parity import build_seeded, run_parity, set_deterministic
 from heptstudy.measure.request import PARITY, MeasurementRequest
@@ -207,52 +208,58 @@ def _step_record(i, warmup, batch) -> dict[str, Any]:
 def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchReport:
     warmup = request.warmup
     records = [_step_record(i, warmup, b) for i, b in enumerate(batches)]
+    timing, memory = request.passes in ("both", "timing"), request.passes in ("both", "memory")
     bar = tqdm(
-        total=2 * len(batches),
+        total=(timing + memory) * len(batches),
         disable=not request.progress,
         desc=header["name"],
         unit="step",
     )
     step, where, clock = 0, "timing pass", None
+    mem, categories, validation = None, None, {}
     try:
         # Pass 1: time the steps and their phases, without any tracker.
         timer = StepTimer(device, warmup=warmup)
-        model, optimizer, scheduler = _fresh(config, device)
-        for step, batch in enumerate(batches):
+        if timing:
+            model, optimizer, scheduler = _fresh(config, device)
+        for step, batch in enumerate(batches if timing else []):
             clock = make_phase_clock(device)
-            with timer.step():
+            with timer.step(), HostUsage() as usage:
                 result = run_step(model, batch, optimizer, scheduler, config, dtype, clock=clock)
             records[step]["time_s"] = timer.records[-1].seconds
             records[step]["phase_time_s"] = clock.seconds()
+            records[step].update(usage.fields())
             records[step]["loss"] = {k: float(v) for k, v in result.losses.items()}  # untimed
             bar.update(1)
-        del model, optimizer, scheduler, result
-        # Pass 2: memory, over the same batches from the same initial state.
-        where = "memory pass"
-        meter = make_meter(device, track_categories=True)
-        model, optimizer, scheduler = _fresh(config, device)
-        categories = None
-        for step, batch in enumerate(batches):
-            clock = PhaseClock()  # knows the phase (for an out-of-memory), times nothing
-            result = run_step(
-                model, batch, optimizer, scheduler, config, dtype, meter=meter, clock=clock
+        if timing:
+            del model, optimizer, scheduler, result
+        if memory:
+            # Pass 2: memory, over the same batches from the same initial state.
+            where = "memory pass"
+            meter = make_meter(device, track_categories=True)
+            model, optimizer, scheduler = _fresh(config, device)
+            categories = None
+            for step, batch in enumerate(batches):
+                clock = PhaseClock()  # knows the phase (for an out-of-memory), times nothing
+                result = run_step(
+                    model, batch, optimizer, scheduler, config, dtype, meter=meter, clock=clock
+                )
+                mem = result.memory
+                records[step]["peak_allocated_mib"] = mem.peak_allocated_mib
+                records[step]["peak_reserved_mib"] = mem.peak_reserved_mib
+                if records[step]["counted"] and mem.categories_at_peak is not None:
+                    if categories is None or mem.peak_allocated_bytes > categories.peak_bytes:
+                        categories = rp.MemoryCategories(
+                            step=step,
+                            peak_bytes=mem.peak_allocated_bytes,
+                            at_peak_bytes=mem.categories_at_peak,
+                            note=_CATEGORY_NOTE,
+                        )
+                bar.update(1)
+            where, clock = "validation", None
+            validation, _ = validate(
+                model, _validation(config, request.batch_size, device), config, device, dtype
             )
-            mem = result.memory
-            records[step]["peak_allocated_mib"] = mem.peak_allocated_mib
-            records[step]["peak_reserved_mib"] = mem.peak_reserved_mib
-            if records[step]["counted"] and mem.categories_at_peak is not None:
-                if categories is None or mem.peak_allocated_bytes > categories.peak_bytes:
-                    categories = rp.MemoryCategories(
-                        step=step,
-                        peak_bytes=mem.peak_allocated_bytes,
-                        at_peak_bytes=mem.categories_at_peak,
-                        note=_CATEGORY_NOTE,
-                    )
-            bar.update(1)
-        where, clock = "validation", None
-        validation, _ = validate(
-            model, _validation(config, request.batch_size, device), config, device, dtype
-        )
     except torch.OutOfMemoryError as err:
         bar.close()
         batch = batches[step]
@@ -274,25 +281,22 @@ def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchR
         )
     bar.close()
     counted = [r for r in records if r["counted"]]
-    times = [r["time_s"] for r in counted]
-    mean = sum(times) / len(times)
+    times = [r["time_s"] for r in counted if r.get("time_s") is not None]
+    mean = sum(times) / len(times) if times else None
     summary = rp.Summary(
         counted_steps=len(counted),
         warmup_steps=warmup,
         mean_step_time_s=mean,
         std_step_time_s=math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1))
         if len(times) > 1
-        else 0.0,
-        min_step_time_s=min(times),
+        else (0.0 if times else None),
+        min_step_time_s=min(times) if times else None,
         max_peak_allocated_mib=_max(r.get("peak_allocated_mib") for r in counted),
         max_peak_reserved_mib=_max(r.get("peak_reserved_mib") for r in counted),
-        allocated_definition=mem.allocated_definition,
-        reserved_definition=mem.reserved_definition,
-        reserved_unavailable_reason=mem.reserved_unavailable_reason,
-        tracked_memory_note=(
-            "times from untracked steps (pass 1); memory from a second pass over the same batches "
-            "from the same initial state with the meter on (pass 2)"
-        ),
+        allocated_definition=mem.allocated_definition if mem else None,
+        reserved_definition=mem.reserved_definition if mem else None,
+        reserved_unavailable_reason=mem.reserved_unavailable_reason if mem else None,
+        tracked_memory_note=_PASSES_NOTE[request.passes],
         mean_phase_time_s=mean_phases([r.get("phase_time_s") for r in counted]),
         phase_time_definition=make_phase_clock(device).definition,
     )
@@ -301,10 +305,20 @@ def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchR
         status="ok",
         steps=[rp.StepRecord(**_complete(r)) for r in records],
         summary=summary,
-        validation={k: float(v) for k, v in validation.items() if v is not None},
+        validation={k: float(v) for k, v in validation.items() if v is not None}
+        if memory
+        else None,
         memory_categories=[categories] if categories else None,
         **header,
     )
+
+
+_PASSES_NOTE = {
+    "both": "times from untracked steps (pass 1); memory from a second pass over the same "
+    "batches from the same initial state with the meter on (pass 2)",
+    "timing": "timing only (passes=timing): untracked steps, no memory pass and no validation",
+    "memory": "memory only (passes=memory): steps under the meter, no timed pass",
+}
 
 
 def mean_phases(per_step: list[dict[str, float] | None]) -> dict[str, float] | None:

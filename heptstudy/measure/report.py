@@ -48,6 +48,15 @@ optimizer (LAMB, scheduler, clearing gradients), without any added synchronisati
 wall clock at the phase boundaries, on CUDA/ROCm events recorded on the stream at the boundaries.
 The summary gives the mean of each phase over the counted steps.
 
+Host. On CPU the allocator a process starts with changes step times: glibc as it comes hands large
+freed blocks back to the kernel, which maps and zeroes their pages again on every step. Each report
+records the allocator and the settings its process was started with (environment.allocator,
+environment.allocator_settings; the local_cpu platform starts its processes with glibc keeping
+freed memory: MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ 16 GiB, MALLOC_TOP_PAD_ 1 GiB), and
+for each timed step the process's minor and major page faults and system and user CPU time
+(resource.getrusage around the step). A memory measurement runs both passes, or only the timing
+or only the memory pass (summary.tracked_memory_note says which).
+
 Memory. The peak over forward, loss and backward of each step (not step-end occupancy); the
 summary is the maximum over counted steps, in MiB (2^20 bytes).
 - CUDA and ROCm: torch.cuda.reset_peak_memory_stats before the step, then
@@ -64,7 +73,9 @@ summary is the maximum over counted steps, in MiB (2^20 bytes).
 
 Comparisons. The same batch size uses the same event indices and the same initialisation seed with
 checkpointing on and off. Each configuration is meant to run in a fresh process;
-environment.fresh_process records whether it did.
+environment.fresh_process records whether it did. A study (heptstudy study run) measures the
+compared configurations in rounds of fresh processes, one after the other inside a round, and
+gives each overhead as the median and range over the rounds.
 
 Data. data.synthetic says whether the events come from the generated (synthetic) data set or a
 real one; batches are real events of the data set, never truncated or made up on the fly.
@@ -149,6 +160,10 @@ class Environment(_Strict):
     # the bucket attention the run actually used and what compiling it cost (None in reports
     # from before it was recorded)
     attention: AttentionInfo | None = None
+    # the host memory allocator the process was started with (heptstudy.measure.allocator):
+    # e.g. "glibc 2.36", and its settings from the environment at process start ({}: defaults)
+    allocator: str | None = None
+    allocator_settings: dict[str, str] | None = None
 
 
 class DataInfo(_Strict):
@@ -178,6 +193,12 @@ class StepRecord(_Strict):
     # seconds per phase of the step (backbone_forward, decoder_and_heads, loss, backward,
     # optimizer); None in reports from before the breakdown or where it was not measured
     phase_time_s: dict[str, float] | None = None
+    # what the kernel did during the timed step, whole process (resource.getrusage around it):
+    # page faults, and system and user CPU time in seconds (heptstudy.measure.host_usage)
+    minor_page_faults: int | None = None
+    major_page_faults: int | None = None
+    system_time_s: float | None = None
+    user_time_s: float | None = None
 
 
 class Summary(_Strict):
@@ -271,6 +292,9 @@ class BenchReport(_Strict):
     parity: Parity | None = None
     memory_categories: list[MemoryCategories] | None = None
     notes: list[str] = Field(default_factory=list)
+    # what the study runner measured this run as (heptstudy.study.fingerprint): a study resumes
+    # the run only while the fingerprint of the run is the same
+    fingerprint: str | None = None
 
     @model_validator(mode="after")
     def _status_details(self) -> BenchReport:
@@ -453,6 +477,9 @@ def environment_info(
     device = torch.device(device)
     dtype_name = str(dtype).removeprefix("torch.")
     count = torch.cuda.device_count() if device.type == "cuda" else None
+    from heptstudy.measure.allocator import allocator_in_use
+
+    allocator, allocator_settings = allocator_in_use()
     return Environment(
         platform=platform_name,
         device_kind=device_kind(device),
@@ -466,6 +493,8 @@ def environment_info(
         hostname=socket.gethostname(),
         python=sys.version.split()[0],
         fresh_process=claim_fresh_process() if fresh_process is None else fresh_process,
+        allocator=allocator,
+        allocator_settings=allocator_settings,
     )
 
 

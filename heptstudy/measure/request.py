@@ -210,6 +210,11 @@ class MeasurementRequest(BaseModel):
         description="uncounted warm-up steps (memory only); None: "
         + ", ".join(f"{v['warmup']} on {k}" for k, v in DEFAULT_STEPS.items()),
     )
+    passes: Literal["both", "timing", "memory"] = Field(
+        "both",
+        description="memory only: both passes (the timed steps, then the same steps under the "
+        "memory meter), timing only (a repeat of a study's step-time comparison), or memory only",
+    )
     deterministic: Flag = Field(False, description="torch.use_deterministic_algorithms(True)")
     variant: OptionalVariant = Field(None, description="model.variant; None: the recommended model")
     platform: Annotated[str | None, BeforeValidator(parse_platform)] = Field(
@@ -241,6 +246,7 @@ class MeasurementRequest(BaseModel):
             given = [n for n in ("steps", "warmup") if getattr(self, n) is not None] + (
                 ["checkpointing"] if self.checkpointing else []
             )
+            given += ["passes"] if self.passes != "both" else []
             if given:
                 verb, pronoun = ("does", "it") if len(given) == 1 else ("do", "them")
                 raise ValueError(
@@ -340,7 +346,7 @@ NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
     PARITY: tuple(
         f
         for f in MeasurementRequest.model_fields
-        if f not in ("kind", "progress", "checkpointing", "steps", "warmup")
+        if f not in ("kind", "progress", "checkpointing", "steps", "warmup", "passes")
     ),
 }
 

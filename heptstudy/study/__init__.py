@@ -3,8 +3,11 @@
 * :mod:`~heptstudy.study.params`: :func:`memory_options`, :func:`parity_options`,
   :func:`pipeline_config`, the first cell of each notebook.
 * :mod:`~heptstudy.study.matrix`: :func:`load_matrix` (``configs/study/*.yaml``).
-* :mod:`~heptstudy.study.runner`: :func:`run_study`, one Papermill execution per run, failure
-  reports, ``aggregate.ipynb`` and ``report.html``.
+* :mod:`~heptstudy.study.runner`: :func:`run_study`, one Papermill execution per run and
+  round, failure reports, ``aggregate.ipynb`` and ``report.html``;
+  :mod:`~heptstudy.study.schedule` (rounds of fresh processes), :mod:`~heptstudy.study.outputs`
+  (where a study writes, replacing without losing), :mod:`~heptstudy.study.fingerprint` (when a
+  report may be resumed).
 * :mod:`~heptstudy.study.frames` and :mod:`~heptstudy.study.tables`: pandas frames and report
   tables of an experiments directory; :mod:`~heptstudy.study.policies`: checkpointing policies
   side by side and memory by category; :mod:`~heptstudy.study.text`: plain-words statements;
@@ -27,11 +30,16 @@ from heptstudy.study.common import (
 )
 from heptstudy.study.fits import fit_validation, optional_fit_figure, platform_predictions
 from heptstudy.study.frames import (
+    SYSTEM_TIME_DOMINATES,
     comparison_frame,
+    dominated_runs,
     hits_stats_for,
+    host_usage_of,
     load_reports,
+    load_study,
     measured_hits,
     memory_frame,
+    overhead_frame,
     parity_frame,
     policy_label,
     reports_frame,
@@ -48,12 +56,21 @@ from heptstudy.study.pipeline import (
 from heptstudy.study.policies import categories_frame, policy_frame
 from heptstudy.study.runner import (
     RunResult,
+    StudyRun,
     _failure_report,
     aggregate_study,
     render_html,
     run_study,
 )
-from heptstudy.study.tables import categories_table, comparison_table, policy_table, runs_table
+from heptstudy.study.schedule import Execution, schedule
+from heptstudy.study.tables import (
+    categories_table,
+    comparison_table,
+    overhead_table,
+    policy_table,
+    runs_table,
+    show,
+)
 from heptstudy.study.text import (
     CATEGORIES_NOTE,
     figure_tag,
@@ -63,6 +80,16 @@ from heptstudy.study.text import (
 )
 
 __all__ = [
+    "SYSTEM_TIME_DOMINATES",
+    "dominated_runs",
+    "host_usage_of",
+    "load_study",
+    "overhead_frame",
+    "StudyRun",
+    "Execution",
+    "schedule",
+    "overhead_table",
+    "show",
     "CATEGORIES_NOTE",
     "policy_table",
     "categories_table",

@@ -3,45 +3,99 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from heptstudy.study.common import StudyError
 from heptstudy.study.matrix import load_matrix
+from heptstudy.study.outputs import default_figures, from_command_line, shown
 from heptstudy.study.runner import aggregate_study, run_study
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    results = run_study(
+    data_dir = str(from_command_line(args.data_dir)) if args.data_dir else None
+    done = run_study(
         args.matrix,
         args.out,
+        reference=args.reference,
         force=args.force,
         figures_dir=args.figures,
-        data_dir=args.data_dir,
+        data_dir=data_dir,
         progress=not args.no_progress,
         aggregate=not args.no_aggregate,
     )
+    print()
+    print(measured_table(done.results))
     counts: dict[str, int] = {}
-    for r in results:
+    for r in done.results:
         counts[r.status] = counts.get(r.status, 0) + 1
     print("runs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    if not args.no_aggregate:
-        print(f"report: {Path(args.out) / 'report.html'}")
+    if done.superseded:
+        print(f"replaced results moved to: {shown(done.superseded[0].parents[0])}/ (and beside)")
+    print(f"reports: {shown(done.folders.out)}/")
+    if done.report_html is not None:
+        print(f"report: {shown(done.report_html)}")
+        print(f"figures: {shown(done.folders.figures)}/")
+    failed = [r.label for r in done.results if r.status == "error"]
+    if failed:
+        print(
+            f"heptstudy: error: {len(failed)} run(s) failed: {', '.join(failed)}; their reports "
+            "and executed notebooks (notebooks/) say why; fix the cause and run the same "
+            "command again (finished runs are resumed)"
+        )
+        return 1
     return 0
 
 
+def measured_table(results) -> str:
+    """A short plain-text table of what a study run did: one line per execution."""
+    from heptstudy.measure.report import ReportError, read_report
+    from heptstudy.study.frames import host_usage_of
+
+    lines = [
+        f"{'run':<44} {'status':<8} {'how':<9} {'step [s]':>9} {'alloc [MiB]':>12} "
+        f"{'sys/step':>8}  host"
+    ]
+    for r in results:
+        how = "resumed" if r.status == "skipped" else "measured"
+        try:
+            report = read_report(r.report)
+        except ReportError:
+            lines.append(f"{r.label:<44} {'unread':<8} {how:<9}")
+            continue
+        s = report.summary
+        step = f"{s.mean_step_time_s:9.2f}" if s and s.mean_step_time_s is not None else " " * 9
+        alloc = (
+            f"{s.max_peak_allocated_mib:12,.0f}"
+            if s and s.max_peak_allocated_mib is not None
+            else " " * 12
+        )
+        usage = host_usage_of(report)
+        sys_frac = usage["sys_fraction"]
+        sys_text = f"{100 * sys_frac:7.0f}%" if sys_frac is not None else " " * 8
+        lines.append(
+            f"{r.label:<44} {report.status:<8} {how:<9} {step} {alloc} {sys_text}  "
+            f"{report.environment.hostname}"
+        )
+    return "\n".join(lines)
+
+
 def _cmd_aggregate(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+    out = from_command_line(args.out)
     if not out.is_dir():
-        raise StudyError(f"{out} is not a directory of reports; run `heptstudy study run` first")
-    html = aggregate_study(out, args.figures or Path("figures") / out.name)
-    print(f"report: {html}")
+        raise StudyError(
+            f"{shown(out)} is not a folder of reports; run `heptstudy study run` first"
+        )
+    figures = from_command_line(args.figures) if args.figures else default_figures(out)
+    html = aggregate_study(out, figures)
+    print(f"report: {shown(html)}")
     return 0
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    from heptstudy.study.schedule import schedule
+
     m = load_matrix(args.matrix)
-    for run in m.runs:
-        print(f"{run.name:<28} {run.notebook}.ipynb  {run.parameters}")
+    for ex in schedule(m.runs):
+        print(f"{ex.label:<44} {ex.run.notebook}.ipynb  {ex.parameters}")
     return 0
 
 
@@ -51,16 +105,31 @@ def register_cli(subparsers) -> None:
     )
     sub = study.add_subparsers(dest="study_command", required=True)
     run = sub.add_parser(
-        "run", help="every measurement of a matrix in its own kernel, then the report"
+        "run",
+        help="every measurement of a matrix in its own kernel, then the report",
+        description="Measures on this machine into a folder of its own "
+        "(experiments/local/<host>-<date> unless --out says otherwise). The committed "
+        "reference studies are written only with --reference NAME.",
     )
     run.add_argument(
         "--matrix", required=True, help="study matrix YAML, e.g. configs/study/cpu_default.yaml"
     )
-    run.add_argument(
-        "--out", required=True, help="experiments directory, e.g. experiments/cpu_reference"
+    where = run.add_mutually_exclusive_group()
+    where.add_argument(
+        "--out",
+        help="study folder (default experiments/local/<host>-<date>); not a committed one",
     )
-    run.add_argument("--force", action="store_true", help="rerun measurements whose report exists")
-    run.add_argument("--figures", help="figures directory (default figures/<name of --out>)")
+    where.add_argument(
+        "--reference",
+        metavar="NAME",
+        help="regenerate the committed reference study experiments/NAME (figures/NAME)",
+    )
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="measure every run again; old results are moved to superseded/, not deleted",
+    )
+    run.add_argument("--figures", help="figures folder (default: figures/ in the study folder)")
     run.add_argument(
         "--data-dir",
         help="TFDS data directory of every run (default: the matrix's, else data/tfds)",
@@ -71,8 +140,12 @@ def register_cli(subparsers) -> None:
     agg = sub.add_parser(
         "aggregate", help="aggregate.ipynb and report.html of an experiments directory"
     )
-    agg.add_argument("--out", required=True, help="experiments directory holding the JSON reports")
-    agg.add_argument("--figures", help="figures directory (default figures/<name of --out>)")
+    agg.add_argument("--out", required=True, help="study folder holding the JSON reports")
+    agg.add_argument(
+        "--figures",
+        help="figures folder (default: figures/ in the study folder; figures/NAME for the "
+        "reference study experiments/NAME)",
+    )
     agg.set_defaults(func=_cmd_aggregate)
     check = sub.add_parser("check", help="validate a study matrix and list its runs")
     check.add_argument("--matrix", required=True)

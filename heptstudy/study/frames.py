@@ -56,18 +56,82 @@ def load_reports(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
     return found
 
 
+def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
+    """Every report of a study folder: the first round (as :func:`load_reports`), the repeated
+    rounds (``repeats/``) and the runs with the default allocator (``default_allocator/``)."""
+    import warnings
+
+    from heptstudy.measure.report import ReportError, read_report
+    from heptstudy.study.schedule import report_files
+
+    found = []
+    for path in report_files(Path(experiments_dir)):
+        try:
+            found.append((path, read_report(path)))
+        except ReportError as err:
+            warnings.warn(f"skipped {path.name}: {str(err).splitlines()[0]}", stacklevel=2)
+    return found
+
+
+#: A run whose system (kernel) CPU time is more than this fraction of its step's wall time is
+#: flagged: its step time measures the kernel mapping and zeroing pages, not the computation.
+SYSTEM_TIME_DOMINATES = 0.3
+
+
+def host_usage_of(report) -> dict[str, float | None]:
+    """Per counted step of a memory report: system CPU seconds, minor page faults, and system
+    time as a fraction of the step's wall time (None where the report has no such record)."""
+    counted = [st for st in report.steps if st.counted and st.time_s]
+    sys_t = [getattr(st, "system_time_s", None) for st in counted]
+    faults = [getattr(st, "minor_page_faults", None) for st in counted]
+    if not counted or any(v is None for v in sys_t):
+        return {"sys_fraction": None, "system_s_per_step": None, "minor_faults_per_step": None}
+    wall = sum(st.time_s for st in counted)
+    return {
+        "sys_fraction": sum(sys_t) / wall if wall else None,
+        "system_s_per_step": sum(sys_t) / len(counted),
+        "minor_faults_per_step": (
+            sum(faults) / len(counted) if all(f is not None for f in faults) else None
+        ),
+    }
+
+
+def allocator_label(report) -> str | None:
+    """``glibc 2.36 (defaults)``, ``glibc 2.36 (MALLOC_MMAP_THRESHOLD_=16 GiB, ...)``; None for
+    reports from before the allocator was recorded."""
+    from heptstudy.measure.allocator import describe_settings
+
+    env = report.environment
+    name = getattr(env, "allocator", None)
+    settings = getattr(env, "allocator_settings", None)
+    if name is None and settings is None:
+        return None
+    return f"{name or 'allocator'} ({describe_settings(settings or {})})"
+
+
+def _line_and_round(path: Path) -> tuple[str, int]:
+    from heptstudy.study.schedule import locate
+
+    allocator, _, round_ = locate(Path(*path.parts[-3:]))
+    return allocator, round_
+
+
 def reports_frame(reports) -> Any:
-    """One row per report: what ran, where, its status and its summary numbers."""
+    """One row per report: what ran, where, its status and its summary numbers, the round of
+    the study it belongs to and the allocator line (``platform`` or ``default``)."""
     import pandas as pd
 
     rows = []
     for path, r in reports:
         s = r.summary
         counted = [st for st in r.steps if st.counted]
+        line, round_ = _line_and_round(Path(path))
         rows.append(
             {
                 "file": path.name,
                 "name": r.name or path.stem,
+                "round": round_,
+                "allocator_line": line,
                 "kind": r.kind,
                 "status": r.status,
                 "batch_size": r.batch_size,
@@ -88,6 +152,9 @@ def reports_frame(reports) -> Any:
                 "max_padded_hits": max(
                     (max(st.padded_hits) for st in counted if st.padded_hits), default=None
                 ),
+                **host_usage_of(r),
+                "allocator": allocator_label(r),
+                "host": r.environment.hostname,
                 "device": r.environment.device_name,
                 "device_kind": r.environment.device_kind,
                 "dtype": r.environment.dtype,
@@ -112,25 +179,41 @@ def reports_frame(reports) -> Any:
         "policy",
         "checkpoint_every",
         "policy_label",
+        "round",
+        "allocator_line",
     ]
     return pd.DataFrame(rows, columns=columns if not rows else None)
 
 
+def _first_round(df) -> Any:
+    """The first round of the platform's allocator line (all rows of frames without them)."""
+    keep = df["kind"].notna()
+    if "round" in df.columns:
+        keep &= df["round"].fillna(1) == 1
+    if "allocator_line" in df.columns:
+        keep &= df["allocator_line"].fillna("platform") == "platform"
+    return df[keep]
+
+
 def memory_frame(df) -> Any:
-    """Successful memory runs, sorted by batch size then checkpointing."""
+    """Successful memory runs of the first round with the platform's allocator, sorted by batch
+    size then checkpointing."""
     if df.empty:
         return df
-    ok = df[(df["kind"] == MEMORY) & (df["status"] == "ok")]
+    ok = _first_round(df)
+    ok = ok[(ok["kind"] == MEMORY) & (ok["status"] == "ok")]
     return ok.sort_values(["batch_size", "checkpointing"]).reset_index(drop=True)
 
 
 def comparison_frame(df) -> Any:
     """Per batch size with both a baseline and a checkpointed run of the full policy on every
     layer (the original measurement; other policies are in :func:`~heptstudy.study.policies.
-    policy_frame`): the memory reduction and the step-time overhead of checkpointing, in percent."""
+    policy_frame`): the memory reduction of checkpointing, and its step-time overhead as the
+    median and range over the study's rounds (:func:`overhead_frame`), in percent."""
     import pandas as pd
 
     mem = memory_frame(df)
+    over = overhead_frame(df)
     rows = []
     if not mem.empty:
         for b, group in mem.groupby("batch_size"):
@@ -139,6 +222,7 @@ def comparison_frame(df) -> Any:
             if base.empty or ckpt.empty:
                 continue
             b0, c0 = base.iloc[0], ckpt.iloc[0]
+            time = _overhead_row(over, b, "full")
             rows.append(
                 {
                     "batch_size": int(b),
@@ -152,26 +236,168 @@ def comparison_frame(df) -> Any:
                     "reserved_reduction_pct": pct_less(
                         b0["peak_reserved_mib"], c0["peak_reserved_mib"]
                     ),
-                    "baseline_step_s": b0["mean_step_s"],
-                    "checkpointed_step_s": c0["mean_step_s"],
-                    "step_time_overhead_pct": pct_more(b0["mean_step_s"], c0["mean_step_s"]),
+                    **time,
                 }
             )
-    return pd.DataFrame(
-        rows,
-        columns=[
-            "batch_size",
-            "baseline_allocated_mib",
-            "checkpointed_allocated_mib",
-            "allocated_reduction_pct",
-            "baseline_reserved_mib",
-            "checkpointed_reserved_mib",
-            "reserved_reduction_pct",
-            "baseline_step_s",
-            "checkpointed_step_s",
-            "step_time_overhead_pct",
-        ],
+    return pd.DataFrame(rows, columns=["batch_size", *_MEMORY_COLUMNS, *_TIME_COLUMNS])
+
+
+_MEMORY_COLUMNS = (
+    "baseline_allocated_mib",
+    "checkpointed_allocated_mib",
+    "allocated_reduction_pct",
+    "baseline_reserved_mib",
+    "checkpointed_reserved_mib",
+    "reserved_reduction_pct",
+)
+_TIME_COLUMNS = (
+    "baseline_step_s",
+    "checkpointed_step_s",
+    "step_time_overhead_pct",
+    "overhead_min_pct",
+    "overhead_max_pct",
+    "rounds",
+    "flag",
+)
+
+
+def _overhead_row(over, batch_size, policy: str, line: str = "platform") -> dict[str, Any]:
+    """The time columns of a comparison row from :func:`overhead_frame` (None when unmeasured)."""
+    none = dict.fromkeys(_TIME_COLUMNS)
+    if over.empty:
+        return none
+    hit = over[
+        (over["allocator_line"] == line)
+        & (over["batch_size"] == batch_size)
+        & (over["policy"] == policy)
+    ]
+    if hit.empty:
+        return none
+    r = hit.iloc[0]
+    return {
+        "baseline_step_s": r["off_step_s"],
+        "checkpointed_step_s": r["on_step_s"],
+        "step_time_overhead_pct": r["overhead_median_pct"],
+        "overhead_min_pct": r["overhead_min_pct"],
+        "overhead_max_pct": r["overhead_max_pct"],
+        "rounds": r["rounds"],
+        "flag": r["flag"],
+    }
+
+
+def overhead_frame(df) -> Any:
+    """The step-time overhead of every checkpointing policy against ``off`` at the same batch
+    size, for each allocator line (``platform``: the platform's allocator settings,
+    ``default``: the allocator as it comes). The study measures compared runs in the same round
+    one after the other (fresh processes), so the overhead is computed per round from the two
+    runs' mean step times, then summarised as the median and the range (min, max) over the
+    rounds both runs have; the step columns are the medians over those rounds. ``flag`` names a
+    side whose system (kernel) CPU time exceeds :data:`SYSTEM_TIME_DOMINATES` of its step in any
+    of those rounds."""
+    import statistics
+
+    import pandas as pd
+
+    columns = [
+        "allocator_line",
+        "batch_size",
+        "policy",
+        "rounds",
+        "off_step_s",
+        "on_step_s",
+        "overhead_median_pct",
+        "overhead_min_pct",
+        "overhead_max_pct",
+        "off_sys_pct",
+        "on_sys_pct",
+        "flag",
+        "allocator",
+    ]
+    if df.empty or "mean_step_s" not in df.columns:
+        return pd.DataFrame(columns=columns)
+    ok = df[(df["kind"] == MEMORY) & (df["status"] == "ok") & df["mean_step_s"].notna()]
+    ok = ok.assign(
+        policy_label=policy_labels(ok),
+        round=ok["round"] if "round" in ok.columns else 1,
+        allocator_line=ok["allocator_line"] if "allocator_line" in ok.columns else "platform",
+        sys_fraction=ok["sys_fraction"] if "sys_fraction" in ok.columns else None,
     )
+    rows = []
+    for (line, b), group in ok.groupby(["allocator_line", "batch_size"], sort=True):
+        off = group[group["policy_label"] == "off"].drop_duplicates("round").set_index("round")
+        if off.empty:
+            continue
+        others = sorted(set(group["policy_label"]) - {"off"}, key=lambda x: (_rank(x), x))
+        for label in others:
+            on = group[group["policy_label"] == label].drop_duplicates("round").set_index("round")
+            paired = sorted(set(off.index) & set(on.index))
+            if not paired:
+                continue
+            pcts = [pct_more(off.at[k, "mean_step_s"], on.at[k, "mean_step_s"]) for k in paired]
+            off_sys = _max_pct(off.loc[paired, "sys_fraction"])
+            on_sys = _max_pct(on.loc[paired, "sys_fraction"])
+            rows.append(
+                {
+                    "allocator_line": line,
+                    "batch_size": int(b),
+                    "policy": label,
+                    "rounds": len(paired),
+                    "off_step_s": statistics.median(off.loc[paired, "mean_step_s"]),
+                    "on_step_s": statistics.median(on.loc[paired, "mean_step_s"]),
+                    "overhead_median_pct": statistics.median(pcts),
+                    "overhead_min_pct": min(pcts),
+                    "overhead_max_pct": max(pcts),
+                    "off_sys_pct": off_sys,
+                    "on_sys_pct": on_sys,
+                    "flag": _system_flag(off_sys, on_sys),
+                    "allocator": _first(on.get("allocator")),
+                }
+            )
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _rank(label: str) -> int:
+    return POLICY_ORDER.index(label) if label in POLICY_ORDER else len(POLICY_ORDER)
+
+
+def _max_pct(fractions) -> float | None:
+    import pandas as pd
+
+    values = [float(f) for f in fractions if f is not None and not pd.isna(f)]
+    return 100.0 * max(values) if values else None
+
+
+def _first(values) -> Any:
+    if values is None:
+        return None
+    for v in values:
+        if isinstance(v, str):
+            return v
+    return None
+
+
+def _system_flag(off_pct: float | None, on_pct: float | None) -> str:
+    limit = 100 * SYSTEM_TIME_DOMINATES
+    sides = [
+        f"{side} {pct:.0f}%"
+        for side, pct in (("off", off_pct), ("on", on_pct))
+        if pct is not None and pct > limit
+    ]
+    if not sides:
+        return ""
+    return (
+        f"system time dominates ({', '.join(sides)} of the step): the kernel's page handling, "
+        "not recomputation"
+    )
+
+
+def dominated_runs(df) -> Any:
+    """Memory runs (every round and allocator line) whose system CPU time exceeds
+    :data:`SYSTEM_TIME_DOMINATES` of their step time."""
+    if df.empty or "sys_fraction" not in df.columns:
+        return df.iloc[0:0]
+    frac = df["sys_fraction"]
+    return df[frac.notna() & (frac > SYSTEM_TIME_DOMINATES)].reset_index(drop=True)
 
 
 def pct_less(base, new):

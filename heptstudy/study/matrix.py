@@ -17,7 +17,10 @@ from heptstudy.study.common import MEMORY, NOTEBOOKS, StudyError
 
 # a run takes exactly its notebook's parameters; the runner picks the output itself
 _KEYS = {nb: tuple(k for k in NOTEBOOK_PARAMETERS[nb] if k != "output") for nb in NOTEBOOKS}
-_RUN_KEYS = {"notebook", "name", *(k for keys in _KEYS.values() for k in keys)}
+#: Keys of a run that the study runner reads itself (see heptstudy.study.schedule).
+_RUNNER_KEYS = {"notebook", "name", "repeats", "allocator"}
+_RUN_KEYS = {*_RUNNER_KEYS, *(k for keys in _KEYS.values() for k in keys)}
+ALLOCATOR_LINES = ("platform", "default")
 
 
 def _overrides(mapping: dict[str, Any], where: str) -> list[str]:
@@ -34,6 +37,8 @@ class Run:
     name: str
     notebook: str  # "memory" or "parity"
     parameters: dict[str, Any]
+    repeats: int = 1  # rounds of fresh processes (heptstudy.study.schedule)
+    allocator: str = "platform"  # "default": started without the platform's allocator settings
 
     def request(self, output: str | None = None, progress: bool = True) -> MeasurementRequest:
         """The measurement request the run's notebook builds from these parameters."""
@@ -51,6 +56,7 @@ class Matrix:
     cell_timeout_s: int | None = None
     figures_dir: str | None = None
     notes: list[str] = field(default_factory=list)
+    repeats: int = 1
 
 
 def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
@@ -63,12 +69,15 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         notes: [lines shown in the report]
         cell_timeout_s: 3600          # optional, per notebook cell
         figures_dir: figures/NAME     # optional; default figures/<name of the --out directory>
+        repeats: 3                    # optional: rounds of fresh processes of each memory run
         defaults: {platform: local_cpu, steps: 2, warmup: 1}   # for every run
         runs:
           - {batch_size: 1, checkpointing: false}                  # memory.ipynb
           - {notebook: parity, batch_size: 1, deterministic: true} # parity.ipynb
           - {batch_size: 4, checkpointing: true,                   # another policy: its own
              overrides: [model.heptv2.activation_checkpointing_policy=selective]}  # report name
+          - {batch_size: 16, checkpointing: true, repeats: 1}      # measured once
+          - {batch_size: 4, allocator: default, passes: timing}    # the allocator as it comes
 
     A run's ``overrides`` are added to those of ``defaults`` (later ones win).
     """
@@ -93,10 +102,12 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         "figures_dir",
         "defaults",
         "runs",
+        "repeats",
     }
     if unknown:
         raise StudyError(f"study matrix {path}: unknown top-level keys {sorted(unknown)}")
     defaults = dict(data.get("defaults") or {})
+    repeats = _repeats(data.get("repeats", 1), f"study matrix {path}")
     if data_dir:  # the command line's --data-dir: the default of every run
         defaults["data_dir"] = str(data_dir)
     bad = (set(defaults) - _RUN_KEYS) | ({"notebook", "name"} & set(defaults))
@@ -116,7 +127,7 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         if notebook not in NOTEBOOKS:
             raise StudyError(f"{where}: notebook {notebook!r} is not one of {sorted(NOTEBOOKS)}")
         keys = _KEYS[notebook]
-        misplaced = set(entry) & (set(_RUN_KEYS) - set(keys) - {"notebook", "name"})
+        misplaced = set(entry) & (set(_RUN_KEYS) - set(keys) - _RUNNER_KEYS)
         if misplaced:
             raise StudyError(f"{where}: {sorted(misplaced)} do not apply to {notebook}.ipynb")
         params = {k: v for k, v in {**defaults, **entry}.items() if k in keys}
@@ -124,15 +135,23 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
             "overrides" in defaults and "overrides" in entry
         ):  # a run's overrides add to the defaults'
             params["overrides"] = _overrides(defaults, where) + _overrides(entry, where)
-        run = Run(name="", notebook=notebook, parameters=params)
+        run = Run(
+            name="",
+            notebook=notebook,
+            parameters=params,
+            repeats=_repeats(entry.get("repeats", repeats if notebook == MEMORY else 1), where),
+            allocator=_allocator_line(entry.get("allocator", "platform"), where),
+        )
+        if run.repeats > 1 and notebook != MEMORY:
+            raise StudyError(f"{where}: repeats={run.repeats} applies to memory runs only")
         try:
             request = run.request(progress=False)
         except HeptstudyError as err:
             raise StudyError(f"{where}: {err}") from None
         run.name = str(entry.get("name") or request.name)
         runs.append(run)
-    names = [r.name for r in runs]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    names = [(r.allocator, r.name) for r in runs]
+    dupes = sorted({n for a, n in names if names.count((a, n)) > 1})
     if dupes:
         raise StudyError(
             f"study matrix {path}: several runs are named {dupes}; give them a 'name:'"
@@ -145,4 +164,23 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         cell_timeout_s=data.get("cell_timeout_s"),
         figures_dir=data.get("figures_dir"),
         notes=[str(n) for n in data.get("notes") or []],
+        repeats=repeats,
     )
+
+
+def _repeats(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise StudyError(
+            f"{where}: repeats={value!r} is not allowed: give the number of rounds of fresh "
+            "processes, an integer >= 1 (3 or more for step-time comparisons)"
+        )
+    return value
+
+
+def _allocator_line(value: Any, where: str) -> str:
+    if value not in ALLOCATOR_LINES:
+        raise StudyError(
+            f"{where}: allocator={value!r} is not allowed: 'platform' (the platform profile's "
+            "allocator settings, the default) or 'default' (the allocator as it comes)"
+        )
+    return value

@@ -8,8 +8,8 @@ from heptstudy.study.common import MEMORY
 from heptstudy.study.frames import (
     POLICY_ORDER,
     memory_frame,
+    overhead_frame,
     pct_less,
-    pct_more,
     policy_label,
     policy_labels,
 )
@@ -32,8 +32,10 @@ def _rank(label: str) -> int:
 
 def policy_frame(df, min_policies: int = 2) -> Any:
     """One row per policy for every batch size with a baseline (``off``) and successful memory
-    runs of at least ``min_policies`` checkpointing policies: peaks, mean step time, and the
-    memory cut and step-time overhead of each policy against ``off`` of the same batch size."""
+    runs of at least ``min_policies`` checkpointing policies: peaks (first round), the step
+    time (median over the rounds), and the memory cut and step-time overhead of each policy
+    against ``off`` of the same batch size; the overhead as the median and range over the
+    rounds (:func:`~heptstudy.study.frames.overhead_frame`)."""
     import pandas as pd
 
     columns = [
@@ -45,9 +47,15 @@ def policy_frame(df, min_policies: int = 2) -> Any:
         "allocated_cut_pct",
         "reserved_cut_pct",
         "step_time_overhead_pct",
+        "overhead_min_pct",
+        "overhead_max_pct",
+        "rounds",
+        "flag",
         "name",
     ]
     mem = memory_frame(df)
+    over = overhead_frame(df)
+    over = over[over["allocator_line"] == "platform"] if not over.empty else over
     rows = []
     if not mem.empty:
         mem = mem.assign(policy_label=policy_labels(mem))
@@ -57,24 +65,39 @@ def policy_frame(df, min_policies: int = 2) -> Any:
             if base.empty or len(group) - 1 < min_policies:
                 continue
             off = base.iloc[0]
+            timed = over[over["batch_size"] == b].set_index("policy") if not over.empty else over
             for _, r in sorted(
                 group.iterrows(),
                 key=lambda ir: (_rank(ir[1]["policy_label"]), ir[1]["policy_label"]),
             ):
+                label = r["policy_label"]
+                t = timed.loc[label] if label in getattr(timed, "index", ()) else None
+                step = (
+                    t["on_step_s"]
+                    if t is not None
+                    else (timed["off_step_s"].iloc[0] if label == "off" and len(timed) else None)
+                )
+                zero = 0.0 if label == "off" and step is not None else None
                 rows.append(
                     {
                         "batch_size": int(b),
-                        "policy": r["policy_label"],
+                        "policy": label,
                         "peak_allocated_mib": r["peak_allocated_mib"],
                         "peak_reserved_mib": r["peak_reserved_mib"],
-                        "mean_step_s": r["mean_step_s"],
+                        "mean_step_s": step if step is not None else r["mean_step_s"],
                         "allocated_cut_pct": pct_less(
                             off["peak_allocated_mib"], r["peak_allocated_mib"]
                         ),
                         "reserved_cut_pct": pct_less(
                             off["peak_reserved_mib"], r["peak_reserved_mib"]
                         ),
-                        "step_time_overhead_pct": pct_more(off["mean_step_s"], r["mean_step_s"]),
+                        "step_time_overhead_pct": t["overhead_median_pct"]
+                        if t is not None
+                        else zero,
+                        "overhead_min_pct": t["overhead_min_pct"] if t is not None else zero,
+                        "overhead_max_pct": t["overhead_max_pct"] if t is not None else zero,
+                        "rounds": int(t["rounds"]) if t is not None else None,
+                        "flag": t["flag"] if t is not None else "",
                         "name": r["name"],
                     }
                 )

@@ -1,35 +1,78 @@
 """Running a matrix: every measurement its own Papermill execution in a fresh kernel.
 
-:func:`run_study` (``heptstudy study run --matrix FILE --out DIR``) executes
-``notebooks/memory.ipynb`` or ``notebooks/parity.ipynb`` once per run; the executed notebooks are
-kept; existing reports are skipped unless ``force``; a run that runs out of memory or whose kernel
-dies is recorded as a report with status ``oom``/``error``. Then ``notebooks/aggregate.ipynb`` is
-executed and rendered with ``jupyter nbconvert --to html --no-input`` into ``DIR/report.html``.
+:func:`run_study` (``heptstudy study run --matrix FILE``) checks the whole matrix first (every
+run's parameters, its data set and the events it needs, and that every output folder can be
+written) and stops with one message before anything is measured if something is wrong. Then it
+executes ``notebooks/memory.ipynb`` or ``notebooks/parity.ipynb`` once per run and round
+(:mod:`~heptstudy.study.schedule`), each kernel started with the allocator settings of the run's
+platform (:mod:`heptstudy.measure.allocator`); the executed notebooks are kept. A run whose
+report exists is resumed (not measured again) only when the report carries the run's
+fingerprint (:mod:`~heptstudy.study.fingerprint`: same machine, code, request, configuration,
+data and allocator) and holds a result; anything else is measured again, and ``force`` measures
+everything again. A new result is written next to the old one and the old one is moved to
+``superseded/`` only once the new one exists (:mod:`~heptstudy.study.outputs`). A run that runs
+out of memory or whose kernel dies is recorded as a report with status ``oom``/``error``. Then
+``notebooks/aggregate.ipynb`` is executed and rendered with ``jupyter nbconvert --to html
+--no-input`` into ``report.html``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from heptstudy.atomic import atomic_path, atomic_write_text
-from heptstudy.study.common import NOTEBOOKS, StudyError, notebooks_dir
+from heptstudy.errors import HeptstudyError
+from heptstudy.study.common import NOTEBOOKS, StudyError, notebooks_dir, project_root
 from heptstudy.study.matrix import Matrix, Run, load_matrix
+from heptstudy.study.outputs import (
+    PENDING,
+    StudyFolders,
+    Superseded,
+    check_writable,
+    replace_with_pending,
+    shown,
+    study_folders,
+)
+from heptstudy.study.schedule import DEFAULT, Execution, schedule
 
 
 @dataclass
 class RunResult:
     name: str
-    status: str  # "ok", "oom", "error", "skipped"
+    status: str  # "ok", "oom", "error", "skipped" (resumed: its report has the run's fingerprint)
     report: Path
     notebook: Path | None
     seconds: float = 0.0
     message: str = ""
+    round: int = 1
+    allocator: str = "platform"
+    label: str = ""
+
+
+@dataclass
+class StudyRun:
+    """What :func:`run_study` did: where, and the result of every execution."""
+
+    folders: StudyFolders
+    results: list[RunResult] = field(default_factory=list)
+    report_html: Path | None = None
+    superseded: list[Path] = field(default_factory=list)
+
+    def __iter__(self):  # the results, as run_study returned before
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, i):
+        return self.results[i]
 
 
 def _papermill(
@@ -48,14 +91,29 @@ def _papermill(
     )
 
 
-def _failure_report(run: Run, report_path: Path, err: BaseException) -> tuple[str, str]:
-    """Write a report saying why a run produced none: out of memory, a dead kernel, an error."""
+def _failure_report(
+    run: Run,
+    report_path: Path,
+    err: BaseException,
+    *,
+    parameters: dict[str, Any] | None = None,
+    allocator: dict[str, str] | None = None,
+) -> tuple[str, str]:
+    """Write a report saying why a run produced none: out of memory, a dead kernel, an error.
+    ``parameters``: the notebook parameters it ran with (default: the run's); ``allocator``:
+    the allocator variables its kernel was started with (default: this process's)."""
     import torch
 
     from heptstudy.measure import report as rp
     from heptstudy.measure.bench import report_header
+    from heptstudy.measure.request import MeasurementRequest
 
-    request = run.request(output=str(report_path), progress=False)
+    request = MeasurementRequest.build(
+        kind=run.notebook,
+        **(run.parameters if parameters is None else parameters),
+        output=str(report_path),
+        progress=False,
+    )
     config, device = request.config(), request.device
     ename = getattr(err, "ename", type(err).__name__)
     evalue = getattr(err, "evalue", str(err))
@@ -106,95 +164,276 @@ def _failure_report(run: Run, report_path: Path, err: BaseException) -> tuple[st
                 else None
             ),
         )
-    rp.write_report(rp.BenchReport(**fields), report_path)
+    report = rp.BenchReport(**fields)
+    if allocator is not None:  # what the kernel had, not what this process has
+        report.environment.allocator_settings = dict(allocator)
+    rp.write_report(report, report_path)
     return status, text
 
 
-def run_one(
-    run: Run, out_dir: Path, *, force: bool = False, timeout: int | None = None
-) -> RunResult:
-    """One measurement: ``memory.ipynb`` or ``parity.ipynb`` in a fresh kernel, its executed
-    notebook kept in ``out_dir/notebooks/``, its report ``out_dir/NAME.json``."""
-    from heptstudy.measure.report import ReportError, read_report
+@dataclass
+class Prepared:
+    """An execution with what it resolves to on this machine now."""
 
-    report_path = out_dir / f"{run.name}.json"
-    nb_path = out_dir / "notebooks" / f"{run.name}.ipynb"
-    if report_path.exists() and not force:
+    execution: Execution
+    request: Any  # heptstudy.measure.request.MeasurementRequest
+    config: Any
+    allocator: dict[str, str] | None  # the kernel's allocator variables; None: inherited
+    fingerprint: str
+    identity: dict[str, Any]
+
+
+def _allocator_of(ex: Execution, request) -> dict[str, str] | None:
+    from heptstudy.measure.allocator import platform_allocator
+
+    return {} if ex.allocator == DEFAULT else platform_allocator(request.platform)
+
+
+def prepare(matrix: Matrix) -> list[Prepared]:
+    """Resolve every execution of the matrix and check what can be checked before measuring:
+    the configuration, the data set and the events each run needs. One :class:`StudyError`
+    names every run that cannot be measured, before anything runs."""
+    from heptstudy.measure.allocator import allocator_settings
+    from heptstudy.measure.bench import check_enough_events
+    from heptstudy.measure.request import MeasurementRequest
+    from heptstudy.study.fingerprint import fingerprint, run_identity
+
+    prepared, problems, checked = [], {}, set()
+    for ex in schedule(matrix.runs):
+        if ex.name in problems:  # said once, not once per round
+            continue
         try:
-            status = read_report(report_path).status
-        except ReportError:
-            status = "unreadable"
-        return RunResult(
-            run.name, "skipped", report_path, nb_path, message=f"report exists ({status})"
-        )
-    nb_path.parent.mkdir(parents=True, exist_ok=True)
-    if force and report_path.exists():
-        report_path.unlink()
-    parameters = {**run.parameters, "output": str(report_path.resolve())}
-    t0 = time.perf_counter()
-    try:
-        _papermill(
-            notebooks_dir() / NOTEBOOKS[run.notebook], nb_path, parameters, timeout, Path.cwd()
-        )
-    except Exception as err:  # noqa: BLE001 - an OOM or a dead kernel is a result, not a crash
-        seconds = time.perf_counter() - t0
-        if report_path.exists():  # the notebook wrote its report, then something later failed
-            return RunResult(
-                run.name,
-                read_report(report_path).status,
-                report_path,
-                nb_path,
-                seconds,
-                f"report written, then: {type(err).__name__}",
+            request = MeasurementRequest.build(
+                kind=ex.run.notebook, **ex.parameters, progress=False
             )
-        status, text = _failure_report(run, report_path, err)
-        return RunResult(
-            run.name, status, report_path, nb_path, seconds, text.splitlines()[0][:200]
+            config = request.config()
+            if ex.name not in checked:
+                checked.add(ex.name)
+                check_enough_events(request, config)
+            allocator = _allocator_of(ex, request)
+            identity = run_identity(
+                request,
+                config,
+                allocator if allocator is not None else allocator_settings(os.environ),
+            )
+        except HeptstudyError as err:
+            problems[ex.name] = f"{ex.name}: {err}"
+            continue
+        prepared.append(Prepared(ex, request, config, allocator, fingerprint(identity), identity))
+    if problems:
+        raise StudyError(
+            f"study matrix {shown(matrix.path)}: {len(problems)} run(s) cannot be measured, so "
+            "nothing was measured or changed:\n  " + "\n  ".join(problems.values())
+        )
+    return prepared
+
+
+@contextlib.contextmanager
+def _kernel_started_with(allocator: dict[str, str] | None):
+    """The environment a notebook kernel starts in (it inherits this process's): exactly the
+    given allocator variables; ``None`` leaves the environment alone."""
+    if allocator is None:
+        yield
+        return
+    from heptstudy.measure.allocator import environment_with
+
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(environment_with(allocator, saved))
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _resumable(path: Path, prep: Prepared) -> tuple[bool, str]:
+    """Whether the report at ``path`` is this run's result (resume it), and why (not): it
+    holds a result, carries the run's fingerprint and says it measured what the run asks."""
+    from heptstudy.study.fingerprint import mismatches, stored_fingerprint
+
+    report, stored = stored_fingerprint(path)
+    if report is None:
+        return False, "its report cannot be read: measuring again"
+    if report.status == "error":
+        return False, "its report is an error: measuring again"
+    host = report.environment.hostname
+    if stored is None:
+        return False, (
+            f"its report (measured on {host}) has no fingerprint of this study: measuring again"
+        )
+    differs = mismatches(report, prep.identity)
+    if stored != prep.fingerprint or differs:
+        detail = f" ({differs[0]})" if differs else ""
+        return False, (
+            f"its report (measured on {host}) was measured with another machine, code, "
+            f"configuration, data or allocator{detail}: measuring again"
+        )
+    return True, f"resumed: report with the same fingerprint ({report.status})"
+
+
+def _stamp(path: Path, prep: Prepared) -> str:
+    """Write the run's fingerprint into its new report, when the report says it measured what
+    the run asked for; else leave it without one (it will not be resumed) and say why."""
+    from heptstudy.measure.report import ReportError, read_report, write_report
+    from heptstudy.study.fingerprint import mismatches
+
+    try:
+        report = read_report(path)
+    except ReportError as err:
+        return f"report unreadable: {str(err).splitlines()[0]}"
+    if report.status == "error":
+        return ""
+    differs = mismatches(report, prep.identity)
+    if differs:
+        return "not resumable, the report differs from the run: " + "; ".join(differs)
+    write_report(report.model_copy(update={"fingerprint": prep.fingerprint}), path)
+    return ""
+
+
+def run_one(
+    prep: Prepared,
+    out: Path,
+    superseded: Superseded,
+    *,
+    force: bool = False,
+    timeout: int | None = None,
+) -> RunResult:
+    """One execution: its notebook in a fresh kernel, report and executed notebook written under
+    ``out/.pending`` first and put in place (the old ones moved aside) once they exist."""
+    from heptstudy.measure.report import read_report
+
+    ex = prep.execution
+    final, nb_final = out / ex.report, out / ex.notebook
+    result = dict(round=ex.round, allocator=ex.allocator, label=ex.label)
+    why = ""
+    if final.exists() and not force:
+        resume, why = _resumable(final, prep)
+        if resume:
+            return RunResult(ex.name, "skipped", final, nb_final, message=why, **result)
+    elif final.exists():
+        why = "--force: measuring again"
+    pending, nb_pending = out / PENDING / ex.report, out / PENDING / ex.notebook
+    for stale in (pending, nb_pending):  # left by an interrupted study: kept, not reused
+        superseded.move_aside(stale)
+    nb_pending.parent.mkdir(parents=True, exist_ok=True)
+    pending.parent.mkdir(parents=True, exist_ok=True)
+    parameters = {**ex.parameters, "output": shown(pending)}
+    notebook = notebooks_dir() / NOTEBOOKS[ex.run.notebook]
+    t0 = time.perf_counter()
+    message = why
+    try:
+        with _kernel_started_with(prep.allocator):
+            _papermill(notebook, nb_pending, parameters, timeout, project_root())
+    except Exception as err:  # noqa: BLE001 - an OOM or a dead kernel is a result, not a crash
+        if pending.exists():  # the notebook wrote its report, then something later failed
+            message = f"report written, then: {type(err).__name__}"
+        else:
+            _, text = _failure_report(
+                ex.run, pending, err, parameters=ex.parameters, allocator=prep.allocator
+            )
+            message = text.splitlines()[0][:200]
+    if not pending.exists():
+        _, message = _failure_report(
+            ex.run,
+            pending,
+            RuntimeError("the notebook finished without writing a report"),
+            parameters=ex.parameters,
+            allocator=prep.allocator,
         )
     seconds = time.perf_counter() - t0
-    if not report_path.exists():
-        status, text = _failure_report(
-            run, report_path, RuntimeError("the notebook finished without writing a report")
-        )
-        return RunResult(run.name, status, report_path, nb_path, seconds, text)
-    return RunResult(run.name, read_report(report_path).status, report_path, nb_path, seconds)
+    note = _stamp(pending, prep)
+    status = read_report(pending).status
+    replace_with_pending(pending, final, superseded)
+    if nb_pending.exists():
+        replace_with_pending(nb_pending, nb_final, superseded)
+    message = "; ".join(m for m in (message, note) if m)
+    return RunResult(ex.name, status, final, nb_final, seconds, message, **result)
 
 
 def run_study(
     matrix_path: str | os.PathLike,
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike | None = None,
     *,
     force: bool = False,
     figures_dir: str | os.PathLike | None = None,
+    reference: str | None = None,
     progress: bool = True,
     aggregate: bool = True,
     data_dir: str | os.PathLike | None = None,
-) -> list[RunResult]:
-    """Every run of the matrix, then ``aggregate.ipynb`` and ``out_dir/report.html``.
-    ``data_dir`` replaces the matrix's default data directory."""
+) -> StudyRun:
+    """Every run of the matrix in its rounds, then ``aggregate.ipynb`` and ``report.html``.
+
+    ``out_dir``: the study folder (default ``experiments/local/<host>-<date>``); ``reference``
+    writes the committed reference study of that name instead. ``data_dir`` replaces the
+    matrix's default data directory."""
     from tqdm.auto import tqdm
 
     matrix = load_matrix(matrix_path, data_dir=str(data_dir) if data_dir else None)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "matrix.yaml", matrix.path.read_text())
-    results: list[RunResult] = []
+    folders = study_folders(out_dir, figures_dir, reference)
+    prepared = prepare(matrix)
+    out = folders.out
+    check_writable(out, out / "notebooks", out / PENDING, folders.figures)
+    superseded = Superseded(out)
+    done = StudyRun(folders)
+    foreign = _move_aside_foreign(out, prepared, superseded)
+    if foreign:
+        print(
+            f"moved {len(foreign)} report(s) of runs not in this matrix to "
+            f"{shown(superseded.folder)}/: {', '.join(foreign)}"
+        )
+    copy = out / "matrix.yaml"
+    text = matrix.path.read_text()
+    if copy.exists() and copy.read_text() != text:
+        superseded.move_aside(copy)
+    atomic_write_text(copy, text)
     bar = tqdm(
-        matrix.runs, desc=f"study {matrix.name}", unit="run", disable=not progress, file=sys.stdout
+        prepared, desc=f"study {matrix.name}", unit="run", disable=not progress, file=sys.stdout
     )
-    for run in bar:
-        bar.set_postfix_str(run.name)
-        result = run_one(run, out, force=force, timeout=matrix.cell_timeout_s)
-        results.append(result)
-        line = f"{result.name:<28} {result.status:<8}"
+    for prep in bar:
+        bar.set_postfix_str(prep.execution.label)
+        result = run_one(prep, out, superseded, force=force, timeout=matrix.cell_timeout_s)
+        done.results.append(result)
+        line = f"{result.label:<44} {result.status:<8}"
         line += f" {result.seconds:7.1f} s" if result.status != "skipped" else ""
         line += f"  {result.message}" if result.message else ""
         (bar.write if progress else print)(line)
     bar.close()
+    _remove_empty(out / PENDING)
     if aggregate:
-        figures = Path(figures_dir or matrix.figures_dir or Path("figures") / out.name)
-        aggregate_study(out, figures, matrix=matrix, timeout=matrix.cell_timeout_s)
-    return results
+        done.report_html = aggregate_study(
+            out, folders.figures, matrix=matrix, timeout=matrix.cell_timeout_s
+        )
+    done.superseded = list(superseded.moved)
+    return done
+
+
+def _move_aside_foreign(out: Path, prepared: list[Prepared], superseded: Superseded) -> list[str]:
+    """Move the reports (and executed notebooks) of runs this matrix does not have out of the
+    study folder, so that its report shows this matrix only; returns their paths."""
+    from heptstudy.study.schedule import report_files
+
+    expected = {out / p.execution.report for p in prepared}
+    moved = []
+    for path in report_files(out):
+        if path in expected:
+            continue
+        rel = path.relative_to(out)
+        superseded.move_aside(path)
+        superseded.move_aside(out / "notebooks" / rel.with_suffix(".ipynb"))
+        moved.append(str(rel))
+    return moved
+
+
+def _remove_empty(folder: Path) -> None:
+    """Remove ``folder`` and the folders inside it when they hold no file."""
+    if not folder.is_dir():
+        return
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
+        with contextlib.suppress(OSError):
+            sub.rmdir()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def aggregate_study(
@@ -206,16 +445,18 @@ def aggregate_study(
 ) -> Path:
     """Execute ``aggregate.ipynb`` on ``out_dir`` (figures to ``figures_dir``) and render
     ``out_dir/report.html`` without the code cells."""
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()
     executed = out / "aggregate.ipynb"
+    # relative to the repository (the kernel's working directory), so that the report shows
+    # no absolute path of this machine
     parameters = {
-        "experiments_dir": str(out.resolve()),
-        "figures_dir": str(Path(figures_dir).resolve()),
+        "experiments_dir": shown(out),
+        "figures_dir": shown(Path(figures_dir).resolve()),
         "title": f"Activation checkpointing in HEPTv2: {matrix.name if matrix else out.name}",
         "description": matrix.description if matrix else "",
         "notes": list(matrix.notes) if matrix else [],
     }
-    _papermill(notebooks_dir() / "aggregate.ipynb", executed, parameters, timeout, Path.cwd())
+    _papermill(notebooks_dir() / "aggregate.ipynb", executed, parameters, timeout, project_root())
     return render_html(executed, out / "report.html")
 
 

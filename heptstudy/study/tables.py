@@ -1,33 +1,97 @@
-"""The frames of :mod:`heptstudy.study.frames` as the report shows them: named columns, rounded."""
+"""The frames of :mod:`heptstudy.study.frames` as the report shows them: named columns, counts
+as integers, paths relative to the repository; :func:`show` renders a table without the pandas
+index."""
 
 from __future__ import annotations
 
 from typing import Any
 
+#: Columns that count something: shown as integers, never as ``2.0``.
+_COUNTS = (
+    "batch",
+    "counted steps",
+    "rounds",
+    "max padded hits/event",
+    "minor page faults/step",
+    "events",
+    "max hits",
+    "max padded hits",
+    "step",
+)
+
 _RUN_COLUMNS = {
     "name": "run",
+    "allocator_line": "allocator",
     "status": "status",
     "batch_size": "batch",
     "checkpointing": "checkpointing",
     "peak_allocated_mib": "peak allocated [MiB]",
     "peak_reserved_mib": "peak reserved [MiB]",
-    "mean_step_s": "mean step [s]",
+    "mean_step_s": "step [s]",
+    "rounds": "rounds",
     "counted_steps": "counted steps",
     "max_padded_hits": "max padded hits/event",
+    "sys_pct": "system time [% of step]",
+    "minor_faults_per_step": "minor page faults/step",
+    "host": "measured on",
     "error": "error",
 }
 
 
+def integer_counts(table) -> Any:
+    """Count columns as pandas' nullable integers (a missing count stays missing)."""
+    import pandas as pd
+
+    table = table.copy()
+    for col in table.columns:
+        if col in _COUNTS and col in table:
+            table[col] = pd.to_numeric(table[col], errors="coerce").round().astype("Int64")
+    return table
+
+
+def show(table, precision: int = 1, significant: bool = False) -> Any:
+    """A table for the report: no index column, counts as integers, floats rounded to
+    ``precision`` decimals (or to ``precision`` significant digits, for differences spanning
+    orders of magnitude), missing values as a dash."""
+    table = integer_counts(table)
+    style = table.style.hide(axis="index")
+    if significant:
+        floats = [c for c in table.columns if table[c].dtype.kind == "f"]
+        return style.format(f"{{:.{precision}g}}", subset=floats, na_rep="–")
+    return style.format(precision=precision, thousands=",", na_rep="–")
+
+
 def runs_table(df) -> Any:
-    """The runs of an experiments directory, as shown in the report."""
+    """One row per configuration of the study (the first round, and the default-allocator
+    line): its status and figures, the median step time over its rounds, its system time and
+    page faults, and the machine that measured it."""
+    import pandas as pd
+
     if df.empty:
         return df
-    cols = [c for c in _RUN_COLUMNS if c in df.columns]
-    df = df.sort_values(["kind", "batch_size", "checkpointing", "name"]).reset_index(drop=True)
-    table = df[cols].rename(columns=_RUN_COLUMNS)
-    if not table["error"].notna().any():
-        table = table.drop(columns="error")
-    return table.round(2)
+    first = df[df["round"].fillna(1) == 1] if "round" in df.columns else df
+    rows = first.copy()
+    if "round" in df.columns and "mean_step_s" in df.columns:
+        key = ["allocator_line", "name"]
+        timed = df[df["mean_step_s"].notna()].groupby(key)
+        rows = rows.merge(
+            timed["mean_step_s"].median().rename("median_step_s"), on=key, how="left"
+        ).merge(timed["round"].nunique().rename("rounds"), on=key, how="left")
+        rows["mean_step_s"] = rows["median_step_s"].where(
+            rows["median_step_s"].notna(), rows["mean_step_s"]
+        )
+    if "sys_fraction" in rows.columns:
+        rows["sys_pct"] = 100 * pd.to_numeric(rows["sys_fraction"], errors="coerce")
+    order = [c for c in ("allocator_line", "kind", "batch_size", "checkpointing", "name")]
+    rows = rows.sort_values([c for c in order if c in rows.columns]).reset_index(drop=True)
+    cols = [c for c in _RUN_COLUMNS if c in rows.columns]
+    table = rows[cols].rename(columns=_RUN_COLUMNS)
+    for col in ("error", "system time [% of step]", "minor page faults/step", "rounds"):
+        if col in table.columns and not table[col].notna().any():
+            table = table.drop(columns=col)
+    if "allocator" in table.columns and set(table["allocator"].dropna()) <= {"platform"}:
+        table = table.drop(columns="allocator")
+    return integer_counts(table)
 
 
 def comparison_table(comp) -> Any:
@@ -41,9 +105,42 @@ def comparison_table(comp) -> Any:
         "reserved_reduction_pct": "reserved reduction [%]",
         "baseline_step_s": "step off [s]",
         "checkpointed_step_s": "step on [s]",
-        "step_time_overhead_pct": "step-time overhead [%]",
+        "step_time_overhead_pct": "step-time overhead, median [%]",
+        "overhead_min_pct": "overhead min [%]",
+        "overhead_max_pct": "overhead max [%]",
+        "rounds": "rounds",
+        "flag": "flag",
     }
-    return comp.rename(columns=names).round(1)
+    table = comp[[c for c in names if c in comp.columns]].rename(columns=names)
+    if "flag" in table.columns and not table["flag"].fillna("").astype(bool).any():
+        table = table.drop(columns="flag")
+    return integer_counts(table.round(1))
+
+
+def overhead_table(over) -> Any:
+    """:func:`~heptstudy.study.frames.overhead_frame` as shown: one line per allocator line,
+    batch size and policy, the overhead's median and range over the rounds."""
+    names = {
+        "allocator_line": "allocator",
+        "batch_size": "batch",
+        "policy": "policy",
+        "rounds": "rounds",
+        "off_step_s": "step off [s]",
+        "on_step_s": "step on [s]",
+        "overhead_median_pct": "overhead, median [%]",
+        "overhead_min_pct": "min [%]",
+        "overhead_max_pct": "max [%]",
+        "off_sys_pct": "system time off [% of step]",
+        "on_sys_pct": "system time on [% of step]",
+        "flag": "flag",
+    }
+    table = over[list(names)].rename(columns=names)
+    table["allocator"] = table["allocator"].map(
+        {"platform": "platform setting", "default": "default (as it comes)"}
+    )
+    if not table["flag"].fillna("").astype(bool).any():
+        table = table.drop(columns="flag")
+    return integer_counts(table.round(1))
 
 
 def policy_table(policies) -> Any:
@@ -53,12 +150,19 @@ def policy_table(policies) -> Any:
         "policy": "policy",
         "peak_allocated_mib": "peak allocated [MiB]",
         "peak_reserved_mib": "peak reserved [MiB]",
-        "mean_step_s": "mean step [s]",
+        "mean_step_s": "step [s]",
         "allocated_cut_pct": "allocated cut vs off [%]",
         "reserved_cut_pct": "reserved cut vs off [%]",
-        "step_time_overhead_pct": "step-time overhead vs off [%]",
+        "step_time_overhead_pct": "step-time overhead vs off, median [%]",
+        "overhead_min_pct": "overhead min [%]",
+        "overhead_max_pct": "overhead max [%]",
+        "rounds": "rounds",
+        "flag": "flag",
     }
-    return policies[list(names)].rename(columns=names).round(1)
+    table = policies[[c for c in names if c in policies.columns]].rename(columns=names)
+    if "flag" in table.columns and not table["flag"].fillna("").astype(bool).any():
+        table = table.drop(columns="flag")
+    return integer_counts(table.round(1))
 
 
 def categories_table(categories) -> Any:
@@ -66,4 +170,4 @@ def categories_table(categories) -> Any:
     table = categories.drop(columns=["device_kind"]).rename(
         columns={"batch_size": "batch", "peak_mib": "peak [MiB]"}
     )
-    return table.round(1)
+    return integer_counts(table.round(1))

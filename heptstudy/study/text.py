@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from heptstudy.study.common import MEMORY
+from heptstudy.study.outputs import shown
 
 SMOKE_STATEMENT = (
     "These are short smoke measurements (a few steps per configuration), not a throughput or "
@@ -40,7 +41,7 @@ def study_statement(df, description: str = "", notes: list[str] | tuple[str, ...
             if d["synthetic"]
             else "real"
         )
-        lines.append(f"- **Data:** {d['dataset']} in `{d['data_dir']}`: {kind}.")
+        lines.append(f"- **Data:** {d['dataset']} in `{shown(d['data_dir'])}`: {kind}.")
     mem = df[(df["kind"] == MEMORY) & df["counted_steps"].notna()]
     if not mem.empty:
         pairs = (
@@ -56,10 +57,92 @@ def study_statement(df, description: str = "", notes: list[str] | tuple[str, ...
                 "  Fewer than the 5 counted + 2 warm-up steps of the GPU protocol: one full-size step "
                 "takes tens of seconds on CPU, and the whole CPU matrix has to fit in about 30 minutes."
             )
+    lines += hosts_lines(df)
+    lines += allocator_lines(df)
+    lines += rounds_lines(df)
     lines += busy_host_lines(df)
+    lines += system_time_lines(df)
     lines += [f"- {n}" for n in notes]
     lines += ["", f"**{SMOKE_STATEMENT}**"]
     return "\n".join(lines)
+
+
+def hosts_lines(df) -> list[str]:
+    """The machines that measured the runs (the runs table names each run's)."""
+    if "host" not in df or df["host"].dropna().empty:
+        return []
+    hosts = sorted(set(df["host"].dropna()))
+    if len(hosts) == 1:
+        return [f"- **Measured on:** host `{hosts[0]}`."]
+    return [
+        f"- **Measured on {len(hosts)} machines:** {', '.join(f'`{h}`' for h in hosts)}; the "
+        "runs table names each run's. Compare times only between runs of one machine."
+    ]
+
+
+def allocator_lines(df) -> list[str]:
+    """Which host memory allocator the runs were started with, per allocator line."""
+    if "allocator" not in df or df["allocator"].dropna().empty:
+        return []
+    lines = []
+    line_col = df["allocator_line"] if "allocator_line" in df else None
+    for line, label in (("platform", "platform setting"), ("default", "default line")):
+        rows = df if line_col is None else df[line_col.fillna("platform") == line]
+        kinds = sorted(set(rows["allocator"].dropna()))
+        if kinds:
+            lines.append(f"- **Allocator ({label}):** {'; '.join(kinds)}.")
+    if line_col is not None and (line_col == "default").any():
+        lines.append(
+            "  The *default* line runs with the allocator as it comes (what an unconfigured CPU "
+            "training sees): glibc then hands large freed blocks back to the kernel and every step "
+            "faults them in again, which can make checkpointed steps look cheaper than they are."
+        )
+    return lines
+
+
+def rounds_lines(df) -> list[str]:
+    """How many rounds of fresh processes the step times come from."""
+    if "round" not in df or df["round"].dropna().empty:
+        return []
+    rounds = int(df["round"].max())
+    if rounds <= 1:
+        return [
+            "- **Step times:** one fresh process per run (one round); the overhead figures are "
+            "single pairs, with no spread."
+        ]
+    return [
+        f"- **Step times:** up to {rounds} rounds of fresh processes; in each round the compared "
+        "runs are measured one after the other, so both sides of a comparison see the same host "
+        "conditions. Overheads are the median and range (min to max) over the rounds; memory "
+        "figures come from the first round."
+    ]
+
+
+def system_time_lines(df) -> list[str]:
+    """A warning naming every run whose system (kernel) CPU time is a large part of its step."""
+    from heptstudy.study.frames import SYSTEM_TIME_DOMINATES, dominated_runs
+
+    bad = dominated_runs(df)
+    if bad.empty:
+        return []
+    runs = []
+    for r in bad.to_dict("records"):
+        where = []
+        if r.get("allocator_line") == "default":
+            where.append("default allocator")
+        if (r.get("round") or 1) > 1:
+            where.append(f"round {int(r['round'])}")
+        faults = r.get("minor_faults_per_step")
+        extra = f", {faults:,.0f} minor page faults per step" if faults == faults and faults else ""
+        context = ", ".join(where)
+        label = f"{r['name']} ({context})" if where else r["name"]
+        runs.append(f"{label}: {100 * r['sys_fraction']:.0f}% of the step{extra}")
+    return [
+        f"- **System time dominates:** {'; '.join(runs)}. More than "
+        f"{100 * SYSTEM_TIME_DOMINATES:.0f}% of these steps went to the kernel (mostly mapping and "
+        "zeroing pages the allocator had handed back), so their step times measure page faults, "
+        "not the computation or its recomputation."
+    ]
 
 
 def busy_host_lines(df) -> list[str]:

@@ -1,0 +1,53 @@
+"""What the kernel did for a step: minor and major page faults, system and user CPU time of the
+whole process (all threads), from ``resource.getrusage`` around the step.
+
+::
+
+    usage = HostUsage()
+    with usage:
+        train_step(...)
+    usage.minor_page_faults, usage.system_time_s
+
+A step whose system time is a large part of its wall time spends it in the kernel (mapping and
+zeroing pages it freed the step before, with an allocator that returns memory), not computing;
+the study flags such runs. ``None`` everywhere ``resource`` is unavailable (Windows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - Windows
+    resource = None  # type: ignore[assignment]
+
+
+@dataclass
+class HostUsage:
+    minor_page_faults: int | None = None
+    major_page_faults: int | None = None
+    system_time_s: float | None = None
+    user_time_s: float | None = None
+
+    def __enter__(self) -> HostUsage:
+        self._start = resource.getrusage(resource.RUSAGE_SELF) if resource else None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._start is None:
+            return
+        end = resource.getrusage(resource.RUSAGE_SELF)
+        self.minor_page_faults = end.ru_minflt - self._start.ru_minflt
+        self.major_page_faults = end.ru_majflt - self._start.ru_majflt
+        self.system_time_s = end.ru_stime - self._start.ru_stime
+        self.user_time_s = end.ru_utime - self._start.ru_utime
+
+    def fields(self) -> dict[str, int | float | None]:
+        """The step-record fields of :class:`heptstudy.measure.report.StepRecord`."""
+        return {
+            "minor_page_faults": self.minor_page_faults,
+            "major_page_faults": self.major_page_faults,
+            "system_time_s": self.system_time_s,
+            "user_time_s": self.user_time_s,
+        }

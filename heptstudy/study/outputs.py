@@ -1,0 +1,187 @@
+"""Where a study writes, and how it replaces results without losing any.
+
+* A user's study goes to its own folder: ``experiments/local/<host>-<date>`` unless ``--out``
+  names another; its figures go into that folder's ``figures/``.
+* The committed reference studies (``experiments/<name>``, ``figures/<name>``) are written only
+  when asked for by name: ``heptstudy study run --reference <name>`` (``make reference``).
+* Every folder is checked for writability before anything is measured.
+* A replaced result is moved to ``superseded/<time>/`` inside the study folder once its
+  replacement exists; nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from heptstudy.study.common import StudyError, project_root
+
+#: The user's own studies and figures: never committed (see .gitignore).
+LOCAL = Path("experiments/local")
+SUPERSEDED = "superseded"
+PENDING = ".pending"
+
+
+@dataclass(frozen=True)
+class StudyFolders:
+    out: Path  # the reports, executed notebooks, report.html
+    figures: Path
+    reference: str | None  # the name of the committed reference study written, if one is
+
+
+def from_command_line(path: str | os.PathLike) -> Path:
+    """``path`` made absolute: a relative one is taken from the current directory (it is a
+    command-line path)."""
+    return Path(path).expanduser().resolve()
+
+
+def shown(path: str | os.PathLike | None) -> str | None:
+    """A path as the report shows it: relative to the repository when inside it, so that no
+    absolute path of the producing machine ends up in a report."""
+    if path is None:
+        return None
+    p = Path(path)
+    root = project_root()
+    try:
+        resolved = p.resolve() if p.is_absolute() else (root / p).resolve()
+        return str(resolved.relative_to(root.resolve()))
+    except (ValueError, OSError):
+        return str(p)
+
+
+def default_study_dir(now: datetime | None = None) -> Path:
+    """``experiments/local/<host>-<YYYYMMDD>`` in the repository."""
+    host = re.sub(r"[^A-Za-z0-9_.-]+", "-", socket.gethostname()) or "host"
+    day = (now or datetime.now(UTC)).strftime("%Y%m%d")
+    return project_root() / LOCAL / f"{host}-{day}"
+
+
+def _committed(path: Path) -> str | None:
+    """The reference-study name when ``path`` is (inside) a committed results folder: one that
+    holds files tracked by git, or without git any ``experiments/<name>`` or ``figures/<name>``
+    other than ``local``."""
+    import subprocess
+
+    root = project_root().resolve()
+    path = path.resolve()
+    for top in ("experiments", "figures"):
+        try:
+            rel = path.relative_to(root / top)
+        except ValueError:
+            continue
+        if not rel.parts:
+            return top
+        if rel.parts[0] == LOCAL.name:
+            return None
+        try:
+            res = subprocess.run(
+                ["git", "ls-files", "--", str(root / top / rel.parts[0])],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            res = None
+        if res is None or res.returncode != 0:  # no git: every such folder counts
+            return rel.parts[0]
+        return rel.parts[0] if res.stdout.strip() else None
+    return None
+
+
+def default_figures(out: Path) -> Path:
+    """The figures of a study folder: ``figures/<name>`` for a committed reference study,
+    else the folder's own ``figures/``."""
+    name = _committed(out)
+    if name is not None and name not in ("experiments", "figures"):
+        return project_root() / "figures" / name
+    return out / "figures"
+
+
+def study_folders(
+    out: str | os.PathLike | None,
+    figures: str | os.PathLike | None,
+    reference: str | None,
+) -> StudyFolders:
+    """The folders of a study run: a reference study by name, else the user's ``--out`` (by
+    default :func:`default_study_dir`). A committed folder is refused without ``reference``."""
+    if reference is not None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", reference) or reference in ("local", ".", ".."):
+            raise StudyError(
+                f"--reference {reference!r} is not a reference study name: use letters, digits, "
+                "'_', '-' or '.', e.g. --reference cpu_reference (not 'local')"
+            )
+        if out is not None or figures is not None:
+            raise StudyError(
+                f"--reference {reference} writes experiments/{reference} and figures/{reference}; "
+                "leave out --out and --figures"
+            )
+        root = project_root()
+        return StudyFolders(
+            root / "experiments" / reference, root / "figures" / reference, reference
+        )
+    out_dir = from_command_line(out) if out is not None else default_study_dir()
+    fig_dir = from_command_line(figures) if figures is not None else out_dir / "figures"
+    for flag, path in (("--out", out_dir), ("--figures", fig_dir)):
+        name = _committed(path)
+        if name is not None:
+            raise StudyError(
+                f"{flag} {shown(path)} is a committed reference folder; a study writes there "
+                f"only when asked by name: `heptstudy study run --reference {name} ...` "
+                f"(make reference). For your own study leave out {flag} (it goes to "
+                f"{shown(default_study_dir())}) or choose a folder outside experiments/ and "
+                "figures/, e.g. experiments/local/NAME"
+            )
+    return StudyFolders(out_dir, fig_dir, None)
+
+
+def check_writable(*folders: Path) -> None:
+    """Create each folder and a file in it (removed again), or stop before anything runs."""
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise StudyError(
+                f"cannot write to {shown(folder)}: {exc.strerror or exc}; nothing was "
+                "measured. Choose a writable folder (--out / --figures) or fix its permissions"
+            ) from None
+
+
+class Superseded:
+    """``superseded/<time>/`` of a study folder: where replaced results are moved, one folder
+    per study run, created on the first move."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        self.folder = out / SUPERSEDED / stamp
+        self.moved: list[Path] = []
+
+    def move_aside(self, path: Path) -> Path | None:
+        """Move ``path`` (inside the study folder) to the same place under the superseded
+        folder; None when there is nothing to move."""
+        if not path.exists():
+            return None
+        target = self.folder / path.relative_to(self.out)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(path), str(target))
+        self.moved.append(target)
+        return target
+
+
+def replace_with_pending(pending: Path, final: Path, superseded: Superseded) -> None:
+    """Put a new result in place: the old one (if any) is moved aside first, then the new one is
+    moved in, so that at every moment one of them is where it can be found."""
+    superseded.move_aside(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(pending, final)
