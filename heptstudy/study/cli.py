@@ -26,7 +26,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(measured_table(done.results))
     counts: dict[str, int] = {}
     for r in done.results:
-        counts[r.status] = counts.get(r.status, 0) + 1
+        status = "resumed" if r.status == "skipped" else r.status
+        counts[status] = counts.get(status, 0) + 1
     print("runs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     if done.superseded:
         print(f"replaced results moved to: {shown(done.superseded[0].parents[0])}/ (and beside)")
