@@ -96,13 +96,52 @@ class HEPTv2Config(_Strict):
     n_hashes: int = Field(3, ge=1, description="OR-rounds of hashing")
     num_regions: int = Field(140, ge=1, description="AND-regions per hash (eta x phi cells)")
     mlp_ratio: float = Field(4.0, gt=0.0)
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | Literal["auto"] = Field(
+        False,
+        description="true, false, or auto: per training step, the cheapest checkpointing plan "
+        "whose predicted peak fits model.heptv2.memory_budget_gib "
+        "(heptstudy.model.adaptive_checkpointing)",
+    )
+    memory_budget_gib: float | None = Field(
+        None,
+        gt=0.0,
+        description="peak memory one step may use under activation_checkpointing=auto; None: "
+        "the platform's device memory less its safety margin",
+    )
     activation_checkpointing_policy: Literal["full", "selective"] = "full"
     checkpoint_every: int = Field(1, ge=1, description="checkpoint every k-th backbone layer")
     attention_backend: Literal["auto", "fused", "plain"] = Field(
         "auto", description="auto: fused flex_attention on CUDA, plain PyTorch elsewhere"
     )
     hash_seed: int = Field(0, ge=0, description="seed of the fixed random hash tables")
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _checkpointing_choice(cls, value: Any) -> Any:
+        # pydantic would take 1, "yes" or "on" for true; only the three spellings are meant
+        if isinstance(value, bool) or value == "auto":
+            return value
+        raise PydanticCustomError(
+            "bool_number_mixup",
+            "takes true, false or auto, not {got}; give one of them, for example the default false",
+            {"got": as_yaml(value)},
+        )
+
+    @field_validator("memory_budget_gib", mode="before")
+    @classmethod
+    def _budget_is_a_number(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise PydanticCustomError(
+                "bool_number_mixup",
+                "takes a number of GiB (or null for the platform's), not true/false",
+                {},
+            )
+        return value
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether each training step chooses its own checkpointing plan (``auto``)."""
+        return self.activation_checkpointing == "auto"
 
     @model_validator(mode="after")
     def _heads_divide(self) -> HEPTv2Config:
@@ -260,6 +299,16 @@ class Config(_Strict):
                 f"data.dataset={self.data.dataset!r} does not suit model.variant="
                 f"{self.model.variant!r}: that variant reads a '*{wanted}' data set "
                 f"(for example cld_edm_ttbar{wanted}:3.2.1); set data.dataset accordingly"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _auto_needs_the_backbone(self) -> Config:
+        if self.model.heptv2.adaptive and self.model.variant != HIT_VARIANT:
+            raise ValueError(
+                f"model.heptv2.activation_checkpointing=auto chooses how the HEPTv2 backbone is "
+                f"checkpointed, which model.variant={self.model.variant!r} does not have; use it "
+                f"with {HIT_VARIANT!r} or set true/false"
             )
         return self
 

@@ -18,6 +18,7 @@ and gets a mark at the start of every phase in its timeline.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ from torch import nn
 from heptstudy.config import Config
 from heptstudy.measure.memory import MemoryMeter, StepMemory
 from heptstudy.measure.timing import PhaseClock
+from heptstudy.model.adaptive_checkpointing import Plan, applied_plan
 from heptstudy.train.losses import compute_losses
 
 
@@ -79,11 +81,20 @@ def run_step(
     meter: MemoryMeter | None = None,
     clock: PhaseClock | None = None,
     keep_outputs: bool = False,
+    plan: Plan | None = None,
 ) -> StepResult:
     """One training step of ``model`` on ``batch`` (already on the device). ``optimizer`` None:
     no update (the parity passes compare gradients). ``dtype``: the autocast dtype, None for
     float32. ``clock`` times the phases; ``meter`` measures the peak memory up to the end of
-    backward."""
+    backward. ``plan``: the checkpointing plan chosen for this batch under
+    ``activation_checkpointing=auto`` (forward and backward run under it)."""
+    with applied_plan(model, plan) if plan is not None else nullcontext():
+        return _run_step(
+            model, batch, optimizer, scheduler, config, dtype, meter, clock, keep_outputs
+        )
+
+
+def _run_step(model, batch, optimizer, scheduler, config, dtype, meter, clock, keep_outputs):
     clock = clock if clock is not None else PhaseClock()
     marks = _Marks(clock, meter)
     if meter is not None:

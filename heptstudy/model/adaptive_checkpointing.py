@@ -1,0 +1,276 @@
+"""Occupancy-adaptive checkpointing (``model.heptv2.activation_checkpointing: auto``).
+
+Checkpointing changes no result, only memory and time, so it can be decided per batch. Before a
+step, a memory model per candidate plan predicts the step's peak from the batch's shape (events
+``B``, longest padded event ``L``: every activation has ``B x L`` rows); the step runs the
+cheapest plan whose prediction fits the budget. When none fits, :class:`NoPlanFits` names the
+batch, the predictions and the budget before the step allocates anything.
+
+Candidate plans, cheapest first. The order is by how much of the backbone's forward work the
+backward recomputes, an assumption, not a measurement: ``off`` recomputes nothing,
+``selective`` recomputes everything but the dense projections (the bulk of the floating-point
+work is kept), ``every2`` recomputes every other layer whole, ``full`` every layer whole.
+
+Memory models. Each plan's model is *estimated* at the start of a run (:func:`calibrate`): one
+training step of the real model per calibration batch on fake tensors
+(:func:`heptstudy.fitting.fake.estimate_step`, the storage tracker counting every tensor
+storage), fitted like measurements (:func:`heptstudy.fitting.memmodel.fit_points`). It predicts
+peak *allocated* tensor memory: on CPU what the storage tracker measures; on a GPU the caching
+allocator's pool and kernel workspaces come on top, which the budget's safety margin must cover.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from heptstudy.config import Config, PlatformConfig
+from heptstudy.errors import ConfigError, HeptstudyError
+
+MIB = 1024**2
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One way of checkpointing the backbone."""
+
+    name: str
+    checkpointing: bool
+    policy: str = "full"
+    every: int = 1
+
+    def settings(self) -> dict[str, Any]:
+        """The ``model.heptv2`` keys that make a fixed configuration run this plan."""
+        return {
+            "activation_checkpointing": self.checkpointing,
+            "activation_checkpointing_policy": self.policy,
+            "checkpoint_every": self.every,
+        }
+
+
+OFF = Plan("off", False)
+SELECTIVE = Plan("selective", True, "selective")
+EVERY_2 = Plan("every2", True, "full", 2)
+FULL = Plan("full", True)
+
+
+def candidate_plans(num_layers: int) -> list[Plan]:
+    """The plans tried, cheapest first; ``every2`` only where it differs from ``full``."""
+    plans = [OFF, SELECTIVE, EVERY_2, FULL]
+    return [p for p in plans if p is not EVERY_2 or num_layers >= 2]
+
+
+def plan_config(config: Config, plan: Plan) -> Config:
+    """``config`` with the plan's fixed checkpointing settings."""
+    fixed = config.model_copy(deep=True)
+    for key, value in plan.settings().items():
+        setattr(fixed.model.heptv2, key, value)
+    return fixed
+
+
+class NoPlanFits(HeptstudyError):
+    """No checkpointing plan keeps a batch's predicted peak within the budget."""
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """The plan a step runs and why: its predicted peak against the budget."""
+
+    plan: Plan
+    predicted_peak_mib: float
+    budget_mib: float
+    batch_size: int
+    longest_padded: int
+    predictions_mib: dict[str, float]
+
+    def fields(self) -> dict[str, Any]:
+        """What a training metric line or bench step record carries."""
+        return {"checkpoint_plan": self.plan.name, "predicted_peak_mib": self.predicted_peak_mib}
+
+
+@dataclass
+class PlanPredictor:
+    """Memory models of the candidate plans and the budget they are held to."""
+
+    plans: list[Plan]
+    models: dict[str, Any]  # plan name -> heptstudy.fitting.memmodel.MemoryModel
+    budget_mib: float
+    budget_source: str
+    calibration_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def predict_mib(self, batch_size: int, longest_padded: int) -> dict[str, float]:
+        return {
+            p.name: float(self.models[p.name].predict_allocated_mib(batch_size, longest_padded))
+            for p in self.plans
+        }
+
+    def choose(self, batch_size: int, longest_padded: int, what: str = "") -> PlanChoice:
+        """The cheapest plan whose predicted peak fits; :class:`NoPlanFits` when none does."""
+        predictions = self.predict_mib(batch_size, longest_padded)
+        for plan in self.plans:
+            if predictions[plan.name] <= self.budget_mib:
+                return PlanChoice(
+                    plan,
+                    predictions[plan.name],
+                    self.budget_mib,
+                    batch_size,
+                    longest_padded,
+                    predictions,
+                )
+        listed = ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in predictions.items())
+        raise NoPlanFits(
+            f"no checkpointing plan fits {what or 'the batch'} ({batch_size} events, longest "
+            f"padded event {longest_padded} hits) in the memory budget of "
+            f"{self.budget_mib:,.0f} MiB ({self.budget_source}): predicted peaks {listed}. "
+            "Nothing of this step was run; lower the per-device batch or raise "
+            "model.heptv2.memory_budget_gib if the device has the memory"
+        )
+
+    def choose_for(self, batch: dict[str, torch.Tensor]) -> PlanChoice:
+        """The plan for ``batch`` (its shape only: on the host, before it is moved)."""
+        b, length = (int(n) for n in batch["X"].shape[:2])
+        events = batch.get("event_index")
+        what = f"the batch of events {events.tolist()}" if events is not None else ""
+        return self.choose(b, length, what)
+
+    def describe(self) -> str:
+        return (
+            f"adaptive checkpointing: budget {self.budget_mib:,.0f} MiB ({self.budget_source}); "
+            f"plans {', '.join(p.name for p in self.plans)} (cheapest first), each with a memory "
+            f"model estimated on fake tensors in {self.calibration_s:.1f} s"
+        )
+
+
+def memory_budget_mib(
+    config: Config, device: torch.device, platform: PlatformConfig | None = None
+) -> tuple[float, str]:
+    """The budget in MiB and where it comes from: ``model.heptv2.memory_budget_gib``, else the
+    platform's device memory less the default safety margin, else this GPU's memory less it.
+    A CPU without a platform has no device memory to start from: the key must be set."""
+    from heptstudy.fitting.api import DEFAULT_MARGIN_FRACTION
+
+    given = config.model.heptv2.memory_budget_gib
+    keep = 1.0 - DEFAULT_MARGIN_FRACTION
+    margin = f"less a {DEFAULT_MARGIN_FRACTION:.0%} safety margin"
+    if given is not None:
+        return given * 1024, "model.heptv2.memory_budget_gib"
+    if platform is not None:
+        return (
+            platform.device_memory_gib * keep * 1024,
+            f"platform {platform.name}: {platform.device_memory_gib:g} GiB {margin}",
+        )
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return total * keep / MIB, f"{torch.cuda.get_device_name(device)} {margin}"
+    raise ConfigError(
+        "model.heptv2.activation_checkpointing=auto needs a memory budget: on a CPU without a "
+        "platform profile set model.heptv2.memory_budget_gib (GiB of peak tensor memory per "
+        "step), e.g. --set model.heptv2.memory_budget_gib=6"
+    )
+
+
+def calibration_batches(config: Config, per_device_batch: int) -> list[dict[str, torch.Tensor]]:
+    """Real training events the plans' models are fitted on: random and longest batches at
+    B/4, B/2 and B (:func:`heptstudy.fitting.fake.estimation_batches`)."""
+    from heptstudy.data import load_events
+    from heptstudy.data.batching import dataset_for
+    from heptstudy.fitting.fake import estimation_batches
+
+    lengths = dataset_for(config, "train").lengths()
+    return [
+        load_events(config, idx, "train")
+        for idx in estimation_batches(lengths, per_device_batch, seed=config.train.seed)
+    ]
+
+
+def calibrate(
+    config: Config,
+    batches: Sequence[dict[str, torch.Tensor]],
+    device: torch.device,
+    budget: tuple[float, str],
+    plans: Sequence[Plan] | None = None,
+) -> PlanPredictor:
+    """Fit each candidate plan's memory model (or only ``plans``'s, cheapest first) on
+    fake-tensor steps over ``batches`` (host batches of at least two different shapes)."""
+    from heptstudy.fitting.fake import estimate_step, fake_device_type
+    from heptstudy.fitting.keys import model_key
+    from heptstudy.fitting.memmodel import Point, fit_points
+
+    started = time.perf_counter()
+    fake = fake_device_type() if device.type == "cuda" else "cpu"
+    plans = list(plans) if plans is not None else candidate_plans(config.model.heptv2.num_convs)
+    models = {}
+    for plan in plans:
+        fixed = plan_config(config, plan)
+        # LAMB's clipping reads the gradient norm on the host, which fake tensors cannot; the
+        # estimate only primes the optimizer state (its meter stops before the update), whose
+        # size clipping does not change
+        fixed.train.lamb.max_grad_norm = 0.0
+        points = []
+        for batch in batches:
+            est = estimate_step(fixed, batch, fake)
+            points.append(
+                Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, f"fake {fake}")
+            )
+        models[plan.name] = fit_points(
+            model_key(fixed.to_dict(), device.type),
+            points,
+            source="estimated",
+            source_detail=f"fake-{fake} steps on {len(points)} calibration batches",
+        )
+    return PlanPredictor(
+        plans, models, budget[0], budget[1], calibration_s=time.perf_counter() - started
+    )
+
+
+def predictor_for(
+    config: Config,
+    device: torch.device,
+    per_device_batch: int,
+    platform: PlatformConfig | None = None,
+) -> PlanPredictor | None:
+    """The predictor of a run of ``config`` (None unless it is ``auto``), calibrated on events
+    of its training data. The budget is resolved first, so a missing one fails at once."""
+    if not config.model.heptv2.adaptive:
+        return None
+    budget = memory_budget_mib(config, device, platform)
+    return calibrate(config, calibration_batches(config, per_device_batch), device, budget)
+
+
+@contextmanager
+def applied_plan(model: nn.Module, plan: Plan) -> Iterator[None]:
+    """Run ``model``'s backbone under ``plan`` inside the block (forward and backward)."""
+    inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model here
+    if not hasattr(inner, "backbone_cfg"):
+        raise TypeError(f"{type(inner).__name__} has no HEPTv2 backbone to checkpoint")
+    chosen = inner.backbone_cfg
+    inner.backbone_cfg = chosen.model_copy(update=plan.settings())
+    try:
+        yield
+    finally:
+        inner.backbone_cfg = chosen
+
+
+__all__ = [
+    "FULL",
+    "OFF",
+    "NoPlanFits",
+    "Plan",
+    "PlanChoice",
+    "PlanPredictor",
+    "applied_plan",
+    "calibrate",
+    "calibration_batches",
+    "candidate_plans",
+    "memory_budget_mib",
+    "plan_config",
+    "predictor_for",
+]

@@ -1,0 +1,123 @@
+"""Occupancy-adaptive checkpointing: the plan follows the batch, the result does not."""
+
+import pytest
+import torch
+
+from heptstudy.config import load_config
+from heptstudy.errors import ConfigError, HeptstudyError
+from heptstudy.measure.memory import make_meter
+from heptstudy.measure.parity import build_seeded
+from heptstudy.measure.step import run_step
+from heptstudy.model import example_batch
+from heptstudy.model.adaptive_checkpointing import (
+    FULL,
+    OFF,
+    NoPlanFits,
+    applied_plan,
+    calibrate,
+    candidate_plans,
+    memory_budget_mib,
+    plan_config,
+)
+from tests.conftest import TINY_MODEL
+
+CPU = torch.device("cpu")
+AUTO = [*TINY_MODEL, "model.heptv2.activation_checkpointing=auto"]
+
+
+@pytest.fixture(scope="module")
+def auto_config():
+    return load_config(overrides=[*AUTO, "model.heptv2.memory_budget_gib=1"])
+
+
+@pytest.fixture(scope="module")
+def predictor(auto_config):
+    # two shapes (fake-tensor steps, about a second each): enough for a fit in B x L
+    shapes = [(1, 64), (2, 480)]
+    batches = [example_batch(auto_config, b, n, seed=i) for i, (b, n) in enumerate(shapes)]
+    return calibrate(auto_config, batches, CPU, (1.0, "test"), plans=[OFF, FULL])
+
+
+def _pass(config, batch, plan=None, measure=True):
+    """One step without update from the seeded initial weights and dropout seed: outputs,
+    losses, gradients and the measured peak (storage tracker)."""
+    model = build_seeded(config, CPU)
+    model.train()
+    torch.manual_seed(99)
+    meter = make_meter(CPU) if measure else None
+    result = run_step(
+        model, batch, None, None, config, None, meter=meter, keep_outputs=True, plan=plan
+    )
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return result.outputs, result.losses, grads, meter and result.memory.peak_allocated_mib
+
+
+def _identical(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_short_batch_runs_without_and_long_batch_with_checkpointing(auto_config, predictor):
+    short = example_batch(auto_config, 2, [100, 90], seed=11)
+    long = example_batch(auto_config, 2, [80, 600], seed=12)
+    off_cfg, full_cfg = plan_config(auto_config, OFF), plan_config(auto_config, FULL)
+    off_long, full_long = _pass(off_cfg, long), _pass(full_cfg, long)
+    # a budget between the long batch's measured peaks without and with checkpointing
+    predictor.budget_mib = (off_long[3] + full_long[3]) / 2
+    assert full_long[3] < predictor.budget_mib < off_long[3]
+
+    short_choice = predictor.choose_for(short)
+    long_choice = predictor.choose_for(long)
+    assert short_choice.plan == OFF
+    assert long_choice.plan == FULL
+    assert long_choice.predictions_mib["off"] > predictor.budget_mib
+
+    for batch, choice, fixed_cfg in ((short, short_choice, off_cfg), (long, long_choice, full_cfg)):
+        fixed = _pass(fixed_cfg, batch, measure=False) if batch is short else full_long
+        outputs, losses, grads, peak = _pass(auto_config, batch, plan=choice.plan)
+        _identical(outputs, fixed[0])
+        _identical(losses, fixed[1])
+        _identical(grads, fixed[2])
+        assert peak < predictor.budget_mib
+        # the estimate counts LAMB's state too, which a step without update does not hold
+        assert peak <= choice.predicted_peak_mib
+
+
+def test_no_plan_fits_names_batch_prediction_and_budget(auto_config, predictor):
+    long = example_batch(auto_config, 2, [80, 600], seed=12)
+    predictor.budget_mib = 0.5
+    with pytest.raises(NoPlanFits, match=r"events \[0, 1\].*608 hits.*budget of 0 MiB"):
+        predictor.choose_for(long)
+
+
+def test_auto_step_without_a_plan_is_refused(auto_config):
+    model = build_seeded(auto_config, CPU)
+    model.train()
+    batch = example_batch(auto_config, 1, 40)
+    with pytest.raises(HeptstudyError, match="without a chosen plan"):
+        run_step(model, batch, None, None, auto_config, None)
+    with applied_plan(model, OFF):
+        run_step(model, batch, None, None, auto_config, None)
+    assert model.backbone_cfg.activation_checkpointing == "auto"  # restored
+
+
+def test_configuration_of_auto_and_budget():
+    assert load_config(overrides=AUTO).model.heptv2.adaptive
+    assert not load_config(overrides=TINY_MODEL).model.heptv2.adaptive
+    with pytest.raises(ConfigError, match="true, false or auto"):
+        load_config(overrides=["model.heptv2.activation_checkpointing=2"])
+    with pytest.raises(ConfigError, match="track_cluster_mlpf"):
+        load_config(
+            overrides=[
+                *AUTO,
+                "model.variant=track_cluster_mlpf",
+                "data.dataset=cld_edm_ttbar_pf:3.2.1",
+            ]
+        )
+    with pytest.raises(ConfigError, match="memory_budget_gib"):
+        memory_budget_mib(load_config(overrides=AUTO), CPU)
+    given = load_config(overrides=[*AUTO, "model.heptv2.memory_budget_gib=2.5"])
+    assert memory_budget_mib(given, CPU) == (2560.0, "model.heptv2.memory_budget_gib")
+    assert [p.name for p in candidate_plans(6)] == ["off", "selective", "every2", "full"]
+    assert [p.name for p in candidate_plans(1)] == ["off", "selective", "full"]
