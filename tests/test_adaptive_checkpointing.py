@@ -121,3 +121,28 @@ def test_configuration_of_auto_and_budget():
     assert memory_budget_mib(given, CPU) == (2560.0, "model.heptv2.memory_budget_gib")
     assert [p.name for p in candidate_plans(6)] == ["off", "selective", "every2", "full"]
     assert [p.name for p in candidate_plans(1)] == ["off", "selective", "full"]
+
+
+@pytest.mark.slow  # a calibration of four plans on fake tensors (about 18 s)
+def test_training_records_plan_and_predicted_peak_per_step(tiny_data_dir, tmp_path):
+    import json
+
+    from heptstudy.train.trainer import train
+    from tests.conftest import tiny_train_overrides
+
+    overrides = tiny_train_overrides(tiny_data_dir, tmp_path / "run", num_steps=2, val_freq=2)
+    # a budget no plan can miss: this test is about the records, the choice is tested above
+    config = load_config(
+        overrides=[
+            *overrides,
+            "model.heptv2.activation_checkpointing=auto",
+            "model.heptv2.memory_budget_gib=64",
+        ]
+    )
+    summary = train(config, progress=False)
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    steps = [r for r in map(json.loads, lines) if r["kind"] == "train"]
+    assert [r["checkpoint_plan"] for r in steps] == [["off"], ["off"]]
+    assert all(0 < r["predicted_peak_mib"] < r["memory_budget_mib"] for r in steps)
+    assert summary["step"] == 2
+

@@ -178,17 +178,22 @@ def memory_budget_mib(
 
 
 def calibration_batches(config: Config, per_device_batch: int) -> list[dict[str, torch.Tensor]]:
-    """Real training events the plans' models are fitted on: random and longest batches at
-    B/4, B/2 and B (:func:`heptstudy.fitting.fake.estimation_batches`)."""
+    """Real training events the plans' models are fitted on: a random and the longest batch of
+    B events, and the longest of B/2 (two batch sizes and the whole range of longest events,
+    in three fake steps per plan; :func:`heptstudy.fitting.fake.estimation_batches` takes six)."""
+    import numpy as np
+
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
-    from heptstudy.fitting.fake import estimation_batches
 
-    lengths = dataset_for(config, "train").lengths()
-    return [
-        load_events(config, idx, "train")
-        for idx in estimation_batches(lengths, per_device_batch, seed=config.train.seed)
-    ]
+    lengths = np.asarray(dataset_for(config, "train").lengths())
+    b = min(per_device_batch, len(lengths))
+    longest = np.argsort(-lengths, kind="stable")
+    rng = np.random.default_rng(config.train.seed)
+    picks = [rng.choice(len(lengths), size=b, replace=False), longest[:b]]
+    if b > 1:
+        picks.append(longest[: b // 2])
+    return [load_events(config, sorted(int(i) for i in idx), "train") for idx in picks]
 
 
 def calibrate(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from heptstudy.config import Config
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError
 from heptstudy.model import build_model
+from heptstudy.model.adaptive_checkpointing import applied_plan, predictor_for
 from heptstudy.paths import resolve_in_repo
 from heptstudy.train import distributed
 from heptstudy.train.losses import compute_losses
@@ -163,6 +165,10 @@ def train(
             model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None
         )
     valid = validation_batches(config, per_device) if ctx.is_main else []
+    # activation_checkpointing=auto: one memory model per plan, before the first step
+    plans = predictor_for(config, ctx.device, per_device)
+    if plans is not None and ctx.is_main and progress:
+        print(plans.describe())
 
     metrics_path = out / "metrics.jsonl"
 
@@ -192,8 +198,8 @@ def train(
     with PrefetchingLoader(loader, config.data.prefetch_batches) as batches:
         for step in range(start + 1, tc.num_steps + 1):
             t0 = time.perf_counter()
-            losses, events = _accumulated_step(
-                net, batches, optimizer, scheduler, config, dtype, ctx, step
+            losses, events, adaptive = _accumulated_step(
+                net, batches, optimizer, scheduler, config, dtype, ctx, step, plans
             )
             elapsed = time.perf_counter() - t0
             record = {
@@ -203,6 +209,7 @@ def train(
                 "time_s": elapsed,
             }
             record["event_index_by_rank"] = events
+            record.update(adaptive)
             record.update({f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()})
             if ctx.is_main:
                 if step == start + 1:
@@ -241,25 +248,49 @@ def train(
     }
 
 
-def _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, step):
+def _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, step, plans=None):
     accum = config.train.grad_accumulation
     totals: dict[str, float] = {}
     events: list[int] = []
+    choices = []
+    if plans is not None and ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
     for _ in range(accum):
-        batch = _to(next(batches), ctx.device)
+        batch = next(batches)
+        # chosen from the batch's shape while it is still on the host: a batch no plan fits
+        # stops here, before the step allocates anything
+        choice = plans.choose_for(batch) if plans is not None else None
+        batch = _to(batch, ctx.device)
         events += batch["event_index"].tolist()
         try:
-            _, losses = forward_and_loss(net, batch, config, dtype)
-            values = check_finite(losses, step, batch)
-            (losses["total"] / accum).backward()
+            with applied_plan(net, choice.plan) if choice is not None else nullcontext():
+                _, losses = forward_and_loss(net, batch, config, dtype)
+                values = check_finite(losses, step, batch)
+                (losses["total"] / accum).backward()
         except torch.OutOfMemoryError:
             raise OutOfMemory(out_of_memory_message(batch, config)) from None
         for k, v in values.items():
             totals[k] = totals.get(k, 0.0) + v / accum
+        choices.append(choice)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return totals, distributed.gather_lists(events, ctx)
+    return totals, distributed.gather_lists(events, ctx), _plan_fields(choices, ctx)
+
+
+def _plan_fields(choices, ctx) -> dict[str, Any]:
+    """This rank's plan per accumulated batch, the largest predicted peak and, on a GPU, the
+    measured peak of the step (CPU steps are not metered during training)."""
+    if not choices or choices[0] is None:
+        return {}
+    fields: dict[str, Any] = {
+        "checkpoint_plan": [c.plan.name for c in choices],
+        "predicted_peak_mib": max(c.predicted_peak_mib for c in choices),
+        "memory_budget_mib": choices[0].budget_mib,
+    }
+    if ctx.device.type == "cuda":
+        fields["peak_allocated_mib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
+    return fields
 
 
 def _barrier(ctx) -> None:
