@@ -123,7 +123,7 @@ class HEPTv2Config(_Strict):
             return value
         raise PydanticCustomError(
             "bool_number_mixup",
-            "takes true, false or auto, not {got}; give one of them, for example the default false",
+            "takes true or false (or auto), not {got}; give one of them, for example the default false",
             {"got": as_yaml(value)},
         )
 

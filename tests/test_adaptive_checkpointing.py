@@ -105,7 +105,7 @@ def test_auto_step_without_a_plan_is_refused(auto_config):
 def test_configuration_of_auto_and_budget():
     assert load_config(overrides=AUTO).model.heptv2.adaptive
     assert not load_config(overrides=TINY_MODEL).model.heptv2.adaptive
-    with pytest.raises(ConfigError, match="true, false or auto"):
+    with pytest.raises(ConfigError, match="true or false \\(or auto\\)"):
         load_config(overrides=["model.heptv2.activation_checkpointing=2"])
     with pytest.raises(ConfigError, match="track_cluster_mlpf"):
         load_config(
@@ -146,3 +146,31 @@ def test_training_records_plan_and_predicted_peak_per_step(tiny_data_dir, tmp_pa
     assert all(0 < r["predicted_peak_mib"] < r["memory_budget_mib"] for r in steps)
     assert summary["step"] == 2
 
+
+
+@pytest.mark.slow  # a calibration of four plans on fake tensors, then a bench (about 25 s)
+def test_bench_report_has_plan_and_predicted_peak_next_to_measured(tiny_data_dir, tmp_path):
+    from heptstudy.measure import bench
+    from heptstudy.measure import report as rp
+    from heptstudy.measure.request import MeasurementRequest
+
+    path = tmp_path / "auto_b2.json"
+    request = MeasurementRequest.build(
+        data_dir=str(tiny_data_dir),
+        overrides=[*TINY_MODEL, "model.heptv2.memory_budget_gib=64"],
+        output=str(path),
+        progress=False,
+        batch_size=2,
+        steps=1,
+        warmup=1,
+        checkpointing="auto",
+    )
+    assert request.name == "auto_b2"
+    bench.run_bench(request)
+    report = rp.read_report(path)
+    assert report.checkpointing.enabled == "auto"
+    assert report.checkpointing.memory_budget_mib == 64 * 1024
+    for step in report.steps:
+        assert step.checkpoint_plan == "off"  # nothing needs checkpointing in 64 GiB
+        assert step.peak_allocated_mib <= step.predicted_peak_mib * 1.1
+    assert any("adaptive checkpointing" in n for n in report.notes)

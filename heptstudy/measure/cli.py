@@ -116,4 +116,13 @@ def register_cli(sub) -> None:
     )
     _add_backbone(p.add_subparsers(dest="bench_command"))
     _add_request_options(p)
+    p.add_argument(
+        "--auto-checkpointing",
+        dest="checkpointing",
+        action="store_const",
+        const="auto",
+        default=argparse.SUPPRESS,
+        help="checkpointing auto: each step runs the cheapest plan whose predicted peak fits "
+        "model.heptv2.memory_budget_gib (--set it; default: the platform's memory less 10%%)",
+    )
     p.set_defaults(func=_bench)
