@@ -5,6 +5,7 @@ import torch
 
 from heptstudy.config import load_config
 from heptstudy.errors import ConfigError, HeptstudyError
+from heptstudy.fitting.plans import calibrate, memory_budget_mib
 from heptstudy.measure.memory import make_meter
 from heptstudy.measure.parity import build_seeded
 from heptstudy.measure.step import run_step
@@ -14,9 +15,7 @@ from heptstudy.model.adaptive_checkpointing import (
     OFF,
     NoPlanFits,
     applied_plan,
-    calibrate,
     candidate_plans,
-    memory_budget_mib,
     plan_config,
 )
 from tests.conftest import TINY_MODEL
@@ -145,7 +144,6 @@ def test_training_records_plan_and_predicted_peak_per_step(tiny_data_dir, tmp_pa
     assert [r["checkpoint_plan"] for r in steps] == [["off"], ["off"]]
     assert all(0 < r["predicted_peak_mib"] < r["memory_budget_mib"] for r in steps)
     assert summary["step"] == 2
-
 
 
 @pytest.mark.slow  # a calibration of four plans on fake tensors, then a bench (about 25 s)

@@ -159,7 +159,7 @@ def estimate_step(
     from heptstudy.model import build_model
     from heptstudy.train.losses import targets_from_batch
     from heptstudy.train.optim import build_optimizer, build_scheduler
-    from heptstudy.train.trainer import autocast_dtype
+    from heptstudy.train.precision import autocast_dtype
 
     device_type = device_type or fake_device_type()
     device = torch.device(device_type)

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
+from heptstudy.fitting.plans import predictor_for
 from heptstudy.measure import report as rp
 from heptstudy.measure.host_usage import HostUsage
 from heptstudy.measure.memory import make_meter
@@ -34,7 +35,7 @@ from heptstudy.measure.request import PARITY, MeasurementRequest
 from heptstudy.measure.step import run_step
 from heptstudy.measure.timing import STEP_PHASES, PhaseClock, StepTimer, make_phase_clock
 from heptstudy.train.optim import build_optimizer, build_scheduler
-from heptstudy.train.trainer import autocast_dtype
+from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.validate import validate
 
 
@@ -184,8 +185,8 @@ def report_header(
         batch_size=request.batch_size,
         checkpointing=rp.Checkpointing(
             enabled=on,
-            policy=h.activation_checkpointing_policy if on else None,
-            checkpoint_every=h.checkpoint_every if on else None,
+            policy=h.activation_checkpointing_policy if on is True else None,
+            checkpoint_every=h.checkpoint_every if on is True else None,
         ),
         notes=[*notes, *(["data: synthetic (generated) events"] if synthetic else [])],
     )
@@ -208,6 +209,14 @@ def _step_record(i, warmup, batch) -> dict[str, Any]:
 def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchReport:
     warmup = request.warmup
     records = [_step_record(i, warmup, b) for i, b in enumerate(batches)]
+    # activation_checkpointing=auto: every step's plan chosen before any model exists
+    plans = predictor_for(config, device, request.batch_size, request.platform_profile())
+    choices = [plans.choose_for(b) if plans is not None else None for b in batches]
+    for record, choice in zip(records, choices, strict=True):
+        record.update(choice.fields() if choice is not None else {})
+    if plans is not None:
+        header["checkpointing"].memory_budget_mib = plans.budget_mib
+        header["notes"].append(plans.describe())
     timing, memory = request.passes in ("both", "timing"), request.passes in ("both", "memory")
     bar = tqdm(
         total=(timing + memory) * len(batches),
@@ -225,7 +234,16 @@ def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchR
         for step, batch in enumerate(batches if timing else []):
             clock = make_phase_clock(device)
             with timer.step(), HostUsage() as usage:
-                result = run_step(model, batch, optimizer, scheduler, config, dtype, clock=clock)
+                result = run_step(
+                    model,
+                    batch,
+                    optimizer,
+                    scheduler,
+                    config,
+                    dtype,
+                    clock=clock,
+                    plan=_plan(choices[step]),
+                )
             records[step]["time_s"] = timer.records[-1].seconds
             records[step]["phase_time_s"] = clock.seconds()
             records[step].update(usage.fields())
@@ -242,7 +260,15 @@ def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchR
             for step, batch in enumerate(batches):
                 clock = PhaseClock()  # knows the phase (for an out-of-memory), times nothing
                 result = run_step(
-                    model, batch, optimizer, scheduler, config, dtype, meter=meter, clock=clock
+                    model,
+                    batch,
+                    optimizer,
+                    scheduler,
+                    config,
+                    dtype,
+                    meter=meter,
+                    clock=clock,
+                    plan=_plan(choices[step]),
                 )
                 mem = result.memory
                 records[step]["peak_allocated_mib"] = mem.peak_allocated_mib
@@ -334,6 +360,10 @@ _CATEGORY_NOTE = (
     "buffers, gradients, optimizer state, activations saved for backward, inputs (the batch), "
     "temporaries (the rest)"
 )
+
+
+def _plan(choice):
+    return choice.plan if choice is not None else None
 
 
 def _complete(r: dict) -> dict:

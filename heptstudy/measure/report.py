@@ -175,7 +175,8 @@ class DataInfo(_Strict):
 
 
 class Checkpointing(_Strict):
-    enabled: bool
+    enabled: bool | Literal["auto"]  # auto: each step's plan is in its StepRecord
+    memory_budget_mib: float | None = None  # auto only: what each step's plan must fit
     policy: str | None = None  # "full", "selective", ...; None when disabled
     checkpoint_every: int | None = None
 
@@ -190,6 +191,10 @@ class StepRecord(_Strict):
     peak_allocated_mib: float | None
     peak_reserved_mib: float | None
     loss: dict[str, float] = Field(default_factory=dict)
+    # activation_checkpointing=auto: the plan this step ran and the peak predicted for it
+    # (heptstudy.model.adaptive_checkpointing), next to the measured peaks above
+    checkpoint_plan: str | None = None
+    predicted_peak_mib: float | None = None
     # seconds per phase of the step (backbone_forward, decoder_and_heads, loss, backward,
     # optimizer); None in reports from before the breakdown or where it was not measured
     phase_time_s: dict[str, float] | None = None

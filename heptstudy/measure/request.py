@@ -98,6 +98,16 @@ def parse_bool(value: Any) -> bool:
     raise ValueError(f"allowed values are true or false (any case){why}")
 
 
+def parse_checkpointing(value: Any) -> bool | str:
+    """A flag, or ``auto`` (any case): a plan per step within the memory budget."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return parse_bool(value)
+    except ValueError as err:
+        raise ValueError(f"{err}; or auto (a checkpointing plan per step)") from None
+
+
 def parse_int(value: Any, low: int, optional: bool = False) -> int | None:
     """An integer ``>= low`` (a string of digits too); None only when ``optional``."""
     if optional and _is_none(value):
@@ -197,8 +207,10 @@ class MeasurementRequest(BaseModel):
         MEMORY, description="memory (peak memory and step time) or parity (checkpointing parity)"
     )
     batch_size: Count = Field(1, description="events per step, an integer >= 1")
-    checkpointing: Flag = Field(
-        False, description="activation checkpointing of the HEPTv2 layers (memory only)"
+    checkpointing: Annotated[bool | Literal["auto"], BeforeValidator(parse_checkpointing)] = Field(
+        False,
+        description="activation checkpointing of the HEPTv2 layers (memory only): true, false, "
+        "or auto (a plan per step within model.heptv2.memory_budget_gib)",
     )
     steps: OptionalCount = Field(
         None,
@@ -316,6 +328,8 @@ class MeasurementRequest(BaseModel):
             return f"parity{'_deterministic' if self.deterministic else ''}_b{b}"
         if not self.checkpointing:
             return f"baseline_b{b}"
+        if self.checkpointing == "auto":
+            return f"auto_b{b}"
         h = (config or self.config()).model.heptv2
         policy = (
             ""

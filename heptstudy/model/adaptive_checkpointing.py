@@ -11,7 +11,8 @@ backward recomputes, an assumption, not a measurement: ``off`` recomputes nothin
 ``selective`` recomputes everything but the dense projections (the bulk of the floating-point
 work is kept), ``every2`` recomputes every other layer whole, ``full`` every layer whole.
 
-Memory models. Each plan's model is *estimated* at the start of a run (:func:`calibrate`): one
+Memory models. Each plan's model is *estimated* at the start of a run
+(:func:`heptstudy.fitting.plans.calibrate`): one
 training step of the real model per calibration batch on fake tensors
 (:func:`heptstudy.fitting.fake.estimate_step`, the storage tracker counting every tensor
 storage), fitted like measurements (:func:`heptstudy.fitting.memmodel.fit_points`). It predicts
@@ -21,8 +22,7 @@ allocator's pool and kernel workspaces come on top, which the budget's safety ma
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from heptstudy.config import Config, PlatformConfig
-from heptstudy.errors import ConfigError, HeptstudyError
+from heptstudy.config import Config
+from heptstudy.errors import HeptstudyError
 
 MIB = 1024**2
 GIB = 1024**3
@@ -149,107 +149,6 @@ class PlanPredictor:
         )
 
 
-def memory_budget_mib(
-    config: Config, device: torch.device, platform: PlatformConfig | None = None
-) -> tuple[float, str]:
-    """The budget in MiB and where it comes from: ``model.heptv2.memory_budget_gib``, else the
-    platform's device memory less the default safety margin, else this GPU's memory less it.
-    A CPU without a platform has no device memory to start from: the key must be set."""
-    from heptstudy.fitting.api import DEFAULT_MARGIN_FRACTION
-
-    given = config.model.heptv2.memory_budget_gib
-    keep = 1.0 - DEFAULT_MARGIN_FRACTION
-    margin = f"less a {DEFAULT_MARGIN_FRACTION:.0%} safety margin"
-    if given is not None:
-        return given * 1024, "model.heptv2.memory_budget_gib"
-    if platform is not None:
-        return (
-            platform.device_memory_gib * keep * 1024,
-            f"platform {platform.name}: {platform.device_memory_gib:g} GiB {margin}",
-        )
-    if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        return total * keep / MIB, f"{torch.cuda.get_device_name(device)} {margin}"
-    raise ConfigError(
-        "model.heptv2.activation_checkpointing=auto needs a memory budget: on a CPU without a "
-        "platform profile set model.heptv2.memory_budget_gib (GiB of peak tensor memory per "
-        "step), e.g. --set model.heptv2.memory_budget_gib=6"
-    )
-
-
-def calibration_batches(config: Config, per_device_batch: int) -> list[dict[str, torch.Tensor]]:
-    """Real training events the plans' models are fitted on: a random and the longest batch of
-    B events, and the longest of B/2 (two batch sizes and the whole range of longest events,
-    in three fake steps per plan; :func:`heptstudy.fitting.fake.estimation_batches` takes six)."""
-    import numpy as np
-
-    from heptstudy.data import load_events
-    from heptstudy.data.batching import dataset_for
-
-    lengths = np.asarray(dataset_for(config, "train").lengths())
-    b = min(per_device_batch, len(lengths))
-    longest = np.argsort(-lengths, kind="stable")
-    rng = np.random.default_rng(config.train.seed)
-    picks = [rng.choice(len(lengths), size=b, replace=False), longest[:b]]
-    if b > 1:
-        picks.append(longest[: b // 2])
-    return [load_events(config, sorted(int(i) for i in idx), "train") for idx in picks]
-
-
-def calibrate(
-    config: Config,
-    batches: Sequence[dict[str, torch.Tensor]],
-    device: torch.device,
-    budget: tuple[float, str],
-    plans: Sequence[Plan] | None = None,
-) -> PlanPredictor:
-    """Fit each candidate plan's memory model (or only ``plans``'s, cheapest first) on
-    fake-tensor steps over ``batches`` (host batches of at least two different shapes)."""
-    from heptstudy.fitting.fake import estimate_step, fake_device_type
-    from heptstudy.fitting.keys import model_key
-    from heptstudy.fitting.memmodel import Point, fit_points
-
-    started = time.perf_counter()
-    fake = fake_device_type() if device.type == "cuda" else "cpu"
-    plans = list(plans) if plans is not None else candidate_plans(config.model.heptv2.num_convs)
-    models = {}
-    for plan in plans:
-        fixed = plan_config(config, plan)
-        # LAMB's clipping reads the gradient norm on the host, which fake tensors cannot; the
-        # estimate only primes the optimizer state (its meter stops before the update), whose
-        # size clipping does not change
-        fixed.train.lamb.max_grad_norm = 0.0
-        points = []
-        for batch in batches:
-            est = estimate_step(fixed, batch, fake)
-            points.append(
-                Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, f"fake {fake}")
-            )
-        models[plan.name] = fit_points(
-            model_key(fixed.to_dict(), device.type),
-            points,
-            source="estimated",
-            source_detail=f"fake-{fake} steps on {len(points)} calibration batches",
-        )
-    return PlanPredictor(
-        plans, models, budget[0], budget[1], calibration_s=time.perf_counter() - started
-    )
-
-
-def predictor_for(
-    config: Config,
-    device: torch.device,
-    per_device_batch: int,
-    platform: PlatformConfig | None = None,
-) -> PlanPredictor | None:
-    """The predictor of a run of ``config`` (None unless it is ``auto``), calibrated on events
-    of its training data. The budget is resolved first, so a missing one fails at once."""
-    if not config.model.heptv2.adaptive:
-        return None
-    budget = memory_budget_mib(config, device, platform)
-    return calibrate(config, calibration_batches(config, per_device_batch), device, budget)
-
-
 @contextmanager
 def applied_plan(model: nn.Module, plan: Plan) -> Iterator[None]:
     """Run ``model``'s backbone under ``plan`` inside the block (forward and backward)."""
@@ -272,10 +171,6 @@ __all__ = [
     "PlanChoice",
     "PlanPredictor",
     "applied_plan",
-    "calibrate",
-    "calibration_batches",
     "candidate_plans",
-    "memory_budget_mib",
     "plan_config",
-    "predictor_for",
 ]

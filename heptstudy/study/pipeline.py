@@ -72,7 +72,7 @@ def step_memory_timeline(config, batch, device=None) -> Any:
     from heptstudy.measure.parity import build_seeded
     from heptstudy.measure.step import run_step
     from heptstudy.train.optim import build_optimizer, build_scheduler
-    from heptstudy.train.trainer import autocast_dtype
+    from heptstudy.train.precision import autocast_dtype
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     batch = {k: v.to(device) for k, v in batch.items()}

@@ -19,13 +19,15 @@ from heptstudy.atomic import atomic_open, atomic_write_text
 from heptstudy.config import Config
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError
+from heptstudy.fitting.plans import predictor_for
 from heptstudy.model import build_model
-from heptstudy.model.adaptive_checkpointing import applied_plan, predictor_for
+from heptstudy.model.adaptive_checkpointing import applied_plan
 from heptstudy.paths import resolve_in_repo
 from heptstudy.train import distributed
 from heptstudy.train.losses import compute_losses
 from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.out_dir import choose_out_dir, config_file_name
+from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.state import (
     load_training_state,
     restore_training_state,
@@ -40,11 +42,6 @@ class NonFiniteLoss(HeptstudyError):
 
 class OutOfMemory(HeptstudyError):
     pass
-
-
-def autocast_dtype(config: Config, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast when the configuration asks for it; float32 otherwise (the CPU default)."""
-    return torch.bfloat16 if config.train.dtype == "bfloat16" else None
 
 
 def forward_and_loss(model, batch, config: Config, dtype: torch.dtype | None):

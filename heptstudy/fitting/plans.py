@@ -1,0 +1,123 @@
+"""Memory models of the adaptive-checkpointing plans, calibrated at the start of a run.
+
+The plans and the per-batch choice live in :mod:`heptstudy.model.adaptive_checkpointing`; this
+module estimates each plan's peak on fake tensors (:func:`heptstudy.fitting.fake.estimate_step`)
+and fits it like measurements (:func:`heptstudy.fitting.memmodel.fit_points`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from heptstudy.config import Config, PlatformConfig
+from heptstudy.errors import ConfigError
+from heptstudy.fitting.api import DEFAULT_MARGIN_FRACTION
+from heptstudy.fitting.memmodel import MIB
+from heptstudy.model.adaptive_checkpointing import (
+    Plan,
+    PlanPredictor,
+    candidate_plans,
+    plan_config,
+)
+
+
+def memory_budget_mib(
+    config: Config, device: torch.device, platform: PlatformConfig | None = None
+) -> tuple[float, str]:
+    """The budget in MiB and where it comes from: ``model.heptv2.memory_budget_gib``, else the
+    platform's device memory less the default safety margin, else this GPU's memory less it.
+    A CPU without a platform has no device memory to start from: the key must be set."""
+    given = config.model.heptv2.memory_budget_gib
+    keep = 1.0 - DEFAULT_MARGIN_FRACTION
+    margin = f"less a {DEFAULT_MARGIN_FRACTION:.0%} safety margin"
+    if given is not None:
+        return given * 1024, "model.heptv2.memory_budget_gib"
+    if platform is not None:
+        return (
+            platform.device_memory_gib * keep * 1024,
+            f"platform {platform.name}: {platform.device_memory_gib:g} GiB {margin}",
+        )
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return total * keep / MIB, f"{torch.cuda.get_device_name(device)} {margin}"
+    raise ConfigError(
+        "model.heptv2.activation_checkpointing=auto needs a memory budget: on a CPU without a "
+        "platform profile set model.heptv2.memory_budget_gib (GiB of peak tensor memory per "
+        "step), e.g. --set model.heptv2.memory_budget_gib=6"
+    )
+
+
+def calibration_batches(config: Config, per_device_batch: int) -> list[dict[str, torch.Tensor]]:
+    """Real training events the plans' models are fitted on: a random and the longest batch of
+    B events, and the longest of B/2 (two batch sizes and the whole range of longest events,
+    in three fake steps per plan; :func:`heptstudy.fitting.fake.estimation_batches` takes six)."""
+    import numpy as np
+
+    from heptstudy.data import load_events
+    from heptstudy.data.batching import dataset_for
+
+    lengths = np.asarray(dataset_for(config, "train").lengths())
+    b = min(per_device_batch, len(lengths))
+    longest = np.argsort(-lengths, kind="stable")
+    rng = np.random.default_rng(config.train.seed)
+    picks = [rng.choice(len(lengths), size=b, replace=False), longest[:b]]
+    if b > 1:
+        picks.append(longest[: b // 2])
+    return [load_events(config, sorted(int(i) for i in idx), "train") for idx in picks]
+
+
+def calibrate(
+    config: Config,
+    batches: Sequence[dict[str, torch.Tensor]],
+    device: torch.device,
+    budget: tuple[float, str],
+    plans: Sequence[Plan] | None = None,
+) -> PlanPredictor:
+    """Fit each candidate plan's memory model (or only ``plans``'s, cheapest first) on
+    fake-tensor steps over ``batches`` (host batches of at least two different shapes)."""
+    from heptstudy.fitting.fake import estimate_step, fake_device_type
+    from heptstudy.fitting.keys import model_key
+    from heptstudy.fitting.memmodel import Point, fit_points
+
+    started = time.perf_counter()
+    fake = fake_device_type() if device.type == "cuda" else "cpu"
+    plans = list(plans) if plans is not None else candidate_plans(config.model.heptv2.num_convs)
+    models = {}
+    for plan in plans:
+        fixed = plan_config(config, plan)
+        # LAMB's clipping reads the gradient norm on the host, which fake tensors cannot; the
+        # estimate only primes the optimizer state (its meter stops before the update), whose
+        # size clipping does not change
+        fixed.train.lamb.max_grad_norm = 0.0
+        points = []
+        for batch in batches:
+            est = estimate_step(fixed, batch, fake)
+            points.append(
+                Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, f"fake {fake}")
+            )
+        models[plan.name] = fit_points(
+            model_key(fixed.to_dict(), device.type),
+            points,
+            source="estimated",
+            source_detail=f"fake-{fake} steps on {len(points)} calibration batches",
+        )
+    return PlanPredictor(
+        plans, models, budget[0], budget[1], calibration_s=time.perf_counter() - started
+    )
+
+
+def predictor_for(
+    config: Config,
+    device: torch.device,
+    per_device_batch: int,
+    platform: PlatformConfig | None = None,
+) -> PlanPredictor | None:
+    """The predictor of a run of ``config`` (None unless it is ``auto``), calibrated on events
+    of its training data. The budget is resolved first, so a missing one fails at once."""
+    if not config.model.heptv2.adaptive:
+        return None
+    budget = memory_budget_mib(config, device, platform)
+    return calibrate(config, calibration_batches(config, per_device_batch), device, budget)
