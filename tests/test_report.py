@@ -266,3 +266,10 @@ def test_breakdown_and_parity_fields_round_trip(tmp_path):
     write_report(parity, tmp_path / "p.json")
     again = read_report(tmp_path / "p.json").parity.checkpointed_vs_baseline
     assert again.outputs[0].shape == [1, 12, 6] and again.loss_components[0].name == "total"
+
+
+def test_readme_protocol_is_the_reports_protocol():
+    """The README's protocol section is rendered from PROTOCOL, so the two cannot drift."""
+    from heptstudy.measure.protocol_readme import README, current_block, rendered_block
+
+    assert current_block(README.read_text()) == rendered_block()

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heptstudy.fitting.memmodel import GIB, MIB, FitError, MemoryModel
+from heptstudy.fitting.memmodel import FitError, MemoryModel
 from heptstudy.fitting.predict import FitAnswer, evaluate
 from heptstudy.fitting.reports import Rejected
 from heptstudy.fitting.select import choose_model
 from heptstudy.scenario.model import REPO_ROOT
+from heptstudy.units import GIB, MIB
 
 DEFAULT_SCENARIO = "cld_pf_heptv2_batch512_50k"
 DEFAULT_VARIANT = "hit_heptv2_grouped_tracker_features"

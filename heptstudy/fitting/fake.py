@@ -33,8 +33,7 @@ from heptstudy import stand_ins
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
 from heptstudy.stand_ins import StandIns
-
-MIB = 1024**2
+from heptstudy.units import MIB
 
 
 @dataclass

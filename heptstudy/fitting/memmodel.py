@@ -32,9 +32,8 @@ import numpy as np
 from heptstudy.atomic import atomic_write_text
 from heptstudy.errors import HeptstudyError
 from heptstudy.fitting.keys import key_label
+from heptstudy.units import MIB
 
-MIB = 1024**2
-GIB = 1024**3
 SCHEMA = "heptstudy.memfit/2"
 
 

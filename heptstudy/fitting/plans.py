@@ -15,13 +15,13 @@ import torch
 from heptstudy.config import Config, PlatformConfig
 from heptstudy.errors import ConfigError
 from heptstudy.fitting.api import DEFAULT_MARGIN_FRACTION
-from heptstudy.fitting.memmodel import MIB
 from heptstudy.model.adaptive_checkpointing import (
     Plan,
     PlanPredictor,
     candidate_plans,
     plan_config,
 )
+from heptstudy.units import MIB
 
 
 def memory_budget_mib(

@@ -11,21 +11,12 @@ measured (forward, loss and backward: the backward must run while the meter is a
 
 or ``meter.start_step(...)`` / ``meter.stop_step() -> StepMemory``.
 
-Definitions (also in :data:`heptstudy.measure.report.PROTOCOL`):
-
-* CUDA / ROCm: ``torch.cuda.reset_peak_memory_stats`` before the step, then
-  ``max_memory_allocated`` ("allocated") and ``max_memory_reserved`` ("reserved") after it, with
-  the device synchronised on both sides.
-* CPU, where PyTorch keeps no allocator statistics: "allocated" is the peak of live tensor-storage
-  bytes. A ``TorchDispatchMode`` sees every ATen op below autograd (forward, backward, the
-  recomputation of checkpointed regions inside backward, optimizer kernels); each storage an op
-  returns is counted once, when first seen, and released when the storage is freed (a weak
-  reference on the storage object). Storages alive at the start are counted through the tensors
-  handed to ``start_step`` (model parameters, buffers and gradients, optimizer state, the batch):
-  peak = live bytes known at the start + peak growth during the step. "Reserved" is the process's
-  peak resident set over the step: ``5`` written to ``/proc/self/clear_refs`` before the step
-  resets ``VmHWM`` in ``/proc/self/status``, read after it. Without ``/proc`` reserved is ``None``
-  and the result says why.
+The definitions of "allocated" and "reserved" on each device are those of the measurement
+protocol, :data:`heptstudy.measure.report.PROTOCOL` (also rendered into the README). In short: on
+CUDA/ROCm the allocator's peak statistics; on CPU the peak of live tensor-storage bytes seen by a
+``TorchDispatchMode`` (each storage counted once until its weak reference dies, on top of the
+tensors handed to ``start_step``) and the process's peak resident set (``VmHWM`` after
+``clear_refs``).
 
 What the CPU tracker cannot see: scratch memory a kernel allocates internally and frees before it
 returns (e.g. oneDNN or BLAS workspaces, the intermediate buffers of a fused kernel, including a
@@ -59,15 +50,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from heptstudy.errors import HeptstudyError
+from heptstudy.units import MIB
 
-MIB = 1024**2
-
+#: The categories of live bytes at a step's peak, in stacking order (reports, tables, figures).
 CATEGORIES = (
     "parameters",
     "gradients",
     "optimizer_state",
-    "activations",
     "inputs",
+    "activations",
     "temporaries",
 )
 

@@ -33,9 +33,6 @@ from torch import nn
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
 
-MIB = 1024**2
-GIB = 1024**3
-
 
 @dataclass(frozen=True)
 class Plan:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from heptstudy.measure.memory import CATEGORIES
 from heptstudy.study.common import MEMORY
 from heptstudy.study.frames import (
     POLICY_ORDER,
@@ -13,17 +14,7 @@ from heptstudy.study.frames import (
     policy_label,
     policy_labels,
 )
-
-MIB = 1024**2
-#: The categories of ``report.memory_categories[].at_peak_bytes``, in stacking order.
-CATEGORIES = (
-    "parameters",
-    "gradients",
-    "optimizer_state",
-    "inputs",
-    "activations",
-    "temporaries",
-)
+from heptstudy.units import MIB
 
 
 def _rank(label: str) -> int:

@@ -1,0 +1,51 @@
+"""The README's "Measurement protocol" section, rendered from the one protocol text.
+
+:data:`heptstudy.measure.report.PROTOCOL` is the protocol every report carries; the README shows
+the same text between two markers. ``python -m heptstudy.measure.protocol_readme`` rewrites that
+part of the README; a test fails when the two differ.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from heptstudy.atomic import atomic_write_text
+from heptstudy.errors import HeptstudyError
+from heptstudy.measure.report import PROTOCOL
+from heptstudy.paths import base_dir
+
+BEGIN = "<!-- protocol:begin (rendered from heptstudy.measure.report.PROTOCOL) -->"
+END = "<!-- protocol:end -->"
+README = base_dir() / "README.md"
+
+
+def rendered_block() -> str:
+    return f"{BEGIN}\n```text\n{PROTOCOL.rstrip()}\n```\n{END}"
+
+
+def current_block(text: str, path: Path = README) -> str:
+    start, stop = text.find(BEGIN), text.find(END)
+    if start < 0 or stop < start:
+        raise HeptstudyError(
+            f"{path} has no protocol section between the markers {BEGIN!r} and {END!r}; "
+            "add both markers where the protocol belongs and run this again"
+        )
+    return text[start : stop + len(END)]
+
+
+def render_readme(path: Path = README) -> bool:
+    """Rewrite the protocol section of ``path``; True when it changed."""
+    text = path.read_text()
+    old = current_block(text, path)
+    new = rendered_block()
+    if old == new:
+        return False
+    atomic_write_text(path, text.replace(old, new))
+    return True
+
+
+if __name__ == "__main__":
+    changed = render_readme()
+    print(f"{README}: protocol section {'rewritten' if changed else 'already current'}")
+    sys.exit(0)
