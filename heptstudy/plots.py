@@ -13,8 +13,8 @@ import numpy as np
 
 from heptstudy.atomic import atomic_savefig
 from heptstudy.study.frames import policy_labels
+from heptstudy.units import MIB
 
-MIB = 2**20
 COLORS = {False: "#1f77b4", True: "#d62728"}  # baseline blue, checkpointed red
 LABELS = {False: "no checkpointing", True: "checkpointing"}
 
@@ -552,3 +552,62 @@ def step_breakdown_figure(breakdown, tag: str = "", ax=None) -> Any:
         _tag(ax, tag)
     fig.tight_layout()
     return fig
+
+
+def overhead_spread_figure(over, tag: str = "", ax=None) -> Any:
+    """The step-time overhead of each checkpointing policy against ``off``
+    (``study.overhead_frame``): bars at the median over the study's rounds, error bars from the
+    smallest to the largest round; one group per batch size, one bar per policy and allocator
+    line (the allocator as it comes hatched)."""
+    fig, ax = _ax(ax, (max(7.5, 0.7 * len(over) + 3), 5.0))
+    rows = over.sort_values(["batch_size", "allocator_line", "policy"], kind="stable")
+    series = list(dict.fromkeys(zip(rows["allocator_line"], rows["policy"], strict=True)))
+    batches = sorted(rows["batch_size"].unique())
+    width = 0.8 / max(len(series), 1)
+    colors = plt_colors(len(series))
+    for j, (line, policy) in enumerate(series):
+        part = rows[(rows["allocator_line"] == line) & (rows["policy"] == policy)]
+        xs = np.array([batches.index(b) for b in part["batch_size"]], dtype=float)
+        xs += (j - (len(series) - 1) / 2) * width
+        med = part["overhead_median_pct"].astype(float).to_numpy()
+        lo = med - part["overhead_min_pct"].astype(float).to_numpy()
+        hi = part["overhead_max_pct"].astype(float).to_numpy() - med
+        label = policy if line == "platform" else f"{policy} (allocator as it comes)"
+        ax.bar(
+            xs,
+            med,
+            width,
+            yerr=np.vstack([lo, hi]),
+            capsize=3,
+            color=colors[j],
+            hatch="//" if line != "platform" else None,
+            label=label,
+        )
+        for x, v, n in zip(xs, med, part["rounds"], strict=True):
+            ax.annotate(
+                f"{v:.0f}%\n({int(n)})",
+                (x, v),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(np.arange(len(batches)))
+    ax.set_xticklabels([str(int(b)) for b in batches])
+    ax.set_xlabel("batch size [events]")
+    ax.set_ylabel("step-time overhead against off [%]\nmedian, bars: min-max over rounds (n)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    if tag:
+        _tag(ax, tag)
+    fig.tight_layout()
+    return fig
+
+
+def plt_colors(n: int) -> list:
+    """``n`` distinct colours of the current style's cycle (repeating when it is shorter)."""
+    import matplotlib.pyplot as plt
+
+    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    return [cycle[i % len(cycle)] for i in range(n)]

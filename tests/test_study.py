@@ -453,3 +453,56 @@ def test_pipeline_config_and_fresh_dir(tmp_path, tiny_data_dir):
 def test_at_project_root_from_notebooks_dir(monkeypatch):
     monkeypatch.chdir(ROOT / "notebooks")
     assert study.at_project_root() == ROOT
+
+
+def test_study_matrices_run_auto_where_the_budget_lies_between_off_and_full():
+    def autos(name):
+        runs = study.load_matrix(ROOT / "configs" / "study" / name).runs
+        requests = [r.request() for r in runs]
+        return {q.batch_size: q for q in requests if q.checkpointing == "auto"}
+
+    cpu, gpu = autos("cpu_default.yaml"), autos("gpu.yaml")
+    assert set(cpu) == {4} and cpu[4].name == "auto_b4"
+    assert cpu[4].config().model.heptv2.memory_budget_gib == 8.0
+    assert set(gpu) == {48} and gpu[48].config().model.heptv2.memory_budget_gib is None
+    assert study.policy_label("auto", None, None) == "auto"
+
+
+def test_overhead_figure_draws_the_spread_of_the_rounds():
+    over = pd.DataFrame(
+        [
+            ("platform", 4, "full", 3, 30.0, 22.0, 41.0),
+            ("platform", 4, "auto", 3, 8.0, 2.0, 12.0),
+            ("default", 4, "full", 1, -60.0, -60.0, -60.0),
+        ],
+        columns=[
+            "allocator_line",
+            "batch_size",
+            "policy",
+            "rounds",
+            "overhead_median_pct",
+            "overhead_min_pct",
+            "overhead_max_pct",
+        ],
+    )
+    from matplotlib.container import ErrorbarContainer
+
+    ax = plots.overhead_spread_figure(over, tag="synthetic").axes[0]
+    spans = sorted(
+        tuple(sorted(round(float(y), 6) for y in seg[:, 1]))
+        for c in ax.containers
+        if isinstance(c, ErrorbarContainer)
+        for lines in c.lines[2]
+        for seg in lines.get_segments()
+    )
+    assert spans == [(-60.0, -60.0), (2.0, 12.0), (22.0, 41.0)]
+
+
+def test_predictions_table_has_no_index_and_no_absolute_paths():
+    from heptstudy.study.common import project_root
+    from heptstudy.study.tables import predictions_table
+
+    table = pd.DataFrame({"memory model": [f"measured ({project_root()}/configs/fit/a.json)"]})
+    html = predictions_table(table).to_html()
+    assert "configs/fit/a.json" in html and str(project_root()) not in html
+    assert "row_heading" not in html  # the pandas index is hidden

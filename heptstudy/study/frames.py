@@ -10,12 +10,15 @@ from typing import Any
 from heptstudy.study.common import MEMORY, PARITY
 
 #: The checkpointing policies of the study in the order the report shows them.
-POLICY_ORDER = ("off", "full", "selective", "every 2", "every 3")
+POLICY_ORDER = ("off", "full", "selective", "every 2", "every 3", "auto")
 
 
 def policy_label(enabled: bool, policy: str | None, every: int | None) -> str:
     """``off``, ``full`` (every layer), ``selective``, ``every 2`` (full policy on every second
-    layer), ``selective every 3``; reports from before the policies count as ``full``."""
+    layer), ``selective every 3``, ``auto`` (a plan per step: activation_checkpointing=auto);
+    reports from before the policies count as ``full``."""
+    if enabled == "auto":
+        return "auto"
     if not enabled:
         return "off"
     policy = policy or "full"
@@ -34,7 +37,11 @@ def policy_labels(df) -> Any:
     policy = df["policy"] if "policy" in df.columns else none
     every = df["checkpoint_every"] if "checkpoint_every" in df.columns else none
     labels = [
-        policy_label(bool(c), None if pd.isna(p) or p == "none" else p, None if pd.isna(e) else e)
+        policy_label(
+            c if c == "auto" else bool(c),
+            None if pd.isna(p) or p == "none" else p,
+            None if pd.isna(e) else e,
+        )
         for c, p, e in zip(df["checkpointing"], policy, every, strict=True)
     ]
     return pd.Series(labels, index=df.index, dtype=object)

@@ -171,3 +171,20 @@ def categories_table(categories) -> Any:
         columns={"batch_size": "batch", "peak_mib": "peak [MiB]"}
     )
     return integer_counts(table.round(1))
+
+
+def predictions_table(predictions) -> Any:
+    """:func:`~heptstudy.study.fits.platform_predictions`'s table as shown: no index column and
+    no absolute path of the producing machine (paths inside the repository made relative)."""
+    from heptstudy.study.common import project_root
+
+    roots = {str(project_root()) + "/", str(project_root().resolve()) + "/"}
+
+    def relative(value):
+        if not isinstance(value, str):
+            return value
+        for root in roots:
+            value = value.replace(root, "")
+        return value
+
+    return show(predictions.map(relative), precision=3)
