@@ -386,3 +386,74 @@ def test_report_layer_on_the_h200_reports(tiny_data_dir):
     assert models["h100"].startswith("measured (reports" if h100_plain else "estimated")
     assert models["lumi_mi250x"].startswith("estimated")
     assert len([ax for ax in figure.axes if ax.get_xlabel()]) == 2  # one panel per platform
+
+
+# --------------------------------------------------------------------------- auto checkpointing
+
+
+def _auto_predictor():
+    from heptstudy.model.adaptive_checkpointing import FULL, OFF, PlanPredictor
+
+    # per padded hit: off 1 MiB, full 0.25 MiB; budget 15 MiB: events of 10 hits run off, 20
+    # full, 100 not at all
+    models = {"off": _model(0.0, 1.0), "full": _model(0.0, 0.25)}
+    return PlanPredictor([OFF, FULL], models, 15.0, "hand-made budget")
+
+
+def test_auto_answer_by_hand():
+    from heptstudy.fitting.auto import auto_words, evaluate_auto
+
+    lengths = np.array([10, 10, 10, 20, 100])
+    a = evaluate_auto(
+        _auto_predictor(), lengths, 1, rates={"off": 1e-3, "full": 2e-3}, rate_sources={"off": 4}
+    )
+    assert a.plan_fractions == pytest.approx({"off": 0.6, "full": 0.2})
+    assert a.checkpointing_fraction == pytest.approx(0.2)
+    assert a.p_batch_exceeds_budget == pytest.approx(0.2)
+    assert a.p_step_exceeds_budget == pytest.approx(0.2)
+    # over the batches that run: 3/4 off at 10 hits x 1 ms, 1/4 full at 20 hits x 2 ms
+    assert a.mean_step_s == pytest.approx(0.75 * 0.010 + 0.25 * 0.040)
+    assert a.mean_step_full_s == pytest.approx(0.75 * 0.020 + 0.25 * 0.040)
+    assert "P(step exceeds the budget) = 0.2" in "\n".join(auto_words(a))
+    # two ranks per step: a step fails when either batch holds the 100-hit event
+    two = evaluate_auto(_auto_predictor(), lengths, 1, world_size=2)
+    assert two.p_step_exceeds_budget == pytest.approx(1 - (4 / 5) * (3 / 4))
+
+
+def test_auto_step_time_is_not_invented_without_measurements():
+    from heptstudy.fitting.auto import auto_words, evaluate_auto
+
+    a = evaluate_auto(_auto_predictor(), np.array([10, 20]), 1, rates={"off": 1e-3})
+    assert a.mean_step_s is None and a.mean_step_full_s is None
+    assert "not available" in a.not_available and "full" in a.not_available
+    assert a.not_available in "\n".join(auto_words(a))
+
+
+def test_auto_rates_come_from_each_steps_plan():
+    from types import SimpleNamespace as NS
+
+    from heptstudy.fitting.auto import measured_rates
+
+    def step(plan, t, padded):
+        return NS(counted=True, time_s=t, padded_hits=padded, checkpoint_plan=plan)
+
+    auto = NS(
+        kind="memory",
+        status="ok",
+        checkpointing=NS(enabled="auto", policy=None, checkpoint_every=None),
+        steps=[step("off", 2.0, [10, 20]), step("full", 8.0, [20, 20])],
+    )
+    full = NS(
+        kind="memory",
+        status="ok",
+        checkpointing=NS(enabled=True, policy="full", checkpoint_every=1),
+        steps=[step(None, 4.0, [20, 10]), NS(counted=False, time_s=9.0, padded_hits=[5])],
+    )
+    rates, used = measured_rates([auto, full])
+    assert rates == pytest.approx({"off": 2.0 / 40, "full": (8.0 / 40 + 4.0 / 40) / 2})
+    assert used == {"off": 1, "full": 2}
+
+
+def test_fit_refuses_an_unknown_checkpointing_answer():
+    with pytest.raises(FitError, match="--checkpointing 'sometimes' is not allowed"):
+        FitRequest(platform="h100", checkpointing="sometimes")

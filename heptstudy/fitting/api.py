@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heptstudy.fitting.margin import DEFAULT_MARGIN_FRACTION
 from heptstudy.fitting.memmodel import FitError, MemoryModel
 from heptstudy.fitting.predict import FitAnswer, evaluate
 from heptstudy.fitting.reports import Rejected
@@ -24,8 +25,6 @@ from heptstudy.units import GIB, MIB
 DEFAULT_SCENARIO = "cld_pf_heptv2_batch512_50k"
 DEFAULT_VARIANT = "hit_heptv2_grouped_tracker_features"
 FITS_DIR = REPO_ROOT / "configs" / "fit"
-#: Default safety margin, as a fraction of the device memory (context, kernels' workspaces).
-DEFAULT_MARGIN_FRACTION = 0.1
 
 
 def repo_path(path: str | Path) -> Path:
@@ -53,6 +52,7 @@ class FitRequest:
     safety_margin_gib: float | None = None  # default DEFAULT_MARGIN_FRACTION of the device
     overrides: tuple[str, ...] = ()
     estimate_if_missing: bool = True  # else no answer when no measured or stored model holds
+    checkpointing: str | None = None  # "auto": also answer for activation_checkpointing=auto
     stored_if_reports_unusable: bool = False  # else refuse reports that do not hold
 
     def __post_init__(self) -> None:
@@ -70,6 +70,11 @@ class FitRequest:
                 f"--safety-margin-gib {m!r} is not allowed: the memory kept free must be a finite "
                 "number of GiB >= 0 and below the device memory (default "
                 f"{DEFAULT_MARGIN_FRACTION:.0%} of the device); omit it for the default"
+            )
+        if self.checkpointing not in (None, "auto"):
+            raise FitError(
+                f"--checkpointing {self.checkpointing!r} is not allowed: give auto (the answer "
+                "for activation_checkpointing=auto) or leave it out (the recipe's setting)"
             )
         object.__setattr__(self, "reports", tuple(str(r) for r in self.reports))
         object.__setattr__(self, "overrides", tuple(self.overrides))
@@ -90,6 +95,7 @@ class FitResult:
     notes: list[str] = field(default_factory=list)
     not_used: list[Rejected] = field(default_factory=list)
     cross_checks: list[dict[str, Any]] = field(default_factory=list)
+    auto: Any = None  # heptstudy.fitting.auto.AutoAnswer when the configuration is auto
 
     def words(self) -> str:
         from heptstudy.fitting.words import answer_words
@@ -110,6 +116,7 @@ class FitResult:
             "notes": self.notes,
             "not_used": [{"path": r.path, "why": r.reason} for r in self.not_used],
             "cross_checks": self.cross_checks,
+            "auto": None if self.auto is None else self.auto.to_dict(),
         }
 
 
@@ -120,6 +127,8 @@ def resolve_config(request: FitRequest):
     from heptstudy.scenario import ScenarioError, resolve
 
     over = list(request.overrides)
+    if request.checkpointing == "auto":
+        over.append("model.heptv2.activation_checkpointing=auto")
     if request.data_dir:
         over.insert(0, f"data.data_dir={Path(request.data_dir).expanduser().resolve()}")
     scenario, platform = repo_path(request.scenario), repo_path(request.platform)
@@ -180,6 +189,16 @@ def fit(request: FitRequest) -> FitResult | None:
 
     res, rv, notes = resolve_config(request)
     platform, config = res.platform, rv.config
+    auto_config = config if config.model.heptv2.adaptive else None
+    if auto_config is not None:
+        from heptstudy.model.adaptive_checkpointing import FULL, plan_config
+
+        # the memory answer is for always-on (full) checkpointing, auto's last resort
+        config = plan_config(auto_config, FULL)
+        notes.append(
+            "activation_checkpointing=auto: the memory answer below is for full checkpointing "
+            "(the plan auto falls back on); auto's own answer follows it"
+        )
     margin = _margin(request, platform.device_memory_gib, platform.name)
     key = model_key(config.to_dict(), platform.device)
     reports = [str(repo_path(r)) for r in request.reports]
@@ -222,7 +241,11 @@ def fit(request: FitRequest) -> FitResult | None:
         f"{len(lengths):,} events, hits per event {int(lengths.min()):,}..{int(lengths.max()):,} "
         f"(mean {lengths.mean():,.0f})" + (" — SYNTHETIC (generated) events" if synthetic else "")
     )
+    auto = None
+    if auto_config is not None:
+        auto = _auto_answer(auto_config, platform, batch, lengths, reports)
     return FitResult(
+        auto=auto,
         request=request,
         answer=answer,
         model=choice.model,
@@ -235,6 +258,42 @@ def fit(request: FitRequest) -> FitResult | None:
         not_used=choice.not_used,
         cross_checks=[_cross_check(o, m, d, answer) for o, m, d in choice.cross_checks],
     )
+
+
+def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
+    """auto's plan fractions, expected step time and budget tail on the training data."""
+    import torch
+
+    from heptstudy.fitting.auto import evaluate_auto, measured_rates
+    from heptstudy.fitting.plans import predictor_for
+
+    predictor = predictor_for(config, torch.device(platform.device), batch, platform)
+    rates, used = measured_rates(_read_reports(reports))
+    return evaluate_auto(
+        predictor,
+        lengths,
+        batch,
+        world_size=platform.world_size,
+        pad_to_multiple=config.data.pad_to_multiple,
+        rates=rates,
+        rate_sources=used,
+    )
+
+
+def _read_reports(paths: list[str]) -> list[Any]:
+    """The bench reports of ``paths`` (files, or folders of ``*.json``) that can be read."""
+    from heptstudy.measure.report import ReportError, read_report
+
+    files = []
+    for p in map(Path, paths):
+        files += sorted(p.glob("*.json")) if p.is_dir() else [p]
+    found = []
+    for f in files:
+        try:
+            found.append(read_report(f))
+        except ReportError:
+            continue  # choose_model already names the reports it cannot use
+    return found
 
 
 def fit_warning(resolution) -> str | None:

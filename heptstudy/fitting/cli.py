@@ -21,11 +21,19 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         fits_dir=args.fits_dir,
         safety_margin_gib=args.safety_margin_gib,
         overrides=tuple(args.overrides),
+        checkpointing=args.checkpointing,
     )
     result = fit(request)
     if args.save_model:
         result.model.save(args.save_model)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else render(result))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(render(result))
+        if result.auto is not None:
+            from heptstudy.fitting.auto import auto_words
+
+            print("\n".join(auto_words(result.auto)))
     return 0
 
 
@@ -64,6 +72,13 @@ def register_cli(subparsers) -> None:
         default=None,
         help="memory kept free for the context and kernel workspaces, 0 <= margin < device "
         "memory (default 10%% of the device)",
+    )
+    p.add_argument(
+        "--checkpointing",
+        choices=["auto"],
+        default=None,
+        help="auto: also answer for activation_checkpointing=auto (plans per step, expected step "
+        "time from --reports, P(step exceeds the budget)); default: the recipe's setting",
     )
     p.add_argument(
         "--save-model", default=None, help="write the memory model used to this JSON file"

@@ -14,7 +14,7 @@ import torch
 
 from heptstudy.config import Config, PlatformConfig
 from heptstudy.errors import ConfigError
-from heptstudy.fitting.api import DEFAULT_MARGIN_FRACTION
+from heptstudy.fitting.margin import DEFAULT_MARGIN_FRACTION
 from heptstudy.model.adaptive_checkpointing import (
     Plan,
     PlanPredictor,
