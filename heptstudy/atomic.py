@@ -94,3 +94,23 @@ def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
     with atomic_path(path, suffix=path.suffix) as tmp:
         fig.savefig(tmp, **kwargs)
     return path
+
+
+def folder_write_problem(folder: str | os.PathLike, *, create: bool = False) -> str | None:
+    """Why files cannot be written into ``folder`` (None when they can), found by writing and
+    removing a probe file in it or in its nearest existing parent; with ``create`` the folder
+    is made first. Each caller words its own refusal, naming its option."""
+    folder = Path(folder)
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return f"{str(blocker)!r} is a file, not a folder"
+    try:
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"{exc.strerror or exc}"
+    return None

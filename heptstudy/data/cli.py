@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from heptstudy.atomic import folder_write_problem
 from heptstudy.errors import DataError
 from heptstudy.paths import resolve_in_repo
 
@@ -48,23 +47,12 @@ def _writable_folder(folder: str | Path, option: str) -> Path:
     """Refuse, before any work, a folder that could not be created or written: a file in its
     place or above it, or a nearest existing folder that takes no new file. Creates nothing."""
     folder = Path(folder)
-    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
+    problem = folder_write_problem(folder)
+    if problem is not None:
         raise DataError(
-            f"{option} {str(folder)!r} cannot be a folder: {str(blocker)!r} is a file; nothing "
-            f"was generated or measured. Give {option} a folder"
+            f"{option} {str(folder)!r} cannot be written ({problem}); nothing was generated or "
+            f"measured. Give {option} a folder you can write to"
         )
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=existing)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise DataError(
-            f"{option} {str(folder)!r} cannot be written ({str(existing)!r}: "
-            f"{exc.strerror or exc}); nothing was generated or measured. Give {option} a folder "
-            "you can write to"
-        ) from None
     return folder
 
 

@@ -16,14 +16,13 @@ enough events, so that a measurement is never run only to be lost.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from heptstudy.atomic import folder_write_problem
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
 from heptstudy.fitting.plans import predictor_for
@@ -63,23 +62,12 @@ def check_writable(path: Path) -> None:
             f"report path {str(path)!r} is a directory; give a file name such as "
             f"{str(path / 'NAME.json')!r}"
         )
-    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
+    problem = folder_write_problem(path.parent, create=True)
+    if problem is not None:
         raise OutputNotWritable(
-            f"cannot write the report {str(path)!r}: {str(blocker)!r} is a file, not a folder; "
-            "nothing was measured. Choose another report path (--output / output)"
+            f"cannot write the report {str(path)!r}: {problem}; nothing was measured. Choose a "
+            "writable folder (--output / output) or fix its permissions"
         )
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise OutputNotWritable(
-            f"cannot write the report {str(path)!r}: {exc.strerror or exc} "
-            f"({type(exc).__name__}); nothing was measured. Choose a writable folder "
-            "(--output / output) or fix its permissions"
-        ) from None
 
 
 def check_enough_events(request: MeasurementRequest, config: Config) -> None:

@@ -15,7 +15,7 @@ import platform
 import socket
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -282,7 +282,9 @@ class BenchReport(_Strict):
     kind: Literal["memory", "parity"]
     status: Literal["ok", "oom", "error"]
     name: str | None = None  # e.g. "checkpointed_b16"
-    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    created_at: str = Field(
+        default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")
+    )
     error: str | None = None
     oom: OomInfo | None = None
     protocol: str = PROTOCOL

@@ -15,11 +15,11 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
+from heptstudy.atomic import folder_write_problem
 from heptstudy.study.common import StudyError, project_root
 
 #: The user's own studies and figures: never committed (see .gitignore).
@@ -58,7 +58,7 @@ def shown(path: str | os.PathLike | None) -> str | None:
 def default_study_dir(now: datetime | None = None) -> Path:
     """``experiments/local/<host>-<YYYYMMDD>`` in the repository."""
     host = re.sub(r"[^A-Za-z0-9_.-]+", "-", socket.gethostname()) or "host"
-    day = (now or datetime.now(UTC)).strftime("%Y%m%d")
+    day = (now or datetime.now(timezone.utc)).strftime("%Y%m%d")
     return project_root() / LOCAL / f"{host}-{day}"
 
 
@@ -145,16 +145,12 @@ def study_folders(
 def check_writable(*folders: Path) -> None:
     """Create each folder and a file in it (removed again), or stop before anything runs."""
     for folder in folders:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=folder)
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as exc:
+        problem = folder_write_problem(folder, create=True)
+        if problem is not None:
             raise StudyError(
-                f"cannot write to {shown(folder)}: {exc.strerror or exc}; nothing was "
-                "measured. Choose a writable folder (--out / --figures) or fix its permissions"
-            ) from None
+                f"cannot write to {shown(folder)}: {problem}; nothing was measured. Choose a "
+                "writable folder (--out / --figures) or fix its permissions"
+            )
 
 
 class Superseded:
@@ -163,7 +159,7 @@ class Superseded:
 
     def __init__(self, out: Path):
         self.out = out
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         self.folder = out / SUPERSEDED / stamp
         self.moved: list[Path] = []
 
