@@ -231,3 +231,49 @@ def test_bucket_block_mask_lists_every_block_a_bucket_needs(seq_len, block_size)
     assert listed[qb // FLEX_BLOCK, kb // FLEX_BLOCK].all()
     # ... and lists no more than the few blocks the buckets touch.
     assert int(listed.sum(1).max()) <= 2 + FLEX_BLOCK // block_size + 1
+
+
+def test_selective_policy_keeps_the_projections_by_module_not_by_width(tiny_overrides, monkeypatch):
+    """With embedding_dim equal to the positional MLP's hidden width, a policy that recognised
+    the positional MLP by its input width would recompute q/k/v too; choosing by module does
+    not."""
+    from heptstudy.model import activation_checkpointing as ac
+    from heptstudy.model.heptv2 import POSITIONAL_HIDDEN
+
+    overrides = [o for o in tiny_overrides if not o.startswith("model.heptv2.embedding_dim")]
+    model, cfg = _build(
+        overrides
+        + [
+            f"model.heptv2.embedding_dim={POSITIONAL_HIDDEN}",
+            "model.heptv2.activation_checkpointing_policy=selective",
+        ],
+        True,
+    )
+    layer = model.backbone[0]
+    inside_positional = []
+    layer.pos_embed.register_forward_pre_hook(lambda *_: inside_positional.append(True))
+    layer.pos_embed.register_forward_hook(lambda *_: inside_positional.pop())
+    decisions = []
+    real = ac._save_dense_projections
+
+    def spy(saved, ctx, op, *args, **kwargs):
+        decision = real(saved, ctx, op, *args, **kwargs)
+        if op in ac.SELECTIVE_SAVE_OPS and not ctx.is_recompute:
+            decisions.append((bool(inside_positional), decision))
+        return decision
+
+    monkeypatch.setattr(ac, "_save_dense_projections", spy)
+    batch = example_batch(cfg, 2, [40, 30], seed=1)
+    mask, coords = batch["mask"], hit_coordinates(batch["X"])
+    x = torch.randn(*mask.shape, POSITIONAL_HIDDEN, requires_grad=True)
+    layer.train()
+    out = ac.run_layer(
+        layer, cfg.model.heptv2, 0, x, mask, coords, layer.bucket_order(coords, mask)
+    )
+    out.sum().backward()
+    must_save = tuc.CheckpointPolicy.MUST_SAVE
+    positional = [d for inside, d in decisions if inside]
+    projections = [d for inside, d in decisions if not inside]
+    assert len(positional) == 2 and all(d != must_save for d in positional)
+    # q/k/v, the attention output, the SwiGLU gate/up and its down product (one slice here)
+    assert len(projections) == 4 and all(d == must_save for d in projections)

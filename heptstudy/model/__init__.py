@@ -69,21 +69,30 @@ def example_batch(
     return batch
 
 
+#: Columns of the raw features that ``example_batch`` fills; the hit and the track/cluster
+#: layouts share these positions ("et" is "pt/et", "energy" is "p/energy" in the latter).
+_X = {name: HIT_FEATURES.index(name) for name in ("elemtype", "et", "eta", "sin_phi", "cos_phi")}
+_X_ENERGY = HIT_FEATURES.index("energy")
+_Y = {name: TARGET_COLUMNS.index(name) for name in TARGET_COLUMNS}
+
+
 def _random_event(rng: np.random.Generator, n: int, nfeat: int):
     n_tracker = max(1, n // 10)
     eta = rng.normal(0.0, 1.5, n)
     phi = rng.uniform(-np.pi, np.pi, n)
     scale = rng.uniform(0.5, 2.0)  # real hit data carry a common factor on (sin, cos)
     X = np.zeros((n, nfeat), np.float32)
-    X[:, 0] = np.where(np.arange(n) < n_tracker, 1, 2)
-    X[:, 1] = rng.exponential(0.5, n)
-    X[:, 2], X[:, 3], X[:, 4] = eta, scale * np.sin(phi), scale * np.cos(phi)
-    X[:, 5] = X[:, 1] * np.cosh(eta)
-    X[:, 6:] = rng.normal(0.0, 100.0, (n, nfeat - 6))
+    X[:, _X["elemtype"]] = np.where(np.arange(n) < n_tracker, 1, 2)
+    X[:, _X["et"]] = rng.exponential(0.5, n)
+    X[:, _X["eta"]] = eta
+    X[:, _X["sin_phi"]], X[:, _X["cos_phi"]] = scale * np.sin(phi), scale * np.cos(phi)
+    X[:, _X_ENERGY] = X[:, _X["et"]] * np.cosh(eta)
+    detector = [i for i in range(nfeat) if i not in (*_X.values(), _X_ENERGY)]
+    X[:, detector] = rng.normal(0.0, 100.0, (n, len(detector)))
     n_particles = max(1, n // 30)
     owner = rng.integers(0, n_particles + 1, n)  # 0: hit of no particle
     y = np.zeros((n, len(TARGET_COLUMNS)), np.float32)
-    y[:, 13] = owner
+    y[:, _Y["particle_number"]] = owner
     for p in range(1, n_particles + 1):
         idx = np.flatnonzero(owner == p)
         if idx.size == 0:
@@ -91,11 +100,9 @@ def _random_event(rng: np.random.Generator, n: int, nfeat: int):
         r = idx[0]
         cls = rng.integers(1, 6)
         pt = rng.exponential(3.0) + 0.1
-        y[r, 0], y[r, 1], y[r, 2], y[r, 3] = (
-            cls,
-            (cls in (1, 4, 5)) * rng.choice([-1, 1]),
-            pt,
-            eta[r],
-        )
-        y[r, 4], y[r, 5], y[r, 6] = np.sin(phi[r]), np.cos(phi[r]), pt * np.cosh(eta[r])
+        y[r, _Y["PDG"]] = cls  # the class index
+        y[r, _Y["charge"]] = (cls in (1, 4, 5)) * rng.choice([-1, 1])
+        y[r, _Y["pt"]], y[r, _Y["eta"]] = pt, eta[r]
+        y[r, _Y["sin_phi"]], y[r, _Y["cos_phi"]] = np.sin(phi[r]), np.cos(phi[r])
+        y[r, _Y["energy"]] = pt * np.cosh(eta[r])
     return X, y

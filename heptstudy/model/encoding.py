@@ -4,11 +4,23 @@ and one small MLP per element type (tracker hits / tracks vs calorimeter hits / 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from heptstudy import stand_ins
+from heptstudy.data.schema import HIT_FEATURES, PF_FEATURES
 
-ETA, SIN_PHI, COS_PHI = 2, 3, 4
+
+def _shared_column(name: str) -> int:
+    """A raw-feature column that both data sets' layouts hold at the same index (the encoding
+    serves both variants)."""
+    index = HIT_FEATURES.index(name)
+    if PF_FEATURES.index(name) != index:
+        raise RuntimeError(f"column {name!r} differs between HIT_FEATURES and PF_FEATURES")
+    return index
+
+
+ETA, SIN_PHI, COS_PHI = (_shared_column(n) for n in ("eta", "sin_phi", "cos_phi"))
 
 
 def normalise_features(x: torch.Tensor) -> torch.Tensor:
@@ -30,9 +42,74 @@ def normalise_features(x: torch.Tensor) -> torch.Tensor:
 
 
 def mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Linear(inp, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Linear(hidden, out)
-    )
+    return LeanMLP(inp, hidden, out)
+
+
+class LeanMLP(nn.Sequential):
+    """``Linear -> GELU -> LayerNorm -> Linear`` that keeps only its input for backward.
+
+    Autograd op by op would keep three hidden-width tensors per row (the first product, its
+    GELU and the normalised result): for the input encoders, run on every hit, that is 6 KiB
+    per hit held from the forward to the end of the backward. Backward recomputes the hidden
+    layer from the input instead, which costs the first product again (narrow: the raw
+    features), the GELU and the norm; the result and the gradients are those of the layers
+    one by one. Same submodules, so the same state-dict keys as the plain ``nn.Sequential``.
+    """
+
+    def __init__(self, inp: int, hidden: int, out: int):
+        super().__init__(
+            nn.Linear(inp, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Linear(hidden, out)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, _, norm, last = self
+        params = (first.weight, first.bias, norm.weight, norm.bias, last.weight, last.bias)
+        return _LeanMLPFunction.apply(x, norm.eps, *params)
+
+
+def _hidden(x, eps, w1, b1, norm_w, norm_b):
+    h = F.gelu(F.linear(x, w1, b1))
+    return F.layer_norm(h, (h.shape[-1],), norm_w, norm_b, eps)
+
+
+class _LeanMLPFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, eps, w1, b1, norm_w, norm_b, w2, b2):
+        device_type = x.device.type
+        ctx.autocast = (
+            torch.is_autocast_enabled(device_type),
+            torch.get_autocast_dtype(device_type),
+        )
+        ctx.eps = eps
+        ctx.save_for_backward(x, w1, b1, norm_w, norm_b, w2, b2)
+        return F.linear(_hidden(x, eps, w1, b1, norm_w, norm_b), w2, b2)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        x, w1, b1, norm_w, norm_b, w2, b2 = ctx.saved_tensors
+        enabled, dtype = ctx.autocast
+        first = [
+            t.detach().requires_grad_(need)
+            for t, need in zip((x, w1, b1, norm_w, norm_b), _needs(ctx, 0, 2, 3, 4, 5), strict=True)
+        ]
+        with torch.enable_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
+            hidden = _hidden(first[0], ctx.eps, *first[1:])
+        # The last layer's backward by hand, in the dtypes autocast ran it in: no need to
+        # repeat its product.
+        dt = d_out.dtype
+        d_rows = d_out.reshape(-1, d_out.shape[-1])
+        h_rows = hidden.detach().reshape(-1, hidden.shape[-1]).to(dt)
+        d_hidden = torch.mm(d_rows, w2.to(dt)).view_as(hidden).to(hidden.dtype)
+        d_w2 = torch.mm(d_rows.t(), h_rows).to(w2.dtype) if ctx.needs_input_grad[6] else None
+        d_b2 = d_rows.sum(0).to(b2.dtype) if ctx.needs_input_grad[7] else None
+        wanted = [t for t in first if t.requires_grad]
+        grads = iter(torch.autograd.grad(hidden, wanted, d_hidden) if wanted else ())
+        d_first = [next(grads) if t.requires_grad else None for t in first]
+        return d_first[0], None, *d_first[1:], d_w2, d_b2
+
+
+def _needs(ctx, *indices: int) -> list[bool]:
+    return [bool(ctx.needs_input_grad[i]) for i in indices]
 
 
 class TypeEncoder(nn.Module):

@@ -3,12 +3,23 @@
 Each layer hashes hits with ``n_hashes`` OR-rounds per head; a round sorts the hits of an event
 by (AND-region cell, random projection) and cuts the sorted sequence into contiguous buckets of
 ``block_size``. Attention runs inside buckets, returning the log-sum-exp per query, and the
-rounds are merged with a softmax over those log-sum-exps, which equals softmax attention over
-the union of a query's buckets.
+rounds are merged with a softmax over those log-sum-exps. The merge equals softmax attention
+over the union of a query's buckets *with each key counted once per round that shares a bucket
+with the query*: a key that two rounds both put next to the query weighs twice, unlike attention
+over the plain set union.
 
 The hashing depends only on hit coordinates and fixed tables, never on the embeddings, so it is
 computed once per layer (:meth:`HEPTv2Layer.bucket_order`) outside any checkpointed region and
 handed to :meth:`HEPTv2Layer.forward`.
+
+Memory. The plain attention path, the SwiGLU feed-forward and the norms are autograd functions
+that keep for backward only what cannot be recomputed cheaply, and run their bucket-sized or
+hidden-width work in slices of bounded size (a hashing round and a group of heads; a few
+thousand hits). The attention's backward recomputes a slice's bucket scores from q and k: one
+more batched product per slice, in exchange for never holding the scores and probabilities of
+every round and head at once (``block_size`` floats per hit, round and head). Each function's
+result and gradient are those of the plain PyTorch expression up to rounding, and the same with
+and without activation checkpointing, bit for bit.
 """
 
 from __future__ import annotations
@@ -21,15 +32,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from heptstudy.config import HEPTv2Config
+from heptstudy.data.schema import HIT_FEATURES
 
 #: Indices of the raw hit features the layer reads.
-ETA, SIN_PHI, COS_PHI = 2, 3, 4
+ETA, SIN_PHI, COS_PHI = (HIT_FEATURES.index(name) for name in ("eta", "sin_phi", "cos_phi"))
 
 #: Width of the positional MLP's hidden layer.
 POSITIONAL_HIDDEN = 32
 
 #: Large finite "minus infinity" so fully padded buckets stay finite (never NaN).
 _MASKED = -1.0e30
+
+#: Elements of the row slices of :class:`SwiGLU`'s backward (rows x 2 x hidden): 32 MiB in
+#: float32 whatever the batch, so the backward's hidden-width temporaries do not grow with it.
+SWIGLU_SLICE_ELEMENTS = 1 << 23
 
 
 def hit_coordinates(features: torch.Tensor) -> torch.Tensor:
@@ -39,41 +55,199 @@ def hit_coordinates(features: torch.Tensor) -> torch.Tensor:
     return torch.stack([f[..., ETA], torch.atan2(f[..., SIN_PHI], f[..., COS_PHI])], dim=-1)
 
 
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The dtype autocast would run a matrix product in (the promoted input dtype without it).
+    The memory-lean functions below run with autocast off and cast explicitly to this."""
+    device_type = tensors[0].device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
 class RMSNorm(nn.Module):
+    """RMS norm that keeps its input and one float per row for backward (``F.rms_norm``, op by
+    op, also keeps the normalised input: a full-width tensor per norm, five per layer)."""
+
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return _RMSNormFunction.apply(x, self.weight, self.eps)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """``x / rms(x) * weight``, statistics in float32 at least; the output dtype is that of
+    ``x`` promoted with ``weight``, as for ``F.rms_norm``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        xs = x.to(_stats_dtype(x))
+        rstd = torch.rsqrt(xs.pow(2).mean(dim=-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        return (xs * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, d_y):
+        x, rstd, weight = ctx.saved_tensors
+        stats = rstd.dtype
+        normed = x.to(stats) * rstd
+        d_weight = None
+        if ctx.needs_input_grad[1]:
+            d_weight = (d_y * normed.to(x.dtype)).reshape(-1, x.shape[-1]).sum(0)
+            d_weight = d_weight.to(weight.dtype)
+        d_normed = (d_y * weight).to(stats)
+        correction = (d_normed * normed).mean(dim=-1, keepdim=True)
+        d_x = d_normed.sub_(normed.mul_(correction)).mul_(rstd).to(x.dtype)
+        return d_x, d_weight, None
 
 
 class SwiGLU(nn.Module):
+    """``down(silu(gate) * up)`` with ``gate, up = gate_up(x)``, keeping only ``x`` and the
+    ``gate_up`` product for backward: the activation and the product of the two halves (half
+    the ``gate_up`` width each) are recomputed, slice by slice, in backward."""
+
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
         self.down = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        dtype = compute_dtype(x, self.gate_up.weight)
+        w_gate_up, w_down = self.gate_up.weight.to(dtype), self.down.weight.to(dtype)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return _SwiGLUFunction.apply(x.to(dtype), w_gate_up, w_down)
+
+
+def _row_slices(rows: int, width: int):
+    step = max(1, SWIGLU_SLICE_ELEMENTS // width)
+    return [slice(r, min(r + step, rows)) for r in range(0, rows, step)]
+
+
+def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``acc += a @ b``, ``acc`` in float32 at least: bf16 sums over slices would drift."""
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    else:
+        acc.add_(torch.mm(a, b))
+
+
+class _SwiGLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_gate_up, w_down):
+        hidden = w_down.shape[1]
+        rows = x.reshape(-1, x.shape[-1])
+        gate_up = torch.mm(rows, w_gate_up.t())
+        hidden_out = F.silu(gate_up[:, :hidden]).mul_(gate_up[:, hidden:])
+        out = torch.mm(hidden_out, w_down.t())
+        ctx.save_for_backward(x, gate_up, w_gate_up, w_down)
+        return out.view(*x.shape[:-1], w_down.shape[0])
+
+    @staticmethod
+    def backward(ctx, d_out):
+        x, gate_up, w_gate_up, w_down = ctx.saved_tensors
+        hidden = w_down.shape[1]
+        rows = x.reshape(-1, x.shape[-1])
+        d_rows = d_out.reshape(-1, d_out.shape[-1]).to(x.dtype)
+        d_x = torch.empty_like(rows)
+        d_w_gate_up = torch.zeros_like(w_gate_up, dtype=_stats_dtype(w_gate_up))
+        d_w_down = torch.zeros_like(w_down, dtype=_stats_dtype(w_down))
+        for r in _row_slices(rows.shape[0], 2 * hidden):
+            _swiglu_slice_backward(
+                d_rows[r], rows[r], gate_up[r], (w_gate_up, w_down), (d_w_gate_up, d_w_down), d_x[r]
+            )
+        return d_x.view_as(x), d_w_gate_up.to(w_gate_up.dtype), d_w_down.to(w_down.dtype)
+
+
+def _swiglu_slice_backward(d_out, x, gate_up, weights, weight_grads, d_x) -> None:
+    """One row slice: writes its input gradient into ``d_x`` and adds its weight gradients. A
+    function of its own so that the slice's temporaries are gone before the next slice."""
+    (w_gate_up, w_down), (d_w_gate_up, d_w_down) = weights, weight_grads
+    hidden = w_down.shape[1]
+    gate, up = gate_up[:, :hidden], gate_up[:, hidden:]
+    act = F.silu(gate)
+    _accumulate_product(d_w_down, d_out.t(), act * up)
+    d_hidden = torch.mm(d_out, w_down)
+    d_gate_up = torch.empty_like(gate_up)
+    d_gate, d_up = d_gate_up[:, :hidden], d_gate_up[:, hidden:]
+    torch.mul(d_hidden, up, out=d_gate)
+    torch.ops.aten.silu_backward.grad_input(d_gate, gate, grad_input=d_gate)
+    torch.mul(d_hidden, act, out=d_up)
+    _accumulate_product(d_w_gate_up, d_gate_up.t(), x)
+    torch.mm(d_gate_up, w_gate_up, out=d_x)
 
 
 @dataclass
 class BucketOrder:
     """The sort of one layer's hashing: for every (event, round, head), the hit index at each
-    sorted position (``order``) and the sorted position of every hit (``rank``); plus the valid
-    hit count per event. Sorted sequences are padded to a whole number of buckets."""
+    sorted position (``order``), plus the valid hit count per event. Sorted sequences are
+    padded to a whole number of buckets; the padding slots repeat the last sorted hit and are
+    never a valid key. Only ``order`` is stored, in 32-bit integers (it lives from the hashing
+    to the end of the layer's backward); its inverse and the flat row tables of the fused path
+    are derived on demand."""
 
-    order: torch.Tensor  # [B, C, H, Sp] long, indices into 0..S-1 (padding points at S-1)
-    rank: torch.Tensor  # [B, C, H, S] long, positions into 0..Sp-1
+    order: torch.Tensor  # [B, C, H, Sp] int32, indices into 0..S-1
     n_valid: torch.Tensor  # [B] long
+    num_hits: int  # S
     padded_len: int  # Sp, a multiple of block_size
-    # The same permutations as flat row indices, for index_select on [B*S*H, dh] rows (sort)
-    # and on [B*C*H*Sp, dh] rows (unsort): far cheaper than gather with a full index tensor.
-    sort_rows: torch.Tensor  # [B*C*H*Sp]
-    unsort_rows: torch.Tensor  # [B*C*S*H]
+
+    @property
+    def rank(self) -> torch.Tensor:
+        """[B, C, H, S] int32: the sorted position of every hit (built on each call)."""
+        B, C, H, _ = self.order.shape
+        S = self.num_hits
+        rank = torch.empty(B, C, H, S, dtype=torch.int32, device=self.order.device)
+        positions = torch.arange(S, dtype=torch.int32, device=self.order.device)
+        return rank.scatter_(-1, self.order[..., :S].long(), positions.expand_as(rank))
+
+    @property
+    def sort_rows(self) -> torch.Tensor:
+        """``order`` as flat rows of a [B, S, H, dh] tensor viewed as [B*S*H, dh], in the
+        [B, C, H, Sp] layout (long, built on each call: for the fused path, which sorts every
+        round and head at once)."""
+        B, C, H, Sp = self.order.shape
+        b, _, h = _grid(B, C, H, self.order.device)
+        return ((b * self.num_hits + self.order.long()) * H + h).reshape(-1)
+
+    @property
+    def unsort_rows(self) -> torch.Tensor:
+        """The inverse: flat rows of a sorted [B, C, H, Sp, ...] tensor that put it back in hit
+        order, laid out [B, C, S, H] (long, built on each call)."""
+        B, C, H, _ = self.order.shape
+        b, c, h = _grid(B, C, H, self.order.device)
+        rows = ((b * C + c) * H + h) * self.padded_len + self.rank.long()
+        return rows.transpose(2, 3).reshape(-1)
+
+
+def _grid(B: int, C: int, H: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (
+        torch.arange(B, device=device).view(B, 1, 1, 1),
+        torch.arange(C, device=device).view(1, C, 1, 1),
+        torch.arange(H, device=device).view(1, 1, H, 1),
+    )
+
+
+def _sorted(t: torch.Tensor, buckets: BucketOrder) -> torch.Tensor:
+    """[B,S,H,dh] in hit order -> [B,C,H,Sp,dh], each (round, head) in its own sorted order
+    (all at once: the fused path's layout)."""
+    dh = t.shape[-1]
+    rows = t.reshape(-1, dh).index_select(0, buckets.sort_rows)
+    return rows.view(*buckets.order.shape, dh)
+
+
+def _unsorted(t: torch.Tensor, buckets: BucketOrder) -> torch.Tensor:
+    """Inverse of :func:`_sorted`: [B,C,H,Sp(,dh)] -> [B,C,S,H(,dh)] in hit order."""
+    B, C, H, _ = buckets.order.shape
+    shape = (B, C, buckets.num_hits, H)
+    if t.dim() == len(shape):
+        return t.reshape(-1).index_select(0, buckets.unsort_rows).view(shape)
+    dh = t.shape[-1]
+    return t.reshape(-1, dh).index_select(0, buckets.unsort_rows).view(*shape, dh)
 
 
 class HEPTv2Layer(nn.Module):
@@ -102,6 +276,12 @@ class HEPTv2Layer(nn.Module):
         self.register_buffer(
             "region_shape", _region_shapes(cfg.n_hashes, heads, cfg.num_regions, gen)
         )
+
+    def dense_projections(self) -> tuple[nn.Module, ...]:
+        """The modules whose matrix products the selective checkpointing policy keeps: q/k/v,
+        the attention output and the SwiGLU feed-forward (most of the layer's arithmetic, about
+        1,660 floats per hit). The positional MLP is not among them: nearly free to redo."""
+        return (self.qkv, self.out, self.mlp)
 
     # -- hashing ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -142,26 +322,13 @@ class HEPTv2Layer(nn.Module):
         key = key.masked_fill(~valid_f, float("inf"))
         order = torch.argsort(key, dim=-1, stable=True)  # [B,C,H,S]
 
+        order = order.to(torch.int32)
         Sp = math.ceil(S / self.block_size) * self.block_size
         if Sp > S:
             # Extra slots are padding; they point at a padded hit (or any hit: they are masked).
             fill = order[..., -1:].expand(*order.shape[:-1], Sp - S)
             order = torch.cat([order, fill], dim=-1)
-        rank = torch.empty(
-            B, self.n_hashes, self.num_heads, S, dtype=torch.long, device=coords.device
-        )
-        positions = torch.arange(S, device=coords.device).expand_as(rank)
-        rank.scatter_(-1, order[..., :S], positions)
-        dev = coords.device
-        b = torch.arange(B, device=dev).view(B, 1, 1, 1)
-        c = torch.arange(self.n_hashes, device=dev).view(1, -1, 1, 1)
-        h = torch.arange(self.num_heads, device=dev).view(1, 1, -1, 1)
-        sort_rows = ((b * S + order) * self.num_heads + h).reshape(-1)
-        # Unsorted results come out as [B, C, S, H]: the layout the output projection reads.
-        unsort_rows = (
-            (((b * self.n_hashes + c) * self.num_heads + h) * Sp + rank).transpose(2, 3).reshape(-1)
-        )
-        return BucketOrder(order, rank, n_valid, Sp, sort_rows, unsort_rows)
+        return BucketOrder(order, n_valid, S, Sp)
 
     # -- forward ---------------------------------------------------------------------------
     def forward(
@@ -181,12 +348,9 @@ class HEPTv2Layer(nn.Module):
         if self._use_fused(h):
             from heptstudy.model.fused_attention import fused_bucket_attention
 
-            out, lse = fused_bucket_attention(q, k, v, buckets, self.block_size)
+            merged = merge_rounds(*fused_bucket_attention(q, k, v, buckets, self.block_size))
         else:
-            out, lse = plain_bucket_attention(q, k, v, buckets, self.block_size)
-        # out [B,C,S,H,dh], lse [B,C,S,H]: merge rounds by softmax of their log-sum-exps.
-        weights = torch.softmax(lse.float(), dim=1).to(out.dtype)
-        merged = (weights.unsqueeze(-1) * out).sum(dim=1)  # [B,S,H,dh]
+            merged = plain_bucket_attention(q, k, v, buckets, self.block_size)
         return self.out(merged.reshape(B, S, D))
 
     def _use_fused(self, h: torch.Tensor) -> bool:
@@ -195,6 +359,13 @@ class HEPTv2Layer(nn.Module):
         if self.attention_backend == "fused":
             return True
         return h.is_cuda
+
+
+def merge_rounds(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Per-round outputs ``out [B,C,S,H,dh]`` and log-sum-exps ``lse [B,C,S,H]`` (hit order)
+    -> the merged output [B,S,H,dh]: each round weighted by the softmax of its log-sum-exp."""
+    weights = torch.softmax(lse.to(_stats_dtype(lse)), dim=1).to(out.dtype)
+    return (weights.unsqueeze(-1) * out).sum(dim=1)
 
 
 def _region_shapes(
@@ -216,71 +387,226 @@ def _ranks(values: torch.Tensor) -> torch.Tensor:
     return ranks
 
 
-def _sorted(t: torch.Tensor, buckets: BucketOrder) -> torch.Tensor:
-    """[B,S,H,dh] in hit order -> [B,C,H,Sp,dh], each (round, head) in its own sorted order."""
-    dh = t.shape[-1]
-    rows = t.reshape(-1, dh).index_select(0, buckets.sort_rows)
-    return rows.view(*buckets.order.shape, dh)
+# -- the plain bucket attention ------------------------------------------------------------
+
+#: Elements of one slice's bucket scores in backward (events x heads x sorted positions x
+#: block_size; forward, which holds one such tensor where backward holds two, takes twice as
+#: many): a slice is as many heads of one hashing round as fit (a divisor of num_heads, at
+#: least one). The scores then take about 128 MiB in float32 whatever the batch, in a few large
+#: operations rather than many small ones.
+ATTENTION_SLICE_ELEMENTS = 1 << 25
 
 
-def _unsorted(t: torch.Tensor, buckets: BucketOrder) -> torch.Tensor:
-    """Inverse of :func:`_sorted`: [B,C,H,Sp(,dh)] -> [B,C,S,H(,dh)] in hit order."""
-    B, C, H, S = buckets.rank.shape
-    shape = (B, C, S, H)
-    if t.dim() == len(shape):
-        return t.reshape(-1).index_select(0, buckets.unsort_rows).view(shape)
-    dh = t.shape[-1]
-    return t.reshape(-1, dh).index_select(0, buckets.unsort_rows).view(*shape, dh)
+def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> torch.Tensor:
+    """Softmax attention inside contiguous buckets of the sorted sequences, rounds merged, in
+    plain PyTorch.
+
+    ``q``, ``k``, ``v`` are [B, S, H, dh] in hit order (``q`` already carries the
+    1/sqrt(head_dim) scale); returns the merged output [B, S, H, dh] in hit order, equal to
+    :func:`merge_rounds` of the per-round outputs and log-sum-exps. Products run in the autocast
+    dtype (the inputs' without autocast), softmax statistics in float32 at least.
+    """
+    dtype = compute_dtype(q, k, v)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return _BucketAttention.apply(
+            q.to(dtype), k.to(dtype), v.to(dtype), buckets.order, buckets.n_valid, block_size
+        )
 
 
-class _BucketSoftmaxAttention(torch.autograd.Function):
-    """Softmax attention inside buckets, returning the output and the log-sum-exp per query.
+class _BucketAttention(torch.autograd.Function):
+    """The plain bucket attention, one slice (a hashing round, a group of heads) at a time.
 
-    Written as one autograd function so that the score tensor is turned into probabilities in
-    place and only the probabilities are kept for backward (autograd op by op would keep the
-    scores, the probabilities and several same-sized temporaries). The backward is the exact
-    gradient: with P the probabilities and O the output, dS = P * (dP - rowsum(dO * O) + dlse),
-    where rowsum(dO * O) equals rowsum(dP * P) without a bucket-sized temporary.
+    Forward keeps q, k, v (views of tensors the layer keeps anyway), the merged output O and its
+    log-sum-exp L over every round (one per hit and head), and the slices' gather indices. The
+    merged output is attention over the rounds' buckets taken together, with probabilities
+    P = exp(s - L) for every (round, key), so backward needs no per-round output: per slice it
+    recomputes the scores s from q and k, and with dO the output gradient, dV = P^T dO,
+    dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K, dK = dS^T Q (the exact gradient).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, key_valid):
-        scores = torch.matmul(q, k.transpose(-1, -2))
-        scores.masked_fill_(~key_valid, _MASKED)
-        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-        probs = scores.sub_(lse).exp_()
-        out = torch.matmul(probs, v)
-        ctx.save_for_backward(q, k, v, probs, out)
-        return out, lse.squeeze(-1)
+    def forward(ctx, q, k, v, order, n_valid, block_size):
+        B, S, H, _ = q.shape
+        fwd = _Slices(order, n_valid, S, block_size, 2 * ATTENTION_SLICE_ELEMENTS)
+        out, lse = _attention_forward(q, k, v, fwd)
+        bwd = _Slices(order, n_valid, S, block_size, ATTENTION_SLICE_ELEMENTS, like=fwd)
+        ctx.slices = bwd.layout()
+        ctx.save_for_backward(q, k, v, out, lse, *bwd.tensors())
+        return out
 
     @staticmethod
-    def backward(ctx, d_out, d_lse):
-        q, k, v, probs, out = ctx.saved_tensors
-        d_v = torch.matmul(probs.transpose(-1, -2), d_out)
-        d_scores = torch.matmul(d_out, v.transpose(-1, -2))
-        row = (d_out * out).sum(dim=-1, keepdim=True)
-        if d_lse is not None:
-            row = row - d_lse.unsqueeze(-1)
-        d_scores.sub_(row).mul_(probs)
-        d_q = torch.matmul(d_scores, k)
-        d_k = torch.matmul(d_scores.transpose(-1, -2), q)
-        return d_q, d_k, d_v, None
+    def backward(ctx, d_out):
+        q, k, v, out, lse, *indices = ctx.saved_tensors
+        slices = _Slices.restore(ctx.slices, indices)
+        return (*_attention_backward(d_out, q, k, v, out, lse, slices), None, None, None)
 
 
-def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int):
-    """Softmax attention inside contiguous buckets of the sorted sequences, in plain PyTorch.
+class _Slices:
+    """The slices of one bucket order and their gather indices (int32), built once per call.
 
-    ``q`` must already carry the 1/sqrt(head_dim) scale. Returns the per-round output
-    [B,C,H,S,dh] and log-sum-exp [B,C,H,S] in hit order.
+    A slice is (round c, heads g*j .. g*j+g-1). ``sort_index[c, j]`` lists the rows of a
+    contiguous [B*S*H + 1, ...] table (the [B, S, H, ...] tensor flattened, then one zero row)
+    in the slice's sorted layout [B, g, Sp]: the padding slots past an event's hits read the
+    zero row, so as queries they output nothing that is read back and carry no gradient.
+    ``unsort_index[c, j]`` lists the rows of the sorted layout that put it back in hit order,
+    laid out [B, S, g]. ``key_bias`` [B*g*nb, 1, bs] is ``_MASKED`` on keys that are no valid
+    hit (valid hits sort first), zero elsewhere.
     """
-    B, C, H, Sp = buckets.order.shape
-    dh = q.shape[-1]
-    nb = Sp // block_size
-    qs, ks, vs = (_sorted(t, buckets).view(B, C, H, nb, block_size, dh) for t in (q, k, v))
-    # Valid hits sort first, so a sorted position is a real hit iff it is below the event's count.
-    key_valid = torch.arange(Sp, device=q.device)[None, :] < buckets.n_valid[:, None]  # [B,Sp]
-    key_valid = key_valid.view(B, 1, 1, nb, 1, block_size)
-    out, lse = _BucketSoftmaxAttention.apply(qs, ks, vs, key_valid)
-    out = out.view(B, C, H, Sp, dh)
-    lse = lse.view(B, C, H, Sp)
-    return _unsorted(out, buckets), _unsorted(lse, buckets)
+
+    def __init__(self, order, n_valid, num_hits, block_size, budget, like=None):
+        B, C, H, Sp = order.shape
+        self.shape = (B, C, H, Sp, num_hits, block_size)
+        g = _heads_per_slice(H, B * Sp * block_size, budget)
+        self.group = g
+        if like is not None and like.group == g:
+            self.sort_index, self.unsort_index, self.key_bias = like.tensors()
+            return
+        S, G, dev = num_hits, H // g, order.device
+        b = torch.arange(B, device=dev).view(1, 1, B, 1, 1)
+        h = torch.arange(H, device=dev).view(1, G, 1, g, 1)
+        grouped = order[..., :S].view(B, C, G, g, S).permute(1, 2, 0, 3, 4)  # [C, G, B, g, S]
+        sort_index = torch.full((C, G, B, g, Sp), B * S * H, dtype=torch.int32, device=dev)
+        sort_index[..., :S] = (b * S + grouped) * H + h
+        self.sort_index = sort_index.view(C, G, -1)
+        rank = torch.empty(B, C, H, S, dtype=torch.int32, device=dev)
+        positions = torch.arange(S, dtype=torch.int32, device=dev).expand_as(rank)
+        rank.scatter_(-1, order[..., :S].long(), positions)
+        rank = rank.view(B, C, G, g, S).permute(1, 2, 0, 4, 3)  # [C, G, B, S, g]
+        within = torch.arange(g, device=dev).view(1, 1, 1, 1, g)
+        self.unsort_index = ((b * g + within) * Sp + rank).reshape(C, G, -1)
+        padding = torch.arange(Sp, device=dev)[None, :] >= n_valid[:, None]  # [B, Sp]
+        bias = torch.zeros(B, 1, Sp // block_size, 1, block_size, device=dev)
+        bias.masked_fill_(padding.view(B, 1, -1, 1, block_size), _MASKED)
+        self.key_bias = bias.expand(B, g, -1, 1, block_size).reshape(-1, 1, block_size)
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.sort_index, self.unsort_index, self.key_bias
+
+    def layout(self) -> tuple:
+        return (*self.shape, self.group)
+
+    @classmethod
+    def restore(cls, layout: tuple, tensors) -> _Slices:
+        slices = cls.__new__(cls)
+        *slices.shape, slices.group = layout
+        slices.shape = tuple(slices.shape)
+        slices.sort_index, slices.unsort_index, slices.key_bias = tensors
+        return slices
+
+    def __iter__(self):
+        _, C, H, *_ = self.shape
+        for c in range(C):
+            for j in range(H // self.group):
+                yield c, j
+
+    @property
+    def rows(self) -> int:
+        """Rows of the gathered tables: every (event, hit, head), plus the zero row."""
+        B, _, H, _, S, _ = self.shape
+        return B * S * H + 1
+
+    def gather(self, rows: torch.Tensor, c: int, j: int) -> torch.Tensor:
+        """Rows [B*S*H + 1, w] -> the slice's sorted buckets [B*g*nb, bs, w]."""
+        bs = self.shape[-1]
+        return rows.index_select(0, self.sort_index[c, j]).view(-1, bs, rows.shape[-1])
+
+    def to_hit_order(self, sorted_rows: torch.Tensor, c: int, j: int, out=None) -> torch.Tensor:
+        """The slice's sorted rows [B*g*Sp, w] -> hit order [B*S*g, w]."""
+        return torch.index_select(sorted_rows, 0, self.unsort_index[c, j], out=out)
+
+    def scores(self, qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
+        """Bucket scores with the invalid keys masked, in one batched product."""
+        return torch.baddbmm(self.key_bias.to(qs.dtype), qs, ks.transpose(1, 2))
+
+    def grouped_to_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """[G, B*S*g, w] (the slices' hit-order results) -> [B, S, H, w]."""
+        B, _, H, _, S, _ = self.shape
+        G, g, w = H // self.group, self.group, t.shape[-1]
+        return t.view(G, B, S, g, w).permute(1, 2, 0, 3, 4).reshape(B, S, H, w)
+
+
+def _heads_per_slice(heads: int, elements_per_head: int, budget: int) -> int:
+    fits = [g for g in range(1, heads + 1) if heads % g == 0 and g * elements_per_head <= budget]
+    return max(fits, default=1)
+
+
+def _stats_dtype(t: torch.Tensor) -> torch.dtype:
+    """Softmax and norm statistics in float32 at least (bf16 would lose the log-sum-exp)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def _table(tensors: list[torch.Tensor], slices: _Slices) -> torch.Tensor:
+    """[B, S, H, w_i] tensors side by side as rows [B*S*H + 1, sum w_i], the last row zero: one
+    gather per slice sorts them all."""
+    B, S, H = tensors[0].shape[:3]
+    width = sum(t.shape[-1] for t in tensors)
+    table = tensors[0].new_empty(slices.rows, width)
+    torch.cat(tensors, dim=-1, out=table[:-1].view(B, S, H, width))
+    table[-1].zero_()
+    return table
+
+
+def _attention_forward(q, k, v, slices: _Slices):
+    B, S, H, dh = q.shape
+    stats = _stats_dtype(q)
+    G = H // slices.group
+    qkv = _table([q, k, v], slices)
+    C = slices.shape[1]
+    round_out = q.new_empty(C, G, B * S * slices.group, dh)
+    round_lse = torch.empty(C, G, B * S * slices.group, dtype=stats, device=q.device)
+    for c, j in slices:
+        out, lse = _slice_forward(slices.gather(qkv, c, j), slices, stats)
+        slices.to_hit_order(out.view(-1, dh), c, j, out=round_out[c, j])
+        slices.to_hit_order(lse.view(-1), c, j, out=round_lse[c, j])
+    del qkv
+    # Merge the rounds: weights softmax(lse_c), merged log-sum-exp L = logsumexp(lse_c).
+    top = round_lse.amax(dim=0)
+    weights = round_lse.sub_(top).exp_()
+    total = weights.sum(dim=0)
+    weights.div_(total)
+    merged = (weights.to(q.dtype).unsqueeze(-1) * round_out).sum(dim=0)  # [G, B*S*g, dh]
+    lse = total.log_().add_(top).unsqueeze(-1)
+    return slices.grouped_to_heads(merged), slices.grouped_to_heads(lse).squeeze(-1)
+
+
+def _slice_forward(qkv: torch.Tensor, slices: _Slices, stats: torch.dtype):
+    """One slice's bucket attention in its sorted order: output and log-sum-exp."""
+    qs, ks, vs = qkv.unflatten(-1, (3, -1)).unbind(dim=2)
+    scores = slices.scores(qs, ks).to(stats)
+    top = scores.amax(dim=-1, keepdim=True)
+    scores.sub_(top).exp_()
+    total = scores.sum(dim=-1, keepdim=True)
+    out = torch.bmm(scores.to(vs.dtype), vs).div_(total.to(vs.dtype))
+    return out, total.log_().add_(top)
+
+
+def _attention_backward(d_out, q, k, v, out, lse, slices: _Slices):
+    B, S, H, dh = q.shape
+    stats = _stats_dtype(q)
+    d_out = d_out.to(q.dtype)
+    delta = (d_out.to(stats) * out.to(stats)).sum(dim=-1, keepdim=True)  # rowsum(dO * O)
+    tensors = _table([q, k, v, d_out], slices)
+    statistics = _table([lse.to(stats).unsqueeze(-1), delta], slices)
+    del delta
+    grads = q.new_zeros(H // slices.group, B * S * slices.group, 3 * dh)
+    for c, j in slices:
+        sorted_grads = _slice_backward(
+            slices.gather(tensors, c, j), slices.gather(statistics, c, j), slices
+        )
+        grads[j] += slices.to_hit_order(sorted_grads.view(-1, 3 * dh), c, j)
+    del tensors, statistics
+    return slices.grouped_to_heads(grads).split(dh, dim=-1)
+
+
+def _slice_backward(tensors: torch.Tensor, statistics: torch.Tensor, slices: _Slices):
+    """One slice's dQ, dK, dV side by side, in its sorted order [B*g*nb, bs, 3*dh]."""
+    qs, ks, vs, dos = tensors.unflatten(-1, (4, -1)).unbind(dim=2)
+    ls, ds = statistics.unbind(dim=-1)
+    probs = slices.scores(qs, ks).to(ls.dtype).sub_(ls.unsqueeze(-1)).exp_()
+    d_v = torch.bmm(probs.to(qs.dtype).transpose(1, 2), dos)
+    d_scores = torch.bmm(dos, vs.transpose(1, 2)).to(ls.dtype)
+    d_scores = d_scores.sub_(ds.unsqueeze(-1)).mul_(probs).to(qs.dtype)
+    del probs
+    d_q = torch.bmm(d_scores, ks)
+    d_k = torch.bmm(d_scores.transpose(1, 2), qs)
+    return torch.cat([d_q, d_k, d_v], dim=-1)

@@ -15,7 +15,7 @@ from torch import nn
 
 from heptstudy.config import Config
 from heptstudy.data.schema import CLASS_PDG_IDS, HIT_FEATURES
-from heptstudy.model.checkpointing import run_backbone
+from heptstudy.model.activation_checkpointing import run_backbone
 from heptstudy.model.encoding import TypeEncoder, mlp, normalise_features
 from heptstudy.model.heptv2 import HEPTv2Layer, RMSNorm, hit_coordinates
 

@@ -3,8 +3,8 @@ element-wise losses (track/cluster model).
 
 Conventions
 -----------
-* ``ytarget`` columns: 0 class index (0 = no particle, 1..5 into ``CLASS_PDG_IDS``), 1 charge,
-  2 pt, 3 eta, 4 sin phi, 5 cos phi, 6 energy, ..., 13 particle_number.
+* ``ytarget`` columns: :data:`heptstudy.data.schema.TARGET_COLUMNS`; its "PDG" column holds
+  the class index (0 = no particle, 1..5 into ``CLASS_PDG_IDS``).
 * Momentum is regressed in a transformed space so that every column is O(1):
   ``(log pt, eta, sin phi, cos phi, log E)`` with pt and E floored at ``LOG_FLOOR`` before the
   log. The model's ``momentum`` output lives in that space; :func:`momentum_to_physical`
@@ -37,12 +37,18 @@ from scipy.optimize import linear_sum_assignment
 
 from heptstudy import stand_ins
 from heptstudy.config import HIT_VARIANT, TRACK_CLUSTER_VARIANT, LossConfig
-from heptstudy.data.schema import CLASS_PDG_IDS
+from heptstudy.data.schema import CLASS_PDG_IDS, TARGET_COLUMNS
 from heptstudy.errors import ConfigError, DataError
 
 NUM_CLASSES = len(CLASS_PDG_IDS)
-COL_CLASS, COL_PT, COL_ENERGY, COL_PARTICLE = 0, 2, 6, 13
-MOMENTUM_COLUMNS = slice(2, 7)  # pt, eta, sin phi, cos phi, energy
+COL_CLASS = TARGET_COLUMNS.index("PDG")  # holds the class index
+COL_PARTICLE = TARGET_COLUMNS.index("particle_number")
+_MOMENTUM = ("pt", "eta", "sin_phi", "cos_phi", "energy")
+MOMENTUM_COLUMNS = slice(
+    TARGET_COLUMNS.index(_MOMENTUM[0]), TARGET_COLUMNS.index(_MOMENTUM[-1]) + 1
+)
+if TARGET_COLUMNS[MOMENTUM_COLUMNS] != _MOMENTUM:  # one slice reads them, in this order
+    raise RuntimeError(f"TARGET_COLUMNS must hold {_MOMENTUM} next to each other, in that order")
 LOG_FLOOR = 1e-3
 FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
 DICE_SMOOTH = 1.0
@@ -265,6 +271,83 @@ def group_dice_loss(logits: Tensor, target: Tensor, valid: Tensor) -> Tensor:
     return 1.0 - (2.0 * (p * t).sum(-1) + DICE_SMOOTH) / (p.sum(-1) + t.sum(-1) + DICE_SMOOTH)
 
 
+#: Elements (matched pairs x hits) of one slice of :func:`matched_group_losses`: its pair-by-hit
+#: temporaries stay below a few times this many floats, whatever the numbers of pairs and hits.
+GROUP_SLICE_ELEMENTS = 1 << 22
+
+
+def matched_group_losses(
+    group_logits: Tensor,
+    pair_event: Tensor,
+    pair_query: Tensor,
+    membership: Tensor,
+    pair_target: Tensor,
+    valid: Tensor,
+    kind: str = "bce",
+) -> tuple[Tensor, Tensor]:
+    """:func:`group_mask_loss` and :func:`group_dice_loss` of every matched pair [M] each: the
+    logits ``group_logits[pair_event, pair_query]`` against ``membership[pair_target]`` over
+    the valid hits ``valid[pair_event]``.
+
+    The same values as gathering the [M, S] rows and calling both functions, without keeping
+    any pair-by-hit tensor for backward (they were the loss's largest saved tensors, several
+    per decoder layer): the rows are gathered and the losses computed a slice of pairs at a
+    time, and recomputed slice by slice in backward. Pairs must be distinct (a matching)."""
+    if kind not in ("bce", "focal"):
+        raise ConfigError(f"train.loss.group_loss={kind!r} is not known; use 'bce' or 'focal'")
+    return _MatchedGroupLosses.apply(
+        group_logits, pair_event, pair_query, membership, pair_target, valid, kind
+    )
+
+
+def _pair_slices(pairs: int, hits: int) -> list[slice]:
+    step = max(1, GROUP_SLICE_ELEMENTS // max(hits, 1))
+    return [slice(i, min(i + step, pairs)) for i in range(0, pairs, step)]
+
+
+def _slice_rows(group_logits, pair_event, pair_query, membership, pair_target, valid, sl):
+    """Logits, targets and valid hits [m, S] of the pairs in slice ``sl``."""
+    x = group_logits[pair_event[sl], pair_query[sl]]
+    return x, membership[pair_target[sl]], valid[pair_event[sl]]
+
+
+def _slice_losses(x: Tensor, t: Tensor, v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
+    return group_mask_loss(x, t, v, kind), group_dice_loss(x, t, v)
+
+
+class _MatchedGroupLosses(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, group_logits, pair_event, pair_query, membership, pair_target, valid, kind):
+        tensors = (group_logits, pair_event, pair_query, membership, pair_target, valid)
+        M, S = pair_event.shape[0], group_logits.shape[-1]
+        bce = torch.empty(M, dtype=torch.float32, device=group_logits.device)
+        dice = torch.empty_like(bce)
+        for sl in _pair_slices(M, S):
+            bce[sl], dice[sl] = _slice_losses(*_slice_rows(*tensors, sl), kind)
+        ctx.kind = kind
+        ctx.save_for_backward(*tensors)
+        return bce, dice
+
+    @staticmethod
+    def backward(ctx, d_bce, d_dice):
+        tensors = ctx.saved_tensors
+        group_logits, pair_event, pair_query = tensors[:3]
+        d_logits = torch.zeros_like(group_logits)
+        M, S = pair_event.shape[0], group_logits.shape[-1]
+        for sl in _pair_slices(M, S):
+            x, t, v = _slice_rows(*tensors, sl)
+            with torch.enable_grad():
+                x = x.detach().requires_grad_()
+                outs = _slice_losses(x, t, v, ctx.kind)
+            used = [(o, d[sl]) for o, d in zip(outs, (d_bce, d_dice), strict=True) if d is not None]
+            if not used:
+                continue
+            (d_x,) = torch.autograd.grad([o for o, _ in used], x, [d for _, d in used])
+            rows = (pair_event[sl], pair_query[sl])
+            d_logits.index_put_(rows, d_x.to(d_logits.dtype), accumulate=True)
+        return d_logits, None, None, None, None, None, None
+
+
 def _layer_losses(
     outputs: Mapping[str, Tensor],
     targets: list[EventTargets],
@@ -294,9 +377,9 @@ def _layer_losses(
         return losses
     l1 = (mo[b_idx, q_idx].float() - all_mom[t_idx]).abs().mean(-1)
     losses["momentum"] = event_mean(l1, b_idx, B)
-    x, t, v = gr[b_idx, q_idx], all_mem[t_idx], valid[b_idx]
-    losses["group_bce"] = event_mean(group_mask_loss(x, t, v, loss_cfg.group_loss), b_idx, B)
-    losses["group_dice"] = event_mean(group_dice_loss(x, t, v), b_idx, B)
+    bce, dice = matched_group_losses(gr, b_idx, q_idx, all_mem, t_idx, valid, loss_cfg.group_loss)
+    losses["group_bce"] = event_mean(bce, b_idx, B)
+    losses["group_dice"] = event_mean(dice, b_idx, B)
     return losses
 
 
@@ -389,11 +472,6 @@ def compute_losses(
     )
 
 
-def is_finite(losses: Mapping[str, Tensor]) -> bool:
-    """True when every component is finite (one host sync)."""
-    return bool(torch.stack([v.detach().float() for v in losses.values()]).isfinite().all())
-
-
 __all__ = [
     "EventTargets",
     "aux_prefixes",
@@ -401,9 +479,9 @@ __all__ = [
     "cost_matrix",
     "element_losses",
     "hit_losses",
-    "is_finite",
     "match",
     "match_event",
+    "matched_group_losses",
     "momentum_targets",
     "momentum_to_physical",
     "targets_from_batch",
