@@ -34,7 +34,7 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check heptstudy tests
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 study-data: $(STAMP)
 	test -f $(DATA_DIR)/cld_edm_ttbar_hits/1/3.2.1/dataset_info.json || \

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -25,8 +27,9 @@ TINY_MODEL = [
 
 @pytest.fixture(autouse=True)
 def _few_threads():
-    # Two-core CI: keep intra-op threads predictable across tests.
-    torch.set_num_threads(2)
+    # Two-core CI: keep intra-op threads predictable across tests; under pytest-xdist each of
+    # the two workers gets one core.
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture
