@@ -418,7 +418,7 @@ def test_cli_has_study_commands(capsys):
         ["study", "check", "--matrix", str(ROOT / "configs/study/cpu_default.yaml")]
     )
     assert args.func(args) == 0
-    assert "checkpointed_b16" in capsys.readouterr().out
+    assert "checkpointed_every3_b4" in capsys.readouterr().out
 
 
 def test_pipeline_config_and_fresh_dir(tmp_path, tiny_data_dir):
