@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from heptstudy.config import load_config
-from heptstudy.model import heptv2
+from heptstudy.model import example_batch, heptv2
 from heptstudy.model.heptv2 import HEPTv2Layer, SwiGLU, hit_coordinates, plain_bucket_attention
 
 
@@ -47,8 +47,6 @@ def _reference_attention(q, k, v, buckets, block_size):
 
 
 def _layer_and_inputs(tiny_overrides, lengths, block_size=16):
-    from heptstudy.model import example_batch
-
     cfg = load_config(overrides=tiny_overrides + [f"model.heptv2.block_size={block_size}"])
     layer = HEPTv2Layer(cfg.model.heptv2, 0)
     batch = example_batch(cfg, len(lengths), lengths, seed=3)
@@ -204,3 +202,64 @@ def test_lean_mlp_with_frozen_parameters_needs_no_backward():
     lean = LeanMLP(4, 8, 3).requires_grad_(False)
     out = lean(torch.randn(2, 4))
     assert not out.requires_grad
+
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_rms_norm_matches_functional(dtype):
+    from heptstudy.model.heptv2 import RMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(12).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, 12, dtype=torch.float64).to(dtype)
+    d_y = torch.randn(3, 5, 12, dtype=torch.float64)
+
+    def run(fn, weight):
+        xi = x.clone().requires_grad_()
+        y = fn(xi, weight)
+        y.backward(d_y.to(y.dtype))
+        return y.detach(), xi.grad, weight.grad
+
+    got = run(lambda xi, w: norm(xi), norm.weight)
+    w = norm.weight.detach().clone().requires_grad_()
+    want = run(lambda xi, w: F.rms_norm(xi, (12,), w, norm.eps), w)
+    tol = {} if dtype == torch.float64 else {"rtol": 2e-2, "atol": 2e-2}
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_layer_keeps_no_bucket_scores_for_backward(tiny_overrides):
+    """What a layer saves for backward has no tensor of bucket scores or probabilities
+    ([..., block_size, block_size]): those are recomputed slice by slice."""
+    layer, batch, buckets = _layer_and_inputs(tiny_overrides, [45, 20], block_size=24)
+    mask, coords = batch["mask"], hit_coordinates(batch["X"])
+    x = torch.randn(*mask.shape, layer.num_heads * layer.head_dim, requires_grad=True)
+    shapes = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: shapes.append(t.shape) or t, lambda t: t
+    ):
+        layer(x, mask, coords, buckets)
+    assert shapes
+    assert not [s for s in shapes if len(s) >= 2 and s[-1] == s[-2] == 24]
+
+
+def test_checkpointed_layer_releases_its_bucket_order_in_its_backward(tiny_overrides):
+    import weakref
+
+    from heptstudy.model.activation_checkpointing import run_layer
+
+    cfg = load_config(overrides=tiny_overrides + ["model.heptv2.activation_checkpointing=true"])
+    layer = HEPTv2Layer(cfg.model.heptv2, 0).train()
+    batch = example_batch(cfg, 2, [40, 30], seed=1)
+    mask, coords = batch["mask"], hit_coordinates(batch["X"])
+    x = torch.randn(*mask.shape, cfg.model.heptv2.embedding_dim, requires_grad=True)
+    buckets = layer.bucket_order(coords, mask)
+    order = weakref.ref(buckets.order)
+    out = run_layer(layer, cfg.model.heptv2, 0, x, mask, coords, buckets)
+    del buckets
+    assert order() is not None  # the checkpoint keeps it for the recomputation
+    out.sum().backward()
+    assert order() is None  # gone with the layer's backward, while its output still lives

@@ -82,26 +82,25 @@ class RMSNorm(nn.Module):
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """``x / rms(x) * weight``, statistics in float32 at least; the output dtype is that of
-    ``x`` promoted with ``weight``, as for ``F.rms_norm``."""
+    """``x / rms(x) * weight`` computed in float32 at least and returned in ``x``'s dtype, as
+    ``F.rms_norm`` does."""
 
     @staticmethod
     def forward(ctx, x, weight, eps):
         xs = x.to(_stats_dtype(x))
         rstd = torch.rsqrt(xs.pow(2).mean(dim=-1, keepdim=True) + eps)
         ctx.save_for_backward(x, rstd, weight)
-        return (xs * rstd).to(x.dtype) * weight
+        return (xs * rstd * weight).to(x.dtype)
 
     @staticmethod
     def backward(ctx, d_y):
         x, rstd, weight = ctx.saved_tensors
-        stats = rstd.dtype
-        normed = x.to(stats) * rstd
+        normed = x.to(rstd.dtype) * rstd
+        d_y = d_y.to(rstd.dtype)
         d_weight = None
         if ctx.needs_input_grad[1]:
-            d_weight = (d_y * normed.to(x.dtype)).reshape(-1, x.shape[-1]).sum(0)
-            d_weight = d_weight.to(weight.dtype)
-        d_normed = (d_y * weight).to(stats)
+            d_weight = (d_y * normed).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        d_normed = d_y * weight
         correction = (d_normed * normed).mean(dim=-1, keepdim=True)
         d_x = d_normed.sub_(normed.mul_(correction)).mul_(rstd).to(x.dtype)
         return d_x, d_weight, None
