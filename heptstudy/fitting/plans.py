@@ -120,4 +120,15 @@ def predictor_for(
     if not config.model.heptv2.adaptive:
         return None
     budget = memory_budget_mib(config, device, platform)
+    # Calibrated in a child process: the fake-tensor steps leave state in the process that made
+    # later real steps of the full-size model about 4x slower on CPU (measured in the reference
+    # study), so none of it may reach the process that trains or measures.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_calibrate_child, config, device, per_device_batch, budget).result()
+
+
+def _calibrate_child(config, device, per_device_batch, budget) -> PlanPredictor:
     return calibrate(config, calibration_batches(config, per_device_batch), device, budget)
