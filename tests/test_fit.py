@@ -457,3 +457,14 @@ def test_auto_rates_come_from_each_steps_plan():
 def test_fit_refuses_an_unknown_checkpointing_answer():
     with pytest.raises(FitError, match="--checkpointing 'sometimes' is not allowed"):
         FitRequest(platform="h100", checkpointing="sometimes")
+
+
+def test_estimate_memory_model_fits_fake_steps(tiny_data_dir, tiny_overrides):
+    """The estimated model behind `heptstudy fit` without reports: fake steps fitted per hit."""
+    from heptstudy.config import load_config
+    from heptstudy.fitting.fake import estimate_memory_model
+
+    config = load_config(overrides=[*tiny_overrides, f"data.data_dir={tiny_data_dir}"])
+    mm = estimate_memory_model(config, 2, "cpu")
+    assert mm.source == "estimated"
+    assert mm.predict_allocated_mib(2, 512) > mm.predict_allocated_mib(2, 128) > 0

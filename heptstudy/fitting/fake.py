@@ -238,7 +238,8 @@ def estimate_memory_model(
     like measurements. Its ``source_detail`` says so."""
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
-    from heptstudy.fitting.memmodel import Point, fit_points, model_key
+    from heptstudy.fitting.keys import model_key
+    from heptstudy.fitting.memmodel import Point, fit_points
 
     ds = dataset_for(config, "train")
     lengths = ds.lengths()
@@ -247,9 +248,7 @@ def estimate_memory_model(
     for idx in estimation_batches(lengths, per_device_batch, seed=config.train.seed):
         est = estimate_step(config, load_events(config, idx, "train"), dev)
         points.append(
-            Point(
-                est.batch_size, est.longest_padded, est.peak_allocated_mib, None, f"fake {dev} step"
-            )
+            Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, f"fake {dev} step")
         )
         if progress:
             print(
