@@ -254,6 +254,19 @@ def test_comparison_uses_the_full_policy_on_every_layer():
     assert b4["step_time_overhead_pct"] == pytest.approx(25.0)
 
 
+def test_comparison_with_an_auto_run_in_the_same_batch():
+    # the checkpointing column then holds True, False and "auto" (object dtype): the comparison
+    # must still pick off and full by policy, not by negating the column
+    df = pd.concat(
+        [_policies_b4(), pd.DataFrame([_row("auto_b4", 4, "auto", 700.0, 800.0, 2.2)])],
+        ignore_index=True,
+    )
+    assert df["checkpointing"].dtype == object
+    b4 = study.comparison_frame(df).set_index("batch_size").loc[4]
+    assert b4["baseline_allocated_mib"] == 1000.0
+    assert b4["checkpointed_allocated_mib"] == 250.0
+
+
 def test_policy_frame_and_table():
     policies = study.policy_frame(_policies_b4())
     assert policies["batch_size"].unique().tolist() == [4]  # batch 1: only one policy

@@ -224,7 +224,7 @@ def comparison_frame(df) -> Any:
     rows = []
     if not mem.empty:
         for b, group in mem.groupby("batch_size"):
-            base = group[~group["checkpointing"]]
+            base = group[policy_labels(group) == "off"]
             ckpt = group[policy_labels(group) == "full"]
             if base.empty or ckpt.empty:
                 continue
