@@ -261,6 +261,10 @@ def test_allocator_settings_and_the_environment_a_process_starts_with(monkeypatc
         "MALLOC_TRIM_THRESHOLD_": str(16 * 2**30),
     }
     assert alloc.platform_allocator(None) is None and alloc.platform_allocator("h100") is None
+    # a CPU bench without --platform runs with local_cpu's settings; a GPU one keeps its own
+    assert alloc.measurement_allocator(None, "cpu") == settings
+    assert alloc.measurement_allocator(None, "cuda") is None
+    assert alloc.measurement_allocator("h100", "cuda") is None
     assert alloc.describe_settings(settings).startswith("MALLOC_MMAP_THRESHOLD_=16 GiB")
     base = {"PATH": "/bin", "MALLOC_ARENA_MAX": "2", "LD_PRELOAD": "/x/libjemalloc.so"}
     assert alloc.environment_with({}, base) == {"PATH": "/bin"}

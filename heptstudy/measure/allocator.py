@@ -54,6 +54,18 @@ def platform_allocator(platform: str | None) -> dict[str, str] | None:
     return allocator_settings(profile.env) or None
 
 
+#: The profile whose allocator settings a CPU measurement without a platform runs with.
+CPU_PROFILE = "local_cpu"
+
+
+def measurement_allocator(platform: str | None, device_type: str) -> dict[str, str] | None:
+    """The allocator settings a measurement runs with: its platform's, else on a CPU the
+    ``local_cpu`` profile's (a CPU step time without them measures page faults), else None."""
+    if platform:
+        return platform_allocator(platform)
+    return platform_allocator(CPU_PROFILE) if device_type == "cpu" else None
+
+
 def start_environment() -> dict[str, str]:
     """The environment this process was started with (``/proc/self/environ``), else the current
     one where ``/proc`` is unavailable."""

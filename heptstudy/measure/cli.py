@@ -23,15 +23,16 @@ def request_from_args(args: argparse.Namespace):
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from heptstudy.measure.allocator import platform_allocator, start_with
+    from heptstudy.measure.allocator import measurement_allocator, start_with
     from heptstudy.measure.bench import run_bench
     from heptstudy.measure.summary import describe
 
     request = request_from_args(args)
     # the platform's allocator settings take effect only in a process started with them
-    if not start_with(platform_allocator(request.platform)):
+    if not start_with(measurement_allocator(request.platform, request.device.type)):
         print(
-            f"note: the allocator settings of platform {request.platform} are not in effect "
+            f"note: the allocator settings of platform {request.platform or 'local_cpu'} are "
+            "not in effect "
             "(this process was not started with them); the report records what it ran with",
             file=sys.stderr,
         )
