@@ -125,7 +125,7 @@ def test_default_matrices_hold_the_original_set():
     cpu_b16 = study.load_matrix(ROOT / "configs" / "study" / "cpu_b16.yaml")
     gpu = study.load_matrix(ROOT / "configs" / "study" / "gpu.yaml")
     cpu_names = {r.name for r in cpu.runs} | {r.name for r in cpu_b16.runs}
-    assert cpu_names == original | policies | {"auto_b4"}
+    assert cpu_names == original | policies | {"auto_b4", "auto_b16"}
     assert original | policies <= {r.name for r in gpu.runs}
     mem = [r for r in gpu.runs if r.notebook == "memory"]
     # batch 48 (the recipe's per-device batch): 2 after 1, the data and time a GPU session has
@@ -477,9 +477,19 @@ def test_study_matrices_run_auto_where_the_budget_lies_between_off_and_full():
         requests = [r.request() for r in runs]
         return {q.batch_size: q for q in requests if q.checkpointing == "auto"}
 
-    cpu, gpu = autos("cpu_default.yaml"), autos("gpu.yaml")
-    assert set(cpu) == {4} and cpu[4].name == "auto_b4"
-    assert cpu[4].config().model.heptv2.memory_budget_gib == 8.0
+    def peak_mib(name):
+        return read_report(ROOT / "experiments" / "cpu_reference" / f"{name}.json").summary
+
+    cpu = autos("cpu_default.yaml") | autos("cpu_b16.yaml")
+    gpu = autos("gpu.yaml")
+    assert set(cpu) == {4, 16} and cpu[4].name == "auto_b4"
+    # the budgets lie between the committed reference's checkpointed and off peaks (batch 16:
+    # above the checkpointed peak and below 4 x batch 4's off peak; it has no off run)
+    budget_b4 = cpu[4].config().model.heptv2.memory_budget_gib * 1024
+    off_b4 = peak_mib("baseline_b4").peak_allocated_mib
+    assert peak_mib("checkpointed_b4").peak_allocated_mib < budget_b4 < off_b4
+    budget_b16 = cpu[16].config().model.heptv2.memory_budget_gib * 1024
+    assert peak_mib("checkpointed_b16").peak_allocated_mib < budget_b16 < 4 * off_b4
     assert set(gpu) == {48} and gpu[48].config().model.heptv2.memory_budget_gib is None
     assert study.policy_label("auto", None, None) == "auto"
 
