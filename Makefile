@@ -22,7 +22,7 @@ HEPTSTUDY := $(BIN)/python -m heptstudy
 STUDY_EVENTS_TRAIN ?= 256
 STUDY_EVENTS_TEST ?= 64
 
-.PHONY: install test study reference study-data lint format clean-venv
+.PHONY: install test study reference reference-b16 study-data lint format clean-venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ study: study-data
 reference: study-data
 	$(HEPTSTUDY) study run --matrix $(STUDY_MATRIX) --data-dir $(DATA_DIR) \
 	  --reference $(REFERENCE) $(STUDY_FLAGS)
+
+# batch 16 (one step of minutes) in a reference folder of its own
+reference-b16:
+	$(MAKE) reference STUDY_MATRIX=configs/study/cpu_b16.yaml REFERENCE=cpu_reference_b16
 
 lint: $(STAMP)
 	$(BIN)/ruff check heptstudy tests scripts

@@ -446,7 +446,7 @@ def policy_tradeoff(policies, tag: str = "", ax=None) -> Any:
     for b, group in policies.groupby("batch_size"):
         g = group.dropna(subset=["mean_step_s", "peak_allocated_mib"]).sort_values("mean_step_s")
         ax.plot(g["mean_step_s"], g["peak_allocated_mib"], "-", color="0.75", lw=1, zorder=1)
-        for _, row in g.iterrows():
+        for i, (_, row) in enumerate(g.iterrows()):
             pol = row["policy"]
             ax.plot(
                 row["mean_step_s"],
@@ -464,7 +464,8 @@ def policy_tradeoff(policies, tag: str = "", ax=None) -> Any:
                 text,
                 (row["mean_step_s"], row["peak_allocated_mib"]),
                 textcoords="offset points",
-                xytext=(7, 4),
+                # neighbours in step time often lie close: their labels alternate above and below
+                xytext=(7, 4) if i % 2 == 0 else (7, -26),
                 fontsize=9,
                 color=POLICY_COLORS.get(pol, "0.3"),
             )

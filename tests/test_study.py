@@ -479,7 +479,10 @@ def test_study_matrices_run_auto_where_the_budget_lies_between_off_and_full():
 
     def peak_mib(name):
         return read_report(
-            ROOT / "experiments" / "cpu_reference" / f"{name}.json"
+            ROOT
+            / "experiments"
+            / ("cpu_reference_b16" if "b16" in name else "cpu_reference")
+            / f"{name}.json"
         ).summary.max_peak_allocated_mib
 
     cpu = autos("cpu_default.yaml") | autos("cpu_b16.yaml")

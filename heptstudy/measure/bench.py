@@ -206,6 +206,22 @@ def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchR
         header["checkpointing"].memory_budget_mib = plans.budget_mib
         header["notes"].append(plans.describe())
     timing, memory = request.passes in ("both", "timing"), request.passes in ("both", "memory")
+
+    def measured_step(state, step, clock, meter=None):
+        # both passes run exactly this step: same batch, same plan, a fresh model each
+        model, optimizer, scheduler = state
+        return run_step(
+            model,
+            batches[step],
+            optimizer,
+            scheduler,
+            config,
+            dtype,
+            meter=meter,
+            clock=clock,
+            plan=_plan(choices[step]),
+        )
+
     bar = tqdm(
         total=(timing + memory) * len(batches),
         disable=not request.progress,
@@ -217,47 +233,27 @@ def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchR
     try:
         # Pass 1: time the steps and their phases, without any tracker.
         timer = StepTimer(device, warmup=warmup)
-        if timing:
-            model, optimizer, scheduler = _fresh(config, device)
-        for step, batch in enumerate(batches if timing else []):
+        state = _fresh(config, device) if timing else None
+        for step in range(len(batches) if timing else 0):
             clock = make_phase_clock(device)
             with timer.step(), HostUsage() as usage:
-                result = run_step(
-                    model,
-                    batch,
-                    optimizer,
-                    scheduler,
-                    config,
-                    dtype,
-                    clock=clock,
-                    plan=_plan(choices[step]),
-                )
+                result = measured_step(state, step, clock)
             records[step]["time_s"] = timer.records[-1].seconds
             records[step]["phase_time_s"] = clock.seconds()
             records[step].update(usage.fields())
             records[step]["loss"] = {k: float(v) for k, v in result.losses.items()}  # untimed
             bar.update(1)
         if timing:
-            del model, optimizer, scheduler, result
+            del state, result
         if memory:
             # Pass 2: memory, over the same batches from the same initial state.
             where = "memory pass"
             meter = make_meter(device, track_categories=True)
-            model, optimizer, scheduler = _fresh(config, device)
+            state = _fresh(config, device)
             categories = None
-            for step, batch in enumerate(batches):
+            for step in range(len(batches)):
                 clock = PhaseClock()  # knows the phase (for an out-of-memory), times nothing
-                result = run_step(
-                    model,
-                    batch,
-                    optimizer,
-                    scheduler,
-                    config,
-                    dtype,
-                    meter=meter,
-                    clock=clock,
-                    plan=_plan(choices[step]),
-                )
+                result = measured_step(state, step, clock, meter)
                 mem = result.memory
                 records[step]["peak_allocated_mib"] = mem.peak_allocated_mib
                 records[step]["peak_reserved_mib"] = mem.peak_reserved_mib
@@ -272,7 +268,7 @@ def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchR
                 bar.update(1)
             where, clock = "validation", None
             validation, _ = validate(
-                model, _validation(config, request.batch_size, device), config, device, dtype
+                state[0], _validation(config, request.batch_size, device), config, device, dtype
             )
     except torch.OutOfMemoryError as err:
         bar.close()

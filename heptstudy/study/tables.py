@@ -111,10 +111,7 @@ def comparison_table(comp) -> Any:
         "rounds": "rounds",
         "flag": "flag",
     }
-    table = comp[[c for c in names if c in comp.columns]].rename(columns=names)
-    if "flag" in table.columns and not table["flag"].fillna("").astype(bool).any():
-        table = table.drop(columns="flag")
-    return integer_counts(table.round(1))
+    return _shown(comp, names)
 
 
 def overhead_table(over) -> Any:
@@ -159,7 +156,13 @@ def policy_table(policies) -> Any:
         "rounds": "rounds",
         "flag": "flag",
     }
-    table = policies[[c for c in names if c in policies.columns]].rename(columns=names)
+    return _shown(policies, names)
+
+
+def _shown(frame, names: dict[str, str]) -> Any:
+    """The columns of ``frame`` named in ``names``, renamed, rounded to 0.1; the flag column
+    only where some row carries a flag."""
+    table = frame[[c for c in names if c in frame.columns]].rename(columns=names)
     if "flag" in table.columns and not table["flag"].fillna("").astype(bool).any():
         table = table.drop(columns="flag")
     return integer_counts(table.round(1))
