@@ -454,6 +454,27 @@ def test_auto_rates_come_from_each_steps_plan():
     assert used == {"off": 1, "full": 2}
 
 
+def test_auto_reports_and_the_budget_in_the_key():
+    full = model_key(_h200_key(), "cuda")
+    # the budget chooses a plan, it does not change the memory a plan needs
+    budget = model_key(_h200_key(model__heptv2__memory_budget_gib=3.5), "cuda")
+    assert mismatches(full, budget)[0] == [] and budget["model_hash"] == full["model_hash"]
+    # an auto report's steps ran several plans: it holds for none of them
+    auto = model_key(_h200_key(model__heptv2__activation_checkpointing="auto"), "cuda")
+    assert auto["checkpointing"] == "auto" and auto["checkpointing_policy"] is None
+    assert "checkpointing: model 'auto', configured True" in mismatches(auto, full)[0]
+
+
+def test_fit_auto_sets_auto_on_the_fitted_variant_only(tiny_data_dir):
+    from heptstudy.fitting.api import resolve_config
+
+    # the default scenario also holds a model without a HEPTv2 backbone (track_cluster_mlpf),
+    # which refuses activation_checkpointing=auto
+    request = FitRequest(platform="local_cpu", checkpointing="auto", data_dir=str(tiny_data_dir))
+    _, variant, _ = resolve_config(request)
+    assert variant.config.model.heptv2.activation_checkpointing == "auto"
+
+
 def test_fit_refuses_an_unknown_checkpointing_answer():
     with pytest.raises(FitError, match="--checkpointing 'sometimes' is not allowed"):
         FitRequest(platform="h100", checkpointing="sometimes")

@@ -16,6 +16,7 @@ import yaml
 
 from heptstudy import scenario as sc
 from heptstudy.config import HIT_VARIANT, TRACK_CLUSTER_VARIANT
+from heptstudy.errors import ConfigError
 from heptstudy.scenario.cli import main as sc_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,6 +173,19 @@ def test_out_dir_is_a_root_per_variant(tmp_path):
         str(tmp_path / "cld_pf_heptv2_batch512_50k" / v)
         for v in (TRACK_CLUSTER_VARIANT, HIT_VARIANT)
     }
+
+
+def test_variant_overrides_reach_the_named_variant_only():
+    auto = {HIT_VARIANT: ["model.heptv2.activation_checkpointing=auto"]}
+    over = ["train.global_batch_size=8"]
+    res = sc.resolve(RECIPE, "local_cpu", overrides=over, variant_overrides=auto)
+    settings = {v.name: v.config.model.heptv2.activation_checkpointing for v in res.variants}
+    assert settings[HIT_VARIANT] == "auto" and settings[TRACK_CLUSTER_VARIANT] is False
+    # given to every variant, the model without a HEPTv2 backbone refuses it
+    with pytest.raises(ConfigError, match="track_cluster_mlpf"):
+        sc.resolve(RECIPE, "local_cpu", overrides=over + auto[HIT_VARIANT])
+    with pytest.raises(sc.ScenarioError, match="nope"):
+        sc.resolve(RECIPE, "local_cpu", overrides=over, variant_overrides={"nope": []})
 
 
 # ----------------------------------------------------------------------------- invariants

@@ -127,19 +127,35 @@ def resolve_config(request: FitRequest):
     from heptstudy.scenario import ScenarioError, resolve
 
     over = list(request.overrides)
-    if request.checkpointing == "auto":
-        over.append("model.heptv2.activation_checkpointing=auto")
+    # only the fitted variant: the scenario's other models may have no HEPTv2 backbone
+    only_fitted = (
+        {request.variant: ["model.heptv2.activation_checkpointing=auto"]}
+        if request.checkpointing == "auto"
+        else None
+    )
     if request.data_dir:
         over.insert(0, f"data.data_dir={Path(request.data_dir).expanduser().resolve()}")
     scenario, platform = repo_path(request.scenario), repo_path(request.platform)
     notes = []
     try:
-        res = resolve(scenario, platform, variants=[request.variant], overrides=over)
+        res = resolve(
+            scenario,
+            platform,
+            variants=[request.variant],
+            overrides=over,
+            variant_overrides=only_fitted,
+        )
     except ScenarioError as err:
         if err.rule != "eval-within-test-split":
             raise
         over += ["data.nvalid=0", "data.ntest=0"]
-        res = resolve(scenario, platform, variants=[request.variant], overrides=over)
+        res = resolve(
+            scenario,
+            platform,
+            variants=[request.variant],
+            overrides=over,
+            variant_overrides=only_fitted,
+        )
         notes.append(
             "validation/test sizes lowered to 0 for this data set (they do not enter the training step)"
         )

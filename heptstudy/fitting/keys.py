@@ -21,12 +21,15 @@ SETTINGS = (
     "checkpointing_policy",
     "checkpoint_every",
 )
-#: Model fields that are key settings of their own (not repeated in ``model``).
+#: Model fields that are key settings of their own (not repeated in ``model``), and the memory
+#: budget of activation_checkpointing=auto, which chooses a plan but does not change the memory
+#: a plan needs.
 _IN_SETTINGS = (
     "attention_backend",
     "activation_checkpointing",
     "activation_checkpointing_policy",
     "checkpoint_every",
+    "memory_budget_gib",
 )
 #: Sections of the model configuration the other variant's network does not read.
 _UNUSED_SECTIONS = {
@@ -50,7 +53,9 @@ def model_key(config: dict[str, Any], device_kind: str) -> dict[str, Any]:
     """The key of ``config`` (a configuration as a dict) on a device of ``device_kind``."""
     model = config["model"]
     h = model.get("heptv2") or {}
-    ck = bool(h.get("activation_checkpointing"))
+    # auto's steps run different plans, so its reports hold for no single plan: a key of its own
+    setting = h.get("activation_checkpointing")
+    ck = "auto" if setting == "auto" else bool(setting)
     sections = _model_sections(model)
     return {
         "device_kind": device_kind,
@@ -58,8 +63,8 @@ def model_key(config: dict[str, Any], device_kind: str) -> dict[str, Any]:
         "variant": model["variant"],
         "attention_backend": h.get("attention_backend"),
         "checkpointing": ck,
-        "checkpointing_policy": h.get("activation_checkpointing_policy") if ck else None,
-        "checkpoint_every": int(h.get("checkpoint_every", 1)) if ck else None,
+        "checkpointing_policy": h.get("activation_checkpointing_policy") if ck is True else None,
+        "checkpoint_every": int(h.get("checkpoint_every", 1)) if ck is True else None,
         "model_hash": hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[
             :12
         ],
@@ -69,7 +74,9 @@ def model_key(config: dict[str, Any], device_kind: str) -> dict[str, Any]:
 
 def key_label(key: dict[str, Any]) -> str:
     """A short file-name-safe label: ``variant_device_dtype_backend_ckpt_hash``."""
-    if key.get("checkpointing"):
+    if key.get("checkpointing") == "auto":
+        ck = "ckpt-auto"
+    elif key.get("checkpointing"):
         ck = f"ckpt-{key.get('checkpointing_policy')}"
         if (key.get("checkpoint_every") or 1) > 1:
             ck += f"-every{key['checkpoint_every']}"

@@ -142,14 +142,26 @@ def resolve(
     platform: str | Path,
     variants: Sequence[str] | None = None,
     overrides: Iterable[str] = (),
+    variant_overrides: Mapping[str, Iterable[str]] | None = None,
 ) -> Resolution:
     """Resolve every variant of ``scenario`` on ``platform``, check all rules, return the
-    requested ``variants`` (all by default)."""
+    requested ``variants`` (all by default). ``overrides`` apply to every variant,
+    ``variant_overrides`` (variant name -> overrides) to the named variant only, after them:
+    a setting only one model has (``activation_checkpointing=auto`` of the HEPTv2 backbone)."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     plat, plat_path = find_platform(platform)
     rules.check_variants_exist(sc.name, sc.variants, variants or ())
-    parsed = _parse_overrides(list(overrides))
-    configs = {name: _resolve_one(sc, name, plat, parsed) for name in sc.variants}
+    rules.check_variants_exist(sc.name, sc.variants, list(variant_overrides or {}))
+    shared = list(overrides)
+    configs = {
+        name: _resolve_one(
+            sc,
+            name,
+            plat,
+            _parse_overrides(shared + list((variant_overrides or {}).get(name, ()))),
+        )
+        for name in sc.variants
+    }
     rules.check_shared_budget(sc.name, configs)
     resolved = []
     for name, cfg in configs.items():
