@@ -537,3 +537,20 @@ def test_predictions_table_has_no_index_and_no_absolute_paths():
     html = predictions_table(table).to_html()
     assert "configs/fit/a.json" in html and str(project_root()) not in html
     assert "row_heading" not in html  # the pandas index is hidden
+
+
+def test_auto_predictions_answer_for_the_references_auto_run(tiny_data_dir):
+    """The aggregate's auto section: `heptstudy fit --checkpointing auto` at the committed
+    reference's auto run (batch 4, 3.5 GiB), its memory model and step times from the
+    reference's reports, on the tiny data set's occupancy."""
+    reports = study.load_reports(ROOT / "experiments" / "cpu_reference")
+    runs = study.reports_frame(reports).assign(data_dir=str(tiny_data_dir))
+    table, skipped = study.auto_predictions(runs, reports)
+    assert skipped == []
+    row = table.set_index("run").loc["auto_b4"]
+    assert row["batch"] == 4 and row["budget [MiB]"] == 3.5 * 1024
+    assert 0.0 <= row["steps checkpointing [%]"] <= 100.0
+    assert 0.0 <= row["P(step exceeds budget)"] <= 1.0
+    # every plan auto runs was timed in the reference, so both expectations are answered
+    assert row["expected step auto [s]"] > 0 and row["expected step full [s]"] > 0
+    assert row["measured step auto, round 1 [s]"] < row["measured step full, round 1 [s]"]

@@ -28,7 +28,12 @@ from heptstudy.study.common import (
     at_project_root,
     project_root,
 )
-from heptstudy.study.fits import fit_validation, optional_fit_figure, platform_predictions
+from heptstudy.study.fits import (
+    auto_predictions,
+    fit_validation,
+    optional_fit_figure,
+    platform_predictions,
+)
 from heptstudy.study.frames import (
     SYSTEM_TIME_DOMINATES,
     comparison_frame,
@@ -97,6 +102,7 @@ __all__ = [
     "categories_frame",
     "policy_label",
     "platform_predictions",
+    "auto_predictions",
     "fit_validation",
     "MEMORY",
     "PARITY",

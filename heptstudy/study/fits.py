@@ -146,3 +146,69 @@ def platform_predictions(runs, reports=(), platforms=PLATFORMS) -> tuple[Any, An
         pd.DataFrame(rows).round(3),
         skipped,
     )
+
+
+def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
+    """``heptstudy fit --checkpointing auto`` for each ``auto`` run of the study, at its batch
+    size, budget and platform, on the study's data, with the study's reports as the measured
+    step times: ``(table, skipped)``; the table ``None`` when no auto run could be answered. Next
+    to the prediction, the run's own measured mean step and that of full checkpointing at the
+    same batch size. Calibrates the plans on a fake device (about half a minute each)."""
+    import pandas as pd
+
+    from heptstudy.fitting import FitRequest, fit
+
+    data_dir, paths = _data_dir(runs), tuple(_ok_paths(reports))
+    measured = {}
+    for _, r in reports:
+        if r.kind == MEMORY and r.status == "ok" and r.summary.mean_step_time_s is not None:
+            c = r.checkpointing
+            full = c.enabled is True and (c.policy or "full") == "full" and c.checkpoint_every == 1
+            label = "auto" if c.enabled == "auto" else "full" if full else None
+            if label:
+                measured[(label, r.batch_size)] = r.summary.mean_step_time_s
+    rows, skipped = [], []
+    for _, r in reports:
+        c = r.checkpointing
+        if r.kind != MEMORY or r.status != "ok" or c.enabled != "auto" or not c.memory_budget_mib:
+            continue
+        platform = r.environment.platform or "local_cpu"
+        budget_gib = c.memory_budget_mib / 1024
+        request = FitRequest(
+            platform=platform,
+            per_device_batch=r.batch_size,
+            data_dir=data_dir,
+            reports=paths,
+            checkpointing="auto",
+            overrides=(f"model.heptv2.memory_budget_gib={budget_gib:g}",),
+            estimate_if_missing=False,
+            stored_if_reports_unusable=True,
+        )
+        try:
+            result = fit(request)
+        except Exception as err:  # noqa: BLE001 - a prediction that fails is skipped, with why
+            skipped.append(f"{r.name}: {type(err).__name__}: {str(err).splitlines()[0][:300]}")
+            continue
+        if result is None or result.auto is None:
+            skipped.append(f"{r.name}: no memory model holds for full checkpointing on {platform}")
+            continue
+        a = result.auto
+        rows.append(
+            {
+                "run": r.name,
+                "platform": platform,
+                "batch": r.batch_size,
+                "budget [MiB]": a.budget_mib,
+                "steps checkpointing [%]": 100 * a.checkpointing_fraction,
+                "plans [% of steps]": ", ".join(
+                    f"{p} {100 * f:.1f}" for p, f in a.plan_fractions.items() if f > 0
+                ),
+                "P(step exceeds budget)": a.p_step_exceeds_budget,
+                "expected step auto [s]": a.mean_step_s,
+                "expected step full [s]": a.mean_step_full_s,
+                "measured step auto, round 1 [s]": measured.get(("auto", r.batch_size)),
+                "measured step full, round 1 [s]": measured.get(("full", r.batch_size)),
+                "times": a.not_available or "seconds per padded hit of the study's reports",
+            }
+        )
+    return (pd.DataFrame(rows).round(3) if rows else None), skipped
