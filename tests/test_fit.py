@@ -465,6 +465,18 @@ def test_auto_reports_and_the_budget_in_the_key():
     assert "checkpointing: model 'auto', configured True" in mismatches(auto, full)[0]
 
 
+def test_auto_reports_give_no_memory_model_and_say_why():
+    from heptstudy.fitting.keys import checkpointing_words
+
+    reference = REPO / "experiments" / "cpu_reference"
+    models, rejected = fit_reports([reference / "auto_b4.json", reference / "checkpointed_b4.json"])
+    assert [checkpointing_words(m.key) for m in models] == ["full"]
+    assert [Path(r.path).name for r in rejected] == ["auto_b4.json"]
+    assert "ran different plans" in rejected[0].reason
+    every2 = fit_reports([reference / "checkpointed_every2_b4.json"])[0][0]
+    assert checkpointing_words(every2.key) == "full every 2"
+
+
 def test_fit_auto_sets_auto_on_the_fitted_variant_only(tiny_data_dir):
     from heptstudy.fitting.api import resolve_config
 

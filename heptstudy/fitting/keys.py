@@ -86,6 +86,17 @@ def key_label(key: dict[str, Any]) -> str:
     return "_".join(str(p) for p in [*parts, ck, key.get("model_hash")])
 
 
+def checkpointing_words(key: dict[str, Any]) -> str:
+    """``off``, ``full``, ``selective``, ``full every 2``...: the checkpointing of a key."""
+    if not key.get("checkpointing"):
+        return "off"
+    if key["checkpointing"] == "auto":
+        return "auto"
+    policy = key.get("checkpointing_policy") or "full"
+    every = key.get("checkpoint_every") or 1
+    return policy if every == 1 else f"{policy} every {every}"
+
+
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from heptstudy.fitting.keys import checkpointing_words
 from heptstudy.fitting.memmodel import MemoryModel
 
 
@@ -37,10 +38,10 @@ def fit_figure(models: list[MemoryModel], ax=None, synthetic: bool = False):
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.4, 4.2))
+        _, ax = plt.subplots(figsize=(8.6, 4.2))
     for i, m in enumerate(models):
         color = f"C{i}"
-        ck = m.key.get("checkpointing_policy") if m.key.get("checkpointing") else "off"
+        ck = checkpointing_words(m.key)
         pts = m.allocated_points
         ax.scatter(
             [p.padded_batch_hits for p in pts],
@@ -67,7 +68,9 @@ def fit_figure(models: list[MemoryModel], ax=None, synthetic: bool = False):
     ax.set_xlabel("padded batch hits (batch size x longest padded event)")
     ax.set_ylabel("peak [MiB]")
     ax.set_title("memory model" + (" — synthetic data" if synthetic else ""))
-    ax.legend(fontsize=7)
+    # beside the axes: inside, it hides the points and the figure's tag
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    ax.figure.tight_layout()
     return ax.figure
 
 

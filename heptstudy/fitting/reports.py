@@ -106,6 +106,13 @@ def _report_steps(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict
     return config, env, steps
 
 
+#: Why an auto report gives no memory model.
+AUTO_REPORT = (
+    "activation_checkpointing=auto: its steps ran different plans, so its peaks hold for no "
+    "single configuration (its step times still serve heptstudy fit --checkpointing auto)"
+)
+
+
 def read_groups(paths) -> tuple[list[ReportGroup], list[Rejected]]:
     """The usable reports among ``paths`` grouped by configuration, and the others with why."""
     groups: dict[str, ReportGroup] = {}
@@ -117,6 +124,9 @@ def read_groups(paths) -> tuple[list[ReportGroup], list[Rejected]]:
             continue
         config, env, steps = got
         key = model_key(config, str(env["device_kind"]))
+        if key["checkpointing"] == "auto":
+            rejected.append(Rejected(str(path), AUTO_REPORT))
+            continue
         group = groups.setdefault(key_label(key), ReportGroup(key))
         group.files.append(str(path))
         group.environments.append(env)

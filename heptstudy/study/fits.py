@@ -53,10 +53,12 @@ def fit_validation(reports) -> tuple[Any, str]:
     the others (``(table, "")`` or ``(None, why)``)."""
     import pandas as pd
 
+    from heptstudy.fitting.keys import checkpointing_words
+
     models, why = _models(reports)
     rows = []
     for m in models:
-        ck = m.key.get("checkpointing_policy") if m.key.get("checkpointing") else "off"
+        ck = checkpointing_words(m.key)
         for quantity in ("allocated", "reserved"):
             for r in (m.validation.get(quantity) or {}).get("rows", []):
                 rows.append(
