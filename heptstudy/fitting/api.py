@@ -137,25 +137,22 @@ def resolve_config(request: FitRequest):
         over.insert(0, f"data.data_dir={Path(request.data_dir).expanduser().resolve()}")
     scenario, platform = repo_path(request.scenario), repo_path(request.platform)
     notes = []
-    try:
-        res = resolve(
+
+    def resolved(overrides):
+        return resolve(
             scenario,
             platform,
             variants=[request.variant],
-            overrides=over,
+            overrides=overrides,
             variant_overrides=only_fitted,
         )
+
+    try:
+        res = resolved(over)
     except ScenarioError as err:
         if err.rule != "eval-within-test-split":
             raise
-        over += ["data.nvalid=0", "data.ntest=0"]
-        res = resolve(
-            scenario,
-            platform,
-            variants=[request.variant],
-            overrides=over,
-            variant_overrides=only_fitted,
-        )
+        res = resolved([*over, "data.nvalid=0", "data.ntest=0"])
         notes.append(
             "validation/test sizes lowered to 0 for this data set (they do not enter the training step)"
         )

@@ -90,6 +90,17 @@ def _data_dir(runs) -> str | None:
     return dirs[0] if dirs else None
 
 
+def _fit_or_why(request) -> tuple[Any, str]:
+    """``(fit(request), "")``, or ``(None, why)`` when it fails: a prediction that fails is
+    skipped in the report, with its first line."""
+    from heptstudy.fitting import fit
+
+    try:
+        return fit(request), ""
+    except Exception as err:  # noqa: BLE001 - any failure is shown, not raised
+        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+
+
 def platform_predictions(runs, reports=(), platforms=PLATFORMS) -> tuple[Any, Any, list[str]]:
     """The fit's answer for the recipe's per-device batch on each platform profile, on the data
     of the reports: ``(figure, table, skipped)``; figure and table ``None`` when no platform
@@ -97,7 +108,7 @@ def platform_predictions(runs, reports=(), platforms=PLATFORMS) -> tuple[Any, An
     are used: estimating one on a fake device takes too long for the report."""
     import pandas as pd
 
-    from heptstudy.fitting import FitRequest, fit
+    from heptstudy.fitting import FitRequest
     from heptstudy.fitting.plots import peak_vs_longest_figure
 
     data_dir, paths = _data_dir(runs), tuple(_ok_paths(reports))
@@ -110,10 +121,9 @@ def platform_predictions(runs, reports=(), platforms=PLATFORMS) -> tuple[Any, An
             estimate_if_missing=False,
             stored_if_reports_unusable=True,
         )
-        try:
-            result = fit(request)
-        except Exception as err:  # noqa: BLE001 - a prediction that fails is skipped, with why
-            skipped.append(f"{name}: {type(err).__name__}: {str(err).splitlines()[0][:300]}")
+        result, why = _fit_or_why(request)
+        if why:
+            skipped.append(f"{name}: {why}")
             continue
         if result is None:
             skipped.append(
@@ -158,7 +168,7 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
     same batch size. Calibrates the plans on a fake device (about half a minute each)."""
     import pandas as pd
 
-    from heptstudy.fitting import FitRequest, fit
+    from heptstudy.fitting import FitRequest
 
     data_dir, paths = _data_dir(runs), tuple(_ok_paths(reports))
     measured = {}
@@ -186,10 +196,9 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
             estimate_if_missing=False,
             stored_if_reports_unusable=True,
         )
-        try:
-            result = fit(request)
-        except Exception as err:  # noqa: BLE001 - a prediction that fails is skipped, with why
-            skipped.append(f"{r.name}: {type(err).__name__}: {str(err).splitlines()[0][:300]}")
+        result, why = _fit_or_why(request)
+        if why:
+            skipped.append(f"{r.name}: {why}")
             continue
         if result is None or result.auto is None:
             skipped.append(f"{r.name}: no memory model holds for full checkpointing on {platform}")
