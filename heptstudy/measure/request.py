@@ -230,7 +230,9 @@ class MeasurementRequest(BaseModel):
     deterministic: Flag = Field(False, description="torch.use_deterministic_algorithms(True)")
     variant: OptionalVariant = Field(None, description="model.variant; None: the recommended model")
     platform: Annotated[str | None, BeforeValidator(parse_platform)] = Field(
-        None, description="platform profile (name or YAML path); None: this machine"
+        None,
+        description="platform profile (name or YAML path); None: this machine (on a CPU, "
+        "heptstudy bench starts itself with local_cpu's allocator setting)",
     )
     data_dir: OptionalPath = Field(None, description="TFDS data directory; None: data.data_dir")
     dtype: OptionalDtype = Field(None, description="float32 or bfloat16; None: platform or config")
