@@ -175,7 +175,11 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
     for _, r in reports:
         if r.kind == MEMORY and r.status == "ok" and r.summary.mean_step_time_s is not None:
             c = r.checkpointing
-            full = c.enabled is True and (c.policy or "full") == "full" and c.checkpoint_every == 1
+            full = (
+                c.enabled is True
+                and (c.policy or "full") == "full"
+                and (c.checkpoint_every or 1) == 1
+            )
             label = "auto" if c.enabled == "auto" else "full" if full else None
             if label:
                 measured[(label, r.batch_size)] = r.summary.mean_step_time_s
