@@ -172,3 +172,8 @@ def test_bench_report_has_plan_and_predicted_peak_next_to_measured(tiny_data_dir
         assert step.checkpoint_plan == "off"  # nothing needs checkpointing in 64 GiB
         assert step.peak_allocated_mib <= step.predicted_peak_mib * 1.1
     assert any("adaptive checkpointing" in n for n in report.notes)
+    from heptstudy.measure.summary import describe
+
+    assert "checkpointing auto (budget 65,536 MiB; plans per step in the report)" in describe(
+        report
+    )

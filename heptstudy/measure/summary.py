@@ -33,8 +33,12 @@ def describe(report: BenchReport) -> str:
             f"within the repeat's own difference: {within}/{c.num_gradients}; deterministic: {p.deterministic}"
         )
     s = report.summary
+    c = report.checkpointing
+    setting = "auto" if c.enabled == "auto" else "on" if c.enabled else "off"
+    if c.enabled == "auto" and c.memory_budget_mib:
+        setting += f" (budget {c.memory_budget_mib:,.0f} MiB; plans per step in the report)"
     text = (
-        f"{head}\n  checkpointing {'on' if report.checkpointing.enabled else 'off'}: "
+        f"{head}\n  checkpointing {setting}: "
         f"peak allocated {_mib(s.max_peak_allocated_mib)}, "
         f"peak reserved {_mib(s.max_peak_reserved_mib)}, mean step "
         f"{'not timed' if s.mean_step_time_s is None else f'{s.mean_step_time_s * 1000:,.0f} ms'}"
