@@ -21,16 +21,18 @@ for allocator in default retain; do
       flag=--no-checkpointing
       [ "$mode" = checkpointed ] && flag=--checkpointing
       name="${allocator}_${mode}_b${batch}"
-      # "default": none of glibc's variables, whatever the calling shell has; "retain": the
-      # settings of configs/training/platforms/local_cpu.yaml (each report records which)
+      # "default": bench starts itself without any allocator variable; "retain": with the
+      # settings of configs/training/platforms/local_cpu.yaml (each report records which). The
+      # process is started with them already, so GNU time measures the measuring process.
       env_vars=(-u MALLOC_MMAP_THRESHOLD_ -u MALLOC_TRIM_THRESHOLD_ -u MALLOC_TOP_PAD_)
+      line=default
       if [ "$allocator" = retain ]; then
         env_vars+=(MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184
                    MALLOC_TOP_PAD_=1073741824)
+        line=platform
       fi
-      # no --platform: bench would start itself again with local_cpu's allocator settings
       /usr/bin/time -o "$out/.time" -f "%e\t%U\t%S\t%R\t%M" \
-        env "${env_vars[@]}" "$bin/heptstudy" bench --batch-size "$batch" $flag \
+        env "${env_vars[@]}" "$bin/heptstudy" bench --allocator "$line" --batch-size "$batch" $flag \
           --steps 2 --warmup 1 --data-dir "$data_dir" --no-progress \
           --output "$out/$name.json" > "$out/.log" 2>&1 || { cat "$out/.log"; exit 1; }
       printf "%s\t%s\t%s\n" "$allocator" "$name" "$(cat "$out/.time")" >> "$out/processes.tsv"

@@ -279,6 +279,30 @@ def test_allocator_settings_and_the_environment_a_process_starts_with(monkeypatc
     assert os.environ.get("MALLOC_TOP_PAD_") != "1"
 
 
+@pytest.mark.parametrize("line", ["platform", "default"])
+def test_bench_command_starts_itself_with_its_allocator(line, tiny_data_dir, tmp_path):
+    """`heptstudy bench` on a CPU, no --platform: started with a stray glibc variable, it
+    starts itself again with local_cpu's settings, or with none for --allocator default."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "b1.json"
+    overrides = [a for o in TINY_MODEL for a in ("--set", o)]
+    argv = ["bench", "--batch-size", "1", "--passes", "timing", "--steps", "1", "--warmup", "0"]
+    argv += ["--data-dir", str(tiny_data_dir), "--output", str(out), "--no-progress"]
+    env = {**os.environ, "MALLOC_TOP_PAD_": "4096"}
+    done = subprocess.run(
+        [sys.executable, "-m", "heptstudy", *argv, *overrides, "--allocator", line],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    want = alloc.platform_allocator("local_cpu") if line == "platform" else {}
+    assert read_report(out).environment.allocator_settings == want
+
+
 def test_host_usage_counts_page_faults():
     with HostUsage() as usage:
         block = bytearray(64 * 2**20)  # the kernel maps and zeroes fresh pages

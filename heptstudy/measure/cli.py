@@ -28,12 +28,16 @@ def _bench(args: argparse.Namespace) -> int:
     from heptstudy.measure.summary import describe
 
     request = request_from_args(args)
-    # the platform's allocator settings take effect only in a process started with them
-    if not start_with(measurement_allocator(request.platform, request.device.type)):
+    # allocator settings take effect only in a process started with them; {}: none at all
+    if args.allocator == "default":
+        settings, whose = {}, "the allocator as it comes"
+    else:
+        settings = measurement_allocator(request.platform, request.device.type)
+        whose = f"the allocator settings of platform {request.platform or 'local_cpu'}"
+    if not start_with(settings):
         print(
-            f"note: the allocator settings of platform {request.platform or 'local_cpu'} are "
-            "not in effect "
-            "(this process was not started with them); the report records what it ran with",
+            f"note: {whose} are not in effect (this process was not started with them); the "
+            "report records what it ran with",
             file=sys.stderr,
         )
     report = run_bench(request)
@@ -125,5 +129,13 @@ def register_cli(sub) -> None:
         default=argparse.SUPPRESS,
         help="checkpointing auto: each step runs the cheapest plan whose predicted peak fits "
         "model.heptv2.memory_budget_gib (--set it; default: the platform's memory less 10%%)",
+    )
+    p.add_argument(
+        "--allocator",
+        choices=("platform", "default"),
+        default="platform",
+        help="platform: start with the platform profile's allocator settings (on a CPU without "
+        "--platform, local_cpu's: glibc keeps freed memory); default: the allocator as it "
+        "comes, as an unconfigured training sees it (as the study matrix's allocator: default)",
     )
     p.set_defaults(func=_bench)
