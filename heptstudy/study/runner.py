@@ -184,13 +184,9 @@ class Prepared:
 
 
 def _allocator_of(ex: Execution, request) -> dict[str, str] | None:
-    from heptstudy.measure.allocator import measurement_allocator
+    from heptstudy.measure.allocator import platform_allocator
 
-    return (
-        {}
-        if ex.allocator == DEFAULT
-        else measurement_allocator(request.platform, request.device.type)
-    )
+    return {} if ex.allocator == DEFAULT else platform_allocator(request.platform)
 
 
 def prepare(matrix: Matrix) -> list[Prepared]:
