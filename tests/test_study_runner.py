@@ -300,7 +300,14 @@ def test_bench_command_starts_itself_with_its_allocator(line, tiny_data_dir, tmp
     )
     assert done.returncode == 0, done.stderr
     want = alloc.platform_allocator("local_cpu") if line == "platform" else {}
-    assert read_report(out).environment.allocator_settings == want
+    report = read_report(out)
+    assert report.environment.allocator_settings == want
+    # its summary says which allocator, and what glibc's defaults do to the times
+    from heptstudy.measure.summary import describe
+
+    said = describe(report)
+    assert f"allocator: {report.environment.allocator}" in said
+    assert ("include its page faults" in said) == (line == "default")
 
 
 def test_host_usage_counts_page_faults():

@@ -49,6 +49,23 @@ def describe(report: BenchReport) -> str:
             f"{PHASE_LABELS.get(k, k)} {v * 1000:,.0f} ms" for k, v in s.mean_phase_time_s.items()
         )
         text += f"\n  of which {parts}"
+    return text + _allocator_words(report)
+
+
+def _allocator_words(report: BenchReport) -> str:
+    """On a CPU, the allocator the process ran with, and what its defaults do to step times."""
+    from heptstudy.measure.allocator import describe_settings
+
+    env = report.environment
+    if env.device_kind != "cpu" or not env.allocator or report.summary.mean_step_time_s is None:
+        return ""
+    settings = env.allocator_settings or {}
+    text = f"\n  allocator: {env.allocator} ({describe_settings(settings)})"
+    if not settings:
+        text += (
+            ": freed memory goes back to the kernel, so these step times include its page "
+            "faults (heptstudy bench and heptstudy study run start with local_cpu's setting)"
+        )
     return text
 
 
