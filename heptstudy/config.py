@@ -108,6 +108,13 @@ class HEPTv2Config(_Strict):
         description="peak memory one step may use under activation_checkpointing=auto; None: "
         "the platform's device memory less its safety margin",
     )
+    auto_plan_order: list[Literal["selective", "every2", "full"]] = Field(
+        default_factory=lambda: ["selective", "every2", "full"],
+        description="activation_checkpointing=auto: the checkpointing plans tried after off (no "
+        "recomputation, always tried first), cheapest first. The default order is assumed; "
+        "on the CPU reference every2 was faster than selective and smaller "
+        "(experiments/cpu_reference/, experiments/auto_cpu_b4_12steps/)",
+    )
     activation_checkpointing_policy: Literal["full", "selective"] = "full"
     checkpoint_every: int = Field(1, ge=1, description="checkpoint every k-th backbone layer")
     attention_backend: Literal["auto", "fused", "plain"] = Field(
@@ -135,6 +142,31 @@ class HEPTv2Config(_Strict):
                 "bool_number_mixup",
                 "takes a number of GiB (or null for the platform's), not true/false",
                 {},
+            )
+        return value
+
+    @field_validator("auto_plan_order", mode="before")
+    @classmethod
+    def _off_is_not_listed(cls, value: Any) -> Any:
+        # YAML reads a bare off as false
+        if isinstance(value, list) and any(v is False or v == "off" for v in value):
+            raise PydanticCustomError(
+                "plan_order",
+                "lists the checkpointing plans tried after off, which is always tried first: "
+                "leave off out, for example [every2, full]",
+                {},
+            )
+        return value
+
+    @field_validator("auto_plan_order")
+    @classmethod
+    def _plans_once_each(cls, value: list[str]) -> list[str]:
+        if not value or len(set(value)) != len(value):
+            raise PydanticCustomError(
+                "plan_order",
+                "takes each of selective, every2, full at most once, at least one, cheapest "
+                "first, not {got}; for example [every2, full]",
+                {"got": as_yaml(value)},
             )
         return value
 

@@ -118,8 +118,23 @@ def test_configuration_of_auto_and_budget():
         memory_budget_mib(load_config(overrides=AUTO), CPU)
     given = load_config(overrides=[*AUTO, "model.heptv2.memory_budget_gib=2.5"])
     assert memory_budget_mib(given, CPU) == (2560.0, "model.heptv2.memory_budget_gib")
-    assert [p.name for p in candidate_plans(6)] == ["off", "selective", "every2", "full"]
-    assert [p.name for p in candidate_plans(1)] == ["off", "selective", "full"]
+    heptv2 = load_config(overrides=AUTO).model.heptv2
+    assert [p.name for p in candidate_plans(heptv2)] == ["off", "selective", "every2", "full"]
+    one_layer = load_config(overrides=[*AUTO, "model.heptv2.num_convs=1"]).model.heptv2
+    assert [p.name for p in candidate_plans(one_layer)] == ["off", "selective", "full"]
+
+
+def test_plan_order_is_configurable_and_checked():
+    order = load_config(overrides=[*AUTO, "model.heptv2.auto_plan_order=[every2,full]"])
+    assert [p.name for p in candidate_plans(order.model.heptv2)] == ["off", "every2", "full"]
+    for bad in ("[full,full]", "[]", "[off,full]", "[partial]"):
+        with pytest.raises(ConfigError, match="auto_plan_order"):
+            load_config(overrides=[*AUTO, f"model.heptv2.auto_plan_order={bad}"])
+    # the order chooses among plans, it does not change their memory: same model key
+    from heptstudy.fitting import model_key
+
+    plain = load_config(overrides=AUTO).to_dict()
+    assert model_key(order.to_dict(), "cpu") == model_key(plain, "cpu")
 
 
 @pytest.mark.slow  # a calibration of four plans on fake tensors (about 18 s)

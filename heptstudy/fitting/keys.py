@@ -22,14 +22,15 @@ SETTINGS = (
     "checkpoint_every",
 )
 #: Model fields that are key settings of their own (not repeated in ``model``), and the memory
-#: budget of activation_checkpointing=auto, which chooses a plan but does not change the memory
-#: a plan needs.
+#: budget and plan order of activation_checkpointing=auto, which choose a plan but do not change
+#: the memory a plan needs.
 _IN_SETTINGS = (
     "attention_backend",
     "activation_checkpointing",
     "activation_checkpointing_policy",
     "checkpoint_every",
     "memory_budget_gib",
+    "auto_plan_order",
 )
 #: Sections of the model configuration the other variant's network does not read.
 _UNUSED_SECTIONS = {

@@ -84,7 +84,7 @@ def calibrate(
 
     started = time.perf_counter()
     fake = fake_device_type() if device.type == "cuda" else "cpu"
-    plans = list(plans) if plans is not None else candidate_plans(config.model.heptv2.num_convs)
+    plans = list(plans) if plans is not None else candidate_plans(config.model.heptv2)
     models = {}
     for plan in plans:
         fixed = plan_config(config, plan)

@@ -6,10 +6,12 @@ step, a memory model per candidate plan predicts the step's peak from the batch'
 cheapest plan whose prediction fits the budget. When none fits, :class:`NoPlanFits` names the
 batch, the predictions and the budget before the step allocates anything.
 
-Candidate plans, cheapest first. The order is by how much of the backbone's forward work the
-backward recomputes, an assumption, not a measurement: ``off`` recomputes nothing,
-``selective`` recomputes everything but the dense projections (the bulk of the floating-point
-work is kept), ``every2`` recomputes every other layer whole, ``full`` every layer whole.
+Candidate plans, cheapest first: ``off`` (recomputes nothing) always first, then
+``model.heptv2.auto_plan_order``. Its default, ``selective``, ``every2``, ``full``, orders by how
+much of the backbone's forward work the backward recomputes, an assumption, not a measurement:
+``selective`` recomputes everything but the dense projections, ``every2`` every other layer
+whole, ``full`` every layer whole. On the CPU reference the bucket scores ``selective``
+recomputes are most of a step's backbone work, and ``every2`` was faster and smaller there.
 
 Memory models. Each plan's model is *estimated* at the start of a run
 (:func:`heptstudy.fitting.plans.calibrate`): one
@@ -58,10 +60,14 @@ EVERY_2 = Plan("every2", True, "full", 2)
 FULL = Plan("full", True)
 
 
-def candidate_plans(num_layers: int) -> list[Plan]:
-    """The plans tried, cheapest first; ``every2`` only where it differs from ``full``."""
-    plans = [OFF, SELECTIVE, EVERY_2, FULL]
-    return [p for p in plans if p is not EVERY_2 or num_layers >= 2]
+PLANS = {p.name: p for p in (OFF, SELECTIVE, EVERY_2, FULL)}
+
+
+def candidate_plans(heptv2) -> list[Plan]:
+    """The plans tried, cheapest first: ``off``, then ``heptv2.auto_plan_order``; ``every2``
+    only where it differs from ``full`` (two layers or more)."""
+    plans = [OFF, *(PLANS[name] for name in heptv2.auto_plan_order)]
+    return [p for p in plans if p is not EVERY_2 or heptv2.num_convs >= 2]
 
 
 def plan_config(config: Config, plan: Plan) -> Config:
