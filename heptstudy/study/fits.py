@@ -90,13 +90,23 @@ def _data_dir(runs) -> str | None:
     return dirs[0] if dirs else None
 
 
-def _fit_or_why(request) -> tuple[Any, str]:
-    """``(fit(request), "")``, or ``(None, why)`` when it fails: a prediction that fails is
-    skipped in the report, with its first line."""
-    from heptstudy.fitting import fit
+def _study_fit(runs, reports, **request) -> tuple[Any, str]:
+    """``heptstudy fit`` on the study's data with its successful memory reports, measured or
+    stored models only (estimating one on a fake device takes too long for the report):
+    ``(result, "")``, or ``(None, why)`` when it fails, so the report skips it with its first
+    line. ``request``: the other :class:`~heptstudy.fitting.FitRequest` fields."""
+    from heptstudy.fitting import FitRequest, fit
 
     try:
-        return fit(request), ""
+        return fit(
+            FitRequest(
+                data_dir=_data_dir(runs),
+                reports=tuple(_ok_paths(reports)),
+                estimate_if_missing=False,
+                stored_if_reports_unusable=True,
+                **request,
+            )
+        ), ""
     except Exception as err:  # noqa: BLE001 - any failure is shown, not raised
         return None, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
 
@@ -108,20 +118,11 @@ def platform_predictions(runs, reports=(), platforms=PLATFORMS) -> tuple[Any, An
     are used: estimating one on a fake device takes too long for the report."""
     import pandas as pd
 
-    from heptstudy.fitting import FitRequest
     from heptstudy.fitting.plots import peak_vs_longest_figure
 
-    data_dir, paths = _data_dir(runs), tuple(_ok_paths(reports))
     results, rows, skipped = {}, [], []
     for name in platforms:
-        request = FitRequest(
-            platform=name,
-            data_dir=data_dir,
-            reports=paths,
-            estimate_if_missing=False,
-            stored_if_reports_unusable=True,
-        )
-        result, why = _fit_or_why(request)
+        result, why = _study_fit(runs, reports, platform=name)
         if why:
             skipped.append(f"{name}: {why}")
             continue
@@ -168,20 +169,14 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
     same batch size. Calibrates the plans on a fake device (about half a minute each)."""
     import pandas as pd
 
-    from heptstudy.fitting import FitRequest
+    from heptstudy.study.frames import policy_label
 
-    data_dir, paths = _data_dir(runs), tuple(_ok_paths(reports))
     measured = {}
     for _, r in reports:
         if r.kind == MEMORY and r.status == "ok" and r.summary.mean_step_time_s is not None:
             c = r.checkpointing
-            full = (
-                c.enabled is True
-                and (c.policy or "full") == "full"
-                and (c.checkpoint_every or 1) == 1
-            )
-            label = "auto" if c.enabled == "auto" else "full" if full else None
-            if label:
+            label = policy_label(c.enabled, c.policy, c.checkpoint_every)
+            if label in ("auto", "full"):
                 measured[(label, r.batch_size)] = r.summary.mean_step_time_s
     rows, skipped = [], []
     for _, r in reports:
@@ -189,18 +184,14 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
         if r.kind != MEMORY or r.status != "ok" or c.enabled != "auto" or not c.memory_budget_mib:
             continue
         platform = r.environment.platform or "local_cpu"
-        budget_gib = c.memory_budget_mib / 1024
-        request = FitRequest(
+        result, why = _study_fit(
+            runs,
+            reports,
             platform=platform,
             per_device_batch=r.batch_size,
-            data_dir=data_dir,
-            reports=paths,
             checkpointing="auto",
-            overrides=(f"model.heptv2.memory_budget_gib={budget_gib:g}",),
-            estimate_if_missing=False,
-            stored_if_reports_unusable=True,
+            overrides=(f"model.heptv2.memory_budget_gib={c.memory_budget_mib / 1024:g}",),
         )
-        result, why = _fit_or_why(request)
         if why:
             skipped.append(f"{r.name}: {why}")
             continue
