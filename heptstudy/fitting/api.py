@@ -17,7 +17,7 @@ from typing import Any
 from heptstudy.fitting.margin import DEFAULT_MARGIN_FRACTION
 from heptstudy.fitting.memmodel import FitError, MemoryModel
 from heptstudy.fitting.predict import FitAnswer, evaluate
-from heptstudy.fitting.reports import Rejected
+from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import choose_model
 from heptstudy.scenario.model import REPO_ROOT
 from heptstudy.units import GIB, MIB
@@ -297,11 +297,8 @@ def _read_reports(paths: list[str]) -> list[Any]:
     """The bench reports of ``paths`` (files, or folders of ``*.json``) that can be read."""
     from heptstudy.measure.report import ReportError, read_report
 
-    files = []
-    for p in map(Path, paths):
-        files += sorted(p.glob("*.json")) if p.is_dir() else [p]
     found = []
-    for f in files:
+    for f in expand_report_paths(paths):
         try:
             found.append(read_report(f))
         except ReportError:

@@ -20,6 +20,7 @@ import numpy as np
 
 from heptstudy.data.batching import padded_sizes
 from heptstudy.fitting import occupancy
+from heptstudy.model.adaptive_checkpointing import NoPlanFits
 
 
 @dataclass
@@ -98,9 +99,10 @@ def evaluate_auto(
     names = [p.name for p in predictor.plans]
     chosen = []  # plan index per level, len(names) when none fits
     for level in levels:
-        predicted = predictor.predict_mib(b, int(level))
-        fits = [i for i, n in enumerate(names) if predicted[n] <= predictor.budget_mib]
-        chosen.append(fits[0] if fits else len(names))
+        try:
+            chosen.append(names.index(predictor.choose(b, int(level)).plan.name))
+        except NoPlanFits:
+            chosen.append(len(names))
     chosen = np.asarray(chosen)
     fractions = {n: float(pmf[chosen == i].sum()) for i, n in enumerate(names)}
     p_batch = float(pmf[chosen == len(names)].sum())

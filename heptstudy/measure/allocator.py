@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping
 
 from heptstudy.errors import HeptstudyError
+from heptstudy.units import GIB
 
 #: Environment variables that choose or tune the allocator: glibc (``MALLOC_*_``,
 #: ``GLIBC_TUNABLES``), jemalloc (``MALLOC_CONF``), tcmalloc (``TCMALLOC_*``), mimalloc.
@@ -145,8 +146,7 @@ def start_with(settings: Mapping[str, str] | None) -> bool:
     argv = [sys.executable, *getattr(sys, "orig_argv", [sys.executable, *sys.argv])[1:]]
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, argv, env)
-    return True  # not reached: execve replaces the process
+    os.execve(sys.executable, argv, env)  # replaces this process: does not return
 
 
 def describe_settings(settings: Mapping[str, str]) -> str:
@@ -156,7 +156,18 @@ def describe_settings(settings: Mapping[str, str]) -> str:
         return "defaults"
     parts = []
     for k, v in settings.items():
-        if v.isdigit() and int(v) >= 2**30 and int(v) % 2**30 == 0:
-            v = f"{int(v) // 2**30} GiB"
+        if v.isdigit() and int(v) >= GIB and int(v) % GIB == 0:
+            v = f"{int(v) // GIB} GiB"
         parts.append(f"{k}={v}")
     return ", ".join(parts)
+
+
+def allocator_label(report) -> str | None:
+    """``glibc 2.36 (defaults)``, ``glibc 2.36 (MALLOC_MMAP_THRESHOLD_=16 GiB, ...)``; None for
+    reports from before the allocator was recorded."""
+    env = report.environment
+    name = getattr(env, "allocator", None)
+    settings = getattr(env, "allocator_settings", None)
+    if name is None and settings is None:
+        return None
+    return f"{name or 'allocator'} ({describe_settings(settings or {})})"

@@ -15,7 +15,6 @@ enough events, so that a measurement is never run only to be lost.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,13 @@ from heptstudy.measure.memory import make_meter
 from heptstudy.measure.parity import build_seeded, run_parity, set_deterministic
 from heptstudy.measure.request import PARITY, MeasurementRequest
 from heptstudy.measure.step import run_step
-from heptstudy.measure.timing import STEP_PHASES, PhaseClock, StepTimer, make_phase_clock
+from heptstudy.measure.timing import (
+    STEP_PHASES,
+    PhaseClock,
+    StepTimer,
+    make_phase_clock,
+    summarize,
+)
 from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.validate import validate
@@ -219,7 +224,7 @@ def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchR
             dtype,
             meter=meter,
             clock=clock,
-            plan=_plan(choices[step]),
+            plan=None if choices[step] is None else choices[step].plan,
         )
 
     bar = tqdm(
@@ -232,25 +237,24 @@ def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchR
     mem, categories, validation = None, None, {}
     try:
         # Pass 1: time the steps and their phases, without any tracker.
-        timer = StepTimer(device, warmup=warmup)
-        state = _fresh(config, device) if timing else None
-        for step in range(len(batches) if timing else 0):
-            clock = make_phase_clock(device)
-            with timer.step(), HostUsage() as usage:
-                result = measured_step(state, step, clock)
-            records[step]["time_s"] = timer.records[-1].seconds
-            records[step]["phase_time_s"] = clock.seconds()
-            records[step].update(usage.fields())
-            records[step]["loss"] = {k: float(v) for k, v in result.losses.items()}  # untimed
-            bar.update(1)
         if timing:
+            timer = StepTimer(device, warmup=warmup)
+            state = _fresh(config, device)
+            for step in range(len(batches)):
+                clock = make_phase_clock(device)
+                with timer.step(), HostUsage() as usage:
+                    result = measured_step(state, step, clock)
+                records[step]["time_s"] = timer.records[-1].seconds
+                records[step]["phase_time_s"] = clock.seconds()
+                records[step].update(usage.fields())
+                records[step]["loss"] = {k: float(v) for k, v in result.losses.items()}  # untimed
+                bar.update(1)
             del state, result
         if memory:
             # Pass 2: memory, over the same batches from the same initial state.
             where = "memory pass"
             meter = make_meter(device, track_categories=True)
             state = _fresh(config, device)
-            categories = None
             for step in range(len(batches)):
                 clock = PhaseClock()  # knows the phase (for an out-of-memory), times nothing
                 result = measured_step(state, step, clock, meter)
@@ -291,16 +295,13 @@ def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchR
         )
     bar.close()
     counted = [r for r in records if r["counted"]]
-    times = [r["time_s"] for r in counted if r.get("time_s") is not None]
-    mean = sum(times) / len(times) if times else None
+    timed = summarize([r["time_s"] for r in counted if r.get("time_s") is not None])
     summary = rp.Summary(
         counted_steps=len(counted),
         warmup_steps=warmup,
-        mean_step_time_s=mean,
-        std_step_time_s=math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1))
-        if len(times) > 1
-        else (0.0 if times else None),
-        min_step_time_s=min(times) if times else None,
+        mean_step_time_s=timed.mean_s,
+        std_step_time_s=timed.std_s,
+        min_step_time_s=timed.min_s,
         max_peak_allocated_mib=_max(r.get("peak_allocated_mib") for r in counted),
         max_peak_reserved_mib=_max(r.get("peak_reserved_mib") for r in counted),
         allocated_definition=mem.allocated_definition if mem else None,
@@ -344,10 +345,6 @@ _CATEGORY_NOTE = (
     "buffers, gradients, optimizer state, activations saved for backward, inputs (the batch), "
     "temporaries (the rest)"
 )
-
-
-def _plan(choice):
-    return choice.plan if choice is not None else None
 
 
 def _complete(r: dict) -> dict:

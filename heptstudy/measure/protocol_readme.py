@@ -7,7 +7,6 @@ part of the README; a test fails when the two differ.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from heptstudy.atomic import atomic_write_text
@@ -48,4 +47,3 @@ def render_readme(path: Path = README) -> bool:
 if __name__ == "__main__":
     changed = render_readme()
     print(f"{README}: protocol section {'rewritten' if changed else 'already current'}")
-    sys.exit(0)

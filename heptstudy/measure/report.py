@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from heptstudy.atomic import atomic_write_text
 from heptstudy.errors import HeptstudyError
+from heptstudy.units import MIB
 
 SCHEMA_VERSION = "heptstudy.bench/1"
 
@@ -514,7 +515,7 @@ def host_load() -> float | None:
 
 
 def mib(nbytes: int | None) -> float | None:
-    return None if nbytes is None else nbytes / 2**20
+    return None if nbytes is None else nbytes / MIB
 
 
 def finite_or_none(x: float | None) -> float | None:

@@ -18,7 +18,6 @@ and gets a mark at the start of every phase in its timeline.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -88,7 +87,7 @@ def run_step(
     float32. ``clock`` times the phases; ``meter`` measures the peak memory up to the end of
     backward. ``plan``: the checkpointing plan chosen for this batch under
     ``activation_checkpointing=auto`` (forward and backward run under it)."""
-    with applied_plan(model, plan) if plan is not None else nullcontext():
+    with applied_plan(model, plan):
         return _run_step(
             model, batch, optimizer, scheduler, config, dtype, meter, clock, keep_outputs
         )

@@ -54,14 +54,13 @@ def describe(report: BenchReport) -> str:
 
 def _allocator_words(report: BenchReport) -> str:
     """On a CPU, the allocator the process ran with, and what its defaults do to step times."""
-    from heptstudy.measure.allocator import describe_settings
+    from heptstudy.measure.allocator import allocator_label
 
     env = report.environment
     if env.device_kind != "cpu" or not env.allocator or report.summary.mean_step_time_s is None:
         return ""
-    settings = env.allocator_settings or {}
-    text = f"\n  allocator: {env.allocator} ({describe_settings(settings)})"
-    if not settings:
+    text = f"\n  allocator: {allocator_label(report)}"
+    if not env.allocator_settings:
         text += (
             ": freed memory goes back to the kernel, so these step times include its page "
             "faults (heptstudy bench and heptstudy study run start with local_cpu's setting)"

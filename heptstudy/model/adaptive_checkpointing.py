@@ -24,9 +24,9 @@ allocator's pool and kernel workspaces come on top, which the budget's safety ma
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -89,8 +89,6 @@ class PlanChoice:
     plan: Plan
     predicted_peak_mib: float
     budget_mib: float
-    batch_size: int
-    longest_padded: int
     predictions_mib: dict[str, float]
 
     def fields(self) -> dict[str, Any]:
@@ -107,7 +105,6 @@ class PlanPredictor:
     budget_mib: float
     budget_source: str
     calibration_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
     def predict_mib(self, batch_size: int, longest_padded: int) -> dict[str, float]:
         return {
@@ -115,22 +112,18 @@ class PlanPredictor:
             for p in self.plans
         }
 
-    def choose(self, batch_size: int, longest_padded: int, what: str = "") -> PlanChoice:
-        """The cheapest plan whose predicted peak fits; :class:`NoPlanFits` when none does."""
+    def choose(
+        self, batch_size: int, longest_padded: int, what: Callable[[], str] | None = None
+    ) -> PlanChoice:
+        """The cheapest plan whose predicted peak fits; :class:`NoPlanFits` when none does
+        (``what`` names the batch in its message, called only then)."""
         predictions = self.predict_mib(batch_size, longest_padded)
         for plan in self.plans:
             if predictions[plan.name] <= self.budget_mib:
-                return PlanChoice(
-                    plan,
-                    predictions[plan.name],
-                    self.budget_mib,
-                    batch_size,
-                    longest_padded,
-                    predictions,
-                )
+                return PlanChoice(plan, predictions[plan.name], self.budget_mib, predictions)
         listed = ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in predictions.items())
         raise NoPlanFits(
-            f"no checkpointing plan fits {what or 'the batch'} ({batch_size} events, longest "
+            f"no checkpointing plan fits {what() if what else 'the batch'} ({batch_size} events, longest "
             f"padded event {longest_padded} hits) in the memory budget of "
             f"{self.budget_mib:,.0f} MiB ({self.budget_source}): predicted peaks {listed}. "
             "Nothing of this step was run; lower the per-device batch or raise "
@@ -141,7 +134,8 @@ class PlanPredictor:
         """The plan for ``batch`` (its shape only: on the host, before it is moved)."""
         b, length = (int(n) for n in batch["X"].shape[:2])
         events = batch.get("event_index")
-        what = f"the batch of events {events.tolist()}" if events is not None else ""
+        # the events are named only in the error: reading them from a device costs a sync
+        what = None if events is None else lambda: f"the batch of events {events.tolist()}"
         return self.choose(b, length, what)
 
     def describe(self) -> str:
@@ -153,8 +147,12 @@ class PlanPredictor:
 
 
 @contextmanager
-def applied_plan(model: nn.Module, plan: Plan) -> Iterator[None]:
-    """Run ``model``'s backbone under ``plan`` inside the block (forward and backward)."""
+def applied_plan(model: nn.Module, plan: Plan | None) -> Iterator[None]:
+    """Run ``model``'s backbone under ``plan`` inside the block (forward and backward); None:
+    as configured (a fixed setting, or a model without a HEPTv2 backbone)."""
+    if plan is None:
+        yield
+        return
     inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model here
     if not hasattr(inner, "backbone_cfg"):
         raise TypeError(f"{type(inner).__name__} has no HEPTv2 backbone to checkpoint")

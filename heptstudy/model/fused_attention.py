@@ -23,7 +23,7 @@ def fused_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int):
     pre-scaled, so the kernel scale is 1). Returns ``out [B,C,S,H,dh]`` and ``lse [B,C,S,H]``
     in hit order, like the plain path."""
     B, C, H, Sp = buckets.order.shape
-    S = buckets.rank.shape[-1]
+    S = buckets.num_hits
     dh = q.shape[-1]
     L = flex_kernel.kernel_length(Sp)
     sort_rows, unsort_rows = _kernel_rows(buckets, L)

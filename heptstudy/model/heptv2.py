@@ -32,10 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from heptstudy.config import HEPTv2Config
-from heptstudy.data.schema import HIT_FEATURES
 
-#: Indices of the raw hit features the layer reads.
-ETA, SIN_PHI, COS_PHI = (HIT_FEATURES.index(name) for name in ("eta", "sin_phi", "cos_phi"))
+# the raw hit columns the layer reads (one index in both input layouts)
+from heptstudy.model.encoding import COS_PHI, ETA, SIN_PHI
 
 #: Width of the positional MLP's hidden layer.
 POSITIONAL_HIDDEN = 32
@@ -229,24 +228,6 @@ def _grid(B: int, C: int, H: int, device) -> tuple[torch.Tensor, torch.Tensor, t
         torch.arange(C, device=device).view(1, C, 1, 1),
         torch.arange(H, device=device).view(1, 1, H, 1),
     )
-
-
-def _sorted(t: torch.Tensor, buckets: BucketOrder) -> torch.Tensor:
-    """[B,S,H,dh] in hit order -> [B,C,H,Sp,dh], each (round, head) in its own sorted order
-    (all at once: the fused path's layout)."""
-    dh = t.shape[-1]
-    rows = t.reshape(-1, dh).index_select(0, buckets.sort_rows)
-    return rows.view(*buckets.order.shape, dh)
-
-
-def _unsorted(t: torch.Tensor, buckets: BucketOrder) -> torch.Tensor:
-    """Inverse of :func:`_sorted`: [B,C,H,Sp(,dh)] -> [B,C,S,H(,dh)] in hit order."""
-    B, C, H, _ = buckets.order.shape
-    shape = (B, C, buckets.num_hits, H)
-    if t.dim() == len(shape):
-        return t.reshape(-1).index_select(0, buckets.unsort_rows).view(shape)
-    dh = t.shape[-1]
-    return t.reshape(-1, dh).index_select(0, buckets.unsort_rows).view(*shape, dh)
 
 
 class HEPTv2Layer(nn.Module):

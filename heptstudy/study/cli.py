@@ -30,7 +30,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         counts[status] = counts.get(status, 0) + 1
     print("runs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     if done.superseded:
-        print(f"replaced results moved to: {shown(done.superseded[0].parents[0])}/ (and beside)")
+        print(f"replaced results moved to: {shown(done.superseded)}/")
     print(f"reports: {shown(done.folders.out)}/")
     if done.report_html is not None:
         print(f"report: {shown(done.report_html)}")

@@ -103,19 +103,6 @@ def host_usage_of(report) -> dict[str, float | None]:
     }
 
 
-def allocator_label(report) -> str | None:
-    """``glibc 2.36 (defaults)``, ``glibc 2.36 (MALLOC_MMAP_THRESHOLD_=16 GiB, ...)``; None for
-    reports from before the allocator was recorded."""
-    from heptstudy.measure.allocator import describe_settings
-
-    env = report.environment
-    name = getattr(env, "allocator", None)
-    settings = getattr(env, "allocator_settings", None)
-    if name is None and settings is None:
-        return None
-    return f"{name or 'allocator'} ({describe_settings(settings or {})})"
-
-
 def _line_and_round(path: Path) -> tuple[str, int]:
     from heptstudy.study.schedule import locate
 
@@ -127,6 +114,8 @@ def reports_frame(reports) -> Any:
     """One row per report: what ran, where, its status and its summary numbers, the round of
     the study it belongs to and the allocator line (``platform`` or ``default``)."""
     import pandas as pd
+
+    from heptstudy.measure.allocator import allocator_label
 
     rows = []
     for path, r in reports:

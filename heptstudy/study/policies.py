@@ -7,7 +7,7 @@ from typing import Any
 from heptstudy.measure.memory import CATEGORIES
 from heptstudy.study.common import MEMORY
 from heptstudy.study.frames import (
-    POLICY_ORDER,
+    _rank,
     memory_frame,
     overhead_frame,
     pct_less,
@@ -15,10 +15,6 @@ from heptstudy.study.frames import (
     policy_labels,
 )
 from heptstudy.units import MIB
-
-
-def _rank(label: str) -> int:
-    return POLICY_ORDER.index(label) if label in POLICY_ORDER else len(POLICY_ORDER)
 
 
 def policy_frame(df, min_policies: int = 2) -> Any:

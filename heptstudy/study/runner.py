@@ -63,7 +63,7 @@ class StudyRun:
     folders: StudyFolders
     results: list[RunResult] = field(default_factory=list)
     report_html: Path | None = None
-    superseded: list[Path] = field(default_factory=list)
+    superseded: Path | None = None  # the folder replaced results were moved to, if any
 
     def __iter__(self):  # the results, as run_study returned before
         return iter(self.results)
@@ -404,7 +404,7 @@ def run_study(
         done.report_html = aggregate_study(
             out, folders.figures, matrix=matrix, timeout=matrix.cell_timeout_s
         )
-    done.superseded = list(superseded.moved)
+    done.superseded = superseded.folder if superseded.moved else None
     return done
 
 

@@ -131,13 +131,11 @@ def overhead_table(over) -> Any:
         "on_sys_pct": "system time on [% of step]",
         "flag": "flag",
     }
-    table = over[list(names)].rename(columns=names)
+    table = _shown(over, names)
     table["allocator"] = table["allocator"].map(
         {"platform": "platform setting", "default": "default (as it comes)"}
     )
-    if not table["flag"].fillna("").astype(bool).any():
-        table = table.drop(columns="flag")
-    return integer_counts(table.round(1))
+    return table
 
 
 def policy_table(policies) -> Any:

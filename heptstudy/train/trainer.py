@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from heptstudy.train.state import (
     save_training_state,
 )
 from heptstudy.train.validate import validate
+from heptstudy.units import MIB
 
 
 class NonFiniteLoss(HeptstudyError):
@@ -260,7 +260,7 @@ def _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, st
         batch = _to(batch, ctx.device)
         events += batch["event_index"].tolist()
         try:
-            with applied_plan(net, choice.plan) if choice is not None else nullcontext():
+            with applied_plan(net, None if choice is None else choice.plan):
                 _, losses = forward_and_loss(net, batch, config, dtype)
                 values = check_finite(losses, step, batch)
                 (losses["total"] / accum).backward()
@@ -286,7 +286,7 @@ def _plan_fields(choices, ctx) -> dict[str, Any]:
         "memory_budget_mib": choices[0].budget_mib,
     }
     if ctx.device.type == "cuda":
-        fields["peak_allocated_mib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
+        fields["peak_allocated_mib"] = torch.cuda.max_memory_allocated(ctx.device) / MIB
     return fields
 
 
