@@ -88,10 +88,6 @@ def calibrate(
     models = {}
     for plan in plans:
         fixed = plan_config(config, plan)
-        # LAMB's clipping reads the gradient norm on the host, which fake tensors cannot; the
-        # estimate only primes the optimizer state (its meter stops before the update), whose
-        # size clipping does not change
-        fixed.train.lamb.max_grad_norm = 0.0
         points = []
         for batch in batches:
             est = estimate_step(fixed, batch, fake)
