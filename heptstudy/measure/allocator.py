@@ -49,7 +49,7 @@ def platform_allocator(platform: str | None) -> dict[str, str] | None:
     if not platform:
         return None
     from heptstudy.config import load_platform
-    from heptstudy.scenario.model import PLATFORM_DIR, find_file
+    from heptstudy.paths import PLATFORM_DIR, find_file
 
     profile = load_platform(find_file(platform, PLATFORM_DIR) or platform)
     return allocator_settings(profile.env) or None

@@ -139,7 +139,7 @@ def parse_overrides(value: Any) -> list[str]:
 
 def find_platform(value: str) -> str:
     """A platform profile: a YAML path, or a name in ``configs/training/platforms``."""
-    from heptstudy.scenario.model import PLATFORM_DIR, find_file
+    from heptstudy.paths import PLATFORM_DIR, find_file
 
     found = find_file(value, PLATFORM_DIR)
     if found is None:
