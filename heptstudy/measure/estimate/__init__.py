@@ -1,2 +1,2 @@
-"""The run-time estimate without the hardware: fake step, caching-allocator simulator, memory
-models."""
+"""The run-time estimate below the apps: the fake-device step, checkpoint-plan calibration,
+memory models and their keys."""
