@@ -24,7 +24,8 @@ What differs from a real step, and why:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
 from heptstudy.stand_ins import StandIns
 from heptstudy.units import MIB
+
+if TYPE_CHECKING:
+    from heptstudy.measure.allocation_trace import StepTrace
 
 
 @dataclass
@@ -47,13 +51,17 @@ class FakeStepEstimate:
     dtype: str
     attention_backend: str
     categories_at_peak: dict[str, int] | None = None
+    #: ``record_trace`` only: the step's storage allocations and frees, in order, for the
+    #: caching-allocator simulator (heptstudy.measure.estimate.bench_process)
+    trace: StepTrace | None = field(default=None, repr=False, compare=False)
 
     @property
     def peak_allocated_mib(self) -> float:
         return self.peak_allocated_bytes / MIB
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "peak_allocated_mib": self.peak_allocated_mib}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trace"}
+        return {**out, "peak_allocated_mib": self.peak_allocated_mib}
 
 
 def fake_device_type() -> str:
@@ -147,12 +155,14 @@ def estimate_step(
     batch: dict[str, torch.Tensor],
     device_type: str | None = None,
     track_categories: bool = False,
+    record_trace: bool = False,
 ) -> FakeStepEstimate:
     """Peak allocated bytes of one training step (forward, loss, backward; the optimizer state
     of an earlier step alive, as in the bench's counted steps) of ``config`` on ``batch`` (a real
     CPU batch, e.g. from :func:`heptstudy.data.load_events`), on a fake device."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from heptstudy.measure.allocation_trace import TracingMemoryMeter
     from heptstudy.measure.memory import TrackedMemoryMeter
     from heptstudy.model import build_model
     from heptstudy.train.losses import targets_from_batch
@@ -184,7 +194,8 @@ def estimate_step(
             scheduler = build_scheduler(optimizer, config.train)
             # LAMB's state exists before every counted bench step
             prime_optimizer(model, optimizer, scheduler)
-            meter = TrackedMemoryMeter(device, track_categories=track_categories)
+            meter_class = TracingMemoryMeter if record_trace else TrackedMemoryMeter
+            meter = meter_class(device, track_categories=track_categories)
             # the bench's step (heptstudy.train.step), the meter over forward, loss, backward
             mem = run_step(model, fbatch, optimizer, scheduler, config, dtype, meter=meter).memory
     except (RuntimeError, NotImplementedError) as err:
@@ -204,6 +215,7 @@ def estimate_step(
         dtype=config.train.dtype,
         attention_backend=config.model.heptv2.attention_backend,
         categories_at_peak=mem.categories_at_peak,
+        trace=meter.last_trace if record_trace else None,
     )
 
 
