@@ -204,3 +204,32 @@ def test_answer_names_a_measured_model_of_older_code_it_did_not_use(
         in words
     )
     assert "model code (heptstudy/model/) changed" in words
+
+
+def test_fit_estimate_save_model_regenerates_a_model_fit_then_uses(
+    tiny_data_dir, tiny_overrides, tmp_path, capsys
+):
+    """What scripts/regenerate_fits.sh runs, on the tiny model at one event per device."""
+    from heptstudy.cli import main
+    from heptstudy.fitting import FitRequest, fit
+
+    fits = tmp_path / "fits"
+    fits.mkdir()
+    args = ["fit", "--platform", "lumi_mi250x", "--per-device-batch", "1"]
+    args += ["--data-dir", str(tiny_data_dir), *(f"--set={o}" for o in tiny_overrides)]
+    assert main([*args, "--estimate", "--save-model", str(fits / "lumi.json")]) == 0
+    assert "estimated now on a fake device (--estimate)" in capsys.readouterr().out
+    stored = MemoryModel.load(fits / "lumi.json")
+    assert stored.fingerprint["made_from"] == "estimated" and stored.reserved is not None
+    result = fit(
+        FitRequest(
+            platform="lumi_mi250x",
+            per_device_batch=1,
+            data_dir=str(tiny_data_dir),
+            overrides=tuple(tiny_overrides),
+            fits_dir=str(fits),
+            estimate_if_missing=False,
+        )
+    )
+    assert result is not None and result.model_origin == str(fits / "lumi.json")
+    assert result.answer.criterion.quantity == "reserved"
