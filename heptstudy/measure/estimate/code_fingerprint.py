@@ -54,7 +54,6 @@ NOT_ESTIMATE = (
     "heptstudy/measure/estimate/__init__.py",
     "heptstudy/measure/estimate/code_fingerprint.py",
     "heptstudy/measure/estimate/keys.py",
-    "heptstudy/measure/estimate/margin.py",
     "heptstudy/measure/estimate/memory_model.py",
     "heptstudy/measure/estimate/plans.py",
 )
