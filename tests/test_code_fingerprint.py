@@ -233,3 +233,24 @@ def test_fit_estimate_save_model_regenerates_a_model_fit_then_uses(
     )
     assert result is not None and result.model_origin == str(fits / "lumi.json")
     assert result.answer.criterion.quantity == "reserved"
+
+
+def test_a_fit_from_reports_says_whether_they_measured_this_code(tiny_data_dir, tmp_path):
+    import re
+
+    from heptstudy.fitting import FitRequest, fit
+
+    text = (REPO / "configs/training/platforms/h100.yaml").read_text()
+    plain = tmp_path / "h100_plain.yaml"
+    plain.write_text(re.sub(r"(?m)^attention_backend:.*$", "attention_backend: plain", text))
+    result = fit(FitRequest(platform=str(plain), data_dir=str(tiny_data_dir), reports=(str(H200),)))
+    assert result.model_origin.startswith("reports")
+    # the H200 copy's own commit is not in this repository: said, not guessed
+    assert any("which this repository does not hold" in n for n in result.notes)
+    assert cf.commit_reasons(MEASURED_ON) in (
+        None,
+        [
+            "model code (heptstudy/model/) changed",
+            "step code (train/step, losses, LAMB, optimizer, precision) changed",
+        ],
+    )

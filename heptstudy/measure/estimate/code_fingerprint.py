@@ -156,4 +156,24 @@ def stale_reasons(
     return reasons
 
 
-__all__ = ["PARTS", "REGENERATE", "make", "part_hashes", "part_hashes_at", "stale_reasons"]
+def commit_reasons(commit: str, source: str = "measured") -> list[str] | None:
+    """What changed in the parts a model of ``source`` depends on between git ``commit`` and the
+    code that runs now (empty: nothing); ``None`` when git cannot read that commit here."""
+    parts = PARTS_OF[source]
+    try:
+        then = part_hashes_at(commit, parts)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    now = part_hashes(parts)
+    return [f"{PART_WORDS[p]} changed" for p in parts if then[p] != now[p]]
+
+
+__all__ = [
+    "commit_reasons",
+    "PARTS",
+    "REGENERATE",
+    "make",
+    "part_hashes",
+    "part_hashes_at",
+    "stale_reasons",
+]
