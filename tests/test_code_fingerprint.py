@@ -41,7 +41,11 @@ def test_part_hashes_name_the_part_that_changed(tmp_path):
     after = cf.part_hashes(root=root)
     assert after["model"] != before["model"]
     assert (after["step"], after["estimate"]) == (before["step"], before["estimate"])
-    # a new file of a part changes it too; a file outside every part changes none
+    # a new file of a part changes it too, in a sub-folder as well; a file outside every part
+    # changes none
+    (root / "heptstudy" / "model" / "extra").mkdir()
+    (root / "heptstudy" / "model" / "extra" / "kernels.py").write_text("# new\n")
+    assert cf.part_hashes(root=root)["model"] != after["model"]
     (root / "heptstudy" / "train" / "step.py").rename(root / "heptstudy" / "train" / "step2.py")
     assert cf.part_hashes(root=root)["step"] != before["step"]
     (root / "heptstudy" / "measure" / "estimate" / "plans.py").write_text("# fit-side code\n")
