@@ -24,7 +24,8 @@ What differs from a real step, and why:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
 from heptstudy.stand_ins import StandIns
 from heptstudy.units import MIB
+
+if TYPE_CHECKING:
+    from heptstudy.measure.allocation_trace import StepTrace
 
 
 @dataclass
@@ -47,13 +51,17 @@ class FakeStepEstimate:
     dtype: str
     attention_backend: str
     categories_at_peak: dict[str, int] | None = None
+    #: ``record_trace`` only: the step's storage allocations and frees, in order, for the
+    #: caching-allocator simulator (heptstudy.measure.estimate.bench_process)
+    trace: StepTrace | None = field(default=None, repr=False, compare=False)
 
     @property
     def peak_allocated_mib(self) -> float:
         return self.peak_allocated_bytes / MIB
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "peak_allocated_mib": self.peak_allocated_mib}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trace"}
+        return {**out, "peak_allocated_mib": self.peak_allocated_mib}
 
 
 def fake_device_type() -> str:
@@ -147,12 +155,14 @@ def estimate_step(
     batch: dict[str, torch.Tensor],
     device_type: str | None = None,
     track_categories: bool = False,
+    record_trace: bool = False,
 ) -> FakeStepEstimate:
     """Peak allocated bytes of one training step (forward, loss, backward; the optimizer state
     of an earlier step alive, as in the bench's counted steps) of ``config`` on ``batch`` (a real
     CPU batch, e.g. from :func:`heptstudy.data.load_events`), on a fake device."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from heptstudy.measure.allocation_trace import TracingMemoryMeter
     from heptstudy.measure.memory import TrackedMemoryMeter
     from heptstudy.model import build_model
     from heptstudy.train.losses import targets_from_batch
@@ -184,7 +194,8 @@ def estimate_step(
             scheduler = build_scheduler(optimizer, config.train)
             # LAMB's state exists before every counted bench step
             prime_optimizer(model, optimizer, scheduler)
-            meter = TrackedMemoryMeter(device, track_categories=track_categories)
+            meter_class = TracingMemoryMeter if record_trace else TrackedMemoryMeter
+            meter = meter_class(device, track_categories=track_categories)
             # the bench's step (heptstudy.train.step), the meter over forward, loss, backward
             mem = run_step(model, fbatch, optimizer, scheduler, config, dtype, meter=meter).memory
     except (RuntimeError, NotImplementedError) as err:
@@ -204,6 +215,7 @@ def estimate_step(
         dtype=config.train.dtype,
         attention_backend=config.model.heptv2.attention_backend,
         categories_at_peak=mem.categories_at_peak,
+        trace=meter.last_trace if record_trace else None,
     )
 
 
@@ -238,42 +250,69 @@ def estimate_memory_model(
     like measurements. Its ``source_detail`` says so."""
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
+    from heptstudy.measure.estimate import code_fingerprint
+    from heptstudy.measure.estimate.bench_process import simulate_repeated_step
     from heptstudy.measure.estimate.keys import model_key
     from heptstudy.measure.estimate.memory_model import Point, fit_points
 
     ds = dataset_for(config, "train")
     lengths = ds.lengths()
-    points = []
+    points, reserved, expandable = [], [], []
     dev = fake_device_type()
+    # GPU platforms: each fake step's allocation trace replayed through the caching-allocator
+    # simulator, as a bench process of that batch (allocated and reserved, both modes)
+    gpu = device_kind in ("cuda", "rocm")
     for idx in estimation_batches(lengths, per_device_batch, seed=config.train.seed):
-        est = estimate_step(config, load_events(config, idx, "train"), dev)
-        points.append(
-            Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, f"fake {dev} step")
-        )
-        if progress:
-            print(
-                f"  estimated B={est.batch_size} L={est.longest_padded}: {est.peak_allocated_mib / 1024:.2f} GiB"
+        est = estimate_step(config, load_events(config, idx, "train"), dev, record_trace=gpu)
+        shape, what = (est.batch_size, est.longest_padded), f"fake {dev} step"
+        if gpu:
+            sim = simulate_repeated_step(est.trace)
+            points.append(Point(*shape, sim.max_allocated() / MIB, f"{what}, simulated allocator"))
+            reserved.append(Point(*shape, sim.max_reserved() / MIB, f"{what}, native allocator"))
+            expandable.append(
+                Point(*shape, sim.max_reserved("expandable") / MIB, f"{what}, expandable segments")
             )
+        else:
+            points.append(Point(*shape, est.peak_allocated_mib, what))
+        if progress:
+            print(f"  estimated B={shape[0]} L={shape[1]}: {points[-1].peak_mib / 1024:.2f} GiB")
     key = model_key(config.to_dict(), device_kind)
+    peaks = (
+        "peak allocated and reserved from the caching-allocator simulator (native and "
+        "expandable segments) replaying each step's allocation trace as a bench process"
+        if gpu
+        else "peak allocated only, no allocator overhead"
+    )
     mm = fit_points(
         key,
         points,
+        reserved,
+        reserved_expandable=expandable,
         source="estimated",
         source_detail=(
             f"fake-{dev} steps (FakeTensorMode + storage tracker, {config.train.dtype}, attention "
             f"{config.model.heptv2.attention_backend}) on {len(points)} batches of {ds.name} "
-            f"(synthetic={bool(ds.metadata.get('synthetic', False))}); peak allocated only, no allocator overhead"
+            f"(synthetic={bool(ds.metadata.get('synthetic', False))}); {peaks}"
         ),
+        fingerprint=code_fingerprint.make("estimated", key),
     )
     mm.notes.append(FAKE_NOTE + (f" Fake device: {dev}." if dev == "cuda" else CPU_BUILD_NOTE))
+    if gpu:
+        mm.notes.append(SIMULATOR_NOTE)
     return mm
 
 
 FAKE_NOTE = (
     "Estimated without the hardware: one training step of the real model on fake tensors; the "
     "Hungarian assignment is replaced by a deterministic one with the same number of pairs, the "
-    "fused attention kernel by a same-footprint stand-in; kernel scratch and allocator caching "
-    "are not included (use the safety margin)."
+    "fused attention kernel by a same-footprint stand-in; kernel-internal scratch is not included "
+    "(use the safety margin), nor, on CPU platforms, allocator caching."
+)
+SIMULATOR_NOTE = (
+    "Reserved: the step's storage allocations and frees, in order, replayed through a simulator "
+    "of PyTorch's CUDA caching allocator for a bench process of that batch (2 warm-up + 3 counted "
+    "steps, timed and memory passes, two 32 MiB cuBLAS workspaces assumed); the expandable-"
+    "segments figures are predictions no GPU has measured."
 )
 CPU_BUILD_NOTE = (
     " This PyTorch has no CUDA: fake CPU tensors with CPU autocast stood in for the fake CUDA "
