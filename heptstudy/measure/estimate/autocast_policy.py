@@ -6,7 +6,8 @@ runs ``logsumexp``, ``exp``, ``pow``, ``rsqrt``, the norms and losses in float32
 bf16. A fake CUDA tensor cannot enter CUDA autocast on a CPU build (it disables itself), so the
 target's lists are installed over CPU autocast's kernels at the ``AutocastCPU`` dispatch key:
 a fallthrough for every op CPU autocast handles and the target does not, a Python kernel for
-every op of the target's lists. Model code, ``torch.autocast('cpu')`` regions and checkpoint's
+every op of the target's lists (except the lower-precision ops both share, whose CPU kernel
+casts exactly as CUDA's does). Model code, ``torch.autocast('cpu')`` regions and checkpoint's
 save/restore of the autocast state then run unchanged, with the target's dtypes.
 
 The registrations live only inside :func:`target_autocast` (a ``torch.library.Library``
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -73,6 +74,35 @@ _LOWER_PRECISION = (
     "rnn_relu_cell",
     "_scaled_dot_product_flash_attention",
     "scaled_dot_product_attention",
+)
+
+#: CPU autocast's lower-precision ops that CUDA's list shares (``autocast_mode.cpp``'s
+#: ``KERNEL_CPU(..., lower_precision_fp)`` registrations, PyTorch 2.x; the tests check that each
+#: gives bf16 under CPU autocast). Their CPU kernels stay: the same cast, cached the same way.
+#: Python kernels cast the other lower-precision ops without the cache (``cached_cast`` keeps
+#: only float32 leaf tensors that require grad: parameters, which these ops rarely take).
+CPU_LOWER_PRECISION = frozenset(
+    {
+        "_convolution.deprecated",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_tbc",
+        "conv_transpose1d",
+        "conv_transpose2d.input",
+        "conv_transpose3d.input",
+        "prelu",
+        "addmm",
+        "matmul",
+        "mm",
+        "linalg_vecdot",
+        "linear",
+        "addbmm",
+        "baddbmm",
+        "bmm",
+        "scaled_dot_product_attention",
+    }
 )
 
 _FP32_213 = (
@@ -254,42 +284,6 @@ def _eligible(t) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
 
 
-class _CastCache:
-    """The casts of float32 leaf tensors that require grad (parameters), as ``cached_cast``
-    keeps them: one cast per parameter and version. Values are weak: a cast lives while anything
-    else (a saved tensor) holds it; CUDA's cache also holds it until the outermost autocast
-    region exits, at most one bf16 copy of the parameters more than this."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._casts: dict[int, tuple[weakref.ref, int, torch.dtype, weakref.ref]] = {}
-        self.hits = 0
-
-    def cast(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        cacheable = (
-            t.dtype == torch.float32 and t.requires_grad and t.is_leaf and not t._is_view()
-        )
-        if not cacheable:
-            return t.to(dtype)
-        key = id(t)
-        with self._lock:
-            entry = self._casts.get(key)
-            if entry is not None:
-                src, version, cached_dtype, ref = entry
-                cast = ref()
-                if src() is t and version == t._version and cached_dtype == dtype and cast is not None:
-                    self.hits += 1
-                    return cast
-        cast = t.to(dtype)
-        with self._lock:
-            self._casts[key] = (weakref.ref(t), t._version, dtype, weakref.ref(cast))
-        return cast
-
-    def clear(self) -> None:
-        with self._lock:
-            self._casts.clear()
-
-
 def _map_tensors(obj, fn):
     if isinstance(obj, torch.Tensor):
         return fn(obj)
@@ -317,7 +311,9 @@ class AutocastEmulation:
     fallthrough: list[str] = field(default_factory=list)  # CPU autocast ops the target skips
     missing: list[str] = field(default_factory=list)  # listed ops this build does not have
     calls: dict[str, int] = field(default_factory=dict)  # op -> calls inside the block
-    cache: _CastCache = field(default_factory=_CastCache)
+    #: lower-precision ops both lists share: CPU autocast's own kernel runs them (it casts with
+    #: ``cached_cast`` exactly as CUDA's does, cache and its clearing included)
+    kept_cpu: list[str] = field(default_factory=list)
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -347,11 +343,11 @@ def _kernel(emu: AutocastEmulation, name: str, policy: str, op, redispatch=None)
         with _exclude_autocast():
             if lower:
                 to = torch.get_autocast_dtype("cpu")
-                args, kwargs = _cast_all((args, kwargs), lambda t: t.dtype != to, to, emu.cache)
+                args, kwargs = _cast_all((args, kwargs), lambda t: t.dtype != to, to)
                 return op(*args, **kwargs)
             if policy == "fp32":
                 args, kwargs = _cast_all(
-                    (args, kwargs), lambda t: t.dtype != torch.float32, torch.float32, None
+                    (args, kwargs), lambda t: t.dtype != torch.float32, torch.float32
                 )
                 return op(*args, **kwargs)
             if policy == "promote":
@@ -360,9 +356,7 @@ def _kernel(emu: AutocastEmulation, name: str, policy: str, op, redispatch=None)
                     widest = floats[0]
                     for d in floats[1:]:
                         widest = torch.promote_types(widest, d)
-                    args, kwargs = _cast_all(
-                        (args, kwargs), lambda t: t.dtype != widest, widest, None
-                    )
+                    args, kwargs = _cast_all((args, kwargs), lambda t: t.dtype != widest, widest)
                 return op(*args, **kwargs)
             first = next(_tensors(args), None)
             if first is None or not _eligible(first):
@@ -384,11 +378,9 @@ def _kernel(emu: AutocastEmulation, name: str, policy: str, op, redispatch=None)
     return kernel
 
 
-def _cast_all(args_kwargs, needs, dtype, cache: _CastCache | None):
+def _cast_all(args_kwargs, needs, dtype):
     def cast(t):
-        if not (_eligible(t) and needs(t)):
-            return t
-        return cache.cast(t, dtype) if cache is not None else t.to(dtype)
+        return t.to(dtype) if _eligible(t) and needs(t) else t
 
     args, kwargs = args_kwargs
     return _map_tensors(tuple(args), cast), {k: _map_tensors(v, cast) for k, v in kwargs.items()}
@@ -408,7 +400,9 @@ _INSTALLED = threading.Lock()
 
 
 @contextlib.contextmanager
-def target_autocast(target: str = "cuda", torch_version: str = "2.11") -> Iterator[AutocastEmulation]:
+def target_autocast(
+    target: str = "cuda", torch_version: str = "2.11"
+) -> Iterator[AutocastEmulation]:
     """Inside the block, ``torch.autocast('cpu')`` regions follow ``target``'s autocast lists of
     ``torch_version``. Not re-entrant (one emulation per process at a time)."""
     if target not in TARGETS:
@@ -422,34 +416,48 @@ def target_autocast(target: str = "cuda", torch_version: str = "2.11") -> Iterat
     emu = AutocastEmulation(lists=lists, target=target)
     lib = torch.library.Library("aten", "IMPL")
     try:
-        listed: set[str] = set()
-        for policy in ("lower_precision", "fp32", "fp32_set_opt_dtype", "promote"):
-            for name in getattr(lists, policy):
-                op = _overload(name)
-                if op is None:
-                    emu.missing.append(name)
-                    continue
-                lib.impl(op._schema.name[len("aten::") :] + _suffix(op), _kernel(emu, name, policy, op), AUTOCAST_KEY)
-                emu.registered[name] = policy
-                listed.add(op._schema.name + _suffix(op))
-        for name, target_name in lists.fp32_append_dtype.items():
-            op, redispatch = _overload(name), _overload(target_name)
-            if op is None or redispatch is None:
-                emu.missing.append(name)
-                continue
-            kernel = _kernel(emu, name, "fp32_append_dtype", op, redispatch)
-            lib.impl(name, kernel, AUTOCAST_KEY)
-            emu.registered[name] = "fp32_append_dtype"
-            listed.add(op._schema.name + _suffix(op))
-        for qualified in _cpu_autocast_ops():
-            if qualified not in listed:
-                lib.impl(qualified[len("aten::") :], torch.library.fallthrough_kernel, AUTOCAST_KEY)
-                emu.fallthrough.append(qualified)
+        with warnings.catch_warnings():
+            # replacing CPU autocast's kernels is the point: no "overriding a kernel" warning
+            warnings.filterwarnings("ignore", message=".*[Oo]verrid")
+            _register(lib, emu, lists)
         yield emu
     finally:
         lib._destroy()
-        emu.cache.clear()
         _INSTALLED.release()
+
+
+def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
+    listed: set[str] = set()
+    for policy in ("lower_precision", "fp32", "fp32_set_opt_dtype", "promote"):
+        for name in getattr(lists, policy):
+            op = _overload(name)
+            if op is None:
+                emu.missing.append(name)
+                continue
+            if policy == "lower_precision" and name in CPU_LOWER_PRECISION:
+                emu.kept_cpu.append(name)
+                listed.add(op._schema.name + _suffix(op))
+                continue
+            lib.impl(
+                op._schema.name[len("aten::") :] + _suffix(op),
+                _kernel(emu, name, policy, op),
+                AUTOCAST_KEY,
+            )
+            emu.registered[name] = policy
+            listed.add(op._schema.name + _suffix(op))
+    for name, target_name in lists.fp32_append_dtype.items():
+        op, redispatch = _overload(name), _overload(target_name)
+        if op is None or redispatch is None:
+            emu.missing.append(name)
+            continue
+        kernel = _kernel(emu, name, "fp32_append_dtype", op, redispatch)
+        lib.impl(name, kernel, AUTOCAST_KEY)
+        emu.registered[name] = "fp32_append_dtype"
+        listed.add(op._schema.name + _suffix(op))
+    for qualified in _cpu_autocast_ops():
+        if qualified not in listed:
+            lib.impl(qualified[len("aten::") :], torch.library.fallthrough_kernel, AUTOCAST_KEY)
+            emu.fallthrough.append(qualified)
 
 
 def _suffix(op: torch._ops.OpOverload) -> str:

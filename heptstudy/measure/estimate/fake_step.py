@@ -5,9 +5,14 @@ of every tensor storage they would allocate.
 
 What differs from a real step, and why:
 
-* Device. Fake ``cuda`` tensors when this PyTorch is built with CUDA (no GPU needed); on a
-  CPU-only build fake ``cpu`` tensors (fake CUDA tensors abort there on device guards), with CPU
-  autocast (bf16 autocast casts the same matmul/linear family on both). The result says which.
+* Device. For a ``cuda`` or ``rocm`` target (the platform's device) the *target-faithful* step:
+  fake CPU tensors (a fake CUDA tensor cannot enter CUDA autocast on a CPU build, nor on a CUDA
+  build without a GPU) under the target's autocast lists for the PyTorch version
+  (:mod:`~heptstudy.measure.estimate.autocast_policy`), the target's kernel choices where they
+  keep other tensors for backward (:mod:`~heptstudy.measure.estimate.kernel_stand_ins`) and
+  kernel-internal scratch as transients at their op
+  (:mod:`~heptstudy.measure.estimate.kernel_scratch`). Without a target: fake ``cuda`` tensors
+  on a CUDA build, else fake ``cpu`` tensors with the CPU's own autocast and kernels.
 * Attention. The platform's ``attention_backend``. ``fused`` runs the real block-mask
   construction and stands in for the flex_attention kernel with a function of the same memory
   footprint (output and log-sum-exp out, q/k/v/out/lse saved, q/k/v gradients back): the fused
@@ -18,12 +23,13 @@ What differs from a real step, and why:
   replaced by a deterministic assignment (query i <-> target i for i < min(queries, particles)),
   which matches as many pairs as the real assignment, so every loss tensor has its real shape.
   The cost matrices themselves (small, no-grad temporaries) are not built.
-* Kernel-internal scratch buffers and the allocator's rounding/caching are not seen (as with the
-  CPU tracker): compare with peak *allocated*, not reserved.
+* Scratch inside native kernels (not composite ones) and workspaces are not seen; the
+  allocator's rounding and caching are the simulator's job (reserved), not this step's.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -32,8 +38,17 @@ import torch
 from heptstudy import stand_ins
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
+from heptstudy.measure.estimate.autocast_policy import UnknownTorchVersion, target_autocast
+from heptstudy.measure.estimate.kernel_scratch import scratch_bytes
+from heptstudy.measure.estimate.kernel_stand_ins import fused_flex, target_kernels
 from heptstudy.stand_ins import StandIns
 from heptstudy.units import MIB
+
+#: Targets of the fake step: the platform profile's device.
+TARGETS = ("cuda", "rocm", "cpu")
+#: The PyTorch version whose autocast lists a GPU estimate uses when the platform profile names
+#: none: the version of the one GPU measurement (H200 evidence, 2.11.0+cu130).
+DEFAULT_TORCH_VERSION = "2.11"
 
 
 @dataclass
@@ -47,6 +62,15 @@ class FakeStepEstimate:
     dtype: str
     attention_backend: str
     categories_at_peak: dict[str, int] | None = None
+    #: ``cuda``/``rocm``: the target-faithful step; ``cpu``: the CPU's kernels.
+    target: str = "cpu"
+    torch_version: str | None = None
+    #: Which of the target's autocast lists, kernel stand-ins and scratch rules the step hit
+    #: (op -> calls): measured, not assumed.
+    autocast_calls: dict[str, int] | None = None
+    stand_in_calls: dict[str, int] | None = None
+    scratch_ops: dict[str, int] | None = None
+    largest_scratch_bytes: int = 0
 
     @property
     def peak_allocated_mib(self) -> float:
@@ -59,28 +83,6 @@ class FakeStepEstimate:
 def fake_device_type() -> str:
     """``cuda`` when this PyTorch build has CUDA (a GPU is not needed), else ``cpu``."""
     return "cuda" if torch.backends.cuda.is_built() else "cpu"
-
-
-class _SameFootprintFlex(torch.autograd.Function):
-    """Memory stand-in for the fused flex_attention kernel: out [.., S, dh] and lse [.., S]
-    (float32) out, q/k/v/out/lse saved for backward, dq/dk/dv back."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_lse):
-        q, k, v, out, lse = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _fake_flex(q, k, v, block_mask):
-    return _SameFootprintFlex.apply(q, k, v)
 
 
 def _deterministic_match(outputs, targets, loss_cfg, prefix=""):
@@ -120,7 +122,7 @@ def _fake_substitutions(targets, type_counts):
             targets=targets,
             match=_deterministic_match if targets is not None else None,
             type_encoding=_type_encoder_forward(type_counts),
-            flex=_fake_flex,
+            flex=fused_flex,
         )
     )
 
@@ -147,10 +149,53 @@ def estimate_step(
     batch: dict[str, torch.Tensor],
     device_type: str | None = None,
     track_categories: bool = False,
+    *,
+    target: str | None = None,
+    torch_version: str | None = None,
 ) -> FakeStepEstimate:
     """Peak allocated bytes of one training step (forward, loss, backward; the optimizer state
     of an earlier step alive, as in the bench's counted steps) of ``config`` on ``batch`` (a real
-    CPU batch, e.g. from :func:`heptstudy.data.load_events`), on a fake device."""
+    CPU batch, e.g. from :func:`heptstudy.data.load_events`), on a fake device.
+
+    ``target`` ``cuda`` or ``rocm``: the target-faithful step on fake CPU tensors, with the
+    target's autocast lists of ``torch_version`` (default :data:`DEFAULT_TORCH_VERSION`), its
+    kernel choices and kernel scratch (:mod:`heptstudy.measure.estimate.autocast_policy`,
+    ``kernel_stand_ins``, ``kernel_scratch``). ``target`` ``cpu`` or None: the CPU's own
+    kernels (``device_type`` then picks the fake device, as before)."""
+    if target is not None and target not in TARGETS:
+        raise HeptstudyError(
+            f"unknown estimate target {target!r}; allowed: {', '.join(TARGETS)} (the platform "
+            "profile's device)"
+        )
+    faithful = target in ("cuda", "rocm")
+    if faithful:
+        device_type = "cpu"  # fake CPU tensors under the target's lists (see the module doc)
+    version = torch_version or DEFAULT_TORCH_VERSION
+    with contextlib.ExitStack() as stack:
+        emulation = kernels = None
+        if faithful:
+            try:
+                emulation = stack.enter_context(target_autocast(target, version))
+            except UnknownTorchVersion as err:
+                raise HeptstudyError(str(err)) from None
+            kernels = stack.enter_context(target_kernels(target))
+        est = _fake_step(
+            config,
+            batch,
+            device_type or fake_device_type(),
+            track_categories,
+            scratch_bytes if faithful else None,
+        )
+    if faithful:
+        est.target, est.torch_version = target, version
+        est.autocast_calls = dict(sorted(emulation.calls.items()))
+        est.stand_in_calls = dict(sorted(kernels.calls.items()))
+    else:
+        est.target = target or "cpu"
+    return est
+
+
+def _fake_step(config, batch, device_type, track_categories, scratch) -> FakeStepEstimate:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from heptstudy.measure.memory import TrackedMemoryMeter
@@ -160,7 +205,6 @@ def estimate_step(
     from heptstudy.train.precision import autocast_dtype
     from heptstudy.train.step import prime_optimizer, run_step
 
-    device_type = device_type or fake_device_type()
     device = torch.device(device_type)
     dtype = autocast_dtype(config, device)
     real_targets = targets_from_batch(batch) if "ytarget" in batch and _is_hits(config) else None
@@ -175,6 +219,7 @@ def estimate_step(
         _fake_targets(real_targets, mode, device_type) if real_targets is not None else None
     )
     subs = _fake_substitutions(fake_targets, type_counts)
+    meter = TrackedMemoryMeter(device, track_categories=track_categories, scratch=scratch)
     try:
         with mode, subs:
             model.to_empty(device=device)
@@ -184,7 +229,6 @@ def estimate_step(
             scheduler = build_scheduler(optimizer, config.train)
             # LAMB's state exists before every counted bench step
             prime_optimizer(model, optimizer, scheduler)
-            meter = TrackedMemoryMeter(device, track_categories=track_categories)
             # the bench's step (heptstudy.train.step), the meter over forward, loss, backward
             mem = run_step(model, fbatch, optimizer, scheduler, config, dtype, meter=meter).memory
     except (RuntimeError, NotImplementedError) as err:
@@ -194,6 +238,7 @@ def estimate_step(
             "data-dependent shape): measure on the device instead (heptstudy bench)"
         ) from err
     B, L = batch["X"].shape[:2]
+    tracker = meter.tracker
     return FakeStepEstimate(
         batch_size=int(B),
         longest_padded=int(L),
@@ -204,6 +249,8 @@ def estimate_step(
         dtype=config.train.dtype,
         attention_backend=config.model.heptv2.attention_backend,
         categories_at_peak=mem.categories_at_peak,
+        scratch_ops=dict(sorted(tracker.scratch_ops.items())),
+        largest_scratch_bytes=int(tracker.scratch_bytes),
     )
 
 

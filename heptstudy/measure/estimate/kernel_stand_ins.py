@@ -13,6 +13,8 @@ on real tensors):
 * ``scaled_dot_product_attention``: CUDA's memory-efficient kernel (flash has no arbitrary
   mask; with no mask it would run flash, which keeps the same output and log-sum-exp) keeps the
   output and a float32 log-sum-exp, no score matrix; the CPU's math path keeps the scores.
+  CUDA's kernel has only a fake (meta) implementation on a CPU build: this stand-in runs on
+  fake tensors only (which is where the fake step runs it).
 * the fused ``flex_attention`` path (:func:`fused_flex`): output and float32 log-sum-exp kept,
   scores recomputed in backward.
 
