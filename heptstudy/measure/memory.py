@@ -538,13 +538,17 @@ class TrackedMemoryMeter(MemoryMeter):
     def start_step(self, baseline_tensors=(), *, model=None, optimizer=None) -> None:
         if self.tracker is not None and self.tracker._active:
             raise MemoryMeterError("the memory meter is already measuring a step: stop it first")
-        self.tracker = StorageTracker(
+        self.tracker = self._new_tracker()
+        self._start_extra()
+        self.tracker.begin(baseline_tensors=baseline_tensors, model=model, optimizer=optimizer)
+
+    def _new_tracker(self) -> StorageTracker:
+        # a seam: measure.allocation_trace's meter records the allocation order too
+        return StorageTracker(
             track_categories=self.track_categories,
             record_timeline=self.record_timeline,
             scratch=self.scratch,
         )
-        self._start_extra()
-        self.tracker.begin(baseline_tensors=baseline_tensors, model=model, optimizer=optimizer)
 
     def _start_extra(self) -> None:
         pass

@@ -30,7 +30,8 @@ What differs from a real step, and why:
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -49,6 +50,9 @@ TARGETS = ("cuda", "rocm", "cpu")
 #: The PyTorch version whose autocast lists a GPU estimate uses when the platform profile names
 #: none: the version of the one GPU measurement (H200 evidence, 2.11.0+cu130).
 DEFAULT_TORCH_VERSION = "2.11"
+
+if TYPE_CHECKING:
+    from heptstudy.measure.allocation_trace import StepTrace
 
 
 @dataclass
@@ -71,13 +75,17 @@ class FakeStepEstimate:
     stand_in_calls: dict[str, int] | None = None
     scratch_ops: dict[str, int] | None = None
     largest_scratch_bytes: int = 0
+    #: ``record_trace`` only: the step's storage allocations and frees, in order, for the
+    #: caching-allocator simulator (heptstudy.measure.estimate.bench_process)
+    trace: StepTrace | None = field(default=None, repr=False, compare=False)
 
     @property
     def peak_allocated_mib(self) -> float:
         return self.peak_allocated_bytes / MIB
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "peak_allocated_mib": self.peak_allocated_mib}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trace"}
+        return {**out, "peak_allocated_mib": self.peak_allocated_mib}
 
 
 def fake_device_type() -> str:
@@ -152,6 +160,7 @@ def estimate_step(
     *,
     target: str | None = None,
     torch_version: str | None = None,
+    record_trace: bool = False,
 ) -> FakeStepEstimate:
     """Peak allocated bytes of one training step (forward, loss, backward; the optimizer state
     of an earlier step alive, as in the bench's counted steps) of ``config`` on ``batch`` (a real
@@ -185,6 +194,7 @@ def estimate_step(
             device_type or fake_device_type(),
             track_categories,
             scratch_bytes if faithful else None,
+            record_trace,
         )
     if faithful:
         est.target, est.torch_version = target, version
@@ -195,9 +205,12 @@ def estimate_step(
     return est
 
 
-def _fake_step(config, batch, device_type, track_categories, scratch) -> FakeStepEstimate:
+def _fake_step(
+    config, batch, device_type, track_categories, scratch, record_trace
+) -> FakeStepEstimate:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from heptstudy.measure.allocation_trace import TracingMemoryMeter
     from heptstudy.measure.memory import TrackedMemoryMeter
     from heptstudy.model import build_model
     from heptstudy.train.losses import targets_from_batch
@@ -219,7 +232,8 @@ def _fake_step(config, batch, device_type, track_categories, scratch) -> FakeSte
         _fake_targets(real_targets, mode, device_type) if real_targets is not None else None
     )
     subs = _fake_substitutions(fake_targets, type_counts)
-    meter = TrackedMemoryMeter(device, track_categories=track_categories, scratch=scratch)
+    meter_class = TracingMemoryMeter if record_trace else TrackedMemoryMeter
+    meter = meter_class(device, track_categories=track_categories, scratch=scratch)
     try:
         with mode, subs:
             model.to_empty(device=device)
@@ -251,6 +265,7 @@ def _fake_step(config, batch, device_type, track_categories, scratch) -> FakeSte
         categories_at_peak=mem.categories_at_peak,
         scratch_ops=dict(sorted(tracker.scratch_ops.items())),
         largest_scratch_bytes=int(tracker.scratch_bytes),
+        trace=meter.last_trace if record_trace else None,
     )
 
 

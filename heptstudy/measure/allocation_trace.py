@@ -1,0 +1,181 @@
+"""The storage tracker's allocations and frees, in the order they happened: the input of the
+caching-allocator simulator (:mod:`heptstudy.measure.estimate.caching_allocator`).
+
+:class:`TracingMemoryMeter` is the storage-tracker meter of :mod:`heptstudy.measure.memory`
+(same peaks, same categories) that also keeps one :class:`StepTrace` per measured step. A
+storage's allocation is recorded when the tracker first sees it (as an op's output: the op
+allocated it), its free when its weak reference dies (the last tensor on it went away), so the
+order is that of the dispatched ops. Every storage gets its own block id (Python reuses ``id``
+values; block ids are never reused within a trace).
+
+What the trace cannot order: storages first seen as an op's *input* during the step were made
+before it or outside the dispatcher ("adopted"); they are listed apart, and a replay must decide
+where they live. Kernel-internal scratch is in it only where the tracker was given a scratch
+table (the target-faithful fake step): an alloc and a free at that op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from heptstudy.measure.memory import StorageTracker, TrackedMemoryMeter, _iter_tensors, _storage_of
+
+Event = tuple[str, int, int]  # ("alloc" | "free", block_id, nbytes)
+
+
+@dataclass
+class StepTrace:
+    """One measured step's storages, in order.
+
+    ``resident``: (block_id, nbytes, category) of what was alive when the meter started
+    (parameters and buffers, gradients, optimizer state, the batch as ``inputs``); ``events``:
+    every allocation and free from the start to the stop of the meter; ``adopted``: (block_id,
+    nbytes) of storages made before the step but first seen during it (their frees are in
+    ``events``); ``live_at_end``: block_id -> nbytes of the step's own blocks (and adopted ones)
+    still alive at the stop, of which ``gradient_ids`` are the parameters' gradients."""
+
+    resident: list[tuple[int, int, str]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    adopted: list[tuple[int, int]] = field(default_factory=list)
+    live_at_end: dict[int, int] = field(default_factory=dict)
+    gradient_ids: frozenset[int] = frozenset()
+
+    def resident_bytes(self, category: str) -> list[int]:
+        """Sizes of the resident storages of ``category``, in the order they were counted."""
+        return [n for _, n, c in self.resident if c == category]
+
+
+class TracingStorageTracker(StorageTracker):
+    """A :class:`StorageTracker` that also writes the :class:`StepTrace` of its step."""
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.trace = StepTrace()
+        self._block_of: dict[int, int] = {}
+        self._next_block = 0
+        self._tracing = False
+        self._adopting = False
+        self._params: list[torch.Tensor] = []
+
+    def _new_block(self, key: int) -> int:
+        block = self._next_block
+        self._next_block += 1
+        self._block_of[key] = block
+        return block
+
+    def _register(self, storage, category: str):
+        key = id(storage)
+        known = self._live.get(key)
+        old_nbytes = None if known is None else known.nbytes
+        entry = super()._register(storage, category)
+        if known is None:
+            block = self._new_block(key)
+            if not self._tracing:
+                self.trace.resident.append((block, entry.nbytes, category))
+            elif self._adopting:
+                self.trace.adopted.append((block, entry.nbytes))
+            else:
+                self.trace.events.append(("alloc", block, entry.nbytes))
+        elif old_nbytes != entry.nbytes and self._tracing:
+            # resize_ (or an out= that grew): a new block, the data copied, the old one freed
+            old = self._block_of[key]
+            block = self._new_block(key)
+            self.trace.events.append(("alloc", block, entry.nbytes))
+            self.trace.events.append(("free", old, old_nbytes))
+        return entry
+
+    def _transient(self, func, nbytes: int) -> None:
+        # a kernel's scratch: allocated on top of the op's inputs and outputs, freed at its end
+        super()._transient(func, nbytes)
+        if nbytes > 0 and self._tracing:
+            block = self._next_block
+            self._next_block += 1
+            self.trace.events.append(("alloc", block, nbytes))
+            self.trace.events.append(("free", block, nbytes))
+
+    def _on_free(self, key: int) -> None:
+        with self._lock:
+            entry = self._live.get(key)
+            super()._on_free(key)
+            block = self._block_of.pop(key, None)
+            if entry is not None and block is not None and self._tracing:
+                self.trace.events.append(("free", block, entry.nbytes))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # adopt unseen inputs here, so that they are not recorded as this op's allocations
+        live = self._live
+        for t in _iter_tensors((args, kwargs or {})):
+            storage = _storage_of(t)
+            if storage is not None and id(storage) not in live:
+                with self._lock:
+                    before = self.live_bytes
+                    self._adopting = True
+                    try:
+                        self._register(storage, self._label or "temporaries")
+                    finally:
+                        self._adopting = False
+                    self.adopted_bytes += self.live_bytes - before
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def begin(self, *, baseline_tensors=(), model=None, optimizer=None) -> None:
+        super().begin(baseline_tensors=baseline_tensors, model=model, optimizer=optimizer)
+        params = list(model.parameters()) if model is not None else []
+        if optimizer is not None:
+            params += [p for g in optimizer.param_groups for p in g["params"]]
+        self._params = params
+        self._tracing = True
+
+    def end(self) -> None:
+        with self._lock:
+            self._tracing = False
+            resident = {b for b, _, _ in self.trace.resident}
+            live = {
+                self._block_of[k]: e.nbytes
+                for k, e in self._live.items()
+                if k in self._block_of and self._block_of[k] not in resident
+            }
+            grads = set()
+            for p in self._params:
+                storage = _storage_of(p.grad) if p.grad is not None else None
+                if storage is not None and id(storage) in self._block_of:
+                    grads.add(self._block_of[id(storage)])
+            self.trace.live_at_end = live
+            self.trace.gradient_ids = frozenset(grads & set(live))
+            self._params = []
+        super().end()
+
+
+class TracingMemoryMeter(TrackedMemoryMeter):
+    """The storage-tracker meter, keeping each measured step's :class:`StepTrace` in
+    ``traces`` (``last_trace`` the latest)."""
+
+    def __init__(self, device, *, track_categories=False, record_timeline=None, scratch=None):
+        super().__init__(
+            device,
+            track_categories=track_categories,
+            record_timeline=record_timeline,
+            scratch=scratch,
+        )
+        self.traces: list[StepTrace] = []
+
+    def _new_tracker(self) -> StorageTracker:
+        return TracingStorageTracker(
+            track_categories=self.track_categories,
+            record_timeline=self.record_timeline,
+            scratch=self.scratch,
+        )
+
+    def stop_step(self):
+        tracker = self.tracker
+        result = super().stop_step()
+        self.traces.append(tracker.trace)
+        return result
+
+    @property
+    def last_trace(self) -> StepTrace | None:
+        return self.traces[-1] if self.traces else None
+
+
+__all__ = ["Event", "StepTrace", "TracingMemoryMeter", "TracingStorageTracker"]
