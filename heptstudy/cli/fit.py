@@ -38,6 +38,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         safety_margin_gib=args.safety_margin_gib,
         overrides=tuple(args.overrides),
         checkpointing=args.checkpointing,
+        estimate=args.estimate,
     )
     result = fit(request)
     if args.save_model:
@@ -134,6 +135,13 @@ def register_cli(subparsers) -> None:
     )
     p.add_argument(
         "--save-model", default=None, help="write the memory model used to this JSON file"
+    )
+    p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="estimate the memory model now on a fake device (no GPU), ignoring stored models "
+        "and reports; with --save-model this regenerates a stored estimated model for the "
+        "current code (see scripts/regenerate_fits.sh)",
     )
     add_set_arg(p, help="dotted override of the resolved recipe (repeatable)")
     v = p.add_argument_group("validate")

@@ -54,6 +54,7 @@ class FitRequest:
     estimate_if_missing: bool = True  # else no answer when no measured or stored model holds
     checkpointing: str | None = None  # "auto": also answer for activation_checkpointing=auto
     stored_if_reports_unusable: bool = False  # else refuse reports that do not hold
+    estimate: bool = False  # estimate now on a fake device, whatever is stored (regenerating)
 
     def __post_init__(self) -> None:
         b = self.per_device_batch
@@ -176,6 +177,8 @@ def _cross_check(
     origin: str, model: MemoryModel, differs: list[str], answer: FitAnswer
 ) -> dict[str, Any]:
     """Another device kind's or attention backend's model at the answer's worst batch."""
+    from heptstudy.fitting.select import STALE_PREFIX
+
     b, longest = answer.per_device_batch, answer.worst_batch["longest_padded"]
     allocated = float(model.predict_allocated_mib(b, longest)) * MIB / GIB
     reserved = model.predict_reserved_mib(b, longest)
@@ -191,6 +194,7 @@ def _cross_check(
         "worst_batch_reserved_gib": reserved,
         "criterion": "allocated" if reserved is None else "reserved",
         "fits": (allocated if reserved is None else reserved) <= answer.usable_gib,
+        "stale": next((d for d in differs if d.startswith(STALE_PREFIX)), None),
     }
 
 
@@ -216,13 +220,22 @@ def fit(request: FitRequest) -> FitResult | None:
     key = model_key(config.to_dict(), platform.device)
     reports = [str(repo_path(r)) for r in request.reports]
     fits_dir = repo_path(request.fits_dir) if request.fits_dir else FITS_DIR
-    choice = choose_model(key, reports, fits_dir, request.stored_if_reports_unusable)
+    if request.estimate:
+        from heptstudy.fitting.select import Choice
+
+        choice = Choice()
+    else:
+        choice = choose_model(key, reports, fits_dir, request.stored_if_reports_unusable)
     if choice.model is None:
         if not request.estimate_if_missing:
             return None
         from heptstudy.measure.estimate.fake_step import estimate_memory_model
 
-        notes.append("no measured or stored memory model holds: estimated now on a fake device")
+        notes.append(
+            "estimated now on a fake device (--estimate)"
+            if request.estimate
+            else "no measured or stored memory model holds: estimated now on a fake device"
+        )
         batch = request.per_device_batch or rv.per_device_batch
         choice.model = estimate_memory_model(config, batch, platform.device)
         choice.origin = "estimated now"
@@ -247,7 +260,17 @@ def fit(request: FitRequest) -> FitResult | None:
         world_size=platform.world_size,
         num_steps=config.train.num_steps,
         pad_to_multiple=config.data.pad_to_multiple,
+        expandable_segments=expandable_segments(platform),
     )
+    if expandable_segments(platform):
+        notes.append(
+            f"platform {platform.name} sets expandable_segments:True in its allocator settings: "
+            + (
+                "the criterion is the reserved memory predicted for that mode"
+                if answer.criterion.quantity == "reserved_expandable"
+                else "the memory model has no reserved figure for that mode"
+            )
+        )
     synthetic = bool(ds.metadata.get("synthetic", False))
     data = (
         f"{ds.name} configs {ds.shard_names} train split at {config.data.data_dir}, "
@@ -271,6 +294,20 @@ def fit(request: FitRequest) -> FitResult | None:
         not_used=choice.not_used,
         cross_checks=[_cross_check(o, m, d, answer) for o, m, d in choice.cross_checks],
     )
+
+
+def expandable_segments(platform) -> bool:
+    """Whether ``platform``'s environment runs the caching allocator with expandable segments
+    (``PYTORCH_CUDA_ALLOC_CONF``, or ``PYTORCH_HIP_ALLOC_CONF`` on ROCm)."""
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        conf = (platform.env or {}).get(name, "")
+        settings = {
+            k.strip().lower(): v.strip().lower()
+            for k, _, v in (item.partition(":") for item in conf.split(","))
+        }
+        if settings.get("expandable_segments") == "true":
+            return True
+    return False
 
 
 def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):

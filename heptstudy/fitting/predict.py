@@ -5,7 +5,9 @@ step fails when any rank's peak exceeds the usable memory (device memory less th
 margin); the first failure ends the run. The *criterion* is the peak reserved when the model
 has one (the allocator's pool, fragmentation included: what the device must hold), else the
 peak allocated; the answer also gives the allocated-only figures, a lower bound on what the
-device must hold. Probabilities come from the data set's whole length distribution
+device must hold. With ``expandable_segments`` (the platform runs the allocator's expandable
+segments) the criterion is the model's reserved for that mode, when it has one. Probabilities
+come from the data set's whole length distribution
 (:mod:`heptstudy.fitting.occupancy`), so the longest event of the data set always counts.
 """
 
@@ -32,7 +34,7 @@ class Tail:
     """One failure criterion applied to the data: which events are too long and how likely a
     step and the run are to meet one."""
 
-    quantity: str  # "reserved" or "allocated"
+    quantity: str  # "reserved", "reserved_expandable" or "allocated"
     events_too_long: int
     longest_fitting_padded: int | None  # longest padded event a batch may hold; None: none
     p_step_fails: float
@@ -69,7 +71,17 @@ class FitAnswer:
 def _peak_mib(model: MemoryModel, quantity: str, batch_size, longest):
     if quantity == "reserved":
         return model.predict_reserved_mib(batch_size, longest)
+    if quantity == "reserved_expandable":
+        return model.predict_reserved_expandable_mib(batch_size, longest)
     return model.predict_allocated_mib(batch_size, longest)
+
+
+def criterion_of(model: MemoryModel, expandable_segments: bool = False) -> str:
+    """The peak a step must keep under the usable memory: reserved (for the allocator mode the
+    platform runs) when the model has it, else allocated."""
+    if expandable_segments and model.reserved_expandable is not None:
+        return "reserved_expandable"
+    return "reserved" if model.reserved is not None else "allocated"
 
 
 def largest_safe_batch(
@@ -108,16 +120,20 @@ def _tail(model, quantity, plen, batch, world_size, num_steps, usable_mib) -> Ta
     )
 
 
-def _batch_row(model: MemoryModel, batch: int, longest: int, usable_mib: float, what: str):
+def _batch_row(
+    model: MemoryModel, batch: int, longest: int, usable_mib: float, what: str, criterion: str
+):
     alloc = float(model.predict_allocated_mib(batch, longest))
     reserved = model.predict_reserved_mib(batch, longest)
-    worst = float(reserved) if reserved is not None else alloc
+    expandable = model.predict_reserved_expandable_mib(batch, longest)
+    worst = float(_peak_mib(model, criterion, batch, longest))
     return {
         "batch": what,
         "longest_padded": int(longest),
         "padded_batch_hits": int(longest) * batch,
         "allocated_gib": alloc * MIB / GIB,
         "reserved_gib": None if reserved is None else float(reserved) * MIB / GIB,
+        "reserved_expandable_gib": None if expandable is None else float(expandable) * MIB / GIB,
         "margin_gib": (usable_mib - worst) * MIB / GIB,
     }
 
@@ -132,12 +148,13 @@ def evaluate(
     world_size: int = 1,
     num_steps: int = 1,
     pad_to_multiple: int = 1,
+    expandable_segments: bool = False,
 ) -> FitAnswer:
     """The answer for ``per_device_batch`` events per device on the events of ``lengths`` (hits
     per event of the training split)."""
     plen = padded_sizes(lengths, pad_to_multiple)
     usable_mib = (device_memory_gib - safety_margin_gib) * GIB / MIB
-    criterion = "reserved" if model.reserved is not None else "allocated"
+    criterion = criterion_of(model, expandable_segments)
     tails = {
         q: _tail(model, q, plen, per_device_batch, world_size, num_steps, usable_mib)
         for q in {criterion, "allocated"}
@@ -152,6 +169,7 @@ def evaluate(
             occupancy.batch_longest_quantile(plen, per_device_batch, q),
             usable_mib,
             "median batch" if q == 0.5 else f"p{round(q * 100)} batch",
+            criterion,
         )
         for q in QUANTILES
     ]
@@ -167,7 +185,12 @@ def evaluate(
         criterion=tails[criterion],
         allocated_only=tails["allocated"],
         worst_batch=_batch_row(
-            model, per_device_batch, int(plen.max()), usable_mib, "holding the longest event"
+            model,
+            per_device_batch,
+            int(plen.max()),
+            usable_mib,
+            "holding the longest event",
+            criterion,
         ),
         typical_batches=typical,
         curve={

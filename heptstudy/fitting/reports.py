@@ -14,6 +14,7 @@ reserved point sits at the longest padded event of *every step so far* in that p
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,9 +175,17 @@ def fit_reports(paths) -> tuple[list[MemoryModel], list[Rejected]]:
     return models, rejected
 
 
-def save_measured_models(paths, out_dir: str | Path) -> tuple[list[Path], list[Rejected]]:
+def save_measured_models(
+    paths, out_dir: str | Path, code_commit: str | None = None
+) -> tuple[list[Path], list[Rejected]]:
     """Write one ``LABEL_measured.json`` into ``out_dir`` per configuration of the reports that
-    is validated on a held-out batch size; the others (and unusable reports) with why not."""
+    is validated on a held-out batch size; the others (and unusable reports) with why not.
+
+    Each model carries the fingerprint of the code its reports measured: that of git commit
+    ``code_commit`` when given (reports measured on a copy whose own commit this repository does
+    not hold), else of the one commit the reports name."""
+    from heptstudy.measure.estimate import code_fingerprint
+
     models, rejected = fit_reports(paths)
     written = []
     for m in models:
@@ -184,5 +193,23 @@ def save_measured_models(paths, out_dir: str | Path) -> tuple[list[Path], list[R
             why = m.validation["allocated"].get("why", "not validated")
             rejected += [Rejected(f, f"not stored: {why}") for f in m.provenance["reports"]]
             continue
+        commits = m.provenance.get("git_commits") or []
+        commit = code_commit or (commits[0] if len(commits) == 1 else None)
+        if commit is None:
+            raise FitError(
+                f"the reports of {key_label(m.key)} name {len(commits)} commits ({commits}); a "
+                "stored model needs the one commit its code was: pass code_commit"
+            )
+        torch_versions = m.provenance.get("torch_versions") or [None]
+        try:
+            m.fingerprint = code_fingerprint.make(
+                "measured", m.key, torch_version=torch_versions[0], commit=commit
+            )
+        except (OSError, subprocess.SubprocessError) as err:
+            raise FitError(
+                f"cannot read the code of commit {commit!r} with git ({err}); the reports' "
+                "code must be a commit of this repository: pass code_commit (the commit the "
+                "measured copy was checked out at)"
+            ) from None
         written.append(m.save(Path(out_dir) / f"{key_label(m.key)}_measured.json"))
     return written, rejected

@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from heptstudy.fitting.reports import Rejected, fit_reports
+from heptstudy.measure.estimate.code_fingerprint import REGENERATE, stale_reasons
 from heptstudy.measure.estimate.keys import mismatches
 from heptstudy.measure.estimate.memory_model import FitError, MemoryModel
 
 #: A model that differs from the configuration only in these settings is shown beside the
 #: answer as a cross-check (the same network on another device kind or attention backend).
 CROSS_CHECK_SETTINGS = ("device_kind:", "attention_backend:")
+#: How a cross-check measured on older code starts its list of differences.
+STALE_PREFIX = "measured on older code"
 
 
 @dataclass
@@ -75,6 +78,41 @@ def stored_models(fits_dir: Path) -> tuple[list[tuple[str, MemoryModel]], list[R
     return models, bad
 
 
+def _of_this_code(
+    choice: Choice, stored: list[tuple[str, MemoryModel]], key: dict[str, Any]
+) -> list[tuple[str, MemoryModel]]:
+    """The stored models made from the code that runs now; the others go to ``choice.not_used``
+    with what changed and how to regenerate them.
+
+    A model measured on older code is refused too, but kept as a cross-check beside the answer
+    (when its configuration is the same or differs only in the cross-check settings): a GPU
+    measurement of other code says nothing exact about this code (the issue that introduced
+    fingerprints found a stored model 2x off after a memory rework, and nothing said so), yet it
+    is the only GPU evidence a laptop has and it cannot be regenerated without a GPU, so it is
+    shown, labelled, never used. An estimated model is simply refused: regenerating it needs no
+    GPU (scripts/regenerate_fits.sh)."""
+    current = []
+    for origin, model in stored:
+        reasons = stale_reasons(model.fingerprint, model.source, model.key)
+        if not reasons:
+            current.append((origin, model))
+            continue
+        commit = (model.fingerprint or {}).get("commit")
+        made = f"{model.source} on commit {commit[:9]}" if commit else model.source
+        how = REGENERATE.get(model.source, REGENERATE["estimated"])
+        choice.not_used.append(
+            Rejected(
+                origin,
+                f"{made}, from other code than this: {'; '.join(reasons)}. Regenerate: {how}",
+            )
+        )
+        diffs, _ = mismatches(model.key, key)
+        if model.source == "measured" and all(d.startswith(CROSS_CHECK_SETTINGS) for d in diffs):
+            label = f"{STALE_PREFIX} ({made}: {'; '.join(reasons)})"
+            choice.cross_checks.append((origin, model, [*diffs, label]))
+    return current
+
+
 def choose_model(
     key: dict[str, Any], reports=(), fits_dir: Path | None = None, stored_if_reports_unusable=False
 ) -> Choice:
@@ -104,7 +142,7 @@ def choose_model(
     if fits_dir is not None:
         stored, unreadable = stored_models(fits_dir)
         choice.not_used += unreadable
-        holding = _sort_into(choice, stored, key)
+        holding = _sort_into(choice, _of_this_code(choice, stored, key), key)
         if holding:
             choice.origin, choice.model, choice.assumptions = holding[0]
     return choice

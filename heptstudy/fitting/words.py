@@ -5,6 +5,12 @@ from __future__ import annotations
 from heptstudy.fitting.predict import FitAnswer, Tail
 
 DEVICE_WORDS = {"rocm": "GCD", "cuda": "GPU", "cpu": "CPU process"}
+#: The criterion's peak in words and the worst-batch field that holds it.
+CRITERION_WORDS = {
+    "allocated": ("allocated", "allocated_gib"),
+    "reserved": ("reserved", "reserved_gib"),
+    "reserved_expandable": ("reserved (expandable segments)", "reserved_expandable_gib"),
+}
 
 
 def _pct(p: float) -> str:
@@ -40,11 +46,21 @@ def answer_words(result) -> str:
     unit = DEVICE_WORDS.get(plat.device, "device")
     head = f"{a.per_device_batch} events per {plat.name} {unit}"
     w, crit = a.worst_batch, a.criterion.quantity
-    peak = w["reserved_gib"] if crit == "reserved" else w["allocated_gib"]
+    crit_words, field = CRITERION_WORDS[crit]
+    peak = w[field]
     worst = (
         f"the batch holding the data's longest event ({w['longest_padded']:,} padded hits) needs "
-        f"{peak:.1f} GiB {crit} of {a.usable_gib:.1f} GiB usable (margin {w['margin_gib']:+.1f} GiB"
+        f"{peak:.1f} GiB {crit_words} of {a.usable_gib:.1f} GiB usable"
     )
+    if crit != "allocated":
+        # on a GPU the criterion is the allocator's pool plus the margin kept for the context
+        worst += (
+            f" ({a.device_memory_gib:g} GiB less the {a.safety_margin_gib:g} GiB safety margin: "
+            f"peak {crit_words} + margin must stay within the device"
+        )
+        worst += f"; margin {w['margin_gib']:+.1f} GiB"
+    else:
+        worst += f" (margin {w['margin_gib']:+.1f} GiB"
     err = result.model.held_out_error(crit) if result.model.source == "measured" else None
     worst += f"; the {crit} model's held-out error is up to {err:.0%})" if err is not None else ")"
     by = (
@@ -56,13 +72,24 @@ def answer_words(result) -> str:
         text = f"{head}: fits on this data{by}: {worst}."
     else:
         text = f"{head}: does NOT fit on this data{by}: {worst}; {_tail_words(a.criterion, a)}."
-        if crit == "reserved" and a.allocated_only.events_too_long == 0:
+        if crit != "allocated" and a.allocated_only.events_too_long == 0:
             text += (
                 f" On peak allocated alone (no allocator overhead, a lower bound) it would fit "
                 f"({w['allocated_gib']:.1f} GiB)."
             )
+    if crit == "reserved" and w.get("reserved_expandable_gib") is not None:
+        text += (
+            f" With expandable segments the simulated allocator would reserve "
+            f"{w['reserved_expandable_gib']:.1f} GiB for that batch (a prediction awaiting "
+            "measurement)."
+        )
     for c in [c for c in result.cross_checks if c["source"] == "measured"][:1]:
-        if c["fits"] != a.fits:
+        if c.get("stale"):
+            text += (
+                f" NOT USED: the MEASURED model, {c['stale']}, gives this batch {_peaks(c)}, "
+                f"which would {'fit' if c['fits'] else 'NOT fit'}."
+            )
+        elif c["fits"] != a.fits:
             text += (
                 f" NOT SHOWN: the MEASURED model of the same network with {_settings(c)} gives "
                 f"this batch {_peaks(c)}, which would {'fit' if c['fits'] else 'NOT fit'}."
@@ -86,6 +113,8 @@ def _peaks(c: dict) -> str:
 
 def _row(r: dict) -> str:
     reserved = "" if r["reserved_gib"] is None else f", {r['reserved_gib']:.1f} GiB reserved"
+    if r.get("reserved_expandable_gib") is not None:
+        reserved += f" ({r['reserved_expandable_gib']:.1f} with expandable segments)"
     return (
         f"  {r['batch']:<26} longest {r['longest_padded']:>7,} padded hits: "
         f"{r['allocated_gib']:.1f} GiB allocated{reserved}; margin {r['margin_gib']:+.1f} GiB"
@@ -132,16 +161,16 @@ def render(result) -> str:
     )
     lines += [
         f"Device: {a.device_memory_gib:g} GiB; safety margin {a.safety_margin_gib:g} GiB; usable "
-        f"{a.usable_gib:.1f} GiB. Criterion: peak {a.criterion.quantity}"
+        f"{a.usable_gib:.1f} GiB. Criterion: peak {CRITERION_WORDS[a.criterion.quantity][0]}"
         + (
-            " (the allocator's pool, fragmentation included)"
-            if a.criterion.quantity == "reserved"
+            " (the allocator's pool, fragmentation included) + the safety margin"
+            if a.criterion.quantity != "allocated"
             else ""
         ),
         f"Batches of {a.per_device_batch} on this data ({a.world_size} ranks per step):",
         *(_row(r) for r in a.typical_batches),
         _row(a.worst_batch),
-        f"Tail on peak {a.criterion.quantity}: {_tail_words(a.criterion, a)}",
+        f"Tail on peak {CRITERION_WORDS[a.criterion.quantity][0]}: {_tail_words(a.criterion, a)}",
     ]
     if a.criterion.quantity != "allocated":
         lines.append(f"Tail on peak allocated alone: {_tail_words(a.allocated_only, a)}")

@@ -230,10 +230,20 @@ class _Process:
         return out
 
 
+def simulate_repeated_step(
+    trace: StepTrace, *, warmup: int = 2, steps: int = 3, passes: Literal["both", "memory"] = "both"
+) -> BenchProcessPeaks:
+    """A bench process whose every step runs the batch of ``trace`` (the bench's defaults:
+    2 warm-up and 3 counted steps, both passes): the peaks an estimated memory model is fitted
+    on for that batch's shape."""
+    return simulate_bench_process([trace] * (warmup + steps), warmup=warmup, passes=passes)
+
+
 __all__ = [
     "ASSUMPTIONS",
     "CUBLAS_WORKSPACES",
     "BenchProcessPeaks",
     "StepPeaks",
     "simulate_bench_process",
+    "simulate_repeated_step",
 ]

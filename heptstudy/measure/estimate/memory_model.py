@@ -16,6 +16,10 @@ times a measured ratio: the pool a process holds after steps whose longest padde
 ``L``. The ratio is not a constant of nature (it depends on the order of allocation sizes a run
 meets), so the model states how well it predicts batch sizes it was not fitted on.
 
+An *estimated* model of a GPU platform (fake steps replayed through the caching-allocator
+simulator) also carries ``reserved_expandable``: the same ratio for the allocator's
+``expandable_segments`` mode, a prediction no GPU has measured.
+
 Validation: leave one batch size out, for allocated and for reserved: each batch size's steps
 predicted by the model fitted on the other batch sizes.
 """
@@ -34,7 +38,10 @@ from heptstudy.errors import HeptstudyError
 from heptstudy.measure.estimate.keys import key_label
 from heptstudy.units import MIB
 
-SCHEMA = "heptstudy.memfit/2"
+SCHEMA = "heptstudy.memfit/3"
+#: Earlier schemas still read: /2 lacks the expandable-segments reserved and the code fingerprint
+#: (a stored model without one is refused by heptstudy.fitting.select as made from unknown code).
+READABLE_SCHEMAS = ("heptstudy.memfit/2", SCHEMA)
 
 
 class FitError(HeptstudyError, ValueError):
@@ -143,12 +150,15 @@ def fit_reserved(points: list[Point], allocated: LinearFit) -> ReservedFit:
 
 
 def _leave_one_batch_size_out(
-    alloc: list[Point], reserved: list[Point], quadratic: bool
+    alloc: list[Point], reserved: list[Point], quadratic: bool, expandable: list[Point] = ()
 ) -> dict[str, dict[str, Any]]:
     """Per quantity: one row per batch size predicted by the fit on the others, and the largest
     error; ``why`` instead when no batch size can be left out."""
     out: dict[str, dict[str, Any]] = {}
-    for quantity, pts in (("allocated", alloc), ("reserved", reserved)):
+    quantities = [("allocated", alloc), ("reserved", reserved)]
+    if expandable:
+        quantities.append(("reserved_expandable", expandable))
+    for quantity, pts in quantities:
         rows = []
         sizes = sorted({p.batch_size for p in pts})
         for b in sizes if len(sizes) >= 2 else []:
@@ -159,10 +169,8 @@ def _leave_one_batch_size_out(
                 pred = fit.predict_mib(
                     [p.batch_size for p in test], [p.longest_padded for p in test]
                 )
-                if quantity == "reserved":
-                    pred = (
-                        fit_reserved([p for p in reserved if p.batch_size != b], fit).ratio * pred
-                    )
+                if quantity != "allocated":
+                    pred = fit_reserved([p for p in pts if p.batch_size != b], fit).ratio * pred
             except FitError:
                 continue  # the other batch sizes alone do not determine a fit
             err = (np.asarray(pred) - [p.peak_mib for p in test]) / [p.peak_mib for p in test]
@@ -202,6 +210,11 @@ class MemoryModel:
     validation: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: estimated GPU models: reserved with the allocator's expandable segments (never measured)
+    reserved_expandable: ReservedFit | None = None
+    reserved_expandable_points: list[Point] = field(default_factory=list)
+    #: what code the model was made from (heptstudy.measure.estimate.code_fingerprint)
+    fingerprint: dict[str, Any] | None = None
 
     def predict_allocated_mib(self, batch_size, longest_padded):
         return self.allocated.predict_mib(batch_size, longest_padded)
@@ -210,6 +223,13 @@ class MemoryModel:
         if self.reserved is None:
             return None
         return self.reserved.ratio * self.allocated.predict_mib(batch_size, longest_padded)
+
+    def predict_reserved_expandable_mib(self, batch_size, longest_padded):
+        if self.reserved_expandable is None:
+            return None
+        return self.reserved_expandable.ratio * self.allocated.predict_mib(
+            batch_size, longest_padded
+        )
 
     def held_out_error(self, quantity: str) -> float | None:
         """Largest relative error on a held-out batch size (``None``: not validated)."""
@@ -229,6 +249,11 @@ class MemoryModel:
             text += f" + {a.per_mask_entry_mib * MIB:,.3f} B per attention-mask entry (B x L^2)"
         if self.reserved is not None:
             text += f"; reserved {self.reserved.ratio:.3f} x allocated"
+        if self.reserved_expandable is not None:
+            text += (
+                f" ({self.reserved_expandable.ratio:.3f} x with expandable segments, simulated, "
+                "never measured)"
+            )
         return text + f"; {self.source_detail}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -242,19 +267,25 @@ class MemoryModel:
             "model": (
                 "peak_allocated_mib = fixed_mib + per_padded_hit_mib * batch_size * longest_padded"
                 " + per_event_mib * batch_size + per_mask_entry_mib * batch_size * "
-                "longest_padded**2; peak_reserved_mib = ratio * peak_allocated_mib"
+                "longest_padded**2; peak_reserved_mib = ratio * peak_allocated_mib (also "
+                "reserved_expandable: the ratio with expandable segments)"
             ),
             "allocated": asdict(self.allocated),
             "reserved": asdict(self.reserved) if self.reserved else None,
             "allocated_points": [asdict(p) for p in self.allocated_points],
             "reserved_points": [asdict(p) for p in self.reserved_points],
+            "reserved_expandable": (
+                asdict(self.reserved_expandable) if self.reserved_expandable else None
+            ),
+            "reserved_expandable_points": [asdict(p) for p in self.reserved_expandable_points],
             "validation": self.validation,
             "notes": self.notes,
+            "fingerprint": self.fingerprint,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "memory model") -> MemoryModel:
-        if d.get("schema") != SCHEMA:
+        if d.get("schema") not in READABLE_SCHEMAS:
             raise FitError(
                 f"{where}: schema {d.get('schema')!r} is not {SCHEMA!r}; refit it from its reports "
                 "(heptstudy fit --reports DIR --save-model PATH)"
@@ -271,6 +302,15 @@ class MemoryModel:
                 validation=d.get("validation", {}),
                 provenance=d.get("provenance", {}),
                 notes=d.get("notes", []),
+                reserved_expandable=(
+                    ReservedFit(**d["reserved_expandable"])
+                    if d.get("reserved_expandable")
+                    else None
+                ),
+                reserved_expandable_points=[
+                    Point(**p) for p in d.get("reserved_expandable_points", [])
+                ],
+                fingerprint=d.get("fingerprint"),
             )
         except (KeyError, TypeError) as err:
             raise FitError(f"{where}: missing or unexpected field ({err}); refit it") from None
@@ -297,11 +337,14 @@ def fit_points(
     source: str = "measured",
     source_detail: str = "",
     provenance: dict[str, Any] | None = None,
+    reserved_expandable: list[Point] = (),
+    fingerprint: dict[str, Any] | None = None,
 ) -> MemoryModel:
     """Fit on every point and validate by leaving one batch size out."""
     quadratic = key.get("attention_backend") == "fused"
     alloc = fit_allocated(list(allocated), quadratic)
     res = fit_reserved(list(reserved), alloc) if reserved else None
+    expandable = fit_reserved(list(reserved_expandable), alloc) if reserved_expandable else None
     return MemoryModel(
         key=key,
         source=source,
@@ -310,6 +353,11 @@ def fit_points(
         reserved=res,
         allocated_points=list(allocated),
         reserved_points=list(reserved),
-        validation=_leave_one_batch_size_out(list(allocated), list(reserved), quadratic),
+        validation=_leave_one_batch_size_out(
+            list(allocated), list(reserved), quadratic, list(reserved_expandable)
+        ),
         provenance=dict(provenance or {}),
+        reserved_expandable=expandable,
+        reserved_expandable_points=list(reserved_expandable),
+        fingerprint=fingerprint,
     )

@@ -1,0 +1,164 @@
+"""Which code a stored memory model was made from, and in words what changed since.
+
+A fingerprint holds a sha256 per *part* of the code that decides a step's memory:
+
+* ``model``: the network (every module of ``heptstudy/model/``);
+* ``step``: the training step, its losses and the optimizer (``train/step.py``, ``losses.py``,
+  ``lamb.py``, ``optim.py``, ``precision.py``);
+* ``estimate``: the estimate's own code (fake step, autocast policy, stand-ins, kernel scratch,
+  caching-allocator simulator, the storage tracker and its trace) — estimated models only;
+
+plus the memory model's configuration key (``key.model_hash``) and the PyTorch version. Each
+part's hash covers the paths and contents of its ``.py`` files, so a moved, added or removed file
+changes it as much as an edited one. Read from the installed package (no git needed), or, for
+models measured on a GPU at an older commit, from that commit with ``git show``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from collections.abc import Callable, Iterable
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import torch
+
+SCHEMA = "heptstudy.codefp/1"
+
+#: The parts and the files (glob patterns from the repository root) each one covers.
+PARTS: dict[str, tuple[str, ...]] = {
+    "model": ("heptstudy/model/*.py",),
+    "step": (
+        "heptstudy/train/step.py",
+        "heptstudy/train/losses.py",
+        "heptstudy/train/lamb.py",
+        "heptstudy/train/optim.py",
+        "heptstudy/train/precision.py",
+    ),
+    "estimate": (
+        "heptstudy/measure/estimate/*.py",
+        "heptstudy/measure/memory.py",
+        "heptstudy/measure/allocation_trace.py",
+        "heptstudy/stand_ins.py",
+    ),
+}
+PART_WORDS = {
+    "model": "model code (heptstudy/model/)",
+    "step": "step code (train/step, losses, LAMB, optimizer, precision)",
+    "estimate": "estimate code (fake step, simulator, tracker, stand-ins)",
+}
+#: Modules under measure/estimate/ that do not make the estimate (the fit around it, auto's
+#: plans, this file): editing them leaves every estimated model valid.
+NOT_ESTIMATE = (
+    "heptstudy/measure/estimate/__init__.py",
+    "heptstudy/measure/estimate/code_fingerprint.py",
+    "heptstudy/measure/estimate/keys.py",
+    "heptstudy/measure/estimate/margin.py",
+    "heptstudy/measure/estimate/memory_model.py",
+    "heptstudy/measure/estimate/plans.py",
+)
+#: The parts each kind of model depends on: a measured model does not depend on the estimator.
+PARTS_OF = {"measured": ("model", "step"), "estimated": ("model", "step", "estimate")}
+
+ROOT = Path(__file__).resolve().parents[3]
+
+#: The regeneration commands, said whenever a stored model is refused.
+REGENERATE = {
+    "estimated": "scripts/regenerate_fits.sh (estimated models: no GPU needed)",
+    "measured": (
+        "measure the configuration again on the GPU (heptstudy bench / scripts/gpu/), then "
+        "scripts/regenerate_fits.sh --measured DIR"
+    ),
+}
+
+
+def _files_of(part: str, names: Iterable[str]) -> list[str]:
+    # PurePosixPath.match: "heptstudy/model/*.py" takes the folder's own files, not sub-folders
+    out = {n for n in names if any(PurePosixPath(n).match(p) for p in PARTS[part])}
+    if part == "estimate":
+        out -= set(NOT_ESTIMATE)
+    return sorted(out)
+
+
+def _hash(files: list[str], read: Callable[[str], bytes]) -> str:
+    h = hashlib.sha256()
+    for name in files:
+        h.update(name.encode() + b"\0" + read(name) + b"\0")
+    return h.hexdigest()
+
+
+def _working_tree_names() -> list[str]:
+    return [str(p.relative_to(ROOT)) for p in (ROOT / "heptstudy").rglob("*.py")]
+
+
+def part_hashes(parts: Iterable[str] = tuple(PARTS)) -> dict[str, str]:
+    """The parts' hashes of the code this process runs."""
+    names = _working_tree_names()
+    return {p: _hash(_files_of(p, names), lambda n: (ROOT / n).read_bytes()) for p in parts}
+
+
+def _git(*args: str) -> bytes:
+    return subprocess.run(
+        ["git", *args], cwd=ROOT, capture_output=True, check=True, timeout=60
+    ).stdout
+
+
+def part_hashes_at(commit: str, parts: Iterable[str] = tuple(PARTS)) -> dict[str, str]:
+    """The parts' hashes of the code at git ``commit`` (for models measured on older code)."""
+    names = _git("ls-tree", "-r", "--name-only", commit, "heptstudy").decode().split()
+    return {p: _hash(_files_of(p, names), lambda n: _git("show", f"{commit}:{n}")) for p in parts}
+
+
+def make(
+    source: str,
+    key: dict[str, Any],
+    *,
+    torch_version: str | None = None,
+    commit: str | None = None,
+    hashes: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The fingerprint of a model of ``source`` ("measured"/"estimated") keyed ``key``: of the
+    running code, or (``commit``) of that commit's code."""
+    parts = PARTS_OF[source]
+    if commit:
+        commit = _git("rev-parse", "--verify", f"{commit}^{{commit}}").decode().strip()
+    if hashes is None:
+        hashes = part_hashes_at(commit, parts) if commit else part_hashes(parts)
+    fp = {
+        "schema": SCHEMA,
+        "made_from": source,
+        "parts": {p: hashes[p] for p in parts},
+        "config_key": key.get("model_hash"),
+        "torch": torch_version or torch.__version__,
+        "commit": commit,
+    }
+    fp["sha256"] = hashlib.sha256(
+        repr(sorted((k, str(v)) for k, v in fp.items())).encode()
+    ).hexdigest()
+    return fp
+
+
+def stale_reasons(
+    fingerprint: dict[str, Any] | None, source: str, key: dict[str, Any]
+) -> list[str]:
+    """Why a model of ``source`` with ``fingerprint`` is not of the running code (empty: it is).
+    A measured model's PyTorch version is the GPU build it ran on and is not compared with this
+    process's."""
+    if not fingerprint or fingerprint.get("schema") != SCHEMA:
+        return ["it records no code fingerprint (made before fingerprints were kept)"]
+    parts = PARTS_OF.get(source, PARTS_OF["estimated"])
+    now = part_hashes(parts)
+    had = fingerprint.get("parts") or {}
+    reasons = [f"{PART_WORDS[part]} changed" for part in parts if had.get(part) != now[part]]
+    if fingerprint.get("config_key") != key.get("model_hash"):
+        reasons.append(
+            f"configuration key changed (model_hash {fingerprint.get('config_key')} -> "
+            f"{key.get('model_hash')})"
+        )
+    if source != "measured" and fingerprint.get("torch") != torch.__version__:
+        reasons.append(f"PyTorch {fingerprint.get('torch')} then, {torch.__version__} now")
+    return reasons
+
+
+__all__ = ["PARTS", "REGENERATE", "make", "part_hashes", "part_hashes_at", "stale_reasons"]
