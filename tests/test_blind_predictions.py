@@ -1,0 +1,36 @@
+"""The committed blind predictions of the GPU study are of the code as it is."""
+
+import json
+from pathlib import Path
+
+from heptstudy.study.matrix import load_matrix
+from heptstudy.study.predictions import PREDICTIONS, REGENERATE, stale_parts
+
+REPO = Path(__file__).resolve().parents[1]
+MATRIX = REPO / "configs" / "study" / "gpu.yaml"
+
+
+def test_blind_predictions_are_of_this_code():
+    doc = json.loads((REPO / PREDICTIONS).read_text())
+    stale = stale_parts(doc, MATRIX)
+    assert not stale, (
+        f"{PREDICTIONS} was made from other code ({', '.join(stale)} changed since): regenerate "
+        f"it with `{REGENERATE}` and commit it before any GPU measures this code"
+    )
+
+
+def test_every_memory_run_is_predicted_or_says_why_not():
+    doc = json.loads((REPO / PREDICTIONS).read_text())
+    names = {run.name for run in load_matrix(MATRIX).runs}
+    assert set(doc["runs"]) | set(doc["not_predicted"]) == names
+    for name, run in doc["runs"].items():
+        assert run["target"] == "cuda" and run["torch_version"] == "2.11", name
+        for field in ("allocated_mib", "reserved_mib", "expandable_reserved_mib"):
+            assert run[field] > 0, (name, field)
+        assert run["reserved_mib"] >= run["allocated_mib"], name
+
+
+def test_stale_parts_names_a_changed_part(tmp_path):
+    doc = json.loads((REPO / PREDICTIONS).read_text())
+    doc["fingerprint"]["code"]["model"] = "0" * 64
+    assert stale_parts(doc, MATRIX) == ["model code"]
