@@ -199,9 +199,10 @@ def test_expandable_small_pool_maps_2_mib_pages():
 def test_expandable_reuses_a_freed_hole_before_mapping_more():
     # page 1: A = 8 MiB at 0, B = 4 MiB at 8, C = 8 MiB at 12 (fills the page); D = 2 MiB maps
     # page 2: D at 20, 18 MiB free at 22. Free B (4 MiB hole). 3 MiB takes the hole (smallest
-    # fit; 1 MiB left is not split): allocated 8 + 8 + 2 + 4 = 22 MiB, reserved 40 MiB.
-    # Freed again, a 5 MiB request fits only the 18 MiB end block, which is split: allocated
-    # 8 + 8 + 2 + 5 = 23 MiB, still 40 MiB mapped
+    # fit; the 1 MiB left is split off: expandable segments split down to 512 B): allocated
+    # 8 + 8 + 2 + 3 = 21 MiB, reserved 40 MiB. Freed again (the hole is 4 MiB again), a 5 MiB
+    # request fits only the 18 MiB end block, which is split: allocated 8 + 8 + 2 + 5 = 23 MiB,
+    # still 40 MiB mapped
     a = CachingAllocator(expandable_segments=True)
     a.malloc(1, 8 * MIB)
     a.malloc(2, 4 * MIB)
@@ -210,10 +211,19 @@ def test_expandable_reuses_a_freed_hole_before_mapping_more():
     assert a.reserved == 40 * MIB
     a.free(2)
     a.malloc(5, 3 * MIB)
-    assert (a.allocated, a.reserved) == (22 * MIB, 40 * MIB)
+    assert (a.allocated, a.reserved) == (21 * MIB, 40 * MIB)
     a.free(5)
     a.malloc(6, 5 * MIB)
     assert (a.reserved, a.allocated) == (40 * MIB, 23 * MIB)
+
+
+def test_expandable_segments_split_large_blocks_down_to_512_bytes():
+    # 19.5 MiB: natively its own segment, rounded up to 20 MiB, 0.5 MiB left: not split (needs
+    # > 1 MiB), so 20 MiB allocated; with expandable segments one 20 MiB page, and the 0.5 MiB
+    # left is split off (>= 512 B): 19.5 MiB allocated
+    request = 19 * MIB + 512 * KIB
+    assert replay([("alloc", 1, request)]).allocated == 20 * MIB
+    assert replay([("alloc", 1, request)], expandable_segments=True).allocated == request
 
 
 def test_expandable_best_fit_skips_the_end_block_when_another_fits():

@@ -198,7 +198,8 @@ def save_measured_models(
         if commit is None:
             raise FitError(
                 f"the reports of {key_label(m.key)} name {len(commits)} commits ({commits}); a "
-                "stored model needs the one commit its code was: pass code_commit"
+                "stored model needs the one commit its code was: name it (code_commit=..., or "
+                "scripts/regenerate_fits.sh --measured DIR COMMIT)"
             )
         torch_versions = m.provenance.get("torch_versions") or [None]
         try:
@@ -207,9 +208,11 @@ def save_measured_models(
             )
         except (OSError, subprocess.SubprocessError) as err:
             raise FitError(
-                f"cannot read the code of commit {commit!r} with git ({err}); the reports' "
-                "code must be a commit of this repository: pass code_commit (the commit the "
-                "measured copy was checked out at)"
+                f"cannot read the code of commit {commit!r} with git "
+                f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); the "
+                "reports' code must be a commit of this repository: name the commit the "
+                "measured copy was checked out at (code_commit=..., or scripts/"
+                "regenerate_fits.sh --measured DIR COMMIT)"
             ) from None
         written.append(m.save(Path(out_dir) / f"{key_label(m.key)}_measured.json"))
     return written, rejected

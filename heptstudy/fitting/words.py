@@ -52,7 +52,7 @@ def answer_words(result) -> str:
         f"the batch holding the data's longest event ({w['longest_padded']:,} padded hits) needs "
         f"{peak:.1f} GiB {crit_words} of {a.usable_gib:.1f} GiB usable"
     )
-    if crit != "allocated":
+    if crit != "allocated" and plat.device in ("cuda", "rocm"):
         # on a GPU the criterion is the allocator's pool plus the margin kept for the context
         worst += (
             f" ({a.device_memory_gib:g} GiB less the {a.safety_margin_gib:g} GiB safety margin: "

@@ -9,9 +9,10 @@ memory fraction, no ``empty_cache``):
   the allocator;
 * requests of at most 1 MiB come from the small pool, the rest from the large pool;
 * best fit: the free block of the pool with the smallest size that fits, then the lowest address;
-* a block larger than the request is split when the remainder is at least 512 B (small pool) or
-  more than 1 MiB (large pool); otherwise the whole block is handed out and *counted as
-  allocated* (``memory_allocated`` counts block sizes, not requested bytes);
+* a block larger than the request is split when the remainder is at least 512 B (small pool, and
+  both pools with expandable segments) or more than 1 MiB (large pool, native); otherwise the
+  whole block is handed out and *counted as allocated* (``memory_allocated`` counts block sizes,
+  not requested bytes);
 * a freed block merges with its free neighbours in the same segment only.
 
 Native mode (the default): when no free block fits, a new segment is ``cudaMalloc``'d: 2 MiB for
@@ -261,7 +262,12 @@ class CachingAllocator:
                 else self._new_segment(pool, size)
             )
         remaining = b.size - size
-        if (remaining >= MIN_BLOCK) if pool == _SMALL else (remaining > SMALL_SIZE):
+        # should_split: with expandable segments every pool splits down to 512 B
+        if (
+            remaining >= MIN_BLOCK
+            if pool == _SMALL or self.expandable_segments
+            else remaining > SMALL_SIZE
+        ):
             rest = _Block(b.addr + size, remaining, b, b.next)
             if b.next is not None:
                 b.next.prev = rest

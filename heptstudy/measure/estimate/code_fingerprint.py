@@ -54,7 +54,6 @@ NOT_ESTIMATE = (
     "heptstudy/measure/estimate/__init__.py",
     "heptstudy/measure/estimate/code_fingerprint.py",
     "heptstudy/measure/estimate/keys.py",
-    "heptstudy/measure/estimate/margin.py",
     "heptstudy/measure/estimate/memory_model.py",
     "heptstudy/measure/estimate/plans.py",
 )
@@ -88,14 +87,10 @@ def _hash(files: list[str], read: Callable[[str], bytes]) -> str:
     return h.hexdigest()
 
 
-def _working_tree_names() -> list[str]:
-    return [str(p.relative_to(ROOT)) for p in (ROOT / "heptstudy").rglob("*.py")]
-
-
-def part_hashes(parts: Iterable[str] = tuple(PARTS)) -> dict[str, str]:
-    """The parts' hashes of the code this process runs."""
-    names = _working_tree_names()
-    return {p: _hash(_files_of(p, names), lambda n: (ROOT / n).read_bytes()) for p in parts}
+def part_hashes(parts: Iterable[str] = tuple(PARTS), root: Path = ROOT) -> dict[str, str]:
+    """The parts' hashes of the code under ``root`` (default: the code this process runs)."""
+    names = [p.relative_to(root).as_posix() for p in (root / "heptstudy").rglob("*.py")]
+    return {p: _hash(_files_of(p, names), lambda n: (root / n).read_bytes()) for p in parts}
 
 
 def _git(*args: str) -> bytes:
