@@ -34,3 +34,32 @@ def test_stale_parts_names_a_changed_part(tmp_path):
     doc = json.loads((REPO / PREDICTIONS).read_text())
     doc["fingerprint"]["code"]["model"] = "0" * 64
     assert stale_parts(doc, MATRIX) == ["model code"]
+
+
+def test_predict_matrix_runs_the_target_faithful_bench_process(tmp_path, tiny_data_dir):
+    import yaml
+
+    from heptstudy.study.predictions import predict_matrix
+    from tests.conftest import TINY_MODEL
+
+    matrix = tmp_path / "tiny.yaml"
+    matrix.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny",
+                "description": "tiny model, generated data",
+                "defaults": {"platform": "h100", "steps": 1, "warmup": 1},
+                "runs": [
+                    {"batch_size": 2, "checkpointing": True, "overrides": list(TINY_MODEL)},
+                    {"batch_size": 2, "checkpointing": "auto", "overrides": list(TINY_MODEL)},
+                ],
+            }
+        )
+    )
+    doc = predict_matrix(str(matrix), str(tiny_data_dir), progress=lambda _line: None)
+    ((name, run),) = doc["runs"].items()
+    assert name == "checkpointed_b2" and list(doc["not_predicted"]) == ["auto_b2"]
+    assert run["target"] == "cuda" and len(run["per_step"]) == 2
+    assert run["reserved_mib"] >= run["allocated_mib"] > 0
+    assert run["hits_of_the_last_step"]["stand_ins"]["dropout"] > 0
+    assert list(doc["fingerprint"]["platforms"]) == ["configs/training/platforms/h100.yaml"]

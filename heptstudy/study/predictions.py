@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from heptstudy.atomic import atomic_write_text
-from heptstudy.paths import resolve_in_repo
+from heptstudy.paths import base_dir, resolve_in_repo
 from heptstudy.units import MIB
 
 SCHEMA = "heptstudy.blind_predictions/1"
@@ -43,15 +43,25 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it (committed files name no
+    machine's folders)."""
+    try:
+        return str(Path(path).resolve().relative_to(base_dir().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def fingerprint(matrix_path: Path, platforms: list[str]) -> dict:
     """The code, configuration and PyTorch the predictions are of."""
     from heptstudy.measure.estimate import code_fingerprint
     from heptstudy.measure.request import find_platform
 
+    files = sorted({Path(find_platform(p)) for p in platforms})
     return {
         "code": code_fingerprint.part_hashes(("model", "step", "estimate")),
-        "matrix": {"path": str(matrix_path), "sha256": _sha256(matrix_path)},
-        "platforms": {p: _sha256(Path(find_platform(p))) for p in sorted(set(platforms))},
+        "matrix": {"path": _shown(matrix_path), "sha256": _sha256(matrix_path)},
+        "platforms": {_shown(f): _sha256(f) for f in files},
         "torch": torch.__version__,
     }
 
@@ -66,24 +76,21 @@ def stale_parts(doc: dict, matrix_path: Path) -> list[str]:
     if (fp.get("matrix") or {}).get("sha256") != _sha256(matrix_path):
         out.append(f"the matrix {matrix_path}")
     for name, sha in (fp.get("platforms") or {}).items():
-        from heptstudy.measure.request import find_platform
-
-        if _sha256(Path(find_platform(name))) != sha:
+        path = resolve_in_repo(name)
+        if not path.is_file() or _sha256(path) != sha:
             out.append(f"the platform profile {name}")
     return out
 
 
-def predict_run(request, data_dir: str | None, progress=None) -> dict:
+def predict_run(request, progress=None) -> dict:
     """The blind prediction of one memory run (its :class:`MeasurementRequest`)."""
     from heptstudy.data import load_events
     from heptstudy.measure.bench import event_indices
     from heptstudy.measure.estimate.bench_process import simulate_bench_process
     from heptstudy.measure.estimate.fake_step import DEFAULT_TORCH_VERSION, estimate_step
 
-    if data_dir is not None:
-        request = request.model_copy(update={"data_dir": data_dir})
-    config = request.config()
-    profile = request.platform_profile()
+    measurement = request.resolve()
+    config, profile = measurement.config, measurement.profile
     target = profile.device if profile is not None else "cpu"
     version = getattr(profile, "torch_version", None) or DEFAULT_TORCH_VERSION
     indices = event_indices(config, request.batch_size, request.warmup + request.steps)
@@ -131,7 +138,7 @@ def predict_run(request, data_dir: str | None, progress=None) -> dict:
     }
     if progress:
         progress(
-            f"  {request.report_name(config)}: allocated {out['allocated_mib']:,.0f} MiB, "
+            f"  {measurement.name}: allocated {out['allocated_mib']:,.0f} MiB, "
             f"reserved {out['reserved_mib']:,.0f} MiB (expandable "
             f"{out['expandable_reserved_mib']:,.0f}) in {out['seconds']:.0f} s"
         )
@@ -160,8 +167,9 @@ def predict_matrix(matrix_path: str, data_dir: str | None, progress=print) -> di
         if request.platform:
             platforms.append(request.platform)
         if synthetic is None:
-            synthetic = bool(dataset_for(request.config(), "train").metadata.get("synthetic"))
-        runs[run.name] = predict_run(request, None, progress)
+            config = request.resolve().config
+            synthetic = bool(dataset_for(config, "train").metadata.get("synthetic"))
+        runs[run.name] = predict_run(request, progress)
     return {
         "schema": SCHEMA,
         "what": (
