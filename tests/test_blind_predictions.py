@@ -63,3 +63,30 @@ def test_predict_matrix_runs_the_target_faithful_bench_process(tmp_path, tiny_da
     assert run["reserved_mib"] >= run["allocated_mib"] > 0
     assert run["hits_of_the_last_step"]["stand_ins"]["dropout"] > 0
     assert list(doc["fingerprint"]["platforms"]) == ["configs/training/platforms/h100.yaml"]
+
+
+def test_gpu_session_is_compared_with_the_predictions(tmp_path):
+    import runpy
+
+    doc = json.loads((REPO / PREDICTIONS).read_text())
+    predicted = doc["runs"]["checkpointed_b48"]
+    out = tmp_path / "out"
+    (out / "study").mkdir(parents=True)
+    report = {
+        "status": "ok",
+        "environment": {"git_commit": "abc"},
+        "summary": {
+            "max_peak_allocated_mib": predicted["allocated_mib"] * 1.02,
+            "max_peak_reserved_mib": predicted["reserved_mib"] * 0.95,
+        },
+    }
+    (out / "study" / "checkpointed_b48.json").write_text(json.dumps(report))
+    (out / "study" / "parity_b1.json").write_text(json.dumps({"status": "ok"}))
+    script = runpy.run_path(str(REPO / "scripts" / "gpu" / "compare_predictions.py"))
+    assert script["main"]([str(out)]) == 0
+    rows = json.loads((out / "predictions_vs_measured.json").read_text())["rows"]
+    row = next(r for r in rows if r["run"] == "study/checkpointed_b48")
+    assert abs(row["allocated_error"] - (1 / 1.02 - 1)) < 1e-9
+    assert abs(row["reserved_error"] - (1 / 0.95 - 1)) < 1e-9
+    assert {"run": "study/parity_b1", "skipped": True} in rows
+    assert "study/checkpointed_b48" in (out / "predictions_vs_measured.md").read_text()
