@@ -41,7 +41,11 @@ def test_part_hashes_name_the_part_that_changed(tmp_path):
     after = cf.part_hashes(root=root)
     assert after["model"] != before["model"]
     assert (after["step"], after["estimate"]) == (before["step"], before["estimate"])
-    # a new file of a part changes it too; a file outside every part changes none
+    # a new file of a part changes it too, in a sub-folder as well; a file outside every part
+    # changes none
+    (root / "heptstudy" / "model" / "extra").mkdir()
+    (root / "heptstudy" / "model" / "extra" / "kernels.py").write_text("# new\n")
+    assert cf.part_hashes(root=root)["model"] != after["model"]
     (root / "heptstudy" / "train" / "step.py").rename(root / "heptstudy" / "train" / "step2.py")
     assert cf.part_hashes(root=root)["step"] != before["step"]
     (root / "heptstudy" / "measure" / "estimate" / "plans.py").write_text("# fit-side code\n")
@@ -233,3 +237,24 @@ def test_fit_estimate_save_model_regenerates_a_model_fit_then_uses(
     )
     assert result is not None and result.model_origin == str(fits / "lumi.json")
     assert result.answer.criterion.quantity == "reserved"
+
+
+def test_a_fit_from_reports_says_whether_they_measured_this_code(tiny_data_dir, tmp_path):
+    import re
+
+    from heptstudy.fitting import FitRequest, fit
+
+    text = (REPO / "configs/training/platforms/h100.yaml").read_text()
+    plain = tmp_path / "h100_plain.yaml"
+    plain.write_text(re.sub(r"(?m)^attention_backend:.*$", "attention_backend: plain", text))
+    result = fit(FitRequest(platform=str(plain), data_dir=str(tiny_data_dir), reports=(str(H200),)))
+    assert result.model_origin.startswith("reports")
+    # the H200 copy's own commit is not in this repository: said, not guessed
+    assert any("which this repository does not hold" in n for n in result.notes)
+    assert cf.commit_reasons(MEASURED_ON) in (
+        None,
+        [
+            "model code (heptstudy/model/) changed",
+            "step code (train/step, losses, LAMB, optimizer, precision) changed",
+        ],
+    )

@@ -241,6 +241,8 @@ def fit(request: FitRequest) -> FitResult | None:
             config, batch, platform.device, torch_version=platform.torch_version
         )
         choice.origin = "estimated now"
+    if choice.origin.startswith("reports"):
+        notes.append(_reports_code_note(choice.model))
     if choice.assumptions:
         notes.append(
             "model fields the memory model's configuration does not record, taken at their "
@@ -296,6 +298,24 @@ def fit(request: FitRequest) -> FitResult | None:
         not_used=choice.not_used,
         cross_checks=[_cross_check(o, m, d, answer) for o, m, d in choice.cross_checks],
     )
+
+
+def _reports_code_note(model: MemoryModel) -> str:
+    """Whether the reports a measured model was just fitted from measured the code that runs."""
+    from heptstudy.measure.estimate.code_fingerprint import commit_reasons
+
+    commits = model.provenance.get("git_commits") or []
+    if len(commits) != 1:
+        return f"the reports name {len(commits)} commits ({', '.join(commits) or 'none'})"
+    reasons = commit_reasons(commits[0])
+    if reasons is None:
+        return (
+            f"the reports measured commit {commits[0][:9]}, which this repository does not hold: "
+            "whether they measured the code that runs now cannot be said"
+        )
+    if reasons:
+        return f"the reports measured OTHER CODE than runs now (commit {commits[0][:9]}): {'; '.join(reasons)}"
+    return f"the reports measured the code that runs now (commit {commits[0][:9]})"
 
 
 def expandable_segments(platform) -> bool:

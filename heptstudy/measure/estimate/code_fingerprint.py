@@ -19,16 +19,17 @@ from __future__ import annotations
 import hashlib
 import subprocess
 from collections.abc import Callable, Iterable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import torch
 
 SCHEMA = "heptstudy.codefp/1"
 
-#: The parts and the files (glob patterns from the repository root) each one covers.
+#: The parts and the files each one covers, from the repository root: a folder (ending in "/")
+#: covers every ``.py`` file below it, sub-folders included.
 PARTS: dict[str, tuple[str, ...]] = {
-    "model": ("heptstudy/model/*.py",),
+    "model": ("heptstudy/model/",),
     "step": (
         "heptstudy/train/step.py",
         "heptstudy/train/losses.py",
@@ -37,7 +38,7 @@ PARTS: dict[str, tuple[str, ...]] = {
         "heptstudy/train/precision.py",
     ),
     "estimate": (
-        "heptstudy/measure/estimate/*.py",
+        "heptstudy/measure/estimate/",
         "heptstudy/measure/memory.py",
         "heptstudy/measure/allocation_trace.py",
         "heptstudy/stand_ins.py",
@@ -73,8 +74,12 @@ REGENERATE = {
 
 
 def _files_of(part: str, names: Iterable[str]) -> list[str]:
-    # PurePosixPath.match: "heptstudy/model/*.py" takes the folder's own files, not sub-folders
-    out = {n for n in names if any(PurePosixPath(n).match(p) for p in PARTS[part])}
+    out = {
+        n
+        for n in names
+        if n.endswith(".py")
+        and any(n.startswith(p) if p.endswith("/") else n == p for p in PARTS[part])
+    }
     if part == "estimate":
         out -= set(NOT_ESTIMATE)
     return sorted(out)
@@ -156,4 +161,24 @@ def stale_reasons(
     return reasons
 
 
-__all__ = ["PARTS", "REGENERATE", "make", "part_hashes", "part_hashes_at", "stale_reasons"]
+def commit_reasons(commit: str, source: str = "measured") -> list[str] | None:
+    """What changed in the parts a model of ``source`` depends on between git ``commit`` and the
+    code that runs now (empty: nothing); ``None`` when git cannot read that commit here."""
+    parts = PARTS_OF[source]
+    try:
+        then = part_hashes_at(commit, parts)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    now = part_hashes(parts)
+    return [f"{PART_WORDS[p]} changed" for p in parts if then[p] != now[p]]
+
+
+__all__ = [
+    "commit_reasons",
+    "PARTS",
+    "REGENERATE",
+    "make",
+    "part_hashes",
+    "part_hashes_at",
+    "stale_reasons",
+]
