@@ -409,6 +409,12 @@ class PlatformConfig(_Strict):
     device_memory_gib: float = Field(gt=0.0)
     dtype: Literal["float32", "bfloat16"]
     attention_backend: Literal["auto", "fused", "plain"]
+    torch_version: str | None = Field(
+        None,
+        pattern=r"^\d+\.\d+",
+        description="the PyTorch version the platform runs (major.minor, e.g. 2.11): the "
+        "estimate uses that version's autocast lists; None: the GPU evidence's 2.11",
+    )
     launcher: Literal["local", "torchrun", "slurm"]
     cpus_per_task: int = Field(1, ge=1)
     data_workers: int = Field(

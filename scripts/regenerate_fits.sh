@@ -52,3 +52,14 @@ for platform in h100 lumi_mi250x; do
   echo "${answer%%$'\n'*}"
   echo "wrote $out"
 done
+# the H100 recipe with fused attention: a copy of the profile with attention_backend fused (the
+# recipe never overrides the platform's backend)
+fused=$(mktemp --suffix=.yaml)
+sed 's/^name: .*/name: h100_fused/; s/^attention_backend: .*/attention_backend: fused/' \
+  configs/training/platforms/h100.yaml >"$fused"
+out=configs/fit/h100_hit_heptv2_fused_b48_estimated.json
+answer=$("$bin/heptstudy" fit --platform "$fused" --per-device-batch 48 --data-dir "$data_dir" \
+  --estimate --save-model "$out")
+rm -f "$fused"
+echo "${answer%%$'\n'*}"
+echo "wrote $out"

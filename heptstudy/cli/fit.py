@@ -6,11 +6,27 @@ from __future__ import annotations
 import argparse
 import json
 
+from heptstudy.errors import HeptstudyError
 from heptstudy.fitting.api import DEFAULT_SCENARIO, DEFAULT_VARIANT, FitRequest, fit
 from heptstudy.fitting.words import render
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
+    if args.what == "validate":
+        return _cmd_validate(args)
+    missing = [
+        flag
+        for flag, value in (
+            ("--platform", args.platform),
+            ("--per-device-batch", args.per_device_batch),
+        )
+        if value is None
+    ]
+    if missing:
+        raise HeptstudyError(
+            f"heptstudy fit needs {' and '.join(missing)} (e.g. --platform h100 "
+            "--per-device-batch 48); `heptstudy fit validate` checks the estimator instead"
+        )
     request = FitRequest(
         platform=args.platform,
         per_device_batch=args.per_device_batch,
@@ -38,14 +54,50 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from heptstudy.fitting.validation import (
+        EVIDENCE,
+        ValidationRequest,
+        table,
+        validate,
+        write_outputs,
+    )
+
+    request = ValidationRequest(
+        evidence=Path(args.evidence) if args.evidence else EVIDENCE,
+        commit=args.commit,
+        reports=tuple(args.report),
+    )
+    doc = validate(request, progress=lambda line: print(line, flush=True))
+    print(table(doc))
+    if args.out:
+        for path in write_outputs(doc, Path(args.out)):
+            print(f"wrote {path}")
+    print(
+        "every report within 5% allocated and 10% reserved"
+        if doc["all_within_tolerance"]
+        else "NOT every report is within 5% allocated and 10% reserved (see the table)"
+    )
+    return 0 if doc["all_within_tolerance"] else 1
+
+
 def register_cli(subparsers) -> None:
     from heptstudy.cli import add_set_arg
 
     p = subparsers.add_parser(
         "fit", help="will a per-device batch fit a platform's memory over the whole data set?"
     )
-    p.add_argument("--platform", required=True, help="platform profile (YAML file or name)")
-    p.add_argument("--per-device-batch", required=True, type=int, help="events per device")
+    p.add_argument(
+        "what",
+        nargs="?",
+        choices=["validate"],
+        help="validate: run today's estimator on the code and events of the GPU evidence's "
+        "memory reports and print measured against estimated (see --evidence, --commit)",
+    )
+    p.add_argument("--platform", help="platform profile (YAML file or name); required to fit")
+    p.add_argument("--per-device-batch", type=int, help="events per device; required to fit")
     p.add_argument(
         "--scenario",
         default=DEFAULT_SCENARIO,
@@ -92,5 +144,16 @@ def register_cli(subparsers) -> None:
         "current code (see scripts/regenerate_fits.sh)",
     )
     add_set_arg(p, help="dotted override of the resolved recipe (repeatable)")
+    v = p.add_argument_group("validate")
+    v.add_argument(
+        "--evidence",
+        default=None,
+        help="folder of GPU bench reports (default ../shared/evidence/h200-2026-11-30)",
+    )
+    v.add_argument("--commit", default="9a5529c", help="the commit the reports measured")
+    v.add_argument(
+        "--report", action="append", default=[], help="only this report file name (repeatable)"
+    )
+    v.add_argument("--out", default=None, help="folder for validation.json and table.md")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_fit)

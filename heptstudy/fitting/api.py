@@ -237,7 +237,9 @@ def fit(request: FitRequest) -> FitResult | None:
             else "no measured or stored memory model holds: estimated now on a fake device"
         )
         batch = request.per_device_batch or rv.per_device_batch
-        choice.model = estimate_memory_model(config, batch, platform.device)
+        choice.model = estimate_memory_model(
+            config, batch, platform.device, torch_version=platform.torch_version
+        )
         choice.origin = "estimated now"
     if choice.origin.startswith("reports"):
         notes.append(_reports_code_note(choice.model))

@@ -10,7 +10,8 @@ values; block ids are never reused within a trace).
 
 What the trace cannot order: storages first seen as an op's *input* during the step were made
 before it or outside the dispatcher ("adopted"); they are listed apart, and a replay must decide
-where they live. Kernel-internal scratch is not in it (no storage is dispatched).
+where they live. Kernel-internal scratch is in it only where the tracker was given a scratch
+table (the target-faithful fake step): an alloc and a free at that op.
 """
 
 from __future__ import annotations
@@ -85,6 +86,15 @@ class TracingStorageTracker(StorageTracker):
             self.trace.events.append(("free", old, old_nbytes))
         return entry
 
+    def _transient(self, func, nbytes: int) -> None:
+        # a kernel's scratch: allocated on top of the op's inputs and outputs, freed at its end
+        super()._transient(func, nbytes)
+        if nbytes > 0 and self._tracing:
+            block = self._next_block
+            self._next_block += 1
+            self.trace.events.append(("alloc", block, nbytes))
+            self.trace.events.append(("free", block, nbytes))
+
     def _on_free(self, key: int) -> None:
         with self._lock:
             entry = self._live.get(key)
@@ -141,13 +151,20 @@ class TracingMemoryMeter(TrackedMemoryMeter):
     """The storage-tracker meter, keeping each measured step's :class:`StepTrace` in
     ``traces`` (``last_trace`` the latest)."""
 
-    def __init__(self, device, *, track_categories=False, record_timeline=None):
-        super().__init__(device, track_categories=track_categories, record_timeline=record_timeline)
+    def __init__(self, device, *, track_categories=False, record_timeline=None, scratch=None):
+        super().__init__(
+            device,
+            track_categories=track_categories,
+            record_timeline=record_timeline,
+            scratch=scratch,
+        )
         self.traces: list[StepTrace] = []
 
     def _new_tracker(self) -> StorageTracker:
         return TracingStorageTracker(
-            track_categories=self.track_categories, record_timeline=self.record_timeline
+            track_categories=self.track_categories,
+            record_timeline=self.record_timeline,
+            scratch=self.scratch,
         )
 
     def stop_step(self):

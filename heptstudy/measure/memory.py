@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -157,8 +157,17 @@ class StorageTracker(TorchDispatchMode):
         tracker sees the compiled region's outputs (when later ops use them), not its internals."""
         return True
 
-    def __init__(self, *, track_categories: bool = False, record_timeline: bool | None = None):
+    def __init__(
+        self,
+        *,
+        track_categories: bool = False,
+        record_timeline: bool | None = None,
+        scratch: Callable[[object, tuple], int] | None = None,
+    ):
         super().__init__()
+        #: ``scratch(func, args)``: bytes a kernel allocates and frees inside the op (the
+        #: fake step's kernel-scratch table), counted as a transient at that op.
+        self.scratch = scratch
         self.track_categories = track_categories
         self.record_timeline = track_categories if record_timeline is None else record_timeline
         self._lock = threading.RLock()
@@ -170,6 +179,8 @@ class StorageTracker(TorchDispatchMode):
         self.peak_bytes = 0
         self.baseline_bytes = 0
         self.adopted_bytes = 0
+        self.scratch_bytes = 0  # the largest transient scratch seen
+        self.scratch_ops: dict[str, int] = {}
         self.op_index = 0
         self.category_bytes: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.categories_at_peak: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
@@ -210,6 +221,19 @@ class StorageTracker(TorchDispatchMode):
             self.peak_bytes = self.live_bytes
             if self.track_categories:
                 self.categories_at_peak = dict(self.category_bytes)
+
+    def _transient(self, func, nbytes: int) -> None:
+        """A kernel's scratch: live on top of the op's inputs and outputs, freed at its end."""
+        if nbytes <= 0:
+            return
+        name = str(func)
+        self.scratch_ops[name] = self.scratch_ops.get(name, 0) + 1
+        self.scratch_bytes = max(self.scratch_bytes, nbytes)
+        if self.live_bytes + nbytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes + nbytes
+            if self.track_categories:
+                self.categories_at_peak = dict(self.category_bytes)
+                self.categories_at_peak["temporaries"] += nbytes
 
     def _reclassify(self, t: torch.Tensor, category: str, only_from: tuple[str, ...]) -> None:
         storage = _storage_of(t)
@@ -261,6 +285,8 @@ class StorageTracker(TorchDispatchMode):
                     self._register(storage, self._label or "temporaries")
             self.op_index += 1
             self._update_peak()
+            if self.scratch is not None:
+                self._transient(func, self.scratch(func, args))
             if self.record_timeline:
                 self.timeline.append((self.op_index, self.live_bytes))
         return out
@@ -504,9 +530,10 @@ class TrackedMemoryMeter(MemoryMeter):
 
     device_kind = "tracked"
 
-    def __init__(self, device, *, track_categories=False, record_timeline=None):
+    def __init__(self, device, *, track_categories=False, record_timeline=None, scratch=None):
         super().__init__(device, track_categories=track_categories)
         self.record_timeline = record_timeline
+        self.scratch = scratch  # see StorageTracker
 
     def start_step(self, baseline_tensors=(), *, model=None, optimizer=None) -> None:
         if self.tracker is not None and self.tracker._active:
@@ -518,7 +545,9 @@ class TrackedMemoryMeter(MemoryMeter):
     def _new_tracker(self) -> StorageTracker:
         # a seam: measure.allocation_trace's meter records the allocation order too
         return StorageTracker(
-            track_categories=self.track_categories, record_timeline=self.record_timeline
+            track_categories=self.track_categories,
+            record_timeline=self.record_timeline,
+            scratch=self.scratch,
         )
 
     def _start_extra(self) -> None:

@@ -13,7 +13,8 @@
 #      segments and with fused attention, fused with the selective policy at batch 4.
 # Results under $OUT: study/ (the matrix's reports, named as `heptstudy study run` names them),
 # fused/ (model.heptv2.attention_backend=fused), expandable/ (expandable segments),
-# fused_check.json, table.txt, summary.txt, env.txt, logs/.
+# fused_check.json, table.txt, summary.txt, env.txt, logs/, predictions_vs_measured.md/.json
+# (scripts/gpu/compare_predictions.py: the reports against experiments/gpu_blind_predictions/).
 #
 # Settings (environment): OUT (required), GPU_DATA (default data/gpu: tfds/ and wheels/),
 # BUDGET (seconds, default 460), SKIP ("study/NAME fused/NAME ..." already measured),
@@ -132,4 +133,7 @@ variant fused checkpointed_selective_b4 110 "" -- --batch-size 4 --steps 5 --war
 
 $PY scripts/gpu/summarize.py "$OUT" >"$OUT/table.txt" 2>&1
 cat "$OUT/table.txt"
+# measured against the blind predictions committed before this session (no GPU time)
+$PY scripts/gpu/compare_predictions.py "$OUT" >"$OUT/logs/predictions.log" 2>&1
+cat "$OUT/logs/predictions.log"
 echo "total $(($(date +%s) - START))s" | tee -a "$OUT/summary.txt"

@@ -5,9 +5,14 @@ of every tensor storage they would allocate.
 
 What differs from a real step, and why:
 
-* Device. Fake ``cuda`` tensors when this PyTorch is built with CUDA (no GPU needed); on a
-  CPU-only build fake ``cpu`` tensors (fake CUDA tensors abort there on device guards), with CPU
-  autocast (bf16 autocast casts the same matmul/linear family on both). The result says which.
+* Device. For a ``cuda`` or ``rocm`` target (the platform's device) the *target-faithful* step:
+  fake CPU tensors (a fake CUDA tensor cannot enter CUDA autocast on a CPU build, nor on a CUDA
+  build without a GPU) under the target's autocast lists for the PyTorch version
+  (:mod:`~heptstudy.measure.estimate.autocast_policy`), the target's kernel choices where they
+  keep other tensors for backward (:mod:`~heptstudy.measure.estimate.kernel_stand_ins`) and
+  kernel-internal scratch as transients at their op
+  (:mod:`~heptstudy.measure.estimate.kernel_scratch`). Without a target: fake ``cuda`` tensors
+  on a CUDA build, else fake ``cpu`` tensors with the CPU's own autocast and kernels.
 * Attention. The platform's ``attention_backend``. ``fused`` runs the real block-mask
   construction and stands in for the flex_attention kernel with a function of the same memory
   footprint (output and log-sum-exp out, q/k/v/out/lse saved, q/k/v gradients back): the fused
@@ -18,12 +23,13 @@ What differs from a real step, and why:
   replaced by a deterministic assignment (query i <-> target i for i < min(queries, particles)),
   which matches as many pairs as the real assignment, so every loss tensor has its real shape.
   The cost matrices themselves (small, no-grad temporaries) are not built.
-* Kernel-internal scratch buffers and the allocator's rounding/caching are not seen (as with the
-  CPU tracker): compare with peak *allocated*, not reserved.
+* Scratch inside native kernels (not composite ones) and workspaces are not seen; the
+  allocator's rounding and caching are the simulator's job (reserved), not this step's.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
@@ -33,8 +39,17 @@ import torch
 from heptstudy import stand_ins
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
+from heptstudy.measure.estimate.autocast_policy import UnknownTorchVersion, target_autocast
+from heptstudy.measure.estimate.kernel_scratch import scratch_bytes
+from heptstudy.measure.estimate.kernel_stand_ins import fused_flex, target_kernels
 from heptstudy.stand_ins import StandIns
 from heptstudy.units import MIB
+
+#: Targets of the fake step: the platform profile's device.
+TARGETS = ("cuda", "rocm", "cpu")
+#: The PyTorch version whose autocast lists a GPU estimate uses when the platform profile names
+#: none: the version of the one GPU measurement (H200 evidence, 2.11.0+cu130).
+DEFAULT_TORCH_VERSION = "2.11"
 
 if TYPE_CHECKING:
     from heptstudy.measure.allocation_trace import StepTrace
@@ -51,6 +66,15 @@ class FakeStepEstimate:
     dtype: str
     attention_backend: str
     categories_at_peak: dict[str, int] | None = None
+    #: ``cuda``/``rocm``: the target-faithful step; ``cpu``: the CPU's kernels.
+    target: str = "cpu"
+    torch_version: str | None = None
+    #: Which of the target's autocast lists, kernel stand-ins and scratch rules the step hit
+    #: (op -> calls): measured, not assumed.
+    autocast_calls: dict[str, int] | None = None
+    stand_in_calls: dict[str, int] | None = None
+    scratch_ops: dict[str, int] | None = None
+    largest_scratch_bytes: int = 0
     #: ``record_trace`` only: the step's storage allocations and frees, in order, for the
     #: caching-allocator simulator (heptstudy.measure.estimate.bench_process)
     trace: StepTrace | None = field(default=None, repr=False, compare=False)
@@ -67,28 +91,6 @@ class FakeStepEstimate:
 def fake_device_type() -> str:
     """``cuda`` when this PyTorch build has CUDA (a GPU is not needed), else ``cpu``."""
     return "cuda" if torch.backends.cuda.is_built() else "cpu"
-
-
-class _SameFootprintFlex(torch.autograd.Function):
-    """Memory stand-in for the fused flex_attention kernel: out [.., S, dh] and lse [.., S]
-    (float32) out, q/k/v/out/lse saved for backward, dq/dk/dv back."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_lse):
-        q, k, v, out, lse = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _fake_flex(q, k, v, block_mask):
-    return _SameFootprintFlex.apply(q, k, v)
 
 
 def _deterministic_match(outputs, targets, loss_cfg, prefix=""):
@@ -128,7 +130,7 @@ def _fake_substitutions(targets, type_counts):
             targets=targets,
             match=_deterministic_match if targets is not None else None,
             type_encoding=_type_encoder_forward(type_counts),
-            flex=_fake_flex,
+            flex=fused_flex,
         )
     )
 
@@ -155,11 +157,57 @@ def estimate_step(
     batch: dict[str, torch.Tensor],
     device_type: str | None = None,
     track_categories: bool = False,
+    *,
+    target: str | None = None,
+    torch_version: str | None = None,
     record_trace: bool = False,
 ) -> FakeStepEstimate:
     """Peak allocated bytes of one training step (forward, loss, backward; the optimizer state
     of an earlier step alive, as in the bench's counted steps) of ``config`` on ``batch`` (a real
-    CPU batch, e.g. from :func:`heptstudy.data.load_events`), on a fake device."""
+    CPU batch, e.g. from :func:`heptstudy.data.load_events`), on a fake device.
+
+    ``target`` ``cuda`` or ``rocm``: the target-faithful step on fake CPU tensors, with the
+    target's autocast lists of ``torch_version`` (default :data:`DEFAULT_TORCH_VERSION`), its
+    kernel choices and kernel scratch (:mod:`heptstudy.measure.estimate.autocast_policy`,
+    ``kernel_stand_ins``, ``kernel_scratch``). ``target`` ``cpu`` or None: the CPU's own
+    kernels (``device_type`` then picks the fake device, as before)."""
+    if target is not None and target not in TARGETS:
+        raise HeptstudyError(
+            f"unknown estimate target {target!r}; allowed: {', '.join(TARGETS)} (the platform "
+            "profile's device)"
+        )
+    faithful = target in ("cuda", "rocm")
+    if faithful:
+        device_type = "cpu"  # fake CPU tensors under the target's lists (see the module doc)
+    version = torch_version or DEFAULT_TORCH_VERSION
+    with contextlib.ExitStack() as stack:
+        emulation = kernels = None
+        if faithful:
+            try:
+                emulation = stack.enter_context(target_autocast(target, version))
+            except UnknownTorchVersion as err:
+                raise HeptstudyError(str(err)) from None
+            kernels = stack.enter_context(target_kernels(target))
+        est = _fake_step(
+            config,
+            batch,
+            device_type or fake_device_type(),
+            track_categories,
+            scratch_bytes if faithful else None,
+            record_trace,
+        )
+    if faithful:
+        est.target, est.torch_version = target, version
+        est.autocast_calls = dict(sorted(emulation.calls.items()))
+        est.stand_in_calls = dict(sorted(kernels.calls.items()))
+    else:
+        est.target = target or "cpu"
+    return est
+
+
+def _fake_step(
+    config, batch, device_type, track_categories, scratch, record_trace
+) -> FakeStepEstimate:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from heptstudy.measure.allocation_trace import TracingMemoryMeter
@@ -170,7 +218,6 @@ def estimate_step(
     from heptstudy.train.precision import autocast_dtype
     from heptstudy.train.step import prime_optimizer, run_step
 
-    device_type = device_type or fake_device_type()
     device = torch.device(device_type)
     dtype = autocast_dtype(config, device)
     real_targets = targets_from_batch(batch) if "ytarget" in batch and _is_hits(config) else None
@@ -185,6 +232,8 @@ def estimate_step(
         _fake_targets(real_targets, mode, device_type) if real_targets is not None else None
     )
     subs = _fake_substitutions(fake_targets, type_counts)
+    meter_class = TracingMemoryMeter if record_trace else TrackedMemoryMeter
+    meter = meter_class(device, track_categories=track_categories, scratch=scratch)
     try:
         with mode, subs:
             model.to_empty(device=device)
@@ -194,8 +243,6 @@ def estimate_step(
             scheduler = build_scheduler(optimizer, config.train)
             # LAMB's state exists before every counted bench step
             prime_optimizer(model, optimizer, scheduler)
-            meter_class = TracingMemoryMeter if record_trace else TrackedMemoryMeter
-            meter = meter_class(device, track_categories=track_categories)
             # the bench's step (heptstudy.train.step), the meter over forward, loss, backward
             mem = run_step(model, fbatch, optimizer, scheduler, config, dtype, meter=meter).memory
     except (RuntimeError, NotImplementedError) as err:
@@ -205,6 +252,7 @@ def estimate_step(
             "data-dependent shape): measure on the device instead (heptstudy bench)"
         ) from err
     B, L = batch["X"].shape[:2]
+    tracker = meter.tracker
     return FakeStepEstimate(
         batch_size=int(B),
         longest_padded=int(L),
@@ -215,6 +263,8 @@ def estimate_step(
         dtype=config.train.dtype,
         attention_backend=config.model.heptv2.attention_backend,
         categories_at_peak=mem.categories_at_peak,
+        scratch_ops=dict(sorted(tracker.scratch_ops.items())),
+        largest_scratch_bytes=int(tracker.scratch_bytes),
         trace=meter.last_trace if record_trace else None,
     )
 
@@ -243,11 +293,17 @@ def estimation_batches(lengths, per_device_batch: int, seed: int = 0) -> list[li
 
 
 def estimate_memory_model(
-    config: Config, per_device_batch: int, device_kind: str, progress: bool = False
+    config: Config,
+    per_device_batch: int,
+    device_kind: str,
+    progress: bool = False,
+    torch_version: str | None = None,
 ):
     """An *estimated* memory model of ``config`` for a platform of ``device_kind``: fake-device
     steps on real events of the configured data set (see :func:`estimation_batches`), fitted
-    like measurements. Its ``source_detail`` says so."""
+    like measurements. GPU platforms (``cuda``, ``rocm``) get the target-faithful step with the
+    autocast lists of ``torch_version`` (the platform's; default :data:`DEFAULT_TORCH_VERSION`).
+    Its ``source_detail`` says so."""
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
     from heptstudy.measure.estimate import code_fingerprint
@@ -258,12 +314,21 @@ def estimate_memory_model(
     ds = dataset_for(config, "train")
     lengths = ds.lengths()
     points, reserved, expandable = [], [], []
-    dev = fake_device_type()
-    # GPU platforms: each fake step's allocation trace replayed through the caching-allocator
-    # simulator, as a bench process of that batch (allocated and reserved, both modes)
+    # GPU platforms: the target-faithful step, each fake step's allocation trace replayed
+    # through the caching-allocator simulator as a bench process of that batch (allocated and
+    # reserved, both modes)
     gpu = device_kind in ("cuda", "rocm")
+    version = (torch_version or DEFAULT_TORCH_VERSION) if gpu else None
+    dev = "cpu" if gpu else fake_device_type()
     for idx in estimation_batches(lengths, per_device_batch, seed=config.train.seed):
-        est = estimate_step(config, load_events(config, idx, "train"), dev, record_trace=gpu)
+        est = estimate_step(
+            config,
+            load_events(config, idx, "train"),
+            dev,
+            target=device_kind if gpu else None,
+            torch_version=version,
+            record_trace=gpu,
+        )
         shape, what = (est.batch_size, est.longest_padded), f"fake {dev} step"
         if gpu:
             sim = simulate_repeated_step(est.trace)
@@ -290,23 +355,38 @@ def estimate_memory_model(
         reserved_expandable=expandable,
         source="estimated",
         source_detail=(
-            f"fake-{dev} steps (FakeTensorMode + storage tracker, {config.train.dtype}, attention "
+            (
+                f"target-faithful fake steps for {device_kind} (PyTorch {version}'s autocast "
+                "lists, kernel stand-ins and scratch) on fake CPU tensors "
+                if gpu
+                else f"fake-{dev} steps "
+            )
+            + f"(FakeTensorMode + storage tracker, {config.train.dtype}, attention "
             f"{config.model.heptv2.attention_backend}) on {len(points)} batches of {ds.name} "
             f"(synthetic={bool(ds.metadata.get('synthetic', False))}); {peaks}"
         ),
         fingerprint=code_fingerprint.make("estimated", key),
     )
-    mm.notes.append(FAKE_NOTE + (f" Fake device: {dev}." if dev == "cuda" else CPU_BUILD_NOTE))
     if gpu:
+        mm.notes.append(FAKE_NOTE + TARGET_NOTE.format(target=device_kind, version=version))
         mm.notes.append(SIMULATOR_NOTE)
+    else:
+        mm.notes.append(FAKE_NOTE + (f" Fake device: {dev}." if dev == "cuda" else CPU_BUILD_NOTE))
     return mm
 
 
 FAKE_NOTE = (
     "Estimated without the hardware: one training step of the real model on fake tensors; the "
     "Hungarian assignment is replaced by a deterministic one with the same number of pairs, the "
-    "fused attention kernel by a same-footprint stand-in; kernel-internal scratch is not included "
-    "(use the safety margin), nor, on CPU platforms, allocator caching."
+    "fused attention kernel by a same-footprint stand-in."
+)
+TARGET_NOTE = (
+    " Target-faithful for {target}: CUDA autocast's lists of PyTorch {version} emulated on fake "
+    "CPU tensors, the target's kernel choices (fused rms_norm, native_dropout's mask, "
+    "memory-efficient SDPA) and the scratch of composite kernels (logsumexp, "
+    "binary_cross_entropy_with_logits); scratch inside native GPU kernels is not included (the "
+    "safety margin covers it). Checked against the H200's reports of commit 9a5529c: "
+    "experiments/estimate_validation/."
 )
 SIMULATOR_NOTE = (
     "Reserved: the step's storage allocations and frees, in order, replayed through a simulator "
@@ -315,8 +395,8 @@ SIMULATOR_NOTE = (
     "segments figures are predictions no GPU has measured."
 )
 CPU_BUILD_NOTE = (
-    " This PyTorch has no CUDA: fake CPU tensors with CPU autocast stood in for the fake CUDA "
-    "device (same tensor shapes and dtypes for the model's matmul/linear path)."
+    " Fake CPU tensors with the CPU's own autocast and kernels; kernel scratch and allocator "
+    "caching are not included."
 )
 
 __all__ = [

@@ -78,22 +78,29 @@ def calibrate(
     device: torch.device,
     budget: tuple[float, str],
     plans: Sequence[Plan] | None = None,
+    target: str | None = None,
+    torch_version: str | None = None,
 ) -> PlanPredictor:
     """Fit each candidate plan's memory model (or only ``plans``'s, cheapest first) on
-    fake-tensor steps over ``batches`` (host batches of at least two different shapes)."""
-    from heptstudy.measure.estimate.fake_step import estimate_step, fake_device_type
+    fake-tensor steps over ``batches`` (host batches of at least two different shapes). On a GPU
+    (``target`` ``cuda``/``rocm``, default ``cuda`` for a CUDA device) the steps are the
+    target-faithful fake step with ``torch_version``'s autocast lists, as the estimated memory
+    models are."""
+    from heptstudy.measure.estimate.fake_step import estimate_step
     from heptstudy.measure.estimate.keys import model_key
     from heptstudy.measure.estimate.memory_model import Point, fit_points
 
     started = time.perf_counter()
-    fake = fake_device_type() if device.type == "cuda" else "cpu"
+    if device.type == "cuda" and target is None:
+        target = "cuda"
+    fake = f"{target} (target-faithful)" if target in ("cuda", "rocm") else "cpu"
     plans = list(plans) if plans is not None else candidate_plans(config.model.heptv2)
     models = {}
     for plan in plans:
         fixed = plan_config(config, plan)
         points = []
         for batch in batches:
-            est = estimate_step(fixed, batch, fake)
+            est = estimate_step(fixed, batch, "cpu", target=target, torch_version=torch_version)
             points.append(
                 Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, f"fake {fake}")
             )
@@ -126,8 +133,19 @@ def predictor_for(
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_calibrate_child, config, device, per_device_batch, budget).result()
+        return pool.submit(
+            _calibrate_child, config, device, per_device_batch, budget, platform
+        ).result()
 
 
-def _calibrate_child(config, device, per_device_batch, budget) -> PlanPredictor:
-    return calibrate(config, calibration_batches(config, per_device_batch), device, budget)
+def _calibrate_child(config, device, per_device_batch, budget, platform=None) -> PlanPredictor:
+    target = platform.device if platform is not None and platform.device != "cpu" else None
+    version = platform.torch_version if platform is not None else None
+    return calibrate(
+        config,
+        calibration_batches(config, per_device_batch),
+        device,
+        budget,
+        target=target,
+        torch_version=version,
+    )

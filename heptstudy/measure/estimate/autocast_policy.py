@@ -1,0 +1,475 @@
+"""CUDA autocast's op lists, emulated on CPU (fake) tensors.
+
+A fake step on a CPU build runs ``torch.autocast('cpu')``, whose lists differ from CUDA's: CUDA
+runs ``logsumexp``, ``exp``, ``pow``, ``rsqrt``, the norms and losses in float32, ``softmax``,
+``sum``, ``cumsum``, ``prod`` with a float32 result, and more ops (``einsum``, ``mv``...) in
+bf16. A fake CUDA tensor cannot enter CUDA autocast on a CPU build (it disables itself), so the
+target's lists are installed over CPU autocast's kernels at the ``AutocastCPU`` dispatch key:
+a fallthrough for every op CPU autocast handles and the target does not, a Python kernel for
+every op of the target's lists (except the lower-precision ops both share, whose CPU kernel
+casts exactly as CUDA's does). Model code, ``torch.autocast('cpu')`` regions and checkpoint's
+save/restore of the autocast state then run unchanged, with the target's dtypes.
+
+The registrations live only inside :func:`target_autocast` (a ``torch.library.Library``
+destroyed on exit), so nothing leaks into the rest of the process. ROCm's autocast registers
+CUDA's lists (HIP builds share the CUDA dispatch key), so ``rocm`` uses them too.
+
+Sources of the lists (``AT_FORALL_LOWER_PRECISION_FP``, ``AT_FORALL_FP32``,
+``AT_FORALL_FP32_SET_OPT_DTYPE``, ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``,
+``AT_FORALL_PROMOTE`` in ``ATen/autocast_mode.h``, which ``autocast_mode.cpp`` registers for
+``AutocastCUDA``):
+
+* 2.13: read from the header installed with PyTorch 2.13.0 (``torch/include/ATen/``).
+* 2.12: the same lists as 2.13 (no difference known to this project: an assumption).
+* 2.11 (the H200 evidence's version): 2.13's lists without ``rms_norm`` on the float32 list
+  (PyTorch 2.12 added it there); not read from a 2.11 header, derived from that one change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+AUTOCAST_KEY = "AutocastCPU"
+
+#: Targets whose autocast this module emulates (ROCm registers CUDA's lists).
+TARGETS = ("cuda", "rocm")
+
+_LOWER_PRECISION = (
+    "_convolution.deprecated",
+    "_convolution",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_tbc",
+    "conv_transpose1d",
+    "conv_transpose2d.input",
+    "conv_transpose3d.input",
+    "convolution",
+    "prelu",
+    "addmm",
+    "addmv",
+    "addr",
+    "matmul",
+    "einsum",
+    "mm",
+    "mv",
+    "linalg_vecdot",
+    "linear",
+    "addbmm",
+    "baddbmm",
+    "bmm",
+    "chain_matmul",
+    "linalg_multi_dot",
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+    "_scaled_dot_product_flash_attention",
+    "scaled_dot_product_attention",
+)
+
+#: CPU autocast's lower-precision ops that CUDA's list shares (``autocast_mode.cpp``'s
+#: ``KERNEL_CPU(..., lower_precision_fp)`` registrations, PyTorch 2.x; the tests check that each
+#: gives bf16 under CPU autocast). Their CPU kernels stay: the same cast, cached the same way.
+#: Python kernels cast the other lower-precision ops without the cache (``cached_cast`` keeps
+#: only float32 leaf tensors that require grad: parameters, which these ops rarely take).
+CPU_LOWER_PRECISION = frozenset(
+    {
+        "_convolution.deprecated",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_tbc",
+        "conv_transpose1d",
+        "conv_transpose2d.input",
+        "conv_transpose3d.input",
+        "prelu",
+        "addmm",
+        "matmul",
+        "mm",
+        "linalg_vecdot",
+        "linear",
+        "addbmm",
+        "baddbmm",
+        "bmm",
+        "scaled_dot_product_attention",
+    }
+)
+
+_FP32_213 = (
+    "acos",
+    "asin",
+    "cosh",
+    "erfinv",
+    "exp",
+    "expm1",
+    "log",
+    "log10",
+    "log2",
+    "log1p",
+    "reciprocal",
+    "rsqrt",
+    "sinh",
+    "tan",
+    "pow.Tensor_Scalar",
+    "pow.Tensor_Tensor",
+    "pow.Scalar",
+    "softplus",
+    "layer_norm",
+    "native_layer_norm",
+    "rms_norm",
+    "group_norm",
+    "frobenius_norm.dim",
+    "nuclear_norm",
+    "nuclear_norm.dim",
+    "cosine_similarity",
+    "poisson_nll_loss",
+    "cosine_embedding_loss",
+    "nll_loss",
+    "nll_loss2d",
+    "hinge_embedding_loss",
+    "kl_div",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "mse_loss",
+    "margin_ranking_loss",
+    "multilabel_margin_loss",
+    "soft_margin_loss",
+    "triplet_margin_loss",
+    "multi_margin_loss",
+    "binary_cross_entropy_with_logits",
+    "dist",
+    "pdist",
+    "cdist",
+    "renorm",
+    "logsumexp",
+    "upsample_nearest1d",
+    "_upsample_nearest_exact1d",
+    "upsample_nearest2d",
+    "_upsample_nearest_exact2d",
+    "upsample_nearest3d",
+    "_upsample_nearest_exact3d",
+    "upsample_linear1d",
+    "upsample_bilinear2d",
+    "_upsample_bilinear2d_aa",
+    "upsample_trilinear3d",
+    "upsample_bicubic2d",
+    "_upsample_bicubic2d_aa",
+)
+
+_FP32_SET_OPT_DTYPE = (
+    "prod",
+    "prod.dim_int",
+    "softmax.int",
+    "log_softmax.int",
+    "cumprod",
+    "cumsum",
+    "linalg_vector_norm",
+    "linalg_matrix_norm",
+    "linalg_matrix_norm.str_ord",
+    "sum",
+    "sum.dim_IntList",
+)
+
+#: ``norm`` overloads redispatched with ``dtype=float32`` appended (``fp32_append_dtype``).
+_FP32_APPEND_DTYPE = {
+    "norm.Scalar": "norm.ScalarOpt_dtype",
+    "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
+}
+
+_PROMOTE = (
+    "addcdiv",
+    "addcmul",
+    "atan2",
+    "bilinear",
+    "cross",
+    "dot",
+    "vdot",
+    "grid_sampler",
+    "index_put",
+    "tensordot",
+    "scatter_add",
+)
+
+
+@dataclass(frozen=True)
+class AutocastLists:
+    """One PyTorch version's CUDA autocast lists (op names as ``name`` or ``name.overload``)."""
+
+    version: str
+    lower_precision: tuple[str, ...]
+    fp32: tuple[str, ...]
+    fp32_set_opt_dtype: tuple[str, ...]
+    fp32_append_dtype: dict[str, str]
+    promote: tuple[str, ...]
+    source: str
+
+    def policy_of(self, op_name: str) -> str | None:
+        """``lower_precision``, ``fp32``, ``fp32_set_opt_dtype``, ``fp32_append_dtype``,
+        ``promote`` or ``None`` (autocast leaves the op alone)."""
+        for policy in ("lower_precision", "fp32", "fp32_set_opt_dtype", "promote"):
+            if op_name in getattr(self, policy):
+                return policy
+        return "fp32_append_dtype" if op_name in self.fp32_append_dtype else None
+
+
+_HEADER_213 = "ATen/autocast_mode.h installed with PyTorch 2.13.0"
+POLICIES: dict[str, AutocastLists] = {
+    "2.13": AutocastLists(
+        "2.13",
+        _LOWER_PRECISION,
+        _FP32_213,
+        _FP32_SET_OPT_DTYPE,
+        _FP32_APPEND_DTYPE,
+        _PROMOTE,
+        _HEADER_213,
+    ),
+    "2.12": AutocastLists(
+        "2.12",
+        _LOWER_PRECISION,
+        _FP32_213,
+        _FP32_SET_OPT_DTYPE,
+        _FP32_APPEND_DTYPE,
+        _PROMOTE,
+        f"{_HEADER_213}; assumed unchanged from 2.12",
+    ),
+    "2.11": AutocastLists(
+        "2.11",
+        _LOWER_PRECISION,
+        tuple(op for op in _FP32_213 if op != "rms_norm"),
+        _FP32_SET_OPT_DTYPE,
+        _FP32_APPEND_DTYPE,
+        _PROMOTE,
+        f"{_HEADER_213} without rms_norm on the float32 list (moved there in 2.12)",
+    ),
+}
+
+
+class UnknownTorchVersion(ValueError):
+    """No autocast table for the requested PyTorch version."""
+
+
+def lists_for(torch_version: str) -> AutocastLists:
+    """The autocast lists of ``torch_version`` (``2.11``, ``2.11.0+cu130``...: major.minor)."""
+    key = ".".join(str(torch_version).split("+")[0].split(".")[:2])
+    if key not in POLICIES:
+        raise UnknownTorchVersion(
+            f"no CUDA autocast table for PyTorch {torch_version!r}; known: "
+            f"{', '.join(sorted(POLICIES))}. Name one of these (e.g. in the platform profile's "
+            "torch_version) or add the version's lists to heptstudy.measure.estimate."
+            "autocast_policy.POLICIES"
+        )
+    return POLICIES[key]
+
+
+def _overload(name: str) -> torch._ops.OpOverload | None:
+    base, _, overload = name.partition(".")
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is None:
+        return None
+    return getattr(packet, overload or "default", None)
+
+
+def _eligible(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+
+
+def _map_tensors(obj, fn):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(x, fn) for x in obj)
+    return obj
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors(x)
+
+
+@dataclass
+class AutocastEmulation:
+    """What :func:`target_autocast` installed, and how often each policy ran (to report which
+    of the target's lists a step actually hit)."""
+
+    lists: AutocastLists
+    target: str
+    registered: dict[str, str] = field(default_factory=dict)  # op -> policy
+    fallthrough: list[str] = field(default_factory=list)  # CPU autocast ops the target skips
+    missing: list[str] = field(default_factory=list)  # listed ops this build does not have
+    calls: dict[str, int] = field(default_factory=dict)  # op -> calls inside the block
+    #: lower-precision ops both lists share: CPU autocast's own kernel runs them (it casts with
+    #: ``cached_cast`` exactly as CUDA's does, cache and its clearing included)
+    kept_cpu: list[str] = field(default_factory=list)
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+
+def _exclude_autocast():
+    return torch._C._ExcludeDispatchKeyGuard(
+        torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+    )
+
+
+def _dtype_slot(op: torch._ops.OpOverload) -> tuple[int | None, bool]:
+    """Where ``op``'s ``dtype`` argument goes: (positional index or None, kwarg-only?)."""
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.name == "dtype":
+            return (None, True) if arg.kwarg_only else (i, False)
+    return None, False
+
+
+def _kernel(emu: AutocastEmulation, name: str, policy: str, op, redispatch=None):
+    lower = policy == "lower_precision"
+    dtype_index, dtype_kwarg = _dtype_slot(op) if policy == "fp32_set_opt_dtype" else (None, False)
+    defaults = [a.default_value if a.has_default_value() else None for a in op._schema.arguments]
+
+    def kernel(*args, **kwargs):
+        emu._count(name)
+        with _exclude_autocast():
+            if lower:
+                to = torch.get_autocast_dtype("cpu")
+                args, kwargs = _cast_all((args, kwargs), lambda t: t.dtype != to, to)
+                return op(*args, **kwargs)
+            if policy == "fp32":
+                args, kwargs = _cast_all(
+                    (args, kwargs), lambda t: t.dtype != torch.float32, torch.float32
+                )
+                return op(*args, **kwargs)
+            if policy == "promote":
+                floats = [t.dtype for t in _tensors((args, list(kwargs.values()))) if _eligible(t)]
+                if len(set(floats)) > 1:
+                    widest = floats[0]
+                    for d in floats[1:]:
+                        widest = torch.promote_types(widest, d)
+                    args, kwargs = _cast_all((args, kwargs), lambda t: t.dtype != widest, widest)
+                return op(*args, **kwargs)
+            first = next(_tensors(args), None)
+            if first is None or not _eligible(first):
+                return op(*args, **kwargs)
+            if policy == "fp32_append_dtype":
+                return redispatch(*args, dtype=torch.float32, **kwargs)
+            # fp32_set_opt_dtype: a float32 result unless the caller chose a dtype
+            if dtype_kwarg:
+                if kwargs.get("dtype") is None:
+                    kwargs = {**kwargs, "dtype": torch.float32}
+            elif dtype_index is not None:
+                args = list(args)
+                while len(args) <= dtype_index:
+                    args.append(defaults[len(args)])
+                if args[dtype_index] is None:
+                    args[dtype_index] = torch.float32
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _cast_all(args_kwargs, needs, dtype):
+    def cast(t):
+        return t.to(dtype) if _eligible(t) and needs(t) else t
+
+    args, kwargs = args_kwargs
+    return _map_tensors(tuple(args), cast), {k: _map_tensors(v, cast) for k, v in kwargs.items()}
+
+
+def _cpu_autocast_ops() -> list[str]:
+    """Ops with a kernel at ``AutocastCPU`` in this process (CPU autocast's registrations)."""
+    return sorted(
+        n
+        for n in torch._C._dispatch_get_all_op_names()
+        if n.startswith("aten::")
+        and torch._C._dispatch_has_kernel_for_dispatch_key(n, AUTOCAST_KEY)
+    )
+
+
+_INSTALLED = threading.Lock()
+
+
+@contextlib.contextmanager
+def target_autocast(
+    target: str = "cuda", torch_version: str = "2.11"
+) -> Iterator[AutocastEmulation]:
+    """Inside the block, ``torch.autocast('cpu')`` regions follow ``target``'s autocast lists of
+    ``torch_version``. Not re-entrant (one emulation per process at a time)."""
+    if target not in TARGETS:
+        raise ValueError(
+            f"no autocast emulation for target {target!r}; allowed: {', '.join(TARGETS)} "
+            "(the cpu target runs CPU autocast as it is)"
+        )
+    lists = lists_for(torch_version)
+    if not _INSTALLED.acquire(blocking=False):
+        raise RuntimeError("a target autocast emulation is already installed in this process")
+    emu = AutocastEmulation(lists=lists, target=target)
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            # replacing CPU autocast's kernels is the point: no "overriding a kernel" warning
+            warnings.filterwarnings("ignore", message=".*[Oo]verrid")
+            _register(lib, emu, lists)
+        yield emu
+    finally:
+        lib._destroy()
+        _INSTALLED.release()
+
+
+def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
+    listed: set[str] = set()
+    for policy in ("lower_precision", "fp32", "fp32_set_opt_dtype", "promote"):
+        for name in getattr(lists, policy):
+            op = _overload(name)
+            if op is None:
+                emu.missing.append(name)
+                continue
+            if policy == "lower_precision" and name in CPU_LOWER_PRECISION:
+                emu.kept_cpu.append(name)
+                listed.add(op._schema.name + _suffix(op))
+                continue
+            lib.impl(
+                op._schema.name[len("aten::") :] + _suffix(op),
+                _kernel(emu, name, policy, op),
+                AUTOCAST_KEY,
+            )
+            emu.registered[name] = policy
+            listed.add(op._schema.name + _suffix(op))
+    for name, target_name in lists.fp32_append_dtype.items():
+        op, redispatch = _overload(name), _overload(target_name)
+        if op is None or redispatch is None:
+            emu.missing.append(name)
+            continue
+        kernel = _kernel(emu, name, "fp32_append_dtype", op, redispatch)
+        lib.impl(name, kernel, AUTOCAST_KEY)
+        emu.registered[name] = "fp32_append_dtype"
+        listed.add(op._schema.name + _suffix(op))
+    for qualified in _cpu_autocast_ops():
+        if qualified not in listed:
+            lib.impl(qualified[len("aten::") :], torch.library.fallthrough_kernel, AUTOCAST_KEY)
+            emu.fallthrough.append(qualified)
+
+
+def _suffix(op: torch._ops.OpOverload) -> str:
+    return "" if op._overloadname == "default" else f".{op._overloadname}"
+
+
+__all__ = [
+    "POLICIES",
+    "TARGETS",
+    "AutocastEmulation",
+    "AutocastLists",
+    "UnknownTorchVersion",
+    "lists_for",
+    "target_autocast",
+]

@@ -1,0 +1,209 @@
+"""The target's kernel choices where they keep different tensors for backward than the CPU's.
+
+A fake CPU step decomposes some ops the way the CPU does, and the CPU keeps other tensors for
+backward than the kernel the target runs. Each stand-in reproduces the target kernel's outputs
+and saved tensors (shapes and dtypes; the values are computed too, so a stand-in can be checked
+on real tensors):
+
+* ``rms_norm``: on CUDA (2.11 and later) the fused kernel when input and weight share a dtype,
+  saving the input and one float32 reciprocal RMS per row; the CPU decomposes it op by op and
+  keeps a normalised copy as well.
+* ``dropout``: CUDA runs ``native_dropout`` and keeps a boolean mask; the CPU's ``dropout``
+  keeps a mask in the input's dtype.
+* ``scaled_dot_product_attention``: CUDA's memory-efficient kernel (flash has no arbitrary
+  mask; with no mask it would run flash, which keeps the same output and log-sum-exp) keeps the
+  output and a float32 log-sum-exp, no score matrix; the CPU's math path keeps the scores.
+  CUDA's kernel has only a fake (meta) implementation on a CPU build: this stand-in runs on
+  fake tensors only (which is where the fake step runs it).
+* the fused ``flex_attention`` path (:func:`fused_flex`): output and float32 log-sum-exp kept,
+  scores recomputed in backward.
+
+They are explicit seams, never patches of the model: the first three are kernels registered at
+the ``AutogradCPU`` dispatch key inside :func:`target_kernels` (a ``torch.library.Library``
+destroyed on exit), the last is handed to the model through :mod:`heptstudy.stand_ins`.
+``KernelChoices.calls`` counts which of them a step actually hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+STAND_IN_KEY = "AutogradCPU"
+
+#: The stand-ins installed for a target (``cpu`` runs the CPU's own kernels).
+STAND_INS = ("rms_norm", "dropout", "scaled_dot_product_attention")
+
+
+@dataclass
+class KernelChoices:
+    """What :func:`target_kernels` installed and how often each stand-in ran."""
+
+    target: str
+    installed: tuple[str, ...]
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """``x * rsqrt(mean(x^2) + eps) * weight`` saving x, weight and a float32 rstd per row."""
+
+    @staticmethod
+    def forward(ctx, x, weight, dims, eps):
+        xs = x.float()
+        rstd = torch.rsqrt(xs.pow(2).mean(dim=dims, keepdim=True) + eps)
+        y = xs * rstd
+        if weight is not None:
+            y = y * weight.float()
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.dims = dims
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, d_y):
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.float() * rstd
+        d_normed = d_y.float() * (weight.float() if weight is not None else 1.0)
+        d_w = None
+        if weight is not None and ctx.needs_input_grad[1]:
+            lead = tuple(range(x.dim() - weight.dim()))
+            d_w = (d_y.float() * normed).sum(dim=lead).to(weight.dtype)
+        correction = (d_normed * normed).mean(dim=ctx.dims, keepdim=True)
+        d_x = ((d_normed - normed * correction) * rstd).to(x.dtype)
+        return d_x, d_w, None, None
+
+
+def _rms_norm(choices: KernelChoices):
+    fallback = torch.ops.aten.rms_norm.default
+
+    def kernel(x, normalized_shape, weight=None, eps=None):
+        if weight is not None and weight.dtype != x.dtype:
+            # mixed dtypes: CUDA composes it from ops, as the CPU does
+            return _composite(fallback, x, normalized_shape, weight, eps)
+        choices._count("rms_norm")
+        dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+        if eps is None:
+            eps = torch.finfo(x.dtype if x.is_floating_point() else torch.float32).eps
+        return _FusedRMSNorm.apply(x, weight, dims, eps)
+
+    return kernel
+
+
+def _composite(op, *args):
+    """``op``'s CompositeImplicitAutograd decomposition, recorded by autograd as usual."""
+    return op.decompose(*args)
+
+
+def _dropout(choices: KernelChoices):
+    def kernel(x, p, train):
+        if not train or p == 0 or x.numel() == 0:
+            return x
+        choices._count("dropout")
+        if p == 1:
+            return x * 0.0
+        return torch.ops.aten.native_dropout.default(x, p, train)[0]
+
+    return kernel
+
+
+def _sdpa(choices: KernelChoices):
+    def kernel(
+        query,
+        key,
+        value,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        scale=None,
+        enable_gqa=False,
+    ):
+        choices._count("scaled_dot_product_attention")
+        bias = attn_mask
+        if bias is not None and bias.dtype == torch.bool:
+            # the CUDA path turns a boolean mask into an additive bias of the query's dtype
+            bias = torch.zeros(bias.shape, dtype=query.dtype, device=query.device).masked_fill_(
+                bias.logical_not(), float("-inf")
+            )
+        if bias is not None:
+            bias = bias.expand(*query.shape[:-2], query.shape[-2], key.shape[-2])
+        if enable_gqa and key.shape[-3] != query.shape[-3]:
+            reps = query.shape[-3] // key.shape[-3]
+            key = key.repeat_interleave(reps, dim=-3)
+            value = value.repeat_interleave(reps, dim=-3)
+        out = torch.ops.aten._scaled_dot_product_efficient_attention.default(
+            query, key, value, bias, True, dropout_p, is_causal, scale=scale
+        )
+        return out[0]
+
+    return kernel
+
+
+class _SameFootprintFlex(torch.autograd.Function):
+    """The fused flex_attention kernel's footprint: out [.., S, dh] and a float32 log-sum-exp
+    [.., S] out, q/k/v/out/lse saved (scores recomputed in backward), dq/dk/dv back."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        q, k, v, _out, _lse = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def fused_flex(q, k, v, block_mask):
+    """The fused flex_attention stand-in (:class:`heptstudy.stand_ins.StandIns` ``flex``)."""
+    return _SameFootprintFlex.apply(q, k, v)
+
+
+def _exclude(key: str):
+    return torch._C._ExcludeDispatchKeyGuard(
+        torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    )
+
+
+_KERNELS = {
+    "rms_norm": ("rms_norm", _rms_norm),
+    "dropout": ("dropout", _dropout),
+    "scaled_dot_product_attention": ("scaled_dot_product_attention", _sdpa),
+}
+
+_INSTALLED = threading.Lock()
+
+
+@contextlib.contextmanager
+def target_kernels(target: str = "cuda") -> Iterator[KernelChoices]:
+    """Inside the block, CPU tensors run ``target``'s kernel choices (:data:`STAND_INS`);
+    ``cpu`` installs nothing. Not re-entrant."""
+    if target not in ("cuda", "rocm", "cpu"):
+        raise ValueError(f"no kernel choices for target {target!r}; allowed: cuda, rocm, cpu")
+    installed = () if target == "cpu" else STAND_INS
+    choices = KernelChoices(target=target, installed=installed)
+    if not installed:
+        yield choices
+        return
+    if not _INSTALLED.acquire(blocking=False):
+        raise RuntimeError("target kernel stand-ins are already installed in this process")
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        for name in installed:
+            op_name, make = _KERNELS[name]
+            lib.impl(op_name, make(choices), STAND_IN_KEY)
+        yield choices
+    finally:
+        lib._destroy()
+        _INSTALLED.release()
+
+
+__all__ = ["STAND_INS", "KernelChoices", "fused_flex", "target_kernels"]

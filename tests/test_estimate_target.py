@@ -1,0 +1,172 @@
+"""The target-faithful fake step: CUDA autocast's lists emulated on CPU tensors, the target's
+kernel choices, kernel scratch, and the fake step that uses them."""
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from heptstudy.config import load_config
+from heptstudy.measure.estimate.autocast_policy import lists_for, target_autocast
+from heptstudy.measure.estimate.kernel_scratch import SCRATCH, probe, scratch_bytes
+from heptstudy.measure.estimate.kernel_stand_ins import target_kernels
+from tests.conftest import TINY_MODEL
+
+BF16 = torch.bfloat16
+
+
+def _dtypes():
+    """One op of each CUDA list, under a CPU autocast region (bf16)."""
+    x = torch.randn(4, 8)
+    xb = x.to(BF16)
+    out = {}
+    with torch.autocast("cpu", dtype=BF16):
+        out["lower_precision:mv"] = torch.mv(x, x[0]).dtype
+        out["fp32:exp"] = torch.exp(xb).dtype
+        out["fp32_set_opt_dtype:softmax"] = torch.softmax(xb, -1).dtype
+        try:
+            out["promote:dot"] = torch.dot(x[0], xb[0]).dtype
+        except RuntimeError:  # CPU autocast does not promote dot: mixed dtypes are refused
+            out["promote:dot"] = "error"
+        out["rms_norm"] = F.rms_norm(xb, (8,)).dtype
+    return out
+
+
+def test_emulated_policy_gives_cuda_dtypes_and_leaves_nothing_behind():
+    cpu = _dtypes()
+    with target_autocast("cuda", "2.11") as emu:
+        cuda_211 = _dtypes()
+    with target_autocast("rocm", "2.13"):
+        rocm_213 = _dtypes()
+    after = _dtypes()
+    expected = {
+        "lower_precision:mv": BF16,
+        "fp32:exp": torch.float32,
+        "fp32_set_opt_dtype:softmax": torch.float32,
+        "promote:dot": torch.float32,
+        "rms_norm": BF16,  # 2.11: not on CUDA's fp32 list yet
+    }
+    assert cuda_211 == expected
+    assert rocm_213 == {**expected, "rms_norm": torch.float32}  # 2.12 moved it to fp32
+    # CPU autocast differs on each of these lists, and is back once the context has exited
+    for key in ("lower_precision:mv", "fp32:exp", "fp32_set_opt_dtype:softmax", "promote:dot"):
+        assert cpu[key] != expected[key], key
+    assert after == cpu
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::exp", "AutocastCPU")
+    assert emu.calls["exp"] == 1 and emu.calls["softmax.int"] == 1 and not emu.missing
+
+
+def test_shared_lower_precision_ops_keep_cpus_cached_cast():
+    from heptstudy.measure.estimate.autocast_policy import CPU_LOWER_PRECISION
+
+    lin = torch.nn.Linear(8, 8)
+    x, m = torch.randn(2, 8, requires_grad=True), torch.randn(2, 8, 8)
+    with target_autocast("cuda", "2.11") as emu, torch.autocast("cpu", dtype=BF16):
+        a, b = lin(x), lin(x)
+        outs = [torch.mm(x, x.t()), torch.bmm(m, m), torch.matmul(x, x.t())]
+        outs += [torch.addmm(x, x, m[0]), torch.baddbmm(m, m, m), torch.addbmm(m[0], m, m)]
+    assert all(o.dtype == BF16 for o in [a, b, *outs])
+    assert {"linear", "mm", "bmm", "matmul", "addmm", "baddbmm"} <= set(emu.kept_cpu)
+    assert set(emu.kept_cpu) <= CPU_LOWER_PRECISION
+    # cached_cast: both calls saved the same bf16 copy of the weight
+    w1, w2 = (t.grad_fn._saved_mat2 for t in (a, b))
+    assert w1.untyped_storage().data_ptr() == w2.untyped_storage().data_ptr()
+
+
+def test_unknown_version_and_target_are_refused():
+    with pytest.raises(ValueError, match="2.9.*known: 2.11, 2.12, 2.13"):
+        lists_for("2.9.1")
+    with pytest.raises(ValueError, match="'tpu'.*allowed: cuda, rocm"):
+        with target_autocast("tpu"):
+            pass
+    assert "rms_norm" in lists_for("2.13.0+cu130").fp32
+    assert "rms_norm" not in lists_for("2.11").fp32
+
+
+def test_kernel_stand_ins_keep_the_targets_tensors():
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    ref = F.rms_norm(x, (8,), w, 1e-6)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (x, w))
+    with target_kernels("cuda") as kernels:
+        y = F.rms_norm(x, (8,), w, 1e-6)
+        saved = list(y.grad_fn.saved_tensors)
+        grads = torch.autograd.grad(y.square().sum(), (x, w))
+        d = F.dropout(x, 0.1, True)
+        with FakeTensorMode():  # CUDA's kernel: its fake (meta) implementation
+            q = torch.randn(2, 2, 6, 4, requires_grad=True)
+            mask = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+            o = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+            lse_dtype = o.grad_fn._saved_log_sumexp.dtype
+            o.sum().backward()
+    torch.testing.assert_close(y, ref)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r)
+    # fused rms_norm: the input, the weight and one float32 rstd per row
+    assert [tuple(t.shape) for t in saved] == [(3, 5, 8), (8,), (3, 5, 1)]
+    assert saved[2].dtype == torch.float32
+    assert type(d.grad_fn).__name__ == "NativeDropoutBackward0"  # a boolean mask
+    assert d.grad_fn._saved_result1.dtype == torch.bool
+    assert type(o.grad_fn).__name__ == "ScaledDotProductEfficientAttentionBackward0"
+    assert lse_dtype == torch.float32  # output and log-sum-exp kept, no score matrix
+    assert q.grad.shape == q.shape
+    assert kernels.calls == {"rms_norm": 1, "dropout": 1, "scaled_dot_product_attention": 1}
+    assert type(F.dropout(x, 0.1, True).grad_fn).__name__ == "MulBackward0"  # gone again
+
+
+def test_scratch_probe_finds_logsumexps_temporary():
+    x = torch.randn(64, 100)
+    found = probe(torch.ops.aten.logsumexp.default, x, [1], False)
+    # one temporary the size of the input (self - max), plus the row maxima
+    assert x.nbytes <= found <= x.nbytes * 1.05
+    rule = SCRATCH[torch.ops.aten.logsumexp.default]
+    assert abs(rule.bytes_for((x, [1], False)) - found) <= 0.05 * found
+    # the table's binary_cross_entropy_with_logits rules agree with the probe
+    t = torch.rand(64, 100)
+    bce = torch.ops.aten.binary_cross_entropy_with_logits.default
+    for reduction in (0, 1):
+        args = (x, t, None, None, reduction)
+        assert abs(scratch_bytes(bce, args) - probe(bce, *args)) <= 0.05 * x.nbytes
+
+
+def test_tracker_counts_scratch_as_a_transient():
+    from heptstudy.measure.memory import StorageTracker
+
+    x = torch.randn(256, 256)
+    plain, with_scratch = StorageTracker(), StorageTracker(scratch=scratch_bytes)
+    for tracker in (plain, with_scratch):
+        tracker.begin(baseline_tensors=[x])
+        torch.logsumexp(x, dim=1)
+        tracker.end()
+    assert with_scratch.peak_bytes - plain.peak_bytes == x.nbytes
+    assert with_scratch.scratch_ops == {"aten.logsumexp.default": 1}
+
+
+@pytest.mark.parametrize("checkpointing", ["false", "true"])
+def test_target_faithful_fake_step_runs_the_tiny_model(tiny_data_dir, checkpointing):
+    from heptstudy.data import load_events
+    from heptstudy.measure.estimate.fake_step import estimate_step
+
+    cfg = load_config(
+        overrides=TINY_MODEL
+        + [
+            f"data.data_dir={tiny_data_dir}",
+            "train.dtype=bfloat16",
+            f"model.heptv2.activation_checkpointing={checkpointing}",
+        ]
+    )
+    batch = load_events(cfg, [0, 5, 9])
+    started = time.perf_counter()
+    est = estimate_step(cfg, batch, target="cuda", torch_version="2.11")
+    assert time.perf_counter() - started < 30
+    assert est.target == "cuda" and est.torch_version == "2.11"
+    assert est.peak_allocated_bytes > est.baseline_bytes > 0
+    # measured, not assumed: what the current model hits of the target's lists and kernels
+    assert est.autocast_calls["layer_norm"] > 0  # CUDA: float32 (CPU autocast: bf16)
+    assert est.stand_in_calls["dropout"] > 0
+    assert "rms_norm" not in est.stand_in_calls  # the model's own RMSNorm function
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::dropout", "AutogradCPU")
+    with pytest.raises(Exception, match="unknown estimate target 'tpu'"):
+        estimate_step(cfg, batch, target="tpu")
