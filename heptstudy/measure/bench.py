@@ -15,6 +15,8 @@ enough events, so that a measurement is never run only to be lost.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +106,13 @@ def check_enough_events(request: MeasurementRequest, config: Config) -> None:
             )
 
 
-def run_bench(request: MeasurementRequest) -> rp.BenchReport:
-    """Measure as requested and write the report to ``request.report_path()``."""
+def run_bench(
+    request: MeasurementRequest, announce: Callable[[rp.BenchReport], None] | None = None
+) -> rp.BenchReport:
+    """Measure as requested and write the report to ``request.report_path()``. ``announce``
+    (e.g. printing the summary) sees the report before it is written, so that a write that
+    fails (full disk, quota) loses nothing: the report is then kept elsewhere and
+    :class:`~heptstudy.atomic.WriteFailed` says where."""
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
 
@@ -142,7 +149,9 @@ def run_bench(request: MeasurementRequest) -> rp.BenchReport:
         report = _memory_report(request, config, device, dtype, batches, header)
     report.environment.load_average_1min = rp.host_load()
     report.environment.attention = rp.attention_info(config)
-    rp.write_report(report, output)
+    if announce is not None:
+        announce(report)
+    rp.write_report_or_keep(report, output)
     return report
 
 

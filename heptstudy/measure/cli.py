@@ -40,8 +40,7 @@ def _bench(args: argparse.Namespace) -> int:
             "report records what it ran with",
             file=sys.stderr,
         )
-    report = run_bench(request)
-    print(describe(report))
+    run_bench(request, announce=lambda report: print(describe(report), flush=True))
     print(f"report: {request.report_path()}")
     return 0
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from heptstudy.atomic import atomic_write_text
+from heptstudy.atomic import atomic_write_text, write_text_or_keep
 from heptstudy.errors import HeptstudyError
 from heptstudy.units import MIB
 
@@ -379,6 +379,13 @@ def write_report(report: BenchReport | dict[str, Any], path: str | os.PathLike) 
     report = validate_report(report, source=str(path), require_version=False)
     text = _serialise(report)
     return atomic_write_text(path, text)
+
+
+def write_report_or_keep(report: BenchReport, path: str | os.PathLike) -> Path:
+    """:func:`write_report`; when the disk refuses, the report is kept elsewhere (a temporary
+    file, or printed as JSON) and :class:`~heptstudy.atomic.WriteFailed` says where."""
+    report = validate_report(report, source=str(path), require_version=False)
+    return write_text_or_keep(path, _serialise(report), f"the report {Path(path).name}")
 
 
 def read_report(path: str | os.PathLike) -> BenchReport:
