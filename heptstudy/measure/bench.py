@@ -16,7 +16,6 @@ enough events, so that a measurement is never run only to be lost.
 from __future__ import annotations
 
 from collections.abc import Callable
-
 from pathlib import Path
 from typing import Any
 
