@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from heptstudy.errors import ConfigError
+from heptstudy.names import NAME_RULE, is_name
 from heptstudy.paths import resolve_in_repo
 
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
@@ -372,6 +373,40 @@ class PlatformConfig(_Strict):
     account: str = ""
     env: dict[str, str] = Field(default_factory=dict)
     modules: list[str] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_name(cls, value: str) -> str:
+        if not is_name(value):
+            raise ValueError(
+                f"the platform name becomes part of file names: use {NAME_RULE}, e.g. lumi_mi250x"
+            )
+        return value
+
+    @field_validator("time_limit", "partition", "account")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        # each is a '#SBATCH --KEY=VALUE' line of the batch script: a line break would end the
+        # directive and start a shell command
+        if any(ch in value for ch in "\n\r\x00") or not value.isprintable():
+            raise ValueError(
+                "must be one line of printable text (it becomes an #SBATCH directive); remove "
+                "the line break or control character"
+            )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, text in value.items():
+            if not key.isidentifier() or not key.isascii():
+                raise ValueError(
+                    f"env name {key!r} is not a shell variable name: letters, digits and '_', "
+                    "not starting with a digit"
+                )
+            if "\x00" in text:
+                raise ValueError(f"env {key}: a NUL character cannot be passed to a shell")
+        return value
 
     @model_validator(mode="after")
     def _workers_leave_a_core(self) -> PlatformConfig:

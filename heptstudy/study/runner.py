@@ -29,6 +29,7 @@ from typing import Any
 
 from heptstudy.atomic import atomic_path, atomic_write_text
 from heptstudy.errors import HeptstudyError
+from heptstudy.names import inside
 from heptstudy.study.common import NOTEBOOKS, StudyError, notebooks_dir, project_root
 from heptstudy.study.matrix import Matrix, Run, load_matrix
 from heptstudy.study.outputs import (
@@ -304,7 +305,8 @@ def run_one(
     from heptstudy.measure.report import read_report
 
     ex = prep.execution
-    final, nb_final = out / ex.report, out / ex.notebook
+    final = inside(out, ex.report, f"run {ex.name!r}: report")
+    nb_final = inside(out, ex.notebook, f"run {ex.name!r}: executed notebook")
     result = dict(round=ex.round, allocator=ex.allocator, label=ex.label)
     why = ""
     if final.exists() and not force:
