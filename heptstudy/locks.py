@@ -91,10 +91,14 @@ def _open_locked(lock: Path) -> tuple[int, dict] | dict:
 def holding(folder: str | os.PathLike, what: str) -> Iterator[Path]:
     """Hold ``folder`` (created if missing) for the block, or raise :class:`FolderInUse`."""
     folder = Path(folder)
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / LOCK_NAME
     got = _open_locked(lock)
     if isinstance(got, dict):
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise FolderInUse(
             f"{what} {str(folder)!r} is in use by another run: {_describe(got)}. Wait for it "
             f"to finish or choose another folder; if that process is gone from its host, "
@@ -127,3 +131,6 @@ def holding(folder: str | os.PathLike, what: str) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             os.unlink(lock)
         os.close(fd)
+        if created:  # a run refused before writing leaves no folder behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()

@@ -50,7 +50,7 @@ def _bench_backbone(args: argparse.Namespace) -> int:
 
     import torch
 
-    from heptstudy.atomic import atomic_write_text
+    from heptstudy.atomic import write_text_or_keep
     from heptstudy.config import load_config
     from heptstudy.measure.backbone import (
         check_backbone_request,
@@ -65,7 +65,7 @@ def _bench_backbone(args: argparse.Namespace) -> int:
     result = run_backbone_bench(config, args.hits, repeats=args.repeats, device=args.device)
     print(describe_backbone(result))
     if args.output:
-        atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
+        write_text_or_keep(args.output, json.dumps(result, indent=2) + "\n", "the result")
         print(f"written: {args.output}")
     return 0
 

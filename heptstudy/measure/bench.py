@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from heptstudy.atomic import folder_write_problem
+from heptstudy.committed import refuse_committed
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure import report as rp
@@ -62,7 +63,14 @@ def event_indices(config: Config, batch_size: int, num_batches: int) -> list[lis
 
 
 def check_writable(path: Path) -> None:
-    """Create the report's folder and a file in it (removed again), or say why not."""
+    """Create the report's folder and a file in it (removed again), or say why not; a
+    committed results folder is refused (only ``--reference`` studies write there)."""
+    refuse_committed(
+        path,
+        "report path (--output / output)",
+        "Leave it out (the report goes to experiments/scratch/) or choose your own folder, "
+        "e.g. experiments/local/NAME.json",
+    )
     if path.is_dir():
         raise OutputNotWritable(
             f"report path {str(path)!r} is a directory; give a file name such as "
