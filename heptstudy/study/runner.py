@@ -29,6 +29,7 @@ from typing import Any
 
 from heptstudy.atomic import atomic_path, atomic_write_text
 from heptstudy.errors import HeptstudyError
+from heptstudy.locks import holding
 from heptstudy.names import inside
 from heptstudy.study.common import NOTEBOOKS, StudyError, notebooks_dir, project_root
 from heptstudy.study.matrix import Matrix, Run, load_matrix
@@ -369,13 +370,27 @@ def run_study(
     ``out_dir``: the study folder (default ``experiments/local/<host>-<date>``); ``reference``
     writes the committed reference study of that name instead. ``data_dir`` replaces the
     matrix's default data directory."""
-    from tqdm.auto import tqdm
-
     matrix = load_matrix(matrix_path, data_dir=str(data_dir) if data_dir else None)
     folders = study_folders(out_dir, figures_dir, reference)
     prepared = prepare(matrix)
     out = folders.out
     check_writable(out, out / "notebooks", out / PENDING, folders.figures)
+    # one study at a time in a folder: a second one would move the first one's results aside
+    with holding(out, "study folder (--out)"):
+        return _run_prepared(matrix, folders, prepared, force, progress, aggregate)
+
+
+def _run_prepared(
+    matrix: Matrix,
+    folders: StudyFolders,
+    prepared: list[Prepared],
+    force: bool,
+    progress: bool,
+    aggregate: bool,
+) -> StudyRun:
+    from tqdm.auto import tqdm
+
+    out = folders.out
     superseded = Superseded(out)
     done = StudyRun(folders)
     foreign = _move_aside_foreign(out, prepared, superseded)
