@@ -473,8 +473,51 @@ def aggregate_study(
         "description": matrix.description if matrix else "",
         "notes": list(matrix.notes) if matrix else [],
     }
+    figures = Path(figures_dir).resolve()
+    before = _aggregate_outputs(out, figures)
     _papermill(notebooks_dir() / "aggregate.ipynb", executed, parameters, timeout, project_root())
-    return render_html(executed, out / "report.html")
+    html = render_html(executed, out / "report.html")
+    _move_aside_unwritten(out, figures, before)
+    return html
+
+
+def _aggregate_outputs(out: Path, figures: Path) -> dict[Path, tuple[int, int]]:
+    """The tables and figures an aggregate writes (``out/*.csv``, ``figures/*.png|pdf``) as
+    they are now: path -> (inode, mtime), to tell afterwards which ones it did not write."""
+    found = {}
+    for folder, patterns in ((out, ("*.csv",)), (figures, ("*.png", "*.pdf"))):
+        for pattern in patterns:
+            for p in folder.glob(pattern) if folder.is_dir() else ():
+                st = p.stat()
+                found[p] = (st.st_ino, st.st_mtime_ns)
+    return found
+
+
+def _move_aside_unwritten(out: Path, figures: Path, before: dict[Path, tuple[int, int]]) -> None:
+    """Tables and figures of an earlier aggregate that this one did not write again (a run
+    removed from the study, a section now skipped) are moved to ``out/superseded/<time>/``:
+    the report folder then shows this study only, and nothing is deleted."""
+    superseded = Superseded(out)
+    stale = []
+    for path, seen in before.items():
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        if (st.st_ino, st.st_mtime_ns) != seen:
+            continue  # written again (atomic writes replace the file)
+        if path.is_relative_to(out):
+            superseded.move_aside(path)
+        else:  # figures/NAME of a reference study
+            target = superseded.folder / "figures" / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+        stale.append(path.name)
+    if stale:
+        print(
+            f"moved {len(stale)} table(s)/figure(s) the aggregate no longer writes to "
+            f"{shown(superseded.folder)}/: {', '.join(sorted(stale))}"
+        )
 
 
 def render_html(notebook: str | os.PathLike, html: str | os.PathLike) -> Path:
