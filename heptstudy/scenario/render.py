@@ -4,6 +4,7 @@ and the files ``heptstudy scenario render`` writes (resolved configurations, lau
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -68,6 +69,26 @@ def shell_join(cmd: Sequence[str]) -> str:
     return " ".join(f'"{c}"' if isinstance(c, Expand) else shlex.quote(c) for c in cmd)
 
 
+_VARIABLE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def env_value(text: str) -> str:
+    """A platform ``env`` value for bash: literal text, except plain ``${NAME}`` references
+    (``/tmp/${USER}-cache-${SLURM_JOB_ID}``), which the job's shell expands; every other ``$``,
+    backtick, quote and backslash is escaped, so that no command substitution or other shell
+    text in a profile is ever run."""
+
+    def literal(part: str) -> str:
+        return re.sub(r'([\\"`$])', r"\\\1", part)
+
+    out, at = [], 0
+    for m in _VARIABLE.finditer(text):
+        out += [literal(text[at : m.start()]), m.group()]
+        at = m.end()
+    out.append(literal(text[at:]))
+    return '"' + "".join(out) + '"'
+
+
 def _directive(key: str, value: object) -> str:
     """``#SBATCH --KEY=VALUE``: sbatch reads it up to the line's end, bash skips it as a
     comment, so a line break in the value would make the rest a shell command."""
@@ -125,8 +146,7 @@ def slurm_script(res: Resolution, v: ResolvedVariant, workdir: Path, log_dir: Pa
     ]
     lines += [f"module load {shlex.quote(m)}" for m in p.modules]
     lines += ["if [ -f .venv/bin/activate ]; then source .venv/bin/activate; fi"]
-    # values are literal text: nothing in a profile's env is expanded or run by the job's shell
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in p.env.items()]
+    lines += [f"export {key}={env_value(value)}" for key, value in p.env.items()]
     lines += [
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         "export MASTER_ADDR",

@@ -80,9 +80,9 @@ class StudyRun:
 def _papermill(
     input_nb: Path, output_nb: Path, parameters: dict, timeout: int | None, cwd: Path
 ) -> None:
-    import papermill as pm
+    from heptstudy.study.kernel import execute_notebook
 
-    pm.execute_notebook(
+    execute_notebook(
         str(input_nb),
         str(output_nb),
         parameters=parameters,
