@@ -379,19 +379,20 @@ class PlatformConfig(_Strict):
     def _name_is_a_name(cls, value: str) -> str:
         if not is_name(value):
             raise ValueError(
-                f"the platform name becomes part of file names: use {NAME_RULE}, e.g. lumi_mi250x"
+                f"name={value!r}: the platform name becomes part of file names, so it must have "
+                f"{NAME_RULE}; rename it, e.g. lumi_mi250x"
             )
         return value
 
     @field_validator("time_limit", "partition", "account")
     @classmethod
-    def _one_line(cls, value: str) -> str:
+    def _one_line(cls, value: str, info: ValidationInfo) -> str:
         # each is a '#SBATCH --KEY=VALUE' line of the batch script: a line break would end the
         # directive and start a shell command
-        if any(ch in value for ch in "\n\r\x00") or not value.isprintable():
+        if not value.isprintable():
             raise ValueError(
-                "must be one line of printable text (it becomes an #SBATCH directive); remove "
-                "the line break or control character"
+                f"{info.field_name}={value!r} must be one line of printable text (it becomes an "
+                "#SBATCH directive); remove the line break or control character"
             )
         return value
 

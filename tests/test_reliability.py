@@ -237,6 +237,7 @@ def _stubs(tmp_path: Path) -> dict[str, str]:
         "SLURM_JOB_NODELIST": "node001",
         "USER": "tester",
         "HOME": str(tmp_path),
+        "X": "from the job",
     }
 
 
@@ -254,7 +255,7 @@ def test_rendered_scripts_run_nothing_that_a_value_holds(launcher, value, tmp_pa
         env={"HOSTILE_ENV": value, "CACHE": "/tmp/${USER}-cache-${SLURM_JOB_ID}"},
         modules=[value],
     )
-    out = tmp_path / f"render {value[:12]}"
+    out = tmp_path / f"render {value[:12]}".replace("\n", "_")  # a line break is refused
     resume = f"ckpt/{value}.pt"
     _, scripts = render(_scenario(tmp_path), platform, out, resume=resume, workdir=work)
     env = _stubs(tmp_path)
@@ -271,8 +272,8 @@ def test_rendered_scripts_run_nothing_that_a_value_holds(launcher, value, tmp_pa
     for call in trainer:
         argv = call["argv"]
         assert argv[argv.index("--resume") + 1] == resume  # verbatim
-        if launcher == "slurm":
-            assert call["env"] == value
+        if launcher == "slurm":  # literal, except a plain ${NAME}, which the job expands
+            assert call["env"] == ("from the job" if value == "${X}" else value)
             assert "42" in argv and "node001:29500" in argv  # the launcher's own ${VAR}s
     if launcher == "slurm":
         assert any(c["argv"][1:] == ["load", value] for c in calls)
@@ -431,7 +432,7 @@ def test_second_training_into_a_held_out_dir_is_refused(tmp_path, tiny_data_dir)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert code == 2 and f"pid {proc.pid}" in err
-    assert [p.name for p in out.iterdir()] == []  # nothing of the refused run
+    assert [p.name for p in out.iterdir()] == [".heptstudy.lock"]  # the holder's; nothing else
 
 
 def test_second_study_into_a_held_out_is_refused(tmp_path, tiny_data_dir):
@@ -455,7 +456,8 @@ def test_second_study_into_a_held_out_is_refused(tmp_path, tiny_data_dir):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
-    assert sorted(p.name for p in out.iterdir()) == []
+    # the holder's lock only: no report, no matrix copy
+    assert [p.name for p in out.rglob("*") if p.is_file()] == [".heptstudy.lock"]
 
 
 # ---------------------------------------------------------------------------- full disks
