@@ -5,8 +5,9 @@ every unknown key, wrong type or out-of-range value fails with the key, the valu
 allowed. Pydantic would read ``true`` as the integer 1 and ``1`` as true; here a number key
 refuses true/false and a true/false key refuses numbers.
 
-Relative paths (``data.data_dir``, ``train.out_dir``) are taken from the repository, wherever a
-command starts (:mod:`heptstudy.paths`): :func:`load_config` returns them absolute.
+A relative ``data.data_dir`` is taken from the repository wherever a command starts, a relative
+``train.out_dir`` from the working directory, as every output path (:mod:`heptstudy.paths`):
+:func:`load_config` returns both absolute.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pydantic_core import PydanticCustomError
 
 from heptstudy.errors import ConfigError
 from heptstudy.names import NAME_RULE, is_name
-from heptstudy.paths import resolve_in_repo
+from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
@@ -528,11 +529,10 @@ def load_config(
 
 
 def resolve_paths(config: Config) -> Config:
-    """``config`` with its relative paths made absolute against the repository (see
-    :mod:`heptstudy.paths`), so that a command started anywhere reads and writes the same
-    folders."""
+    """``config`` with its relative paths made absolute (:mod:`heptstudy.paths`): the data
+    directory against the repository, the output folder against the working directory."""
     config.data.data_dir = str(resolve_in_repo(config.data.data_dir))
-    config.train.out_dir = str(resolve_in_repo(config.train.out_dir))
+    config.train.out_dir = str(resolve_from_cwd(config.train.out_dir))
     return config
 
 

@@ -608,14 +608,40 @@ def test_unwritable_out_dir_is_refused_before_training(tmp_path, tiny_data_dir):
     assert said == ""
 
 
-def test_model_too_large_for_the_host_is_refused_before_building(tmp_path, tiny_data_dir):
-    overrides = tiny_train_overrides(tiny_data_dir, tmp_path / "run")
-    overrides += ["model.heptv2.embedding_dim=1000000", "model.heptv2.width=1000000"]
+@pytest.mark.parametrize("command", ["train", "bench"])
+def test_model_too_large_for_the_host_is_refused_before_building(command, tmp_path, tiny_data_dir):
+    huge = ["model.heptv2.embedding_dim=1000000", "model.heptv2.width=1000000"]
+    if command == "train":
+        argv = [
+            "train",
+            "--no-progress",
+            *_set(tiny_train_overrides(tiny_data_dir, tmp_path / "run")),
+        ]
+    else:
+        argv = [*_bench_argv(tiny_data_dir, tmp_path / "run" / "b1.json"), *_set(TINY_MODEL)]
     t0 = time.perf_counter()
-    code, _, err = _cli("train", "--no-progress", *_set(overrides))
+    code, _, err = _cli(*argv, *_set(huge))
     assert code == 2, err
     assert "parameters" in err and "GiB available" in err and "embedding_dim=1000000" in err
-    assert time.perf_counter() - t0 < 60 and not (tmp_path / "run").exists()
+    assert time.perf_counter() - t0 < 60 and not list(tmp_path.rglob("*.json"))
+
+
+def test_free_space_is_checked_where_the_size_is_known(tmp_path):
+    from heptstudy.atomic import free_space_problem
+
+    assert free_space_problem(tmp_path / "new" / "run", 1) is None
+    problem = free_space_problem(tmp_path / "new" / "run", 2**62)
+    assert str(tmp_path) in problem and "MiB free" in problem and "needed" in problem
+
+
+def test_train_out_dir_and_output_follow_the_working_directory(tmp_path, monkeypatch):
+    from heptstudy.config import load_config
+    from heptstudy.measure.request import MeasurementRequest
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(overrides=["train.out_dir=runs/a"])
+    request = MeasurementRequest.build(kind="memory", batch_size=1, output="runs/a.json")
+    assert Path(cfg.train.out_dir).parent == request.report_path().resolve().parent
 
 
 def test_a_smaller_aggregate_moves_the_old_tables_and_figures_aside(tmp_path, monkeypatch):

@@ -39,6 +39,7 @@ from heptstudy.measure.timing import (
     make_phase_clock,
     summarize,
 )
+from heptstudy.train.model_size import check_model_fits
 from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import run_step
@@ -135,6 +136,7 @@ def run_bench(
             "configs/training/platforms/local_cpu.yaml"
         )
     check_enough_events(request, config)
+    check_model_fits(config, device)
     dtype = autocast_dtype(config, device)
     if request.deterministic:
         set_deterministic(device)

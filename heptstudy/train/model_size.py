@@ -66,4 +66,4 @@ def check_model_fits(config: Config, device: torch.device | str) -> int:
             f"the model size (now model.heptv2.embedding_dim={h.embedding_dim}, "
             f"width={h.width}, num_convs={h.num_convs}) or run where more memory is free"
         )
-    return need
+    return nbytes

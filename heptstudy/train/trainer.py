@@ -15,7 +15,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from heptstudy.atomic import atomic_open, atomic_write_text
+from heptstudy.atomic import atomic_open, atomic_write_text, free_space_problem
 from heptstudy.config import Config
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError
@@ -23,7 +23,7 @@ from heptstudy.locks import holding
 from heptstudy.measure.estimate.plans import predictor_for
 from heptstudy.model import build_model
 from heptstudy.model.adaptive_checkpointing import applied_plan
-from heptstudy.paths import resolve_in_repo
+from heptstudy.paths import resolve_from_cwd
 from heptstudy.train import distributed
 from heptstudy.train.losses import compute_losses
 from heptstudy.train.model_size import check_model_fits
@@ -144,14 +144,22 @@ def train(
 
     def decide() -> Path:
         return choose_out_dir(
-            resolve_in_repo(tc.out_dir),
+            resolve_from_cwd(tc.out_dir),
             new_run=new_run,
             resume=resume,
             resume_step=resume_step or 0,
         )
 
     out = distributed.decided_on_main(decide, ctx)
-    check_model_fits(config, ctx.device)
+    model_bytes = check_model_fits(config, ctx.device)
+    if ctx.is_main:
+        # a training-state file holds the weights and LAMB's two moments: the first one must fit
+        problem = free_space_problem(out, 3 * model_bytes)
+        if problem is not None:
+            raise HeptstudyError(
+                f"train.out_dir={str(out)!r}: no room for a training-state file ({problem}); "
+                "nothing was run. Free space or choose another train.out_dir"
+            )
     held = holding(out, "train.out_dir") if ctx.is_main else contextlib.nullcontext()
     with held:
         if ctx.is_main:
