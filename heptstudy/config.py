@@ -39,6 +39,68 @@ HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
 VARIANTS = (HIT_VARIANT, TRACK_CLUSTER_VARIANT)
 
+#: The checkpointing values a measurement, ``heptstudy bench --checkpointing``, a notebook's
+#: ``checkpointing`` parameter and a study matrix row take: one spelling per plan.
+CheckpointingValue = Literal["off", "full", "selective", "every2", "every3", "auto"]
+CHECKPOINTING_VALUES: tuple[str, ...] = get_args(CheckpointingValue)
+
+#: The ``model.heptv2`` keys of each value (``auto`` chooses a plan per step at run time).
+_CHECKPOINTING_SETTINGS: dict[str, dict[str, Any]] = {
+    "off": {"activation_checkpointing": False},
+    "full": {"activation_checkpointing": True},
+    "selective": {"activation_checkpointing": True, "activation_checkpointing_policy": "selective"},
+    "every2": {"activation_checkpointing": True, "checkpoint_every": 2},
+    "every3": {"activation_checkpointing": True, "checkpoint_every": 3},
+    "auto": {"activation_checkpointing": "auto"},
+}
+#: The ``model.heptv2`` keys a checkpointing value owns (an override may not set them too).
+CHECKPOINTING_KEYS = (
+    "activation_checkpointing",
+    "activation_checkpointing_policy",
+    "checkpoint_every",
+)
+
+
+def parse_checkpointing(value: Any) -> str:
+    """A checkpointing value: one of :data:`CHECKPOINTING_VALUES` (any case), or a boolean
+    (``True``/``"true"``: ``full``; ``False``/``"false"``: ``off``; YAML's bare ``off`` is
+    ``False``)."""
+    if isinstance(value, bool):
+        return "full" if value else "off"
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("true", "false"):
+            return "full" if word == "true" else "off"
+        if word in CHECKPOINTING_VALUES:
+            return word
+    why = "; a number is not a checkpointing value" if isinstance(value, (int, float)) else ""
+    raise ValueError(
+        f"allowed values are {', '.join(CHECKPOINTING_VALUES)} (true/false: full/off){why}"
+    )
+
+
+def checkpointing_settings(value: str) -> dict[str, Any]:
+    """The ``model.heptv2`` keys that make a configuration run the checkpointing ``value``
+    (every owned key stated, defaults included)."""
+    return {
+        "activation_checkpointing_policy": "full",
+        "checkpoint_every": 1,
+        **_CHECKPOINTING_SETTINGS[parse_checkpointing(value)],
+    }
+
+
+def checkpointing_of(heptv2: HEPTv2Config) -> str | None:
+    """The checkpointing value a ``model.heptv2`` configuration runs; None when its keys are
+    no value's (e.g. selective on every second layer)."""
+    for value in CHECKPOINTING_VALUES:
+        settings = checkpointing_settings(value)
+        if settings["activation_checkpointing"] in (False, "auto"):
+            if heptv2.activation_checkpointing == settings["activation_checkpointing"]:
+                return value
+        elif all(getattr(heptv2, k) == v for k, v in settings.items()):
+            return value
+    return None
+
 
 def as_yaml(value: Any) -> str:
     """``value`` as a user writes it in YAML or ``--set`` (true, not True)."""

@@ -44,3 +44,22 @@ def resolve_from_cwd(path: str | os.PathLike) -> Path:
     directory (where results are written, see the module docstring)."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else Path.cwd() / p
+
+
+#: The repository's training configurations (beside this package, editable install or not).
+TRAINING_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "training"
+SCENARIO_DIR = TRAINING_CONFIGS / "scenarios"
+PLATFORM_DIR = TRAINING_CONFIGS / "platforms"
+
+
+def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
+    """A path as given, else for a bare name ``directory/NAME`` or ``directory/NAME.yaml``; None if
+    none exists."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    if p.parent == Path("."):
+        for candidate in (directory / p.name, directory / f"{p.name}.yaml"):
+            if candidate.is_file():
+                return candidate
+    return None

@@ -1,6 +1,9 @@
-"""One measurement of a :class:`~heptstudy.measure.request.MeasurementRequest`: peak memory and
+"""One :class:`~heptstudy.measure.request.Measurement` (a request resolved once): peak memory and
 step time (or checkpointing parity) of the configured model on real events of a data set,
 written as a self-describing JSON report.
+
+The measurement applies its allocator settings first (:func:`heptstudy.measure.allocator.
+apply_allocator`), in this process, whichever entry point started it.
 
 Protocol in :data:`heptstudy.measure.report.PROTOCOL`. In short: the events of each step are the
 first batches of the interleaved-shard sampler seeded with ``train.seed``, so the same batch size
@@ -27,11 +30,12 @@ from heptstudy.committed import refuse_committed
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure import report as rp
+from heptstudy.measure.allocator import apply_allocator
 from heptstudy.measure.estimate.plans import predictor_for
 from heptstudy.measure.host_usage import HostUsage
 from heptstudy.measure.memory import make_meter
 from heptstudy.measure.parity import build_seeded, run_parity, set_deterministic
-from heptstudy.measure.request import PARITY, MeasurementRequest
+from heptstudy.measure.request import PARITY, Measurement, MeasurementRequest
 from heptstudy.measure.timing import (
     STEP_PHASES,
     PhaseClock,
@@ -85,10 +89,11 @@ def check_writable(path: Path) -> None:
         )
 
 
-def check_enough_events(request: MeasurementRequest, config: Config) -> None:
+def check_enough_events(m: Measurement) -> None:
     """Every step has its own events (none repeated); validation reads test-split events."""
     from heptstudy.data.batching import dataset_for
 
+    request, config = m.request, m.config
     train = dataset_for(config, "train")
     need = request.events_needed()
     if need > len(train):
@@ -115,19 +120,20 @@ def check_enough_events(request: MeasurementRequest, config: Config) -> None:
 
 
 def run_bench(
-    request: MeasurementRequest, announce: Callable[[rp.BenchReport], None] | None = None
+    measurement: Measurement | MeasurementRequest,
+    announce: Callable[[rp.BenchReport], None] | None = None,
 ) -> rp.BenchReport:
-    """Measure as requested and write the report to ``request.report_path()``. ``announce``
-    (e.g. printing the summary) sees the report before it is written, so that a write that
-    fails (full disk, quota) loses nothing: the report is then kept elsewhere and
-    :class:`~heptstudy.atomic.WriteFailed` says where."""
+    """Measure and write the report to ``measurement.report_path`` (a request is resolved
+    first). ``announce`` (e.g. printing the summary) sees the report before it is written, so
+    that a write that fails (full disk, quota) loses nothing: the report is then kept
+    elsewhere and :class:`~heptstudy.atomic.WriteFailed` says where."""
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
 
+    m = measurement.resolve() if isinstance(measurement, MeasurementRequest) else measurement
     fresh = rp.claim_fresh_process()
-    config = request.config()
-    device = request.device
-    output = request.report_path(config)
+    allocator = apply_allocator(m.allocator)  # before the measurement allocates anything
+    request, config, device, output = m.request, m.config, m.device, m.report_path
     check_writable(output)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise HeptstudyError(
@@ -135,7 +141,7 @@ def run_bench(
             f"(torch {torch.__version__}); run it on the target machine or use "
             "configs/training/platforms/local_cpu.yaml"
         )
-    check_enough_events(request, config)
+    check_enough_events(m)
     check_model_fits(config, device)
     dtype = autocast_dtype(config, device)
     if request.deterministic:
@@ -146,7 +152,7 @@ def run_bench(
         _to(load_events(config, idx, "train"), device)
         for idx in event_indices(config, request.batch_size, num)
     ]
-    header = report_header(request, config, fresh_process=fresh, synthetic=synthetic)
+    header = report_header(m, fresh_process=fresh, synthetic=synthetic, allocator=allocator)
     if request.kind == PARITY:
         report = rp.BenchReport(
             kind="parity",
@@ -155,7 +161,7 @@ def run_bench(
             **header,
         )
     else:
-        report = _memory_report(request, config, device, dtype, batches, header)
+        report = _memory_report(m, dtype, batches, header)
     report.environment.load_average_1min = rp.host_load()
     report.environment.attention = rp.attention_info(config)
     if announce is not None:
@@ -165,26 +171,28 @@ def run_bench(
 
 
 def report_header(
-    request: MeasurementRequest,
-    config: Config,
+    m: Measurement,
     *,
     fresh_process: bool,
     synthetic: bool,
+    allocator=None,
     notes: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The fields every report of ``request`` starts with (name, environment, data, config,
-    batch size, checkpointing, notes), for the bench and for the study runner's failure
-    reports alike."""
-    profile = request.platform_profile()
+    """The fields every report of the measurement ``m`` starts with (name, environment, data,
+    config, batch size, checkpointing, notes), for the bench and for the study runner's failure
+    reports alike. ``allocator``: the :class:`~heptstudy.measure.allocator.AllocatorState` it
+    ran with."""
+    config = m.config
     h = config.model.heptv2
-    on = request.checkpointing
+    on = h.activation_checkpointing
     return dict(
-        name=request.report_name(config),
+        name=m.name,
         environment=rp.environment_info(
-            request.device,
+            m.device,
             config.train.dtype,
-            profile.name if profile else None,
+            m.profile.name if m.profile else None,
             fresh_process=fresh_process,
+            allocator=allocator,
         ),
         data=rp.DataInfo(
             dataset=config.data.dataset,
@@ -193,8 +201,9 @@ def report_header(
             split="train",
         ),
         config=config.to_dict(),
-        batch_size=request.batch_size,
+        batch_size=m.batch_size,
         checkpointing=rp.Checkpointing(
+            plan=m.checkpointing if m.request.kind != PARITY else None,
             enabled=on,
             policy=h.activation_checkpointing_policy if on is True else None,
             checkpoint_every=h.checkpoint_every if on is True else None,
@@ -217,11 +226,12 @@ def _step_record(i, warmup, batch) -> dict[str, Any]:
     )
 
 
-def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchReport:
+def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
+    request, config, device = m.request, m.config, m.device
     warmup = request.warmup
     records = [_step_record(i, warmup, b) for i, b in enumerate(batches)]
     # activation_checkpointing=auto: every step's plan chosen before any model exists
-    plans = predictor_for(config, device, request.batch_size, request.platform_profile())
+    plans = predictor_for(config, device, request.batch_size, m.profile)
     choices = [plans.choose_for(b) if plans is not None else None for b in batches]
     for record, choice in zip(records, choices, strict=True):
         record.update(choice.fields() if choice is not None else {})

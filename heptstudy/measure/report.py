@@ -51,9 +51,12 @@ The summary gives the mean of each phase over the counted steps.
 
 Host. On CPU the allocator a process starts with changes step times: glibc as it comes hands large
 freed blocks back to the kernel, which maps and zeroes their pages again on every step. Each report
-records the allocator and the settings its process was started with (environment.allocator,
-environment.allocator_settings; the local_cpu platform starts its processes with glibc keeping
-freed memory: MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ 16 GiB, MALLOC_TOP_PAD_ 1 GiB), and
+records the allocator and its settings (environment.allocator, environment.allocator_settings).
+A measurement applies its platform's settings itself, with glibc's mallopt at its start, whether
+it runs under heptstudy bench, a notebook or a study (environment.allocator_applied: the values
+applied; local_cpu, also on a CPU without a platform, keeps freed memory: MALLOC_MMAP_THRESHOLD_
+and MALLOC_TRIM_THRESHOLD_ 16 GiB, applied as 2 GiB - 1, mallopt's largest, and MALLOC_TOP_PAD_
+1 GiB); allocator: default applies nothing and records the settings the process started with; and
 for each timed step the process's minor and major page faults and system and user CPU time
 (resource.getrusage around the step). A memory measurement runs both passes, or only the timing
 or only the memory pass (summary.tracked_memory_note says which).
@@ -166,10 +169,12 @@ class Environment(_Strict):
     # the bucket attention the run actually used and what compiling it cost (None in reports
     # from before it was recorded)
     attention: AttentionInfo | None = None
-    # the host memory allocator the process was started with (heptstudy.measure.allocator):
-    # e.g. "glibc 2.36", and its settings from the environment at process start ({}: defaults)
+    # the host memory allocator the measurement ran with (heptstudy.measure.allocator): e.g.
+    # "glibc 2.36", its settings ({}: defaults), and the mallopt values the measuring process
+    # applied at its start (None: none applied; the settings are then the start environment's)
     allocator: str | None = None
     allocator_settings: dict[str, str] | None = None
+    allocator_applied: dict[str, int] | None = None
 
 
 class DataInfo(_Strict):
@@ -181,6 +186,9 @@ class DataInfo(_Strict):
 
 
 class Checkpointing(_Strict):
+    # the checkpointing value measured: off, full, selective, every2, every3 or auto (None in
+    # reports from before it was recorded)
+    plan: str | None = None
     enabled: bool | Literal["auto"]  # auto: each step's plan is in its StepRecord
     memory_budget_mib: NonNegative | None = None  # auto only: what each step's plan must fit
     policy: str | None = None  # "full", "selective", ...; None when disabled
@@ -491,15 +499,18 @@ def environment_info(
     dtype: torch.dtype | str,
     platform_name: str | None,
     fresh_process: bool | None = None,
+    allocator=None,
 ) -> Environment:
     """The environment block of a report. ``fresh_process`` defaults to
-    :func:`claim_fresh_process` (call this once per measurement)."""
+    :func:`claim_fresh_process` (call this once per measurement); ``allocator``: the
+    :class:`~heptstudy.measure.allocator.AllocatorState` measured with (default: this process's
+    as started)."""
     device = torch.device(device)
     dtype_name = str(dtype).removeprefix("torch.")
     count = torch.cuda.device_count() if device.type == "cuda" else None
     from heptstudy.measure.allocator import allocator_in_use
 
-    allocator, allocator_settings = allocator_in_use()
+    allocator = allocator if allocator is not None else allocator_in_use()
     return Environment(
         platform=platform_name,
         device_kind=device_kind(device),
@@ -513,8 +524,9 @@ def environment_info(
         hostname=socket.gethostname(),
         python=sys.version.split()[0],
         fresh_process=claim_fresh_process() if fresh_process is None else fresh_process,
-        allocator=allocator,
-        allocator_settings=allocator_settings,
+        allocator=allocator.name,
+        allocator_settings=dict(allocator.settings),
+        allocator_applied=None if allocator.applied is None else dict(allocator.applied),
     )
 
 

@@ -9,7 +9,7 @@ the same fingerprint as the run has now: a hash of
 * the run: every field of its measurement request except where the report goes, and the
   configuration it resolves to;
 * the data: name, size and modification time of every file of the data sets it reads;
-* the allocator settings its process is started with.
+* the allocator settings its measurement applies (none: what its process is started with).
 
 The runner writes the fingerprint into a report after checking that the report itself says the
 same about what it measured (:func:`mismatches`); a report without a fingerprint (one measured
@@ -121,20 +121,21 @@ def data_identity(config) -> dict[str, Any]:
     return {"data_dir": str(root), "dataset": d.dataset, "files": h}
 
 
-def run_identity(request, config, allocator: dict[str, str] | None) -> dict[str, Any]:
-    """What a run measures now on this machine (see the module docstring)."""
+def run_identity(m) -> dict[str, Any]:
+    """What a run (its resolved :class:`~heptstudy.measure.request.Measurement`) measures now on
+    this machine (see the module docstring)."""
     import torch
 
-    fields = request.model_dump(mode="json", exclude={"output", "progress"})
+    fields = m.request.model_dump(mode="json", exclude={"output", "progress"})
     return {
-        "machine": device_identity(request.device.type),
+        "machine": device_identity(m.device.type),
         "code": code_state(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "request": fields,
-        "config": config.to_dict(),
-        "data": data_identity(config),
-        "allocator": dict(allocator) if allocator is not None else None,
+        "config": m.config.to_dict(),
+        "data": data_identity(m.config),
+        "allocator": dict(m.allocator),
     }
 
 
@@ -155,7 +156,7 @@ def mismatches(report, identity: dict[str, Any]) -> list[str]:
     if machine["device_name"] is not None:
         found["device"] = (env.device_name, machine["device_name"])
     if report.kind == "memory":
-        found["checkpointing"] = (report.checkpointing.enabled, request.get("checkpointing"))
+        found["checkpointing"] = (report.checkpointing.plan, request.get("checkpointing"))
     if report.summary is not None:
         found["counted steps"] = (report.summary.counted_steps, request.get("steps"))
         found["warm-up steps"] = (report.summary.warmup_steps, request.get("warmup"))

@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,8 @@ from heptstudy.config import Config
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError
 from heptstudy.locks import holding
-from heptstudy.measure.estimate.plans import predictor_for
 from heptstudy.model import build_model
-from heptstudy.model.adaptive_checkpointing import applied_plan
+from heptstudy.model.adaptive_checkpointing import PlanPredictor, applied_plan
 from heptstudy.paths import resolve_from_cwd
 from heptstudy.train import distributed
 from heptstudy.train.losses import compute_losses
@@ -52,19 +52,6 @@ def forward_and_loss(model, batch, config: Config, dtype: torch.dtype | None):
     with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
         outputs = model(batch)
     return outputs, compute_losses(config.model.variant, outputs, batch, config.train.loss)
-
-
-def train_step(
-    model, batch, optimizer, scheduler, config: Config, dtype=None
-) -> dict[str, torch.Tensor]:
-    """One optimisation step: forward, loss (matching, auxiliary, grouping), backward, LAMB,
-    scheduler. Returns the detached loss components (no host synchronisation here)."""
-    _, losses = forward_and_loss(model, batch, config, dtype)
-    losses["total"].backward()
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {k: v.detach() for k, v in losses.items()}
 
 
 def describe_batch(batch) -> str:
@@ -113,12 +100,23 @@ def train(
     resume: str | Path | None = None,
     progress: bool = True,
     new_run: bool = False,
+    plan_predictor: Callable[[Config, torch.device, int], PlanPredictor | None] | None = None,
 ) -> dict[str, Any]:
     """Train as configured; returns a summary (last step, last metrics, output paths).
+
+    ``plan_predictor(config, device, per_device_batch)``: the predictor that chooses a
+    checkpoint plan per batch under ``activation_checkpointing=auto`` (the caller's, e.g.
+    :func:`heptstudy.measure.estimate.plans.predictor_for`: the estimate sits above training).
 
     ``train.out_dir`` must be empty or new unless ``resume`` continues the run there or
     ``new_run`` asks for a new numbered run beside it (heptstudy.train.out_dir); the folder
     actually written is the summary's ``out_dir``."""
+    if config.model.heptv2.adaptive and plan_predictor is None:
+        raise HeptstudyError(
+            "model.heptv2.activation_checkpointing=auto needs a plan predictor, and train() was "
+            "given none: pass plan_predictor=heptstudy.measure.estimate.plans.predictor_for "
+            "(heptstudy train does), or choose a fixed checkpointing value"
+        )
     ctx = distributed.setup()
     tc = config.train
     if tc.deterministic:
@@ -165,11 +163,22 @@ def train(
         if ctx.is_main:
             recheck_held(out, resume_step)
         return _train_into(
-            out, config, ctx, state, resume, resume_step, per_device, dtype, progress
+            out,
+            config,
+            ctx,
+            state,
+            resume,
+            resume_step,
+            per_device,
+            dtype,
+            progress,
+            plan_predictor,
         )
 
 
-def _train_into(out, config, ctx, state, resume, resume_step, per_device, dtype, progress):
+def _train_into(
+    out, config, ctx, state, resume, resume_step, per_device, dtype, progress, plan_predictor
+):
     from heptstudy.data import BatchLoader, validation_batches
 
     tc = config.train
@@ -193,7 +202,7 @@ def _train_into(out, config, ctx, state, resume, resume_step, per_device, dtype,
         )
     valid = validation_batches(config, per_device) if ctx.is_main else []
     # activation_checkpointing=auto: one memory model per plan, before the first step
-    plans = predictor_for(config, ctx.device, per_device)
+    plans = plan_predictor(config, ctx.device, per_device) if config.model.heptv2.adaptive else None
     if plans is not None and ctx.is_main and progress:
         print(plans.describe())
 
