@@ -641,7 +641,7 @@ def test_train_out_dir_and_output_follow_the_working_directory(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     cfg = load_config(overrides=["train.out_dir=runs/a"])
     request = MeasurementRequest.build(kind="memory", batch_size=1, output="runs/a.json")
-    assert Path(cfg.train.out_dir).parent == request.report_path().resolve().parent
+    assert Path(cfg.train.out_dir).parent == request.resolve().report_path.resolve().parent
 
 
 def test_a_smaller_aggregate_moves_the_old_tables_and_figures_aside(tmp_path, monkeypatch):
