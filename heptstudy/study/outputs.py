@@ -20,7 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from heptstudy.atomic import folder_write_problem
-from heptstudy.committed import committed_name, refuse_committed
+from heptstudy.committed import LOCAL_FOLDERS, committed_name, refuse_committed
+from heptstudy.names import is_name
 from heptstudy.study.common import StudyError, project_root
 
 #: The user's own studies and figures: never committed (see .gitignore).
@@ -84,7 +85,7 @@ def study_folders(
     """The folders of a study run: a reference study by name, else the user's ``--out`` (by
     default :func:`default_study_dir`). A committed folder is refused without ``reference``."""
     if reference is not None:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", reference) or reference in ("local", ".", ".."):
+        if not is_name(reference) or reference in LOCAL_FOLDERS:
             raise StudyError(
                 f"--reference {reference!r} is not a reference study name: use letters, digits, "
                 "'_', '-' or '.', e.g. --reference cpu_reference (not 'local')"
