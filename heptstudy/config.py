@@ -37,7 +37,6 @@ from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
-VARIANTS = (HIT_VARIANT, TRACK_CLUSTER_VARIANT)
 
 #: The checkpointing values a measurement, ``heptstudy bench --checkpointing``, a notebook's
 #: ``checkpointing`` parameter and a study matrix row take: one spelling per plan.
@@ -87,19 +86,6 @@ def checkpointing_settings(value: str) -> dict[str, Any]:
         "checkpoint_every": 1,
         **_CHECKPOINTING_SETTINGS[parse_checkpointing(value)],
     }
-
-
-def checkpointing_of(heptv2: HEPTv2Config) -> str | None:
-    """The checkpointing value a ``model.heptv2`` configuration runs; None when its keys are
-    no value's (e.g. selective on every second layer)."""
-    for value in CHECKPOINTING_VALUES:
-        settings = checkpointing_settings(value)
-        if settings["activation_checkpointing"] in (False, "auto"):
-            if heptv2.activation_checkpointing == settings["activation_checkpointing"]:
-                return value
-        elif all(getattr(heptv2, k) == v for k, v in settings.items()):
-            return value
-    return None
 
 
 def as_yaml(value: Any) -> str:
@@ -488,9 +474,6 @@ class PlatformConfig(_Strict):
     @property
     def world_size(self) -> int:
         return self.devices_per_node * self.nodes
-
-
-DEFAULTS = Config
 
 
 def _read_yaml(path: str | Path, what: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 
@@ -63,3 +64,16 @@ def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
             if candidate.is_file():
                 return candidate
     return None
+
+
+def git(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 20) -> str | None:
+    """The output of ``git ARGS`` in ``cwd`` (default: the folder of this package); None where
+    git is missing or fails (no checkout)."""
+    where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
+    try:
+        res = subprocess.run(
+            ["git", *args], cwd=where, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout if res.returncode == 0 else None

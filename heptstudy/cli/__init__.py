@@ -65,7 +65,3 @@ def main(argv: list[str] | None = None) -> int:
     except HeptstudyError as err:
         print(f"heptstudy: error: {err}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

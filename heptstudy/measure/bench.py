@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from heptstudy.atomic import folder_write_problem
 from heptstudy.committed import refuse_committed
 from heptstudy.config import Config
+from heptstudy.data.batching import to_device
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure import report as rp
 from heptstudy.measure.allocator import apply_allocator
@@ -149,7 +150,7 @@ def run_bench(
     synthetic = bool(dataset_for(config, "train").metadata.get("synthetic", False))
     num = 1 if request.kind == PARITY else request.warmup + request.steps
     batches = [
-        _to(load_events(config, idx, "train"), device)
+        to_device(load_events(config, idx, "train"), device)
         for idx in event_indices(config, request.batch_size, num)
     ]
     header = report_header(m, fresh_process=fresh, synthetic=synthetic, allocator=allocator)
@@ -210,10 +211,6 @@ def report_header(
         ),
         notes=[*notes, *(["data: synthetic (generated) events"] if synthetic else [])],
     )
-
-
-def _to(batch, device):
-    return {k: v.to(device) for k, v in batch.items()}
 
 
 def _step_record(i, warmup, batch) -> dict[str, Any]:
@@ -399,4 +396,4 @@ def _fresh(config, device):
 def _validation(config, batch_size, device):
     from heptstudy.data import validation_batches
 
-    return [_to(b, device) for b in validation_batches(config, batch_size)]
+    return [to_device(b, device) for b in validation_batches(config, batch_size)]

@@ -9,11 +9,9 @@ measurement definitions, so a file explains its own numbers.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import socket
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from heptstudy.atomic import atomic_write_text, write_text_or_keep
 from heptstudy.errors import HeptstudyError
+from heptstudy.paths import git
 from heptstudy.units import MIB
 
 SCHEMA_VERSION = "heptstudy.bench/1"
@@ -89,14 +88,6 @@ baseline repeat, checkpointed. Outputs and loss: exactly equal or not, max |diff
 Gradients: relative L2 norm of the difference and max |difference|, checkpointed-vs-baseline next
 to repeat-vs-baseline.
 """
-
-
-#: ``summary.tracked_memory_note`` for CPU runs, where the storage tracker slows the step down.
-CPU_TRACKED_MEMORY_NOTE = (
-    "CPU: step times come from untracked steps; peak allocated (live tensor-storage bytes) and "
-    "peak reserved (process VmHWM) come from separate tracked steps over the same batches, "
-    "because the dispatch-mode tracker slows every op down."
-)
 
 
 #: Sizes, times and counts: a negative one is a damaged or hand-edited report, never a result.
@@ -343,16 +334,17 @@ def _describe(err: ValidationError, path: str | os.PathLike) -> str:
         if e["type"] == "missing":
             lines.append(f"  {field}: required field is missing")
         elif e["type"] == "extra_forbidden":
-            lines.append(f"  {field}: unknown field (value {_short(e.get('input'))})")
+            lines.append(f"  {field}: unknown field (value {short_repr(e.get('input'))})")
         elif e["type"] == "value_error":
             lines.append(f"  {field}: {msg}")
         else:
-            lines.append(f"  {field}: {msg.lower()}, got {_short(e.get('input'))}")
+            lines.append(f"  {field}: {msg.lower()}, got {short_repr(e.get('input'))}")
     lines.append("regenerate the report with `heptstudy bench` or fix the field named above")
     return "\n".join(lines)
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -426,36 +418,24 @@ def read_report(path: str | os.PathLike) -> BenchReport:
 def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
     """The commit checked out in the repository holding this package (or ``repo_dir``);
     ``None`` outside a git checkout or without git."""
-    return _git(["rev-parse", "HEAD"], repo_dir)
+    out = git("rev-parse", "HEAD", cwd=repo_dir)
+    return None if out is None else out.strip()
 
 
 def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
     """Whether tracked code differs from the commit; ``None`` when unknown.  Results
     (``experiments/``, ``figures/``) do not count: a study rewrites them as it runs."""
-    out = _git(
-        [
-            "status",
-            "--porcelain",
-            "--untracked-files=no",
-            "--",
-            ":(top)",
-            ":(top,exclude)experiments",
-            ":(top,exclude)figures",
-        ],
-        repo_dir,
+    out = git(
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ":(top)",
+        ":(top,exclude)experiments",
+        ":(top,exclude)figures",
+        cwd=repo_dir,
     )
-    return None if out is None else bool(out)
-
-
-def _git(args: list[str], repo_dir) -> str | None:
-    cwd = Path(repo_dir) if repo_dir is not None else Path(__file__).resolve().parent
-    try:
-        res = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return res.stdout.strip() if res.returncode == 0 else None
+    return None if out is None else bool(out.strip())
 
 
 _FRESH = {"claimed": False}
@@ -540,7 +520,3 @@ def host_load() -> float | None:
 
 def mib(nbytes: int | None) -> float | None:
     return None if nbytes is None else nbytes / MIB
-
-
-def finite_or_none(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)

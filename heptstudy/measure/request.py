@@ -35,6 +35,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -250,6 +251,8 @@ class MeasurementRequest(BaseModel):
         None, description=f"report path; None: {SCRATCH_DIR}/NAME.json (NAME: the report name)"
     )
     progress: Flag = Field(True, description="progress bar (display only)")
+    #: the platform profile, read once when the request is validated
+    _profile: PlatformConfig | None = PrivateAttr(None)
 
     @field_validator("allocator", mode="before")
     @classmethod
@@ -267,6 +270,7 @@ class MeasurementRequest(BaseModel):
 
     @model_validator(mode="after")
     def _kind_and_device_defaults(self) -> MeasurementRequest:
+        self._profile = load_platform(self.platform) if self.platform else None
         if self.kind == PARITY:
             given = [n for n in ("steps", "warmup") if getattr(self, n) is not None] + (
                 ["checkpointing"] if self.checkpointing != "off" else []
@@ -301,7 +305,7 @@ class MeasurementRequest(BaseModel):
         """The measurement this request asks for, resolved once: the platform profile read,
         the configuration built and validated, the device, allocator, name and report path
         fixed. Everything downstream reads these and rebuilds nothing."""
-        profile = load_platform(self.platform) if self.platform else None
+        profile = self._profile
         device = _device(profile)
         config = self._config(profile)
         from heptstudy.measure.allocator import measurement_allocator
@@ -315,7 +319,7 @@ class MeasurementRequest(BaseModel):
     @property
     def device(self) -> torch.device:
         """The platform's device, else CUDA when this PyTorch sees a GPU, else the CPU."""
-        return _device(load_platform(self.platform) if self.platform else None)
+        return _device(self._profile)
 
     def _config(self, profile: PlatformConfig | None) -> Config:
         """Defaults, then the request's settings, then the user's overrides (the only part

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from heptstudy.atomic import atomic_open, atomic_write_text, free_space_problem
 from heptstudy.config import Config
+from heptstudy.data.batching import to_device
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError
 from heptstudy.locks import holding
@@ -78,10 +79,6 @@ def out_of_memory_message(batch, config: Config) -> str:
         else "lower the per-device batch (activation checkpointing is already on)"
     )
     return f"out of device memory on {describe_batch(batch)}; {hint}"
-
-
-def _to(batch, device):
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def _write_json_line(path: Path, record: dict[str, Any]) -> None:
@@ -325,7 +322,7 @@ def _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, st
         # chosen from the batch's shape while it is still on the host: a batch no plan fits
         # stops here, before the step allocates anything
         choice = plans.choose_for(batch) if plans is not None else None
-        batch = _to(batch, ctx.device)
+        batch = to_device(batch, ctx.device, non_blocking=True)
         events += batch["event_index"].tolist()
         try:
             with applied_plan(net, None if choice is None else choice.plan):
