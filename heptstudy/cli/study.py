@@ -79,8 +79,11 @@ def measured_table(results) -> str:
 
 
 def _cmd_aggregate(args: argparse.Namespace) -> int:
+    from heptstudy.locks import holding
+
     out, figures = aggregate_folders(args.out, args.figures)
-    html = aggregate_study(out, figures)
+    with holding(out, "study folder (--out)"):  # not while a study run writes it
+        html = aggregate_study(out, figures)
     print(f"report: {shown(html)}")
     return 0
 
