@@ -501,13 +501,29 @@ def test_file_size_limit_in_a_subprocess_keeps_the_result(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            # torch looks for a temporary folder for its compile cache, which the limit denies
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        },
     )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and str(out) in done.stderr
     assert "File too large" in done.stderr
     assert not out.exists()
     assert '"hits": 64' in done.stdout  # printed in full, the temporary folder is limited too
+
+
+def test_any_other_refused_write_is_one_message(tmp_path, tiny_data_dir):
+    quota = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), str(tmp_path / "stats"))
+    with failing_writes(quota):
+        code, _, err = _cli(
+            "data", "stats", "--data-dir", str(tiny_data_dir), "--out", str(tmp_path / "stats")
+        )
+    assert code == 1 and "Disk quota exceeded" in err and str(tmp_path / "stats") in err
+    assert not [p for p in (tmp_path / "stats").rglob("*") if p.is_file()]  # no partial file
 
 
 def test_train_write_failure_leaves_nothing_that_blocks_the_resume(tmp_path, tiny_data_dir):
@@ -546,11 +562,13 @@ def test_data_generate_finalises_both_data_sets_or_neither(tmp_path):
 # ------------------------------------------------------------------------------- readers
 
 
-def _report(tiny_data_dir, tmp_path) -> dict:
-    path = tmp_path / "good.json"
+@pytest.fixture(scope="module")
+def good_report(tiny_data_dir, tmp_path_factory) -> str:
+    """A bench report of the tiny model, measured once for the reader tests."""
+    path = tmp_path_factory.mktemp("good") / "good.json"
     code, _, err = _cli(*_bench_argv(tiny_data_dir, path), *_set(TINY_MODEL))
     assert code == 0, err
-    return json.loads(path.read_text())
+    return path.read_text()
 
 
 @pytest.mark.parametrize(
@@ -564,12 +582,12 @@ def _report(tiny_data_dir, tmp_path) -> dict:
     ],
     ids=["negative-peak", "negative-time", "other-version", "wrong-type", "wrong-type-step"],
 )
-def test_every_reader_names_the_file_and_field_it_refuses(edit, fragments, tiny_data_dir, tmp_path):
+def test_every_reader_names_the_file_and_field_it_refuses(edit, fragments, good_report, tmp_path):
     from heptstudy.fitting.reports import read_groups
     from heptstudy.measure.report import ReportError, read_report
     from heptstudy.study.frames import load_reports
 
-    report = _report(tiny_data_dir, tmp_path)
+    report = json.loads(good_report)
     edit(report)
     bad = tmp_path / "reports" / "bad_b1.json"
     bad.parent.mkdir()
