@@ -539,6 +539,7 @@ def test_train_write_failure_leaves_nothing_that_blocks_the_resume(tmp_path, tin
     ):
         train(cfg, progress=False)
     assert "step 4" in str(err.value) and "--resume" in str(err.value)
+    assert "step_000004.pt could not be written" in str(err.value)
     assert "step_000002.pt" in str(err.value)
     assert not (out / "predictions" / "step_000004.npz").exists()
     summary = train(cfg, resume=out / "checkpoints" / "step_000002.pt", progress=False)

@@ -195,6 +195,16 @@ class Prepared:
         return {} if self.execution.allocator == DEFAULT else None
 
 
+@contextlib.contextmanager
+def _working_directory(folder: Path):
+    before = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def prepare(matrix: Matrix) -> list[Prepared]:
     """Resolve every execution of the matrix and check what can be checked before measuring:
     the configuration, the data set and the events each run needs. One :class:`StudyError`
@@ -207,7 +217,11 @@ def prepare(matrix: Matrix) -> list[Prepared]:
         if ex.name in problems:  # said once, not once per round
             continue
         try:
-            m = ex.run.request(progress=False, parameters=ex.parameters).resolve()
+            # resolved where its kernel will resolve it (the kernel starts in the repository):
+            # a working-directory path of the configuration (train.out_dir) is then the same
+            # in the run's identity and in its report, wherever `study run` was started
+            with _working_directory(project_root()):
+                m = ex.run.request(progress=False, parameters=ex.parameters).resolve()
             if ex.name not in checked:
                 checked.add(ex.name)
                 check_enough_events(m)

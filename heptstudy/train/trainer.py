@@ -295,10 +295,11 @@ def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpo
     from heptstudy.atomic import WriteFailed
     from heptstudy.train.out_dir import _latest_checkpoint
 
+    # the predictions are written first: when they are there, the checkpoint is what failed
+    where = exc.filename or (checkpoint if predictions.exists() else predictions)
     if not checkpoint.exists():
         predictions.unlink(missing_ok=True)
     latest = _latest_checkpoint(out)
-    where = exc.filename or (checkpoint if predictions.exists() else predictions)
     again = (
         f"free space (or raise the quota) and resume with --resume {latest}"
         if latest is not None
