@@ -15,6 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from heptstudy.errors import HeptstudyError
+from heptstudy.stand_ins import write_fault
+
 
 def _umask() -> int:
     # os.umask can only be read by setting it, which races with threads creating files meanwhile;
@@ -60,6 +63,9 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
     tmp = Path(name)
     try:
         yield tmp
+        fault = write_fault(str(path))
+        if fault is not None:
+            raise fault
         _fsync(tmp)  # the rename must not reach the disk before the data does
         os.chmod(tmp, _final_mode(path))
         os.replace(tmp, path)
@@ -81,6 +87,71 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     with atomic_open(path, "w", encoding=encoding) as fh:
         fh.write(text)
     return Path(path)
+
+
+class WriteFailed(HeptstudyError):
+    """A result could not be written; the message says where it went instead."""
+
+
+def keep_elsewhere(text: str, path: str | os.PathLike, what: str, exc: OSError) -> WriteFailed:
+    """After writing ``text`` to ``path`` failed with ``exc``: keep it in a temporary file
+    (the system's temporary folder, often another file system) or, when that fails too,
+    print it to stdout; returns the error to raise, saying where it could not go and where
+    it is."""
+    name = Path(path).name or "result"
+    kept: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"heptstudy-kept-{name}.", suffix=".txt")
+        try:
+            fault = write_fault(tmp)
+            if fault is not None:
+                raise fault
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fd = -1
+                fh.write(text)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        kept = f"it is kept in {tmp}"
+    except OSError:
+        print(f"----- {what} (could not be written to {path}) -----\n{text}", end="")
+        print(f"----- end of {what} -----", flush=True)
+        kept = "it is printed above in full, between the ----- lines"
+    return WriteFailed(
+        f"{what} could not be written to {str(path)!r}: {exc.strerror or exc}"
+        f"{f' ({exc.filename})' if getattr(exc, 'filename', None) else ''}; {kept}. Free "
+        "space (or raise the quota) and copy it into place, or run again with another output"
+    )
+
+
+def write_text_or_keep(path: str | os.PathLike, text: str, what: str) -> Path:
+    """:func:`atomic_write_text`, and when the disk refuses (full, quota, file size limit, any
+    OSError) :class:`WriteFailed` with the text kept (see :func:`keep_elsewhere`)."""
+    try:
+        return atomic_write_text(path, text)
+    except OSError as exc:
+        raise keep_elsewhere(text, path, what, exc) from None
+
+
+def free_space_problem(folder: str | os.PathLike, need_bytes: int) -> str | None:
+    """Why ``need_bytes`` will not fit in ``folder`` (its nearest existing parent), or None."""
+    folder = Path(folder)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None:
+        return None
+    try:
+        st = os.statvfs(existing)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free >= need_bytes:
+        return None
+    return (
+        f"{existing} has {free / 2**20:,.1f} MiB free, about {need_bytes / 2**20:,.1f} MiB are "
+        "needed"
+    )
 
 
 def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:

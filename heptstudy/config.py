@@ -5,8 +5,9 @@ every unknown key, wrong type or out-of-range value fails with the key, the valu
 allowed. Pydantic would read ``true`` as the integer 1 and ``1`` as true; here a number key
 refuses true/false and a true/false key refuses numbers.
 
-Relative paths (``data.data_dir``, ``train.out_dir``) are taken from the repository, wherever a
-command starts (:mod:`heptstudy.paths`): :func:`load_config` returns them absolute.
+A relative ``data.data_dir`` is taken from the repository wherever a command starts, a relative
+``train.out_dir`` from the working directory, as every output path (:mod:`heptstudy.paths`):
+:func:`load_config` returns both absolute.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from heptstudy.errors import ConfigError
-from heptstudy.paths import resolve_in_repo
+from heptstudy.names import NAME_RULE, is_name
+from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
@@ -427,6 +429,41 @@ class PlatformConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     modules: list[str] = Field(default_factory=list)
 
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_name(cls, value: str) -> str:
+        if not is_name(value):
+            raise ValueError(
+                f"name={value!r}: the platform name becomes part of file names, so it must have "
+                f"{NAME_RULE}; rename it, e.g. lumi_mi250x"
+            )
+        return value
+
+    @field_validator("time_limit", "partition", "account")
+    @classmethod
+    def _one_line(cls, value: str, info: ValidationInfo) -> str:
+        # each is a '#SBATCH --KEY=VALUE' line of the batch script: a line break would end the
+        # directive and start a shell command
+        if not value.isprintable():
+            raise ValueError(
+                f"{info.field_name}={value!r} must be one line of printable text (it becomes an "
+                "#SBATCH directive); remove the line break or control character"
+            )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, text in value.items():
+            if not key.isidentifier() or not key.isascii():
+                raise ValueError(
+                    f"env name {key!r} is not a shell variable name: letters, digits and '_', "
+                    "not starting with a digit"
+                )
+            if "\x00" in text:
+                raise ValueError(f"env {key}: a NUL character cannot be passed to a shell")
+        return value
+
     @model_validator(mode="after")
     def _workers_leave_a_core(self) -> PlatformConfig:
         if self.launcher == "slurm":
@@ -543,11 +580,10 @@ def load_config(
 
 
 def resolve_paths(config: Config) -> Config:
-    """``config`` with its relative paths made absolute against the repository (see
-    :mod:`heptstudy.paths`), so that a command started anywhere reads and writes the same
-    folders."""
+    """``config`` with its relative paths made absolute (:mod:`heptstudy.paths`): the data
+    directory against the repository, the output folder against the working directory."""
     config.data.data_dir = str(resolve_in_repo(config.data.data_dir))
-    config.train.out_dir = str(resolve_in_repo(config.train.out_dir))
+    config.train.out_dir = str(resolve_from_cwd(config.train.out_dir))
     return config
 
 

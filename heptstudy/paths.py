@@ -1,10 +1,16 @@
-"""Where relative paths of a configuration point: the repository, wherever a command starts.
+"""Where relative paths point.
 
-``data.data_dir: data/tfds`` in a YAML file, a default or a ``--set`` override means the
-repository's ``data/tfds`` whether the command runs in the repository root, in ``notebooks/``
-or in ``/tmp``. The repository is the folder holding this package and its ``pyproject.toml``
-(an editable install, as ``make install`` makes); a copy installed elsewhere has no repository,
-and its relative paths are taken from the current directory.
+* Where results are written is taken from the working directory, like every path a shell
+  command is given: ``train.out_dir`` (YAML, default or ``--set``), ``--output``, ``--out``,
+  ``--figures``, ``--render-dir``, ``--save-model``. ``train.out_dir=runs/a`` and
+  ``--output runs/a.json`` started in the same folder write next to each other. (Notebooks run
+  in the repository root: :func:`heptstudy.study.at_project_root`.)
+* Where input data are read, ``data.data_dir: data/tfds``, means the repository's
+  ``data/tfds`` whether the command runs in the repository root, in ``notebooks/`` or in
+  ``/tmp``: the data set is found, never made up, wherever the command starts. The repository
+  is the folder holding this package and its ``pyproject.toml`` (an editable install, as
+  ``make install`` makes); a copy installed elsewhere has no repository, and its relative paths
+  are taken from the current directory.
 """
 
 from __future__ import annotations
@@ -32,6 +38,13 @@ def resolve_in_repo(path: str | os.PathLike) -> Path:
     """``path`` made absolute: ``~`` expanded, a relative path taken from :func:`base_dir`."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else base_dir() / p
+
+
+def resolve_from_cwd(path: str | os.PathLike) -> Path:
+    """``path`` made absolute: ``~`` expanded, a relative path taken from the working
+    directory (where results are written, see the module docstring)."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else Path.cwd() / p
 
 
 #: The repository's training configurations (beside this package, editable install or not).

@@ -57,3 +57,33 @@ def using(stand_ins: StandIns) -> Iterator[StandIns]:
         yield stand_ins
     finally:
         _ACTIVE = None
+
+
+# -------------------------------------------------------------------------- failing writes
+# A full disk or an exhausted quota cannot be made on demand in a test; this seam makes every
+# write of heptstudy.atomic (reports, checkpoints, predictions, data sets, figures) fail the
+# way the disk would, with the OSError it would raise. Nothing installs it outside tests.
+
+_WRITE_FAULT: tuple[OSError, Callable[[str], bool]] | None = None
+
+
+def write_fault(path: str) -> OSError | None:
+    """The error a write to ``path`` is to fail with, or None (a real write)."""
+    if _WRITE_FAULT is None:
+        return None
+    error, applies = _WRITE_FAULT
+    return error if applies(str(path)) else None
+
+
+@contextlib.contextmanager
+def failing_writes(
+    error: OSError, applies: Callable[[str], bool] = lambda path: True
+) -> Iterator[None]:
+    """Every atomic write to a path for which ``applies(path)`` holds raises ``error`` (e.g.
+    ``OSError(errno.ENOSPC, "No space left on device")``) for the duration of the block."""
+    global _WRITE_FAULT
+    saved, _WRITE_FAULT = _WRITE_FAULT, (error, applies)
+    try:
+        yield
+    finally:
+        _WRITE_FAULT = saved

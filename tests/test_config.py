@@ -130,7 +130,7 @@ def test_whole_numbers_still_serve_as_floats():
     assert cfg.train.lr == 1.0 and cfg.model.heptv2.dropout == 0.0
 
 
-def test_relative_paths_are_the_repositorys_wherever_the_command_starts(tmp_path, monkeypatch):
+def test_relative_data_dir_is_the_repositorys_out_dir_the_working_directorys(tmp_path, monkeypatch):
     from heptstudy.paths import REPO_ROOT
 
     monkeypatch.chdir(tmp_path)
@@ -139,7 +139,8 @@ def test_relative_paths_are_the_repositorys_wherever_the_command_starts(tmp_path
     cfg = load_config(yaml_file)
     assert REPO_ROOT is not None and (REPO_ROOT / "pyproject.toml").is_file()
     assert cfg.data.data_dir == str(REPO_ROOT / "data" / "tfds")
-    assert cfg.train.out_dir == str(REPO_ROOT / "experiments" / "mine")
+    # where results go follows the working directory, as --output does (heptstudy.paths)
+    assert cfg.train.out_dir == str(tmp_path / "experiments" / "mine")
     absolute = load_config(overrides=[f"data.data_dir={tmp_path}"])
     assert absolute.data.data_dir == str(tmp_path)
     assert load_config(overrides=["data.data_dir=~/d"]).data.data_dir == str(Path.home() / "d")

@@ -229,6 +229,7 @@ def test_fused_configuration_is_told_why_the_plain_reports_do_not_hold(fresh_fit
 def test_other_device_kind_and_failed_reports_are_refused(tmp_path):
     bad = json.loads((H200 / "checkpointed_b4.json").read_text())
     bad["status"], bad["error"] = "oom", "CUDA out of memory. Tried to allocate 2 GiB"
+    bad["oom"] = {"message": bad["error"], "batch_size": 4, "padded_hits": []}
     (tmp_path / "oom_b4.json").write_text(json.dumps(bad))
     (tmp_path / "notes.json").write_text(json.dumps({"hello": 1}))
     shutil.copy(H200 / "checkpointed_b16.json", tmp_path)

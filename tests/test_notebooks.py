@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from heptstudy.measure.report import read_report
+from heptstudy.study.kernel import execute_notebook
 from tests.conftest import TINY_MODEL
 
 pm = pytest.importorskip("papermill")
@@ -125,7 +126,7 @@ def test_memory_notebook_checkpointing_string(tiny_data_dir, tmp_path, flag, ena
 
 def test_parity_notebook(tiny_data_dir, tmp_path):
     report_path = tmp_path / "parity.json"
-    pm.execute_notebook(
+    execute_notebook(
         str(NOTEBOOKS / "parity.ipynb"),
         str(tmp_path / "parity.ipynb"),
         kernel_name="python3",
@@ -330,7 +331,7 @@ def test_make_study_on_a_fresh_copy(tiny_data_dir, tmp_path):
 def test_pipeline_notebook(tiny_data_dir, tmp_path):
     """Train / validate / checkpoint, resume from the first checkpoint: the same losses."""
     out = tmp_path / "pipeline.ipynb"
-    pm.execute_notebook(
+    execute_notebook(
         str(NOTEBOOKS / "pipeline.ipynb"),
         str(out),
         kernel_name="python3",
@@ -353,7 +354,7 @@ def test_pipeline_notebook(tiny_data_dir, tmp_path):
 def test_explore_notebook(tiny_data_dir, tmp_path):
     """Pictures of one event, its LSH buckets and the memory timeline of both modes."""
     out = tmp_path / "explore.ipynb"
-    pm.execute_notebook(
+    execute_notebook(
         str(NOTEBOOKS / "explore.ipynb"),
         str(out),
         kernel_name="python3",

@@ -187,14 +187,15 @@ def test_an_error_report_does_not_block_the_retry(tiny_data_dir, tmp_path, monke
 
 
 def test_where_a_study_writes(tmp_path, monkeypatch):
+    from heptstudy.committed import CommittedFolder
     from heptstudy.study.outputs import default_study_dir, study_folders
 
     mine = study_folders(None, None, None)
     assert mine.out == default_study_dir() and mine.out.parent == ROOT / "experiments" / "local"
     assert mine.figures == mine.out / "figures" and mine.reference is None
-    with pytest.raises(StudyError, match="committed reference folder.*--reference cpu_reference"):
+    with pytest.raises(CommittedFolder, match="committed reference folder.*--reference cpu_refer"):
         study_folders(ROOT / "experiments" / "cpu_reference", None, None)
-    with pytest.raises(StudyError, match="--figures figures/cpu_reference is a committed"):
+    with pytest.raises(CommittedFolder, match="--figures figures/cpu_reference is a committed"):
         study_folders(tmp_path, ROOT / "figures" / "cpu_reference", None)
     ref = study_folders(None, None, "cpu_reference")
     assert (ref.out, ref.figures) == (

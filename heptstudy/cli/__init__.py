@@ -65,3 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     except HeptstudyError as err:
         print(f"heptstudy: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        # the file system refused (full disk, quota, file size limit, no temporary folder):
+        # every result already made was kept or printed by its writer; say what failed
+        where = f" ({err.filename})" if err.filename else ""
+        print(
+            f"heptstudy: error: the system refused a file operation: "
+            f"{err.strerror or err}{where}. Free space (or raise the quota or the file size "
+            "limit) and run the same command again",
+            file=sys.stderr,
+        )
+        return 1

@@ -26,8 +26,7 @@ def _bench(args: argparse.Namespace) -> int:
     from heptstudy.measure.summary import describe
 
     measurement = request_from_args(args).resolve()
-    report = run_bench(measurement)
-    print(describe(report))
+    run_bench(measurement, announce=lambda report: print(describe(report), flush=True))
     print(f"report: {measurement.report_path}")
     return 0
 
@@ -37,7 +36,7 @@ def _bench_backbone(args: argparse.Namespace) -> int:
 
     import torch
 
-    from heptstudy.atomic import atomic_write_text
+    from heptstudy.atomic import write_text_or_keep
     from heptstudy.config import load_config
     from heptstudy.measure.backbone import (
         check_backbone_request,
@@ -52,7 +51,7 @@ def _bench_backbone(args: argparse.Namespace) -> int:
     result = run_backbone_bench(config, args.hits, repeats=args.repeats, device=args.device)
     print(describe_backbone(result))
     if args.output:
-        atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
+        write_text_or_keep(args.output, json.dumps(result, indent=2) + "\n", "the result")
         print(f"written: {args.output}")
     return 0
 

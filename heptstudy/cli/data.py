@@ -1,8 +1,9 @@
 """`heptstudy data generate` and `heptstudy data stats`.
 
-Default folders are the repository's (``data/tfds``, ``experiments/data_stats``), where the
-configuration's ``data.data_dir`` points, wherever the command starts; a folder given on the
-command line is taken as the shell gives it (relative to the current directory).
+Default folders are the repository's (``data/tfds``, ``experiments/scratch/data_stats``), where
+the configuration's ``data.data_dir`` points, wherever the command starts; a folder given on the
+command line is taken as the shell gives it (relative to the current directory). The committed
+statistics (``experiments/data_stats``) are never written by ``data stats``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import json
 from pathlib import Path
 
 from heptstudy.atomic import folder_write_problem
+from heptstudy.committed import refuse_committed
 from heptstudy.errors import DataError
 from heptstudy.paths import resolve_in_repo
 
 DEFAULT_DATA_DIR = "data/tfds"
-DEFAULT_STATS_DIR = "experiments/data_stats"
+DEFAULT_STATS_DIR = "experiments/scratch/data_stats"
 
 
 def _at_least(minimum: int, example: int):
@@ -80,7 +82,11 @@ def _generate(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     from heptstudy.data.stats import hits_stats, write_stats
 
-    out = _writable_folder(args.out or resolve_in_repo(DEFAULT_STATS_DIR), "--out")
+    out = args.out or resolve_in_repo(DEFAULT_STATS_DIR)
+    refuse_committed(
+        out, "--out", f"Leave out --out (it goes to {DEFAULT_STATS_DIR}) or give your own folder"
+    )
+    out = _writable_folder(out, "--out")
     stats = hits_stats(
         _data_dir(args), args.dataset, args.configs, args.split, args.pad_to_multiple
     )

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from heptstudy.study.common import StudyError
 from heptstudy.study.matrix import load_matrix
-from heptstudy.study.outputs import default_figures, from_command_line, shown
+from heptstudy.study.outputs import aggregate_folders, from_command_line, shown
 from heptstudy.study.runner import aggregate_study, run_study
 
 
@@ -80,13 +79,11 @@ def measured_table(results) -> str:
 
 
 def _cmd_aggregate(args: argparse.Namespace) -> int:
-    out = from_command_line(args.out)
-    if not out.is_dir():
-        raise StudyError(
-            f"{shown(out)} is not a folder of reports; run `heptstudy study run` first"
-        )
-    figures = from_command_line(args.figures) if args.figures else default_figures(out)
-    html = aggregate_study(out, figures)
+    from heptstudy.locks import holding
+
+    out, figures = aggregate_folders(args.out, args.figures)
+    with holding(out, "study folder (--out)"):  # not while a study run writes it
+        html = aggregate_study(out, figures)
     print(f"report: {shown(html)}")
     return 0
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from heptstudy.data.schema import CLASS_PDG_IDS, HIT_FEATURES, PF_FEATURES, TARGET_COLUMNS
 from heptstudy.errors import DataError
+from heptstudy.stand_ins import write_fault
 
 VERSION = "3.2.1"
 CONFIG_NAMES = tuple(str(i) for i in range(1, 11))
@@ -148,7 +149,9 @@ class ArrayRecordDatasetWriter:
         plan["bytes"] += len(data)
         plan["count"] = i + 1
 
-    def close(self) -> Path:
+    def finish(self) -> Path:
+        """Close the shards and write the data set's metadata, still under its temporary
+        name; :meth:`publish` puts it in place."""
         tfds = self._tfds
         infos = []
         for split, plan in self._plan.items():
@@ -189,9 +192,33 @@ class ArrayRecordDatasetWriter:
         )
         info.set_file_format("array_record")
         info.set_splits(tfds.core.SplitDict(infos))
+        fault = write_fault(str(self.final))  # tests: a full disk at the last write
+        if fault is not None:
+            raise fault
         info.write_to_directory(self.tmp)
+        return self.final
+
+    def close(self) -> Path:
+        """:meth:`finish` and :meth:`publish`: the data set in place."""
+        self.finish()
+        return self.publish()
+
+    def publish(self) -> Path:
+        """Rename the finished data set into place (atomic: it appears whole)."""
         self.tmp.rename(self.final)
         return self.final
+
+    def unpublish(self) -> None:
+        """Take a published data set back (another one of the same generation failed)."""
+        if self.final.exists() and not self.tmp.exists():
+            self.final.rename(self.tmp)
+        self.discard()
+
+    def discard(self) -> None:
+        """Remove what was written but not published."""
+        import shutil
+
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------

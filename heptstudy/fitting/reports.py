@@ -1,9 +1,10 @@
 """Bench reports -> measured memory models, one per configuration, and for every report that
 cannot be used, which one and why.
 
-The reports are read as JSON, field by field, rather than through the report schema's own
-reader: a model stays fittable from reports of an earlier schema version as long as they hold
-the few fields it needs (kind, status, device kind, configuration, per-step shapes and peaks).
+Every report is validated by the report schema (:func:`heptstudy.measure.report.validate_report`:
+its version, every field's type and range) before a field of it is used, so that a report of
+another schema version, a wrong-typed field or a negative peak is refused with the file and the
+field, never fitted.
 
 Points: every counted step gives one allocated point at (batch size, its longest padded event).
 Reserved memory is the caching allocator's pool, kept from step to step, so a counted step's
@@ -21,6 +22,7 @@ from typing import Any
 
 from heptstudy.measure.estimate.keys import key_label, model_key
 from heptstudy.measure.estimate.memory_model import FitError, MemoryModel, Point, fit_points
+from heptstudy.measure.report import ReportError, validate_report
 
 
 @dataclass
@@ -85,6 +87,10 @@ def _report_steps(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict
     schema = rep.get("schema_version") if isinstance(rep, dict) else None
     if not (isinstance(schema, str) and schema.startswith("heptstudy.bench/")):
         return f"not a heptstudy bench report (schema_version {schema!r})"
+    try:
+        validate_report(rep, source=path.name)
+    except ReportError as err:
+        return " ".join(str(err).split("\n"))
     if rep.get("kind") != "memory":
         return f"a {rep.get('kind')!r} report: only memory reports hold per-step peaks"
     if rep.get("status") != "ok":

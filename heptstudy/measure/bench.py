@@ -18,6 +18,7 @@ enough events, so that a measurement is never run only to be lost.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from heptstudy.atomic import folder_write_problem
+from heptstudy.committed import refuse_committed
 from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.errors import HeptstudyError
@@ -42,6 +44,7 @@ from heptstudy.measure.timing import (
     make_phase_clock,
     summarize,
 )
+from heptstudy.train.model_size import check_model_fits
 from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import run_step
@@ -66,7 +69,14 @@ def event_indices(config: Config, batch_size: int, num_batches: int) -> list[lis
 
 
 def check_writable(path: Path) -> None:
-    """Create the report's folder and a file in it (removed again), or say why not."""
+    """Create the report's folder and a file in it (removed again), or say why not; a
+    committed results folder is refused (only ``--reference`` studies write there)."""
+    refuse_committed(
+        path,
+        "report path (--output / output)",
+        "Leave it out (the report goes to experiments/scratch/) or choose your own folder, "
+        "e.g. experiments/local/NAME.json",
+    )
     if path.is_dir():
         raise OutputNotWritable(
             f"report path {str(path)!r} is a directory; give a file name such as "
@@ -110,9 +120,14 @@ def check_enough_events(m: Measurement) -> None:
             )
 
 
-def run_bench(measurement: Measurement | MeasurementRequest) -> rp.BenchReport:
+def run_bench(
+    measurement: Measurement | MeasurementRequest,
+    announce: Callable[[rp.BenchReport], None] | None = None,
+) -> rp.BenchReport:
     """Measure and write the report to ``measurement.report_path`` (a request is resolved
-    first)."""
+    first). ``announce`` (e.g. printing the summary) sees the report before it is written, so
+    that a write that fails (full disk, quota) loses nothing: the report is then kept
+    elsewhere and :class:`~heptstudy.atomic.WriteFailed` says where."""
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
 
@@ -128,6 +143,7 @@ def run_bench(measurement: Measurement | MeasurementRequest) -> rp.BenchReport:
             "configs/training/platforms/local_cpu.yaml"
         )
     check_enough_events(m)
+    check_model_fits(config, device)
     dtype = autocast_dtype(config, device)
     if request.deterministic:
         set_deterministic(device)
@@ -149,7 +165,9 @@ def run_bench(measurement: Measurement | MeasurementRequest) -> rp.BenchReport:
         report = _memory_report(m, dtype, batches, header)
     report.environment.load_average_1min = rp.host_load()
     report.environment.attention = rp.attention_info(config)
-    rp.write_report(report, output)
+    if announce is not None:
+        announce(report)
+    rp.write_report_or_keep(report, output)
     return report
 
 

@@ -15,12 +15,12 @@ import socket
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from heptstudy.atomic import atomic_write_text
+from heptstudy.atomic import atomic_write_text, write_text_or_keep
 from heptstudy.errors import HeptstudyError
 from heptstudy.paths import git
 from heptstudy.units import MIB
@@ -90,6 +90,11 @@ to repeat-vs-baseline.
 """
 
 
+#: Sizes, times and counts: a negative one is a damaged or hand-edited report, never a result.
+NonNegative = Annotated[float, Field(ge=0)]
+Count = Annotated[int, Field(ge=0)]
+
+
 class ReportError(HeptstudyError, ValueError):
     """A report file could not be read or does not follow the schema."""
 
@@ -102,14 +107,14 @@ class OomInfo(_Strict):
     """What did not fit: an out-of-memory is a result of the study, not a crash."""
 
     message: str
-    step: int | None = None
+    step: Count | None = None
     # where it ran out: the bench pass and the step phase, e.g. "memory pass: backward",
     # "timing pass: backbone_forward", "validation"
     phase: str | None = None
-    batch_size: int
-    padded_hits: list[int]  # per event of the batch that did not fit
-    padded_batch_hits: int | None = None  # batch_size x longest padded event
-    device_memory_bytes: int | None = None
+    batch_size: int = Field(ge=1)
+    padded_hits: list[Count]  # per event of the batch that did not fit
+    padded_batch_hits: Count | None = None  # batch_size x longest padded event
+    device_memory_bytes: Count | None = None
 
 
 class AttentionInfo(_Strict):
@@ -142,7 +147,7 @@ class Environment(_Strict):
     device_name: str
     device_count: int | None = None
     dtype: str
-    threads: int
+    threads: int = Field(ge=1)
     torch_version: str
     git_commit: str | None
     git_dirty: bool | None = None
@@ -176,50 +181,50 @@ class Checkpointing(_Strict):
     # reports from before it was recorded)
     plan: str | None = None
     enabled: bool | Literal["auto"]  # auto: each step's plan is in its StepRecord
-    memory_budget_mib: float | None = None  # auto only: what each step's plan must fit
+    memory_budget_mib: NonNegative | None = None  # auto only: what each step's plan must fit
     policy: str | None = None  # "full", "selective", ...; None when disabled
-    checkpoint_every: int | None = None
+    checkpoint_every: int | None = Field(None, ge=1)
 
 
 class StepRecord(_Strict):
-    step: int
+    step: Count
     counted: bool
-    event_indices: list[int]
-    hits: list[int]
-    padded_hits: list[int]
-    time_s: float | None
-    peak_allocated_mib: float | None
-    peak_reserved_mib: float | None
+    event_indices: list[Count]
+    hits: list[Count]
+    padded_hits: list[Count]
+    time_s: NonNegative | None
+    peak_allocated_mib: NonNegative | None
+    peak_reserved_mib: NonNegative | None
     loss: dict[str, float] = Field(default_factory=dict)
     # activation_checkpointing=auto: the plan this step ran and the peak predicted for it
     # (heptstudy.model.adaptive_checkpointing), next to the measured peaks above
     checkpoint_plan: str | None = None
-    predicted_peak_mib: float | None = None
+    predicted_peak_mib: NonNegative | None = None
     # seconds per phase of the step (backbone_forward, decoder_and_heads, loss, backward,
     # optimizer); None in reports from before the breakdown or where it was not measured
-    phase_time_s: dict[str, float] | None = None
+    phase_time_s: dict[str, NonNegative] | None = None
     # what the kernel did during the timed step, whole process (resource.getrusage around it):
     # page faults, and system and user CPU time in seconds (heptstudy.measure.host_usage)
-    minor_page_faults: int | None = None
-    major_page_faults: int | None = None
-    system_time_s: float | None = None
-    user_time_s: float | None = None
+    minor_page_faults: Count | None = None
+    major_page_faults: Count | None = None
+    system_time_s: NonNegative | None = None
+    user_time_s: NonNegative | None = None
 
 
 class Summary(_Strict):
-    counted_steps: int
-    warmup_steps: int
-    mean_step_time_s: float | None
-    std_step_time_s: float | None = None
-    min_step_time_s: float | None = None
-    max_peak_allocated_mib: float | None
-    max_peak_reserved_mib: float | None
+    counted_steps: Count
+    warmup_steps: Count
+    mean_step_time_s: NonNegative | None
+    std_step_time_s: NonNegative | None = None
+    min_step_time_s: NonNegative | None = None
+    max_peak_allocated_mib: NonNegative | None
+    max_peak_reserved_mib: NonNegative | None
     allocated_definition: str | None = None
     reserved_definition: str | None = None
     reserved_unavailable_reason: str | None = None
     tracked_memory_note: str | None = None
     # mean seconds per step phase over the counted steps, and how the phases were timed
-    mean_phase_time_s: dict[str, float] | None = None
+    mean_phase_time_s: dict[str, NonNegative] | None = None
     phase_time_definition: str | None = None
 
 
@@ -269,9 +274,9 @@ class Parity(_Strict):
 class MemoryCategories(_Strict):
     """Live bytes by category at the peak of one step, and the step's memory timeline."""
 
-    step: int
-    peak_bytes: int
-    at_peak_bytes: dict[str, int]
+    step: Count
+    peak_bytes: Count
+    at_peak_bytes: dict[str, Count]
     note: str
     timeline: list[tuple[int, int]] | None = None  # (op index, live bytes)
     marks: list[tuple[int, str]] = Field(default_factory=list)  # (op index, label)
@@ -379,6 +384,13 @@ def write_report(report: BenchReport | dict[str, Any], path: str | os.PathLike) 
     report = validate_report(report, source=str(path), require_version=False)
     text = _serialise(report)
     return atomic_write_text(path, text)
+
+
+def write_report_or_keep(report: BenchReport, path: str | os.PathLike) -> Path:
+    """:func:`write_report`; when the disk refuses, the report is kept elsewhere (a temporary
+    file, or printed as JSON) and :class:`~heptstudy.atomic.WriteFailed` says where."""
+    report = validate_report(report, source=str(path), require_version=False)
+    return write_text_or_keep(path, _serialise(report), f"the report {Path(path).name}")
 
 
 def read_report(path: str | os.PathLike) -> BenchReport:

@@ -16,6 +16,7 @@ from typing import Any
 
 from heptstudy.config import PlatformConfig, _read_yaml, load_platform
 from heptstudy.errors import ConfigError
+from heptstudy.names import check_name
 from heptstudy.paths import PLATFORM_DIR, SCENARIO_DIR, find_file
 from heptstudy.scenario.rules import ScenarioError
 
@@ -85,6 +86,12 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
             f"scenario {str(path)!r}: test_split_events must map a data set (NAME or NAME:VERSION) "
             f"to a non-negative event count, got {split!r}",
         )
+    try:
+        check_name(data["name"], f"scenario {str(path)!r}: name", example="hepv2_h100")
+        for k in variants:
+            check_name(k, f"scenario {str(path)!r}: variant", example="checkpointed")
+    except ConfigError as err:
+        raise ScenarioError("scenario-exists", str(err)) from None
     return Scenario(
         name=str(data["name"]),
         description=str(data.get("description", "")).strip(),

@@ -4,18 +4,25 @@ and the files ``heptstudy scenario render`` writes (resolved configurations, lau
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from heptstudy.atomic import atomic_write_text
+from heptstudy.atomic import atomic_write_text, folder_write_problem
 from heptstudy.config import PlatformConfig
 from heptstudy.errors import ConfigError
+from heptstudy.names import inside
 from heptstudy.scenario.resolve import Resolution, ResolvedVariant, resolve
 
 #: How a launched job calls the trainer (torchrun runs the module with the environment's Python).
 LOCAL_TRAIN = ["heptstudy", "train"]
 MODULE_TRAIN = ["-m", "heptstudy.cli", "train"]
+
+
+class Expand(str):
+    """A launch-command word the job's shell is meant to expand (``${SLURM_JOB_ID}``): only
+    these are double-quoted; every other word is quoted literally (:func:`shell_join`)."""
 
 
 def launch_command(
@@ -45,19 +52,60 @@ def launch_command(
         "--nproc-per-node",
         str(platform.devices_per_node),
         "--rdzv-id",
-        "${SLURM_JOB_ID}",
+        Expand("${SLURM_JOB_ID}"),
         "--rdzv-backend",
         "c10d",
         "--rdzv-endpoint",
-        "${MASTER_ADDR}:${MASTER_PORT}",
+        Expand("${MASTER_ADDR}:${MASTER_PORT}"),
         *MODULE_TRAIN,
         *tail,
     ]
 
 
 def shell_join(cmd: Sequence[str]) -> str:
-    """Quote for bash, leaving ``${VAR}`` references expandable."""
-    return " ".join(f'"{c}"' if "${" in c else shlex.quote(c) for c in cmd)
+    """Quote for bash: every word literally (:func:`shlex.quote`), except the :class:`Expand`
+    words of the launch command itself, whose ``${VAR}`` references the job's shell expands
+    (they hold no other shell text)."""
+    return " ".join(f'"{c}"' if isinstance(c, Expand) else shlex.quote(c) for c in cmd)
+
+
+_VARIABLE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def env_value(text: str) -> str:
+    """A platform ``env`` value for bash: literal text, except plain ``${NAME}`` references
+    (``/tmp/${USER}-cache-${SLURM_JOB_ID}``), which the job's shell expands; every other ``$``,
+    backtick, quote and backslash is escaped, so that no command substitution or other shell
+    text in a profile is ever run."""
+
+    def literal(part: str) -> str:
+        return re.sub(r'([\\"`$])', r"\\\1", part)
+
+    out, at = [], 0
+    for m in _VARIABLE.finditer(text):
+        out += [literal(text[at : m.start()]), m.group()]
+        at = m.end()
+    out.append(literal(text[at:]))
+    return '"' + "".join(out) + '"'
+
+
+def _directive(key: str, value: object) -> str:
+    """``#SBATCH --KEY=VALUE``: sbatch reads it up to the line's end, bash skips it as a
+    comment, so a line break in the value would make the rest a shell command."""
+    text = str(value)
+    if not text.isprintable():
+        raise ConfigError(
+            f"#SBATCH --{key}={text!r}: the value holds a line break or control character; "
+            "it must be one line of printable text (fix the platform profile, the names or "
+            "the render folder)"
+        )
+    return f"#SBATCH --{key}={text}"
+
+
+def _comment(text: str) -> str:
+    """A comment line of a script: line breaks shown as ``\\n`` so that no text becomes a
+    command."""
+    return "# " + "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def slurm_script(res: Resolution, v: ResolvedVariant, workdir: Path, log_dir: Path) -> str:
@@ -65,23 +113,28 @@ def slurm_script(res: Resolution, v: ResolvedVariant, workdir: Path, log_dir: Pa
     mem = f"{p.host_memory_gib:g}G" if p.host_memory_gib > 0 else "0"
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={res.scenario.name[:40]}-{v.name[:40]}",
-        f"#SBATCH --nodes={p.nodes}",
+        _directive("job-name", f"{res.scenario.name[:40]}-{v.name[:40]}"),
+        _directive("nodes", p.nodes),
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={p.devices_per_node}",
-        f"#SBATCH --cpus-per-task={p.cpus_per_task}",
-        f"#SBATCH --mem={mem}",
-        f"#SBATCH --time={p.time_limit}",
+        _directive("gpus-per-node", p.devices_per_node),
+        _directive("cpus-per-task", p.cpus_per_task),
+        _directive("mem", mem),
+        _directive("time", p.time_limit),
     ]
     if p.partition:
-        lines.append(f"#SBATCH --partition={p.partition}")
+        lines.append(_directive("partition", p.partition))
     if p.account:
-        lines.append(f"#SBATCH --account={p.account}")
+        lines.append(_directive("account", p.account))
     lines += [
-        f"#SBATCH --output={log_dir}/slurm-{v.name}-%j.out",
+        _directive("output", f"{log_dir}/slurm-{v.name}-%j.out"),
         "",
-        f"# Rendered by `heptstudy scenario render`: scenario {res.scenario.name}, variant {v.name},",
-        f"# platform {p.name} ({res.platform_path}). Resolved configuration: {v.config_path}",
+        _comment(
+            f"Rendered by `heptstudy scenario render`: scenario {res.scenario.name}, "
+            f"variant {v.name},"
+        ),
+        _comment(
+            f"platform {p.name} ({res.platform_path}). Resolved configuration: {v.config_path}"
+        ),
         f"# world size {v.world_size} ({v.nodes} node(s) x {v.devices_per_node} devices), "
         f"global batch {v.config.train.global_batch_size}, per-device batch {v.per_device_batch}, "
         f"grad accumulation {v.grad_accumulation}",
@@ -93,19 +146,17 @@ def slurm_script(res: Resolution, v: ResolvedVariant, workdir: Path, log_dir: Pa
     ]
     lines += [f"module load {shlex.quote(m)}" for m in p.modules]
     lines += ["if [ -f .venv/bin/activate ]; then source .venv/bin/activate; fi"]
-    for key, value in p.env.items():
-        if '"' in value or "`" in value:
-            raise ConfigError(
-                f"platform {p.name!r} env {key}={value!r}: quotes and backticks are not allowed"
-            )
-        lines.append(f'export {key}="{value}"')
+    lines += [f"export {key}={env_value(value)}" for key, value in p.env.items()]
     lines += [
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         "export MASTER_ADDR",
         "export MASTER_PORT=29500",
         f"mkdir -p {shlex.quote(v.config.train.out_dir)}",
-        f'echo "scenario {res.scenario.name} variant {v.name}: per-device batch '
-        f'{v.per_device_batch} on {v.world_size} devices"',
+        "echo "
+        + shlex.quote(
+            f"scenario {res.scenario.name} variant {v.name}: per-device batch "
+            f"{v.per_device_batch} on {v.world_size} devices"
+        ),
         shell_join(v.launch),
         "",
     ]
@@ -113,9 +164,9 @@ def slurm_script(res: Resolution, v: ResolvedVariant, workdir: Path, log_dir: Pa
 
 
 def local_script(res: Resolution, v: ResolvedVariant, workdir: Path) -> str:
+    head = _comment(f"scenario {res.scenario.name}, variant {v.name}, platform {res.platform.name}")
     return (
-        f"#!/bin/bash\n# scenario {res.scenario.name}, variant {v.name}, platform "
-        f"{res.platform.name}\nset -eo pipefail\ncd {shlex.quote(str(workdir))}\n"
+        f"#!/bin/bash\n{head}\nset -eo pipefail\ncd {shlex.quote(str(workdir))}\n"
         f"{shell_join(v.launch)}\n"
     )
 
@@ -134,20 +185,34 @@ def render(
     ``OUT/resolution.json`` and ``OUT/launch_scripts.txt`` (the scripts, one a line)."""
     res = resolve(scenario, platform, variants, overrides)
     out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    if not str(out).isprintable():
+        raise ConfigError(
+            f"render folder {str(out)!r} holds a line break or control character; the launch "
+            "scripts list it one path a line: choose a plain folder name"
+        )
+    problem = folder_write_problem(out, create=True)
+    if problem is not None:
+        raise ConfigError(
+            f"cannot write the rendered files to {str(out)!r}: {problem}; nothing was rendered. "
+            "Choose a writable folder (--out / --render-dir) or fix its permissions"
+        )
     workdir = Path(workdir or Path.cwd()).resolve()
+    texts: list[tuple[Path, str]] = []
     scripts = []
     for v in res.variants:
-        v.config_path = out / f"{v.name}.yaml"
-        atomic_write_text(v.config_path, v.config.to_yaml())
+        v.config_path = inside(out, f"{v.name}.yaml", f"variant {v.name!r}: configuration")
         v.launch = launch_command(res.platform, v.config_path, resume)
         if res.platform.launcher == "slurm":
-            script = out / f"{v.name}.sbatch"
-            atomic_write_text(script, slurm_script(res, v, workdir, out))
+            script = inside(out, f"{v.name}.sbatch", f"variant {v.name!r}: batch script")
+            text = slurm_script(res, v, workdir, out)
         else:
-            script = out / f"{v.name}.sh"
-            atomic_write_text(script, local_script(res, v, workdir))
+            script = inside(out, f"{v.name}.sh", f"variant {v.name!r}: launch script")
+            text = local_script(res, v, workdir)
+        texts += [(v.config_path, v.config.to_yaml()), (script, text)]
         scripts.append(script)
+    # every script is rendered (and refused) before the first file is written
+    for path, text in texts:
+        atomic_write_text(path, text)
     atomic_write_text(out / "resolution.json", json.dumps(res.to_dict(), indent=2) + "\n")
     atomic_write_text(out / "launch_scripts.txt", "".join(f"{s}\n" for s in scripts))
     return res, scripts

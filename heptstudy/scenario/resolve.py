@@ -164,7 +164,9 @@ def resolve(
     }
     rules.check_shared_budget(sc.name, configs)
     resolved = []
+    given_data_dir = any(str(o).split("=", 1)[0].strip() == "data.data_dir" for o in shared)
     for name, cfg in configs.items():
+        rules.check_given_data_dir(sc.name, name, cfg, given_data_dir)
         rules.check_batch_divides_devices(sc.name, name, cfg, plat)
         rules.check_frequencies_divide_steps(sc.name, name, cfg)
         split = rules.check_eval_within_test_split(sc.name, name, cfg, sc.test_split_events)

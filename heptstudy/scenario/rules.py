@@ -28,6 +28,7 @@ RULES: dict[str, str] = {
     "shared-budget": "all variants share the optimisation budget and the evaluation sizes",
     "frequencies-divide-steps": "train.val_freq and train.checkpoint_freq divide train.num_steps",
     "eval-within-test-split": "data.nvalid + data.ntest <= events in the test split",
+    "data-dir-exists": "a data.data_dir given on the command line (--data-dir, --set) exists",
 }
 
 #: Keys that every variant of a scenario must have equal (the optimisation budget and evaluation).
@@ -181,6 +182,18 @@ def test_split_size(cfg: Config, declared: Mapping[str, int]) -> TestSplit | Non
         if key in declared:
             return TestSplit(declared[key], f"scenario test_split_events[{key!r}] (declared)")
     return None
+
+
+def check_given_data_dir(scenario: str, variant: str, cfg: Config, given: bool) -> None:
+    """A data directory the user named must exist: a mistyped one would otherwise read as
+    "no metadata" and pass on the scenario's declared numbers."""
+    if given and not Path(cfg.data.data_dir).is_dir():
+        raise ScenarioError(
+            "data-dir-exists",
+            f"scenario {scenario}, variant {variant}: data.data_dir={cfg.data.data_dir!r} "
+            "(given on the command line) does not exist; give the folder holding the data set "
+            "(heptstudy data generate --data-dir DIR makes a synthetic one), or leave it out",
+        )
 
 
 def check_eval_within_test_split(

@@ -75,13 +75,17 @@ from heptstudy.study.tables import (
 )
 from heptstudy.study.text import (
     CATEGORIES_NOTE,
+    esc,
     figure_tag,
+    heading,
     hits_statement,
     memory_definitions,
     study_statement,
 )
 
 __all__ = [
+    "esc",
+    "heading",
     "SYSTEM_TIME_DOMINATES",
     "dominated_runs",
     "host_usage_of",

@@ -59,8 +59,14 @@ def load_reports(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
         try:
             found.append((path, read_report(path)))
         except ReportError as err:
-            warnings.warn(f"skipped {path.name}: {str(err).splitlines()[0]}", stacklevel=2)
+            warnings.warn(f"skipped {path.name}: {_why(err)}", stacklevel=2)
     return found
+
+
+def _why(err: Exception) -> str:
+    """A refused report's reason on one line: the file and the fields named."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return "; ".join(lines[:5])
 
 
 def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
@@ -76,7 +82,7 @@ def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
         try:
             found.append((path, read_report(path)))
         except ReportError as err:
-            warnings.warn(f"skipped {path.name}: {str(err).splitlines()[0]}", stacklevel=2)
+            warnings.warn(f"skipped {path.name}: {_why(err)}", stacklevel=2)
     return found
 
 

@@ -13,6 +13,7 @@ from heptstudy.measure.request import (
     MeasurementRequest,
     parse_overrides,
 )
+from heptstudy.names import check_name
 from heptstudy.study.common import MEMORY, NOTEBOOKS, StudyError
 
 # a run takes exactly its notebook's parameters; the runner picks the output itself
@@ -155,7 +156,10 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
             request = run.request(progress=False)
         except HeptstudyError as err:
             raise StudyError(f"{where}: {err}") from None
-        run.name = str(entry.get("name") or request.name)
+        run.name = check_name(
+            entry["name"] if entry.get("name") is not None else request.name,
+            f"{where}: name",
+        )
         runs.append(run)
     names = [(r.allocator, r.name) for r in runs]
     dupes = sorted({n for a, n in names if names.count((a, n)) > 1})
@@ -163,8 +167,9 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         raise StudyError(
             f"study matrix {path}: several runs are named {dupes}; give them a 'name:'"
         )
+    name = data.get("name") if data.get("name") is not None else path.stem
     return Matrix(
-        name=str(data.get("name") or path.stem),
+        name=check_name(name, f"study matrix {path}: name", example="cpu_default"),
         description=str(data.get("description") or ""),
         runs=runs,
         path=path,

@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from heptstudy.atomic import folder_write_problem
+from heptstudy.committed import LOCAL_FOLDERS, committed_name, refuse_committed
+from heptstudy.names import is_name
 from heptstudy.study.common import StudyError, project_root
 
 #: The user's own studies and figures: never committed (see .gitignore).
@@ -63,37 +65,7 @@ def default_study_dir(now: datetime | None = None) -> Path:
 
 
 def _committed(path: Path) -> str | None:
-    """The reference-study name when ``path`` is (inside) a committed results folder: one that
-    holds files tracked by git, or without git any ``experiments/<name>`` or ``figures/<name>``
-    other than ``local``."""
-    import subprocess
-
-    root = project_root().resolve()
-    path = path.resolve()
-    for top in ("experiments", "figures"):
-        try:
-            rel = path.relative_to(root / top)
-        except ValueError:
-            continue
-        if not rel.parts:
-            return top
-        if rel.parts[0] == LOCAL.name:
-            return None
-        try:
-            res = subprocess.run(
-                ["git", "ls-files", "--", str(root / top / rel.parts[0])],
-                cwd=root,
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            res = None
-        if res is None or res.returncode != 0:  # no git: every such folder counts
-            return rel.parts[0]
-        return rel.parts[0] if res.stdout.strip() else None
-    return None
+    return committed_name(path)
 
 
 def default_figures(out: Path) -> Path:
@@ -113,7 +85,7 @@ def study_folders(
     """The folders of a study run: a reference study by name, else the user's ``--out`` (by
     default :func:`default_study_dir`). A committed folder is refused without ``reference``."""
     if reference is not None:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", reference) or reference in ("local", ".", ".."):
+        if not is_name(reference) or reference in LOCAL_FOLDERS:
             raise StudyError(
                 f"--reference {reference!r} is not a reference study name: use letters, digits, "
                 "'_', '-' or '.', e.g. --reference cpu_reference (not 'local')"
@@ -130,16 +102,31 @@ def study_folders(
     out_dir = from_command_line(out) if out is not None else default_study_dir()
     fig_dir = from_command_line(figures) if figures is not None else out_dir / "figures"
     for flag, path in (("--out", out_dir), ("--figures", fig_dir)):
-        name = _committed(path)
-        if name is not None:
-            raise StudyError(
-                f"{flag} {shown(path)} is a committed reference folder; a study writes there "
-                f"only when asked by name: `heptstudy study run --reference {name} ...` "
-                f"(make reference). For your own study leave out {flag} (it goes to "
-                f"{shown(default_study_dir())}) or choose a folder outside experiments/ and "
-                "figures/, e.g. experiments/local/NAME"
-            )
+        refuse_committed(path, flag, _own_study(flag))
     return StudyFolders(out_dir, fig_dir, None)
+
+
+def _own_study(flag: str) -> str:
+    return (
+        f"For your own study leave out {flag} (it goes to {shown(default_study_dir())}) or "
+        "choose a folder outside experiments/ and figures/, e.g. experiments/local/NAME"
+    )
+
+
+def aggregate_folders(
+    out: str | os.PathLike, figures: str | os.PathLike | None
+) -> tuple[Path, Path]:
+    """``study aggregate``'s folders: ``out`` holding the reports and ``figures`` (default
+    :func:`default_figures`); both refused when committed (``--reference`` regenerates those)."""
+    out_dir = from_command_line(out)
+    if not out_dir.is_dir():
+        raise StudyError(
+            f"--out {shown(out_dir)} is not a folder of reports; run `heptstudy study run` first"
+        )
+    fig_dir = from_command_line(figures) if figures is not None else default_figures(out_dir)
+    refuse_committed(out_dir, "--out", _own_study("--out"))
+    refuse_committed(fig_dir, "--figures", _own_study("--figures"))
+    return out_dir, fig_dir
 
 
 def check_writable(*folders: Path) -> None:

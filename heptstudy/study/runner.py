@@ -30,6 +30,8 @@ from typing import Any
 
 from heptstudy.atomic import atomic_path, atomic_write_text
 from heptstudy.errors import HeptstudyError
+from heptstudy.locks import holding
+from heptstudy.names import inside
 from heptstudy.study.common import NOTEBOOKS, StudyError, notebooks_dir, project_root
 from heptstudy.study.matrix import Matrix, Run, load_matrix
 from heptstudy.study.outputs import (
@@ -79,9 +81,9 @@ class StudyRun:
 def _papermill(
     input_nb: Path, output_nb: Path, parameters: dict, timeout: int | None, cwd: Path
 ) -> None:
-    import papermill as pm
+    from heptstudy.study.kernel import execute_notebook
 
-    pm.execute_notebook(
+    execute_notebook(
         str(input_nb),
         str(output_nb),
         parameters=parameters,
@@ -193,6 +195,16 @@ class Prepared:
         return {} if self.execution.allocator == DEFAULT else None
 
 
+@contextlib.contextmanager
+def _working_directory(folder: Path):
+    before = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def prepare(matrix: Matrix) -> list[Prepared]:
     """Resolve every execution of the matrix and check what can be checked before measuring:
     the configuration, the data set and the events each run needs. One :class:`StudyError`
@@ -205,7 +217,11 @@ def prepare(matrix: Matrix) -> list[Prepared]:
         if ex.name in problems:  # said once, not once per round
             continue
         try:
-            m = ex.run.request(progress=False, parameters=ex.parameters).resolve()
+            # resolved where its kernel will resolve it (the kernel starts in the repository):
+            # a working-directory path of the configuration (train.out_dir) is then the same
+            # in the run's identity and in its report, wherever `study run` was started
+            with _working_directory(project_root()):
+                m = ex.run.request(progress=False, parameters=ex.parameters).resolve()
             if ex.name not in checked:
                 checked.add(ex.name)
                 check_enough_events(m)
@@ -298,7 +314,8 @@ def run_one(
     from heptstudy.measure.report import read_report
 
     ex = prep.execution
-    final, nb_final = out / ex.report, out / ex.notebook
+    final = inside(out, ex.report, f"run {ex.name!r}: report")
+    nb_final = inside(out, ex.notebook, f"run {ex.name!r}: executed notebook")
     result = dict(round=ex.round, allocator=ex.allocator, label=ex.label)
     why = ""
     if final.exists() and not force:
@@ -365,13 +382,27 @@ def run_study(
     ``out_dir``: the study folder (default ``experiments/local/<host>-<date>``); ``reference``
     writes the committed reference study of that name instead. ``data_dir`` replaces the
     matrix's default data directory."""
-    from tqdm.auto import tqdm
-
     matrix = load_matrix(matrix_path, data_dir=str(data_dir) if data_dir else None)
     folders = study_folders(out_dir, figures_dir, reference)
     prepared = prepare(matrix)
     out = folders.out
     check_writable(out, out / "notebooks", out / PENDING, folders.figures)
+    # one study at a time in a folder: a second one would move the first one's results aside
+    with holding(out, "study folder (--out)"):
+        return _run_prepared(matrix, folders, prepared, force, progress, aggregate)
+
+
+def _run_prepared(
+    matrix: Matrix,
+    folders: StudyFolders,
+    prepared: list[Prepared],
+    force: bool,
+    progress: bool,
+    aggregate: bool,
+) -> StudyRun:
+    from tqdm.auto import tqdm
+
+    out = folders.out
     superseded = Superseded(out)
     done = StudyRun(folders)
     foreign = _move_aside_foreign(out, prepared, superseded)
@@ -454,8 +485,51 @@ def aggregate_study(
         "description": matrix.description if matrix else "",
         "notes": list(matrix.notes) if matrix else [],
     }
+    figures = Path(figures_dir).resolve()
+    before = _aggregate_outputs(out, figures)
     _papermill(notebooks_dir() / "aggregate.ipynb", executed, parameters, timeout, project_root())
-    return render_html(executed, out / "report.html")
+    html = render_html(executed, out / "report.html")
+    _move_aside_unwritten(out, figures, before)
+    return html
+
+
+def _aggregate_outputs(out: Path, figures: Path) -> dict[Path, tuple[int, int]]:
+    """The tables and figures an aggregate writes (``out/*.csv``, ``figures/*.png|pdf``) as
+    they are now: path -> (inode, mtime), to tell afterwards which ones it did not write."""
+    found = {}
+    for folder, patterns in ((out, ("*.csv",)), (figures, ("*.png", "*.pdf"))):
+        for pattern in patterns:
+            for p in folder.glob(pattern) if folder.is_dir() else ():
+                st = p.stat()
+                found[p] = (st.st_ino, st.st_mtime_ns)
+    return found
+
+
+def _move_aside_unwritten(out: Path, figures: Path, before: dict[Path, tuple[int, int]]) -> None:
+    """Tables and figures of an earlier aggregate that this one did not write again (a run
+    removed from the study, a section now skipped) are moved to ``out/superseded/<time>/``:
+    the report folder then shows this study only, and nothing is deleted."""
+    superseded = Superseded(out)
+    stale = []
+    for path, seen in before.items():
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        if (st.st_ino, st.st_mtime_ns) != seen:
+            continue  # written again (atomic writes replace the file)
+        if path.is_relative_to(out):
+            superseded.move_aside(path)
+        else:  # figures/NAME of a reference study
+            target = superseded.folder / "figures" / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+        stale.append(path.name)
+    if stale:
+        print(
+            f"moved {len(stale)} table(s)/figure(s) the aggregate no longer writes to "
+            f"{shown(superseded.folder)}/: {', '.join(sorted(stale))}"
+        )
 
 
 def render_html(notebook: str | os.PathLike, html: str | os.PathLike) -> Path:

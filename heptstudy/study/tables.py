@@ -54,11 +54,14 @@ def show(table, precision: int = 1, significant: bool = False) -> Any:
     ``precision`` decimals (or to ``precision`` significant digits, for differences spanning
     orders of magnitude), missing values as a dash."""
     table = integer_counts(table)
-    style = table.style.hide(axis="index")
+    # a Styler writes its cells into the page as they are: text is escaped here (run, host and
+    # platform names come from the user and from reports); headers too
+    style = table.style.hide(axis="index").format_index(escape="html", axis=1)
     if significant:
         floats = [c for c in table.columns if table[c].dtype.kind == "f"]
+        style = style.format(escape="html", na_rep="–")
         return style.format(f"{{:.{precision}g}}", subset=floats, na_rep="–")
-    return style.format(precision=precision, thousands=",", na_rep="–")
+    return style.format(precision=precision, thousands=",", na_rep="–", escape="html")
 
 
 def runs_table(df) -> Any:

@@ -1,7 +1,13 @@
-"""Plain words for the report: what was measured, where, on which data, and how."""
+"""Plain words for the report: what was measured, where, on which data, and how.
+
+Every text that comes from the user or from a report (matrix name, description and notes, run,
+host, device, platform and data-set names, definitions) goes into the report page through
+:func:`esc`, so that no markup it holds reaches ``report.html`` as markup.
+"""
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from heptstudy.study.common import MEMORY
@@ -11,6 +17,17 @@ SMOKE_STATEMENT = (
     "These are short smoke measurements (a few steps per configuration), not a throughput or "
     "convergence study."
 )
+
+
+def esc(value: Any) -> str:
+    """``value`` as inert text in Markdown and HTML: ``<``, ``>``, ``&``, quotes and backticks
+    escaped (names without them are shown unchanged)."""
+    return html.escape(str(value)).replace("`", "&#96;")
+
+
+def heading(title: Any) -> str:
+    """The report's title line."""
+    return f"# {esc(title)}\n\n"
 
 
 def data_used(df) -> list[dict[str, Any]]:
@@ -28,12 +45,12 @@ def study_statement(df, description: str = "", notes: list[str] | tuple[str, ...
         return "No reports were found in this directory: nothing to summarise."
     lines = []
     if description:
-        lines += [description.strip(), ""]
+        lines += [esc(description.strip()), ""]
     devices = df[["device", "device_kind", "dtype", "threads", "torch"]].drop_duplicates()
     for d in devices.to_dict("records"):
         lines.append(
-            f"- **Device:** {d['device']} ({d['device_kind']}), {d['dtype']}, "
-            f"{d['threads']} threads, PyTorch {d['torch']}."
+            f"- **Device:** {esc(d['device'])} ({esc(d['device_kind'])}), {esc(d['dtype'])}, "
+            f"{esc(d['threads'])} threads, PyTorch {esc(d['torch'])}."
         )
     for d in data_used(df):
         kind = (
@@ -41,7 +58,7 @@ def study_statement(df, description: str = "", notes: list[str] | tuple[str, ...
             if d["synthetic"]
             else "real"
         )
-        lines.append(f"- **Data:** {d['dataset']} in `{shown(d['data_dir'])}`: {kind}.")
+        lines.append(f"- **Data:** {esc(d['dataset'])} in `{esc(shown(d['data_dir']))}`: {kind}.")
     mem = df[(df["kind"] == MEMORY) & df["counted_steps"].notna()]
     if not mem.empty:
         pairs = (
@@ -62,7 +79,7 @@ def study_statement(df, description: str = "", notes: list[str] | tuple[str, ...
     lines += rounds_lines(df)
     lines += busy_host_lines(df)
     lines += system_time_lines(df)
-    lines += [f"- {n}" for n in notes]
+    lines += [f"- {esc(n)}" for n in notes]
     lines += ["", f"**{SMOKE_STATEMENT}**"]
     return "\n".join(lines)
 
@@ -73,9 +90,9 @@ def hosts_lines(df) -> list[str]:
         return []
     hosts = sorted(set(df["host"].dropna()))
     if len(hosts) == 1:
-        return [f"- **Measured on:** host `{hosts[0]}`."]
+        return [f"- **Measured on:** host `{esc(hosts[0])}`."]
     return [
-        f"- **Measured on {len(hosts)} machines:** {', '.join(f'`{h}`' for h in hosts)}; the "
+        f"- **Measured on {len(hosts)} machines:** {', '.join(f'`{esc(h)}`' for h in hosts)}; the "
         "runs table names each run's. Compare times only between runs of one machine."
     ]
 
@@ -90,7 +107,7 @@ def allocator_lines(df) -> list[str]:
         rows = df if line_col is None else df[line_col.fillna("platform") == line]
         kinds = sorted(set(rows["allocator"].dropna()))
         if kinds:
-            lines.append(f"- **Allocator ({label}):** {'; '.join(kinds)}.")
+            lines.append(f"- **Allocator ({label}):** {esc('; '.join(kinds))}.")
     if line_col is not None and (line_col == "default").any():
         lines.append(
             "  The *default* line runs with the allocator as it comes (what an unconfigured CPU "
@@ -135,7 +152,7 @@ def system_time_lines(df) -> list[str]:
         faults = r.get("minor_faults_per_step")
         extra = f", {faults:,.0f} minor page faults per step" if faults == faults and faults else ""
         context = ", ".join(where)
-        label = f"{r['name']} ({context})" if where else r["name"]
+        label = f"{esc(r['name'])} ({context})" if where else esc(r["name"])
         runs.append(f"{label}: {100 * r['sys_fraction']:.0f}% of the step{extra}")
     return [
         f"- **System time dominates:** {'; '.join(runs)}. More than "
@@ -154,7 +171,9 @@ def busy_host_lines(df) -> list[str]:
     busy = df[load.notna() & (load > df["threads"] + 1)]
     if busy.empty:
         return []
-    runs = ", ".join(f"{r['name']} ({r['load_average_1min']:.1f})" for r in busy.to_dict("records"))
+    runs = ", ".join(
+        f"{esc(r['name'])} ({r['load_average_1min']:.1f})" for r in busy.to_dict("records")
+    )
     return [
         f"- **Busy host:** {runs} ended with a load average more than one above their own "
         "threads: other work competed for the cores, so their step times overstate the cost; "
@@ -195,9 +214,12 @@ def memory_definitions(reports) -> str:
             seen[key] = s.tracked_memory_note or ""
     lines = []
     for (kind, alloc, res), note in seen.items():
-        lines.append(f"- **{kind}**: *allocated* = {alloc}; *reserved* = {res or 'not available'}.")
+        lines.append(
+            f"- **{esc(kind)}**: *allocated* = {esc(alloc)}; "
+            f"*reserved* = {esc(res or 'not available')}."
+        )
         if note:
-            lines.append(f"  {note}")
+            lines.append(f"  {esc(note)}")
     lines.append(
         "- Memory is the peak over forward, loss and backward of each step, maximum over the counted "
         "steps; not step-end occupancy."
@@ -209,7 +231,8 @@ def hits_statement(stats: dict[str, Any]) -> str:
     q = stats["total"]["quantiles"]
     kind = "synthetic (generated)" if stats["synthetic"] else "real"
     return (
-        f"{stats['num_events']} {kind} events of `{stats['dataset']}` ({stats['split']} split): "
+        f"{stats['num_events']} {kind} events of `{esc(stats['dataset'])}` "
+        f"({esc(stats['split'])} split): "
         f"{stats['total']['min']:,} to {stats['total']['max']:,} hits per event, median {q['p50']:,.0f}, "
         f"95% below {q['p95']:,.0f}; {stats['events_above_tail_threshold']} events above "
         f"{stats['tail_threshold']:,} hits."

@@ -12,11 +12,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
+from heptstudy.atomic import folder_write_problem
 from heptstudy.errors import HeptstudyError
+from heptstudy.locks import LOCK_NAME
 
 RUN_NAME = re.compile(r"^run-(\d{3,})$")
 STEP_FILE = re.compile(r"^step_(\d+)\.(pt|npz)$")
@@ -64,6 +65,22 @@ def choose_out_dir(
     )
 
 
+def recheck_held(out: Path, resume_step: int | None) -> None:
+    """Under the run's lock (:mod:`heptstudy.locks`), what :func:`choose_out_dir` decided
+    still holds: a new run's folder is still empty, a resumed run has no later steps, so a run
+    that wrote there meanwhile is never joined."""
+    if resume_step is not None:
+        _refuse_later_steps(out, resume_step)
+        return
+    files = _files_below(out)
+    if files:
+        raise OutputDirError(
+            f"train.out_dir={str(out)!r} was written by another run while this one started "
+            f"({len(files)} files, e.g. {files[0].relative_to(out)}); nothing was written. Run "
+            "the command again (with --new-run for a run next to it)"
+        )
+
+
 def _refuse_unwritable(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise OutputDirError(
@@ -77,17 +94,21 @@ def _refuse_unwritable(out: Path) -> None:
             f"train.out_dir={str(out)!r} cannot be created: {str(existing)!r} is a file, not a "
             "folder; choose another train.out_dir (nothing was written)"
         )
-    if not os.access(existing, os.W_OK | os.X_OK):
+    # a probe file, not os.access: root passes os.access on /proc, read-only mounts and
+    # full quotas, and the run would fail at its first write, after a training step
+    problem = folder_write_problem(existing)
+    if problem is not None:
         raise OutputDirError(
-            f"train.out_dir={str(out)!r} cannot be written: {str(existing)!r} is not a writable "
-            "folder; choose a train.out_dir you can write to (nothing was written)"
+            f"train.out_dir={str(out)!r} cannot be written: {str(existing)!r} takes no new file "
+            f"({problem}); choose a train.out_dir you can write to (nothing was written)"
         )
 
 
 def _files_below(out: Path) -> list[Path]:
     if not out.is_dir():
         return []
-    return sorted(p for p in out.rglob("*") if not p.is_dir())
+    # the lock file of a run that was killed is not a result (heptstudy.locks takes it over)
+    return sorted(p for p in out.rglob("*") if not p.is_dir() and p.name != LOCK_NAME)
 
 
 def _next_run_number(out: Path) -> int:

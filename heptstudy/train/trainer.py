@@ -3,6 +3,7 @@ backward, LAMB and scheduler, with validation and checkpoints at their frequenci
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -15,18 +16,20 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from heptstudy.atomic import atomic_open, atomic_write_text
+from heptstudy.atomic import atomic_open, atomic_write_text, free_space_problem
 from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError
+from heptstudy.locks import holding
 from heptstudy.model import build_model
 from heptstudy.model.adaptive_checkpointing import PlanPredictor, applied_plan
-from heptstudy.paths import resolve_in_repo
+from heptstudy.paths import resolve_from_cwd
 from heptstudy.train import distributed
 from heptstudy.train.losses import compute_losses
+from heptstudy.train.model_size import check_model_fits
 from heptstudy.train.optim import build_optimizer, build_scheduler
-from heptstudy.train.out_dir import choose_out_dir, config_file_name
+from heptstudy.train.out_dir import choose_out_dir, config_file_name, recheck_held
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.state import (
     load_training_state,
@@ -105,8 +108,6 @@ def train(
     ``train.out_dir`` must be empty or new unless ``resume`` continues the run there or
     ``new_run`` asks for a new numbered run beside it (heptstudy.train.out_dir); the folder
     actually written is the summary's ``out_dir``."""
-    from heptstudy.data import BatchLoader, validation_batches
-
     if config.model.heptv2.adaptive and plan_predictor is None:
         raise HeptstudyError(
             "model.heptv2.activation_checkpointing=auto needs a plan predictor, and train() was "
@@ -129,15 +130,55 @@ def train(
     # refuse a damaged or unsuitable training state, or an occupied out_dir, before writing
     state = load_training_state(resume, config) if resume else None
     resume_step = int(state["step"]) if state else None
-    out = distributed.decided_on_main(
-        lambda: choose_out_dir(
-            resolve_in_repo(tc.out_dir),
+    if resume_step is not None and resume_step >= tc.num_steps:
+        raise HeptstudyError(
+            f"--resume {str(resume)!r} is at step {resume_step}, and train.num_steps="
+            f"{tc.num_steps}: there is nothing to train, so nothing was run or written. To "
+            f"train further raise train.num_steps above {resume_step} (with --set)"
+        )
+
+    def decide() -> Path:
+        return choose_out_dir(
+            resolve_from_cwd(tc.out_dir),
             new_run=new_run,
             resume=resume,
             resume_step=resume_step or 0,
-        ),
-        ctx,
-    )
+        )
+
+    out = distributed.decided_on_main(decide, ctx)
+    model_bytes = check_model_fits(config, ctx.device)
+    if ctx.is_main:
+        # a training-state file holds the weights and LAMB's two moments: the first one must fit
+        problem = free_space_problem(out, 3 * model_bytes)
+        if problem is not None:
+            raise HeptstudyError(
+                f"train.out_dir={str(out)!r}: no room for a training-state file ({problem}); "
+                "nothing was run. Free space or choose another train.out_dir"
+            )
+    held = holding(out, "train.out_dir") if ctx.is_main else contextlib.nullcontext()
+    with held:
+        if ctx.is_main:
+            recheck_held(out, resume_step)
+        return _train_into(
+            out,
+            config,
+            ctx,
+            state,
+            resume,
+            resume_step,
+            per_device,
+            dtype,
+            progress,
+            plan_predictor,
+        )
+
+
+def _train_into(
+    out, config, ctx, state, resume, resume_step, per_device, dtype, progress, plan_predictor
+):
+    from heptstudy.data import BatchLoader, validation_batches
+
+    tc = config.train
     ckpt_dir, pred_dir = out / "checkpoints", out / "predictions"
     torch.manual_seed(tc.seed)
     model = build_model(config).to(ctx.device)
@@ -210,25 +251,32 @@ def train(
                 bar.set_postfix(loss=f"{record['loss_total']:.4g}", step_s=f"{elapsed:.2f}")
             bar.update(1)
             last = record
-            if step % tc.val_freq == 0 or step == tc.num_steps:
-                if ctx.is_main:
-                    metrics, predictions = validate(model, valid, config, ctx.device, dtype)
-                    _write_json_line(metrics_path, {"kind": "validation", "step": step, **metrics})
-                    _save_predictions(pred_dir / f"step_{step:06d}.npz", predictions)
-                    last = {**last, **{f"val_{k}": v for k, v in metrics.items()}}
-                _barrier(ctx)
-            if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
-                if ctx.is_main:
-                    save_training_state(
-                        ckpt_dir / f"step_{step:06d}.pt",
-                        model=model,
-                        optimizer=optimizer,
-                        scheduler=scheduler,
-                        loader=batches,
-                        step=step,
-                        config=config,
-                    )
-                _barrier(ctx)
+            predictions_file = pred_dir / f"step_{step:06d}.npz"
+            checkpoint_file = ckpt_dir / f"step_{step:06d}.pt"
+            try:
+                if step % tc.val_freq == 0 or step == tc.num_steps:
+                    if ctx.is_main:
+                        metrics, predictions = validate(model, valid, config, ctx.device, dtype)
+                        _write_json_line(
+                            metrics_path, {"kind": "validation", "step": step, **metrics}
+                        )
+                        _save_predictions(predictions_file, predictions)
+                        last = {**last, **{f"val_{k}": v for k, v in metrics.items()}}
+                    _barrier(ctx)
+                if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
+                    if ctx.is_main:
+                        save_training_state(
+                            checkpoint_file,
+                            model=model,
+                            optimizer=optimizer,
+                            scheduler=scheduler,
+                            loader=batches,
+                            step=step,
+                            config=config,
+                        )
+                    _barrier(ctx)
+            except OSError as exc:
+                raise _write_failed(exc, out, step, predictions_file, checkpoint_file) from None
     bar.close()
     distributed.teardown()
     return {
@@ -238,6 +286,29 @@ def train(
         "rank": ctx.rank,
         "world_size": ctx.world_size,
     }
+
+
+def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpoint: Path):
+    """A step's predictions or checkpoint could not be written (full disk, quota, file size
+    limit): the step's predictions go too when its checkpoint is not there, so that nothing
+    blocks a resume from the last checkpoint written."""
+    from heptstudy.atomic import WriteFailed
+    from heptstudy.train.out_dir import _latest_checkpoint
+
+    # the predictions are written first: when they are there, the checkpoint is what failed
+    where = exc.filename or (checkpoint if predictions.exists() else predictions)
+    if not checkpoint.exists():
+        predictions.unlink(missing_ok=True)
+    latest = _latest_checkpoint(out)
+    again = (
+        f"free space (or raise the quota) and resume with --resume {latest}"
+        if latest is not None
+        else "free space (or raise the quota) and start the run again"
+    )
+    return WriteFailed(
+        f"training stopped at step {step}: {where} could not be written "
+        f"({exc.strerror or exc}); nothing of step {step} was kept. {again}"
+    )
 
 
 def _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, step, plans=None):

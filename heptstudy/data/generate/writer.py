@@ -139,15 +139,20 @@ def generate_datasets(
         import multiprocessing
 
         pool = multiprocessing.get_context("fork").Pool(workers)
+    # every data set of the generation is finished under its temporary name first and published
+    # only when all are: a failure (a full disk, an interrupt) leaves none of them in place,
+    # so the same command can simply be run again
+    finished: list[ArrayRecordDatasetWriter] = []
+    published: list[ArrayRecordDatasetWriter] = []
     try:
         for config in configs:
             md = dict(metadata, config=config)
-            writers = {
-                kind: ArrayRecordDatasetWriter(
+            writers = {}
+            for kind, name in (("hits", HITS_NAME), ("pf", PF_NAME)):
+                writers[kind] = ArrayRecordDatasetWriter(
                     data_dir, name, config, counts, md, DESCRIPTIONS[kind]
                 )
-                for kind, name in (("hits", HITS_NAME), ("pf", PF_NAME))
-            }
+                finished.append(writers[kind])
             for split, n in counts.items():
                 jobs = [(seed, config, split, i, occupancy_scale) for i in range(n)]
                 results = (
@@ -159,8 +164,24 @@ def generate_datasets(
                     writers["hits"].add_serialized(split, hits_bytes)
                     writers["pf"].add_serialized(split, pf_bytes)
                     bar.update(1)
-            written[HITS_NAME].append(str(writers["hits"].close()))
-            written[PF_NAME].append(str(writers["pf"].close()))
+            for writer in writers.values():
+                writer.finish()
+        for writer in finished:
+            written[writer.name].append(str(writer.publish()))
+            published.append(writer)
+    except BaseException as exc:
+        for writer in published:
+            writer.unpublish()
+        for writer in finished:
+            writer.discard()
+        if isinstance(exc, OSError):
+            raise DataError(
+                f"writing the data sets to {str(data_dir)!r} failed: {exc.strerror or exc}"
+                f"{f' ({exc.filename})' if exc.filename else ''}; none of them was put in place "
+                "and nothing is left half-written, so free space (or raise the quota) and run "
+                "the same command again"
+            ) from None
+        raise
     finally:
         bar.close()
         if pool is not None:

@@ -1,0 +1,136 @@
+"""A folder held by one run at a time: a lock file for the duration of a training run or a study.
+
+``with holding(folder, "train.out_dir"):`` creates ``folder/.heptstudy.lock`` holding the
+process id, host, start time and command of the holder, and keeps an exclusive ``flock`` on it
+while the block runs. A second run into the same folder is refused with the holder's process id
+and start time. The kernel drops the ``flock`` when its process dies, however it dies, so a lock
+file left by a killed run is recognised (the lock is free although the file is there) and taken
+over with a message naming the run that left it; a lock file whose holder still runs is never
+taken over, and one from another host (a shared file system) is reported, not guessed about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+from heptstudy.errors import HeptstudyError
+
+LOCK_NAME = ".heptstudy.lock"
+
+
+class FolderInUse(HeptstudyError):
+    """Another run holds the folder."""
+
+
+def _pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _read_holder(fd: int) -> dict:
+    os.lseek(fd, 0, os.SEEK_SET)
+    raw = b""
+    while chunk := os.read(fd, 65536):
+        raw += chunk
+    try:
+        info = json.loads(raw.decode("utf-8") or "{}")
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {"unreadable": raw[:200].decode("utf-8", "replace")}
+    return info if isinstance(info, dict) else {"unreadable": str(info)[:200]}
+
+
+def _describe(info: dict) -> str:
+    if "unreadable" in info:
+        return f"an unreadable lock ({info['unreadable']!r})"
+    return (
+        f"pid {info.get('pid')} on {info.get('host')}, started {info.get('started')}"
+        f" ({info.get('command')})"
+    )
+
+
+def _open_locked(lock: Path) -> tuple[int, dict] | dict:
+    """``(fd, previous contents)`` with the flock held on the file at ``lock``, or the holder's
+    information when another process holds it."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            info = _read_holder(fd)
+            os.close(fd)
+            return info
+        except OSError:
+            os.close(fd)
+            raise
+        # a holder that finished removed the file after we opened it: lock the new one instead
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd, _read_holder(fd)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def holding(folder: str | os.PathLike, what: str) -> Iterator[Path]:
+    """Hold ``folder`` (created if missing) for the block, or raise :class:`FolderInUse`."""
+    folder = Path(folder)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / LOCK_NAME
+    got = _open_locked(lock)
+    if isinstance(got, dict):
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise FolderInUse(
+            f"{what} {str(folder)!r} is in use by another run: {_describe(got)}. Wait for it "
+            f"to finish or choose another folder; if that process is gone from its host, "
+            f"remove {str(lock)!r}"
+        )
+    fd, previous = got
+    if previous:
+        alive = _pid_alive(previous.get("pid")) and previous.get("host") == socket.gethostname()
+        state = "no longer holds it" if alive else "is no longer running"
+        print(
+            f"note: {what} {str(folder)!r}: taking over the lock left by {_describe(previous)},"
+            f" which {state}",
+            file=sys.stderr,
+        )
+    mine = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[
+            :300
+        ],
+    }
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, (json.dumps(mine) + "\n").encode())
+    try:
+        yield lock
+    finally:
+        # removed while still locked: a run waiting on this file sees another inode and retries
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
+        if created:  # a run refused before writing leaves no folder behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()

@@ -1,0 +1,64 @@
+"""One rule for every name that becomes part of a path, and one check that a path stays inside
+the folder it is written to.
+
+Run, matrix, scenario, variant, platform and report names end up as file and folder names
+(``experiments/NAME/RUN.json``, ``RENDER_DIR/VARIANT.sbatch``). A name is therefore an identifier:
+letters, digits, ``_``, ``-`` and ``.``, not starting with ``.``, with no separator, so that no
+name can reach another folder (``../``), hide a file (``.x``) or carry shell or markup text.
+Every writer also checks the final path with :func:`inside`: a path built from a checked name is
+inside its folder, and a symbolic link or a later edit that breaks this is refused, not followed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from heptstudy.errors import ConfigError, HeptstudyError
+
+NAME_RULE = (
+    "letters, digits, '_', '-' and '.' only (at most 100), not starting with '.', "
+    "no '/' or other separator, no spaces"
+)
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
+
+
+class NameError_(ConfigError):
+    """A name that would become part of a path breaks :data:`NAME_RULE`."""
+
+
+class OutsideFolder(HeptstudyError):
+    """An output path would land outside the folder it is meant for."""
+
+
+def is_name(value: object) -> bool:
+    return isinstance(value, str) and _NAME.fullmatch(value) is not None
+
+
+def check_name(value: object, what: str, *, example: str = "baseline_b4") -> str:
+    """``value`` when it follows :data:`NAME_RULE`; else a :class:`NameError_` naming ``what``
+    (e.g. ``"study matrix m.yaml, run 3: name"``), the value, the rule and what to do."""
+    if is_name(value):
+        return value  # type: ignore[return-value]
+    raise NameError_(
+        f"{what} {value!r} cannot be used: it becomes part of a file name, so it must have "
+        f"{NAME_RULE}; rename it, e.g. {example!r}"
+    )
+
+
+def inside(folder: str | os.PathLike, path: str | os.PathLike, what: str) -> Path:
+    """``path`` (relative ones taken from ``folder``) when it resolves to a place inside
+    ``folder``; else :class:`OutsideFolder` naming ``what``, both paths and what to do."""
+    base = Path(folder).expanduser()
+    target = Path(path).expanduser()
+    if not target.is_absolute():
+        target = base / target
+    real_base, real_target = base.resolve(), target.resolve()
+    if real_target == real_base or not real_target.is_relative_to(real_base):
+        raise OutsideFolder(
+            f"{what} {str(path)!r} would be written to {str(real_target)!r}, outside its "
+            f"folder {str(real_base)!r}; nothing was written. Use a name with {NAME_RULE} "
+            "(and no symbolic link leading out of the folder)"
+        )
+    return target

@@ -1,0 +1,69 @@
+"""Will the model itself fit? Its parameters counted on the meta device before it is built.
+
+A configuration such as ``model.heptv2.embedding_dim=1000000`` asks for more parameters than the
+host or the device holds; building it would end in the allocator (a killed process or an
+``std::bad_alloc``) with nothing said. The model is built on the ``meta`` device first (shapes
+only, no memory, well under a second) and its weights, gradients and LAMB's two moments compared
+with the memory available.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from heptstudy.config import Config
+from heptstudy.errors import HeptstudyError
+from heptstudy.model import build_model
+from heptstudy.units import GIB, MIB
+
+#: weights, gradients and the optimizer's two moments, each one copy of the parameters
+COPIES = 4
+
+
+class ModelTooLarge(HeptstudyError):
+    """The model's parameters alone do not fit in the memory available."""
+
+
+def parameter_count(config: Config) -> tuple[int, int]:
+    """``(parameters, bytes of parameters and buffers)`` of the configured model."""
+    with torch.device("meta"):
+        model = build_model(config)
+    params = list(model.parameters())
+    count = sum(p.numel() for p in params)
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    nbytes += sum(b.numel() * b.element_size() for b in model.buffers())
+    return count, nbytes
+
+
+def available_bytes(device: torch.device) -> tuple[int | None, str]:
+    """Memory a new model can take on ``device``, and where that figure comes from."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), f"{device} (free device memory)"
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "this host (MemAvailable)"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None, "this host"
+
+
+def check_model_fits(config: Config, device: torch.device | str) -> int:
+    """Refuse, before anything is built, a model whose parameters, gradients and optimizer
+    state need more memory than ``device`` has available; returns the bytes needed."""
+    device = torch.device(device)
+    count, nbytes = parameter_count(config)
+    need = COPIES * nbytes
+    free, where = available_bytes(device)
+    if free is not None and need > free:
+        h = config.model.heptv2
+        raise ModelTooLarge(
+            f"the configured model has {count:,} parameters ({nbytes / MIB:,.0f} MiB); its "
+            f"weights, gradients and LAMB's two moments need about {need / GIB:,.1f} GiB, but "
+            f"{where} has {free / GIB:,.1f} GiB available, so nothing was built or run. Lower "
+            f"the model size (now model.heptv2.embedding_dim={h.embedding_dim}, "
+            f"width={h.width}, num_convs={h.num_convs}) or run where more memory is free"
+        )
+    return nbytes
