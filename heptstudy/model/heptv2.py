@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from heptstudy.config import HEPTv2Config
+from heptstudy.model.activation_checkpointing import recompute_is_lean
 
 # the raw hit columns the layer reads (one index in both input layouts)
 from heptstudy.model.encoding import COS_PHI, ETA, SIN_PHI
@@ -106,9 +107,13 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 class SwiGLU(nn.Module):
-    """``down(silu(gate) * up)`` with ``gate, up = gate_up(x)``, keeping only ``x`` and the
-    ``gate_up`` product for backward: the activation and the product of the two halves (half
-    the ``gate_up`` width each) are recomputed, slice by slice, in backward."""
+    """``down(silu(gate) * up)`` with ``gate, up = gate_up(x)``, computed a slice of rows at a
+    time, keeping only ``x`` and the ``gate_up`` product for backward: the activation and the
+    product of the two halves (half the ``gate_up`` width each) are recomputed, slice by
+    slice, in backward. Inside a ``full``-policy checkpointed layer (lean) it keeps only ``x``
+    and its backward also recomputes each slice's ``gate_up`` (the same product of the same
+    rows: the same gradient, bit for bit), so the layer's recomputation never holds the
+    hidden-width product of the whole batch."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -119,7 +124,7 @@ class SwiGLU(nn.Module):
         dtype = compute_dtype(x, self.gate_up.weight)
         w_gate_up, w_down = self.gate_up.weight.to(dtype), self.down.weight.to(dtype)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            return _SwiGLUFunction.apply(x.to(dtype), w_gate_up, w_down)
+            return _SwiGLUFunction.apply(x.to(dtype), w_gate_up, w_down, not recompute_is_lean())
 
 
 def _row_slices(rows: int, width: int):
@@ -137,18 +142,26 @@ def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> 
 
 class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w_gate_up, w_down):
+    def forward(ctx, x, w_gate_up, w_down, keep_gate_up):
         hidden = w_down.shape[1]
         rows = x.reshape(-1, x.shape[-1])
-        gate_up = torch.mm(rows, w_gate_up.t())
-        hidden_out = F.silu(gate_up[:, :hidden]).mul_(gate_up[:, hidden:])
-        out = torch.mm(hidden_out, w_down.t())
-        ctx.save_for_backward(x, gate_up, w_gate_up, w_down)
+        out = rows.new_empty(rows.shape[0], w_down.shape[0])
+        gate_up = rows.new_empty(rows.shape[0], 2 * hidden) if keep_gate_up else None
+        for r in _row_slices(rows.shape[0], 2 * hidden):
+            part = torch.mm(rows[r], w_gate_up.t(), out=None if gate_up is None else gate_up[r])
+            hidden_out = F.silu(part[:, :hidden]).mul_(part[:, hidden:])
+            torch.mm(hidden_out, w_down.t(), out=out[r])
+            del part, hidden_out
+        ctx.keep_gate_up = keep_gate_up
+        ctx.save_for_backward(x, *([gate_up] if keep_gate_up else []), w_gate_up, w_down)
         return out.view(*x.shape[:-1], w_down.shape[0])
 
     @staticmethod
     def backward(ctx, d_out):
-        x, gate_up, w_gate_up, w_down = ctx.saved_tensors
+        if ctx.keep_gate_up:
+            x, gate_up, w_gate_up, w_down = ctx.saved_tensors
+        else:
+            (x, w_gate_up, w_down), gate_up = ctx.saved_tensors, None
         hidden = w_down.shape[1]
         rows = x.reshape(-1, x.shape[-1])
         d_rows = d_out.reshape(-1, d_out.shape[-1]).to(x.dtype)
@@ -156,10 +169,13 @@ class _SwiGLUFunction(torch.autograd.Function):
         d_w_gate_up = torch.zeros_like(w_gate_up, dtype=_stats_dtype(w_gate_up))
         d_w_down = torch.zeros_like(w_down, dtype=_stats_dtype(w_down))
         for r in _row_slices(rows.shape[0], 2 * hidden):
+            part = torch.mm(rows[r], w_gate_up.t()) if gate_up is None else gate_up[r]
             _swiglu_slice_backward(
-                d_rows[r], rows[r], gate_up[r], (w_gate_up, w_down), (d_w_gate_up, d_w_down), d_x[r]
+                d_rows[r], rows[r], part, (w_gate_up, w_down), (d_w_gate_up, d_w_down), d_x[r]
             )
-        return d_x.view_as(x), d_w_gate_up.to(w_gate_up.dtype), d_w_down.to(w_down.dtype)
+            del part
+        grads = d_x.view_as(x), d_w_gate_up.to(w_gate_up.dtype), d_w_down.to(w_down.dtype)
+        return (*grads, None)
 
 
 def _swiglu_slice_backward(d_out, x, gate_up, weights, weight_grads, d_x) -> None:

@@ -15,7 +15,6 @@ from torch import nn
 
 from heptstudy.config import Config
 from heptstudy.data.schema import CLASS_PDG_IDS, HIT_FEATURES
-from heptstudy.model.activation_checkpointing import run_backbone
 from heptstudy.model.encoding import TypeEncoder, mlp, normalise_features
 from heptstudy.model.heptv2 import HEPTv2Layer, RMSNorm, hit_coordinates
 
@@ -38,6 +37,10 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(dim)
         self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.dropout = nn.Dropout(dropout)
+
+    def dense_projections(self) -> tuple[nn.Module, ...]:
+        """The modules whose matrix products the selective policy keeps."""
+        return (self.cross_q, self.cross_kv, self.cross_out, self.ffn)
 
     def forward(
         self, queries: torch.Tensor, memory: torch.Tensor, allowed: torch.Tensor
@@ -76,7 +79,6 @@ class HitModel(nn.Module):
         super().__init__()
         m = config.model
         cfg = m.heptv2
-        self.backbone_cfg = cfg
         dim = cfg.embedding_dim
         self.neighbourhood_dim = m.tracker_features.num_features
         self.input_encoder = TypeEncoder(len(HIT_FEATURES) + self.neighbourhood_dim, cfg.width, dim)
@@ -110,7 +112,8 @@ class HitModel(nn.Module):
         x = self.encode(batch) * mask[..., None]
         # Hashing depends only on coordinates: done once per layer, outside checkpointed regions.
         orders = [layer.bucket_order(coords, mask) for layer in self.backbone]
-        x = run_backbone(self.backbone, self.backbone_cfg, x, mask, coords, orders)
+        for layer, order in zip(self.backbone, orders, strict=True):
+            x = layer(x, mask, coords, order)
         hits = self.backbone_norm(x)
         hit_embed = self.hit_proj(hits)
 
