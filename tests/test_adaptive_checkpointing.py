@@ -5,10 +5,9 @@ import torch
 
 from heptstudy.config import load_config
 from heptstudy.errors import ConfigError, HeptstudyError
-from heptstudy.fitting.plans import calibrate, memory_budget_mib
+from heptstudy.measure.estimate.plans import calibrate, memory_budget_mib
 from heptstudy.measure.memory import make_meter
 from heptstudy.measure.parity import build_seeded
-from heptstudy.measure.step import run_step
 from heptstudy.model import example_batch
 from heptstudy.model.adaptive_checkpointing import (
     FULL,
@@ -18,6 +17,7 @@ from heptstudy.model.adaptive_checkpointing import (
     candidate_plans,
     plan_config,
 )
+from heptstudy.train.step import run_step
 from tests.conftest import TINY_MODEL
 
 CPU = torch.device("cpu")

@@ -29,7 +29,7 @@ def _reference_attention(q, k, v, buckets, block_size):
                 for start in range(0, Sp, block_size):
                     blk = slice(start, start + block_size)
                     s = qs[blk] @ ks[blk].T
-                    s = s.masked_fill(~valid[blk][None, :], heptv2._MASKED)
+                    s = s.masked_fill(~valid[blk][None, :], buckets.MASKED)
                     lse = torch.logsumexp(s, dim=-1)
                     o_rows.append(torch.softmax(s, dim=-1) @ vs[blk])
                     l_rows.append(lse)

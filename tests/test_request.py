@@ -8,8 +8,8 @@ import nbformat
 import pytest
 import yaml
 
+from heptstudy.cli.bench import register_cli, request_from_args
 from heptstudy.config import load_config, load_platform
-from heptstudy.measure.cli import register_cli, request_from_args
 from heptstudy.measure.request import (
     DEFAULT_STEPS,
     NOTEBOOK_PARAMETERS,

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from heptstudy import scenario as sc
+from heptstudy.cli.scenario import main as sc_main
 from heptstudy.config import HIT_VARIANT, TRACK_CLUSTER_VARIANT
 from heptstudy.errors import ConfigError
-from heptstudy.scenario.cli import main as sc_main
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "configs" / "training" / "scenarios"
@@ -489,7 +489,7 @@ def _run_wrapper(variant: str, env: dict, *extra: str) -> subprocess.CompletedPr
 @pytest.mark.skipif(
     not all(
         _have(m)
-        for m in ("heptstudy.train.trainer", "heptstudy.data.generate", "heptstudy.data.cli")
+        for m in ("heptstudy.train.trainer", "heptstudy.data.generate", "heptstudy.cli.data")
     ),
     reason="the trainer, the data generator or the data CLI is not there yet",
 )

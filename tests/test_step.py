@@ -10,11 +10,11 @@ from heptstudy.errors import HeptstudyError
 from heptstudy.measure import bench
 from heptstudy.measure import report as rp
 from heptstudy.measure.request import MeasurementRequest
-from heptstudy.measure.step import run_step
 from heptstudy.measure.summary import describe, step_breakdown_frame
 from heptstudy.measure.timing import STEP_PHASES, WallPhaseClock
 from heptstudy.model import example_batch
 from heptstudy.train.optim import build_optimizer, build_scheduler
+from heptstudy.train.step import run_step
 from tests.conftest import TINY_MODEL
 
 

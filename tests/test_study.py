@@ -8,8 +8,10 @@ import yaml
 
 from heptstudy import plots, study
 from heptstudy.cli import build_parser
+from heptstudy.cli import study as cli_study
 from heptstudy.measure.report import read_report
 from heptstudy.study import NotebookParameterError, StudyError
+from heptstudy.study.runner import _failure_report
 from tests.conftest import TINY_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -369,7 +371,7 @@ def test_dead_kernel_is_recorded_as_a_result(tiny_data_dir, tmp_path):
         notebook="memory",
         parameters={"batch_size": 2, "data_dir": str(tiny_data_dir), "overrides": TINY_MODEL},
     )
-    status, text = study._failure_report(
+    status, text = _failure_report(
         run, tmp_path / "baseline_b2.json", DeadKernelError("Kernel died")
     )
     report = read_report(tmp_path / "baseline_b2.json")
@@ -380,7 +382,7 @@ def test_dead_kernel_is_recorded_as_a_result(tiny_data_dir, tmp_path):
     class CellError(Exception):
         ename, evalue = "OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB"
 
-    status, _ = study._failure_report(run, tmp_path / "oom.json", CellError())
+    status, _ = _failure_report(run, tmp_path / "oom.json", CellError())
     report = read_report(tmp_path / "oom.json")
     assert status == report.status == "oom" and report.oom.batch_size == 2
 
@@ -426,7 +428,7 @@ def test_statement_names_device_data_and_smoke(tiny_data_dir):
 def test_cli_has_study_commands(capsys):
     parser = build_parser()
     args = parser.parse_args(["study", "run", "--matrix", "m.yaml", "--out", "x", "--force"])
-    assert args.force and args.func is study._cmd_run
+    assert args.force and args.func is cli_study._cmd_run
     args = parser.parse_args(
         ["study", "check", "--matrix", str(ROOT / "configs/study/cpu_default.yaml")]
     )

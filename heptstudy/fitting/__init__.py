@@ -1,17 +1,17 @@
 """Will it fit? Memory models of a training step, and their answer for a platform and a data set.
 
-A library with a typed API; ``heptstudy fit`` (:mod:`~heptstudy.fitting.cli`), the study's
+A library with a typed API; ``heptstudy fit`` (:mod:`~heptstudy.cli.fit`), the study's
 report and ``heptstudy scenario resolve`` call it. One job per module:
 
 * :mod:`~heptstudy.fitting.api`: :class:`FitRequest` -> :func:`fit` -> :class:`FitResult`;
   :func:`fit_warning` for ``scenario resolve``;
-* :mod:`~heptstudy.fitting.memmodel`: :class:`MemoryModel` (allocated and reserved), fitting and
-  leave-one-batch-size-out validation; :mod:`~heptstudy.fitting.keys`: what a model is specific to;
+* :mod:`~heptstudy.measure.estimate.memory_model`: :class:`MemoryModel` (allocated and reserved), fitting and
+  leave-one-batch-size-out validation; :mod:`~heptstudy.measure.estimate.keys`: what a model is specific to;
 * :mod:`~heptstudy.fitting.reports`: bench reports -> measured models, and which reports cannot
   be used and why; :mod:`~heptstudy.fitting.select`: which model answers, and why not the others;
 * :mod:`~heptstudy.fitting.occupancy` and :mod:`~heptstudy.fitting.predict`: the data set's
   length distribution -> per-batch peaks, P(step fails), P(run fails), largest safe batch;
-* :mod:`~heptstudy.fitting.fake`: an estimated model from steps on fake tensors (no hardware);
+* :mod:`~heptstudy.measure.estimate.fake_step`: an estimated model from steps on fake tensors (no hardware);
 * :mod:`~heptstudy.fitting.words` and :mod:`~heptstudy.fitting.plots`: text, figures, tables.
 """
 
@@ -24,8 +24,12 @@ from heptstudy.fitting.api import (
     fit,
     fit_warning,
 )
-from heptstudy.fitting.keys import key_label, mismatches, model_key
-from heptstudy.fitting.memmodel import (
+from heptstudy.fitting.predict import FitAnswer, Tail, evaluate
+from heptstudy.fitting.reports import Rejected, fit_reports, read_groups
+from heptstudy.fitting.select import Choice, choose_model
+from heptstudy.fitting.words import answer_words, render
+from heptstudy.measure.estimate.keys import key_label, mismatches, model_key
+from heptstudy.measure.estimate.memory_model import (
     FitError,
     LinearFit,
     MemoryModel,
@@ -35,10 +39,6 @@ from heptstudy.fitting.memmodel import (
     fit_points,
     fit_reserved,
 )
-from heptstudy.fitting.predict import FitAnswer, Tail, evaluate
-from heptstudy.fitting.reports import Rejected, fit_reports, read_groups
-from heptstudy.fitting.select import Choice, choose_model
-from heptstudy.fitting.words import answer_words, render
 
 __all__ = [
     "DEFAULT_SCENARIO",

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heptstudy.fitting.margin import DEFAULT_MARGIN_FRACTION
-from heptstudy.fitting.memmodel import FitError, MemoryModel
 from heptstudy.fitting.predict import FitAnswer, evaluate
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import choose_model
+from heptstudy.measure.estimate.margin import DEFAULT_MARGIN_FRACTION
+from heptstudy.measure.estimate.memory_model import FitError, MemoryModel
 from heptstudy.scenario.model import REPO_ROOT
 from heptstudy.units import GIB, MIB
 
@@ -198,7 +198,7 @@ def fit(request: FitRequest) -> FitResult | None:
     """The answer to ``request``; ``None`` only when no model holds and
     ``request.estimate_if_missing`` is false."""
     from heptstudy.data.batching import dataset_for
-    from heptstudy.fitting.keys import model_key
+    from heptstudy.measure.estimate.keys import model_key
 
     res, rv, notes = resolve_config(request)
     platform, config = res.platform, rv.config
@@ -220,7 +220,7 @@ def fit(request: FitRequest) -> FitResult | None:
     if choice.model is None:
         if not request.estimate_if_missing:
             return None
-        from heptstudy.fitting.fake import estimate_memory_model
+        from heptstudy.measure.estimate.fake_step import estimate_memory_model
 
         notes.append("no measured or stored memory model holds: estimated now on a fake device")
         batch = request.per_device_batch or rv.per_device_batch
@@ -278,7 +278,7 @@ def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
     import torch
 
     from heptstudy.fitting.auto import evaluate_auto, measured_rates
-    from heptstudy.fitting.plans import predictor_for
+    from heptstudy.measure.estimate.plans import predictor_for
 
     predictor = predictor_for(config, torch.device(platform.device), batch, platform)
     rates, used = measured_rates(_read_reports(reports))
@@ -311,7 +311,7 @@ def fit_warning(resolution) -> str | None:
     resolved variant says its per-device batch will not fit a batch holding the longest event
     the model was fitted on (``None`` when it fits or no stored model holds: this reads no data
     and estimates nothing)."""
-    from heptstudy.fitting.keys import model_key
+    from heptstudy.measure.estimate.keys import model_key
 
     warnings = []
     plat = resolution.platform

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from heptstudy.fitting.keys import checkpointing_words
-from heptstudy.fitting.memmodel import MemoryModel
+from heptstudy.measure.estimate.keys import checkpointing_words
+from heptstudy.measure.estimate.memory_model import MemoryModel
 
 
 def fit_table(models: list[MemoryModel]) -> list[dict]:

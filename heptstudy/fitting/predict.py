@@ -18,7 +18,7 @@ import numpy as np
 
 from heptstudy.data.batching import padded_sizes
 from heptstudy.fitting import occupancy
-from heptstudy.fitting.memmodel import MemoryModel
+from heptstudy.measure.estimate.memory_model import MemoryModel
 from heptstudy.units import GIB, MIB
 
 #: Quantiles of the per-batch longest padded event reported as typical batches.

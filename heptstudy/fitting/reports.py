@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heptstudy.fitting.keys import key_label, model_key
-from heptstudy.fitting.memmodel import FitError, MemoryModel, Point, fit_points
+from heptstudy.measure.estimate.keys import key_label, model_key
+from heptstudy.measure.estimate.memory_model import FitError, MemoryModel, Point, fit_points
 
 
 @dataclass

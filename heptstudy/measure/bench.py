@@ -7,7 +7,7 @@ first batches of the interleaved-shard sampler seeded with ``train.seed``, so th
 gets the same events with checkpointing on and off; every pass starts from a freshly seeded
 model. Pass 1 times the steps and their phases (no tracker); pass 2 runs the same batches with
 the memory meter and then validates on test-split events. Every step is
-:func:`heptstudy.measure.step.run_step`.
+:func:`heptstudy.train.step.run_step`.
 
 Before anything is measured the report's folder is checked for writing and the data set for
 enough events, so that a measurement is never run only to be lost.
@@ -24,13 +24,12 @@ from tqdm.auto import tqdm
 from heptstudy.atomic import folder_write_problem
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
-from heptstudy.fitting.plans import predictor_for
 from heptstudy.measure import report as rp
+from heptstudy.measure.estimate.plans import predictor_for
 from heptstudy.measure.host_usage import HostUsage
 from heptstudy.measure.memory import make_meter
 from heptstudy.measure.parity import build_seeded, run_parity, set_deterministic
 from heptstudy.measure.request import PARITY, MeasurementRequest
-from heptstudy.measure.step import run_step
 from heptstudy.measure.timing import (
     STEP_PHASES,
     PhaseClock,
@@ -40,6 +39,7 @@ from heptstudy.measure.timing import (
 )
 from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.precision import autocast_dtype
+from heptstudy.train.step import run_step
 from heptstudy.train.validate import validate
 
 

@@ -14,9 +14,9 @@ import torch
 
 from heptstudy.config import Config
 from heptstudy.measure.report import ComparisonSet, GradientComparison, Parity, TensorComparison
-from heptstudy.measure.step import run_step
 from heptstudy.model import build_model
 from heptstudy.train.optim import build_optimizer, build_scheduler
+from heptstudy.train.step import run_step
 
 #: Dropout seed of every parity pass.
 PASS_SEED = 4242

@@ -116,7 +116,7 @@ def summarize(times: list[float], warmup: int = 0) -> TimingSummary:
     return TimingSummary(warmup, n, mean, std, min(times), max(times), tuple(times))
 
 
-#: The phases of one training step, in order (see :mod:`heptstudy.measure.step`).
+#: The phases of one training step, in order (see :mod:`heptstudy.train.step`).
 STEP_PHASES = ("backbone_forward", "decoder_and_heads", "loss", "backward", "optimizer")
 
 

@@ -14,10 +14,10 @@ whole, ``full`` every layer whole. On the CPU reference the bucket scores ``sele
 recomputes are most of a step's backbone work, and ``every2`` was faster and smaller there.
 
 Memory models. Each plan's model is *estimated* at the start of a run
-(:func:`heptstudy.fitting.plans.calibrate`): one
+(:func:`heptstudy.measure.estimate.plans.calibrate`): one
 training step of the real model per calibration batch on fake tensors
-(:func:`heptstudy.fitting.fake.estimate_step`, the storage tracker counting every tensor
-storage), fitted like measurements (:func:`heptstudy.fitting.memmodel.fit_points`). It predicts
+(:func:`heptstudy.measure.estimate.fake_step.estimate_step`, the storage tracker counting every tensor
+storage), fitted like measurements (:func:`heptstudy.measure.estimate.memory_model.fit_points`). It predicts
 peak *allocated* tensor memory: on CPU what the storage tracker measures; on a GPU the caching
 allocator's pool and kernel workspaces come on top, which the budget's safety margin must cover.
 """
@@ -127,7 +127,7 @@ class PlanPredictor:
     """Memory models of the candidate plans and the budget they are held to."""
 
     plans: list[Plan]
-    models: dict[str, Any]  # plan name -> heptstudy.fitting.memmodel.MemoryModel
+    models: dict[str, Any]  # plan name -> heptstudy.measure.estimate.memory_model.MemoryModel
     budget_mib: float
     budget_source: str
     calibration_s: float = 0.0

@@ -12,7 +12,7 @@ import torch
 
 from heptstudy import stand_ins
 from heptstudy.model import flex_kernel
-from heptstudy.model.heptv2 import _MASKED, BucketOrder
+from heptstudy.model.buckets import MASKED, BucketOrder
 
 #: Sparse block size of flex_attention's block mask.
 FLEX_BLOCK = flex_kernel.FLEX_BLOCK
@@ -33,7 +33,7 @@ def fused_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int):
     n_valid = buckets.n_valid.repeat_interleave(C)
     out, lse = _flex(qs, ks, vs, bucket_block_mask(n_valid, L, block_size, q.device))
     # Queries in buckets with no valid key get lse = -inf; give them a finite, negligible weight.
-    lse = torch.nan_to_num(lse.float(), neginf=_MASKED)
+    lse = torch.nan_to_num(lse.float(), neginf=MASKED)
     out = out.reshape(-1, dh).index_select(0, unsort_rows).view(B, C, S, H, dh)
     lse = lse.reshape(-1).index_select(0, unsort_rows).view(B, C, S, H)
     return out, lse

@@ -25,7 +25,6 @@ and without activation checkpointing, bit for bit.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,15 +32,13 @@ from torch import nn
 
 from heptstudy.config import HEPTv2Config
 from heptstudy.model.activation_checkpointing import recompute_is_lean
+from heptstudy.model.buckets import MASKED, BucketOrder
 
 # the raw hit columns the layer reads (one index in both input layouts)
 from heptstudy.model.encoding import COS_PHI, ETA, SIN_PHI
 
 #: Width of the positional MLP's hidden layer.
 POSITIONAL_HIDDEN = 32
-
-#: Large finite "minus infinity" so fully padded buckets stay finite (never NaN).
-_MASKED = -1.0e30
 
 #: Elements of the row slices of :class:`SwiGLU`'s backward (rows x 2 x hidden): 32 MiB in
 #: float32 whatever the batch, so the backward's hidden-width temporaries do not grow with it.
@@ -194,56 +191,6 @@ def _swiglu_slice_backward(d_out, x, gate_up, weights, weight_grads, d_x) -> Non
     torch.mul(d_hidden, act, out=d_up)
     _accumulate_product(d_w_gate_up, d_gate_up.t(), x)
     torch.mm(d_gate_up, w_gate_up, out=d_x)
-
-
-@dataclass
-class BucketOrder:
-    """The sort of one layer's hashing: for every (event, round, head), the hit index at each
-    sorted position (``order``), plus the valid hit count per event. Sorted sequences are
-    padded to a whole number of buckets; the padding slots repeat the last sorted hit and are
-    never a valid key. Only ``order`` is stored, in 32-bit integers (it lives from the hashing
-    to the end of the layer's backward); its inverse and the flat row tables of the fused path
-    are derived on demand."""
-
-    order: torch.Tensor  # [B, C, H, Sp] int32, indices into 0..S-1
-    n_valid: torch.Tensor  # [B] long
-    num_hits: int  # S
-    padded_len: int  # Sp, a multiple of block_size
-
-    @property
-    def rank(self) -> torch.Tensor:
-        """[B, C, H, S] int32: the sorted position of every hit (built on each call)."""
-        B, C, H, _ = self.order.shape
-        S = self.num_hits
-        rank = torch.empty(B, C, H, S, dtype=torch.int32, device=self.order.device)
-        positions = torch.arange(S, dtype=torch.int32, device=self.order.device)
-        return rank.scatter_(-1, self.order[..., :S].long(), positions.expand_as(rank))
-
-    @property
-    def sort_rows(self) -> torch.Tensor:
-        """``order`` as flat rows of a [B, S, H, dh] tensor viewed as [B*S*H, dh], in the
-        [B, C, H, Sp] layout (long, built on each call: for the fused path, which sorts every
-        round and head at once)."""
-        B, C, H, Sp = self.order.shape
-        b, _, h = _grid(B, C, H, self.order.device)
-        return ((b * self.num_hits + self.order.long()) * H + h).reshape(-1)
-
-    @property
-    def unsort_rows(self) -> torch.Tensor:
-        """The inverse: flat rows of a sorted [B, C, H, Sp, ...] tensor that put it back in hit
-        order, laid out [B, C, S, H] (long, built on each call)."""
-        B, C, H, _ = self.order.shape
-        b, c, h = _grid(B, C, H, self.order.device)
-        rows = ((b * C + c) * H + h) * self.padded_len + self.rank.long()
-        return rows.transpose(2, 3).reshape(-1)
-
-
-def _grid(B: int, C: int, H: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (
-        torch.arange(B, device=device).view(B, 1, 1, 1),
-        torch.arange(C, device=device).view(1, C, 1, 1),
-        torch.arange(H, device=device).view(1, 1, H, 1),
-    )
 
 
 class HEPTv2Layer(nn.Module):
@@ -445,7 +392,7 @@ class _Slices:
     in the slice's sorted layout [B, g, Sp]: the padding slots past an event's hits read the
     zero row, so as queries they output nothing that is read back and carry no gradient.
     ``unsort_index[c, j]`` lists the rows of the sorted layout that put it back in hit order,
-    laid out [B, S, g]. ``key_bias`` [B*g*nb, 1, bs] is ``_MASKED`` on keys that are no valid
+    laid out [B, S, g]. ``key_bias`` [B*g*nb, 1, bs] is ``MASKED`` on keys that are no valid
     hit (valid hits sort first), zero elsewhere.
     """
 
@@ -472,7 +419,7 @@ class _Slices:
         self.unsort_index = ((b * g + within) * Sp + rank).reshape(C, G, -1)
         padding = torch.arange(Sp, device=dev)[None, :] >= n_valid[:, None]  # [B, Sp]
         bias = torch.zeros(B, 1, Sp // block_size, 1, block_size, device=dev)
-        bias.masked_fill_(padding.view(B, 1, -1, 1, block_size), _MASKED)
+        bias.masked_fill_(padding.view(B, 1, -1, 1, block_size), MASKED)
         self.key_bias = bias.expand(B, g, -1, 1, block_size).reshape(-1, 1, block_size)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

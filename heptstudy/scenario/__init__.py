@@ -7,7 +7,7 @@ A *scenario* (``configs/training/scenarios/NAME.yaml``) holds the science; a *pl
 * :mod:`~heptstudy.scenario.rules`: the named invariants (:data:`RULES`) and :class:`ScenarioError`;
 * :mod:`~heptstudy.scenario.resolve`: :func:`resolve` a scenario on a platform, :func:`summary`;
 * :mod:`~heptstudy.scenario.render`: launch commands, Slurm and local launch scripts;
-* :mod:`~heptstudy.scenario.cli`: ``heptstudy scenario resolve|render`` and
+* :mod:`~heptstudy.cli.scenario`: ``heptstudy scenario resolve|render`` and
   ``python -m heptstudy.scenario`` (not imported here: the command line sits on top of the
   library, and it calls :mod:`heptstudy.fitting`, which resolves scenarios through this package).
 """

@@ -2,6 +2,6 @@
 
 import sys
 
-from heptstudy.scenario.cli import main
+from heptstudy.cli.scenario import main
 
 sys.exit(main())

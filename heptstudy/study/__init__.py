@@ -14,12 +14,11 @@
   :mod:`~heptstudy.study.fits`: the fitted memory model, its validation and the platform
   predictions in the report.
 * :mod:`~heptstudy.study.pipeline`: helpers of ``pipeline.ipynb`` and ``explore.ipynb``.
-* :mod:`~heptstudy.study.cli`: ``heptstudy study ...``.
+* :mod:`~heptstudy.cli.study`: ``heptstudy study ...``.
 
 Everything the notebooks and tests use is importable as ``heptstudy.study.X``.
 """
 
-from heptstudy.study.cli import _cmd_run, register_cli
 from heptstudy.study.common import (
     MEMORY,
     PARITY,
@@ -62,7 +61,6 @@ from heptstudy.study.policies import categories_frame, policy_frame
 from heptstudy.study.runner import (
     RunResult,
     StudyRun,
-    _failure_report,
     aggregate_study,
     render_html,
     run_study,
@@ -111,8 +109,6 @@ __all__ = [
     "Run",
     "RunResult",
     "StudyError",
-    "_cmd_run",
-    "_failure_report",
     "aggregate_study",
     "at_project_root",
     "compare_resume",
@@ -135,7 +131,6 @@ __all__ = [
     "pipeline_config",
     "project_root",
     "read_metrics",
-    "register_cli",
     "render_html",
     "reports_frame",
     "run_study",

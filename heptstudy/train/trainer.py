@@ -18,7 +18,7 @@ from heptstudy.atomic import atomic_open, atomic_write_text
 from heptstudy.config import Config
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError
-from heptstudy.fitting.plans import predictor_for
+from heptstudy.measure.estimate.plans import predictor_for
 from heptstudy.model import build_model
 from heptstudy.model.adaptive_checkpointing import applied_plan
 from heptstudy.paths import resolve_in_repo

@@ -154,11 +154,11 @@ def estimate_step(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from heptstudy.measure.memory import TrackedMemoryMeter
-    from heptstudy.measure.step import prime_optimizer, run_step
     from heptstudy.model import build_model
     from heptstudy.train.losses import targets_from_batch
     from heptstudy.train.optim import build_optimizer, build_scheduler
     from heptstudy.train.precision import autocast_dtype
+    from heptstudy.train.step import prime_optimizer, run_step
 
     device_type = device_type or fake_device_type()
     device = torch.device(device_type)
@@ -185,7 +185,7 @@ def estimate_step(
             # LAMB's state exists before every counted bench step
             prime_optimizer(model, optimizer, scheduler)
             meter = TrackedMemoryMeter(device, track_categories=track_categories)
-            # the bench's step (heptstudy.measure.step), the meter over forward, loss, backward
+            # the bench's step (heptstudy.train.step), the meter over forward, loss, backward
             mem = run_step(model, fbatch, optimizer, scheduler, config, dtype, meter=meter).memory
     except (RuntimeError, NotImplementedError) as err:
         raise HeptstudyError(
@@ -238,8 +238,8 @@ def estimate_memory_model(
     like measurements. Its ``source_detail`` says so."""
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
-    from heptstudy.fitting.keys import model_key
-    from heptstudy.fitting.memmodel import Point, fit_points
+    from heptstudy.measure.estimate.keys import model_key
+    from heptstudy.measure.estimate.memory_model import Point, fit_points
 
     ds = dataset_for(config, "train")
     lengths = ds.lengths()

@@ -31,7 +31,7 @@ import numpy as np
 
 from heptstudy.atomic import atomic_write_text
 from heptstudy.errors import HeptstudyError
-from heptstudy.fitting.keys import key_label
+from heptstudy.measure.estimate.keys import key_label
 from heptstudy.units import MIB
 
 SCHEMA = "heptstudy.memfit/2"

@@ -49,7 +49,7 @@ def decoder_entry(model: nn.Module) -> nn.Module:
         return inner.norm
     raise TypeError(
         f"no backbone/decoder boundary is known for {type(inner).__name__}; "
-        "add it to heptstudy.measure.step.decoder_entry"
+        "add it to heptstudy.train.step.decoder_entry"
     )
 
 

@@ -14,12 +14,12 @@ from heptstudy.config import load_config
 from heptstudy.errors import HeptstudyError
 
 _AREAS = (
-    "heptstudy.data.cli",
-    "heptstudy.train.cli",
-    "heptstudy.measure.cli",
-    "heptstudy.scenario.cli",
-    "heptstudy.study.cli",
-    "heptstudy.fitting.cli",
+    "heptstudy.cli.data",
+    "heptstudy.cli.train",
+    "heptstudy.cli.bench",
+    "heptstudy.cli.scenario",
+    "heptstudy.cli.study",
+    "heptstudy.cli.fit",
 )
 
 

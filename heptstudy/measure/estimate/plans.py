@@ -1,8 +1,8 @@
 """Memory models of the adaptive-checkpointing plans, calibrated at the start of a run.
 
 The plans and the per-batch choice live in :mod:`heptstudy.model.adaptive_checkpointing`; this
-module estimates each plan's peak on fake tensors (:func:`heptstudy.fitting.fake.estimate_step`)
-and fits it like measurements (:func:`heptstudy.fitting.memmodel.fit_points`).
+module estimates each plan's peak on fake tensors (:func:`heptstudy.measure.estimate.fake_step.estimate_step`)
+and fits it like measurements (:func:`heptstudy.measure.estimate.memory_model.fit_points`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from heptstudy.config import Config, PlatformConfig
 from heptstudy.errors import ConfigError
-from heptstudy.fitting.margin import DEFAULT_MARGIN_FRACTION
+from heptstudy.measure.estimate.margin import DEFAULT_MARGIN_FRACTION
 from heptstudy.model.adaptive_checkpointing import (
     Plan,
     PlanPredictor,
@@ -53,7 +53,7 @@ def memory_budget_mib(
 def calibration_batches(config: Config, per_device_batch: int) -> list[dict[str, torch.Tensor]]:
     """Real training events the plans' models are fitted on: a random and the longest batch of
     B events, and the longest of B/2 (two batch sizes and the whole range of longest events,
-    in three fake steps per plan; :func:`heptstudy.fitting.fake.estimation_batches` takes six)."""
+    in three fake steps per plan; :func:`heptstudy.measure.estimate.fake_step.estimation_batches` takes six)."""
     import numpy as np
 
     from heptstudy.data import load_events
@@ -78,9 +78,9 @@ def calibrate(
 ) -> PlanPredictor:
     """Fit each candidate plan's memory model (or only ``plans``'s, cheapest first) on
     fake-tensor steps over ``batches`` (host batches of at least two different shapes)."""
-    from heptstudy.fitting.fake import estimate_step, fake_device_type
-    from heptstudy.fitting.keys import model_key
-    from heptstudy.fitting.memmodel import Point, fit_points
+    from heptstudy.measure.estimate.fake_step import estimate_step, fake_device_type
+    from heptstudy.measure.estimate.keys import model_key
+    from heptstudy.measure.estimate.memory_model import Point, fit_points
 
     started = time.perf_counter()
     fake = fake_device_type() if device.type == "cuda" else "cpu"
