@@ -28,7 +28,10 @@ from typing import Any
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    _CHECKPOINT_PREFIX,
+    checkpoint_wrapper,
+)
 
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.activation_checkpointing import lean_recompute, policy_context
@@ -146,6 +149,8 @@ def running(plan: CheckpointPlan | None) -> Iterator[None]:
 
 
 def _run(module: nn.Module, *args, slot: Slot, plan: CheckpointPlan):
+    if not (module.training and torch.is_grad_enabled()):
+        return module(*args)  # nothing is kept for a backward: no plan to choose
     if plan is AUTO:
         chosen = _RUNNING.get()
         if chosen is None:
@@ -155,10 +160,10 @@ def _run(module: nn.Module, *args, slot: Slot, plan: CheckpointPlan):
                 "and heptstudy bench do) or set true/false"
             )
         plan = chosen
-    if not (plan.checkpoints(slot) and module.training and torch.is_grad_enabled()):
+    if not plan.checkpoints(slot):
         return module(*args)
     return torch_checkpoint.checkpoint(
-        _lean(module),
+        _lean(module) if plan.policy == "full" else module,
         *args,
         use_reentrant=False,
         preserve_rng_state=True,
@@ -182,6 +187,11 @@ def checkpoint_slots(model: nn.Module) -> dict[Slot, tuple[nn.ModuleList, int]]:
         if isinstance(layers, nn.ModuleList):
             slots.update({(group, i): (layers, i) for i in range(len(layers))})
     return slots
+
+
+def unwrapped_name(name: str) -> str:
+    """A parameter's or module's name as in the unwrapped model (and in the state dict)."""
+    return name.replace(_CHECKPOINT_PREFIX, "")
 
 
 def apply_plan(model: nn.Module, plan: CheckpointPlan) -> nn.Module:
@@ -212,4 +222,5 @@ __all__ = [
     "plan_named",
     "plan_of",
     "running",
+    "unwrapped_name",
 ]

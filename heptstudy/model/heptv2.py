@@ -144,10 +144,13 @@ class _SwiGLUFunction(torch.autograd.Function):
         rows = x.reshape(-1, x.shape[-1])
         out = rows.new_empty(rows.shape[0], w_down.shape[0])
         gate_up = rows.new_empty(rows.shape[0], 2 * hidden) if keep_gate_up else None
+        # plain products (no out=): the selective policy recognises and keeps them
         for r in _row_slices(rows.shape[0], 2 * hidden):
-            part = torch.mm(rows[r], w_gate_up.t(), out=None if gate_up is None else gate_up[r])
+            part = torch.mm(rows[r], w_gate_up.t())
+            if gate_up is not None:
+                gate_up[r] = part
             hidden_out = F.silu(part[:, :hidden]).mul_(part[:, hidden:])
-            torch.mm(hidden_out, w_down.t(), out=out[r])
+            out[r] = torch.mm(hidden_out, w_down.t())
             del part, hidden_out
         ctx.keep_gate_up = keep_gate_up
         ctx.save_for_backward(x, *([gate_up] if keep_gate_up else []), w_gate_up, w_down)

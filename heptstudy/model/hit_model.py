@@ -19,6 +19,9 @@ from heptstudy.model.encoding import TypeEncoder, mlp, normalise_features
 from heptstudy.model.heptv2 import HEPTv2Layer, RMSNorm, hit_coordinates
 
 NUM_CLASSES = len(CLASS_PDG_IDS)
+#: The grouping logit of a padded hit.
+GROUP_MASKED_LOGIT = -1.0e4
+_FACTORS = "group_factors"
 MOMENTUM_DIM = 5  # pt, eta, sin phi, cos phi, energy
 
 
@@ -69,8 +72,10 @@ class PredictionHeads(nn.Module):
 
     def forward(self, queries: torch.Tensor, hit_embed: torch.Tensor, mask: torch.Tensor):
         h = self.norm(queries)
-        group = torch.einsum("bqd,bsd->bqs", self.mask_embed(h), hit_embed)
-        group = group.masked_fill(~mask[:, None, :], -1.0e4)
+        query_embed = self.mask_embed(h)
+        group = torch.einsum("bqd,bsd->bqs", query_embed, hit_embed)
+        group = group.masked_fill(~mask[:, None, :], GROUP_MASKED_LOGIT)
+        setattr(group, _FACTORS, (query_embed, hit_embed, mask))
         return self.cls(h), self.momentum(h), group
 
 
@@ -131,6 +136,13 @@ class HitModel(nn.Module):
             outputs[prefix + "group_logits"] = group
             allowed = _next_attention_mask(group, mask)
         return outputs
+
+
+def group_factors(group_logits: torch.Tensor):
+    """The factors (query embeddings [B, Q, D], hit embeddings [B, S, D], mask [B, S]) of grouping
+    logits made by :class:`PredictionHeads`, else None: a loss can compute the rows it needs
+    from them instead of keeping the [B, Q, S] logits for backward."""
+    return getattr(group_logits, _FACTORS, None)
 
 
 def _next_attention_mask(group_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -147,10 +147,12 @@ def estimate_step(
     batch: dict[str, torch.Tensor],
     device_type: str | None = None,
     track_categories: bool = False,
+    plan=None,
 ) -> FakeStepEstimate:
     """Peak allocated bytes of one training step (forward, loss, backward; the optimizer state
     of an earlier step alive, as in the bench's counted steps) of ``config`` on ``batch`` (a real
-    CPU batch, e.g. from :func:`heptstudy.data.load_events`), on a fake device."""
+    CPU batch, e.g. from :func:`heptstudy.data.load_events`), on a fake device; ``plan``: the
+    checkpoint plan of a step of a model built with ``auto``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from heptstudy.measure.memory import TrackedMemoryMeter
@@ -186,7 +188,9 @@ def estimate_step(
             prime_optimizer(model, optimizer, scheduler)
             meter = TrackedMemoryMeter(device, track_categories=track_categories)
             # the bench's step (heptstudy.train.step), the meter over forward, loss, backward
-            mem = run_step(model, fbatch, optimizer, scheduler, config, dtype, meter=meter).memory
+            mem = run_step(
+                model, fbatch, optimizer, scheduler, config, dtype, meter=meter, plan=plan
+            ).memory
     except (RuntimeError, NotImplementedError) as err:
         raise HeptstudyError(
             f"the fake-device step failed on {device_type} ({type(err).__name__}: {str(err).splitlines()[0]}); "

@@ -90,7 +90,7 @@ def calibrate(
         fixed = plan_config(config, plan)
         points = []
         for batch in batches:
-            est = estimate_step(fixed, batch, fake)
+            est = estimate_step(fixed, batch, fake, plan=plan if plan.count else None)
             points.append(
                 Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, f"fake {fake}")
             )
