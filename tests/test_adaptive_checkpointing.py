@@ -125,8 +125,10 @@ def test_configuration_of_auto_and_budget():
     given = load_config(overrides=[*AUTO, "model.heptv2.memory_budget_gib=2.5"])
     assert memory_budget_mib(given, CPU) == (2560.0, "model.heptv2.memory_budget_gib")
     heptv2 = load_config(overrides=AUTO).model.heptv2
-    assert [p.name for p in candidate_plans(heptv2)] == ["off", "selective", "every2", "full"]
-    one_layer = load_config(overrides=[*AUTO, "model.heptv2.num_convs=1"]).model.heptv2
+    assert [p.name for p in candidate_plans(heptv2)] == ["off", "layers1", "layers2", "full"]
+    one_layer = load_config(
+        overrides=[*AUTO, "model.heptv2.num_convs=1", "model.heptv2.auto_plan_order=[selective,every2,full]"]
+    ).model.heptv2
     assert [p.name for p in candidate_plans(one_layer)] == ["off", "selective", "full"]
 
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from heptstudy.config import load_config
 from heptstudy.model import example_batch, heptv2
+from heptstudy.model.buckets import MASKED
 from heptstudy.model.heptv2 import HEPTv2Layer, SwiGLU, hit_coordinates, plain_bucket_attention
 
 
@@ -29,7 +30,7 @@ def _reference_attention(q, k, v, buckets, block_size):
                 for start in range(0, Sp, block_size):
                     blk = slice(start, start + block_size)
                     s = qs[blk] @ ks[blk].T
-                    s = s.masked_fill(~valid[blk][None, :], buckets.MASKED)
+                    s = s.masked_fill(~valid[blk][None, :], MASKED)
                     lse = torch.logsumexp(s, dim=-1)
                     o_rows.append(torch.softmax(s, dim=-1) @ vs[blk])
                     l_rows.append(lse)

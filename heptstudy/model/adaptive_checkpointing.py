@@ -78,13 +78,45 @@ def auto_plan(name: str, num_layers: int) -> CheckpointPlan:
     return plan_named(name)
 
 
-def candidate_plans(heptv2) -> list[CheckpointPlan]:
-    """The plans tried, cheapest first: ``off``, then ``heptv2.auto_plan_order``; ``every2``
-    and ``every3`` only where they differ from ``full``, count plans only below the number of
+#: The plans ``auto`` tries after ``off`` when neither the configuration nor the platform
+#: names an order: the first K backbone layers for growing K, then ``full``. Measured on the CPU
+#: reference (experiments/checkpointing_limit_cpu_b4/): each further layer costs about the
+#: same recomputation and saves about the same memory, so the plans' cost grows with K.
+DEFAULT_PLAN_ORDER = ("layers1", "layers2", "layers3", "layers4", "layers5", "full")
+
+
+def order_by_cost(measured: dict[str, tuple[float, float]]) -> list[str]:
+    """The order ``auto`` should try plans in, from their measured ``(cost, peak)`` (cost: the
+    step-time overhead against off, or seconds per padded hit; peak: MiB at the same batch):
+    cheapest first, each plan kept only if its peak lies below that of every cheaper plan. A
+    plan that costs more and saves no more (``selective`` on the CPU reference) leaves the
+    order. ``off`` is always tried first and is not listed."""
+    order, lowest = [], float("inf")
+    for name, (_cost, peak) in sorted(
+        ((n, v) for n, v in measured.items() if n != "off"), key=lambda kv: (kv[1][0], kv[1][1])
+    ):
+        if peak < lowest:
+            order.append(name)
+            lowest = peak
+    return order
+
+
+def plan_order(heptv2, platform=None) -> tuple[list[str], str]:
+    """The order of the plans after ``off`` and where it comes from."""
+    if heptv2.auto_plan_order is not None:
+        return list(heptv2.auto_plan_order), "model.heptv2.auto_plan_order"
+    if platform is not None and getattr(platform, "auto_plan_order", None):
+        return list(platform.auto_plan_order), f"measured on platform {platform.name}"
+    return list(DEFAULT_PLAN_ORDER), "the default order"
+
+
+def candidate_plans(heptv2, platform=None) -> list[CheckpointPlan]:
+    """The plans tried, cheapest first: ``off``, then :func:`plan_order`; ``every2`` and
+    ``every3`` only where they differ from ``full``, count plans only below the number of
     layers."""
     n = heptv2.num_convs
     plans = [OFF]
-    for name in heptv2.auto_plan_order:
+    for name in plan_order(heptv2, platform)[0]:
         if name.startswith("layers") and name[6:].isdigit() and int(name[6:]) >= n:
             continue
         plan = auto_plan(name, n)
@@ -131,6 +163,7 @@ class PlanPredictor:
     budget_mib: float
     budget_source: str
     calibration_s: float = 0.0
+    order_source: str = ""
 
     def predict_mib(self, batch_size: int, longest_padded: int) -> dict[str, float]:
         return {
@@ -167,7 +200,8 @@ class PlanPredictor:
     def describe(self) -> str:
         return (
             f"adaptive checkpointing: budget {self.budget_mib:,.0f} MiB ({self.budget_source}); "
-            f"plans {', '.join(p.name for p in self.plans)} (cheapest first), each with a memory "
+            f"plans {', '.join(p.name for p in self.plans)} (cheapest first"
+            f"{': ' + self.order_source if self.order_source else ''}), each with a memory "
             f"model estimated on fake tensors in {self.calibration_s:.1f} s"
         )
 
@@ -195,6 +229,8 @@ __all__ = [
     "SELECTIVE",
     "auto_plan",
     "layer_count_plan",
+    "order_by_cost",
+    "plan_order",
     "OFF",
     "NoPlanFits",
     "Plan",

@@ -8,9 +8,10 @@ over the union of a query's buckets *with each key counted once per round that s
 with the query*: a key that two rounds both put next to the query weighs twice, unlike attention
 over the plain set union.
 
-The hashing depends only on hit coordinates and fixed tables, never on the embeddings, so it is
-computed once per layer (:meth:`HEPTv2Layer.bucket_order`) outside any checkpointed region and
-handed to :meth:`HEPTv2Layer.forward`.
+The hashing depends only on hit coordinates and fixed tables, never on the embeddings
+(:meth:`HEPTv2Layer.bucket_order`, without gradients): :meth:`HEPTv2Layer.forward` hashes when
+it is not handed an order, so a checkpointed layer hashes again in its backward instead of
+keeping its order (int32, one per hit, round and head) from the forward to its backward.
 
 Memory. The plain attention path, the SwiGLU feed-forward and the norms are autograd functions
 that keep for backward only what cannot be recomputed cheaply, and run their bucket-sized or
@@ -40,9 +41,10 @@ from heptstudy.model.encoding import COS_PHI, ETA, SIN_PHI
 #: Width of the positional MLP's hidden layer.
 POSITIONAL_HIDDEN = 32
 
-#: Elements of the row slices of :class:`SwiGLU`'s backward (rows x 2 x hidden): 32 MiB in
-#: float32 whatever the batch, so the backward's hidden-width temporaries do not grow with it.
-SWIGLU_SLICE_ELEMENTS = 1 << 23
+#: Elements of the row slices of :class:`SwiGLU` (rows x 2 x hidden): 16 MiB in float32
+#: whatever the batch, so its hidden-width temporaries, forward and backward, do not grow
+#: with it.
+SWIGLU_SLICE_ELEMENTS = 1 << 22
 
 
 def hit_coordinates(features: torch.Tensor) -> torch.Tensor:
@@ -278,8 +280,17 @@ class HEPTv2Layer(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, coords: torch.Tensor, buckets: BucketOrder
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        coords: torch.Tensor,
+        buckets: BucketOrder | None = None,
     ) -> torch.Tensor:
+        """``buckets``: this layer's :meth:`bucket_order` of ``coords``, hashed here when None
+        (inside a checkpointed layer the hashing is then redone in backward instead of its
+        order being kept from the forward to the layer's backward)."""
+        if buckets is None:
+            buckets = self.bucket_order(coords, mask)
         x = x + self.pos_embed(coords.to(x.dtype))
         attn = self.attention(self.attn_norm(x), buckets)
         x = x + self.dropout(attn)
@@ -335,12 +346,12 @@ def _ranks(values: torch.Tensor) -> torch.Tensor:
 
 # -- the plain bucket attention ------------------------------------------------------------
 
-#: Elements of one slice's bucket scores in backward (events x heads x sorted positions x
-#: block_size; forward, which holds one such tensor where backward holds two, takes twice as
-#: many): a slice is as many heads of one hashing round as fit (a divisor of num_heads, at
-#: least one). The scores then take about 128 MiB in float32 whatever the batch, in a few large
-#: operations rather than many small ones.
-ATTENTION_SLICE_ELEMENTS = 1 << 25
+#: Elements of one slice's bucket scores (events x heads x sorted positions x block_size): a
+#: slice is as many heads of one hashing round as fit (a divisor of num_heads, at least one).
+#: The scores then take about 32 MiB in float32 whatever the batch (forward holds one such
+#: tensor, backward two), in operations still large enough to run at full speed; this bounds
+#: one layer's working set, which full checkpointing adds to the kept layer inputs.
+ATTENTION_SLICE_ELEMENTS = 1 << 23
 
 
 def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> torch.Tensor:
@@ -373,7 +384,7 @@ class _BucketAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, order, n_valid, block_size):
         B, S, H, _ = q.shape
-        fwd = _Slices(order, n_valid, S, block_size, 2 * ATTENTION_SLICE_ELEMENTS)
+        fwd = _Slices(order, n_valid, S, block_size, ATTENTION_SLICE_ELEMENTS)
         out, lse = _attention_forward(q, k, v, fwd)
         bwd = _Slices(order, n_valid, S, block_size, ATTENTION_SLICE_ELEMENTS, like=fwd)
         ctx.slices = bwd.layout()
@@ -390,10 +401,12 @@ class _BucketAttention(torch.autograd.Function):
 class _Slices:
     """The slices of one bucket order and their gather indices (int32), built once per call.
 
-    A slice is (round c, heads g*j .. g*j+g-1). ``sort_index[c, j]`` lists the rows of a
-    contiguous [B*S*H + 1, ...] table (the [B, S, H, ...] tensor flattened, then one zero row)
-    in the slice's sorted layout [B, g, Sp]: the padding slots past an event's hits read the
-    zero row, so as queries they output nothing that is read back and carry no gradient.
+    A slice is (round c, heads g*j .. g*j+g-1). ``sort_index[c, j]`` lists the rows of the
+    head group's contiguous [B*S*g + 1, ...] table (its heads of the [B, S, H, ...] tensors,
+    flattened, then one zero row; :meth:`table`) in the slice's sorted layout [B, g, Sp]: the
+    padding slots past an event's hits read the zero row, so as queries they output nothing
+    that is read back and carry no gradient. The slices run head group by head group, so only
+    one group's table lives at a time.
     ``unsort_index[c, j]`` lists the rows of the sorted layout that put it back in hit order,
     laid out [B, S, g]. ``key_bias`` [B*g*nb, 1, bs] is ``MASKED`` on keys that are no valid
     hit (valid hits sort first), zero elsewhere.
@@ -409,16 +422,16 @@ class _Slices:
             return
         S, G, dev = num_hits, H // g, order.device
         b = torch.arange(B, device=dev).view(1, 1, B, 1, 1)
-        h = torch.arange(H, device=dev).view(1, G, 1, g, 1)
+        within = torch.arange(g, device=dev).view(1, 1, 1, g, 1)
         grouped = order[..., :S].view(B, C, G, g, S).permute(1, 2, 0, 3, 4)  # [C, G, B, g, S]
-        sort_index = torch.full((C, G, B, g, Sp), B * S * H, dtype=torch.int32, device=dev)
-        sort_index[..., :S] = (b * S + grouped) * H + h
+        sort_index = torch.full((C, G, B, g, Sp), B * S * g, dtype=torch.int32, device=dev)
+        sort_index[..., :S] = (b * S + grouped) * g + within
         self.sort_index = sort_index.view(C, G, -1)
         rank = torch.empty(B, C, H, S, dtype=torch.int32, device=dev)
         positions = torch.arange(S, dtype=torch.int32, device=dev).expand_as(rank)
         rank.scatter_(-1, order[..., :S].long(), positions)
         rank = rank.view(B, C, G, g, S).permute(1, 2, 0, 4, 3)  # [C, G, B, S, g]
-        within = torch.arange(g, device=dev).view(1, 1, 1, 1, g)
+        within = within.view(1, 1, 1, 1, g)
         self.unsort_index = ((b * g + within) * Sp + rank).reshape(C, G, -1)
         padding = torch.arange(Sp, device=dev)[None, :] >= n_valid[:, None]  # [B, Sp]
         bias = torch.zeros(B, 1, Sp // block_size, 1, block_size, device=dev)
@@ -439,20 +452,31 @@ class _Slices:
         slices.sort_index, slices.unsort_index, slices.key_bias = tensors
         return slices
 
-    def __iter__(self):
-        _, C, H, *_ = self.shape
-        for c in range(C):
-            for j in range(H // self.group):
-                yield c, j
+    @property
+    def groups(self) -> range:
+        """The head groups j, each run over every round c."""
+        return range(self.shape[2] // self.group)
 
     @property
-    def rows(self) -> int:
-        """Rows of the gathered tables: every (event, hit, head), plus the zero row."""
-        B, _, H, _, S, _ = self.shape
-        return B * S * H + 1
+    def rounds(self) -> range:
+        return range(self.shape[1])
+
+    def heads(self, j: int) -> slice:
+        return slice(j * self.group, (j + 1) * self.group)
+
+    def table(self, tensors: list[torch.Tensor], j: int) -> torch.Tensor:
+        """Head group ``j`` of [B, S, H, w_i] tensors side by side as rows [B*S*g + 1, sum w_i],
+        the last row zero: one gather per slice sorts them all."""
+        B, _, _, _, S, _ = self.shape
+        g, hs = self.group, self.heads(j)
+        width = sum(t.shape[-1] for t in tensors)
+        table = tensors[0].new_empty(B * S * g + 1, width)
+        torch.cat([t[:, :, hs] for t in tensors], dim=-1, out=table[:-1].view(B, S, g, width))
+        table[-1].zero_()
+        return table
 
     def gather(self, rows: torch.Tensor, c: int, j: int) -> torch.Tensor:
-        """Rows [B*S*H + 1, w] -> the slice's sorted buckets [B*g*nb, bs, w]."""
+        """Rows [B*S*g + 1, w] of group j -> the slice's sorted buckets [B*g*nb, bs, w]."""
         bs = self.shape[-1]
         return rows.index_select(0, self.sort_index[c, j]).view(-1, bs, rows.shape[-1])
 
@@ -464,11 +488,10 @@ class _Slices:
         """Bucket scores with the invalid keys masked, in one batched product."""
         return torch.baddbmm(self.key_bias.to(qs.dtype), qs, ks.transpose(1, 2))
 
-    def grouped_to_heads(self, t: torch.Tensor) -> torch.Tensor:
-        """[G, B*S*g, w] (the slices' hit-order results) -> [B, S, H, w]."""
-        B, _, H, _, S, _ = self.shape
-        G, g, w = H // self.group, self.group, t.shape[-1]
-        return t.view(G, B, S, g, w).permute(1, 2, 0, 3, 4).reshape(B, S, H, w)
+    def put_heads(self, target: torch.Tensor, j: int, rows: torch.Tensor) -> None:
+        """Write group j's hit-order rows [B*S*g, w] into ``target`` [B, S, H, w]."""
+        B, _, _, _, S, _ = self.shape
+        target[:, :, self.heads(j)] = rows.reshape(B, S, self.group, -1)
 
 
 def _heads_per_slice(heads: int, elements_per_head: int, budget: int) -> int:
@@ -481,38 +504,34 @@ def _stats_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
-def _table(tensors: list[torch.Tensor], slices: _Slices) -> torch.Tensor:
-    """[B, S, H, w_i] tensors side by side as rows [B*S*H + 1, sum w_i], the last row zero: one
-    gather per slice sorts them all."""
-    B, S, H = tensors[0].shape[:3]
-    width = sum(t.shape[-1] for t in tensors)
-    table = tensors[0].new_empty(slices.rows, width)
-    torch.cat(tensors, dim=-1, out=table[:-1].view(B, S, H, width))
-    table[-1].zero_()
-    return table
-
-
 def _attention_forward(q, k, v, slices: _Slices):
     B, S, H, dh = q.shape
     stats = _stats_dtype(q)
-    G = H // slices.group
-    qkv = _table([q, k, v], slices)
-    C = slices.shape[1]
-    round_out = q.new_empty(C, G, B * S * slices.group, dh)
-    round_lse = torch.empty(C, G, B * S * slices.group, dtype=stats, device=q.device)
-    for c, j in slices:
-        out, lse = _slice_forward(slices.gather(qkv, c, j), slices, stats)
-        slices.to_hit_order(out.view(-1, dh), c, j, out=round_out[c, j])
-        slices.to_hit_order(lse.view(-1), c, j, out=round_lse[c, j])
-    del qkv
-    # Merge the rounds: weights softmax(lse_c), merged log-sum-exp L = logsumexp(lse_c).
-    top = round_lse.amax(dim=0)
-    weights = round_lse.sub_(top).exp_()
-    total = weights.sum(dim=0)
-    weights.div_(total)
-    merged = (weights.to(q.dtype).unsqueeze(-1) * round_out).sum(dim=0)  # [G, B*S*g, dh]
-    lse = total.log_().add_(top).unsqueeze(-1)
-    return slices.grouped_to_heads(merged), slices.grouped_to_heads(lse).squeeze(-1)
+    out = q.new_empty(B, S, H, dh)
+    lse = torch.empty(B, S, H, 1, dtype=stats, device=q.device)
+    for j in slices.groups:
+        qkv = slices.table([q, k, v], j)
+        # The rounds are merged as they come (weights softmax(lse_c), merged log-sum-exp
+        # L = logsumexp(lse_c)), with a running maximum: no round's output waits for the others.
+        rows = B * S * slices.group
+        merged = torch.zeros(rows, dh, dtype=stats, device=q.device)
+        total = torch.zeros(rows, dtype=stats, device=q.device)
+        top = torch.full((rows,), -math.inf, dtype=stats, device=q.device)
+        for c in slices.rounds:
+            o, l = _slice_forward(slices.gather(qkv, c, j), slices, stats)
+            o = slices.to_hit_order(o.view(-1, dh), c, j)
+            l = slices.to_hit_order(l.view(-1), c, j)
+            new_top = torch.maximum(top, l)
+            keep = top.sub_(new_top).exp_()  # the earlier rounds' rescaling (0 at the first)
+            weight = l.sub_(new_top).exp_()
+            merged.mul_(keep.unsqueeze(-1)).add_(weight.unsqueeze(-1) * o)
+            total.mul_(keep).add_(weight)
+            top = new_top
+            del o, l, keep, weight
+        del qkv
+        slices.put_heads(out, j, merged.div_(total.unsqueeze(-1)))
+        slices.put_heads(lse, j, total.log_().add_(top).unsqueeze(-1))
+    return out, lse.squeeze(-1)
 
 
 def _slice_forward(qkv: torch.Tensor, slices: _Slices, stats: torch.dtype):
@@ -531,17 +550,22 @@ def _attention_backward(d_out, q, k, v, out, lse, slices: _Slices):
     stats = _stats_dtype(q)
     d_out = d_out.to(q.dtype)
     delta = (d_out.to(stats) * out.to(stats)).sum(dim=-1, keepdim=True)  # rowsum(dO * O)
-    tensors = _table([q, k, v, d_out], slices)
-    statistics = _table([lse.to(stats).unsqueeze(-1), delta], slices)
-    del delta
-    grads = q.new_zeros(H // slices.group, B * S * slices.group, 3 * dh)
-    for c, j in slices:
-        sorted_grads = _slice_backward(
-            slices.gather(tensors, c, j), slices.gather(statistics, c, j), slices
-        )
-        grads[j] += slices.to_hit_order(sorted_grads.view(-1, 3 * dh), c, j)
-    del tensors, statistics
-    return slices.grouped_to_heads(grads).split(dh, dim=-1)
+    lse = lse.to(stats).unsqueeze(-1)
+    d_q, d_k, d_v = (torch.empty_like(q) for _ in range(3))
+    for j in slices.groups:
+        tensors = slices.table([q, k, v, d_out], j)
+        statistics = slices.table([lse, delta], j)
+        grads = q.new_zeros(B * S * slices.group, 3 * dh)
+        for c in slices.rounds:
+            sorted_grads = _slice_backward(
+                slices.gather(tensors, c, j), slices.gather(statistics, c, j), slices
+            )
+            grads += slices.to_hit_order(sorted_grads.view(-1, 3 * dh), c, j)
+            del sorted_grads
+        del tensors, statistics
+        for target, part in zip((d_q, d_k, d_v), grads.split(dh, dim=-1), strict=True):
+            slices.put_heads(target, j, part)
+    return d_q, d_k, d_v
 
 
 def _slice_backward(tensors: torch.Tensor, statistics: torch.Tensor, slices: _Slices):

@@ -115,10 +115,10 @@ class HitModel(nn.Module):
         mask = batch["mask"]
         coords = hit_coordinates(batch["X"])
         x = self.encode(batch) * mask[..., None]
-        # Hashing depends only on coordinates: done once per layer, outside checkpointed regions.
-        orders = [layer.bucket_order(coords, mask) for layer in self.backbone]
-        for layer, order in zip(self.backbone, orders, strict=True):
-            x = layer(x, mask, coords, order)
+        # each layer hashes the coordinates itself: a checkpointed layer hashes again in
+        # backward rather than keeping its bucket order over the whole step
+        for layer in self.backbone:
+            x = layer(x, mask, coords)
         hits = self.backbone_norm(x)
         hit_embed = self.hit_proj(hits)
 

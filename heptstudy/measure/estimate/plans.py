@@ -19,6 +19,7 @@ from heptstudy.model.adaptive_checkpointing import (
     Plan,
     PlanPredictor,
     candidate_plans,
+    plan_order,
     plan_config,
 )
 from heptstudy.units import MIB
@@ -75,6 +76,7 @@ def calibrate(
     device: torch.device,
     budget: tuple[float, str],
     plans: Sequence[Plan] | None = None,
+    platform: PlatformConfig | None = None,
 ) -> PlanPredictor:
     """Fit each candidate plan's memory model (or only ``plans``'s, cheapest first) on
     fake-tensor steps over ``batches`` (host batches of at least two different shapes)."""
@@ -84,7 +86,8 @@ def calibrate(
 
     started = time.perf_counter()
     fake = fake_device_type() if device.type == "cuda" else "cpu"
-    plans = list(plans) if plans is not None else candidate_plans(config.model.heptv2)
+    given = plans is not None
+    plans = list(plans) if given else candidate_plans(config.model.heptv2, platform)
     models = {}
     for plan in plans:
         fixed = plan_config(config, plan)
@@ -100,8 +103,14 @@ def calibrate(
             source="estimated",
             source_detail=f"fake-{fake} steps on {len(points)} calibration batches",
         )
+    source = "as given" if given else plan_order(config.model.heptv2, platform)[1]
     return PlanPredictor(
-        plans, models, budget[0], budget[1], calibration_s=time.perf_counter() - started
+        plans,
+        models,
+        budget[0],
+        budget[1],
+        calibration_s=time.perf_counter() - started,
+        order_source=source,
     )
 
 
@@ -123,8 +132,11 @@ def predictor_for(
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_calibrate_child, config, device, per_device_batch, budget).result()
+        return pool.submit(
+            _calibrate_child, config, device, per_device_batch, budget, platform
+        ).result()
 
 
-def _calibrate_child(config, device, per_device_batch, budget) -> PlanPredictor:
-    return calibrate(config, calibration_batches(config, per_device_batch), device, budget)
+def _calibrate_child(config, device, per_device_batch, budget, platform) -> PlanPredictor:
+    batches = calibration_batches(config, per_device_batch)
+    return calibrate(config, batches, device, budget, platform=platform)
