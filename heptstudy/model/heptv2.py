@@ -41,10 +41,10 @@ from heptstudy.model.encoding import COS_PHI, ETA, SIN_PHI
 #: Width of the positional MLP's hidden layer.
 POSITIONAL_HIDDEN = 32
 
-#: Elements of the row slices of :class:`SwiGLU` (rows x 2 x hidden): 16 MiB in float32
+#: Elements of the row slices of :class:`SwiGLU` (rows x 2 x hidden): 8 MiB in float32
 #: whatever the batch, so its hidden-width temporaries, forward and backward, do not grow
 #: with it.
-SWIGLU_SLICE_ELEMENTS = 1 << 22
+SWIGLU_SLICE_ELEMENTS = 1 << 21
 
 
 def hit_coordinates(features: torch.Tensor) -> torch.Tensor:
@@ -353,6 +353,10 @@ def _ranks(values: torch.Tensor) -> torch.Tensor:
 #: one layer's working set, which full checkpointing adds to the kept layer inputs.
 ATTENTION_SLICE_ELEMENTS = 1 << 23
 
+#: Scores of the buckets computed at once inside a slice (buckets x block_size^2): 8 MiB in
+#: float32, so the scores, probabilities and their gradients of a slice never exist whole.
+BUCKET_CHUNK_ELEMENTS = 1 << 21
+
 
 def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> torch.Tensor:
     """Softmax attention inside contiguous buckets of the sorted sequences, rounds merged, in
@@ -484,9 +488,16 @@ class _Slices:
         """The slice's sorted rows [B*g*Sp, w] -> hit order [B*S*g, w]."""
         return torch.index_select(sorted_rows, 0, self.unsort_index[c, j], out=out)
 
-    def scores(self, qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
-        """Bucket scores with the invalid keys masked, in one batched product."""
-        return torch.baddbmm(self.key_bias.to(qs.dtype), qs, ks.transpose(1, 2))
+    def scores(self, qs: torch.Tensor, ks: torch.Tensor, buckets: slice) -> torch.Tensor:
+        """Scores of ``buckets`` (of the slice's) with the invalid keys masked, in one batched
+        product."""
+        return torch.baddbmm(self.key_bias[buckets].to(qs.dtype), qs, ks.transpose(1, 2))
+
+    def bucket_chunks(self, buckets: int) -> list[slice]:
+        """The slice's buckets a few at a time (:data:`BUCKET_CHUNK_ELEMENTS` scores each)."""
+        bs = self.shape[-1]
+        step = max(1, BUCKET_CHUNK_ELEMENTS // (bs * bs))
+        return [slice(i, min(i + step, buckets)) for i in range(0, buckets, step)]
 
     def put_heads(self, target: torch.Tensor, j: int, rows: torch.Tensor) -> None:
         """Write group j's hit-order rows [B*S*g, w] into ``target`` [B, S, H, w]."""
@@ -535,19 +546,27 @@ def _attention_forward(q, k, v, slices: _Slices):
 
 
 def _slice_forward(qkv: torch.Tensor, slices: _Slices, stats: torch.dtype):
-    """One slice's bucket attention in its sorted order: output and log-sum-exp."""
+    """One slice's bucket attention in its sorted order: output and log-sum-exp, a chunk of
+    buckets at a time (each bucket on its own: the same result whatever the chunks)."""
     qs, ks, vs = qkv.unflatten(-1, (3, -1)).unbind(dim=2)
-    scores = slices.scores(qs, ks).to(stats)
-    top = scores.amax(dim=-1, keepdim=True)
-    scores.sub_(top).exp_()
-    total = scores.sum(dim=-1, keepdim=True)
-    out = torch.bmm(scores.to(vs.dtype), vs).div_(total.to(vs.dtype))
-    return out, total.log_().add_(top)
+    n, bs, dh = vs.shape
+    out = vs.new_empty(n, bs, dh)
+    lse = torch.empty(n, bs, 1, dtype=stats, device=vs.device)
+    for r in slices.bucket_chunks(n):
+        scores = slices.scores(qs[r], ks[r], r).to(stats)
+        top = scores.amax(dim=-1, keepdim=True)
+        scores.sub_(top).exp_()
+        total = scores.sum(dim=-1, keepdim=True)
+        out[r] = torch.bmm(scores.to(vs.dtype), vs[r]).div_(total.to(vs.dtype))
+        lse[r] = total.log_().add_(top)
+        del scores, top, total
+    return out, lse
 
 
 def _attention_backward(d_out, q, k, v, out, lse, slices: _Slices):
     B, S, H, dh = q.shape
     stats = _stats_dtype(q)
+    bs = slices.shape[-1]
     d_out = d_out.to(q.dtype)
     delta = (d_out.to(stats) * out.to(stats)).sum(dim=-1, keepdim=True)  # rowsum(dO * O)
     lse = lse.to(stats).unsqueeze(-1)
@@ -555,24 +574,33 @@ def _attention_backward(d_out, q, k, v, out, lse, slices: _Slices):
     for j in slices.groups:
         tensors = slices.table([q, k, v, d_out], j)
         statistics = slices.table([lse, delta], j)
-        grads = q.new_zeros(B * S * slices.group, 3 * dh)
+        # hit-order rows of the group, plus the zero row's: the padding slots' (zero) gradients
+        grads = q.new_zeros(B * S * slices.group + 1, 3 * dh)
         for c in slices.rounds:
-            sorted_grads = _slice_backward(
-                slices.gather(tensors, c, j), slices.gather(statistics, c, j), slices
-            )
-            grads += slices.to_hit_order(sorted_grads.view(-1, 3 * dh), c, j)
-            del sorted_grads
+            index = slices.sort_index[c, j]
+            # a chunk of buckets at a time, gathered from the table and added back to the rows
+            # they came from (every hit once per round: the same sums as a whole slice)
+            for r in slices.bucket_chunks(index.numel() // bs):
+                rows = index[r.start * bs : r.stop * bs]
+                chunk = _bucket_backward(
+                    tensors.index_select(0, rows).view(-1, bs, 4 * dh),
+                    statistics.index_select(0, rows).view(-1, bs, 2),
+                    slices.key_bias[r],
+                )
+                grads.index_add_(0, rows, chunk.view(-1, 3 * dh))
+                del chunk
         del tensors, statistics
-        for target, part in zip((d_q, d_k, d_v), grads.split(dh, dim=-1), strict=True):
+        for target, part in zip((d_q, d_k, d_v), grads[:-1].split(dh, dim=-1), strict=True):
             slices.put_heads(target, j, part)
     return d_q, d_k, d_v
 
 
-def _slice_backward(tensors: torch.Tensor, statistics: torch.Tensor, slices: _Slices):
-    """One slice's dQ, dK, dV side by side, in its sorted order [B*g*nb, bs, 3*dh]."""
+def _bucket_backward(tensors: torch.Tensor, statistics: torch.Tensor, key_bias: torch.Tensor):
+    """dQ, dK, dV side by side [n, bs, 3*dh] of n sorted buckets."""
     qs, ks, vs, dos = tensors.unflatten(-1, (4, -1)).unbind(dim=2)
     ls, ds = statistics.unbind(dim=-1)
-    probs = slices.scores(qs, ks).to(ls.dtype).sub_(ls.unsqueeze(-1)).exp_()
+    scores = torch.baddbmm(key_bias.to(qs.dtype), qs, ks.transpose(1, 2))
+    probs = scores.to(ls.dtype).sub_(ls.unsqueeze(-1)).exp_()
     d_v = torch.bmm(probs.to(qs.dtype).transpose(1, 2), dos)
     d_scores = torch.bmm(dos, vs.transpose(1, 2)).to(ls.dtype)
     d_scores = d_scores.sub_(ds.unsqueeze(-1)).mul_(probs).to(qs.dtype)
