@@ -35,7 +35,55 @@ from heptstudy.paths import resolve_in_repo
 
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
-VARIANTS = (HIT_VARIANT, TRACK_CLUSTER_VARIANT)
+
+#: The checkpointing values a measurement, ``heptstudy bench --checkpointing``, a notebook's
+#: ``checkpointing`` parameter and a study matrix row take: one spelling per plan.
+CheckpointingValue = Literal["off", "full", "selective", "every2", "every3", "auto"]
+CHECKPOINTING_VALUES: tuple[str, ...] = get_args(CheckpointingValue)
+
+#: The ``model.heptv2`` keys of each value (``auto`` chooses a plan per step at run time).
+_CHECKPOINTING_SETTINGS: dict[str, dict[str, Any]] = {
+    "off": {"activation_checkpointing": False},
+    "full": {"activation_checkpointing": True},
+    "selective": {"activation_checkpointing": True, "activation_checkpointing_policy": "selective"},
+    "every2": {"activation_checkpointing": True, "checkpoint_every": 2},
+    "every3": {"activation_checkpointing": True, "checkpoint_every": 3},
+    "auto": {"activation_checkpointing": "auto"},
+}
+#: The ``model.heptv2`` keys a checkpointing value owns (an override may not set them too).
+CHECKPOINTING_KEYS = (
+    "activation_checkpointing",
+    "activation_checkpointing_policy",
+    "checkpoint_every",
+)
+
+
+def parse_checkpointing(value: Any) -> str:
+    """A checkpointing value: one of :data:`CHECKPOINTING_VALUES` (any case), or a boolean
+    (``True``/``"true"``: ``full``; ``False``/``"false"``: ``off``; YAML's bare ``off`` is
+    ``False``)."""
+    if isinstance(value, bool):
+        return "full" if value else "off"
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("true", "false"):
+            return "full" if word == "true" else "off"
+        if word in CHECKPOINTING_VALUES:
+            return word
+    why = "; a number is not a checkpointing value" if isinstance(value, (int, float)) else ""
+    raise ValueError(
+        f"allowed values are {', '.join(CHECKPOINTING_VALUES)} (true/false: full/off){why}"
+    )
+
+
+def checkpointing_settings(value: str) -> dict[str, Any]:
+    """The ``model.heptv2`` keys that make a configuration run the checkpointing ``value``
+    (every owned key stated, defaults included)."""
+    return {
+        "activation_checkpointing_policy": "full",
+        "checkpoint_every": 1,
+        **_CHECKPOINTING_SETTINGS[parse_checkpointing(value)],
+    }
 
 
 def as_yaml(value: Any) -> str:
@@ -415,9 +463,6 @@ class PlatformConfig(_Strict):
     @property
     def world_size(self) -> int:
         return self.devices_per_node * self.nodes
-
-
-DEFAULTS = Config
 
 
 def _read_yaml(path: str | Path, what: str) -> dict[str, Any]:

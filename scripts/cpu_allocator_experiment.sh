@@ -21,9 +21,9 @@ for allocator in default retain; do
       flag=--no-checkpointing
       [ "$mode" = checkpointed ] && flag=--checkpointing
       name="${allocator}_${mode}_b${batch}"
-      # "default": bench starts itself without any allocator variable; "retain": with the
+      # "default": started without any allocator variable; "retain": started with the
       # settings of configs/training/platforms/local_cpu.yaml (each report records which). The
-      # process is started with them already, so GNU time measures the measuring process.
+      # measurement applies them itself too (mallopt), and GNU time measures that one process.
       env_vars=(-u MALLOC_MMAP_THRESHOLD_ -u MALLOC_TRIM_THRESHOLD_ -u MALLOC_TOP_PAD_)
       line=default
       if [ "$allocator" = retain ]; then

@@ -37,13 +37,15 @@ for mode in baseline checkpointed; do
   [ "$mode" = checkpointed ] && flag=--checkpointing
   for allocator in "${allocators[@]}"; do
     case $allocator in
-      default) how=(--platform local_cpu --allocator default) ;;
-      retain) how=(--platform local_cpu) ;;
-      *) how=(--platform "$out/platform_$allocator.yaml") ;;
+      default) how=(--platform local_cpu --allocator default); pre=() ;;
+      retain) how=(--platform local_cpu); pre=() ;;
+      # a preloaded allocator takes effect only in a process started with it
+      jemalloc) how=(--platform "$out/platform_$allocator.yaml"); pre=(env "LD_PRELOAD=$jemalloc") ;;
+      tcmalloc) how=(--platform "$out/platform_$allocator.yaml"); pre=(env "LD_PRELOAD=$tcmalloc") ;;
     esac
     name="${allocator}_${mode}_b4"
     /usr/bin/time -o "$out/.time" -f "%e\t%U\t%S\t%R\t%M" \
-      "$bin/heptstudy" bench "${how[@]}" --batch-size 4 $flag --passes timing \
+      "${pre[@]}" "$bin/heptstudy" bench "${how[@]}" --batch-size 4 $flag --passes timing \
         --steps 4 --warmup 1 --data-dir "$data_dir" --no-progress \
         --output "$out/$name.json" > "$out/.log" 2>&1 || { cat "$out/.log"; exit 1; }
     printf "%s\t%s\t%s\n" "$allocator" "$name" "$(cat "$out/.time")" >> "$out/processes.tsv"

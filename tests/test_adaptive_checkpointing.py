@@ -5,7 +5,7 @@ import torch
 
 from heptstudy.config import load_config
 from heptstudy.errors import ConfigError, HeptstudyError
-from heptstudy.measure.estimate.plans import calibrate, memory_budget_mib
+from heptstudy.measure.estimate.plans import calibrate, memory_budget_mib, predictor_for
 from heptstudy.measure.memory import make_meter
 from heptstudy.measure.parity import build_seeded
 from heptstudy.model import example_batch
@@ -161,7 +161,10 @@ def test_training_records_plan_and_predicted_peak_per_step(tiny_data_dir, tmp_pa
             "model.heptv2.memory_budget_gib=64",
         ]
     )
-    summary = train(config, progress=False)
+    with pytest.raises(HeptstudyError, match="needs a plan predictor"):
+        train(config, progress=False)  # the trainer sits below the estimate: it is given one
+    assert not (tmp_path / "run").exists()
+    summary = train(config, progress=False, plan_predictor=predictor_for)
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     steps = [r for r in map(json.loads, lines) if r["kind"] == "train"]
     assert [r["checkpoint_plan"] for r in steps] == [["off"], ["off"]]

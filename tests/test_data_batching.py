@@ -9,11 +9,45 @@ import torch
 
 from heptstudy.config import load_config
 from heptstudy.data import BatchLoader, collate, load_events, ntest_batches, validation_batches
-from heptstudy.data.features import brute_force_neighbourhood, tracker_neighbourhood
+from heptstudy.data.features import (
+    ETA,
+    NEAREST_CAP,
+    POS_X,
+    POS_Y,
+    TRACKER,
+    hit_phi,
+    tracker_neighbourhood,
+)
 from heptstudy.data.generate import generate_datasets
 from heptstudy.data.tfds import open_dataset
 
 RADII = [0.05, 0.2]
+
+
+def brute_force_neighbourhood(X: np.ndarray, radii) -> np.ndarray:
+    """Reference O(N^2) implementation of :func:`tracker_neighbourhood` (for tests)."""
+    X = np.asarray(X, dtype=np.float64)
+    n, k = len(X), len(radii)
+    out = np.zeros((n, k + 3))
+    out[:, -1] = NEAREST_CAP
+    trk = np.flatnonzero(X[:, 0] == TRACKER)
+    phi = hit_phi(X)
+    rad = np.hypot(X[:, POS_X], X[:, POS_Y]) / 1000.0
+    for a in range(n):
+        others = trk[trk != a]
+        if len(others) == 0:
+            continue
+        deta = X[others, ETA] - X[a, ETA]
+        dphi = np.angle(np.exp(1j * (phi[others] - phi[a])))
+        d = np.hypot(deta, dphi)
+        for c, r in enumerate(radii):
+            out[a, c] = (d <= r).sum()
+        sel = d <= max(radii)
+        if sel.any():
+            out[a, k] = rad[others[sel]].mean()
+            out[a, k + 1] = rad[others[sel]].std() if sel.sum() > 1 else 0.0
+        out[a, -1] = min(d.min(), NEAREST_CAP)
+    return out.astype(np.float32)
 
 
 @pytest.fixture(scope="module")

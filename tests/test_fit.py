@@ -263,7 +263,7 @@ def test_fake_estimate_matches_cpu_live_bytes(tiny_data_dir):
     from heptstudy.measure.memory import make_meter
     from heptstudy.model import build_model
     from heptstudy.train.optim import build_optimizer, build_scheduler
-    from heptstudy.train.trainer import forward_and_loss, train_step
+    from heptstudy.train.step import run_step
 
     cfg = load_config(
         overrides=TINY_MODEL
@@ -275,12 +275,9 @@ def test_fake_estimate_matches_cpu_live_bytes(tiny_data_dir):
     model = build_model(cfg)
     opt = build_optimizer(model, cfg.train)
     sch = build_scheduler(opt, cfg.train)
-    train_step(model, batch, opt, sch, cfg)  # LAMB state exists, as before a counted step
-    meter = make_meter("cpu")
-    meter.start_step(batch.values(), model=model, optimizer=opt)
-    _, losses = forward_and_loss(model, batch, cfg, None)
-    losses["total"].backward()
-    real = meter.stop_step().peak_allocated_bytes
+    run_step(model, batch, opt, sch, cfg, None)  # LAMB state exists, as before a counted step
+    real = run_step(model, batch, opt, sch, cfg, None, meter=make_meter("cpu")).memory
+    real = real.peak_allocated_bytes
     assert abs(est.peak_allocated_bytes - real) / real < 0.10
     assert est.padded_batch_hits == batch["X"].shape[0] * batch["X"].shape[1]
     from heptstudy import stand_ins

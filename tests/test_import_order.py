@@ -1,6 +1,6 @@
-"""No import loop: the package's module-level imports form no cycle, scenario and fitting do not
-reach back into each other even through imports inside functions, and every module imports
-cleanly when it is the first heptstudy module a process imports."""
+"""Layers that only point down: every heptstudy import (module level or inside a function) goes
+from a layer to the same layer or one below it, no two files import each other even indirectly,
+and every module imports cleanly when it is the first heptstudy module a process imports."""
 
 from __future__ import annotations
 
@@ -12,50 +12,111 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "heptstudy"
 
+#: Bottom to top; a module may import from its own layer and the layers before it. Keys are
+#: module-name prefixes (the longest matching one wins); ``__main__`` modules are entry points
+#: and sit with the command line.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    (
+        "heptstudy",
+        "heptstudy.config",
+        "heptstudy.units",
+        "heptstudy.paths",
+        "heptstudy.atomic",
+        "heptstudy.errors",
+        "heptstudy.stand_ins",
+        "heptstudy.names",
+        "heptstudy.locks",
+        "heptstudy.committed",
+    ),
+    ("heptstudy.data",),
+    ("heptstudy.model",),
+    ("heptstudy.train",),
+    ("heptstudy.measure",),
+    ("heptstudy.scenario",),
+    ("heptstudy.fitting",),
+    ("heptstudy.study",),
+    ("heptstudy.plots",),
+    ("heptstudy.cli", "heptstudy.__main__"),
+)
 
-def _modules() -> dict[str, Path]:
+
+def modules(package: Path) -> dict[str, Path]:
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         out[".".join(parts)] = path
     return out
 
 
-def _imports(path: Path, known, inside_functions: bool) -> set[str]:
-    """heptstudy modules ``path`` imports (``from pkg import name`` counts as importing the
-    submodule when ``pkg.name`` is one, else the package itself)."""
-    found: set[str] = set()
-
-    def visit(node, at_top: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            counted = at_top or inside_functions
-            if counted and isinstance(child, ast.Import):
-                found.update(a.name for a in child.names if a.name.startswith("heptstudy"))
-            elif counted and isinstance(child, ast.ImportFrom) and child.level == 0:
-                mod = child.module or ""
-                if mod.startswith("heptstudy"):
-                    found.update(
-                        f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod
-                        for a in child.names
-                    )
-            in_function = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
-            visit(child, at_top and not in_function)
-
-    visit(ast.parse(path.read_text()), True)
-    return {m for m in found if m in known}
+def imports(path: Path, known) -> dict[str, int]:
+    """heptstudy modules ``path`` imports, anywhere in the file, with a line of each (``from
+    pkg import name`` counts as importing ``pkg.name`` when that is a module, else ``pkg``)."""
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                for a in node.names
+            ]
+        for name in names:
+            if name in known:
+                found.setdefault(name, node.lineno)
+    return found
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
+def layer_of(module: str) -> int:
+    if module.rsplit(".", 1)[-1] == "__main__":
+        return len(LAYERS) - 1
+    best, level = -1, None
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            exact = prefix == "heptstudy"
+            matches = (
+                module == prefix if exact else module == prefix or module.startswith(prefix + ".")
+            )
+            if matches and len(prefix) > best:
+                best, level = len(prefix), i
+    if level is None:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS in {__file__}")
+    return level
+
+
+def graph(package: Path) -> dict[str, dict[str, int]]:
+    mods = modules(package)
+    return {m: {k: v for k, v in imports(p, mods).items() if k != m} for m, p in mods.items()}
+
+
+def upward_imports(package: Path) -> list[str]:
+    """``file:line: a imports b`` for every import of a higher layer."""
+    mods = modules(package)
+    return [
+        f"{mods[m].relative_to(package.parent)}:{line}: {m} (layer {layer_of(m)}) imports "
+        f"{target} (layer {layer_of(target)})"
+        for m, targets in sorted(graph(package).items())
+        for target, line in sorted(targets.items())
+        if layer_of(target) > layer_of(m)
+    ]
+
+
+def cycles(g: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan). A package's
+    ``__init__`` re-exporting its own submodules is no circle: a submodule importing its
+    package only reaches the names the package defines itself."""
     index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def edges(v: str):
+        return [w for w in g[v] if not (w == v.rsplit(".", 1)[0] and v.startswith(w + "."))]
 
     def connect(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in graph[v]:
+        for w in edges(v):
             if w not in index:
                 connect(w)
                 low[v] = min(low[v], low[w])
@@ -72,28 +133,79 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             if len(comp) > 1:
                 out.append(sorted(comp))
 
-    for v in graph:
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in g:
         if v not in index:
             connect(v)
     return out
 
 
-def _graph(inside_functions: bool) -> dict[str, set[str]]:
-    mods = _modules()
-    return {m: _imports(p, mods, inside_functions) - {m} for m, p in mods.items()}
+def test_every_module_is_in_a_layer():
+    for module in modules(PACKAGE):
+        layer_of(module)
 
 
-def test_module_level_imports_have_no_cycle():
-    assert _cycles(_graph(inside_functions=False)) == []
+def test_no_import_points_up():
+    assert upward_imports(PACKAGE) == []
 
 
-def test_scenario_and_fitting_do_not_loop_even_through_function_imports():
-    loops = [
-        c
-        for c in _cycles(_graph(inside_functions=True))
-        if any(m.startswith(("heptstudy.scenario", "heptstudy.fitting")) for m in c)
+def test_no_circle_between_files():
+    assert cycles(graph(PACKAGE)) == []
+
+
+def _fake_tree(root: Path, files: dict[str, str]) -> Path:
+    package = root / "heptstudy"
+    for name, text in files.items():
+        path = package / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return package
+
+
+def test_checker_reports_an_upward_import_inside_a_function(tmp_path):
+    package = _fake_tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "config.py": "",
+            "train/__init__.py": "",
+            "train/trainer.py": """
+                from heptstudy.config import x
+
+                def train():
+                    from heptstudy.measure.estimate.plans import predictor_for
+                    return predictor_for
+                """,
+            "measure/__init__.py": "",
+            "measure/estimate/__init__.py": "",
+            "measure/estimate/plans.py": "from heptstudy.train import trainer\n",
+        },
+    )
+    assert upward_imports(package) == [
+        "heptstudy/train/trainer.py:5: heptstudy.train.trainer (layer 3) imports "
+        "heptstudy.measure.estimate.plans (layer 4)"
     ]
-    assert loops == []
+    assert cycles(graph(package)) == [
+        ["heptstudy.measure.estimate.plans", "heptstudy.train.trainer"]
+    ]
+
+
+def test_checker_accepts_downward_and_entry_point_imports(tmp_path):
+    package = _fake_tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "model/__init__.py": "from heptstudy.model.heptv2 import Layer\n",
+            "model/heptv2.py": "from heptstudy.model import buckets\n",
+            "model/buckets.py": "",
+            "scenario/__init__.py": "",
+            "scenario/__main__.py": "from heptstudy.cli.scenario import main\n",
+            "cli/__init__.py": "",
+            "cli/scenario.py": "import heptstudy.model\n",
+        },
+    )
+    assert upward_imports(package) == []
+    assert cycles(graph(package)) == []
 
 
 def test_every_module_imports_first():
@@ -103,7 +215,7 @@ def test_every_module_imports_first():
         f"""
         import importlib, sys, traceback
         from pathlib import Path
-        names = {sorted(n for n in _modules() if not n.endswith("__main__"))!r}
+        names = {sorted(n for n in modules(PACKAGE) if not n.endswith("__main__"))!r}
         failed = []
         for name in names:
             for loaded in [k for k in sys.modules if k.split(".")[0] == "heptstudy"]:

@@ -67,7 +67,8 @@ def test_parameters_cell_has_exactly_the_request_parameters(kind):
 
 @pytest.mark.parametrize("flag,enabled", [("true", True), ("false", False)])
 def test_memory_notebook_checkpointing_string(tiny_data_dir, tmp_path, flag, enabled):
-    """``-p checkpointing true`` / ``false`` arrive as strings and mean what they say."""
+    """``-p checkpointing true`` / ``false`` arrive as strings and mean full / off; the kernel
+    applies local_cpu's allocator settings itself."""
     params = tmp_path / "tiny.yaml"
     params.write_text(_tiny_yaml(tiny_data_dir))
     report_path = tmp_path / "report.json"
@@ -97,8 +98,13 @@ def test_memory_notebook_checkpointing_string(tiny_data_dir, tmp_path, flag, ena
     assert report.status == "ok" and report.kind == "memory"
     assert report.name == f"{'checkpointed' if enabled else 'baseline'}_b2"
     assert report.checkpointing.enabled is enabled
+    assert report.checkpointing.plan == ("full" if enabled else "off")
     assert report.config["model"]["heptv2"]["activation_checkpointing"] is enabled
-    assert report.batch_size == 2 and report.summary.counted_steps == 1
+    assert report.batch_size == report.config["train"]["global_batch_size"] == 2
+    assert report.summary.counted_steps == 1
+    local_cpu = yaml.safe_load((ROOT / "configs/training/platforms/local_cpu.yaml").read_text())
+    assert report.environment.allocator_settings == local_cpu["env"]
+    assert report.environment.allocator_applied["MALLOC_TOP_PAD_"] == 2**30
     assert set(report.summary.mean_phase_time_s) == {
         "backbone_forward",
         "decoder_and_heads",
@@ -196,14 +202,25 @@ def test_misspelled_parameter_is_refused(tmp_path):
 
 
 def test_yaml_boolean_parameter(tiny_data_dir, tmp_path):
-    """``-y 'checkpointing: yes'`` (a YAML boolean) gets as far as the measurement."""
-    from heptstudy import study
-
-    # The notebook's first cell is study.memory_options: check the YAML value there, cheaply.
-    value = yaml.safe_load("checkpointing: yes")["checkpointing"]
-    assert study.memory_options(
-        batch_size=1, checkpointing=value, data_dir=str(tiny_data_dir)
-    ).checkpointing
+    """``-y 'checkpointing: yes'`` (a YAML boolean) gets as far as the measurement: the report
+    measured full checkpointing."""
+    params = tmp_path / "tiny.yaml"
+    params.write_text(_tiny_yaml(tiny_data_dir))
+    report_path = tmp_path / "report.json"
+    res = _papermill_cli(
+        "memory.ipynb",
+        tmp_path / "out.ipynb",
+        "-f",
+        str(params),
+        "-y",
+        f"{{checkpointing: yes, batch_size: 1, steps: 1, warmup: 0, passes: memory, "
+        f"output: '{report_path}'}}",
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = read_report(report_path)
+    assert report.status == "ok" and report.name == "checkpointed_b1"
+    assert report.checkpointing.plan == "full" and report.checkpointing.enabled is True
+    assert report.config["model"]["heptv2"]["activation_checkpointing"] is True
 
 
 def _fresh_copy(tmp_path) -> Path:
@@ -242,11 +259,7 @@ def test_make_study_on_a_fresh_copy(tiny_data_dir, tmp_path):
     matrix["runs"] = [
         {"batch_size": 2, "checkpointing": False},
         {"batch_size": 2, "checkpointing": "true"},
-        {
-            "batch_size": 2,
-            "checkpointing": True,
-            "overrides": ["model.heptv2.activation_checkpointing_policy=selective"],
-        },
+        {"batch_size": 2, "checkpointing": "selective"},
         {"batch_size": 2, "checkpointing": False, "allocator": "default", "passes": "timing"},
     ]
     path = tmp_path / "matrix.yaml"  # outside the checkout: nothing added to it
@@ -272,6 +285,7 @@ def test_make_study_on_a_fresh_copy(tiny_data_dir, tmp_path):
         report = read_report(out / f"{name}.json")
         assert report.status == "ok" and report.fingerprint
         assert report.environment.allocator_settings == settings["env"]
+        assert report.environment.allocator_applied["MALLOC_TOP_PAD_"] == 2**30  # in the kernel
         counted = [s for s in report.steps if s.counted]
         assert counted and all(s.minor_page_faults is not None for s in counted)
         assert all(s.system_time_s is not None for s in counted)
@@ -280,6 +294,7 @@ def test_make_study_on_a_fresh_copy(tiny_data_dir, tmp_path):
     assert (selective.policy, selective.checkpoint_every) == ("selective", 1)
     default = read_report(out / "default_allocator" / "baseline_b2.json")
     assert default.environment.allocator_settings == {} and default.summary.mean_step_time_s
+    assert default.environment.allocator_applied is None
     assert default.summary.max_peak_allocated_mib is None  # timing only
 
     html = (out / "report.html").read_text()

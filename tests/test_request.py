@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from heptstudy.cli.bench import register_cli, request_from_args
-from heptstudy.config import load_config, load_platform
+from heptstudy.config import CHECKPOINTING_VALUES, load_config, load_platform
 from heptstudy.measure.request import (
     DEFAULT_STEPS,
     NOTEBOOK_PARAMETERS,
@@ -67,6 +67,7 @@ CASES = [
             "--batch-size",
             "2",
             "--checkpointing",
+            "selective",
             "--steps",
             "3",
             "--platform",
@@ -78,32 +79,90 @@ CASES = [
             "--set",
             "model.heptv2.num_convs=2",
             "--set",
-            "model.heptv2.activation_checkpointing_policy=selective",
+            "train.lr=0.002",
+            "--allocator",
+            "default",
         ],
         {
             "batch_size": "2",
-            "checkpointing": "true",
+            "checkpointing": "selective",
             "steps": "3",
             "platform": "local_cpu",
             "dtype": "bfloat16",
             "seed": "5",
-            "overrides": "model.heptv2.num_convs=2 model.heptv2.activation_checkpointing_policy=selective",
+            "overrides": "model.heptv2.num_convs=2 train.lr=0.002",
+            "allocator": "default",
         },
     ),
     ("memory", ["--batch-size", "1", "--platform", "h100"], {"platform": "h100"}),
+    # the old flag: a bare --checkpointing is full, as the string true is
+    (
+        "memory",
+        ["--batch-size", "3", "--checkpointing"],
+        {"batch_size": "3", "checkpointing": "true"},
+    ),
     ("parity", ["--parity-only", "--deterministic"], {"deterministic": "True"}),
 ]
 
 
-@pytest.mark.parametrize("kind,argv,strings", CASES, ids=["defaults", "many", "gpu", "parity"])
-def test_cli_notebook_and_matrix_build_the_same_request(tmp_path, kind, argv, strings):
+@pytest.mark.parametrize(
+    "kind,argv,strings", CASES, ids=["defaults", "many", "gpu", "old-flag", "parity"]
+)
+def test_cli_notebook_and_matrix_build_the_same_measurement(tmp_path, kind, argv, strings):
     cli = _cli(argv)
     notebook = _notebook(kind, strings)
     matrix = _matrix(tmp_path, kind, strings)
     assert cli == notebook == matrix
-    assert cli.config() == notebook.config() == matrix.config()
-    assert cli.name == notebook.name == matrix.name
-    assert cli.report_path() == notebook.report_path() == matrix.report_path()
+    resolved = cli.resolve()
+    assert resolved == notebook.resolve() == matrix.resolve()
+    assert resolved.name == cli.name and resolved.config.train.global_batch_size == cli.batch_size
+
+
+#: Each checkpointing value, the model.heptv2 keys it resolves to and its report name's part.
+PLANS = {
+    "off": ((False, "full", 1), "baseline"),
+    "full": ((True, "full", 1), "checkpointed"),
+    "selective": ((True, "selective", 1), "checkpointed_selective"),
+    "every2": ((True, "full", 2), "checkpointed_every2"),
+    "every3": ((True, "full", 3), "checkpointed_every3"),
+    "auto": (("auto", "full", 1), "auto"),
+}
+
+
+def test_every_checkpointing_value_is_listed_here():
+    assert tuple(PLANS) == CHECKPOINTING_VALUES
+
+
+@pytest.mark.parametrize("value", [*CHECKPOINTING_VALUES, "true", "false", "FULL"])
+def test_each_checkpointing_value_is_the_same_measurement_everywhere(tmp_path, value):
+    cli = _cli(["--batch-size", "4", "--checkpointing", value])
+    notebook = _notebook("memory", {"batch_size": "4", "checkpointing": value})
+    matrix = _matrix(tmp_path, "memory", {"batch_size": 4, "checkpointing": value})
+    m = cli.resolve()
+    assert m == notebook.resolve() == matrix.resolve()
+    plan = {"true": "full", "false": "off"}.get(value.lower(), value.lower())
+    (keys, part) = PLANS[plan]
+    h = m.config.model.heptv2
+    assert m.checkpointing == plan and m.name == f"{part}_b4"
+    assert (
+        h.activation_checkpointing,
+        h.activation_checkpointing_policy,
+        h.checkpoint_every,
+    ) == keys
+    assert m.report_path == Path("experiments/scratch") / f"{part}_b4.json"
+
+
+def test_yaml_bare_off_and_on_are_booleans_and_still_mean_off_and_full(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        "runs:\n  - {batch_size: 2, checkpointing: off}\n  - {batch_size: 2, checkpointing: on}\n"
+    )
+    assert [r.request().checkpointing for r in load_matrix(path).runs] == ["off", "full"]
+
+
+def test_batch_size_is_the_training_batch_size():
+    config = MeasurementRequest.build(batch_size=16).resolve().config
+    assert config.train.global_batch_size == 16 and config.data.nvalid == 16
 
 
 def test_defaults_are_stated_once_and_depend_on_the_device():
@@ -144,6 +203,7 @@ def test_config_is_built_directly(tmp_path):
     )
     backend = load_platform(request.platform).attention_backend
     dotted = [
+        "train.global_batch_size=3",
         "data.nvalid=3",
         "data.ntest=0",
         f"model.heptv2.attention_backend={backend}",
@@ -155,7 +215,7 @@ def test_config_is_built_directly(tmp_path):
         "model.heptv2.activation_checkpointing=true",
         "model.track_cluster.width=64",
     ]
-    assert request.config() == load_config(overrides=dotted)
+    assert request.resolve().config == load_config(overrides=dotted)
 
 
 @pytest.mark.parametrize(
@@ -165,11 +225,22 @@ def test_config_is_built_directly(tmp_path):
         ({"steps": False}, "a boolean is not an integer"),
         ({"seed": True}, "a boolean is not an integer"),
         ({"batch_size": 2.0}, "integers >= 1"),
-        ({"checkpointing": 1}, "checkpointing=1 is not allowed: allowed values are true or false"),
-        ({"checkpointing": "1"}, "true or false"),
+        (
+            {"checkpointing": 1},
+            "checkpointing=1 is not allowed: allowed values are off, full, selective, every2, "
+            "every3, auto (true/false: full/off); a number is not a checkpointing value",
+        ),
+        ({"checkpointing": "every4"}, "allowed values are off, full, selective"),
+        (
+            {"overrides": ["model.heptv2.checkpoint_every=2"]},
+            "give checkpointing instead of overriding model.heptv2.checkpoint_every",
+        ),
+        ({"overrides": ["train.global_batch_size=8"]}, "give batch_size instead"),
+        ({"allocator": "jemalloc"}, "allocator='jemalloc' is not allowed: allowed values are"),
         ({"deterministic": 0}, "a number is not a boolean"),
         ({"batchsize": 4}, "unknown parameter batchsize=4; did you mean 'batch_size'?"),
         ({"kind": "parity", "checkpointing": True}, "checkpointing does not apply to a parity"),
+        ({"kind": "parity", "allocator": "default"}, "allocator does not apply to a parity"),
         ({"kind": "timing"}, "allowed values are memory or parity"),
         ({"overrides": ["data.data_dir=/x"]}, "give data_dir instead of overriding data.data_dir"),
     ],

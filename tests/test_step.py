@@ -197,3 +197,16 @@ def test_describe_reports_without_times_or_measurement(bench_report):
         {**bench_report.model_dump(), "status": "error", "error": "kernel died", "summary": None}
     )
     assert describe(failed).endswith("no measurement: kernel died")
+
+
+def test_a_batch_16_report_records_batch_16_where_training_would(tiny_data_dir, tmp_path):
+    path = tmp_path / "b16.json"
+    m = _request(
+        tiny_data_dir, path, batch_size=16, checkpointing="every2", steps=1, warmup=0
+    ).resolve()
+    bench.run_bench(m.request.model_copy(update={"passes": "memory"}))
+    data = rp.read_report(path)
+    assert data.name == "checkpointed_every2_b16" and data.checkpointing.plan == "every2"
+    assert data.batch_size == data.config["train"]["global_batch_size"] == 16
+    assert data.config["model"]["heptv2"]["checkpoint_every"] == 2
+    assert all(len(s.event_indices) == 16 for s in data.steps)

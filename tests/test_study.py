@@ -10,6 +10,7 @@ from heptstudy import plots, study
 from heptstudy.cli import build_parser
 from heptstudy.cli import study as cli_study
 from heptstudy.measure.report import read_report
+from heptstudy.measure.request import MeasurementRequest
 from heptstudy.study import NotebookParameterError, StudyError
 from heptstudy.study.runner import _failure_report
 from tests.conftest import TINY_MODEL
@@ -20,38 +21,49 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize(
     "value,expected",
     [
-        ("true", True),
-        ("false", False),
-        ("TRUE", True),
-        ("False", False),
-        (" true ", True),
-        (True, True),
-        (False, False),
+        ("true", "full"),
+        ("false", "off"),
+        ("TRUE", "full"),
+        ("False", "off"),
+        (" true ", "full"),
+        (True, "full"),
+        (False, "off"),
+        ("Every2", "every2"),
+        ("auto", "auto"),
     ],
 )
-def test_bool_spellings(value, expected):
-    assert study.parse_bool("checkpointing", value) is expected
+def test_checkpointing_spellings(value, expected):
+    assert MeasurementRequest.build(checkpointing=value).checkpointing == expected
 
 
 @pytest.mark.parametrize("value", ["maybe", "yes", "1", 1, 0, 1.0, None, "", [True]])
-def test_bool_refuses_everything_else(value):
-    with pytest.raises(NotebookParameterError, match=r"parameter checkpointing=.*true or false"):
-        study.parse_bool("checkpointing", value)
+def test_checkpointing_refuses_everything_else(value):
+    with pytest.raises(NotebookParameterError, match=r"parameter checkpointing=.*off, full"):
+        MeasurementRequest.build(checkpointing=value)
 
 
 def test_yaml_booleans_mean_what_they_say():
     values = yaml.safe_load("a: true\nb: False\nc: yes\nd: off")
-    assert [study.parse_bool(k, v) for k, v in values.items()] == [True, False, True, False]
+    got = [MeasurementRequest.build(checkpointing=v).checkpointing for v in values.values()]
+    assert got == ["full", "off", "full", "off"]
 
 
 @pytest.mark.parametrize("value", ["four", 0, -1, 2.0, True, None, "1.5"])
 def test_batch_size_refused(value):
     with pytest.raises(NotebookParameterError, match=r"parameter batch_size=.*integers >= 1"):
-        study.memory_options(batch_size=value)
+        _memory(batch_size=value)
+
+
+def _memory(**parameters) -> MeasurementRequest:
+    return MeasurementRequest.build(kind="memory", **parameters)
+
+
+def _parity(**parameters) -> MeasurementRequest:
+    return MeasurementRequest.build(kind="parity", **parameters)
 
 
 def test_memory_options_from_strings_and_defaults(tiny_data_dir):
-    opts = study.memory_options(
+    opts = _memory(
         batch_size="4",
         checkpointing="true",
         platform="local_cpu",
@@ -60,15 +72,15 @@ def test_memory_options_from_strings_and_defaults(tiny_data_dir):
     )
     assert (opts.batch_size, opts.checkpointing, opts.steps, opts.warmup) == (
         4,
-        True,
+        "full",
         2,
         1,
     )  # CPU: 2/1
     assert opts.platform.endswith("configs/training/platforms/local_cpu.yaml")
     assert opts.overrides == ["model.heptv2.num_convs=2", "train.lr=0.002"]
     assert opts.output is None and opts.name == "checkpointed_b4"
-    assert str(opts.report_path()) == "experiments/scratch/checkpointed_b4.json"
-    gpu = study.memory_options(batch_size=1, platform="h100")
+    assert str(opts.resolve().report_path) == "experiments/scratch/checkpointed_b4.json"
+    gpu = _memory(batch_size=1, platform="h100")
     assert (gpu.steps, gpu.warmup) == (5, 2)
 
 
@@ -91,17 +103,17 @@ def test_memory_options_from_strings_and_defaults(tiny_data_dir):
 )
 def test_other_parameters_refused(kwargs, match):
     with pytest.raises(NotebookParameterError, match=match):
-        study.memory_options(batch_size=1, **kwargs)
+        _memory(batch_size=1, **kwargs)
 
 
 def test_parity_options():
-    opts = study.parity_options(batch_size=1, deterministic="TRUE")
+    opts = _parity(batch_size=1, deterministic="TRUE")
     assert opts.kind == "parity" and opts.deterministic and opts.name == "parity_deterministic_b1"
     assert (opts.steps, opts.warmup) == (None, None)
     with pytest.raises(NotebookParameterError, match="deterministic"):
-        study.parity_options(deterministic="sometimes")
+        _parity(deterministic="sometimes")
     with pytest.raises(NotebookParameterError, match="steps does not apply to a parity"):
-        study.parity_options(steps=3)
+        _parity(steps=3)
 
 
 @pytest.mark.parametrize(
@@ -153,18 +165,15 @@ def test_run_overrides_add_to_the_defaults(tmp_path):
             {"batch_size": 2, "checkpointing": True},
             {
                 "batch_size": 2,
-                "checkpointing": True,
-                "overrides": ["model.heptv2.activation_checkpointing_policy=selective"],
+                "checkpointing": "selective",
+                "overrides": ["model.heptv2.dropout=0"],
             },
         ],
     }
     path.write_text(yaml.safe_dump(matrix))
     full, selective = study.load_matrix(path).runs
     assert (full.name, selective.name) == ("checkpointed_b2", "checkpointed_selective_b2")
-    assert selective.parameters["overrides"] == [
-        "train.lr=0.002",
-        "model.heptv2.activation_checkpointing_policy=selective",
-    ]
+    assert selective.parameters["overrides"] == ["train.lr=0.002", "model.heptv2.dropout=0"]
 
 
 @pytest.mark.parametrize(
@@ -436,8 +445,14 @@ def test_cli_has_study_commands(capsys):
     assert "checkpointed_every3_b4" in capsys.readouterr().out
 
 
+def _pipeline_config(**parameters):
+    from heptstudy.study.params import PipelineParameters
+
+    return PipelineParameters.build(**parameters).config()
+
+
 def test_pipeline_config_and_fresh_dir(tmp_path, tiny_data_dir):
-    config = study.pipeline_config(
+    config = _pipeline_config(
         out_dir=str(tmp_path / "p"),
         batch_size="2",
         num_steps=3,
@@ -448,9 +463,9 @@ def test_pipeline_config_and_fresh_dir(tmp_path, tiny_data_dir):
     assert config.train.global_batch_size == 2 and config.train.num_steps == 3
     assert config.model.heptv2.activation_checkpointing is False
     with pytest.raises(NotebookParameterError, match="did you mean 'num_steps'"):
-        study.pipeline_config(numsteps=3)
+        _pipeline_config(numsteps=3)
     with pytest.raises(NotebookParameterError, match="parameter checkpointing=1"):
-        study.pipeline_config(checkpointing=1)
+        _pipeline_config(checkpointing=1)
     from heptstudy.study.params import pipeline_parameters
 
     injected = "# Parameters\nnumsteps = 3\n"  # papermill's cell for -p numsteps 3
@@ -492,12 +507,12 @@ def test_study_matrices_run_auto_where_the_budget_lies_between_off_and_full():
     assert set(cpu) == {4, 16} and cpu[4].name == "auto_b4"
     # the budgets lie between the committed reference's checkpointed and off peaks (batch 16:
     # above the checkpointed peak and below 4 x batch 4's off peak; it has no off run)
-    budget_b4 = cpu[4].config().model.heptv2.memory_budget_gib * 1024
+    budget_b4 = cpu[4].resolve().config.model.heptv2.memory_budget_gib * 1024
     off_b4 = peak_mib("baseline_b4")
     assert peak_mib("checkpointed_b4") < budget_b4 < off_b4
-    budget_b16 = cpu[16].config().model.heptv2.memory_budget_gib * 1024
+    budget_b16 = cpu[16].resolve().config.model.heptv2.memory_budget_gib * 1024
     assert peak_mib("checkpointed_b16") < budget_b16 < 4 * off_b4
-    assert set(gpu) == {48} and gpu[48].config().model.heptv2.memory_budget_gib is None
+    assert set(gpu) == {48} and gpu[48].resolve().config.model.heptv2.memory_budget_gib is None
     assert study.policy_label("auto", None, None) == "auto"
 
 

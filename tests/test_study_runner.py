@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from heptstudy import study
+from heptstudy.errors import HeptstudyError
 from heptstudy.measure import allocator as alloc
 from heptstudy.measure.host_usage import HostUsage
 from heptstudy.measure.report import read_report, write_report
@@ -253,36 +254,44 @@ def test_rounds_alternate_and_repeat_timing_only(tiny_data_dir, tmp_path):
         study.load_matrix(bad)
 
 
+def _profile(name):
+    from heptstudy.config import load_platform
+    from heptstudy.paths import PLATFORM_DIR
+
+    return load_platform(PLATFORM_DIR / f"{name}.yaml")
+
+
 def test_allocator_settings_and_the_environment_a_process_starts_with(monkeypatch):
-    settings = alloc.platform_allocator("local_cpu")
+    settings = alloc.measurement_allocator(_profile("local_cpu"), "cpu")
     assert settings == {
         "MALLOC_MMAP_THRESHOLD_": str(16 * 2**30),
         "MALLOC_TOP_PAD_": str(2**30),
         "MALLOC_TRIM_THRESHOLD_": str(16 * 2**30),
     }
-    assert alloc.platform_allocator(None) is None and alloc.platform_allocator("h100") is None
     # a CPU bench without --platform runs with local_cpu's settings; a GPU one keeps its own
     assert alloc.measurement_allocator(None, "cpu") == settings
     assert alloc.measurement_allocator(None, "cuda") is None
-    assert alloc.measurement_allocator("h100", "cuda") is None
+    assert alloc.measurement_allocator(_profile("h100"), "cuda") is None
     assert alloc.describe_settings(settings).startswith("MALLOC_MMAP_THRESHOLD_=16 GiB")
     base = {"PATH": "/bin", "MALLOC_ARENA_MAX": "2", "LD_PRELOAD": "/x/libjemalloc.so"}
     assert alloc.environment_with({}, base) == {"PATH": "/bin"}
     assert alloc.environment_with(settings, base) == {"PATH": "/bin", **settings}
     assert alloc.allocator_name({"LD_PRELOAD": "/x/libtcmalloc.so.4"}) == "tcmalloc"
     assert alloc.start_environment().get("PATH")  # read from /proc/self/environ
-    # a test process is not the command: it is never started again, it says so
-    assert alloc.started_as_command() is False
-    assert alloc.start_with(settings) is (alloc.allocator_settings(os.environ) == settings)
+    with pytest.raises(HeptstudyError, match=r"\['LD_PRELOAD'\] cannot be set with mallopt"):
+        alloc.apply_allocator({"LD_PRELOAD": "/x/libjemalloc.so"})
+    with pytest.raises(HeptstudyError, match="is not a byte count"):
+        alloc.apply_allocator({"MALLOC_TOP_PAD_": "1G"})
     with runner._kernel_started_with({"MALLOC_TOP_PAD_": "1"}):
         assert os.environ["MALLOC_TOP_PAD_"] == "1"
     assert os.environ.get("MALLOC_TOP_PAD_") != "1"
 
 
 @pytest.mark.parametrize("line", ["platform", "default"])
-def test_bench_command_starts_itself_with_its_allocator(line, tiny_data_dir, tmp_path):
-    """`heptstudy bench` on a CPU, no --platform: started with a stray glibc variable, it
-    starts itself again with local_cpu's settings, or with none for --allocator default."""
+def test_bench_command_applies_its_allocator_itself(line, tiny_data_dir, tmp_path):
+    """`heptstudy bench` on a CPU, no --platform, started with a stray glibc variable: the
+    measurement applies local_cpu's settings with mallopt (the stray one overridden), or, for
+    --allocator default, nothing (the report records the variable the process started with)."""
     import subprocess
     import sys
 
@@ -290,7 +299,8 @@ def test_bench_command_starts_itself_with_its_allocator(line, tiny_data_dir, tmp
     overrides = [a for o in TINY_MODEL for a in ("--set", o)]
     argv = ["bench", "--batch-size", "1", "--passes", "timing", "--steps", "1", "--warmup", "0"]
     argv += ["--data-dir", str(tiny_data_dir), "--output", str(out), "--no-progress"]
-    env = {**os.environ, "MALLOC_TOP_PAD_": "4096"}
+    stray = {"MALLOC_TOP_PAD_": "4096"} if line == "platform" else {}
+    env = alloc.environment_with(stray)
     done = subprocess.run(
         [sys.executable, "-m", "heptstudy", *argv, *overrides, "--allocator", line],
         env=env,
@@ -299,9 +309,18 @@ def test_bench_command_starts_itself_with_its_allocator(line, tiny_data_dir, tmp
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    want = alloc.platform_allocator("local_cpu") if line == "platform" else {}
+    settings = alloc.measurement_allocator(None, "cpu")
     report = read_report(out)
-    assert report.environment.allocator_settings == want
+    if line == "platform":
+        assert report.environment.allocator_settings == settings
+        assert report.environment.allocator_applied == {
+            "MALLOC_MMAP_THRESHOLD_": 2**31 - 1,  # mallopt's largest: it takes a C int
+            "MALLOC_TOP_PAD_": 2**30,
+            "MALLOC_TRIM_THRESHOLD_": 2**31 - 1,
+        }
+    else:
+        assert report.environment.allocator_settings == {}
+        assert report.environment.allocator_applied is None
     # its summary says which allocator, and what glibc's defaults do to the times
     from heptstudy.measure.summary import describe
 
@@ -430,10 +449,10 @@ def test_report_records_allocator_and_page_faults_of_each_step(tiny_data_dir, tm
         progress=False,
     )
     report = run_bench(request)
-    env = report.environment
-    assert env.allocator.startswith("glibc") and env.allocator_settings == (
-        alloc.allocator_settings(alloc.start_environment())
-    )
+    env = report.environment  # applied in this process: a CPU without a platform is local_cpu
+    assert env.allocator.startswith("glibc")
+    assert env.allocator_settings == alloc.measurement_allocator(None, "cpu")
+    assert env.allocator_applied["MALLOC_TOP_PAD_"] == 2**30
     counted = [s for s in report.steps if s.counted]
     assert all(s.minor_page_faults is not None and s.minor_page_faults >= 0 for s in counted)
     assert all(s.system_time_s is not None and s.user_time_s > 0 for s in counted)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def request_from_args(args: argparse.Namespace):
@@ -23,26 +22,13 @@ def request_from_args(args: argparse.Namespace):
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from heptstudy.measure.allocator import measurement_allocator, start_with
     from heptstudy.measure.bench import run_bench
     from heptstudy.measure.summary import describe
 
-    request = request_from_args(args)
-    # allocator settings take effect only in a process started with them; {}: none at all
-    if args.allocator == "default":
-        settings, whose = {}, "the allocator as it comes"
-    else:
-        settings = measurement_allocator(request.platform, request.device.type)
-        whose = f"the allocator settings of platform {request.platform or 'local_cpu'}"
-    if not start_with(settings):
-        print(
-            f"note: {whose} are not in effect (this process was not started with them); the "
-            "report records what it ran with",
-            file=sys.stderr,
-        )
-    report = run_bench(request)
+    measurement = request_from_args(args).resolve()
+    report = run_bench(measurement)
     print(describe(report))
-    print(f"report: {request.report_path()}")
+    print(f"report: {measurement.report_path}")
     return 0
 
 
@@ -96,7 +82,8 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     ),
     "overrides": ("--set", dict(action="append", metavar="KEY=VALUE")),
     "progress": ("--no-progress", dict(action="store_const", const=False, help="no progress bar")),
-    "checkpointing": ("--checkpointing", dict(action=argparse.BooleanOptionalAction)),
+    # a bare --checkpointing (the old flag) is full
+    "checkpointing": ("--checkpointing", dict(nargs="?", const="full", metavar="VALUE")),
     "deterministic": ("--deterministic", dict(action=argparse.BooleanOptionalAction)),
 }
 
@@ -127,15 +114,15 @@ def register_cli(sub) -> None:
         action="store_const",
         const="auto",
         default=argparse.SUPPRESS,
-        help="checkpointing auto: each step runs the cheapest plan whose predicted peak fits "
+        help="--checkpointing auto: each step runs the cheapest plan whose predicted peak fits "
         "model.heptv2.memory_budget_gib (--set it; default: the platform's memory less 10%%)",
     )
     p.add_argument(
-        "--allocator",
-        choices=("platform", "default"),
-        default="platform",
-        help="platform: start with the platform profile's allocator settings (on a CPU without "
-        "--platform, local_cpu's: glibc keeps freed memory); default: the allocator as it "
-        "comes, as an unconfigured training sees it (as the study matrix's allocator: default)",
+        "--no-checkpointing",
+        dest="checkpointing",
+        action="store_const",
+        const="off",
+        default=argparse.SUPPRESS,
+        help="checkpointing off (the old flag; --checkpointing off)",
     )
     p.set_defaults(func=_bench)

@@ -7,10 +7,17 @@ import argparse
 
 def _train(args: argparse.Namespace) -> int:
     from heptstudy.config import load_config
+    from heptstudy.measure.estimate.plans import predictor_for
     from heptstudy.train.trainer import train
 
     config = load_config(args.config, args.overrides)
-    summary = train(config, resume=args.resume, progress=not args.no_progress, new_run=args.new_run)
+    summary = train(
+        config,
+        resume=args.resume,
+        progress=not args.no_progress,
+        new_run=args.new_run,
+        plan_predictor=predictor_for,
+    )
     if summary["rank"] == 0:
         print(f"trained to step {summary['step']}; outputs in {summary['out_dir']}")
     return 0

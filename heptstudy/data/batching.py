@@ -40,6 +40,13 @@ def padded_sizes(lengths, multiple: int) -> np.ndarray:
     return -(-n // multiple) * multiple
 
 
+def to_device(
+    batch: dict[str, torch.Tensor], device, non_blocking: bool = False
+) -> dict[str, torch.Tensor]:
+    """Every tensor of ``batch`` on ``device``."""
+    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+
+
 def collate(
     events: Sequence[dict[str, Any]],
     pad_to_multiple: int,

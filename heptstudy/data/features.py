@@ -49,10 +49,6 @@ def hit_phi(X: np.ndarray) -> np.ndarray:
     return np.arctan2(X[:, SIN_PHI], X[:, COS_PHI])
 
 
-def feature_names(radii: Sequence[float]) -> list[str]:
-    return [f"count_r{r:g}" for r in radii] + ["mean_radius", "radius_spread", "nearest"]
-
-
 def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
     """The ``[N, len(radii) + 3]`` float32 neighbourhood block of the hits ``X [N, 15]``."""
     radii = [float(r) for r in radii]
@@ -125,29 +121,3 @@ def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
         nearest[lone] = tree_trk.query(pts[lone], k=2, distance_upper_bound=NEAREST_CAP)[0][:, 1]
     out[:, -1] = np.minimum(nearest, NEAREST_CAP)
     return out
-
-
-def brute_force_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
-    """Reference O(N^2) implementation of :func:`tracker_neighbourhood` (for tests)."""
-    X = np.asarray(X, dtype=np.float64)
-    n, k = len(X), len(radii)
-    out = np.zeros((n, k + 3))
-    out[:, -1] = NEAREST_CAP
-    trk = np.flatnonzero(X[:, 0] == TRACKER)
-    phi = hit_phi(X)
-    rad = np.hypot(X[:, POS_X], X[:, POS_Y]) / 1000.0
-    for a in range(n):
-        others = trk[trk != a]
-        if len(others) == 0:
-            continue
-        deta = X[others, ETA] - X[a, ETA]
-        dphi = np.angle(np.exp(1j * (phi[others] - phi[a])))
-        d = np.hypot(deta, dphi)
-        for c, r in enumerate(radii):
-            out[a, c] = (d <= r).sum()
-        sel = d <= max(radii)
-        if sel.any():
-            out[a, k] = rad[others[sel]].mean()
-            out[a, k + 1] = rad[others[sel]].std() if sel.sum() > 1 else 0.0
-        out[a, -1] = min(d.min(), NEAREST_CAP)
-    return out.astype(np.float32)

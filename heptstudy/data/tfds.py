@@ -24,7 +24,6 @@ from heptstudy.errors import DataError
 
 VERSION = "3.2.1"
 CONFIG_NAMES = tuple(str(i) for i in range(1, 11))
-SPLITS = ("train", "test")
 HITS_NAME = "cld_edm_ttbar_hits"
 PF_NAME = "cld_edm_ttbar_pf"
 
@@ -32,7 +31,6 @@ PF_NAME = "cld_edm_ttbar_pf"
 X_WIDTH = {HITS_NAME: len(HIT_FEATURES), PF_NAME: len(PF_FEATURES)}
 Y_WIDTH = len(TARGET_COLUMNS)
 FEATURE_KEYS = ("X", "ytarget", "ycand", "genmet", "genjets", "targetjets")
-JET_COLUMNS = ("pt", "eta", "phi", "energy")
 assert tuple(CLASS_PDG_IDS) == (0, 211, 130, 22, 11, 13)
 
 

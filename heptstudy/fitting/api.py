@@ -17,8 +17,8 @@ from typing import Any
 from heptstudy.fitting.predict import FitAnswer, evaluate
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import choose_model
-from heptstudy.measure.estimate.margin import DEFAULT_MARGIN_FRACTION
 from heptstudy.measure.estimate.memory_model import FitError, MemoryModel
+from heptstudy.measure.estimate.plans import DEFAULT_MARGIN_FRACTION
 from heptstudy.scenario.model import REPO_ROOT
 from heptstudy.units import GIB, MIB
 

@@ -1,24 +1,28 @@
-"""The host memory allocator a CPU measurement runs with: which one, its settings, and starting
-a process with them.
+"""The host memory allocator a CPU measurement runs with: which one, its settings, and applying
+them inside the measuring process.
 
 On CPU, glibc's allocator as it comes hands large freed blocks back to the kernel, so a step
 without checkpointing has the kernel map and zero its activations' pages again on every step
 (``experiments/cpu_allocator/``): the step time then measures page faults, not recomputation.
 A platform profile states the setting its runs need in ``env`` (``local_cpu``: glibc's
-``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``/``MALLOC_TOP_PAD_``). glibc reads these
-variables once, when the process starts, so they have to be in the environment a process is
-*started* with: the study runner starts each notebook kernel with them, and ``heptstudy bench``
-starts itself again with them (:func:`start_with`) before it allocates anything.
+``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``/``MALLOC_TOP_PAD_``). glibc reads those
+variables only when a process starts; every measurement applies the same settings itself, with
+``mallopt`` at the start of the measurement (:func:`apply_allocator`), so that ``heptstudy
+bench``, a notebook and a study run measure the same way whatever environment started them
+(``experiments/allocator_entry_points/``). ``mallopt`` takes a C ``int``: a setting above
+2 GiB - 1 is applied as 2 GiB - 1, and the report records the values applied.
 
-Every report records what its process was started with (:func:`allocator_in_use`), read from
-``/proc/self/environ`` (the environment at process start, not later changes).
+Every report records the allocator, its settings and what was applied
+(:func:`allocator_state`); settings not applied come from ``/proc/self/environ`` (the
+environment at process start, not later changes).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
-import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from heptstudy.errors import HeptstudyError
 from heptstudy.units import GIB
@@ -28,8 +32,12 @@ from heptstudy.units import GIB
 _PREFIXES = ("MALLOC_", "GLIBC_TUNABLES", "TCMALLOC_", "MIMALLOC_", "JEMALLOC_")
 #: A preloaded allocator library is an allocator setting too.
 _PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
-#: Set while ``heptstudy bench`` restarts itself, so that it restarts at most once.
-_RESTARTED = "HEPTSTUDY_ALLOCATOR_RESTARTED"
+#: glibc's ``mallopt`` parameter (``malloc.h``) of each variable it reads at process start.
+_MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}
+_INT_MAX = 2**31 - 1
+#: What this process has applied so far ({variable: (setting, value applied)}): mallopt cannot be
+#: undone, so a later measurement in the same process runs with it too, and says so.
+_APPLIED: dict[str, tuple[str, int]] = {}
 
 
 def is_allocator_variable(name: str, value: str = "") -> bool:
@@ -43,28 +51,20 @@ def allocator_settings(env: Mapping[str, str]) -> dict[str, str]:
     return {k: env[k] for k in sorted(env) if is_allocator_variable(k, env[k])}
 
 
-def platform_allocator(platform: str | None) -> dict[str, str] | None:
-    """The allocator variables a platform profile's ``env`` sets; None without a profile or when
-    it sets none (the process keeps what it was started with)."""
-    if not platform:
-        return None
-    from heptstudy.config import load_platform
-    from heptstudy.scenario.model import PLATFORM_DIR, find_file
-
-    profile = load_platform(find_file(platform, PLATFORM_DIR) or platform)
-    return allocator_settings(profile.env) or None
-
-
 #: The profile whose allocator settings a CPU measurement without a platform runs with.
 CPU_PROFILE = "local_cpu"
 
 
-def measurement_allocator(platform: str | None, device_type: str) -> dict[str, str] | None:
-    """The allocator settings a measurement runs with: its platform's, else on a CPU the
-    ``local_cpu`` profile's (a CPU step time without them measures page faults), else None."""
-    if platform:
-        return platform_allocator(platform)
-    return platform_allocator(CPU_PROFILE) if device_type == "cpu" else None
+def measurement_allocator(profile, device_type: str) -> dict[str, str] | None:
+    """The allocator settings a measurement applies: its platform profile's (a
+    :class:`~heptstudy.config.PlatformConfig`), else on a CPU the ``local_cpu`` profile's (a
+    CPU step time without them measures page faults), else None."""
+    if profile is None and device_type == "cpu":
+        from heptstudy.config import load_platform
+        from heptstudy.paths import PLATFORM_DIR
+
+        profile = load_platform(PLATFORM_DIR / f"{CPU_PROFILE}.yaml")
+    return (allocator_settings(profile.env) or None) if profile is not None else None
 
 
 def start_environment() -> dict[str, str]:
@@ -95,10 +95,67 @@ def allocator_name(settings: Mapping[str, str]) -> str:
         return "libc"
 
 
-def allocator_in_use() -> tuple[str, dict[str, str]]:
-    """(allocator, its settings) of this process as started; empty settings: the defaults."""
+@dataclass(frozen=True)
+class AllocatorState:
+    """The allocator a measurement ran with: its name, its settings (``{}``: the defaults) and
+    the ``mallopt`` values applied in the process (None: nothing applied)."""
+
+    name: str
+    settings: dict[str, str] = field(default_factory=dict)
+    applied: dict[str, int] | None = None
+
+
+def allocator_in_use() -> AllocatorState:
+    """This process's allocator: its settings from the start environment, with what
+    :func:`apply_allocator` applied in it since (mallopt stays in effect)."""
     settings = allocator_settings(start_environment())
-    return allocator_name(settings), settings
+    if not _APPLIED:
+        return AllocatorState(allocator_name(settings), settings)
+    settings.update({k: v for k, (v, _) in _APPLIED.items()})
+    applied = {k: n for k, (_, n) in _APPLIED.items()}
+    return AllocatorState(allocator_name(settings), dict(sorted(settings.items())), applied)
+
+
+def apply_allocator(settings: Mapping[str, str]) -> AllocatorState:
+    """Apply ``settings`` to this process's allocator now (glibc ``mallopt``; call it at the
+    start of the measurement) and say what it runs with. ``{}``: nothing applied, the allocator
+    as the process was started. A setting the process was started with already (``LD_PRELOAD``
+    of another allocator, say) is in effect; any other that ``mallopt`` cannot make is refused,
+    since the measurement would not be what its platform asks for."""
+    if not settings:
+        return allocator_in_use()
+    started = allocator_in_use()
+    wanted = {k: v for k, v in settings.items() if started.settings.get(k) != v}
+    unknown = sorted(set(wanted) - set(_MALLOPT))
+    if unknown or (wanted and not started.name.startswith("glibc")):
+        why = (
+            f"{unknown} cannot be set with mallopt" if unknown else f"{started.name} has no mallopt"
+        )
+        raise HeptstudyError(
+            f"the allocator settings {dict(settings)} cannot be applied inside the measuring "
+            f"process: {why} (heptstudy applies {', '.join(_MALLOPT)} of glibc). Start the "
+            "process with them ("
+            + " ".join(f"{k}={v}" for k, v in wanted.items())
+            + " heptstudy bench ...), or measure with allocator: default (--allocator default)"
+        )
+    libc = ctypes.CDLL(None)
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    applied = {}
+    for variable, value in wanted.items():
+        if not str(value).isdigit():
+            raise HeptstudyError(
+                f"allocator setting {variable}={value!r} is not a byte count; give a whole "
+                "number of bytes in the platform profile's env, e.g. 1073741824"
+            )
+        applied[variable] = min(int(value), _INT_MAX)
+        if libc.mallopt(_MALLOPT[variable], applied[variable]) != 1:
+            raise HeptstudyError(
+                f"glibc refused mallopt({variable}={applied[variable]}); give a smaller value "
+                "in the platform profile's env, or measure with allocator: default"
+            )
+        _APPLIED[variable] = (str(value), applied[variable])
+    state = allocator_in_use()
+    return AllocatorState(state.name, state.settings, {**(state.applied or {}), **applied})
 
 
 def environment_with(settings: Mapping[str, str], base: Mapping[str, str] | None = None):
@@ -108,45 +165,6 @@ def environment_with(settings: Mapping[str, str], base: Mapping[str, str] | None
     env = {k: v for k, v in base.items() if not is_allocator_variable(k, v)}
     env.update(settings)
     return env
-
-
-def started_as_command() -> bool:
-    """Whether this process is the ``heptstudy`` command itself (the console script,
-    ``python -m heptstudy`` or ``python -m heptstudy.cli``), which may be started again; not a
-    test runner or a notebook kernel calling into the package."""
-    from pathlib import Path
-
-    program = Path(sys.argv[0] if sys.argv else "")
-    if program.name == "heptstudy":
-        return True
-    return program.parent.name == "heptstudy" and program.name in ("__main__.py", "cli.py")
-
-
-def start_with(settings: Mapping[str, str] | None) -> bool:
-    """Make sure this process was started with exactly ``settings`` as allocator variables,
-    starting the ``heptstudy`` command again (same interpreter, same arguments) with them if
-    not. ``None``: keep what the process has. Returns whether the settings are in effect: False
-    only in a process that is not the command (a test, a notebook kernel), which cannot be
-    started again and measures with what it has (its report says which). Call it before the
-    measurement allocates anything."""
-    if settings is None or allocator_settings(start_environment()) == dict(settings):
-        os.environ.pop(_RESTARTED, None)
-        return True
-    if not started_as_command():
-        return False
-    if os.environ.get(_RESTARTED):
-        raise HeptstudyError(
-            f"started again with the allocator settings {dict(settings)} but the process still "
-            f"sees {allocator_settings(start_environment())}; start it yourself with them, e.g. "
-            + " ".join(f"{k}={v}" for k, v in settings.items())
-            + " heptstudy bench ..."
-        )
-    env = environment_with(settings)
-    env[_RESTARTED] = "1"
-    argv = [sys.executable, *getattr(sys, "orig_argv", [sys.executable, *sys.argv])[1:]]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, argv, env)  # replaces this process: does not return
 
 
 def describe_settings(settings: Mapping[str, str]) -> str:

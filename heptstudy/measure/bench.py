@@ -1,6 +1,9 @@
-"""One measurement of a :class:`~heptstudy.measure.request.MeasurementRequest`: peak memory and
+"""One :class:`~heptstudy.measure.request.Measurement` (a request resolved once): peak memory and
 step time (or checkpointing parity) of the configured model on real events of a data set,
 written as a self-describing JSON report.
+
+The measurement applies its allocator settings first (:func:`heptstudy.measure.allocator.
+apply_allocator`), in this process, whichever entry point started it.
 
 Protocol in :data:`heptstudy.measure.report.PROTOCOL`. In short: the events of each step are the
 first batches of the interleaved-shard sampler seeded with ``train.seed``, so the same batch size
@@ -23,13 +26,15 @@ from tqdm.auto import tqdm
 
 from heptstudy.atomic import folder_write_problem
 from heptstudy.config import Config
+from heptstudy.data.batching import to_device
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure import report as rp
+from heptstudy.measure.allocator import apply_allocator
 from heptstudy.measure.estimate.plans import predictor_for
 from heptstudy.measure.host_usage import HostUsage
 from heptstudy.measure.memory import make_meter
 from heptstudy.measure.parity import build_seeded, run_parity, set_deterministic
-from heptstudy.measure.request import PARITY, MeasurementRequest
+from heptstudy.measure.request import PARITY, Measurement, MeasurementRequest
 from heptstudy.measure.timing import (
     STEP_PHASES,
     PhaseClock,
@@ -75,10 +80,11 @@ def check_writable(path: Path) -> None:
         )
 
 
-def check_enough_events(request: MeasurementRequest, config: Config) -> None:
+def check_enough_events(m: Measurement) -> None:
     """Every step has its own events (none repeated); validation reads test-split events."""
     from heptstudy.data.batching import dataset_for
 
+    request, config = m.request, m.config
     train = dataset_for(config, "train")
     need = request.events_needed()
     if need > len(train):
@@ -104,15 +110,16 @@ def check_enough_events(request: MeasurementRequest, config: Config) -> None:
             )
 
 
-def run_bench(request: MeasurementRequest) -> rp.BenchReport:
-    """Measure as requested and write the report to ``request.report_path()``."""
+def run_bench(measurement: Measurement | MeasurementRequest) -> rp.BenchReport:
+    """Measure and write the report to ``measurement.report_path`` (a request is resolved
+    first)."""
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
 
+    m = measurement.resolve() if isinstance(measurement, MeasurementRequest) else measurement
     fresh = rp.claim_fresh_process()
-    config = request.config()
-    device = request.device
-    output = request.report_path(config)
+    allocator = apply_allocator(m.allocator)  # before the measurement allocates anything
+    request, config, device, output = m.request, m.config, m.device, m.report_path
     check_writable(output)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise HeptstudyError(
@@ -120,17 +127,17 @@ def run_bench(request: MeasurementRequest) -> rp.BenchReport:
             f"(torch {torch.__version__}); run it on the target machine or use "
             "configs/training/platforms/local_cpu.yaml"
         )
-    check_enough_events(request, config)
+    check_enough_events(m)
     dtype = autocast_dtype(config, device)
     if request.deterministic:
         set_deterministic(device)
     synthetic = bool(dataset_for(config, "train").metadata.get("synthetic", False))
     num = 1 if request.kind == PARITY else request.warmup + request.steps
     batches = [
-        _to(load_events(config, idx, "train"), device)
+        to_device(load_events(config, idx, "train"), device)
         for idx in event_indices(config, request.batch_size, num)
     ]
-    header = report_header(request, config, fresh_process=fresh, synthetic=synthetic)
+    header = report_header(m, fresh_process=fresh, synthetic=synthetic, allocator=allocator)
     if request.kind == PARITY:
         report = rp.BenchReport(
             kind="parity",
@@ -139,7 +146,7 @@ def run_bench(request: MeasurementRequest) -> rp.BenchReport:
             **header,
         )
     else:
-        report = _memory_report(request, config, device, dtype, batches, header)
+        report = _memory_report(m, dtype, batches, header)
     report.environment.load_average_1min = rp.host_load()
     report.environment.attention = rp.attention_info(config)
     rp.write_report(report, output)
@@ -147,26 +154,28 @@ def run_bench(request: MeasurementRequest) -> rp.BenchReport:
 
 
 def report_header(
-    request: MeasurementRequest,
-    config: Config,
+    m: Measurement,
     *,
     fresh_process: bool,
     synthetic: bool,
+    allocator=None,
     notes: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The fields every report of ``request`` starts with (name, environment, data, config,
-    batch size, checkpointing, notes), for the bench and for the study runner's failure
-    reports alike."""
-    profile = request.platform_profile()
+    """The fields every report of the measurement ``m`` starts with (name, environment, data,
+    config, batch size, checkpointing, notes), for the bench and for the study runner's failure
+    reports alike. ``allocator``: the :class:`~heptstudy.measure.allocator.AllocatorState` it
+    ran with."""
+    config = m.config
     h = config.model.heptv2
-    on = request.checkpointing
+    on = h.activation_checkpointing
     return dict(
-        name=request.report_name(config),
+        name=m.name,
         environment=rp.environment_info(
-            request.device,
+            m.device,
             config.train.dtype,
-            profile.name if profile else None,
+            m.profile.name if m.profile else None,
             fresh_process=fresh_process,
+            allocator=allocator,
         ),
         data=rp.DataInfo(
             dataset=config.data.dataset,
@@ -175,18 +184,15 @@ def report_header(
             split="train",
         ),
         config=config.to_dict(),
-        batch_size=request.batch_size,
+        batch_size=m.batch_size,
         checkpointing=rp.Checkpointing(
+            plan=m.checkpointing if m.request.kind != PARITY else None,
             enabled=on,
             policy=h.activation_checkpointing_policy if on is True else None,
             checkpoint_every=h.checkpoint_every if on is True else None,
         ),
         notes=[*notes, *(["data: synthetic (generated) events"] if synthetic else [])],
     )
-
-
-def _to(batch, device):
-    return {k: v.to(device) for k, v in batch.items()}
 
 
 def _step_record(i, warmup, batch) -> dict[str, Any]:
@@ -199,11 +205,12 @@ def _step_record(i, warmup, batch) -> dict[str, Any]:
     )
 
 
-def _memory_report(request, config, device, dtype, batches, header) -> rp.BenchReport:
+def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
+    request, config, device = m.request, m.config, m.device
     warmup = request.warmup
     records = [_step_record(i, warmup, b) for i, b in enumerate(batches)]
     # activation_checkpointing=auto: every step's plan chosen before any model exists
-    plans = predictor_for(config, device, request.batch_size, request.platform_profile())
+    plans = predictor_for(config, device, request.batch_size, m.profile)
     choices = [plans.choose_for(b) if plans is not None else None for b in batches]
     for record, choice in zip(records, choices, strict=True):
         record.update(choice.fields() if choice is not None else {})
@@ -374,4 +381,4 @@ def _fresh(config, device):
 def _validation(config, batch_size, device):
     from heptstudy.data import validation_batches
 
-    return [_to(b, device) for b in validation_batches(config, batch_size)]
+    return [to_device(b, device) for b in validation_batches(config, batch_size)]

@@ -699,17 +699,6 @@ def make_meter(device: torch.device | str, track_categories: bool = False) -> Me
     )
 
 
-def model_state_tensors(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
-) -> list[torch.Tensor]:
-    """Parameters, buffers, gradients and optimizer state: what is alive before a step."""
-    out = list(model.parameters()) + list(model.buffers())
-    out += [p.grad for p in model.parameters() if p.grad is not None]
-    if optimizer is not None:
-        out += _optimizer_tensors(optimizer)
-    return out
-
-
 def live_bytes_of(tensors: Iterable[torch.Tensor | None]) -> int:
     """Bytes of the distinct storages behind ``tensors`` (views and shared storages once)."""
     seen: dict[int, int] = {}

@@ -9,11 +9,9 @@ measurement definitions, so a file explains its own numbers.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import socket
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from heptstudy.atomic import atomic_write_text
 from heptstudy.errors import HeptstudyError
+from heptstudy.paths import git
 from heptstudy.units import MIB
 
 SCHEMA_VERSION = "heptstudy.bench/1"
@@ -51,9 +50,12 @@ The summary gives the mean of each phase over the counted steps.
 
 Host. On CPU the allocator a process starts with changes step times: glibc as it comes hands large
 freed blocks back to the kernel, which maps and zeroes their pages again on every step. Each report
-records the allocator and the settings its process was started with (environment.allocator,
-environment.allocator_settings; the local_cpu platform starts its processes with glibc keeping
-freed memory: MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ 16 GiB, MALLOC_TOP_PAD_ 1 GiB), and
+records the allocator and its settings (environment.allocator, environment.allocator_settings).
+A measurement applies its platform's settings itself, with glibc's mallopt at its start, whether
+it runs under heptstudy bench, a notebook or a study (environment.allocator_applied: the values
+applied; local_cpu, also on a CPU without a platform, keeps freed memory: MALLOC_MMAP_THRESHOLD_
+and MALLOC_TRIM_THRESHOLD_ 16 GiB, applied as 2 GiB - 1, mallopt's largest, and MALLOC_TOP_PAD_
+1 GiB); allocator: default applies nothing and records the settings the process started with; and
 for each timed step the process's minor and major page faults and system and user CPU time
 (resource.getrusage around the step). A memory measurement runs both passes, or only the timing
 or only the memory pass (summary.tracked_memory_note says which).
@@ -86,14 +88,6 @@ baseline repeat, checkpointed. Outputs and loss: exactly equal or not, max |diff
 Gradients: relative L2 norm of the difference and max |difference|, checkpointed-vs-baseline next
 to repeat-vs-baseline.
 """
-
-
-#: ``summary.tracked_memory_note`` for CPU runs, where the storage tracker slows the step down.
-CPU_TRACKED_MEMORY_NOTE = (
-    "CPU: step times come from untracked steps; peak allocated (live tensor-storage bytes) and "
-    "peak reserved (process VmHWM) come from separate tracked steps over the same batches, "
-    "because the dispatch-mode tracker slows every op down."
-)
 
 
 class ReportError(HeptstudyError, ValueError):
@@ -161,10 +155,12 @@ class Environment(_Strict):
     # the bucket attention the run actually used and what compiling it cost (None in reports
     # from before it was recorded)
     attention: AttentionInfo | None = None
-    # the host memory allocator the process was started with (heptstudy.measure.allocator):
-    # e.g. "glibc 2.36", and its settings from the environment at process start ({}: defaults)
+    # the host memory allocator the measurement ran with (heptstudy.measure.allocator): e.g.
+    # "glibc 2.36", its settings ({}: defaults), and the mallopt values the measuring process
+    # applied at its start (None: none applied; the settings are then the start environment's)
     allocator: str | None = None
     allocator_settings: dict[str, str] | None = None
+    allocator_applied: dict[str, int] | None = None
 
 
 class DataInfo(_Strict):
@@ -176,6 +172,9 @@ class DataInfo(_Strict):
 
 
 class Checkpointing(_Strict):
+    # the checkpointing value measured: off, full, selective, every2, every3 or auto (None in
+    # reports from before it was recorded)
+    plan: str | None = None
     enabled: bool | Literal["auto"]  # auto: each step's plan is in its StepRecord
     memory_budget_mib: float | None = None  # auto only: what each step's plan must fit
     policy: str | None = None  # "full", "selective", ...; None when disabled
@@ -333,16 +332,17 @@ def _describe(err: ValidationError, path: str | os.PathLike) -> str:
         if e["type"] == "missing":
             lines.append(f"  {field}: required field is missing")
         elif e["type"] == "extra_forbidden":
-            lines.append(f"  {field}: unknown field (value {_short(e.get('input'))})")
+            lines.append(f"  {field}: unknown field (value {short_repr(e.get('input'))})")
         elif e["type"] == "value_error":
             lines.append(f"  {field}: {msg}")
         else:
-            lines.append(f"  {field}: {msg.lower()}, got {_short(e.get('input'))}")
+            lines.append(f"  {field}: {msg.lower()}, got {short_repr(e.get('input'))}")
     lines.append("regenerate the report with `heptstudy bench` or fix the field named above")
     return "\n".join(lines)
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -409,36 +409,24 @@ def read_report(path: str | os.PathLike) -> BenchReport:
 def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
     """The commit checked out in the repository holding this package (or ``repo_dir``);
     ``None`` outside a git checkout or without git."""
-    return _git(["rev-parse", "HEAD"], repo_dir)
+    out = git("rev-parse", "HEAD", cwd=repo_dir)
+    return None if out is None else out.strip()
 
 
 def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
     """Whether tracked code differs from the commit; ``None`` when unknown.  Results
     (``experiments/``, ``figures/``) do not count: a study rewrites them as it runs."""
-    out = _git(
-        [
-            "status",
-            "--porcelain",
-            "--untracked-files=no",
-            "--",
-            ":(top)",
-            ":(top,exclude)experiments",
-            ":(top,exclude)figures",
-        ],
-        repo_dir,
+    out = git(
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ":(top)",
+        ":(top,exclude)experiments",
+        ":(top,exclude)figures",
+        cwd=repo_dir,
     )
-    return None if out is None else bool(out)
-
-
-def _git(args: list[str], repo_dir) -> str | None:
-    cwd = Path(repo_dir) if repo_dir is not None else Path(__file__).resolve().parent
-    try:
-        res = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return res.stdout.strip() if res.returncode == 0 else None
+    return None if out is None else bool(out.strip())
 
 
 _FRESH = {"claimed": False}
@@ -482,15 +470,18 @@ def environment_info(
     dtype: torch.dtype | str,
     platform_name: str | None,
     fresh_process: bool | None = None,
+    allocator=None,
 ) -> Environment:
     """The environment block of a report. ``fresh_process`` defaults to
-    :func:`claim_fresh_process` (call this once per measurement)."""
+    :func:`claim_fresh_process` (call this once per measurement); ``allocator``: the
+    :class:`~heptstudy.measure.allocator.AllocatorState` measured with (default: this process's
+    as started)."""
     device = torch.device(device)
     dtype_name = str(dtype).removeprefix("torch.")
     count = torch.cuda.device_count() if device.type == "cuda" else None
     from heptstudy.measure.allocator import allocator_in_use
 
-    allocator, allocator_settings = allocator_in_use()
+    allocator = allocator if allocator is not None else allocator_in_use()
     return Environment(
         platform=platform_name,
         device_kind=device_kind(device),
@@ -504,8 +495,9 @@ def environment_info(
         hostname=socket.gethostname(),
         python=sys.version.split()[0],
         fresh_process=claim_fresh_process() if fresh_process is None else fresh_process,
-        allocator=allocator,
-        allocator_settings=allocator_settings,
+        allocator=allocator.name,
+        allocator_settings=dict(allocator.settings),
+        allocator_applied=None if allocator.applied is None else dict(allocator.applied),
     )
 
 
@@ -519,7 +511,3 @@ def host_load() -> float | None:
 
 def mib(nbytes: int | None) -> float | None:
     return None if nbytes is None else nbytes / MIB
-
-
-def finite_or_none(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)

@@ -4,9 +4,11 @@ row of a study matrix ask for, validated once, with every default stated here.
 ::
 
     request = MeasurementRequest.build(batch_size="4", checkpointing="true")   # strings parse
-    config = request.config()          # the resolved, validated Config (no dotted round trip)
-    request.name                       # "checkpointed_b4": the report name
-    request.report_path()              # output, or experiments/scratch/NAME.json
+    request.checkpointing              # "full": true/false are full/off
+    m = request.resolve()              # the one frozen Measurement, resolved once:
+    m.config, m.device, m.profile      #   validated Config, device, platform profile (or None)
+    m.allocator                        #   allocator settings applied in the measuring process
+    m.name, m.report_path              #   "checkpointed_b4", experiments/scratch/NAME.json
 
 Papermill hands ``-p checkpointing true`` over as the *string* ``"true"``: strings of digits are
 integers, ``true``/``false`` (any case) are booleans, ``none``/empty is None. Booleans are never
@@ -21,6 +23,7 @@ import ast
 import difflib
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -32,20 +35,25 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 from heptstudy.config import (
+    CHECKPOINTING_KEYS,
     HIT_VARIANT,
     TRACK_CLUSTER_VARIANT,
+    CheckpointingValue,
     Config,
     ModelConfig,
     PlatformConfig,
     TrainConfig,
+    checkpointing_settings,
     load_config,
     load_platform,
+    parse_checkpointing,
 )
 from heptstudy.errors import ConfigError
 
@@ -70,7 +78,8 @@ DATASET_OF_VARIANT = {
 
 #: Configuration keys that a request parameter sets: an override may not set them as well.
 _OWNED_KEYS = {
-    "model.heptv2.activation_checkpointing": "checkpointing",
+    **{f"model.heptv2.{k}": "checkpointing" for k in CHECKPOINTING_KEYS},
+    "train.global_batch_size": "batch_size",
     "model.variant": "variant",
     "data.data_dir": "data_dir",
     "train.dtype": "dtype",
@@ -96,16 +105,6 @@ def parse_bool(value: Any) -> bool:
         return value.strip().lower() == "true"
     why = "; a number is not a boolean" if isinstance(value, (int, float)) else ""
     raise ValueError(f"allowed values are true or false (any case){why}")
-
-
-def parse_checkpointing(value: Any) -> bool | str:
-    """A flag, or ``auto`` (any case): a plan per step within the memory budget."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    try:
-        return parse_bool(value)
-    except ValueError as err:
-        raise ValueError(f"{err}; or auto (a checkpointing plan per step)") from None
 
 
 def parse_int(value: Any, low: int, optional: bool = False) -> int | None:
@@ -139,7 +138,7 @@ def parse_overrides(value: Any) -> list[str]:
 
 def find_platform(value: str) -> str:
     """A platform profile: a YAML path, or a name in ``configs/training/platforms``."""
-    from heptstudy.scenario.model import PLATFORM_DIR, find_file
+    from heptstudy.paths import PLATFORM_DIR, find_file
 
     found = find_file(value, PLATFORM_DIR)
     if found is None:
@@ -207,10 +206,11 @@ class MeasurementRequest(BaseModel):
         MEMORY, description="memory (peak memory and step time) or parity (checkpointing parity)"
     )
     batch_size: Count = Field(1, description="events per step, an integer >= 1")
-    checkpointing: Annotated[bool | Literal["auto"], BeforeValidator(parse_checkpointing)] = Field(
-        False,
-        description="activation checkpointing of the HEPTv2 layers (memory only): true, false, "
-        "or auto (a plan per step within model.heptv2.memory_budget_gib)",
+    checkpointing: Annotated[CheckpointingValue, BeforeValidator(parse_checkpointing)] = Field(
+        "off",
+        description="activation checkpointing plan of the HEPTv2 layers (memory only): off, "
+        "full, selective, every2, every3, or auto (a plan per step within "
+        "model.heptv2.memory_budget_gib); true/false mean full/off",
     )
     steps: OptionalCount = Field(
         None,
@@ -230,9 +230,14 @@ class MeasurementRequest(BaseModel):
     deterministic: Flag = Field(False, description="torch.use_deterministic_algorithms(True)")
     variant: OptionalVariant = Field(None, description="model.variant; None: the recommended model")
     platform: Annotated[str | None, BeforeValidator(parse_platform)] = Field(
-        None,
-        description="platform profile (name or YAML path); None: this machine (on a CPU, "
-        "heptstudy bench starts itself with local_cpu's allocator setting)",
+        None, description="platform profile (name or YAML path); None: this machine"
+    )
+    allocator: Literal["platform", "default"] = Field(
+        "platform",
+        description="memory only: platform applies the platform profile's host allocator "
+        "settings inside the measuring process at the start of the measurement (on a CPU "
+        "without a platform, local_cpu's: glibc keeps freed memory); default: the allocator as "
+        "it comes, as an unconfigured training sees it",
     )
     data_dir: OptionalPath = Field(None, description="TFDS data directory; None: data.data_dir")
     dtype: OptionalDtype = Field(None, description="float32 or bfloat16; None: platform or config")
@@ -246,6 +251,15 @@ class MeasurementRequest(BaseModel):
         None, description=f"report path; None: {SCRATCH_DIR}/NAME.json (NAME: the report name)"
     )
     progress: Flag = Field(True, description="progress bar (display only)")
+    #: the platform profile, read once when the request is validated
+    _profile: PlatformConfig | None = PrivateAttr(None)
+
+    @field_validator("allocator", mode="before")
+    @classmethod
+    def _allocator(cls, value: Any) -> str:
+        if isinstance(value, str) and value.strip() in ("platform", "default"):
+            return value.strip()
+        raise ValueError("allowed values are platform or default")
 
     @field_validator("kind", mode="before")
     @classmethod
@@ -256,11 +270,13 @@ class MeasurementRequest(BaseModel):
 
     @model_validator(mode="after")
     def _kind_and_device_defaults(self) -> MeasurementRequest:
+        self._profile = load_platform(self.platform) if self.platform else None
         if self.kind == PARITY:
             given = [n for n in ("steps", "warmup") if getattr(self, n) is not None] + (
-                ["checkpointing"] if self.checkpointing else []
+                ["checkpointing"] if self.checkpointing != "off" else []
             )
             given += ["passes"] if self.passes != "both" else []
+            given += ["allocator"] if self.allocator != "platform" else []
             if given:
                 verb, pronoun = ("does", "it") if len(given) == 1 else ("do", "them")
                 raise ValueError(
@@ -285,26 +301,34 @@ class MeasurementRequest(BaseModel):
 
     # ---------------------------------------------------------------- what it resolves to
 
-    def platform_profile(self) -> PlatformConfig | None:
-        return load_platform(self.platform) if self.platform else None
+    def resolve(self) -> Measurement:
+        """The measurement this request asks for, resolved once: the platform profile read,
+        the configuration built and validated, the device, allocator, name and report path
+        fixed. Everything downstream reads these and rebuilds nothing."""
+        profile = self._profile
+        device = _device(profile)
+        config = self._config(profile)
+        from heptstudy.measure.allocator import measurement_allocator
+
+        allocator = (
+            {} if self.allocator == "default" else measurement_allocator(profile, device.type) or {}
+        )
+        path = Path(self.output) if self.output else SCRATCH_DIR / f"{self.name}.json"
+        return Measurement(self, config, device, profile, allocator, self.name, path)
 
     @property
     def device(self) -> torch.device:
         """The platform's device, else CUDA when this PyTorch sees a GPU, else the CPU."""
-        profile = self.platform_profile()
-        if profile is not None:
-            return torch.device("cpu" if profile.device == "cpu" else "cuda")
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return _device(self._profile)
 
-    def config(self) -> Config:
-        """The validated configuration: defaults, then the request's settings, then the user's
-        overrides (the only part OmegaConf parses)."""
-        train: dict[str, Any] = {}
-        heptv2: dict[str, Any] = {"activation_checkpointing": self.checkpointing}
+    def _config(self, profile: PlatformConfig | None) -> Config:
+        """Defaults, then the request's settings, then the user's overrides (the only part
+        OmegaConf parses)."""
+        train: dict[str, Any] = {"global_batch_size": self.batch_size}
+        heptv2: dict[str, Any] = checkpointing_settings(self.checkpointing)
         model: dict[str, Any] = {"heptv2": heptv2}
         # bench validates on batch_size test-split events and keeps no held-out test set
         data: dict[str, Any] = {"nvalid": self.batch_size, "ntest": 0}
-        profile = self.platform_profile()
         if profile is not None:
             train["dtype"] = profile.dtype
             heptv2["attention_backend"] = profile.attention_backend
@@ -321,39 +345,60 @@ class MeasurementRequest(BaseModel):
             base={"model": model, "data": data, "train": train}, overrides=self.overrides
         )
 
-    def report_name(self, config: Config | None = None) -> str:
-        """``baseline_b4``; ``checkpointed_b4`` (full policy, every layer);
-        ``checkpointed_selective_b4``, ``checkpointed_every2_b4`` for other policies;
-        ``parity_b1``, ``parity_deterministic_b1``."""
+    @property
+    def name(self) -> str:
+        """The report name: ``baseline_b4``, ``checkpointed_b4`` (full), ``checkpointed_selective_b4``,
+        ``checkpointed_every2_b4``, ``auto_b4``; ``parity_b1``, ``parity_deterministic_b1``."""
         b = self.batch_size
         if self.kind == PARITY:
             return f"parity{'_deterministic' if self.deterministic else ''}_b{b}"
-        if not self.checkpointing:
-            return f"baseline_b{b}"
-        if self.checkpointing == "auto":
-            return f"auto_b{b}"
-        h = (config or self.config()).model.heptv2
-        policy = (
-            ""
-            if h.activation_checkpointing_policy == "full"
-            else f"_{h.activation_checkpointing_policy}"
-        )
-        every = "" if h.checkpoint_every == 1 else f"_every{h.checkpoint_every}"
-        return f"checkpointed{policy}{every}_b{b}"
-
-    @property
-    def name(self) -> str:
-        return self.report_name()
-
-    def report_path(self, config: Config | None = None) -> Path:
-        return (
-            Path(self.output) if self.output else SCRATCH_DIR / f"{self.report_name(config)}.json"
-        )
+        return f"{REPORT_NAME_PART[self.checkpointing]}_b{b}"
 
     def events_needed(self) -> int:
         """Training-split events of the measured steps: every step has its own events."""
         steps = 1 if self.kind == PARITY else self.warmup + self.steps
         return self.batch_size * steps
+
+
+#: The report name's part of each checkpointing value.
+REPORT_NAME_PART = {
+    "off": "baseline",
+    "full": "checkpointed",
+    "selective": "checkpointed_selective",
+    "every2": "checkpointed_every2",
+    "every3": "checkpointed_every3",
+    "auto": "auto",
+}
+
+
+def _device(profile: PlatformConfig | None) -> torch.device:
+    if profile is not None:
+        return torch.device("cpu" if profile.device == "cpu" else "cuda")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A request resolved once (:meth:`MeasurementRequest.resolve`): what bench, the notebooks,
+    the study runner and its failure reports measure and record."""
+
+    request: MeasurementRequest
+    config: Config
+    device: torch.device
+    profile: PlatformConfig | None
+    #: host allocator settings applied in the measuring process ({}: the allocator as it comes)
+    allocator: dict[str, str] = field(default_factory=dict)
+    name: str = ""
+    report_path: Path = SCRATCH_DIR
+
+    @property
+    def checkpointing(self) -> str:
+        """The checkpointing plan's name (``off``, ``full``, ..., ``auto``)."""
+        return self.request.checkpointing
+
+    @property
+    def batch_size(self) -> int:
+        return self.request.batch_size
 
 
 #: Parameters of each notebook (and keys of a matrix run of that notebook).
@@ -362,7 +407,7 @@ NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
     PARITY: tuple(
         f
         for f in MeasurementRequest.model_fields
-        if f not in ("kind", "progress", "checkpointing", "steps", "warmup", "passes")
+        if f not in ("kind", "progress", "checkpointing", "steps", "warmup", "passes", "allocator")
     ),
 }
 
@@ -430,6 +475,7 @@ __all__ = [
     "DEFAULT_STEPS",
     "MEMORY",
     "NOTEBOOK_PARAMETERS",
+    "Measurement",
     "PARITY",
     "MeasurementRequest",
     "RequestError",

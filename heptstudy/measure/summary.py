@@ -63,7 +63,7 @@ def _allocator_words(report: BenchReport) -> str:
     if not env.allocator_settings:
         text += (
             ": freed memory goes back to the kernel, so these step times include its page "
-            "faults (heptstudy bench and heptstudy study run start with local_cpu's setting)"
+            "faults (a measurement with allocator: platform applies local_cpu's setting)"
         )
     return text
 

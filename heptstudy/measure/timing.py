@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from heptstudy.train.step import PhaseClock
+
 
 def synchronize(device: torch.device | str) -> None:
     """Wait for all queued work on ``device`` (a no-op on CPU)."""
@@ -118,25 +120,6 @@ def summarize(times: list[float], warmup: int = 0) -> TimingSummary:
 
 #: The phases of one training step, in order (see :mod:`heptstudy.train.step`).
 STEP_PHASES = ("backbone_forward", "decoder_and_heads", "loss", "backward", "optimizer")
-
-
-class PhaseClock:
-    """Knows which phase of a step is running (``mark`` at each phase start, ``stop`` at the
-    end); this base class times nothing. :meth:`seconds` gives the time of each phase."""
-
-    definition: str | None = None
-
-    def __init__(self) -> None:
-        self.phase: str | None = None
-
-    def mark(self, phase: str) -> None:
-        self.phase = phase
-
-    def stop(self) -> None:
-        self.phase = None
-
-    def seconds(self) -> dict[str, float] | None:
-        return None
 
 
 class WallPhaseClock(PhaseClock):

@@ -16,11 +16,10 @@ from typing import Any
 
 from heptstudy.config import PlatformConfig, _read_yaml, load_platform
 from heptstudy.errors import ConfigError
+from heptstudy.paths import PLATFORM_DIR, SCENARIO_DIR, find_file
 from heptstudy.scenario.rules import ScenarioError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCENARIO_DIR = REPO_ROOT / "configs" / "training" / "scenarios"
-PLATFORM_DIR = REPO_ROOT / "configs" / "training" / "platforms"
 
 _SCENARIO_KEYS = {"name", "description", "shared", "variants", "test_split_events"}
 
@@ -33,19 +32,6 @@ class Scenario:
     variants: dict[str, dict[str, Any]]
     test_split_events: dict[str, int]
     path: Path
-
-
-def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
-    """A path as given, else for a bare name ``directory/NAME`` or ``directory/NAME.yaml``; None if
-    none exists."""
-    p = Path(name_or_path)
-    if p.is_file():
-        return p
-    if p.parent == Path("."):
-        for candidate in (directory / p.name, directory / f"{p.name}.yaml"):
-            if candidate.is_file():
-                return candidate
-    return None
 
 
 def _find_or_refuse(name_or_path: str | Path, directory: Path, rule: str, what: str) -> Path:

@@ -1,7 +1,7 @@
 """The notebook-driven study: notebook parameters, the matrix runner, aggregation, the HTML report.
 
-* :mod:`~heptstudy.study.params`: :func:`memory_options`, :func:`parity_options`,
-  :func:`pipeline_config`, the first cell of each notebook.
+* :mod:`~heptstudy.study.params`: the parameters of ``pipeline.ipynb`` (``memory.ipynb`` and
+  ``parity.ipynb`` build a :class:`~heptstudy.measure.request.MeasurementRequest`).
 * :mod:`~heptstudy.study.matrix`: :func:`load_matrix` (``configs/study/*.yaml``).
 * :mod:`~heptstudy.study.runner`: :func:`run_study`, one Papermill execution per run and
   round, failure reports, ``aggregate.ipynb`` and ``report.html``;
@@ -50,7 +50,6 @@ from heptstudy.study.frames import (
     step_frame,
 )
 from heptstudy.study.matrix import Matrix, Run, load_matrix
-from heptstudy.study.params import memory_options, parity_options, parse_bool, pipeline_config
 from heptstudy.study.pipeline import (
     compare_resume,
     fresh_output_dir,
@@ -123,12 +122,8 @@ __all__ = [
     "measured_hits",
     "memory_definitions",
     "memory_frame",
-    "memory_options",
     "optional_fit_figure",
     "parity_frame",
-    "parity_options",
-    "parse_bool",
-    "pipeline_config",
     "project_root",
     "read_metrics",
     "render_html",

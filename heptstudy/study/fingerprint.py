@@ -9,7 +9,7 @@ the same fingerprint as the run has now: a hash of
 * the run: every field of its measurement request except where the report goes, and the
   configuration it resolves to;
 * the data: name, size and modification time of every file of the data sets it reads;
-* the allocator settings its process is started with.
+* the allocator settings its measurement applies (none: what its process is started with).
 
 The runner writes the fingerprint into a report after checking that the report itself says the
 same about what it measured (:func:`mismatches`); a report without a fingerprint (one measured
@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from heptstudy.paths import git
 from heptstudy.study.common import project_root
 
 
@@ -41,34 +42,22 @@ def fingerprint(identity: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def _git(*args: str) -> str | None:
-    try:
-        res = subprocess.run(
-            ["git", *args],
-            cwd=project_root(),
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return res.stdout if res.returncode == 0 else None
-
-
 _CODE = (":(top)heptstudy", ":(top)notebooks", ":(top)configs", ":(top)pyproject.toml")
 
 
 @lru_cache(maxsize=1)
 def code_state() -> dict[str, Any]:
     """The commit, and a hash of what differs from it in the code (None when clean)."""
-    commit = _git("rev-parse", "HEAD")
+    commit = git("rev-parse", "HEAD", cwd=project_root())
     if commit is None:
         return {"git_commit": None, "changes": None}
-    diff = _git("diff", "HEAD", "--", *_CODE) or ""
+    diff = git("diff", "HEAD", "--", *_CODE, cwd=project_root()) or ""
     h = hashlib.sha256(diff.encode())
     for name in sorted(
-        (_git("ls-files", "--others", "--exclude-standard", "--", *_CODE) or "").split()
+        (
+            git("ls-files", "--others", "--exclude-standard", "--", *_CODE, cwd=project_root())
+            or ""
+        ).split()
     ):
         try:
             h.update(name.encode() + b"\0" + (project_root() / name).read_bytes())
@@ -121,26 +110,29 @@ def data_identity(config) -> dict[str, Any]:
     return {"data_dir": str(root), "dataset": d.dataset, "files": h}
 
 
-def run_identity(request, config, allocator: dict[str, str] | None) -> dict[str, Any]:
-    """What a run measures now on this machine (see the module docstring)."""
+def run_identity(m) -> dict[str, Any]:
+    """What a run (its resolved :class:`~heptstudy.measure.request.Measurement`) measures now on
+    this machine (see the module docstring)."""
     import torch
 
-    fields = request.model_dump(mode="json", exclude={"output", "progress"})
+    fields = m.request.model_dump(mode="json", exclude={"output", "progress"})
     return {
-        "machine": device_identity(request.device.type),
+        "machine": device_identity(m.device.type),
         "code": code_state(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "request": fields,
-        "config": config.to_dict(),
-        "data": data_identity(config),
-        "allocator": dict(allocator) if allocator is not None else None,
+        "config": m.config.to_dict(),
+        "data": data_identity(m.config),
+        "allocator": dict(m.allocator),
     }
 
 
 def mismatches(report, identity: dict[str, Any]) -> list[str]:
     """What a report says it measured that differs from ``identity`` (empty: it agrees). Only
     what a report records is compared; a failure report's missing figures are not a mismatch."""
+    from heptstudy.measure.report import short_repr
+
     env = report.environment
     machine = identity["machine"]
     request = identity["request"]
@@ -155,7 +147,7 @@ def mismatches(report, identity: dict[str, Any]) -> list[str]:
     if machine["device_name"] is not None:
         found["device"] = (env.device_name, machine["device_name"])
     if report.kind == "memory":
-        found["checkpointing"] = (report.checkpointing.enabled, request.get("checkpointing"))
+        found["checkpointing"] = (report.checkpointing.plan, request.get("checkpointing"))
     if report.summary is not None:
         found["counted steps"] = (report.summary.counted_steps, request.get("steps"))
         found["warm-up steps"] = (report.summary.warmup_steps, request.get("warmup"))
@@ -165,15 +157,10 @@ def mismatches(report, identity: dict[str, Any]) -> list[str]:
     if settings is not None and identity["allocator"] is not None:
         found["allocator settings"] = (dict(settings), identity["allocator"])
     return [
-        f"{what}: report {_short(got)}, run {_short(want)}"
+        f"{what}: report {short_repr(got, 60)}, run {short_repr(want, 60)}"
         for what, (got, want) in found.items()
         if got != want
     ]
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def stored_fingerprint(path: Path) -> tuple[Any, str | None]:

@@ -40,10 +40,17 @@ class Run:
     repeats: int = 1  # rounds of fresh processes (heptstudy.study.schedule)
     allocator: str = "platform"  # "default": started without the platform's allocator settings
 
-    def request(self, output: str | None = None, progress: bool = True) -> MeasurementRequest:
-        """The measurement request the run's notebook builds from these parameters."""
+    def request(
+        self,
+        output: str | None = None,
+        progress: bool = True,
+        parameters: dict[str, Any] | None = None,
+    ) -> MeasurementRequest:
+        """The measurement request the run's notebook builds from its parameters (``parameters``:
+        those of one execution of it, default the run's)."""
+        given = self.parameters if parameters is None else parameters
         return MeasurementRequest.build(
-            kind=self.notebook, **self.parameters, output=output, progress=progress
+            kind=self.notebook, **given, output=output, progress=progress
         )
 
 
@@ -74,8 +81,8 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         runs:
           - {batch_size: 1, checkpointing: false}                  # memory.ipynb
           - {notebook: parity, batch_size: 1, deterministic: true} # parity.ipynb
-          - {batch_size: 4, checkpointing: true,                   # another policy: its own
-             overrides: [model.heptv2.activation_checkpointing_policy=selective]}  # report name
+          - {batch_size: 4, checkpointing: selective}              # off, full, selective,
+                                                                   # every2, every3, auto
           - {batch_size: 16, checkpointing: true, repeats: 1}      # measured once
           - {batch_size: 4, allocator: default, passes: timing}    # the allocator as it comes
 
@@ -140,7 +147,7 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
             notebook=notebook,
             parameters=params,
             repeats=_repeats(entry.get("repeats", repeats if notebook == MEMORY else 1), where),
-            allocator=_allocator_line(entry.get("allocator", "platform"), where),
+            allocator=_allocator_line({**defaults, **entry}.get("allocator", "platform"), where),
         )
         if run.repeats > 1 and notebook != MEMORY:
             raise StudyError(f"{where}: repeats={run.repeats} applies to memory runs only")

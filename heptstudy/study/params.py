@@ -1,24 +1,25 @@
-"""Notebook parameters. ``memory.ipynb`` and ``parity.ipynb`` build a
-:class:`~heptstudy.measure.request.MeasurementRequest` (:func:`memory_options` and
-:func:`parity_options` are that request by notebook); ``pipeline.ipynb`` builds the small
-:class:`PipelineParameters`. Papermill's strings parse as in the request, and parameters a
-notebook does not have are refused.
+"""The parameters of ``pipeline.ipynb`` (``memory.ipynb`` and ``parity.ipynb`` build a
+:class:`~heptstudy.measure.request.MeasurementRequest`, :func:`heptstudy.measure.request.
+from_notebook`): a short training run and its resume. Papermill's strings parse as in the
+request, and parameters the notebook does not have are refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from heptstudy.config import Config, load_config
+from heptstudy.config import (
+    CheckpointingValue,
+    Config,
+    checkpointing_settings,
+    load_config,
+    parse_checkpointing,
+)
 from heptstudy.measure.request import (
-    MEMORY,
-    PARITY,
     Count,
-    Flag,
-    MeasurementRequest,
     OptionalNumber,
     OptionalPath,
     Overrides,
@@ -27,25 +28,6 @@ from heptstudy.measure.request import (
     describe_errors,
     injected_parameters,
 )
-from heptstudy.measure.request import parse_bool as _parse_bool
-
-
-def memory_options(**parameters: Any) -> MeasurementRequest:
-    """The request of ``memory.ipynb`` from its parameters."""
-    return MeasurementRequest.build(kind=MEMORY, **parameters)
-
-
-def parity_options(**parameters: Any) -> MeasurementRequest:
-    """The request of ``parity.ipynb`` from its parameters."""
-    return MeasurementRequest.build(kind=PARITY, **parameters)
-
-
-def parse_bool(name: str, value: Any) -> bool:
-    """A boolean parameter as the request reads it (``"true"``, ``False``, YAML ``yes``)."""
-    try:
-        return _parse_bool(value)
-    except ValueError as err:
-        raise RequestError(f"parameter {name}={value!r} is not allowed: {err}") from None
 
 
 class PipelineParameters(BaseModel):
@@ -58,7 +40,7 @@ class PipelineParameters(BaseModel):
     num_steps: Count = 4
     val_freq: Count = 2
     checkpoint_freq: Count = 2
-    checkpointing: Flag = True
+    checkpointing: Annotated[CheckpointingValue, BeforeValidator(parse_checkpointing)] = "full"
     data_dir: OptionalPath = None
     seed: OptionalNumber = None
     overrides: Overrides = []
@@ -81,7 +63,7 @@ class PipelineParameters(BaseModel):
         if self.seed is not None:
             train["seed"] = self.seed
         data = {"data_dir": self.data_dir} if self.data_dir else {}
-        model = {"heptv2": {"activation_checkpointing": self.checkpointing}}
+        model = {"heptv2": checkpointing_settings(self.checkpointing)}
         return load_config(
             base={"model": model, "data": data, "train": train}, overrides=self.overrides
         )
@@ -93,8 +75,3 @@ def pipeline_parameters(namespace: Mapping[str, Any]) -> PipelineParameters:
     allowed = tuple(PipelineParameters.model_fields)
     check_parameters(injected_parameters(namespace.get("In")), allowed, "pipeline.ipynb")
     return PipelineParameters.build(**{k: namespace[k] for k in allowed if k in namespace})
-
-
-def pipeline_config(**parameters: Any) -> Config:
-    """The validated configuration of ``pipeline.ipynb``'s parameters."""
-    return PipelineParameters.build(**parameters).config()

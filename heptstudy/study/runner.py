@@ -4,8 +4,9 @@
 run's parameters, its data set and the events it needs, and that every output folder can be
 written) and stops with one message before anything is measured if something is wrong. Then it
 executes ``notebooks/memory.ipynb`` or ``notebooks/parity.ipynb`` once per run and round
-(:mod:`~heptstudy.study.schedule`), each kernel started with the allocator settings of the run's
-platform (:mod:`heptstudy.measure.allocator`); the executed notebooks are kept. A run whose
+(:mod:`~heptstudy.study.schedule`); the measurement in the kernel applies the allocator settings
+of the run's platform itself (:mod:`heptstudy.measure.allocator`), and a run with ``allocator:
+default`` starts its kernel without any allocator variable; the executed notebooks are kept. A run whose
 report exists is resumed (not measured again) only when the report carries the run's
 fingerprint (:mod:`~heptstudy.study.fingerprint`: same machine, code, request, configuration,
 data and allocator) and holds a result; anything else is measured again, and ``force`` measures
@@ -97,31 +98,36 @@ def _failure_report(
     err: BaseException,
     *,
     parameters: dict[str, Any] | None = None,
-    allocator: dict[str, str] | None = None,
+    measurement=None,
 ) -> tuple[str, str]:
     """Write a report saying why a run produced none: out of memory, a dead kernel, an error.
-    ``parameters``: the notebook parameters it ran with (default: the run's); ``allocator``:
-    the allocator variables its kernel was started with (default: this process's)."""
+    ``measurement``: the run's resolved measurement (default: resolved from ``parameters``,
+    else the run's)."""
     import torch
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     from heptstudy.measure import report as rp
+    from heptstudy.measure.allocator import AllocatorState, allocator_in_use
     from heptstudy.measure.bench import report_header
     from heptstudy.measure.request import MeasurementRequest
 
-    request = MeasurementRequest.build(
-        kind=run.notebook,
-        **(run.parameters if parameters is None else parameters),
-        output=str(report_path),
-        progress=False,
+    m = (
+        measurement
+        or MeasurementRequest.build(
+            kind=run.notebook,
+            **(run.parameters if parameters is None else parameters),
+            output=str(report_path),
+            progress=False,
+        ).resolve()
     )
-    config, device = request.config(), request.device
+    # a cell's exception arrives as its class name (papermill's ename), others as themselves
     ename = getattr(err, "ename", type(err).__name__)
     evalue = getattr(err, "evalue", str(err))
     text = f"{ename}: {evalue}".strip()
     status, notes = "error", []
-    if "OutOfMemory" in ename or "out of memory" in evalue.lower():
+    if ename == "OutOfMemoryError" or isinstance(err, torch.OutOfMemoryError):
         status = "oom"
-    elif "DeadKernel" in type(err).__name__ or "Kernel died" in str(err):
+    elif isinstance(err, DeadKernelError):
         text = (
             f"the kernel died during the run ({type(err).__name__}: {str(err).strip()[:200]}); "
             "on CPU this is most often the kernel being killed for lack of host memory"
@@ -129,24 +135,26 @@ def _failure_report(
         notes.append(
             "kernel died: no measurement; the executed notebook shows the last cell reached"
         )
-    elif "Timeout" in type(err).__name__:
+    elif isinstance(err, (CellTimeoutError, TimeoutError)):
         text = f"a cell ran past the matrix's cell_timeout_s ({type(err).__name__}: {str(err).strip()[:200]})"
     synthetic = False
     try:
         from heptstudy.data.batching import dataset_for
 
-        synthetic = bool(dataset_for(config, "train").metadata.get("synthetic", False))
+        synthetic = bool(dataset_for(m.config, "train").metadata.get("synthetic", False))
     except Exception:  # noqa: BLE001 - the data set itself may be what failed
         pass
+    # what the kernel's measurement would have applied (it did not get to say itself)
+    allocator = AllocatorState(allocator_in_use().name, dict(m.allocator))
     fields: dict[str, Any] = dict(
-        kind=request.kind,
+        kind=m.request.kind,
         status=status,
         error=text[:2000],
         **report_header(
-            request,
-            config,
+            m,
             fresh_process=True,
             synthetic=synthetic,
+            allocator=allocator,
             notes=[
                 *notes,
                 f"recorded by heptstudy study run: {run.notebook}.ipynb did not write a report",
@@ -156,17 +164,15 @@ def _failure_report(
     if status == "oom":
         fields["oom"] = rp.OomInfo(
             message=text.splitlines()[0][:500],
-            batch_size=request.batch_size,
+            batch_size=m.batch_size,
             padded_hits=[],
             device_memory_bytes=(
-                torch.cuda.get_device_properties(device).total_memory
-                if device.type == "cuda"
+                torch.cuda.get_device_properties(m.device).total_memory
+                if m.device.type == "cuda"
                 else None
             ),
         )
     report = rp.BenchReport(**fields)
-    if allocator is not None:  # what the kernel had, not what this process has
-        report.environment.allocator_settings = dict(allocator)
     rp.write_report(report, report_path)
     return status, text
 
@@ -176,26 +182,22 @@ class Prepared:
     """An execution with what it resolves to on this machine now."""
 
     execution: Execution
-    request: Any  # heptstudy.measure.request.MeasurementRequest
-    config: Any
-    allocator: dict[str, str] | None  # the kernel's allocator variables; None: inherited
+    measurement: Any  # heptstudy.measure.request.Measurement
     fingerprint: str
     identity: dict[str, Any]
 
-
-def _allocator_of(ex: Execution, request) -> dict[str, str] | None:
-    from heptstudy.measure.allocator import platform_allocator
-
-    return {} if ex.allocator == DEFAULT else platform_allocator(request.platform)
+    @property
+    def kernel_allocator(self) -> dict[str, str] | None:
+        """The allocator variables the kernel starts with: none for ``allocator: default``;
+        None (inherited) otherwise, since the measurement applies its settings itself."""
+        return {} if self.execution.allocator == DEFAULT else None
 
 
 def prepare(matrix: Matrix) -> list[Prepared]:
     """Resolve every execution of the matrix and check what can be checked before measuring:
     the configuration, the data set and the events each run needs. One :class:`StudyError`
     names every run that cannot be measured, before anything runs."""
-    from heptstudy.measure.allocator import allocator_settings
     from heptstudy.measure.bench import check_enough_events
-    from heptstudy.measure.request import MeasurementRequest
     from heptstudy.study.fingerprint import fingerprint, run_identity
 
     prepared, problems, checked = [], {}, set()
@@ -203,23 +205,15 @@ def prepare(matrix: Matrix) -> list[Prepared]:
         if ex.name in problems:  # said once, not once per round
             continue
         try:
-            request = MeasurementRequest.build(
-                kind=ex.run.notebook, **ex.parameters, progress=False
-            )
-            config = request.config()
+            m = ex.run.request(progress=False, parameters=ex.parameters).resolve()
             if ex.name not in checked:
                 checked.add(ex.name)
-                check_enough_events(request, config)
-            allocator = _allocator_of(ex, request)
-            identity = run_identity(
-                request,
-                config,
-                allocator if allocator is not None else allocator_settings(os.environ),
-            )
+                check_enough_events(m)
+            identity = run_identity(m)
         except HeptstudyError as err:
             problems[ex.name] = f"{ex.name}: {err}"
             continue
-        prepared.append(Prepared(ex, request, config, allocator, fingerprint(identity), identity))
+        prepared.append(Prepared(ex, m, fingerprint(identity), identity))
     if problems:
         raise StudyError(
             f"study matrix {shown(matrix.path)}: {len(problems)} run(s) cannot be measured, so "
@@ -323,23 +317,20 @@ def run_one(
     t0 = time.perf_counter()
     message = why
     try:
-        with _kernel_started_with(prep.allocator):
+        with _kernel_started_with(prep.kernel_allocator):
             _papermill(notebook, nb_pending, parameters, timeout, project_root())
     except Exception as err:  # noqa: BLE001 - an OOM or a dead kernel is a result, not a crash
         if pending.exists():  # the notebook wrote its report, then something later failed
             message = f"report written, then: {type(err).__name__}"
         else:
-            _, text = _failure_report(
-                ex.run, pending, err, parameters=ex.parameters, allocator=prep.allocator
-            )
+            _, text = _failure_report(ex.run, pending, err, measurement=_at(prep, pending))
             message = text.splitlines()[0][:200]
     if not pending.exists():
         _, message = _failure_report(
             ex.run,
             pending,
             RuntimeError("the notebook finished without writing a report"),
-            parameters=ex.parameters,
-            allocator=prep.allocator,
+            measurement=_at(prep, pending),
         )
     seconds = time.perf_counter() - t0
     note = _stamp(pending, prep)
@@ -349,6 +340,13 @@ def run_one(
         replace_with_pending(nb_pending, nb_final, superseded)
     message = "; ".join(m for m in (message, note) if m)
     return RunResult(ex.name, status, final, nb_final, seconds, message, **result)
+
+
+def _at(prep: Prepared, path: Path):
+    """The run's measurement, reporting to ``path``."""
+    import dataclasses
+
+    return dataclasses.replace(prep.measurement, report_path=path)
 
 
 def run_study(

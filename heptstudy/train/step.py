@@ -19,21 +19,51 @@ and gets a mark at the start of every phase in its timeline.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from heptstudy.config import Config
-from heptstudy.measure.memory import MemoryMeter, StepMemory
-from heptstudy.measure.timing import PhaseClock
 from heptstudy.model.adaptive_checkpointing import Plan, applied_plan
 from heptstudy.train.losses import compute_losses
+
+
+class MemoryMeter(Protocol):
+    """What the step asks of a memory meter (:mod:`heptstudy.measure.memory` holds them; the
+    step sits below the meters, so it names only this)."""
+
+    def start_step(self, baseline_tensors=(), *, model=None, optimizer=None) -> None: ...
+
+    def mark(self, label: str) -> None: ...
+
+    def stop_step(self) -> Any: ...
+
+
+class PhaseClock:
+    """Knows which phase of a step is running (``mark`` at each phase start, ``stop`` at the
+    end); this base class times nothing (the timing clocks of :mod:`heptstudy.measure.timing`
+    derive from it). :meth:`seconds` gives the time of each phase."""
+
+    definition: str | None = None
+
+    def __init__(self) -> None:
+        self.phase: str | None = None
+
+    def mark(self, phase: str) -> None:
+        self.phase = phase
+
+    def stop(self) -> None:
+        self.phase = None
+
+    def seconds(self) -> dict[str, float] | None:
+        return None
 
 
 @dataclass
 class StepResult:
     losses: dict[str, torch.Tensor]  # detached; reading them synchronises the device
-    memory: StepMemory | None = None  # when a meter was given
+    memory: Any = None  # the meter's StepMemory, when a meter was given
     outputs: dict[str, torch.Tensor] | None = None  # detached; only when asked for
 
 
@@ -136,4 +166,11 @@ def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, schedule
     optimizer.zero_grad(set_to_none=True)
 
 
-__all__ = ["StepResult", "decoder_entry", "prime_optimizer", "run_step"]
+__all__ = [
+    "MemoryMeter",
+    "PhaseClock",
+    "StepResult",
+    "decoder_entry",
+    "prime_optimizer",
+    "run_step",
+]

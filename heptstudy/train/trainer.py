@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,11 @@ from tqdm.auto import tqdm
 
 from heptstudy.atomic import atomic_open, atomic_write_text
 from heptstudy.config import Config
+from heptstudy.data.batching import to_device
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError
-from heptstudy.measure.estimate.plans import predictor_for
 from heptstudy.model import build_model
-from heptstudy.model.adaptive_checkpointing import applied_plan
+from heptstudy.model.adaptive_checkpointing import PlanPredictor, applied_plan
 from heptstudy.paths import resolve_in_repo
 from heptstudy.train import distributed
 from heptstudy.train.losses import compute_losses
@@ -51,19 +52,6 @@ def forward_and_loss(model, batch, config: Config, dtype: torch.dtype | None):
     return outputs, compute_losses(config.model.variant, outputs, batch, config.train.loss)
 
 
-def train_step(
-    model, batch, optimizer, scheduler, config: Config, dtype=None
-) -> dict[str, torch.Tensor]:
-    """One optimisation step: forward, loss (matching, auxiliary, grouping), backward, LAMB,
-    scheduler. Returns the detached loss components (no host synchronisation here)."""
-    _, losses = forward_and_loss(model, batch, config, dtype)
-    losses["total"].backward()
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {k: v.detach() for k, v in losses.items()}
-
-
 def describe_batch(batch) -> str:
     return (
         f"events {batch['event_index'].tolist()}, hits {batch['length'].tolist()}, "
@@ -90,10 +78,6 @@ def out_of_memory_message(batch, config: Config) -> str:
     return f"out of device memory on {describe_batch(batch)}; {hint}"
 
 
-def _to(batch, device):
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-
 def _write_json_line(path: Path, record: dict[str, Any]) -> None:
     with path.open("a") as fh:
         fh.write(json.dumps(record) + "\n")
@@ -110,14 +94,25 @@ def train(
     resume: str | Path | None = None,
     progress: bool = True,
     new_run: bool = False,
+    plan_predictor: Callable[[Config, torch.device, int], PlanPredictor | None] | None = None,
 ) -> dict[str, Any]:
     """Train as configured; returns a summary (last step, last metrics, output paths).
+
+    ``plan_predictor(config, device, per_device_batch)``: the predictor that chooses a
+    checkpoint plan per batch under ``activation_checkpointing=auto`` (the caller's, e.g.
+    :func:`heptstudy.measure.estimate.plans.predictor_for`: the estimate sits above training).
 
     ``train.out_dir`` must be empty or new unless ``resume`` continues the run there or
     ``new_run`` asks for a new numbered run beside it (heptstudy.train.out_dir); the folder
     actually written is the summary's ``out_dir``."""
     from heptstudy.data import BatchLoader, validation_batches
 
+    if config.model.heptv2.adaptive and plan_predictor is None:
+        raise HeptstudyError(
+            "model.heptv2.activation_checkpointing=auto needs a plan predictor, and train() was "
+            "given none: pass plan_predictor=heptstudy.measure.estimate.plans.predictor_for "
+            "(heptstudy train does), or choose a fixed checkpointing value"
+        )
     ctx = distributed.setup()
     tc = config.train
     if tc.deterministic:
@@ -163,7 +158,7 @@ def train(
         )
     valid = validation_batches(config, per_device) if ctx.is_main else []
     # activation_checkpointing=auto: one memory model per plan, before the first step
-    plans = predictor_for(config, ctx.device, per_device)
+    plans = plan_predictor(config, ctx.device, per_device) if config.model.heptv2.adaptive else None
     if plans is not None and ctx.is_main and progress:
         print(plans.describe())
 
@@ -257,7 +252,7 @@ def _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, st
         # chosen from the batch's shape while it is still on the host: a batch no plan fits
         # stops here, before the step allocates anything
         choice = plans.choose_for(batch) if plans is not None else None
-        batch = _to(batch, ctx.device)
+        batch = to_device(batch, ctx.device, non_blocking=True)
         events += batch["event_index"].tolist()
         try:
             with applied_plan(net, None if choice is None else choice.plan):

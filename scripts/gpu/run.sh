@@ -128,7 +128,7 @@ variant fused baseline_b16 120 "" -- --batch-size 16 --steps 5 --warmup 2 "${FUS
 variant expandable baseline_b48 150 "$EXPANDABLE" -- "${B48[@]}"
 variant fused baseline_b48 150 "" -- "${B48[@]}" "${FUSED[@]}"
 variant fused checkpointed_selective_b4 110 "" -- --batch-size 4 --steps 5 --warmup 2 \
-  --checkpointing --set model.heptv2.activation_checkpointing_policy=selective "${FUSED[@]}"
+  --checkpointing selective "${FUSED[@]}"
 
 $PY scripts/gpu/summarize.py "$OUT" >"$OUT/table.txt" 2>&1
 cat "$OUT/table.txt"

@@ -14,7 +14,6 @@ import torch
 
 from heptstudy.config import Config, PlatformConfig
 from heptstudy.errors import ConfigError
-from heptstudy.measure.estimate.margin import DEFAULT_MARGIN_FRACTION
 from heptstudy.model.adaptive_checkpointing import (
     Plan,
     PlanPredictor,
@@ -23,6 +22,10 @@ from heptstudy.model.adaptive_checkpointing import (
     plan_config,
 )
 from heptstudy.units import MIB
+
+#: Default safety margin, as a fraction of the device memory (context, kernels' workspaces):
+#: the auto plans' budget here and the fit's margin (:mod:`heptstudy.fitting.api`).
+DEFAULT_MARGIN_FRACTION = 0.1
 
 
 def memory_budget_mib(
