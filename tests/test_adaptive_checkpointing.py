@@ -127,7 +127,11 @@ def test_configuration_of_auto_and_budget():
     heptv2 = load_config(overrides=AUTO).model.heptv2
     assert [p.name for p in candidate_plans(heptv2)] == ["off", "layers1", "layers2", "full"]
     one_layer = load_config(
-        overrides=[*AUTO, "model.heptv2.num_convs=1", "model.heptv2.auto_plan_order=[selective,every2,full]"]
+        overrides=[
+            *AUTO,
+            "model.heptv2.num_convs=1",
+            "model.heptv2.auto_plan_order=[selective,every2,full]",
+        ]
     ).model.heptv2
     assert [p.name for p in candidate_plans(one_layer)] == ["off", "selective", "full"]
 

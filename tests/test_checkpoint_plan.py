@@ -56,6 +56,7 @@ def test_every_value_maps_to_one_plan_and_back():
             cfg = _config(*(f"model.heptv2.{k}={v}" for k, v in plan.settings().items()))
             assert plan_of(cfg.model.heptv2) is plan
     assert plan_of(_config("model.heptv2.activation_checkpointing=auto").model.heptv2) is AUTO
+    assert plan_named("true") is FULL and plan_named("Every2") is NAMED["every2"]
     with pytest.raises(HeptstudyError, match="not a checkpointing plan.*every2"):
         plan_named("every4")
     assert [p.report_part for p in (OFF, FULL, NAMED["every2"])] == [

@@ -65,4 +65,3 @@ def main(argv: list[str] | None = None) -> int:
     except HeptstudyError as err:
         print(f"heptstudy: error: {err}", file=sys.stderr)
         return 2
-

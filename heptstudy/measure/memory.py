@@ -381,9 +381,7 @@ class StorageTracker(TorchDispatchMode):
         hooks = torch.nn.modules.module
         self._hooks.append(hooks.register_module_forward_pre_hook(self._enter_module))
         # always_call: a checkpoint's recomputation stops early by raising inside the module
-        self._hooks.append(
-            hooks.register_module_forward_hook(self._leave_module, always_call=True)
-        )
+        self._hooks.append(hooks.register_module_forward_hook(self._leave_module, always_call=True))
 
     def _enter_module(self, module, _args) -> None:
         name = self._module_names.get(id(module))

@@ -45,7 +45,6 @@ from heptstudy.model.checkpoint_plan import (
     running,
 )
 
-
 #: ``auto``'s plans are values of :mod:`heptstudy.model.checkpoint_plan`.
 Plan = CheckpointPlan
 

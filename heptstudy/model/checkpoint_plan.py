@@ -33,6 +33,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 
+from heptstudy.config import CHECKPOINTING_VALUES, checkpointing_settings, parse_checkpointing
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.activation_checkpointing import lean_recompute, policy_context
 
@@ -71,6 +72,8 @@ class CheckpointPlan:
                 f"checkpoint plan {self.name!r} is one of auto's prepared plans; it has no "
                 "configuration keys of its own (set activation_checkpointing=auto)"
             )
+        if self.name in CHECKPOINTING_VALUES:  # the configuration's own spelling of the value
+            return checkpointing_settings(self.name)
         return {
             "activation_checkpointing": self.checkpointing,
             "activation_checkpointing_policy": self.policy,
@@ -91,24 +94,25 @@ EVERY_2 = CheckpointPlan("every2", "every 2", "checkpointed_every2", every=2)
 EVERY_3 = CheckpointPlan("every3", "every 3", "checkpointed_every3", every=3)
 AUTO = CheckpointPlan("auto", "auto", "auto")
 
-#: The plans a configuration or a request names (``true``/``false`` are ``full``/``off``).
+#: The plan of each checkpointing value a configuration, a request or a matrix row names
+#: (:data:`heptstudy.config.CHECKPOINTING_VALUES`; ``true``/``false`` are ``full``/``off``).
 NAMED = {p.name: p for p in (OFF, FULL, SELECTIVE, EVERY_2, EVERY_3, AUTO)}
+if tuple(NAMED) != CHECKPOINTING_VALUES:
+    raise RuntimeError(f"checkpoint plans {tuple(NAMED)} != values {CHECKPOINTING_VALUES}")
 
 
 def plan_named(value: Any) -> CheckpointPlan:
-    """The plan of a checkpointing value: a plan name, or true/false."""
-    if value is True:
-        return FULL
-    if value is False or value is None:
-        return OFF
+    """The plan of a checkpointing value: a plan name (any case), or true/false."""
     if isinstance(value, CheckpointPlan):
         return value
-    if isinstance(value, str) and value in NAMED:
-        return NAMED[value]
-    raise HeptstudyError(
-        f"checkpointing={value!r} is not a checkpointing plan; use one of "
-        f"{', '.join(NAMED)} (or true/false for full/off)"
-    )
+    if value is None:
+        return OFF
+    try:
+        return NAMED[parse_checkpointing(value)]
+    except ValueError as err:
+        raise HeptstudyError(
+            f"checkpointing={value!r} is not a checkpointing plan: {err}"
+        ) from None
 
 
 def plan_of(heptv2) -> CheckpointPlan:
@@ -203,7 +207,9 @@ def apply_plan(model: nn.Module, plan: CheckpointPlan) -> nn.Module:
         )
     for slot, (layers, i) in checkpoint_slots(model).items():
         if plan is AUTO or plan.checkpoints(slot):
-            layers[i] = checkpoint_wrapper(layers[i], checkpoint_fn=partial(_run, slot=slot, plan=plan))
+            layers[i] = checkpoint_wrapper(
+                layers[i], checkpoint_fn=partial(_run, slot=slot, plan=plan)
+            )
     model.checkpoint_plan = plan
     return model
 

@@ -529,16 +529,16 @@ def _attention_forward(q, k, v, slices: _Slices):
         total = torch.zeros(rows, dtype=stats, device=q.device)
         top = torch.full((rows,), -math.inf, dtype=stats, device=q.device)
         for c in slices.rounds:
-            o, l = _slice_forward(slices.gather(qkv, c, j), slices, stats)
-            o = slices.to_hit_order(o.view(-1, dh), c, j)
-            l = slices.to_hit_order(l.view(-1), c, j)
-            new_top = torch.maximum(top, l)
+            round_out, round_lse = _slice_forward(slices.gather(qkv, c, j), slices, stats)
+            round_out = slices.to_hit_order(round_out.view(-1, dh), c, j)
+            round_lse = slices.to_hit_order(round_lse.view(-1), c, j)
+            new_top = torch.maximum(top, round_lse)
             keep = top.sub_(new_top).exp_()  # the earlier rounds' rescaling (0 at the first)
-            weight = l.sub_(new_top).exp_()
-            merged.mul_(keep.unsqueeze(-1)).add_(weight.unsqueeze(-1) * o)
+            weight = round_lse.sub_(new_top).exp_()
+            merged.mul_(keep.unsqueeze(-1)).add_(weight.unsqueeze(-1) * round_out)
             total.mul_(keep).add_(weight)
             top = new_top
-            del o, l, keep, weight
+            del round_out, round_lse, keep, weight
         del qkv
         slices.put_heads(out, j, merged.div_(total.unsqueeze(-1)))
         slices.put_heads(lse, j, total.log_().add_(top).unsqueeze(-1))

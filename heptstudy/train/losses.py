@@ -399,7 +399,9 @@ class _FactoredGroupLosses(torch.autograd.Function):
             x, _ = _factored_rows(query_embed, hit_embed, mask, pair_query, b, sl)
             bce[sl], dice[sl] = _slice_losses(x, membership[pair_target[sl]], valid[b], kind)
         ctx.kind, ctx.counts = kind, counts
-        ctx.save_for_backward(query_embed, hit_embed, mask, pair_query, membership, pair_target, valid)
+        ctx.save_for_backward(
+            query_embed, hit_embed, mask, pair_query, membership, pair_target, valid
+        )
         return bce, dice
 
     @staticmethod

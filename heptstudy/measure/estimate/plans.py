@@ -18,8 +18,8 @@ from heptstudy.model.adaptive_checkpointing import (
     Plan,
     PlanPredictor,
     candidate_plans,
-    plan_order,
     plan_config,
+    plan_order,
 )
 from heptstudy.units import MIB
 
