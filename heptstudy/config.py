@@ -158,12 +158,13 @@ class HEPTv2Config(_Strict):
         description="peak memory one step may use under activation_checkpointing=auto; None: "
         "the platform's device memory less its safety margin",
     )
-    auto_plan_order: list[Literal["selective", "every2", "full"]] = Field(
-        default_factory=lambda: ["selective", "every2", "full"],
+    auto_plan_order: list[str] | None = Field(
+        None,
         description="activation_checkpointing=auto: the checkpointing plans tried after off (no "
-        "recomputation, always tried first), cheapest first. The default order is assumed; "
-        "on the CPU reference every2 was faster than selective and smaller "
-        "(experiments/cpu_reference/, experiments/auto_cpu_b4_12steps/)",
+        "recomputation, always tried first), cheapest first: selective, every2, every3, full "
+        "and layersK (the first K backbone layers). None: the platform's measured order "
+        "(auto_plan_order of the platform profile), else "
+        "heptstudy.model.adaptive_checkpointing.DEFAULT_PLAN_ORDER",
     )
     activation_checkpointing_policy: Literal["full", "selective"] = "full"
     checkpoint_every: int = Field(1, ge=1, description="checkpoint every k-th backbone layer")
@@ -210,15 +211,8 @@ class HEPTv2Config(_Strict):
 
     @field_validator("auto_plan_order")
     @classmethod
-    def _plans_once_each(cls, value: list[str]) -> list[str]:
-        if not value or len(set(value)) != len(value):
-            raise PydanticCustomError(
-                "plan_order",
-                "takes each of selective, every2, full at most once, at least one, cheapest "
-                "first, not {got}; for example [every2, full]",
-                {"got": as_yaml(value)},
-            )
-        return value
+    def _plans_once_each(cls, value: list[str] | None) -> list[str] | None:
+        return check_plan_order(value)
 
     @property
     def adaptive(self) -> bool:
@@ -401,6 +395,27 @@ class Config(_Strict):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
+def check_plan_order(value: list[str] | None) -> list[str] | None:
+    """An ``auto_plan_order``: known plan names, each once, at least one."""
+    known = ("selective", "every2", "every3", "full")
+
+    def ok(name: Any) -> bool:
+        return name in known or (
+            isinstance(name, str) and name.startswith("layers") and name[6:].isdigit()
+        )
+
+    if value is not None and (
+        not value or len(set(value)) != len(value) or not all(ok(v) for v in value)
+    ):
+        raise PydanticCustomError(
+            "plan_order",
+            "takes each of selective, every2, every3, full and layersK (K backbone layers) at "
+            "most once, at least one, cheapest first, not {got}; for example [every2, full]",
+            {"got": as_yaml(value)},
+        )
+    return value
+
+
 class PlatformConfig(_Strict):
     """Hardware and runtime settings only; the science lives in the scenario."""
 
@@ -428,6 +443,17 @@ class PlatformConfig(_Strict):
     account: str = ""
     env: dict[str, str] = Field(default_factory=dict)
     modules: list[str] = Field(default_factory=list)
+    auto_plan_order: list[str] | None = Field(
+        None,
+        description="the order of checkpointing plans measured on this platform "
+        "(heptstudy.measure.estimate.plans.plan_order_from_reports), used by "
+        "activation_checkpointing=auto unless model.heptv2.auto_plan_order is set",
+    )
+
+    @field_validator("auto_plan_order")
+    @classmethod
+    def _plans_once_each(cls, value: list[str] | None) -> list[str] | None:
+        return check_plan_order(value)
 
     @field_validator("name")
     @classmethod

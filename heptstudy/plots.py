@@ -101,8 +101,14 @@ def run_steps(steps, title: str = "") -> Any:
     return fig
 
 
-def memory_categories(categories: dict[str, int], title: str = "", ax=None) -> Any:
-    """Live MiB by category at the step's peak (parameters, gradients, activations, ...)."""
+def memory_categories(
+    categories: dict[str, int], title: str = "", ax=None, by_module=None, top: int = 14
+) -> Any:
+    """Live MiB by category at the step's peak (parameters, gradients, activations, ...); with
+    ``by_module`` (a report's ``by_module_bytes``) the same bytes by the module, phase or
+    baseline that made them, stacked by category, the ``top`` largest owners."""
+    if by_module:
+        return _memory_by_module(by_module, title, top)
     fig, ax = _ax(ax, (7.5, 4.0))
     names = list(categories)
     vals = np.array([categories[n] for n in names], float) / MIB
@@ -110,6 +116,34 @@ def memory_categories(categories: dict[str, int], title: str = "", ax=None) -> A
     for i, v in enumerate(vals):
         ax.text(v, i, f" {v:,.1f}", va="center", fontsize=10)
     ax.set_xlabel("live MiB at the step's peak")
+    ax.set_title(title, fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def _memory_by_module(by_module: dict[str, dict[str, int]], title: str, top: int) -> Any:
+    owners = sorted(by_module, key=lambda o: -sum(by_module[o].values()))
+    rest = owners[top:]
+    shown = {o: by_module[o] for o in owners[:top]}
+    if rest:
+        merged: dict[str, int] = {}
+        for o in rest:
+            for c, v in by_module[o].items():
+                merged[c] = merged.get(c, 0) + v
+        shown[f"{len(rest)} more"] = merged
+    names = list(shown)[::-1]
+    fig, ax = _ax(None, (8.5, 0.35 * len(names) + 1.8))
+    left = np.zeros(len(names))
+    for cat, color in CATEGORY_COLORS.items():
+        vals = np.array([shown[n].get(cat, 0) for n in names], float) / MIB
+        if vals.any():
+            ax.barh(names, vals, left=left, color=color, label=cat.replace("_", " "))
+            left += vals
+    for i, v in enumerate(left):
+        ax.text(v, i, f" {v:,.1f}", va="center", fontsize=9)
+    ax.set_xlabel("live MiB at the step's peak, by the module that made it")
+    ax.set_xlim(0, left.max() * 1.2 if len(left) else 1)
+    ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title, fontsize=12)
     fig.tight_layout()
     return fig
@@ -441,9 +475,25 @@ POLICY_COLORS = {
 def policy_tradeoff(policies, tag: str = "", ax=None) -> Any:
     """Peak allocated against mean step time (``study.policy_frame``): one point per
     checkpointing policy, labelled with its memory cut and step-time overhead against ``off`` of
-    the same batch size; one grey line per batch size through its points."""
+    the same batch size; one grey line per batch size through its points, and a dashed arrow
+    through the plans in the order ``auto`` tries them, measured from these points
+    (:func:`heptstudy.study.policies.auto_order`: cheapest first, dominated plans left out)."""
+    from heptstudy.study.policies import auto_order
+
     fig, ax = _ax(ax, (8.5, 5.5))
     for b, group in policies.groupby("batch_size"):
+        order = ["off", *auto_order(policies, b)]
+        path = group.set_index("policy").reindex(order).dropna(subset=["mean_step_s"])
+        if len(path) > 1:
+            ax.plot(
+                path["mean_step_s"],
+                path["peak_allocated_mib"],
+                "--",
+                color="#c44e52",
+                lw=1.2,
+                zorder=1,
+                label=f"auto's order (batch {int(b)}): {', '.join(order)}",
+            )
         g = group.dropna(subset=["mean_step_s", "peak_allocated_mib"]).sort_values("mean_step_s")
         ax.plot(g["mean_step_s"], g["peak_allocated_mib"], "-", color="0.75", lw=1, zorder=1)
         for i, (_, row) in enumerate(g.iterrows()):
@@ -472,6 +522,8 @@ def policy_tradeoff(policies, tag: str = "", ax=None) -> Any:
     ax.set_xlabel("mean step time [s]")
     ax.set_ylabel("peak allocated [MiB]")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower left", fontsize=8)
     lo, hi = ax.get_xlim()
     ax.set_xlim(lo, hi + 0.35 * (hi - lo))  # room for the labels
     if tag:

@@ -17,6 +17,8 @@ from heptstudy.model.adaptive_checkpointing import (
     candidate_plans,
     plan_config,
 )
+from heptstudy.model.checkpoint_plan import AUTO as AUTO_PLAN
+from heptstudy.model.checkpoint_plan import unwrapped_name
 from heptstudy.train.step import run_step
 from tests.conftest import TINY_MODEL
 
@@ -47,7 +49,9 @@ def _pass(config, batch, plan=None, measure=True):
     result = run_step(
         model, batch, None, None, config, None, meter=meter, keep_outputs=True, plan=plan
     )
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {
+        unwrapped_name(n): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
     return result.outputs, result.losses, grads, meter and result.memory.peak_allocated_mib
 
 
@@ -98,7 +102,9 @@ def test_auto_step_without_a_plan_is_refused(auto_config):
         run_step(model, batch, None, None, auto_config, None)
     with applied_plan(model, OFF):
         run_step(model, batch, None, None, auto_config, None)
-    assert model.backbone_cfg.activation_checkpointing == "auto"  # restored
+    # the step's plan was chosen, not written into the model or its configuration
+    assert model.checkpoint_plan is AUTO_PLAN
+    assert auto_config.model.heptv2.activation_checkpointing == "auto"
 
 
 def test_configuration_of_auto_and_budget():
@@ -119,8 +125,14 @@ def test_configuration_of_auto_and_budget():
     given = load_config(overrides=[*AUTO, "model.heptv2.memory_budget_gib=2.5"])
     assert memory_budget_mib(given, CPU) == (2560.0, "model.heptv2.memory_budget_gib")
     heptv2 = load_config(overrides=AUTO).model.heptv2
-    assert [p.name for p in candidate_plans(heptv2)] == ["off", "selective", "every2", "full"]
-    one_layer = load_config(overrides=[*AUTO, "model.heptv2.num_convs=1"]).model.heptv2
+    assert [p.name for p in candidate_plans(heptv2)] == ["off", "layers1", "layers2", "full"]
+    one_layer = load_config(
+        overrides=[
+            *AUTO,
+            "model.heptv2.num_convs=1",
+            "model.heptv2.auto_plan_order=[selective,every2,full]",
+        ]
+    ).model.heptv2
     assert [p.name for p in candidate_plans(one_layer)] == ["off", "selective", "full"]
 
 

@@ -250,16 +250,18 @@ def test_layer_keeps_no_bucket_scores_for_backward(tiny_overrides):
 def test_checkpointed_layer_releases_its_bucket_order_in_its_backward(tiny_overrides):
     import weakref
 
-    from heptstudy.model.activation_checkpointing import run_layer
+    from heptstudy.model.checkpoint_plan import FULL, apply_plan
 
     cfg = load_config(overrides=tiny_overrides + ["model.heptv2.activation_checkpointing=true"])
-    layer = HEPTv2Layer(cfg.model.heptv2, 0).train()
+    holder = torch.nn.Module()
+    holder.backbone = torch.nn.ModuleList([HEPTv2Layer(cfg.model.heptv2, 0)])
+    layer = apply_plan(holder, FULL).backbone[0].train()
     batch = example_batch(cfg, 2, [40, 30], seed=1)
     mask, coords = batch["mask"], hit_coordinates(batch["X"])
     x = torch.randn(*mask.shape, cfg.model.heptv2.embedding_dim, requires_grad=True)
     buckets = layer.bucket_order(coords, mask)
     order = weakref.ref(buckets.order)
-    out = run_layer(layer, cfg.model.heptv2, 0, x, mask, coords, buckets)
+    out = layer(x, mask, coords, buckets)
     del buckets
     assert order() is not None  # the checkpoint keeps it for the recomputation
     out.sum().backward()

@@ -4,6 +4,7 @@ import torch.utils.checkpoint as tuc
 
 from heptstudy.config import load_config
 from heptstudy.model import build_model, example_batch
+from heptstudy.model.checkpoint_plan import unwrapped_name
 from heptstudy.model.heptv2 import hit_coordinates
 
 LENGTHS = [70, 41, 23]  # unequal events, padded to 80 hits
@@ -37,7 +38,9 @@ def _train_pass(model, batch, rng_seed=123):
         (v.float() * torch.linspace(0.5, 1.5, v.numel()).view_as(v)).sum() for v in out.values()
     )
     loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {
+        unwrapped_name(n): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
     return {k: v.detach() for k, v in out.items()}, grads, torch.get_rng_state()
 
 
@@ -104,7 +107,10 @@ def test_checkpoint_used_only_when_training_with_grad(tiny_overrides, monkeypatc
     model.train()
     model(batch)
     every = cfg.model.heptv2.checkpoint_every
-    assert counter.calls == len(range(0, cfg.model.heptv2.num_convs, every))
+    # the plan's layers of the backbone and of the decoder
+    expected = len(range(0, cfg.model.heptv2.num_convs, every))
+    expected += len(range(0, cfg.model.decoder.num_layers, every))
+    assert counter.calls == expected
     counter.calls = 0
     with torch.no_grad():
         model(batch)
@@ -267,9 +273,7 @@ def test_selective_policy_keeps_the_projections_by_module_not_by_width(tiny_over
     mask, coords = batch["mask"], hit_coordinates(batch["X"])
     x = torch.randn(*mask.shape, POSITIONAL_HIDDEN, requires_grad=True)
     layer.train()
-    out = ac.run_layer(
-        layer, cfg.model.heptv2, 0, x, mask, coords, layer.bucket_order(coords, mask)
-    )
+    out = layer(x, mask, coords, layer.bucket_order(coords, mask))
     out.sum().backward()
     must_save = tuc.CheckpointPolicy.MUST_SAVE
     positional = [d for inside, d in decisions if inside]

@@ -15,7 +15,7 @@ from heptstudy.errors import ConfigError
 from heptstudy.measure.memory import make_meter
 from heptstudy.measure.timing import synchronize
 from heptstudy.model import example_batch
-from heptstudy.model.activation_checkpointing import run_backbone
+from heptstudy.model.checkpoint_plan import apply_plan, plan_of
 from heptstudy.model.heptv2 import HEPTv2Layer, hit_coordinates
 
 
@@ -64,7 +64,9 @@ def run_backbone_bench(
     dev = check_backbone_request(hits, repeats, device)
     cfg = config.model.heptv2
     torch.manual_seed(seed)
-    layers = torch.nn.ModuleList(HEPTv2Layer(cfg, i) for i in range(cfg.num_convs)).to(dev).train()
+    holder = torch.nn.Module()
+    holder.backbone = torch.nn.ModuleList(HEPTv2Layer(cfg, i) for i in range(cfg.num_convs))
+    layers = apply_plan(holder, plan_of(cfg)).backbone.to(dev).train()
     batch = {k: v.to(dev) for k, v in example_batch(config, 1, hits, seed=seed).items()}
     mask, coords = batch["mask"], hit_coordinates(batch["X"])
     x = torch.randn(*mask.shape, cfg.embedding_dim, device=dev, requires_grad=True)
@@ -72,7 +74,9 @@ def run_backbone_bench(
 
     def step():
         orders = [layer.bucket_order(coords, mask) for layer in layers]
-        out = run_backbone(layers, cfg, x, mask, coords, orders)
+        out = x
+        for layer, order in zip(layers, orders, strict=True):
+            out = layer(out, mask, coords, order)
         out.backward(grad)
         x.grad = None
         layers.zero_grad(set_to_none=True)

@@ -292,6 +292,7 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
                             step=step,
                             peak_bytes=mem.peak_allocated_bytes,
                             at_peak_bytes=mem.categories_at_peak,
+                            by_module_bytes=mem.by_module_at_peak,
                             note=_CATEGORY_NOTE,
                         )
                 bar.update(1)
@@ -368,7 +369,9 @@ def mean_phases(per_step: list[dict[str, float] | None]) -> dict[str, float] | N
 _CATEGORY_NOTE = (
     "live tensor-storage bytes by category at the step's peak (storage tracker): parameters and "
     "buffers, gradients, optimizer state, activations saved for backward, inputs (the batch), "
-    "temporaries (the rest)"
+    "temporaries (the rest); by_module_bytes files the same bytes under the module that made "
+    "each storage (a checkpointed layer's recomputation included; [int/bool]: its index and "
+    "mask storages), else the phase (loss, backward), else the baseline category"
 )
 
 

@@ -102,6 +102,11 @@ class StepMemory:
     #: ``track_categories`` only.
     categories_at_peak: dict[str, int] | None = None
     categories_at_end: dict[str, int] | None = None
+    #: ``track_categories`` only: live bytes at the peak by owner, then category. Owners: a
+    #: module of the model (:func:`module_owner`; ``INDEX_SUFFIX`` for its integer and bool
+    #: storages), else the step phase that made the storage ("loss", "backward"), else the
+    #: baseline category (parameters, gradients, optimizer state, inputs).
+    by_module_at_peak: dict[str, dict[str, int]] | None = None
     tracked_peak_bytes: int | None = None
     timeline: list[tuple[int, int]] | None = None
     marks: list[tuple[int, str]] = field(default_factory=list)
@@ -121,12 +126,30 @@ class StepMemory:
 
 
 class _Entry:
-    __slots__ = ("nbytes", "category", "ref")
+    __slots__ = ("nbytes", "category", "owner", "ref")
 
-    def __init__(self, nbytes: int, category: str, ref: weakref.ref):
+    def __init__(self, nbytes: int, category: str, owner: str, ref: weakref.ref):
         self.nbytes = nbytes
         self.category = category
+        self.owner = owner
         self.ref = ref
+
+
+#: Suffix of the owner of a storage made as an integer or bool tensor (hash orders, gather
+#: indices, attention masks): they are kept for other reasons than the float activations.
+INDEX_SUFFIX = " [int/bool]"
+
+
+def module_owner(path: str) -> str:
+    """The owner name of the module at ``path`` in the by-module breakdown: the model's top-level
+    child, with the index of a module list ("backbone.3", "decoder.0", "heads"); the model itself
+    is "model"."""
+    parts = [p for p in path.split(".") if p] if path else []
+    if parts and parts[0] == "module":  # DistributedDataParallel keeps the model here
+        parts = parts[1:]
+    if not parts:
+        return "model"
+    return parts[0] + (f".{parts[1]}" if len(parts) > 1 and parts[1].isdigit() else "")
 
 
 def _storage_of(t: torch.Tensor):
@@ -187,6 +210,12 @@ class StorageTracker(TorchDispatchMode):
         self.timeline: list[tuple[int, int]] = []
         self.marks: list[tuple[int, str]] = []
         self._label: str | None = None
+        #: by-module breakdown (track_categories only): (owner, category) -> live bytes
+        self.owned_bytes: dict[tuple[str, str], int] = {}
+        self.owned_at_peak: dict[tuple[str, str], int] = {}
+        self._module_names: dict[int, str] = {}
+        self._module_stack: list[str] = []
+        self._phase = "step"
         self._active = False
         self._hooks: list = []
         self._saved_hooks = None
@@ -198,29 +227,51 @@ class StorageTracker(TorchDispatchMode):
             if entry is not None:
                 self.live_bytes -= entry.nbytes
                 self.category_bytes[entry.category] -= entry.nbytes
+                self._own(entry, -entry.nbytes)
 
-    def _register(self, storage, category: str) -> _Entry:
+    def _register(self, storage, category: str, owner: str = "") -> _Entry:
         """Count ``storage`` if it is new, follow a resize if it is not. Lock held."""
         key = id(storage)
         entry = self._live.get(key)
         nbytes = int(storage.nbytes())
         if entry is None:
             ref = weakref.ref(storage, lambda _r, key=key: self._on_free(key))
-            entry = _Entry(nbytes, category, ref)
+            entry = _Entry(nbytes, category, owner or category, ref)
             self._live[key] = entry
             self.live_bytes += nbytes
             self.category_bytes[category] += nbytes
+            self._own(entry, nbytes)
         elif entry.nbytes != nbytes:  # resize_ / out= on a storage we already know
             self.live_bytes += nbytes - entry.nbytes
             self.category_bytes[entry.category] += nbytes - entry.nbytes
+            self._own(entry, nbytes - entry.nbytes)
             entry.nbytes = nbytes
         return entry
+
+    def _own(self, entry: _Entry, delta: int) -> None:
+        if self.track_categories:
+            key = (entry.owner, entry.category)
+            self.owned_bytes[key] = self.owned_bytes.get(key, 0) + delta
+
+    def _owner(self, t: torch.Tensor) -> str:
+        """Who makes ``t``: the running module (a checkpointed layer's recomputation included),
+        else the step's phase (the loss, the backward outside any recomputation)."""
+        if not self.track_categories:
+            return ""
+        owner = self._module_stack[-1] if self._module_stack else self._phase
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            return owner
+        return owner + INDEX_SUFFIX
 
     def _update_peak(self) -> None:
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
             if self.track_categories:
-                self.categories_at_peak = dict(self.category_bytes)
+                self._snapshot()
+
+    def _snapshot(self) -> None:
+        self.categories_at_peak = dict(self.category_bytes)
+        self.owned_at_peak = {k: v for k, v in self.owned_bytes.items() if v}
 
     def _transient(self, func, nbytes: int) -> None:
         """A kernel's scratch: live on top of the op's inputs and outputs, freed at its end."""
@@ -242,15 +293,19 @@ class StorageTracker(TorchDispatchMode):
         with self._lock:
             entry = self._live.get(id(storage))
             if entry is None:
-                entry = self._register(storage, category)
+                entry = self._register(storage, category, self._owner(t))
                 self._update_peak()
             elif entry.category in only_from and entry.category != category:
                 self.category_bytes[entry.category] -= entry.nbytes
                 self.category_bytes[category] += entry.nbytes
+                self._own(entry, -entry.nbytes)
                 entry.category = category
+                if category == "gradients":  # a parameter's gradient, whoever made it
+                    entry.owner = category
+                self._own(entry, entry.nbytes)
                 if self.track_categories and self.live_bytes == self.peak_bytes:
                     # still at the peak (e.g. the op that reached it made an output now saved)
-                    self.categories_at_peak = dict(self.category_bytes)
+                    self._snapshot()
 
     def add_baseline(self, tensors: Iterable[torch.Tensor | None], category: str) -> None:
         """Count storages alive at the start (skipping ones already counted)."""
@@ -262,7 +317,7 @@ class StorageTracker(TorchDispatchMode):
                         self._register(storage, category)
             self.baseline_bytes = self.live_bytes
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-            self.categories_at_peak = dict(self.category_bytes)
+            self._snapshot()
 
     # -- dispatch -----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -275,14 +330,14 @@ class StorageTracker(TorchDispatchMode):
             if storage is not None and id(storage) not in live:
                 with self._lock:
                     before = self.live_bytes
-                    self._register(storage, self._label or "temporaries")
+                    self._register(storage, self._label or "temporaries", self._owner(t))
                     self.adopted_bytes += self.live_bytes - before
         out = func(*args, **kwargs)
         with self._lock:
             for t in _iter_tensors(out):
                 storage = _storage_of(t)
                 if storage is not None:
-                    self._register(storage, self._label or "temporaries")
+                    self._register(storage, self._label or "temporaries", self._owner(t))
             self.op_index += 1
             self._update_peak()
             if self.scratch is not None:
@@ -334,12 +389,41 @@ class StorageTracker(TorchDispatchMode):
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
             self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             self._saved_hooks.__enter__()
+            if model is not None:
+                self._follow_modules(model)
         self._active = True
         self.__enter__()
 
     def _grad_hook(self, p: torch.Tensor) -> None:
         if p.grad is not None:
             self._reclassify(p.grad, "gradients", only_from=("temporaries", "activations"))
+
+    def _follow_modules(self, model: torch.nn.Module) -> None:
+        """Global module hooks that keep the running module of ``model`` on a stack, so that a
+        new storage is filed under it (forward hooks also run for a checkpointed layer's
+        recomputation inside backward)."""
+        self._module_names = {id(m): module_owner(path) for path, m in model.named_modules()}
+        self._module_stack = []
+        hooks = torch.nn.modules.module
+        self._hooks.append(hooks.register_module_forward_pre_hook(self._enter_module))
+        # always_call: a checkpoint's recomputation stops early by raising inside the module
+        self._hooks.append(hooks.register_module_forward_hook(self._leave_module, always_call=True))
+
+    def _enter_module(self, module, _args) -> None:
+        name = self._module_names.get(id(module))
+        if name is not None:
+            self._module_stack.append(name)
+
+    def _leave_module(self, module, _args, _output) -> None:
+        if id(module) in self._module_names and self._module_stack:
+            self._module_stack.pop()
+
+    def by_module_at_peak(self) -> dict[str, dict[str, int]]:
+        """Live bytes at the peak by owner (module, phase or baseline category), then category."""
+        out: dict[str, dict[str, int]] = {}
+        for (owner, category), nbytes in sorted(self.owned_at_peak.items()):
+            out.setdefault(owner, {})[category] = nbytes
+        return out
 
     def end(self) -> None:
         if not self._active:
@@ -370,6 +454,7 @@ class StorageTracker(TorchDispatchMode):
 
     def mark(self, label: str) -> None:
         self.marks.append((self.op_index, label))
+        self._phase = label
 
 
 def _iter_tensors(obj) -> Iterator[torch.Tensor]:
@@ -513,6 +598,7 @@ class MemoryMeter:
         if tr.track_categories:
             fields["categories_at_peak"] = dict(tr.categories_at_peak)
             fields["categories_at_end"] = dict(tr.category_bytes)
+            fields["by_module_at_peak"] = tr.by_module_at_peak()
         if tr.record_timeline:
             fields["timeline"] = list(tr.timeline)
         tr.release()

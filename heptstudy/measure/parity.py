@@ -15,6 +15,7 @@ import torch
 from heptstudy.config import Config
 from heptstudy.measure.report import ComparisonSet, GradientComparison, Parity, TensorComparison
 from heptstudy.model import build_model
+from heptstudy.model.checkpoint_plan import unwrapped_name
 from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.step import run_step
 
@@ -45,7 +46,11 @@ def _pass(model, batch, config, dtype) -> tuple[dict, dict, dict]:
     model.zero_grad(set_to_none=True)
     torch.manual_seed(PASS_SEED)
     result = run_step(model, batch, None, None, config, dtype, keep_outputs=True)
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {
+        unwrapped_name(n): p.grad.detach().clone()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
     outputs = {k: v.clone() for k, v in result.outputs.items()}
     return outputs, {k: v.clone() for k, v in result.losses.items()}, grads
 

@@ -278,6 +278,9 @@ class MemoryCategories(_Strict):
     peak_bytes: Count
     at_peak_bytes: dict[str, Count]
     note: str
+    #: The same bytes by owner, then category (``heptstudy.measure.memory.StepMemory``'s
+    #: ``by_module_at_peak``): which module's storages, which phase's, which baseline's.
+    by_module_bytes: dict[str, dict[str, int]] | None = None
     timeline: list[tuple[int, int]] | None = None  # (op index, live bytes)
     marks: list[tuple[int, str]] = Field(default_factory=list)  # (op index, label)
 

@@ -56,6 +56,7 @@ from heptstudy.config import (
     parse_checkpointing,
 )
 from heptstudy.errors import ConfigError
+from heptstudy.model.checkpoint_plan import NAMED
 
 #: The allowed values come from the configuration schema itself.
 Variant = ModelConfig.model_fields["variant"].annotation
@@ -360,15 +361,8 @@ class MeasurementRequest(BaseModel):
         return self.batch_size * steps
 
 
-#: The report name's part of each checkpointing value.
-REPORT_NAME_PART = {
-    "off": "baseline",
-    "full": "checkpointed",
-    "selective": "checkpointed_selective",
-    "every2": "checkpointed_every2",
-    "every3": "checkpointed_every3",
-    "auto": "auto",
-}
+#: The report name's part of each checkpointing value (its plan's).
+REPORT_NAME_PART = {name: plan.report_part for name, plan in NAMED.items()}
 
 
 def _device(profile: PlatformConfig | None) -> torch.device:

@@ -14,11 +14,13 @@ from heptstudy.data.schema import HIT_FEATURES, PF_FEATURES, TARGET_COLUMNS
 
 
 def build_model(config: Config) -> nn.Module:
-    """The configured model, initialised from the global RNG (seed it first)."""
+    """The configured model, initialised from the global RNG (seed it first), with its
+    checkpointing plan applied (:mod:`heptstudy.model.checkpoint_plan`)."""
     if config.model.variant == HIT_VARIANT:
+        from heptstudy.model.checkpoint_plan import apply_plan, plan_of
         from heptstudy.model.hit_model import HitModel
 
-        return HitModel(config)
+        return apply_plan(HitModel(config), plan_of(config.model.heptv2))
     if config.model.variant == TRACK_CLUSTER_VARIANT:
         from heptstudy.model.track_cluster import TrackClusterModel
 

@@ -1,62 +1,48 @@
-"""Activation checkpointing of the HEPTv2 backbone, decided in one place.
+"""What a checkpointed layer keeps for backward: the policies of
+:mod:`heptstudy.model.checkpoint_plan`.
 
-The runner calls each layer either directly or under ``torch.utils.checkpoint.checkpoint``
-(non-reentrant, RNG state preserved so dropout replays exactly). Checkpointing only applies when
-the model is training and gradients are enabled: in evaluation and under ``no_grad`` there is
-nothing to save, so the layers run directly. The policy changes what is kept for backward, never
-the result.
+``full`` keeps only the layer's inputs and recomputes the whole layer in backward, *lean*: the
+memory-lean functions of the layer (:class:`heptstudy.model.heptv2.SwiGLU`) then keep nothing
+that their own backward can recompute slice by slice, so one layer's recomputation holds no
+hidden-width tensor of the whole batch. ``selective`` keeps the products of the layer's dense
+projections (:data:`SELECTIVE_SAVE_OPS`) and recomputes the rest.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
 
-from heptstudy.config import HEPTv2Config
-from heptstudy.errors import HeptstudyError
+
+class _Lean(threading.local):
+    """Whether the running forward is a ``full``-policy checkpointed layer (its first forward,
+    whose saved tensors are dropped, or its recomputation inside backward)."""
+
+    active: bool = False
 
 
-def checkpoint_wanted(cfg: HEPTv2Config, layer_index: int, module: nn.Module) -> bool:
-    if not cfg.activation_checkpointing:
-        return False
-    if not (module.training and torch.is_grad_enabled()):
-        return False
-    if cfg.activation_checkpointing == "auto":
-        # a plan is chosen per batch before the step; never guess one here
-        raise HeptstudyError(
-            "model.heptv2.activation_checkpointing=auto: this training step runs without a "
-            "chosen plan; run it under heptstudy.model.adaptive_checkpointing.applied_plan "
-            "(the trainer and heptstudy bench do) or set true/false"
-        )
-    return layer_index % cfg.checkpoint_every == 0
+_LEAN = _Lean()
 
 
-def run_layer(layer: nn.Module, cfg: HEPTv2Config, layer_index: int, *args) -> torch.Tensor:
-    if not checkpoint_wanted(cfg, layer_index, layer):
-        return layer(*args)
-    context_fn = _policy_context(cfg.activation_checkpointing_policy, layer)
-    return torch_checkpoint.checkpoint(
-        layer, *args, use_reentrant=False, preserve_rng_state=True, context_fn=context_fn
-    )
+@contextmanager
+def lean_recompute() -> Iterator[None]:
+    previous, _LEAN.active = _LEAN.active, True
+    try:
+        yield
+    finally:
+        _LEAN.active = previous
 
 
-def run_backbone(
-    layers: Sequence[nn.Module],
-    cfg: HEPTv2Config,
-    x: torch.Tensor,
-    mask: torch.Tensor,
-    coords: torch.Tensor,
-    bucket_orders: Sequence,
-) -> torch.Tensor:
-    """Run the backbone layers in turn; each layer's bucket order is computed beforehand."""
-    for i, (layer, order) in enumerate(zip(layers, bucket_orders, strict=True)):
-        x = run_layer(layer, cfg, i, x, mask, coords, order)
-    return x
+def recompute_is_lean() -> bool:
+    """True inside a ``full``-policy checkpointed layer: keep only what cannot be recomputed
+    from the layer's own inputs slice by slice."""
+    return _LEAN.active
 
 
 #: ``selective``: the outputs of these ops are kept for backward when a module of the layer's
@@ -110,9 +96,10 @@ def _selective_context(layer: nn.Module) -> Callable:
     return partial(torch_checkpoint.create_selective_checkpoint_contexts, policy)
 
 
-def _policy_context(policy: str, layer: nn.Module) -> Callable:
+def policy_context(policy: str, layer: nn.Module) -> Callable:
+    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for ``policy``."""
     if policy == "full":
         return torch_checkpoint.noop_context_fn
     if policy == "selective":
         return _selective_context(layer)
-    raise ValueError(f"model.heptv2.activation_checkpointing_policy={policy!r} is not implemented")
+    raise ValueError(f"checkpointing policy {policy!r} is not implemented; use full or selective")

@@ -34,46 +34,103 @@ from torch import nn
 
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
+from heptstudy.model.checkpoint_plan import (
+    AUTO,
+    EVERY_2,
+    FULL,
+    OFF,
+    SELECTIVE,
+    CheckpointPlan,
+    plan_named,
+    running,
+)
+
+#: ``auto``'s plans are values of :mod:`heptstudy.model.checkpoint_plan`.
+Plan = CheckpointPlan
 
 
-@dataclass(frozen=True)
-class Plan:
-    """One way of checkpointing the backbone."""
-
-    name: str
-    checkpointing: bool
-    policy: str = "full"
-    every: int = 1
-
-    def settings(self) -> dict[str, Any]:
-        """The ``model.heptv2`` keys that make a fixed configuration run this plan."""
-        return {
-            "activation_checkpointing": self.checkpointing,
-            "activation_checkpointing_policy": self.policy,
-            "checkpoint_every": self.every,
-        }
-
-
-OFF = Plan("off", False)
-SELECTIVE = Plan("selective", True, "selective")
-EVERY_2 = Plan("every2", True, "full", 2)
-FULL = Plan("full", True)
+def layer_count_plan(count: int, num_layers: int) -> CheckpointPlan:
+    """``layers{count}``: the first ``count`` of the ``num_layers`` backbone layers checkpointed
+    (the decoder not). First rather than last: the backward reaches the first layers last, when
+    the later layers' activations are already freed, so their recomputation adds nothing to the
+    peak at the start of the backward (on fake tensors, full-size model, batch 4: see
+    experiments/checkpointing_limit_cpu_b4/)."""
+    if not 1 <= count < num_layers:
+        raise HeptstudyError(
+            f"checkpoint plan layers{count}: the backbone has {num_layers} layers; count plans "
+            f"take 1 to {num_layers - 1} (all of them is full)"
+        )
+    order = tuple(("backbone", i) for i in range(num_layers))
+    return CheckpointPlan(
+        f"layers{count}",
+        f"{count} of {num_layers} layers",
+        f"checkpointed_layers{count}",
+        count=count,
+        order=order,
+    )
 
 
-PLANS = {p.name: p for p in (OFF, SELECTIVE, EVERY_2, FULL)}
+def auto_plan(name: str, num_layers: int) -> CheckpointPlan:
+    """One of the plans ``model.heptv2.auto_plan_order`` names."""
+    if name.startswith("layers") and name[6:].isdigit():
+        return layer_count_plan(int(name[6:]), num_layers)
+    return plan_named(name)
 
 
-def candidate_plans(heptv2) -> list[Plan]:
-    """The plans tried, cheapest first: ``off``, then ``heptv2.auto_plan_order``; ``every2``
-    only where it differs from ``full`` (two layers or more)."""
-    plans = [OFF, *(PLANS[name] for name in heptv2.auto_plan_order)]
-    return [p for p in plans if p is not EVERY_2 or heptv2.num_convs >= 2]
+#: The plans ``auto`` tries after ``off`` when neither the configuration nor the platform
+#: names an order: the first K backbone layers for growing K, then ``full``. Measured on the CPU
+#: reference (experiments/checkpointing_limit_cpu_b4/): each further layer costs about the
+#: same recomputation and saves about the same memory, so the plans' cost grows with K.
+DEFAULT_PLAN_ORDER = ("layers1", "layers2", "layers3", "layers4", "layers5", "full")
 
 
-def plan_config(config: Config, plan: Plan) -> Config:
-    """``config`` with the plan's fixed checkpointing settings."""
+def order_by_cost(measured: dict[str, tuple[float, float]]) -> list[str]:
+    """The order ``auto`` should try plans in, from their measured ``(cost, peak)`` (cost: the
+    step-time overhead against off, or seconds per padded hit; peak: MiB at the same batch):
+    cheapest first, each plan kept only if its peak lies below that of every cheaper plan. A
+    plan that costs more and saves no more (``selective`` on the CPU reference) leaves the
+    order. ``off`` is always tried first and is not listed."""
+    order, lowest = [], float("inf")
+    for name, (_cost, peak) in sorted(
+        ((n, v) for n, v in measured.items() if n != "off"), key=lambda kv: (kv[1][0], kv[1][1])
+    ):
+        if peak < lowest:
+            order.append(name)
+            lowest = peak
+    return order
+
+
+def plan_order(heptv2, platform=None) -> tuple[list[str], str]:
+    """The order of the plans after ``off`` and where it comes from."""
+    if heptv2.auto_plan_order is not None:
+        return list(heptv2.auto_plan_order), "model.heptv2.auto_plan_order"
+    if platform is not None and getattr(platform, "auto_plan_order", None):
+        return list(platform.auto_plan_order), f"measured on platform {platform.name}"
+    return list(DEFAULT_PLAN_ORDER), "the default order"
+
+
+def candidate_plans(heptv2, platform=None) -> list[CheckpointPlan]:
+    """The plans tried, cheapest first: ``off``, then :func:`plan_order`; ``every2`` and
+    ``every3`` only where they differ from ``full``, count plans only below the number of
+    layers."""
+    n = heptv2.num_convs
+    plans = [OFF]
+    for name in plan_order(heptv2, platform)[0]:
+        if name.startswith("layers") and name[6:].isdigit() and int(name[6:]) >= n:
+            continue
+        plan = auto_plan(name, n)
+        if plan.every > 1 and n < 2:
+            continue
+        plans.append(plan)
+    return plans
+
+
+def plan_config(config: Config, plan: CheckpointPlan) -> Config:
+    """``config`` with the plan's checkpointing settings (``auto`` for a count plan, which runs
+    under :func:`applied_plan`)."""
     fixed = config.model_copy(deep=True)
-    for key, value in plan.settings().items():
+    settings = plan.settings() if plan.count is None else {"activation_checkpointing": "auto"}
+    for key, value in settings.items():
         setattr(fixed.model.heptv2, key, value)
     return fixed
 
@@ -105,6 +162,7 @@ class PlanPredictor:
     budget_mib: float
     budget_source: str
     calibration_s: float = 0.0
+    order_source: str = ""
 
     def predict_mib(self, batch_size: int, longest_padded: int) -> dict[str, float]:
         return {
@@ -141,31 +199,37 @@ class PlanPredictor:
     def describe(self) -> str:
         return (
             f"adaptive checkpointing: budget {self.budget_mib:,.0f} MiB ({self.budget_source}); "
-            f"plans {', '.join(p.name for p in self.plans)} (cheapest first), each with a memory "
+            f"plans {', '.join(p.name for p in self.plans)} (cheapest first"
+            f"{': ' + self.order_source if self.order_source else ''}), each with a memory "
             f"model estimated on fake tensors in {self.calibration_s:.1f} s"
         )
 
 
 @contextmanager
-def applied_plan(model: nn.Module, plan: Plan | None) -> Iterator[None]:
-    """Run ``model``'s backbone under ``plan`` inside the block (forward and backward); None:
-    as configured (a fixed setting, or a model without a HEPTv2 backbone)."""
+def applied_plan(model: nn.Module, plan: CheckpointPlan | None) -> Iterator[None]:
+    """Run ``model`` under ``plan`` inside the block (forward and backward): one of the prepared
+    plans of a model built with ``auto``. None: as built. Nothing of the model changes."""
     if plan is None:
         yield
         return
     inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model here
-    if not hasattr(inner, "backbone_cfg"):
-        raise TypeError(f"{type(inner).__name__} has no HEPTv2 backbone to checkpoint")
-    chosen = inner.backbone_cfg
-    inner.backbone_cfg = chosen.model_copy(update=plan.settings())
-    try:
+    if getattr(inner, "checkpoint_plan", None) is not AUTO:
+        raise TypeError(
+            f"{type(inner).__name__} was not built with activation_checkpointing=auto; a plan "
+            "per step needs a model whose layers auto wrapped"
+        )
+    with running(plan):
         yield
-    finally:
-        inner.backbone_cfg = chosen
 
 
 __all__ = [
+    "EVERY_2",
     "FULL",
+    "SELECTIVE",
+    "auto_plan",
+    "layer_count_plan",
+    "order_by_cost",
+    "plan_order",
     "OFF",
     "NoPlanFits",
     "Plan",

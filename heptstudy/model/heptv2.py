@@ -8,9 +8,10 @@ over the union of a query's buckets *with each key counted once per round that s
 with the query*: a key that two rounds both put next to the query weighs twice, unlike attention
 over the plain set union.
 
-The hashing depends only on hit coordinates and fixed tables, never on the embeddings, so it is
-computed once per layer (:meth:`HEPTv2Layer.bucket_order`) outside any checkpointed region and
-handed to :meth:`HEPTv2Layer.forward`.
+The hashing depends only on hit coordinates and fixed tables, never on the embeddings
+(:meth:`HEPTv2Layer.bucket_order`, without gradients): :meth:`HEPTv2Layer.forward` hashes when
+it is not handed an order, so a checkpointed layer hashes again in its backward instead of
+keeping its order (int32, one per hit, round and head) from the forward to its backward.
 
 Memory. The plain attention path, the SwiGLU feed-forward and the norms are autograd functions
 that keep for backward only what cannot be recomputed cheaply, and run their bucket-sized or
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from heptstudy.config import HEPTv2Config
+from heptstudy.model.activation_checkpointing import recompute_is_lean
 from heptstudy.model.buckets import MASKED, BucketOrder
 
 # the raw hit columns the layer reads (one index in both input layouts)
@@ -39,9 +41,10 @@ from heptstudy.model.encoding import COS_PHI, ETA, SIN_PHI
 #: Width of the positional MLP's hidden layer.
 POSITIONAL_HIDDEN = 32
 
-#: Elements of the row slices of :class:`SwiGLU`'s backward (rows x 2 x hidden): 32 MiB in
-#: float32 whatever the batch, so the backward's hidden-width temporaries do not grow with it.
-SWIGLU_SLICE_ELEMENTS = 1 << 23
+#: Elements of the row slices of :class:`SwiGLU` (rows x 2 x hidden): 8 MiB in float32
+#: whatever the batch, so its hidden-width temporaries, forward and backward, do not grow
+#: with it.
+SWIGLU_SLICE_ELEMENTS = 1 << 21
 
 
 def hit_coordinates(features: torch.Tensor) -> torch.Tensor:
@@ -103,9 +106,13 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 class SwiGLU(nn.Module):
-    """``down(silu(gate) * up)`` with ``gate, up = gate_up(x)``, keeping only ``x`` and the
-    ``gate_up`` product for backward: the activation and the product of the two halves (half
-    the ``gate_up`` width each) are recomputed, slice by slice, in backward."""
+    """``down(silu(gate) * up)`` with ``gate, up = gate_up(x)``, computed a slice of rows at a
+    time, keeping only ``x`` and the ``gate_up`` product for backward: the activation and the
+    product of the two halves (half the ``gate_up`` width each) are recomputed, slice by
+    slice, in backward. Inside a ``full``-policy checkpointed layer (lean) it keeps only ``x``
+    and its backward also recomputes each slice's ``gate_up`` (the same product of the same
+    rows: the same gradient, bit for bit), so the layer's recomputation never holds the
+    hidden-width product of the whole batch."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -116,7 +123,7 @@ class SwiGLU(nn.Module):
         dtype = compute_dtype(x, self.gate_up.weight)
         w_gate_up, w_down = self.gate_up.weight.to(dtype), self.down.weight.to(dtype)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            return _SwiGLUFunction.apply(x.to(dtype), w_gate_up, w_down)
+            return _SwiGLUFunction.apply(x.to(dtype), w_gate_up, w_down, not recompute_is_lean())
 
 
 def _row_slices(rows: int, width: int):
@@ -134,18 +141,29 @@ def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> 
 
 class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w_gate_up, w_down):
+    def forward(ctx, x, w_gate_up, w_down, keep_gate_up):
         hidden = w_down.shape[1]
         rows = x.reshape(-1, x.shape[-1])
-        gate_up = torch.mm(rows, w_gate_up.t())
-        hidden_out = F.silu(gate_up[:, :hidden]).mul_(gate_up[:, hidden:])
-        out = torch.mm(hidden_out, w_down.t())
-        ctx.save_for_backward(x, gate_up, w_gate_up, w_down)
+        out = rows.new_empty(rows.shape[0], w_down.shape[0])
+        gate_up = rows.new_empty(rows.shape[0], 2 * hidden) if keep_gate_up else None
+        # plain products (no out=): the selective policy recognises and keeps them
+        for r in _row_slices(rows.shape[0], 2 * hidden):
+            part = torch.mm(rows[r], w_gate_up.t())
+            if gate_up is not None:
+                gate_up[r] = part
+            hidden_out = F.silu(part[:, :hidden]).mul_(part[:, hidden:])
+            out[r] = torch.mm(hidden_out, w_down.t())
+            del part, hidden_out
+        ctx.keep_gate_up = keep_gate_up
+        ctx.save_for_backward(x, *([gate_up] if keep_gate_up else []), w_gate_up, w_down)
         return out.view(*x.shape[:-1], w_down.shape[0])
 
     @staticmethod
     def backward(ctx, d_out):
-        x, gate_up, w_gate_up, w_down = ctx.saved_tensors
+        if ctx.keep_gate_up:
+            x, gate_up, w_gate_up, w_down = ctx.saved_tensors
+        else:
+            (x, w_gate_up, w_down), gate_up = ctx.saved_tensors, None
         hidden = w_down.shape[1]
         rows = x.reshape(-1, x.shape[-1])
         d_rows = d_out.reshape(-1, d_out.shape[-1]).to(x.dtype)
@@ -153,10 +171,13 @@ class _SwiGLUFunction(torch.autograd.Function):
         d_w_gate_up = torch.zeros_like(w_gate_up, dtype=_stats_dtype(w_gate_up))
         d_w_down = torch.zeros_like(w_down, dtype=_stats_dtype(w_down))
         for r in _row_slices(rows.shape[0], 2 * hidden):
+            part = torch.mm(rows[r], w_gate_up.t()) if gate_up is None else gate_up[r]
             _swiglu_slice_backward(
-                d_rows[r], rows[r], gate_up[r], (w_gate_up, w_down), (d_w_gate_up, d_w_down), d_x[r]
+                d_rows[r], rows[r], part, (w_gate_up, w_down), (d_w_gate_up, d_w_down), d_x[r]
             )
-        return d_x.view_as(x), d_w_gate_up.to(w_gate_up.dtype), d_w_down.to(w_down.dtype)
+            del part
+        grads = d_x.view_as(x), d_w_gate_up.to(w_gate_up.dtype), d_w_down.to(w_down.dtype)
+        return (*grads, None)
 
 
 def _swiglu_slice_backward(d_out, x, gate_up, weights, weight_grads, d_x) -> None:
@@ -259,8 +280,17 @@ class HEPTv2Layer(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, coords: torch.Tensor, buckets: BucketOrder
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        coords: torch.Tensor,
+        buckets: BucketOrder | None = None,
     ) -> torch.Tensor:
+        """``buckets``: this layer's :meth:`bucket_order` of ``coords``, hashed here when None
+        (inside a checkpointed layer the hashing is then redone in backward instead of its
+        order being kept from the forward to the layer's backward)."""
+        if buckets is None:
+            buckets = self.bucket_order(coords, mask)
         x = x + self.pos_embed(coords.to(x.dtype))
         attn = self.attention(self.attn_norm(x), buckets)
         x = x + self.dropout(attn)
@@ -316,12 +346,16 @@ def _ranks(values: torch.Tensor) -> torch.Tensor:
 
 # -- the plain bucket attention ------------------------------------------------------------
 
-#: Elements of one slice's bucket scores in backward (events x heads x sorted positions x
-#: block_size; forward, which holds one such tensor where backward holds two, takes twice as
-#: many): a slice is as many heads of one hashing round as fit (a divisor of num_heads, at
-#: least one). The scores then take about 128 MiB in float32 whatever the batch, in a few large
-#: operations rather than many small ones.
-ATTENTION_SLICE_ELEMENTS = 1 << 25
+#: Elements of one slice's bucket scores (events x heads x sorted positions x block_size): a
+#: slice is as many heads of one hashing round as fit (a divisor of num_heads, at least one).
+#: The scores then take about 32 MiB in float32 whatever the batch (forward holds one such
+#: tensor, backward two), in operations still large enough to run at full speed; this bounds
+#: one layer's working set, which full checkpointing adds to the kept layer inputs.
+ATTENTION_SLICE_ELEMENTS = 1 << 23
+
+#: Scores of the buckets computed at once inside a slice (buckets x block_size^2): 8 MiB in
+#: float32, so the scores, probabilities and their gradients of a slice never exist whole.
+BUCKET_CHUNK_ELEMENTS = 1 << 21
 
 
 def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> torch.Tensor:
@@ -354,7 +388,7 @@ class _BucketAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, order, n_valid, block_size):
         B, S, H, _ = q.shape
-        fwd = _Slices(order, n_valid, S, block_size, 2 * ATTENTION_SLICE_ELEMENTS)
+        fwd = _Slices(order, n_valid, S, block_size, ATTENTION_SLICE_ELEMENTS)
         out, lse = _attention_forward(q, k, v, fwd)
         bwd = _Slices(order, n_valid, S, block_size, ATTENTION_SLICE_ELEMENTS, like=fwd)
         ctx.slices = bwd.layout()
@@ -371,10 +405,12 @@ class _BucketAttention(torch.autograd.Function):
 class _Slices:
     """The slices of one bucket order and their gather indices (int32), built once per call.
 
-    A slice is (round c, heads g*j .. g*j+g-1). ``sort_index[c, j]`` lists the rows of a
-    contiguous [B*S*H + 1, ...] table (the [B, S, H, ...] tensor flattened, then one zero row)
-    in the slice's sorted layout [B, g, Sp]: the padding slots past an event's hits read the
-    zero row, so as queries they output nothing that is read back and carry no gradient.
+    A slice is (round c, heads g*j .. g*j+g-1). ``sort_index[c, j]`` lists the rows of the
+    head group's contiguous [B*S*g + 1, ...] table (its heads of the [B, S, H, ...] tensors,
+    flattened, then one zero row; :meth:`table`) in the slice's sorted layout [B, g, Sp]: the
+    padding slots past an event's hits read the zero row, so as queries they output nothing
+    that is read back and carry no gradient. The slices run head group by head group, so only
+    one group's table lives at a time.
     ``unsort_index[c, j]`` lists the rows of the sorted layout that put it back in hit order,
     laid out [B, S, g]. ``key_bias`` [B*g*nb, 1, bs] is ``MASKED`` on keys that are no valid
     hit (valid hits sort first), zero elsewhere.
@@ -390,16 +426,16 @@ class _Slices:
             return
         S, G, dev = num_hits, H // g, order.device
         b = torch.arange(B, device=dev).view(1, 1, B, 1, 1)
-        h = torch.arange(H, device=dev).view(1, G, 1, g, 1)
+        within = torch.arange(g, device=dev).view(1, 1, 1, g, 1)
         grouped = order[..., :S].view(B, C, G, g, S).permute(1, 2, 0, 3, 4)  # [C, G, B, g, S]
-        sort_index = torch.full((C, G, B, g, Sp), B * S * H, dtype=torch.int32, device=dev)
-        sort_index[..., :S] = (b * S + grouped) * H + h
+        sort_index = torch.full((C, G, B, g, Sp), B * S * g, dtype=torch.int32, device=dev)
+        sort_index[..., :S] = (b * S + grouped) * g + within
         self.sort_index = sort_index.view(C, G, -1)
         rank = torch.empty(B, C, H, S, dtype=torch.int32, device=dev)
         positions = torch.arange(S, dtype=torch.int32, device=dev).expand_as(rank)
         rank.scatter_(-1, order[..., :S].long(), positions)
         rank = rank.view(B, C, G, g, S).permute(1, 2, 0, 4, 3)  # [C, G, B, S, g]
-        within = torch.arange(g, device=dev).view(1, 1, 1, 1, g)
+        within = within.view(1, 1, 1, 1, g)
         self.unsort_index = ((b * g + within) * Sp + rank).reshape(C, G, -1)
         padding = torch.arange(Sp, device=dev)[None, :] >= n_valid[:, None]  # [B, Sp]
         bias = torch.zeros(B, 1, Sp // block_size, 1, block_size, device=dev)
@@ -420,20 +456,31 @@ class _Slices:
         slices.sort_index, slices.unsort_index, slices.key_bias = tensors
         return slices
 
-    def __iter__(self):
-        _, C, H, *_ = self.shape
-        for c in range(C):
-            for j in range(H // self.group):
-                yield c, j
+    @property
+    def groups(self) -> range:
+        """The head groups j, each run over every round c."""
+        return range(self.shape[2] // self.group)
 
     @property
-    def rows(self) -> int:
-        """Rows of the gathered tables: every (event, hit, head), plus the zero row."""
-        B, _, H, _, S, _ = self.shape
-        return B * S * H + 1
+    def rounds(self) -> range:
+        return range(self.shape[1])
+
+    def heads(self, j: int) -> slice:
+        return slice(j * self.group, (j + 1) * self.group)
+
+    def table(self, tensors: list[torch.Tensor], j: int) -> torch.Tensor:
+        """Head group ``j`` of [B, S, H, w_i] tensors side by side as rows [B*S*g + 1, sum w_i],
+        the last row zero: one gather per slice sorts them all."""
+        B, _, _, _, S, _ = self.shape
+        g, hs = self.group, self.heads(j)
+        width = sum(t.shape[-1] for t in tensors)
+        table = tensors[0].new_empty(B * S * g + 1, width)
+        torch.cat([t[:, :, hs] for t in tensors], dim=-1, out=table[:-1].view(B, S, g, width))
+        table[-1].zero_()
+        return table
 
     def gather(self, rows: torch.Tensor, c: int, j: int) -> torch.Tensor:
-        """Rows [B*S*H + 1, w] -> the slice's sorted buckets [B*g*nb, bs, w]."""
+        """Rows [B*S*g + 1, w] of group j -> the slice's sorted buckets [B*g*nb, bs, w]."""
         bs = self.shape[-1]
         return rows.index_select(0, self.sort_index[c, j]).view(-1, bs, rows.shape[-1])
 
@@ -441,15 +488,21 @@ class _Slices:
         """The slice's sorted rows [B*g*Sp, w] -> hit order [B*S*g, w]."""
         return torch.index_select(sorted_rows, 0, self.unsort_index[c, j], out=out)
 
-    def scores(self, qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
-        """Bucket scores with the invalid keys masked, in one batched product."""
-        return torch.baddbmm(self.key_bias.to(qs.dtype), qs, ks.transpose(1, 2))
+    def scores(self, qs: torch.Tensor, ks: torch.Tensor, buckets: slice) -> torch.Tensor:
+        """Scores of ``buckets`` (of the slice's) with the invalid keys masked, in one batched
+        product."""
+        return torch.baddbmm(self.key_bias[buckets].to(qs.dtype), qs, ks.transpose(1, 2))
 
-    def grouped_to_heads(self, t: torch.Tensor) -> torch.Tensor:
-        """[G, B*S*g, w] (the slices' hit-order results) -> [B, S, H, w]."""
-        B, _, H, _, S, _ = self.shape
-        G, g, w = H // self.group, self.group, t.shape[-1]
-        return t.view(G, B, S, g, w).permute(1, 2, 0, 3, 4).reshape(B, S, H, w)
+    def bucket_chunks(self, buckets: int) -> list[slice]:
+        """The slice's buckets a few at a time (:data:`BUCKET_CHUNK_ELEMENTS` scores each)."""
+        bs = self.shape[-1]
+        step = max(1, BUCKET_CHUNK_ELEMENTS // (bs * bs))
+        return [slice(i, min(i + step, buckets)) for i in range(0, buckets, step)]
+
+    def put_heads(self, target: torch.Tensor, j: int, rows: torch.Tensor) -> None:
+        """Write group j's hit-order rows [B*S*g, w] into ``target`` [B, S, H, w]."""
+        B, _, _, _, S, _ = self.shape
+        target[:, :, self.heads(j)] = rows.reshape(B, S, self.group, -1)
 
 
 def _heads_per_slice(heads: int, elements_per_head: int, budget: int) -> int:
@@ -462,74 +515,92 @@ def _stats_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
-def _table(tensors: list[torch.Tensor], slices: _Slices) -> torch.Tensor:
-    """[B, S, H, w_i] tensors side by side as rows [B*S*H + 1, sum w_i], the last row zero: one
-    gather per slice sorts them all."""
-    B, S, H = tensors[0].shape[:3]
-    width = sum(t.shape[-1] for t in tensors)
-    table = tensors[0].new_empty(slices.rows, width)
-    torch.cat(tensors, dim=-1, out=table[:-1].view(B, S, H, width))
-    table[-1].zero_()
-    return table
-
-
 def _attention_forward(q, k, v, slices: _Slices):
     B, S, H, dh = q.shape
     stats = _stats_dtype(q)
-    G = H // slices.group
-    qkv = _table([q, k, v], slices)
-    C = slices.shape[1]
-    round_out = q.new_empty(C, G, B * S * slices.group, dh)
-    round_lse = torch.empty(C, G, B * S * slices.group, dtype=stats, device=q.device)
-    for c, j in slices:
-        out, lse = _slice_forward(slices.gather(qkv, c, j), slices, stats)
-        slices.to_hit_order(out.view(-1, dh), c, j, out=round_out[c, j])
-        slices.to_hit_order(lse.view(-1), c, j, out=round_lse[c, j])
-    del qkv
-    # Merge the rounds: weights softmax(lse_c), merged log-sum-exp L = logsumexp(lse_c).
-    top = round_lse.amax(dim=0)
-    weights = round_lse.sub_(top).exp_()
-    total = weights.sum(dim=0)
-    weights.div_(total)
-    merged = (weights.to(q.dtype).unsqueeze(-1) * round_out).sum(dim=0)  # [G, B*S*g, dh]
-    lse = total.log_().add_(top).unsqueeze(-1)
-    return slices.grouped_to_heads(merged), slices.grouped_to_heads(lse).squeeze(-1)
+    out = q.new_empty(B, S, H, dh)
+    lse = torch.empty(B, S, H, 1, dtype=stats, device=q.device)
+    for j in slices.groups:
+        qkv = slices.table([q, k, v], j)
+        # The rounds are merged as they come (weights softmax(lse_c), merged log-sum-exp
+        # L = logsumexp(lse_c)), with a running maximum: no round's output waits for the others.
+        rows = B * S * slices.group
+        merged = torch.zeros(rows, dh, dtype=stats, device=q.device)
+        total = torch.zeros(rows, dtype=stats, device=q.device)
+        top = torch.full((rows,), -math.inf, dtype=stats, device=q.device)
+        for c in slices.rounds:
+            round_out, round_lse = _slice_forward(slices.gather(qkv, c, j), slices, stats)
+            round_out = slices.to_hit_order(round_out.view(-1, dh), c, j)
+            round_lse = slices.to_hit_order(round_lse.view(-1), c, j)
+            new_top = torch.maximum(top, round_lse)
+            keep = top.sub_(new_top).exp_()  # the earlier rounds' rescaling (0 at the first)
+            weight = round_lse.sub_(new_top).exp_()
+            merged.mul_(keep.unsqueeze(-1)).add_(weight.unsqueeze(-1) * round_out)
+            total.mul_(keep).add_(weight)
+            top = new_top
+            del round_out, round_lse, keep, weight
+        del qkv
+        slices.put_heads(out, j, merged.div_(total.unsqueeze(-1)))
+        slices.put_heads(lse, j, total.log_().add_(top).unsqueeze(-1))
+    return out, lse.squeeze(-1)
 
 
 def _slice_forward(qkv: torch.Tensor, slices: _Slices, stats: torch.dtype):
-    """One slice's bucket attention in its sorted order: output and log-sum-exp."""
+    """One slice's bucket attention in its sorted order: output and log-sum-exp, a chunk of
+    buckets at a time (each bucket on its own: the same result whatever the chunks)."""
     qs, ks, vs = qkv.unflatten(-1, (3, -1)).unbind(dim=2)
-    scores = slices.scores(qs, ks).to(stats)
-    top = scores.amax(dim=-1, keepdim=True)
-    scores.sub_(top).exp_()
-    total = scores.sum(dim=-1, keepdim=True)
-    out = torch.bmm(scores.to(vs.dtype), vs).div_(total.to(vs.dtype))
-    return out, total.log_().add_(top)
+    n, bs, dh = vs.shape
+    out = vs.new_empty(n, bs, dh)
+    lse = torch.empty(n, bs, 1, dtype=stats, device=vs.device)
+    for r in slices.bucket_chunks(n):
+        scores = slices.scores(qs[r], ks[r], r).to(stats)
+        top = scores.amax(dim=-1, keepdim=True)
+        scores.sub_(top).exp_()
+        total = scores.sum(dim=-1, keepdim=True)
+        out[r] = torch.bmm(scores.to(vs.dtype), vs[r]).div_(total.to(vs.dtype))
+        lse[r] = total.log_().add_(top)
+        del scores, top, total
+    return out, lse
 
 
 def _attention_backward(d_out, q, k, v, out, lse, slices: _Slices):
     B, S, H, dh = q.shape
     stats = _stats_dtype(q)
+    bs = slices.shape[-1]
     d_out = d_out.to(q.dtype)
     delta = (d_out.to(stats) * out.to(stats)).sum(dim=-1, keepdim=True)  # rowsum(dO * O)
-    tensors = _table([q, k, v, d_out], slices)
-    statistics = _table([lse.to(stats).unsqueeze(-1), delta], slices)
-    del delta
-    grads = q.new_zeros(H // slices.group, B * S * slices.group, 3 * dh)
-    for c, j in slices:
-        sorted_grads = _slice_backward(
-            slices.gather(tensors, c, j), slices.gather(statistics, c, j), slices
-        )
-        grads[j] += slices.to_hit_order(sorted_grads.view(-1, 3 * dh), c, j)
-    del tensors, statistics
-    return slices.grouped_to_heads(grads).split(dh, dim=-1)
+    lse = lse.to(stats).unsqueeze(-1)
+    d_q, d_k, d_v = (torch.empty_like(q) for _ in range(3))
+    for j in slices.groups:
+        tensors = slices.table([q, k, v, d_out], j)
+        statistics = slices.table([lse, delta], j)
+        # hit-order rows of the group, plus the zero row's: the padding slots' (zero) gradients
+        grads = q.new_zeros(B * S * slices.group + 1, 3 * dh)
+        for c in slices.rounds:
+            index = slices.sort_index[c, j]
+            # a chunk of buckets at a time, gathered from the table and added back to the rows
+            # they came from (every hit once per round: the same sums as a whole slice)
+            for r in slices.bucket_chunks(index.numel() // bs):
+                rows = index[r.start * bs : r.stop * bs]
+                chunk = _bucket_backward(
+                    tensors.index_select(0, rows).view(-1, bs, 4 * dh),
+                    statistics.index_select(0, rows).view(-1, bs, 2),
+                    slices.key_bias[r],
+                )
+                grads.index_add_(0, rows, chunk.view(-1, 3 * dh))
+                del chunk
+        del tensors, statistics
+        for target, part in zip((d_q, d_k, d_v), grads[:-1].split(dh, dim=-1), strict=True):
+            slices.put_heads(target, j, part)
+    return d_q, d_k, d_v
 
 
-def _slice_backward(tensors: torch.Tensor, statistics: torch.Tensor, slices: _Slices):
-    """One slice's dQ, dK, dV side by side, in its sorted order [B*g*nb, bs, 3*dh]."""
+def _bucket_backward(tensors: torch.Tensor, statistics: torch.Tensor, key_bias: torch.Tensor):
+    """dQ, dK, dV side by side [n, bs, 3*dh] of n sorted buckets."""
     qs, ks, vs, dos = tensors.unflatten(-1, (4, -1)).unbind(dim=2)
     ls, ds = statistics.unbind(dim=-1)
-    probs = slices.scores(qs, ks).to(ls.dtype).sub_(ls.unsqueeze(-1)).exp_()
+    scores = torch.baddbmm(key_bias.to(qs.dtype), qs, ks.transpose(1, 2))
+    probs = scores.to(ls.dtype).sub_(ls.unsqueeze(-1)).exp_()
     d_v = torch.bmm(probs.to(qs.dtype).transpose(1, 2), dos)
     d_scores = torch.bmm(dos, vs.transpose(1, 2)).to(ls.dtype)
     d_scores = d_scores.sub_(ds.unsqueeze(-1)).mul_(probs).to(qs.dtype)

@@ -15,11 +15,13 @@ from torch import nn
 
 from heptstudy.config import Config
 from heptstudy.data.schema import CLASS_PDG_IDS, HIT_FEATURES
-from heptstudy.model.activation_checkpointing import run_backbone
 from heptstudy.model.encoding import TypeEncoder, mlp, normalise_features
 from heptstudy.model.heptv2 import HEPTv2Layer, RMSNorm, hit_coordinates
 
 NUM_CLASSES = len(CLASS_PDG_IDS)
+#: The grouping logit of a padded hit.
+GROUP_MASKED_LOGIT = -1.0e4
+_FACTORS = "group_factors"
 MOMENTUM_DIM = 5  # pt, eta, sin phi, cos phi, energy
 
 
@@ -38,6 +40,10 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(dim)
         self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.dropout = nn.Dropout(dropout)
+
+    def dense_projections(self) -> tuple[nn.Module, ...]:
+        """The modules whose matrix products the selective policy keeps."""
+        return (self.cross_q, self.cross_kv, self.cross_out, self.ffn)
 
     def forward(
         self, queries: torch.Tensor, memory: torch.Tensor, allowed: torch.Tensor
@@ -66,8 +72,10 @@ class PredictionHeads(nn.Module):
 
     def forward(self, queries: torch.Tensor, hit_embed: torch.Tensor, mask: torch.Tensor):
         h = self.norm(queries)
-        group = torch.einsum("bqd,bsd->bqs", self.mask_embed(h), hit_embed)
-        group = group.masked_fill(~mask[:, None, :], -1.0e4)
+        query_embed = self.mask_embed(h)
+        group = torch.einsum("bqd,bsd->bqs", query_embed, hit_embed)
+        group = group.masked_fill(~mask[:, None, :], GROUP_MASKED_LOGIT)
+        setattr(group, _FACTORS, (query_embed, hit_embed, mask))
         return self.cls(h), self.momentum(h), group
 
 
@@ -76,7 +84,6 @@ class HitModel(nn.Module):
         super().__init__()
         m = config.model
         cfg = m.heptv2
-        self.backbone_cfg = cfg
         dim = cfg.embedding_dim
         self.neighbourhood_dim = m.tracker_features.num_features
         self.input_encoder = TypeEncoder(len(HIT_FEATURES) + self.neighbourhood_dim, cfg.width, dim)
@@ -108,9 +115,10 @@ class HitModel(nn.Module):
         mask = batch["mask"]
         coords = hit_coordinates(batch["X"])
         x = self.encode(batch) * mask[..., None]
-        # Hashing depends only on coordinates: done once per layer, outside checkpointed regions.
-        orders = [layer.bucket_order(coords, mask) for layer in self.backbone]
-        x = run_backbone(self.backbone, self.backbone_cfg, x, mask, coords, orders)
+        # each layer hashes the coordinates itself: a checkpointed layer hashes again in
+        # backward rather than keeping its bucket order over the whole step
+        for layer in self.backbone:
+            x = layer(x, mask, coords)
         hits = self.backbone_norm(x)
         hit_embed = self.hit_proj(hits)
 
@@ -128,6 +136,13 @@ class HitModel(nn.Module):
             outputs[prefix + "group_logits"] = group
             allowed = _next_attention_mask(group, mask)
         return outputs
+
+
+def group_factors(group_logits: torch.Tensor):
+    """The factors (query embeddings [B, Q, D], hit embeddings [B, S, D], mask [B, S]) of grouping
+    logits made by :class:`PredictionHeads`, else None: a loss can compute the rows it needs
+    from them instead of keeping the [B, Q, S] logits for backward."""
+    return getattr(group_logits, _FACTORS, None)
 
 
 def _next_attention_mask(group_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ from heptstudy import stand_ins
 from heptstudy.config import HIT_VARIANT, TRACK_CLUSTER_VARIANT, LossConfig
 from heptstudy.data.schema import CLASS_PDG_IDS, TARGET_COLUMNS
 from heptstudy.errors import ConfigError, DataError
+from heptstudy.model.hit_model import GROUP_MASKED_LOGIT, group_factors
 
 NUM_CLASSES = len(CLASS_PDG_IDS)
 COL_CLASS = TARGET_COLUMNS.index("PDG")  # holds the class index
@@ -284,6 +285,7 @@ def matched_group_losses(
     pair_target: Tensor,
     valid: Tensor,
     kind: str = "bce",
+    pairs_per_event: list[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`group_mask_loss` and :func:`group_dice_loss` of every matched pair [M] each: the
     logits ``group_logits[pair_event, pair_query]`` against ``membership[pair_target]`` over
@@ -292,9 +294,29 @@ def matched_group_losses(
     The same values as gathering the [M, S] rows and calling both functions, without keeping
     any pair-by-hit tensor for backward (they were the loss's largest saved tensors, several
     per decoder layer): the rows are gathered and the losses computed a slice of pairs at a
-    time, and recomputed slice by slice in backward. Pairs must be distinct (a matching)."""
+    time, and recomputed slice by slice in backward. Pairs must be distinct (a matching).
+
+    Logits made by the hit model's heads carry their factors
+    (:func:`heptstudy.model.hit_model.group_factors`); with ``pairs_per_event`` (the pairs are
+    listed event by event) each slice's rows are then computed from the factors, in forward and
+    again in backward, and the gradient goes to the factors directly: neither the [B, Q, S]
+    logits nor a gradient of that shape is kept for backward."""
     if kind not in ("bce", "focal"):
         raise ConfigError(f"train.loss.group_loss={kind!r} is not known; use 'bce' or 'focal'")
+    factors = group_factors(group_logits)
+    if factors is not None and pairs_per_event is not None:
+        query_embed, hit_embed, mask = factors
+        return _FactoredGroupLosses.apply(
+            query_embed,
+            hit_embed,
+            mask,
+            pair_query,
+            membership,
+            pair_target,
+            valid,
+            kind,
+            tuple(pairs_per_event),
+        )
     return _MatchedGroupLosses.apply(
         group_logits, pair_event, pair_query, membership, pair_target, valid, kind
     )
@@ -348,6 +370,60 @@ class _MatchedGroupLosses(torch.autograd.Function):
         return d_logits, None, None, None, None, None, None
 
 
+def _event_pair_slices(pairs_per_event, hits: int):
+    """(event, slice of the pair list) for every slice: the pairs of one event at a time."""
+    start = 0
+    for b, n in enumerate(pairs_per_event):
+        for sl in _pair_slices(n, hits):
+            yield b, slice(start + sl.start, start + sl.stop)
+        start += n
+
+
+def _factored_rows(query_embed, hit_embed, mask, pair_query, b, sl):
+    """Logits [m, S] of the pairs in ``sl`` (all of event ``b``), as the heads compute them:
+    query embedding . hit embedding, padded hits at the heads' masked value."""
+    queries = query_embed[b].index_select(0, pair_query[sl])
+    rows = torch.mm(queries, hit_embed[b].t())
+    return rows.masked_fill(~mask[b][None, :], GROUP_MASKED_LOGIT), queries
+
+
+class _FactoredGroupLosses(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx, query_embed, hit_embed, mask, pair_query, membership, pair_target, valid, kind, counts
+    ):
+        M, S = pair_query.shape[0], hit_embed.shape[1]
+        bce = torch.empty(M, dtype=torch.float32, device=hit_embed.device)
+        dice = torch.empty_like(bce)
+        for b, sl in _event_pair_slices(counts, S):
+            x, _ = _factored_rows(query_embed, hit_embed, mask, pair_query, b, sl)
+            bce[sl], dice[sl] = _slice_losses(x, membership[pair_target[sl]], valid[b], kind)
+        ctx.kind, ctx.counts = kind, counts
+        ctx.save_for_backward(
+            query_embed, hit_embed, mask, pair_query, membership, pair_target, valid
+        )
+        return bce, dice
+
+    @staticmethod
+    def backward(ctx, d_bce, d_dice):
+        query_embed, hit_embed, mask, pair_query, membership, pair_target, valid = ctx.saved_tensors
+        d_query = torch.zeros_like(query_embed)
+        d_hit = torch.zeros_like(hit_embed)
+        for b, sl in _event_pair_slices(ctx.counts, hit_embed.shape[1]):
+            x, queries = _factored_rows(query_embed, hit_embed, mask, pair_query, b, sl)
+            with torch.enable_grad():
+                x = x.detach().requires_grad_()
+                outs = _slice_losses(x, membership[pair_target[sl]], valid[b], ctx.kind)
+            used = [(o, d[sl]) for o, d in zip(outs, (d_bce, d_dice), strict=True) if d is not None]
+            if not used:
+                continue
+            (d_x,) = torch.autograd.grad([o for o, _ in used], x, [d for _, d in used])
+            d_x = d_x.masked_fill_(~mask[b][None, :], 0.0).to(hit_embed.dtype)
+            d_query[b].index_add_(0, pair_query[sl], torch.mm(d_x, hit_embed[b]))
+            d_hit[b].addmm_(d_x.t(), queries)
+        return d_query, d_hit, None, None, None, None, None, None, None
+
+
 def _layer_losses(
     outputs: Mapping[str, Tensor],
     targets: list[EventTargets],
@@ -377,7 +453,16 @@ def _layer_losses(
         return losses
     l1 = (mo[b_idx, q_idx].float() - all_mom[t_idx]).abs().mean(-1)
     losses["momentum"] = event_mean(l1, b_idx, B)
-    bce, dice = matched_group_losses(gr, b_idx, q_idx, all_mem, t_idx, valid, loss_cfg.group_loss)
+    bce, dice = matched_group_losses(
+        gr,
+        b_idx,
+        q_idx,
+        all_mem,
+        t_idx,
+        valid,
+        loss_cfg.group_loss,
+        pairs_per_event=[int(q.shape[0]) for q, _ in matches],
+    )
     losses["group_bce"] = event_mean(bce, b_idx, B)
     losses["group_dice"] = event_mean(dice, b_idx, B)
     return losses

@@ -139,11 +139,11 @@ def _run_step(model, batch, optimizer, scheduler, config, dtype, meter, clock, k
         hook.remove()
     marks("loss")
     losses = compute_losses(config.model.variant, outputs, batch, config.train.loss)
+    kept = {k: v.detach() for k, v in outputs.items()} if keep_outputs else None
+    del outputs  # what backward needs of them is saved; the rest is freed before it
     marks("backward")
     losses["total"].backward()
     memory = meter.stop_step() if meter is not None else None
-    kept = {k: v.detach() for k, v in outputs.items()} if keep_outputs else None
-    del outputs  # not alive during the update or the next step
     if optimizer is not None:
         marks("optimizer")
         optimizer.step()

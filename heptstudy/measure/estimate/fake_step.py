@@ -161,6 +161,7 @@ def estimate_step(
     target: str | None = None,
     torch_version: str | None = None,
     record_trace: bool = False,
+    plan=None,
 ) -> FakeStepEstimate:
     """Peak allocated bytes of one training step (forward, loss, backward; the optimizer state
     of an earlier step alive, as in the bench's counted steps) of ``config`` on ``batch`` (a real
@@ -170,7 +171,8 @@ def estimate_step(
     target's autocast lists of ``torch_version`` (default :data:`DEFAULT_TORCH_VERSION`), its
     kernel choices and kernel scratch (:mod:`heptstudy.measure.estimate.autocast_policy`,
     ``kernel_stand_ins``, ``kernel_scratch``). ``target`` ``cpu`` or None: the CPU's own
-    kernels (``device_type`` then picks the fake device, as before)."""
+    kernels (``device_type`` then picks the fake device, as before). ``plan``: the checkpoint
+    plan of one step of a model built with ``auto``."""
     if target is not None and target not in TARGETS:
         raise HeptstudyError(
             f"unknown estimate target {target!r}; allowed: {', '.join(TARGETS)} (the platform "
@@ -195,6 +197,7 @@ def estimate_step(
             track_categories,
             scratch_bytes if faithful else None,
             record_trace,
+            plan,
         )
     if faithful:
         est.target, est.torch_version = target, version
@@ -206,7 +209,7 @@ def estimate_step(
 
 
 def _fake_step(
-    config, batch, device_type, track_categories, scratch, record_trace
+    config, batch, device_type, track_categories, scratch, record_trace, plan
 ) -> FakeStepEstimate:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -244,7 +247,9 @@ def _fake_step(
             # LAMB's state exists before every counted bench step
             prime_optimizer(model, optimizer, scheduler)
             # the bench's step (heptstudy.train.step), the meter over forward, loss, backward
-            mem = run_step(model, fbatch, optimizer, scheduler, config, dtype, meter=meter).memory
+            mem = run_step(
+                model, fbatch, optimizer, scheduler, config, dtype, meter=meter, plan=plan
+            ).memory
     except (RuntimeError, NotImplementedError) as err:
         raise HeptstudyError(
             f"the fake-device step failed on {device_type} ({type(err).__name__}: {str(err).splitlines()[0]}); "

@@ -19,6 +19,7 @@ from heptstudy.model.adaptive_checkpointing import (
     PlanPredictor,
     candidate_plans,
     plan_config,
+    plan_order,
 )
 from heptstudy.units import MIB
 
@@ -78,29 +79,38 @@ def calibrate(
     device: torch.device,
     budget: tuple[float, str],
     plans: Sequence[Plan] | None = None,
-    target: str | None = None,
-    torch_version: str | None = None,
+    platform: PlatformConfig | None = None,
 ) -> PlanPredictor:
     """Fit each candidate plan's memory model (or only ``plans``'s, cheapest first) on
     fake-tensor steps over ``batches`` (host batches of at least two different shapes). On a GPU
-    (``target`` ``cuda``/``rocm``, default ``cuda`` for a CUDA device) the steps are the
-    target-faithful fake step with ``torch_version``'s autocast lists, as the estimated memory
-    models are."""
+    (the ``platform``'s device, ``cuda`` for a CUDA device without one) the steps are the
+    target-faithful fake step with the platform's PyTorch version's autocast lists, as the
+    estimated memory models are."""
     from heptstudy.measure.estimate.fake_step import estimate_step
     from heptstudy.measure.estimate.keys import model_key
     from heptstudy.measure.estimate.memory_model import Point, fit_points
 
     started = time.perf_counter()
+    target = platform.device if platform is not None and platform.device != "cpu" else None
     if device.type == "cuda" and target is None:
         target = "cuda"
+    version = platform.torch_version if platform is not None else None
     fake = f"{target} (target-faithful)" if target in ("cuda", "rocm") else "cpu"
-    plans = list(plans) if plans is not None else candidate_plans(config.model.heptv2)
+    given = plans is not None
+    plans = list(plans) if given else candidate_plans(config.model.heptv2, platform)
     models = {}
     for plan in plans:
         fixed = plan_config(config, plan)
         points = []
         for batch in batches:
-            est = estimate_step(fixed, batch, "cpu", target=target, torch_version=torch_version)
+            est = estimate_step(
+                fixed,
+                batch,
+                "cpu",
+                target=target,
+                torch_version=version,
+                plan=plan if plan.count else None,
+            )
             points.append(
                 Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, f"fake {fake}")
             )
@@ -110,8 +120,14 @@ def calibrate(
             source="estimated",
             source_detail=f"fake-{fake} steps on {len(points)} calibration batches",
         )
+    source = "as given" if given else plan_order(config.model.heptv2, platform)[1]
     return PlanPredictor(
-        plans, models, budget[0], budget[1], calibration_s=time.perf_counter() - started
+        plans,
+        models,
+        budget[0],
+        budget[1],
+        calibration_s=time.perf_counter() - started,
+        order_source=source,
     )
 
 
@@ -138,14 +154,6 @@ def predictor_for(
         ).result()
 
 
-def _calibrate_child(config, device, per_device_batch, budget, platform=None) -> PlanPredictor:
-    target = platform.device if platform is not None and platform.device != "cpu" else None
-    version = platform.torch_version if platform is not None else None
-    return calibrate(
-        config,
-        calibration_batches(config, per_device_batch),
-        device,
-        budget,
-        target=target,
-        torch_version=version,
-    )
+def _calibrate_child(config, device, per_device_batch, budget, platform) -> PlanPredictor:
+    batches = calibration_batches(config, per_device_batch)
+    return calibrate(config, batches, device, budget, platform=platform)

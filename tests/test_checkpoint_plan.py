@@ -1,0 +1,146 @@
+"""Checkpoint plans: one value per plan, applied once; count plans; the measured order; the
+storage tracker's by-module breakdown."""
+
+import pytest
+import torch
+
+from heptstudy.config import load_config
+from heptstudy.errors import HeptstudyError
+from heptstudy.measure.memory import MIB, make_meter, module_owner
+from heptstudy.measure.parity import build_seeded
+from heptstudy.model import example_batch
+from heptstudy.model.adaptive_checkpointing import (
+    DEFAULT_PLAN_ORDER,
+    candidate_plans,
+    layer_count_plan,
+    order_by_cost,
+    plan_order,
+)
+from heptstudy.model.checkpoint_plan import (
+    AUTO,
+    FULL,
+    NAMED,
+    OFF,
+    apply_plan,
+    plan_named,
+    plan_of,
+    unwrapped_name,
+)
+from heptstudy.train.step import run_step
+from tests.conftest import TINY_MODEL
+
+CPU = torch.device("cpu")
+
+
+def _config(*extra):
+    return load_config(overrides=[*TINY_MODEL, "model.heptv2.dropout=0.3", *extra])
+
+
+def _step(config, batch, plan=None, meter=None):
+    model = build_seeded(config, CPU).train()
+    torch.manual_seed(5)
+    result = run_step(
+        model, batch, None, None, config, None, meter=meter, keep_outputs=True, plan=plan
+    )
+    grads = {
+        unwrapped_name(n): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
+    return result, grads
+
+
+def test_every_value_maps_to_one_plan_and_back():
+    assert plan_named(True) is FULL and plan_named(False) is OFF
+    for name, plan in NAMED.items():
+        assert plan_named(name) is plan
+        if plan is not AUTO:
+            cfg = _config(*(f"model.heptv2.{k}={v}" for k, v in plan.settings().items()))
+            assert plan_of(cfg.model.heptv2) is plan
+    assert plan_of(_config("model.heptv2.activation_checkpointing=auto").model.heptv2) is AUTO
+    assert plan_named("true") is FULL and plan_named("Every2") is NAMED["every2"]
+    with pytest.raises(HeptstudyError, match="not a checkpointing plan.*every2"):
+        plan_named("every4")
+    assert [p.report_part for p in (OFF, FULL, NAMED["every2"])] == [
+        "baseline",
+        "checkpointed",
+        "checkpointed_every2",
+    ]
+
+
+def test_plan_is_applied_once_and_keeps_the_state_dict():
+    config = _config("model.heptv2.activation_checkpointing=true")
+    model = build_seeded(config, CPU)
+    plain = build_seeded(_config(), CPU)
+    assert model.checkpoint_plan is FULL
+    assert list(model.state_dict()) == list(plain.state_dict())
+    assert [unwrapped_name(n) for n, _ in model.named_parameters()] == [
+        n for n, _ in plain.named_parameters()
+    ]
+    with pytest.raises(HeptstudyError, match="already applied"):
+        apply_plan(model, OFF)
+
+
+def test_count_plan_checkpoints_the_first_layers_with_exact_results():
+    auto = _config("model.heptv2.activation_checkpointing=auto")
+    batch = example_batch(auto, 2, [70, 50], seed=3)
+    two = layer_count_plan(2, auto.model.heptv2.num_convs)
+    assert [two.checkpoints(("backbone", i)) for i in range(3)] == [True, True, False]
+    assert not two.checkpoints(("decoder", 0))
+    base, base_grads = _step(_config(), batch)
+    ckpt, ckpt_grads = _step(auto, batch, plan=two)
+    for k in base.outputs:
+        assert torch.equal(base.outputs[k], ckpt.outputs[k]), k
+    assert torch.equal(base.losses["total"], ckpt.losses["total"])
+    assert base_grads.keys() == ckpt_grads.keys()
+    for n in base_grads:
+        assert torch.equal(base_grads[n], ckpt_grads[n]), n
+    with pytest.raises(HeptstudyError, match="layers3.*1 to 2"):
+        layer_count_plan(3, 3)
+
+
+def test_plan_order_default_configured_or_the_platforms():
+    heptv2 = _config("model.heptv2.activation_checkpointing=auto").model.heptv2
+    assert plan_order(heptv2) == (list(DEFAULT_PLAN_ORDER), "the default order")
+    # three layers: count plans up to two, then full
+    assert [p.name for p in candidate_plans(heptv2)] == ["off", "layers1", "layers2", "full"]
+
+    class Platform:
+        name, auto_plan_order = "measured", ["every2", "full"]
+
+    assert plan_order(heptv2, Platform())[0] == ["every2", "full"]
+    given = _config(
+        "model.heptv2.activation_checkpointing=auto", "model.heptv2.auto_plan_order=[layers1,full]"
+    ).model.heptv2
+    assert plan_order(given, Platform()) == (["layers1", "full"], "model.heptv2.auto_plan_order")
+
+
+def test_order_by_cost_keeps_only_plans_that_save_more_for_more():
+    measured = {
+        "off": (0.0, 4000.0),
+        "selective": (28.0, 3100.0),  # costs more than every2 and saves less: left out
+        "every2": (24.0, 2700.0),
+        "every3": (16.0, 3160.0),
+        "full": (24.5, 600.0),
+    }
+    assert order_by_cost(measured) == ["every3", "every2", "full"]
+
+
+def test_breakdown_by_module_adds_up_to_the_peak():
+    config = _config("model.heptv2.activation_checkpointing=true")
+    batch = example_batch(config, 2, [70, 50], seed=3)
+    meter = make_meter(CPU, track_categories=True)
+    result, _ = _step(config, batch, meter=meter)
+    mem = result.memory
+    owners = mem.by_module_at_peak
+    total = sum(sum(c.values()) for c in owners.values())
+    assert total == mem.peak_allocated_bytes
+    for category, nbytes in mem.categories_at_peak.items():
+        assert sum(c.get(category, 0) for c in owners.values()) == nbytes
+    # the baseline, and storages made by the modules of the backbone (inputs of the next
+    # checkpointed layer, or the recomputation at the peak)
+    assert {"parameters", "inputs"} <= owners.keys()
+    assert owners["parameters"] == {"parameters": mem.categories_at_peak["parameters"]}
+    assert any(o.startswith("backbone.") for o in owners)
+    assert module_owner("backbone.2._checkpoint_wrapped_module.qkv") == "backbone.2"
+    assert module_owner("module.heads.norm") == "heads"
+    assert module_owner("") == "model"
+    assert mem.peak_allocated_bytes / MIB > 0
