@@ -65,11 +65,11 @@ class TracingStorageTracker(StorageTracker):
         self._block_of[key] = block
         return block
 
-    def _register(self, storage, category: str):
+    def _register(self, storage, category: str, owner: str = ""):
         key = id(storage)
         known = self._live.get(key)
         old_nbytes = None if known is None else known.nbytes
-        entry = super()._register(storage, category)
+        entry = super()._register(storage, category, owner)
         if known is None:
             block = self._new_block(key)
             if not self._tracing:
@@ -113,7 +113,7 @@ class TracingStorageTracker(StorageTracker):
                     before = self.live_bytes
                     self._adopting = True
                     try:
-                        self._register(storage, self._label or "temporaries")
+                        self._register(storage, self._label or "temporaries", self._owner(t))
                     finally:
                         self._adopting = False
                     self.adopted_bytes += self.live_bytes - before
