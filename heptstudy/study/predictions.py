@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 from heptstudy.atomic import atomic_write_text
 from heptstudy.paths import base_dir, resolve_in_repo
@@ -40,7 +41,10 @@ REGENERATE = (
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """Of the YAML's content, not its bytes: a comment (a profile's note on a prediction, say)
+    changes no prediction."""
+    content = yaml.safe_load(path.read_text())
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def _shown(path: Path) -> str:
