@@ -401,7 +401,8 @@ def check_plan_order(value: list[str] | None) -> list[str] | None:
 
     def ok(name: Any) -> bool:
         return name in known or (
-            isinstance(name, str) and name.startswith("layers") and name[6:].isdigit()
+            isinstance(name, str)
+            and any(name.startswith(k) and name[len(k) :].isdigit() for k in ("layers", "last"))
         )
 
     if value is not None and (
@@ -409,8 +410,8 @@ def check_plan_order(value: list[str] | None) -> list[str] | None:
     ):
         raise PydanticCustomError(
             "plan_order",
-            "takes each of selective, every2, every3, full and layersK (K backbone layers) at "
-            "most once, at least one, cheapest first, not {got}; for example [every2, full]",
+            "takes each of selective, every2, every3, full, layersK (the first K backbone "
+            "layers) and lastK (the last K) at most once, at least one, cheapest first, not {got}; for example [every2, full]",
             {"got": as_yaml(value)},
         )
     return value

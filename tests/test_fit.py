@@ -507,7 +507,7 @@ def test_auto_reports_give_no_memory_model_and_say_why():
     assert [Path(r.path).name for r in rejected] == ["auto_b4.json"]
     assert "ran different plans" in rejected[0].reason
     every2 = fit_reports([reference / "checkpointed_every2_b4.json"])[0][0]
-    assert checkpointing_words(every2.key) == "full every 2"
+    assert checkpointing_words(every2.key) == "every 2"
 
 
 def test_fit_auto_sets_auto_on_the_fitted_variant_only(tiny_data_dir):

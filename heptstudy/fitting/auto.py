@@ -21,6 +21,7 @@ import numpy as np
 from heptstudy.data.batching import padded_sizes
 from heptstudy.fitting import occupancy
 from heptstudy.model.adaptive_checkpointing import NoPlanFits
+from heptstudy.model.checkpoint_plan import NAMED, plan_for
 
 
 @dataclass
@@ -49,13 +50,8 @@ def plan_of_report_step(report, step) -> str | None:
     c = report.checkpointing
     if c.enabled == "auto":
         return step.checkpoint_plan
-    if not c.enabled:
-        return "off"
-    every = c.checkpoint_every or 1
-    policy = c.policy or "full"
-    if policy == "full":
-        return "full" if every == 1 else f"every{every}"
-    return policy if every == 1 else None
+    name = plan_for(c.enabled, c.policy, c.checkpoint_every).name
+    return name if name in NAMED else None
 
 
 def measured_rates(reports) -> tuple[dict[str, float], dict[str, int]]:

@@ -49,18 +49,26 @@ from heptstudy.model.checkpoint_plan import (
 Plan = CheckpointPlan
 
 
-def layer_count_plan(count: int, num_layers: int) -> CheckpointPlan:
+def layer_count_plan(count: int, num_layers: int, last: bool = False) -> CheckpointPlan:
     """``layers{count}``: the first ``count`` of the ``num_layers`` backbone layers checkpointed
-    (the decoder not). First rather than last: the backward reaches the first layers last, when
-    the later layers' activations are already freed, so their recomputation adds nothing to the
-    peak at the start of the backward (on fake tensors, full-size model, batch 4: see
-    experiments/checkpointing_limit_cpu_b4/)."""
+    (the decoder not); ``last{count}``: the last ``count``. First is the default order: on the
+    CPU reference's batch-4 peak batch it peaks lower for every count (the backward reaches the
+    first layers last, when the later layers' activations are already freed;
+    experiments/checkpointing_limit_cpu_b4/layer_order/)."""
     if not 1 <= count < num_layers:
         raise HeptstudyError(
-            f"checkpoint plan layers{count}: the backbone has {num_layers} layers; count plans "
-            f"take 1 to {num_layers - 1} (all of them is full)"
+            f"checkpoint plan {'last' if last else 'layers'}{count}: the backbone has "
+            f"{num_layers} layers; count plans take 1 to {num_layers - 1} (all of them is full)"
         )
     order = tuple(("backbone", i) for i in range(num_layers))
+    if last:
+        return CheckpointPlan(
+            f"last{count}",
+            f"last {count} of {num_layers} layers",
+            f"checkpointed_last{count}",
+            count=count,
+            order=order[::-1],
+        )
     return CheckpointPlan(
         f"layers{count}",
         f"{count} of {num_layers} layers",
@@ -70,10 +78,19 @@ def layer_count_plan(count: int, num_layers: int) -> CheckpointPlan:
     )
 
 
+def count_plan_size(name: str) -> int | None:
+    """K of a count plan's name (``layersK`` or ``lastK``), else None."""
+    for prefix in ("layers", "last"):
+        if name.startswith(prefix) and name[len(prefix) :].isdigit():
+            return int(name[len(prefix) :])
+    return None
+
+
 def auto_plan(name: str, num_layers: int) -> CheckpointPlan:
     """One of the plans ``model.heptv2.auto_plan_order`` names."""
-    if name.startswith("layers") and name[6:].isdigit():
-        return layer_count_plan(int(name[6:]), num_layers)
+    count = count_plan_size(name)
+    if count is not None:
+        return layer_count_plan(count, num_layers, last=name.startswith("last"))
     return plan_named(name)
 
 
@@ -116,7 +133,7 @@ def candidate_plans(heptv2, platform=None) -> list[CheckpointPlan]:
     n = heptv2.num_convs
     plans = [OFF]
     for name in plan_order(heptv2, platform)[0]:
-        if name.startswith("layers") and name[6:].isdigit() and int(name[6:]) >= n:
+        if (count_plan_size(name) or 0) >= n:
             continue
         plan = auto_plan(name, n)
         if plan.every > 1 and n < 2:
@@ -227,6 +244,7 @@ __all__ = [
     "FULL",
     "SELECTIVE",
     "auto_plan",
+    "count_plan_size",
     "layer_count_plan",
     "order_by_cost",
     "plan_order",

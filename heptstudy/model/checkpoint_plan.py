@@ -117,12 +117,22 @@ def plan_named(value: Any) -> CheckpointPlan:
 
 def plan_of(heptv2) -> CheckpointPlan:
     """The plan a ``model.heptv2`` configuration asks for."""
-    ac = heptv2.activation_checkpointing
-    if ac == "auto":
+    return plan_for(
+        heptv2.activation_checkpointing,
+        heptv2.activation_checkpointing_policy,
+        heptv2.checkpoint_every,
+    )
+
+
+def plan_for(checkpointing, policy: str | None = "full", every: int | None = 1) -> CheckpointPlan:
+    """The plan of a configuration's or a report's three checkpointing fields (``auto``,
+    true/false; the policy; every k-th layer): the one value whose name, label and report-name
+    part every table, figure and key uses. Reports from before the policies count as ``full``."""
+    if checkpointing == "auto":
         return AUTO
-    if not ac:
+    if not checkpointing:
         return OFF
-    every, policy = heptv2.checkpoint_every, heptv2.activation_checkpointing_policy
+    policy, every = policy or "full", int(every or 1)
     for plan in (FULL, SELECTIVE, EVERY_2, EVERY_3):
         if plan.every == every and plan.policy == policy:
             return plan
@@ -225,6 +235,7 @@ __all__ = [
     "CheckpointPlan",
     "apply_plan",
     "checkpoint_slots",
+    "plan_for",
     "plan_named",
     "plan_of",
     "running",

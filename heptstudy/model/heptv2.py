@@ -105,6 +105,17 @@ class _RMSNormFunction(torch.autograd.Function):
         return d_x, d_weight, None
 
 
+class Dropout(nn.Dropout):
+    """Dropout that keeps a boolean mask for backward on every device: ``native_dropout``, the
+    kernel CUDA runs. The CPU's ``F.dropout`` keeps its mask in the input's dtype (four bytes
+    per element in float32, two such masks per layer)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        return torch.native_dropout(x, self.p, True)[0]
+
+
 class SwiGLU(nn.Module):
     """``down(silu(gate) * up)`` with ``gate, up = gate_up(x)``, computed a slice of rows at a
     time, keeping only ``x`` and the ``gate_up`` product for backward: the activation and the
@@ -215,7 +226,7 @@ class HEPTv2Layer(nn.Module):
         self.out = nn.Linear(dim, dim)
         self.mlp_norm = RMSNorm(dim)
         self.mlp = SwiGLU(dim, int(round(dim * cfg.mlp_ratio)))
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
         # Fixed random tables: drawn from their own generator so they do not depend on (or
         # disturb) the global RNG, and kept as buffers so the state dict carries them.

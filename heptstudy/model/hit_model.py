@@ -16,7 +16,7 @@ from torch import nn
 from heptstudy.config import Config
 from heptstudy.data.schema import CLASS_PDG_IDS, HIT_FEATURES
 from heptstudy.model.encoding import TypeEncoder, mlp, normalise_features
-from heptstudy.model.heptv2 import HEPTv2Layer, RMSNorm, hit_coordinates
+from heptstudy.model.heptv2 import Dropout, HEPTv2Layer, RMSNorm, hit_coordinates
 
 NUM_CLASSES = len(CLASS_PDG_IDS)
 #: The grouping logit of a padded hit.
@@ -39,7 +39,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
         self.ffn_norm = nn.LayerNorm(dim)
         self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def dense_projections(self) -> tuple[nn.Module, ...]:
         """The modules whose matrix products the selective policy keeps."""

@@ -10,6 +10,7 @@ from torch import nn
 from heptstudy.config import Config
 from heptstudy.data.schema import PF_FEATURES
 from heptstudy.model.encoding import TypeEncoder, mlp, normalise_features
+from heptstudy.model.heptv2 import Dropout
 from heptstudy.model.hit_model import MOMENTUM_DIM, NUM_CLASSES
 
 
@@ -22,7 +23,7 @@ class SelfAttentionLayer(nn.Module):
         self.out = nn.Linear(dim, dim)
         self.norm2 = nn.LayerNorm(dim)
         self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         B, S, D = x.shape

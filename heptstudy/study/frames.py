@@ -7,24 +7,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from heptstudy.model.checkpoint_plan import NAMED, plan_for
 from heptstudy.study.common import MEMORY, PARITY
 
 #: The checkpointing policies of the study in the order the report shows them.
-POLICY_ORDER = ("off", "full", "selective", "every 2", "every 3", "auto")
+POLICY_ORDER = tuple(plan.label for plan in NAMED.values())
 
 
-def policy_label(enabled: bool, policy: str | None, every: int | None) -> str:
-    """``off``, ``full`` (every layer), ``selective``, ``every 2`` (full policy on every second
-    layer), ``selective every 3``, ``auto`` (a plan per step: activation_checkpointing=auto);
-    reports from before the policies count as ``full``."""
-    if enabled == "auto":
-        return "auto"
-    if not enabled:
-        return "off"
-    policy = policy or "full"
-    if not every or int(every) == 1:
-        return policy
-    return f"every {int(every)}" if policy == "full" else f"{policy} every {int(every)}"
+def policy_label(enabled, policy: str | None, every: int | None) -> str:
+    """The label of a report's checkpointing plan (``off``, ``full``, ``selective``,
+    ``every 2``, ``selective every 3``, ``auto``): :func:`~heptstudy.model.checkpoint_plan.plan_for`."""
+    return plan_for(enabled, policy, every).label
 
 
 def policy_labels(df) -> Any:

@@ -11,6 +11,8 @@ import hashlib
 import json
 from typing import Any
 
+from heptstudy.model.checkpoint_plan import plan_for
+
 #: Key fields compared one by one, in the order a mismatch is explained.
 SETTINGS = (
     "device_kind",
@@ -88,14 +90,10 @@ def key_label(key: dict[str, Any]) -> str:
 
 
 def checkpointing_words(key: dict[str, Any]) -> str:
-    """``off``, ``full``, ``selective``, ``full every 2``...: the checkpointing of a key."""
-    if not key.get("checkpointing"):
-        return "off"
-    if key["checkpointing"] == "auto":
-        return "auto"
-    policy = key.get("checkpointing_policy") or "full"
-    every = key.get("checkpoint_every") or 1
-    return policy if every == 1 else f"{policy} every {every}"
+    """The label of a key's checkpointing plan (``off``, ``full``, ``every 2``, ...)."""
+    return plan_for(
+        key.get("checkpointing"), key.get("checkpointing_policy"), key.get("checkpoint_every")
+    ).label
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""Which backbone layers a count plan should checkpoint first: the first K or the last K.
+
+For K = 1..N-1, the peak allocated memory of one training step of the bench report's model
+under ``layersK`` (first K) and ``lastK`` (last K), on the batch of the report's largest
+counted step, estimated on fake tensors (the estimate ``auto`` calibrates with; on CPU the
+storage tracker of the real step measures the same quantity), for the CPU (the report's
+device) and for the CUDA target-faithful step. ``full`` and ``off`` for scale.
+
+    python experiments/checkpointing_limit_cpu_b4/layer_order.py REPORT.json OUT.json [cpu] [cuda]
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from heptstudy.config import Config
+from heptstudy.data import load_events
+from heptstudy.measure.estimate.fake_step import estimate_step
+from heptstudy.model.adaptive_checkpointing import layer_count_plan, plan_config
+from heptstudy.model.checkpoint_plan import FULL, OFF
+
+report = json.loads(Path(sys.argv[1]).read_text())
+config = Config.model_validate(report["config"])
+step = max((s for s in report["steps"] if s["counted"]), key=lambda s: max(s["padded_hits"]))
+batch = load_events(config, step["event_indices"], "train")
+n = config.model.heptv2.num_convs
+TARGETS = sys.argv[3:] or ["cpu"]
+rows = []
+for target in TARGETS:
+    for plan in [OFF, *(layer_count_plan(k, n, last) for k in range(1, n) for last in (False, True)), FULL]:
+        started = time.perf_counter()
+        fixed = plan_config(config, plan)
+        est = estimate_step(fixed, batch, "cpu", target=target, plan=plan if plan.count else None)
+        rows.append(
+            {
+                "target": target,
+                "plan": plan.name,
+                "label": plan.label,
+                "checkpointed_layers": plan.count if plan.count else (n if plan is FULL else 0),
+                "peak_allocated_mib": round(est.peak_allocated_mib, 2),
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+        )
+        print(f"{target:5s} {plan.name:8s} {est.peak_allocated_mib:9.1f} MiB", flush=True)
+out = {
+    "what": "estimated peak allocated MiB of one training step, first-K against last-K "
+    "checkpointed backbone layers (fake tensors); synthetic events",
+    "report": sys.argv[1],
+    "events": step["event_indices"],
+    "padded_hits": step["padded_hits"],
+    "rows": rows,
+}
+Path(sys.argv[2]).write_text(json.dumps(out, indent=1) + "\n")
