@@ -1,5 +1,6 @@
 """heptstudy.study without kernels: notebook parameters, matrices, tables, failure reports."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -556,11 +557,18 @@ def test_predictions_table_has_no_index_and_no_absolute_paths():
     assert "row_heading" not in html  # the pandas index is hidden
 
 
-def test_auto_predictions_answer_for_the_references_auto_run(tiny_data_dir):
+def test_auto_predictions_answer_for_the_references_auto_run(tiny_data_dir, tmp_path):
     """The aggregate's auto section: `heptstudy fit --checkpointing auto` at the committed
     reference's auto run (batch 4, 3.5 GiB), its memory model and step times from the
-    reference's reports, on the tiny data set's occupancy."""
-    reports = study.load_reports(ROOT / "experiments" / "cpu_reference")
+    reference's reports, on the tiny data set's occupancy. The auto run is given the one plan
+    `full` (each plan auto may take is calibrated on a fake device, half a minute apiece), which
+    also shows that the prediction takes the run's own plans."""
+    for path in (ROOT / "experiments" / "cpu_reference").glob("*.json"):
+        doc = json.loads(path.read_text())
+        if path.name == "auto_b4.json":
+            doc["config"]["model"]["heptv2"]["auto_plan_order"] = ["full"]
+        (tmp_path / path.name).write_text(json.dumps(doc))
+    reports = study.load_reports(tmp_path)
     runs = study.reports_frame(reports).assign(data_dir=str(tiny_data_dir))
     table, skipped = study.auto_predictions(runs, reports)
     assert skipped == []
@@ -571,3 +579,4 @@ def test_auto_predictions_answer_for_the_references_auto_run(tiny_data_dir):
     # every plan auto runs was timed in the reference, so both expectations are answered
     assert row["expected step auto [s]"] > 0 and row["expected step full [s]"] > 0
     assert row["measured step auto, round 1 [s]"] < row["measured step full, round 1 [s]"]
+    assert {p.rsplit(" ", 1)[0] for p in row["plans [% of steps]"].split(", ")} <= {"off", "full"}

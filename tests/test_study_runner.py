@@ -322,12 +322,48 @@ def test_bench_command_applies_its_allocator_itself(line, tiny_data_dir, tmp_pat
     else:
         assert report.environment.allocator_settings == {}
         assert report.environment.allocator_applied is None
+    touched = [n for n in report.notes if "heap's top pad touched" in n]
+    assert len(touched) == (line == "platform")
     # its summary says which allocator, and what glibc's defaults do to the times
     from heptstudy.measure.summary import describe
 
     said = describe(report)
     assert f"allocator: {report.environment.allocator}" in said
     assert ("include its page faults" in said) == (line == "default")
+
+
+_FIRST_TOUCHES = """
+import ctypes, resource, sys
+from heptstudy.measure import allocator as alloc
+alloc.apply_allocator(alloc.measurement_allocator(None, "cpu"))
+touched = alloc.fault_in_heap_pad() if sys.argv[1] == "touch" else 0
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+ctypes.memset(libc.malloc(256 * 2**20), 1, 256 * 2**20)
+print(touched, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.parametrize("touch", [True, False])
+def test_touching_the_heap_pad_spares_a_later_block_its_first_touches(touch):
+    """local_cpu's settings keep a padded heap, yet a block above the process's high-water mark
+    faults in every page on first use (65,536 for 256 MiB) unless the pad was touched before."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FIRST_TOUCHES, "touch" if touch else "no"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    touched, faults = map(int, done.stdout.split())
+    if touch:
+        assert touched >= 256 * 2**20 and faults < 1_000
+    else:
+        assert touched == 0 and faults > 60_000
 
 
 def test_host_usage_counts_page_faults():

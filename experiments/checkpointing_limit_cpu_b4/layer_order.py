@@ -6,7 +6,9 @@ counted step, estimated on fake tensors (the estimate ``auto`` calibrates with; 
 storage tracker of the real step measures the same quantity), for the CPU (the report's
 device) and for the CUDA target-faithful step. ``full`` and ``off`` for scale.
 
-    python experiments/checkpointing_limit_cpu_b4/layer_order.py REPORT.json OUT.json [cpu] [cuda]
+    python experiments/checkpointing_limit_cpu_b4/layer_order.py REPORT.json DATA_DIR OUT.json [cpu] [cuda]
+
+DATA_DIR holds the report's events (the report names the folder of the machine it ran on).
 """
 
 import json
@@ -22,10 +24,13 @@ from heptstudy.model.checkpoint_plan import FULL, OFF
 
 report = json.loads(Path(sys.argv[1]).read_text())
 config = Config.model_validate(report["config"])
+config = config.model_copy(
+    update={"data": config.data.model_copy(update={"data_dir": sys.argv[2]})}
+)
 step = max((s for s in report["steps"] if s["counted"]), key=lambda s: max(s["padded_hits"]))
 batch = load_events(config, step["event_indices"], "train")
 n = config.model.heptv2.num_convs
-TARGETS = sys.argv[3:] or ["cpu"]
+TARGETS = sys.argv[4:] or ["cpu"]
 rows = []
 for target in TARGETS:
     for plan in [OFF, *(layer_count_plan(k, n, last) for k in range(1, n) for last in (False, True)), FULL]:
@@ -51,4 +56,4 @@ out = {
     "padded_hits": step["padded_hits"],
     "rows": rows,
 }
-Path(sys.argv[2]).write_text(json.dumps(out, indent=1) + "\n")
+Path(sys.argv[3]).write_text(json.dumps(out, indent=1) + "\n")

@@ -158,6 +158,43 @@ def apply_allocator(settings: Mapping[str, str]) -> AllocatorState:
     return AllocatorState(state.name, state.settings, {**(state.applied or {}), **applied})
 
 
+def fault_in_heap_pad() -> int:
+    """Touch part of the heap's top pad once and give it back to the heap: the bytes touched (0
+    when the settings in effect keep no padded heap). Call it between the warm-up and the counted
+    steps.
+
+    With the heap kept (high trim and mmap thresholds) and padded (``MALLOC_TOP_PAD_``), a counted
+    step that reaches above the process's earlier high-water mark still pays the first touch of
+    every new page: the kernel maps a page on first use, not when the heap grows. How many such
+    pages a step meets depends on what the process allocated before (a notebook's kernel, a bench
+    process and a study run differ), not on the measurement. Touching half the pad after the
+    warm-up gives every entry point the same mapped headroom. Half, so that the freed block and
+    the pad together stay below the trim threshold and glibc keeps them."""
+    state = allocator_in_use()
+    if not state.name.startswith("glibc"):
+        return 0
+    applied = state.applied or {}
+
+    def setting(variable: str) -> int:
+        value = applied.get(variable, state.settings.get(variable, ""))
+        return min(int(value), _INT_MAX) if str(value).isdigit() else 0
+
+    pad, trim = setting("MALLOC_TOP_PAD_"), setting("MALLOC_TRIM_THRESHOLD_")
+    size = min(pad, trim - pad) // 2
+    if size <= 0 or setting("MALLOC_MMAP_THRESHOLD_") <= size:
+        return 0
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = libc.malloc(size)
+    if not block:
+        return 0
+    ctypes.memset(block, 0, size)
+    libc.free(block)
+    return size
+
+
 def environment_with(settings: Mapping[str, str], base: Mapping[str, str] | None = None):
     """``base`` (default: this environment) with exactly ``settings`` as allocator variables:
     other allocator variables are removed, so ``{}`` means the allocator's defaults."""

@@ -31,7 +31,7 @@ from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure import report as rp
-from heptstudy.measure.allocator import apply_allocator
+from heptstudy.measure.allocator import apply_allocator, fault_in_heap_pad
 from heptstudy.measure.estimate.plans import predictor_for
 from heptstudy.measure.host_usage import HostUsage
 from heptstudy.measure.memory import make_meter
@@ -49,6 +49,7 @@ from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import run_step
 from heptstudy.train.validate import validate
+from heptstudy.units import MIB
 
 
 class OutputNotWritable(HeptstudyError):
@@ -266,6 +267,11 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
             timer = StepTimer(device, warmup=warmup)
             state = _fresh(config, device)
             for step in range(len(batches)):
+                if step == warmup and device.type == "cpu" and (touched := fault_in_heap_pad()):
+                    header["notes"].append(
+                        f"{touched / MIB:.0f} MiB of the heap's top pad touched after the "
+                        "warm-up, so that no counted step pays first touches of the padded heap"
+                    )
                 clock = make_phase_clock(device)
                 with timer.step(), HostUsage() as usage:
                     result = measured_step(state, step, clock)

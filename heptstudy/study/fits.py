@@ -184,13 +184,18 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
         if r.kind != MEMORY or r.status != "ok" or c.enabled != "auto" or not c.memory_budget_mib:
             continue
         platform = r.environment.platform or "local_cpu"
+        overrides = [f"model.heptv2.memory_budget_gib={c.memory_budget_mib / 1024:g}"]
+        # the plans the run chose among, when it named them (else the platform's or the default)
+        order = r.config.get("model", {}).get("heptv2", {}).get("auto_plan_order")
+        if order:
+            overrides.append(f"model.heptv2.auto_plan_order=[{','.join(order)}]")
         result, why = _study_fit(
             runs,
             reports,
             platform=platform,
             per_device_batch=r.batch_size,
             checkpointing="auto",
-            overrides=(f"model.heptv2.memory_budget_gib={c.memory_budget_mib / 1024:g}",),
+            overrides=tuple(overrides),
         )
         if why:
             skipped.append(f"{r.name}: {why}")
