@@ -7,11 +7,10 @@ cheapest plan whose prediction fits the budget. When none fits, :class:`NoPlanFi
 batch, the predictions and the budget before the step allocates anything.
 
 Candidate plans, cheapest first: ``off`` (recomputes nothing) always first, then
-``model.heptv2.auto_plan_order``. Its default, ``selective``, ``every2``, ``full``, orders by how
-much of the backbone's forward work the backward recomputes, an assumption, not a measurement:
-``selective`` recomputes everything but the dense projections, ``every2`` every other layer
-whole, ``full`` every layer whole. On the CPU reference the bucket scores ``selective``
-recomputes are most of a step's backbone work, and ``every2`` was faster and smaller there.
+``model.heptv2.auto_plan_order``, else the platform's measured order, else
+:data:`DEFAULT_PLAN_ORDER`: the first 1, 2, ... backbone layers, then ``full``, so that the
+recomputation grows with what the batch needs. ``selective`` is not in the default order: on the
+CPU reference it cost more than every 2nd layer and saved less.
 
 Memory models. Each plan's model is *estimated* at the start of a run
 (:func:`heptstudy.measure.estimate.plans.calibrate`): one
@@ -51,10 +50,9 @@ Plan = CheckpointPlan
 
 def layer_count_plan(count: int, num_layers: int, last: bool = False) -> CheckpointPlan:
     """``layers{count}``: the first ``count`` of the ``num_layers`` backbone layers checkpointed
-    (the decoder not); ``last{count}``: the last ``count``. First is the default order: on the
-    CPU reference's batch-4 peak batch it peaks lower for every count (the backward reaches the
-    first layers last, when the later layers' activations are already freed;
-    experiments/checkpointing_limit_cpu_b4/layer_order/)."""
+    (the decoder not); ``last{count}``: the last ``count``. Which ones does not move the peak:
+    on the CPU reference's batch-4 peak batch, first and last K peak alike for every K, on the
+    CPU and the CUDA target (experiments/checkpointing_limit_cpu_b4/layer_order.json)."""
     if not 1 <= count < num_layers:
         raise HeptstudyError(
             f"checkpoint plan {'last' if last else 'layers'}{count}: the backbone has "
@@ -96,8 +94,9 @@ def auto_plan(name: str, num_layers: int) -> CheckpointPlan:
 
 #: The plans ``auto`` tries after ``off`` when neither the configuration nor the platform
 #: names an order: the first K backbone layers for growing K, then ``full``. Measured on the CPU
-#: reference (experiments/checkpointing_limit_cpu_b4/): each further layer costs about the
-#: same recomputation and saves about the same memory, so the plans' cost grows with K.
+#: reference's batch-4 peak batch (experiments/checkpointing_limit_cpu_b4/layer_order.json):
+#: each further layer saves the same 450.8 MiB, and the layers being alike, costs the same
+#: recomputation, so the plans' cost grows with K.
 DEFAULT_PLAN_ORDER = ("layers1", "layers2", "layers3", "layers4", "layers5", "full")
 
 

@@ -47,7 +47,7 @@ class CheckpointPlan:
 
     Fixed plans checkpoint every ``every``-th layer (0, k, 2k, ...) of the backbone and of the
     decoder. Count plans (``count`` set, for ``auto``) checkpoint the first ``count`` layers of
-    ``order``, the slots in the order measured to save the most memory first.
+    ``order`` (the backbone's layers first to last, or last to first).
     """
 
     name: str  # off, full, selective, every2, every3, auto, layers3, ...
