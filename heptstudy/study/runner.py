@@ -489,7 +489,7 @@ def aggregate_study(
     before = _aggregate_outputs(out, figures)
     _papermill(notebooks_dir() / "aggregate.ipynb", executed, parameters, timeout, project_root())
     html = render_html(executed, out / "report.html")
-    _move_aside_unwritten(out, figures, before)
+    _move_aside_unwritten(out, before)
     return html
 
 
@@ -505,7 +505,7 @@ def _aggregate_outputs(out: Path, figures: Path) -> dict[Path, tuple[int, int]]:
     return found
 
 
-def _move_aside_unwritten(out: Path, figures: Path, before: dict[Path, tuple[int, int]]) -> None:
+def _move_aside_unwritten(out: Path, before: dict[Path, tuple[int, int]]) -> None:
     """Tables and figures of an earlier aggregate that this one did not write again (a run
     removed from the study, a section now skipped) are moved to ``out/superseded/<time>/``:
     the report folder then shows this study only, and nothing is deleted."""
