@@ -99,12 +99,10 @@ def _failure_report(
     report_path: Path,
     err: BaseException,
     *,
-    parameters: dict[str, Any] | None = None,
     measurement=None,
 ) -> tuple[str, str]:
     """Write a report saying why a run produced none: out of memory, a dead kernel, an error.
-    ``measurement``: the run's resolved measurement (default: resolved from ``parameters``,
-    else the run's)."""
+    ``measurement``: the run's resolved measurement (default: resolved from its parameters)."""
     import torch
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -117,7 +115,7 @@ def _failure_report(
         measurement
         or MeasurementRequest.build(
             kind=run.notebook,
-            **(run.parameters if parameters is None else parameters),
+            **run.parameters,
             output=str(report_path),
             progress=False,
         ).resolve()
