@@ -64,14 +64,10 @@ def default_study_dir(now: datetime | None = None) -> Path:
     return project_root() / LOCAL / f"{host}-{day}"
 
 
-def _committed(path: Path) -> str | None:
-    return committed_name(path)
-
-
 def default_figures(out: Path) -> Path:
     """The figures of a study folder: ``figures/<name>`` for a committed reference study,
     else the folder's own ``figures/``."""
-    name = _committed(out)
+    name = committed_name(out)
     if name is not None and name not in ("experiments", "figures"):
         return project_root() / "figures" / name
     return out / "figures"
