@@ -42,7 +42,7 @@ class Execution:
 
     @property
     def allocator(self) -> str:
-        return getattr(self.run, "allocator", PLATFORM)
+        return self.run.allocator
 
     @property
     def report(self) -> Path:
