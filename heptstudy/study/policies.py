@@ -58,7 +58,7 @@ def policy_frame(df, min_policies: int = 2) -> Any:
                 key=lambda ir: (_rank(ir[1]["policy_label"]), ir[1]["policy_label"]),
             ):
                 label = r["policy_label"]
-                t = timed.loc[label] if label in getattr(timed, "index", ()) else None
+                t = timed.loc[label] if label in timed.index else None
                 step = (
                     t["on_step_s"]
                     if t is not None
