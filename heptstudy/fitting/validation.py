@@ -224,11 +224,10 @@ def table(doc: dict) -> str:
 def write_outputs(doc: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     text = table(doc)
-    paths = [
+    return [
         atomic_write_text(out_dir / "validation.json", json.dumps(doc, indent=2) + "\n"),
         atomic_write_text(out_dir / "table.md", text + "\n"),
     ]
-    return paths
 
 
 __all__ = ["ValidationRequest", "memory_reports", "table", "validate", "write_outputs"]
