@@ -80,8 +80,8 @@ def memory_reports(evidence: Path, names: tuple[str, ...] = ()) -> list[Path]:
     return found
 
 
-def _git(*args: str, cwd: Path = PACKAGE_ROOT) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=PACKAGE_ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise HeptstudyError(f"git {' '.join(args)} failed: {done.stderr.strip()}")
     return done.stdout.strip()

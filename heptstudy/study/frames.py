@@ -256,13 +256,14 @@ _TIME_COLUMNS = (
 )
 
 
-def _overhead_row(over, batch_size, policy: str, line: str = "platform") -> dict[str, Any]:
-    """The time columns of a comparison row from :func:`overhead_frame` (None when unmeasured)."""
+def _overhead_row(over, batch_size, policy: str) -> dict[str, Any]:
+    """The time columns of a comparison row from :func:`overhead_frame`, platform allocator line
+    (None when unmeasured)."""
     none = dict.fromkeys(_TIME_COLUMNS)
     if over.empty:
         return none
     hit = over[
-        (over["allocator_line"] == line)
+        (over["allocator_line"] == "platform")
         & (over["batch_size"] == batch_size)
         & (over["policy"] == policy)
     ]

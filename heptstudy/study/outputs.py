@@ -57,10 +57,10 @@ def shown(path: str | os.PathLike | None) -> str | None:
         return str(p)
 
 
-def default_study_dir(now: datetime | None = None) -> Path:
+def default_study_dir() -> Path:
     """``experiments/local/<host>-<YYYYMMDD>`` in the repository."""
     host = re.sub(r"[^A-Za-z0-9_.-]+", "-", socket.gethostname()) or "host"
-    day = (now or datetime.now(timezone.utc)).strftime("%Y%m%d")
+    day = datetime.now(timezone.utc).strftime("%Y%m%d")
     return project_root() / LOCAL / f"{host}-{day}"
 
 
