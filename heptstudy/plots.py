@@ -55,8 +55,14 @@ def data_label(synthetic: bool | None) -> str:
     return {True: "synthetic data", False: "real data", None: "data unknown"}[synthetic]
 
 
-def _tag(ax, text: str) -> None:
-    ax.text(0.02, 0.98, text, transform=ax.transAxes, ha="left", va="top", fontsize=10, color="0.3")
+def _finish(fig, ax, tag: str) -> Any:
+    """``tag`` (what the data is) in the top-left corner, then a tight layout."""
+    if tag:
+        ax.text(
+            0.02, 0.98, tag, transform=ax.transAxes, ha="left", va="top", fontsize=10, color="0.3"
+        )
+    fig.tight_layout()
+    return fig
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,10 +204,7 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "", ax=N
     _set_batch_ticks(ax, mem, oom)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
     ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92))
-    if tag:
-        _tag(ax, tag)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, tag)
 
 
 def _set_batch_ticks(ax, *frames) -> None:
@@ -247,10 +250,7 @@ def percent_vs_batch(
     ax.set_ylim(min(lo, 0), hi * 1.2 if hi > 0 else hi)
     if len(columns) > 1:
         ax.legend(loc="upper right")
-    if tag:
-        _tag(ax, tag)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, tag)
 
 
 def parity_gradients(reports, ax=None) -> Any:
@@ -526,10 +526,7 @@ def policy_tradeoff(policies, tag: str = "", ax=None) -> Any:
         ax.legend(loc="lower left", fontsize=8)
     lo, hi = ax.get_xlim()
     ax.set_xlim(lo, hi + 0.35 * (hi - lo))  # room for the labels
-    if tag:
-        _tag(ax, tag)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, tag)
 
 
 CATEGORY_COLORS = {
@@ -572,10 +569,7 @@ def memory_categories_stacked(categories, tag: str = "", ax=None) -> Any:
     ax.set_ylabel("live MiB at the step's peak")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
     ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92), ncol=3, fontsize=9)
-    if tag:
-        _tag(ax, tag)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, tag)
 
 
 PHASE_COLORS = ("#4c72b0", "#8172b3", "#ccb974", "#c44e52", "#55a868")
@@ -601,10 +595,7 @@ def step_breakdown_figure(breakdown, tag: str = "", ax=None) -> Any:
     ax.set_ylabel("mean time per counted step [s]")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
     ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92), ncol=3, fontsize=9)
-    if tag:
-        _tag(ax, tag)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, tag)
 
 
 def overhead_spread_figure(over, tag: str = "", ax=None) -> Any:
@@ -652,10 +643,7 @@ def overhead_spread_figure(over, tag: str = "", ax=None) -> Any:
     ax.set_xlabel("batch size [events]")
     ax.set_ylabel("step-time overhead against off [%]\nmedian, bars: min-max over rounds (n)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
-    if tag:
-        _tag(ax, tag)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, tag)
 
 
 def plt_colors(n: int) -> list:

@@ -11,8 +11,8 @@ from heptstudy import plots, study
 from heptstudy.cli import build_parser
 from heptstudy.cli import study as cli_study
 from heptstudy.measure.report import read_report
-from heptstudy.measure.request import MeasurementRequest
-from heptstudy.study import NotebookParameterError, StudyError
+from heptstudy.measure.request import MeasurementRequest, RequestError
+from heptstudy.study import StudyError
 from heptstudy.study.runner import _failure_report
 from tests.conftest import TINY_MODEL
 
@@ -39,7 +39,7 @@ def test_checkpointing_spellings(value, expected):
 
 @pytest.mark.parametrize("value", ["maybe", "yes", "1", 1, 0, 1.0, None, "", [True]])
 def test_checkpointing_refuses_everything_else(value):
-    with pytest.raises(NotebookParameterError, match=r"parameter checkpointing=.*off, full"):
+    with pytest.raises(RequestError, match=r"parameter checkpointing=.*off, full"):
         MeasurementRequest.build(checkpointing=value)
 
 
@@ -51,7 +51,7 @@ def test_yaml_booleans_mean_what_they_say():
 
 @pytest.mark.parametrize("value", ["four", 0, -1, 2.0, True, None, "1.5"])
 def test_batch_size_refused(value):
-    with pytest.raises(NotebookParameterError, match=r"parameter batch_size=.*integers >= 1"):
+    with pytest.raises(RequestError, match=r"parameter batch_size=.*integers >= 1"):
         _memory(batch_size=value)
 
 
@@ -103,7 +103,7 @@ def test_memory_options_from_strings_and_defaults(tiny_data_dir):
     ],
 )
 def test_other_parameters_refused(kwargs, match):
-    with pytest.raises(NotebookParameterError, match=match):
+    with pytest.raises(RequestError, match=match):
         _memory(batch_size=1, **kwargs)
 
 
@@ -111,9 +111,9 @@ def test_parity_options():
     opts = _parity(batch_size=1, deterministic="TRUE")
     assert opts.kind == "parity" and opts.deterministic and opts.name == "parity_deterministic_b1"
     assert (opts.steps, opts.warmup) == (None, None)
-    with pytest.raises(NotebookParameterError, match="deterministic"):
+    with pytest.raises(RequestError, match="deterministic"):
         _parity(deterministic="sometimes")
-    with pytest.raises(NotebookParameterError, match="steps does not apply to a parity"):
+    with pytest.raises(RequestError, match="steps does not apply to a parity"):
         _parity(steps=3)
 
 
@@ -463,15 +463,15 @@ def test_pipeline_config_and_fresh_dir(tmp_path, tiny_data_dir):
     )
     assert config.train.global_batch_size == 2 and config.train.num_steps == 3
     assert config.model.heptv2.activation_checkpointing is False
-    with pytest.raises(NotebookParameterError, match="did you mean 'num_steps'"):
+    with pytest.raises(RequestError, match="did you mean 'num_steps'"):
         _pipeline_config(numsteps=3)
-    with pytest.raises(NotebookParameterError, match="parameter checkpointing=1"):
+    with pytest.raises(RequestError, match="parameter checkpointing=1"):
         _pipeline_config(checkpointing=1)
     from heptstudy.study.params import pipeline_parameters
 
     injected = "# Parameters\nnumsteps = 3\n"  # papermill's cell for -p numsteps 3
     namespace = {"num_steps": 4, "numsteps": 3, "In": ["", "num_steps = 4", injected, ""]}
-    with pytest.raises(NotebookParameterError, match=r"pipeline.ipynb has no parameter numsteps"):
+    with pytest.raises(RequestError, match=r"pipeline.ipynb has no parameter numsteps"):
         pipeline_parameters(namespace)
     other = tmp_path / "other"
     other.mkdir()

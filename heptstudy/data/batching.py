@@ -146,7 +146,7 @@ def load_events(config, indices: Sequence[int], split: str = "train") -> dict[st
     return collate(events, config.data.pad_to_multiple, radii)
 
 
-def _fixed_batches(config, start: int, count: int, batch_size: int, what: str) -> list[dict]:
+def _fixed_batches(config, start: int, count: int, batch_size: int) -> list[dict]:
     if batch_size < 1:
         raise DataError(f"batch_size={batch_size} must be >= 1")
     ds = dataset_for(config, "test")
@@ -165,12 +165,12 @@ def _fixed_batches(config, start: int, count: int, batch_size: int, what: str) -
 
 def validation_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
     """Batches of the ``nvalid`` fixed validation events: test-split events ``0..nvalid-1``."""
-    return _fixed_batches(config, 0, config.data.nvalid, batch_size, "validation")
+    return _fixed_batches(config, 0, config.data.nvalid, batch_size)
 
 
 def ntest_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
     """Batches of the ``ntest`` fixed test events: test-split events ``nvalid..nvalid+ntest-1``."""
-    return _fixed_batches(config, config.data.nvalid, config.data.ntest, batch_size, "test")
+    return _fixed_batches(config, config.data.nvalid, config.data.ntest, batch_size)
 
 
 class BatchLoader:

@@ -80,8 +80,8 @@ def memory_reports(evidence: Path, names: tuple[str, ...] = ()) -> list[Path]:
     return found
 
 
-def _git(*args: str, cwd: Path = PACKAGE_ROOT) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=PACKAGE_ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise HeptstudyError(f"git {' '.join(args)} failed: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -224,11 +224,10 @@ def table(doc: dict) -> str:
 def write_outputs(doc: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     text = table(doc)
-    paths = [
+    return [
         atomic_write_text(out_dir / "validation.json", json.dumps(doc, indent=2) + "\n"),
         atomic_write_text(out_dir / "table.md", text + "\n"),
     ]
-    return paths
 
 
 __all__ = ["ValidationRequest", "memory_reports", "table", "validate", "write_outputs"]

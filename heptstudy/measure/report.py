@@ -363,7 +363,7 @@ def validate_report(
         raise ReportError(f"{source}: a report must be a JSON object, got {type(data).__name__}")
     if not require_version and "schema_version" not in data:
         data = {"schema_version": SCHEMA_VERSION, **data}
-    version = data.get("schema_version", None)
+    version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         what = "is missing" if "schema_version" not in data else f"is {version!r}"
         raise ReportError(

@@ -22,7 +22,6 @@ Everything the notebooks and tests use is importable as ``heptstudy.study.X``.
 from heptstudy.study.common import (
     MEMORY,
     PARITY,
-    NotebookParameterError,
     StudyError,
     at_project_root,
     project_root,
@@ -108,7 +107,6 @@ __all__ = [
     "MEMORY",
     "PARITY",
     "Matrix",
-    "NotebookParameterError",
     "Run",
     "RunResult",
     "StudyError",

@@ -6,13 +6,10 @@ import os
 from pathlib import Path
 
 from heptstudy.errors import HeptstudyError
-from heptstudy.measure.request import MEMORY, PARITY, RequestError
+from heptstudy.measure.request import MEMORY, PARITY
 
 #: Memory measurements of a matrix run ``memory.ipynb``; parity runs ``parity.ipynb``.
 NOTEBOOKS = {MEMORY: "memory.ipynb", PARITY: "parity.ipynb"}
-
-#: A notebook (or matrix) parameter the study cannot use: the measurement request's error.
-NotebookParameterError = RequestError
 
 
 class StudyError(HeptstudyError):

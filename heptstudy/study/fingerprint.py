@@ -153,7 +153,7 @@ def mismatches(report, identity: dict[str, Any]) -> list[str]:
         found["warm-up steps"] = (report.summary.warmup_steps, request.get("warmup"))
     if report.parity is not None:
         found["deterministic"] = (report.parity.deterministic, request.get("deterministic"))
-    settings = getattr(env, "allocator_settings", None)
+    settings = env.allocator_settings
     if settings is not None and identity["allocator"] is not None:
         found["allocator settings"] = (dict(settings), identity["allocator"])
     return [
@@ -171,4 +171,4 @@ def stored_fingerprint(path: Path) -> tuple[Any, str | None]:
         report = read_report(path)
     except ReportError:
         return None, None
-    return report, getattr(report, "fingerprint", None)
+    return report, report.fingerprint

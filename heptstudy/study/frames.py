@@ -88,8 +88,8 @@ def host_usage_of(report) -> dict[str, float | None]:
     """Per counted step of a memory report: system CPU seconds, minor page faults, and system
     time as a fraction of the step's wall time (None where the report has no such record)."""
     counted = [st for st in report.steps if st.counted and st.time_s]
-    sys_t = [getattr(st, "system_time_s", None) for st in counted]
-    faults = [getattr(st, "minor_page_faults", None) for st in counted]
+    sys_t = [st.system_time_s for st in counted]
+    faults = [st.minor_page_faults for st in counted]
     if not counted or any(v is None for v in sys_t):
         return {"sys_fraction": None, "system_s_per_step": None, "minor_faults_per_step": None}
     wall = sum(st.time_s for st in counted)
@@ -256,13 +256,14 @@ _TIME_COLUMNS = (
 )
 
 
-def _overhead_row(over, batch_size, policy: str, line: str = "platform") -> dict[str, Any]:
-    """The time columns of a comparison row from :func:`overhead_frame` (None when unmeasured)."""
+def _overhead_row(over, batch_size, policy: str) -> dict[str, Any]:
+    """The time columns of a comparison row from :func:`overhead_frame`, platform allocator line
+    (None when unmeasured)."""
     none = dict.fromkeys(_TIME_COLUMNS)
     if over.empty:
         return none
     hit = over[
-        (over["allocator_line"] == line)
+        (over["allocator_line"] == "platform")
         & (over["batch_size"] == batch_size)
         & (over["policy"] == policy)
     ]

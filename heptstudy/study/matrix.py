@@ -42,17 +42,12 @@ class Run:
     allocator: str = "platform"  # "default": started without the platform's allocator settings
 
     def request(
-        self,
-        output: str | None = None,
-        progress: bool = True,
-        parameters: dict[str, Any] | None = None,
+        self, progress: bool = True, parameters: dict[str, Any] | None = None
     ) -> MeasurementRequest:
         """The measurement request the run's notebook builds from its parameters (``parameters``:
         those of one execution of it, default the run's)."""
         given = self.parameters if parameters is None else parameters
-        return MeasurementRequest.build(
-            kind=self.notebook, **given, output=output, progress=progress
-        )
+        return MeasurementRequest.build(kind=self.notebook, **given, progress=progress)
 
 
 @dataclass

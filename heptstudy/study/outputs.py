@@ -57,21 +57,17 @@ def shown(path: str | os.PathLike | None) -> str | None:
         return str(p)
 
 
-def default_study_dir(now: datetime | None = None) -> Path:
+def default_study_dir() -> Path:
     """``experiments/local/<host>-<YYYYMMDD>`` in the repository."""
     host = re.sub(r"[^A-Za-z0-9_.-]+", "-", socket.gethostname()) or "host"
-    day = (now or datetime.now(timezone.utc)).strftime("%Y%m%d")
+    day = datetime.now(timezone.utc).strftime("%Y%m%d")
     return project_root() / LOCAL / f"{host}-{day}"
-
-
-def _committed(path: Path) -> str | None:
-    return committed_name(path)
 
 
 def default_figures(out: Path) -> Path:
     """The figures of a study folder: ``figures/<name>`` for a committed reference study,
     else the folder's own ``figures/``."""
-    name = _committed(out)
+    name = committed_name(out)
     if name is not None and name not in ("experiments", "figures"):
         return project_root() / "figures" / name
     return out / "figures"

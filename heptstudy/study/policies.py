@@ -58,7 +58,7 @@ def policy_frame(df, min_policies: int = 2) -> Any:
                 key=lambda ir: (_rank(ir[1]["policy_label"]), ir[1]["policy_label"]),
             ):
                 label = r["policy_label"]
-                t = timed.loc[label] if label in getattr(timed, "index", ()) else None
+                t = timed.loc[label] if label in timed.index else None
                 step = (
                     t["on_step_s"]
                     if t is not None
@@ -127,8 +127,7 @@ def categories_frame(reports) -> Any:
 def auto_order(policies, batch_size: int) -> list[str]:
     """The order ``auto`` would try this study's plans in at ``batch_size``
     (:func:`heptstudy.model.adaptive_checkpointing.order_by_cost` of each plan's measured
-    step-time overhead and peak), as policy labels; a platform profile can carry it as its
-    ``auto_plan_order`` (plan names: :func:`plan_names`)."""
+    step-time overhead and peak), as policy labels."""
     from heptstudy.model.adaptive_checkpointing import order_by_cost
 
     rows = policies[(policies["batch_size"] == batch_size) & (policies["policy"] != "auto")]
@@ -138,11 +137,3 @@ def auto_order(policies, batch_size: int) -> list[str]:
         for _, r in rows.iterrows()
     }
     return order_by_cost(measured)
-
-
-def plan_names(labels: list[str]) -> list[str]:
-    """Policy labels (``every 2``) as the plan names an ``auto_plan_order`` takes (``every2``)."""
-    from heptstudy.model.checkpoint_plan import NAMED
-
-    by_label = {p.label: p.name for p in NAMED.values()}
-    return [by_label.get(label, label) for label in labels]

@@ -99,12 +99,10 @@ def _failure_report(
     report_path: Path,
     err: BaseException,
     *,
-    parameters: dict[str, Any] | None = None,
     measurement=None,
 ) -> tuple[str, str]:
     """Write a report saying why a run produced none: out of memory, a dead kernel, an error.
-    ``measurement``: the run's resolved measurement (default: resolved from ``parameters``,
-    else the run's)."""
+    ``measurement``: the run's resolved measurement (default: resolved from its parameters)."""
     import torch
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -117,7 +115,7 @@ def _failure_report(
         measurement
         or MeasurementRequest.build(
             kind=run.notebook,
-            **(run.parameters if parameters is None else parameters),
+            **run.parameters,
             output=str(report_path),
             progress=False,
         ).resolve()
@@ -489,7 +487,7 @@ def aggregate_study(
     before = _aggregate_outputs(out, figures)
     _papermill(notebooks_dir() / "aggregate.ipynb", executed, parameters, timeout, project_root())
     html = render_html(executed, out / "report.html")
-    _move_aside_unwritten(out, figures, before)
+    _move_aside_unwritten(out, before)
     return html
 
 
@@ -505,7 +503,7 @@ def _aggregate_outputs(out: Path, figures: Path) -> dict[Path, tuple[int, int]]:
     return found
 
 
-def _move_aside_unwritten(out: Path, figures: Path, before: dict[Path, tuple[int, int]]) -> None:
+def _move_aside_unwritten(out: Path, before: dict[Path, tuple[int, int]]) -> None:
     """Tables and figures of an earlier aggregate that this one did not write again (a run
     removed from the study, a section now skipped) are moved to ``out/superseded/<time>/``:
     the report folder then shows this study only, and nothing is deleted."""

@@ -42,7 +42,7 @@ class Execution:
 
     @property
     def allocator(self) -> str:
-        return getattr(self.run, "allocator", PLATFORM)
+        return self.run.allocator
 
     @property
     def report(self) -> Path:
@@ -74,13 +74,8 @@ class Execution:
 
 def schedule(runs) -> list[Execution]:
     """Round 1: every run in the matrix's order; round r: the runs repeated at least r times."""
-    rounds = max((getattr(r, "repeats", 1) for r in runs), default=1)
-    return [
-        Execution(run, k)
-        for k in range(1, rounds + 1)
-        for run in runs
-        if getattr(run, "repeats", 1) >= k
-    ]
+    rounds = max((r.repeats for r in runs), default=1)
+    return [Execution(run, k) for k in range(1, rounds + 1) for run in runs if run.repeats >= k]
 
 
 def locate(relpath: Path) -> tuple[str, str, int]:

@@ -44,7 +44,7 @@ def integer_counts(table) -> Any:
 
     table = table.copy()
     for col in table.columns:
-        if col in _COUNTS and col in table:
+        if col in _COUNTS:
             table[col] = pd.to_numeric(table[col], errors="coerce").round().astype("Int64")
     return table
 
@@ -85,7 +85,7 @@ def runs_table(df) -> Any:
         )
     if "sys_fraction" in rows.columns:
         rows["sys_pct"] = 100 * pd.to_numeric(rows["sys_fraction"], errors="coerce")
-    order = [c for c in ("allocator_line", "kind", "batch_size", "checkpointing", "name")]
+    order = ("allocator_line", "kind", "batch_size", "checkpointing", "name")
     rows = rows.sort_values([c for c in order if c in rows.columns]).reset_index(drop=True)
     cols = [c for c in _RUN_COLUMNS if c in rows.columns]
     table = rows[cols].rename(columns=_RUN_COLUMNS)

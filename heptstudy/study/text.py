@@ -102,7 +102,7 @@ def allocator_lines(df) -> list[str]:
     if "allocator" not in df or df["allocator"].dropna().empty:
         return []
     lines = []
-    line_col = df["allocator_line"] if "allocator_line" in df else None
+    line_col = df.get("allocator_line")
     for line, label in (("platform", "platform setting"), ("default", "default line")):
         rows = df if line_col is None else df[line_col.fillna("platform") == line]
         kinds = sorted(set(rows["allocator"].dropna()))

@@ -150,7 +150,7 @@ def _refuse_later_steps(run: Path, step: int) -> None:
 
 
 def _latest_checkpoint(out: Path) -> Path | None:
-    found = [p for p in (out / "checkpoints").glob("step_*.pt")] if out.is_dir() else []
+    found = list((out / "checkpoints").glob("step_*.pt")) if out.is_dir() else []
     return max(found, key=_step_of) if found else None
 
 
