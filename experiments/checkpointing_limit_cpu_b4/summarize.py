@@ -35,16 +35,28 @@ def mean_step(r):
     return r["summary"]["mean_step_time_s"]
 
 
+REFERENCE = "../cpu_reference"
+
+
+def reference_round(name, r):
+    return f"{REFERENCE}/{name}.json" if r == 1 else f"{REFERENCE}/repeats/{name}.r{r}.json"
+
+
 def main():
-    parity = load("parity_deterministic_b1.json")
+    parity = load(f"{REFERENCE}/parity_deterministic_b1.json")
     if parity:
-        print("parity:", json.dumps(parity["parity"], indent=None)[:1500])
+        p = parity["parity"]["checkpointed_vs_baseline"]
+        print(
+            f"parity: outputs {sum(o['equal'] for o in p['outputs'])}/{len(p['outputs'])}, "
+            f"loss equal {p['loss']['equal']} (max |d| {p['loss']['max_abs_diff']}), gradients "
+            f"{sum(g['equal'] for g in p['gradients'])}/{len(p['gradients'])}"
+        )
     breakdown("breakdown/before_checkpointed_b4.json")
-    breakdown("breakdown/checkpointed_b4.json")
-    breakdown("breakdown/baseline_b4.json")
+    breakdown(f"{REFERENCE}/checkpointed_b4.json")
     overheads = []
     for r in (1, 2, 3):
-        off, full = load(f"rounds/round{r}/baseline_b4.json"), load(f"rounds/round{r}/checkpointed_b4.json")
+        off = load(reference_round("baseline_b4", r))
+        full = load(reference_round("checkpointed_b4", r))
         if off and full:
             o, f = mean_step(off), mean_step(full)
             overheads.append(100 * (f / o - 1))
@@ -52,7 +64,7 @@ def main():
     if overheads:
         print(f"overhead median {statistics.median(overheads):+.1f}% "
               f"(range {min(overheads):+.1f} to {max(overheads):+.1f})")
-    auto, off, full = (load(f"auto12/{n}_b4.json") for n in ("auto", "baseline", "checkpointed"))
+    auto, off, full = (load(f"auto12_436d7af/{n}_b4.json") for n in ("auto", "baseline", "checkpointed"))
     if auto:
         budget = auto["checkpointing"]["memory_budget_mib"]
         counted = [s for s in auto["steps"] if s["counted"]]

@@ -270,7 +270,7 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
                 if step == warmup and device.type == "cpu" and (touched := fault_in_heap_pad()):
                     header["notes"].append(
                         f"{touched / MIB:.0f} MiB of the heap's top pad touched after the "
-                        "warm-up, so that no counted step pays first touches of the padded heap"
+                        "warm-up (a counted step reaching above it still faults its new pages)"
                     )
                 clock = make_phase_clock(device)
                 with timer.step(), HostUsage() as usage:
