@@ -175,11 +175,11 @@ def fault_in_heap_pad() -> int:
     state = allocator_in_use()
     if not state.name.startswith("glibc"):
         return 0
-    applied = state.applied or {}
 
     def setting(variable: str) -> int:
-        value = applied.get(variable, state.settings.get(variable, ""))
-        return min(int(value), _INT_MAX) if str(value).isdigit() else 0
+        # the settings in effect, apply_allocator's included, clamped as mallopt takes them
+        value = state.settings.get(variable, "")
+        return min(int(value), _INT_MAX) if value.isdigit() else 0
 
     pad, trim = setting("MALLOC_TOP_PAD_"), setting("MALLOC_TRIM_THRESHOLD_")
     size = min(pad, trim - pad) // 2
