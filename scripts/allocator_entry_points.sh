@@ -4,21 +4,23 @@
 # the same events, each started from a shell without any allocator variable, so that only the
 # measurement's own mallopt sets the allocator. Then summarises each report's allocator
 # settings and minor page faults per counted step (summary.tsv).
-#   bash scripts/allocator_entry_points.sh [DATA_DIR] [OUT_DIR]
-# About 10 minutes on two cores (full-size model, CPU).
+#   bash scripts/allocator_entry_points.sh [DATA_DIR] [OUT_DIR] [PASSES]
+# PASSES: both (default; about 10 minutes on two idle cores, full-size model) or timing (the
+# page faults are counted in the timed pass; about half the time).
 set -euo pipefail
 data_dir=${1:-data/tfds}
 out=${2:-experiments/allocator_entry_points}
+passes=${3:-both}
 bin=${VENV:-.venv}/bin
 mkdir -p "$out"
 clean=(env -u MALLOC_MMAP_THRESHOLD_ -u MALLOC_TRIM_THRESHOLD_ -u MALLOC_TOP_PAD_ -u MALLOC_ARENA_MAX)
 "${clean[@]}" "$bin/papermill" notebooks/memory.ipynb "$out/papermill.ipynb" --log-level WARNING \
-  -p batch_size 4 -p checkpointing true -p data_dir "$data_dir" -p output "$out/papermill.json"
+  -p batch_size 4 -p checkpointing true -p data_dir "$data_dir" -p passes "$passes" -p output "$out/papermill.json"
 "${clean[@]}" "$bin/heptstudy" bench --batch-size 4 --checkpointing full --data-dir "$data_dir" \
-  --no-progress --output "$out/bench.json"
+  --passes "$passes" --no-progress --output "$out/bench.json"
 study=$(mktemp -d)
-printf 'name: allocator_entry_points\ndescription: one run\ndefaults: {data_dir: %s}\nruns:\n  - {batch_size: 4, checkpointing: full}\n' \
-  "$data_dir" > "$study/matrix.yaml"
+printf 'name: allocator_entry_points\ndescription: one run\ndefaults: {data_dir: %s}\nruns:\n  - {batch_size: 4, checkpointing: full, passes: %s}\n' \
+  "$data_dir" "$passes" > "$study/matrix.yaml"
 "${clean[@]}" "$bin/heptstudy" study run --matrix "$study/matrix.yaml" --out "$study/out" \
   --no-aggregate --no-progress
 cp "$study/out/checkpointed_b4.json" "$out/study_run.json"
@@ -27,7 +29,7 @@ rm -rf "$study"
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-rows = ["entry point\treport name\tallocator\tsettings\tapplied (mallopt)\tminor faults per counted step\tmean step s"]
+rows = ["entry point\treport name\tallocator\tsettings\tapplied (mallopt)\tminor faults per counted step\tmean\tmean step s"]
 for name in ("papermill", "bench", "study_run"):
     r = json.loads((out / f"{name}.json").read_text())
     env, counted = r["environment"], [s for s in r["steps"] if s["counted"]]
@@ -35,7 +37,7 @@ for name in ("papermill", "bench", "study_run"):
     rows.append("\t".join(map(str, [
         name, r["name"], env["allocator"], json.dumps(env["allocator_settings"], sort_keys=True),
         json.dumps(env.get("allocator_applied"), sort_keys=True),
-        round(sum(faults) / len(faults)), round(r["summary"]["mean_step_time_s"], 2)])))
+        " / ".join(map(str, faults)), round(sum(faults) / len(faults)), round(r["summary"]["mean_step_time_s"], 2)])))
 (out / "summary.tsv").write_text("\n".join(rows) + "\n")
 print("\n".join(rows))
 PY

@@ -158,43 +158,46 @@ def apply_allocator(settings: Mapping[str, str]) -> AllocatorState:
     return AllocatorState(state.name, state.settings, {**(state.applied or {}), **applied})
 
 
-def fault_in_heap_pad() -> int:
-    """Touch part of the heap's top pad once and give it back to the heap: the bytes touched (0
-    when the settings in effect keep no padded heap). Call it between the warm-up and the counted
-    steps.
+#: ``madvise`` advice that maps the pages of a range writable without changing them (Linux 5.14+).
+_MADV_POPULATE_WRITE = 23
 
-    With the heap kept (high trim and mmap thresholds) and padded (``MALLOC_TOP_PAD_``), a counted
-    step that reaches above the process's earlier high-water mark still pays the first touch of
-    every new page: the kernel maps a page on first use, not when the heap grows. How many such
-    pages a step meets depends on what the process allocated before (a notebook's kernel, a bench
-    process and a study run differ), not on the measurement. Touching half the pad after the
-    warm-up gives every entry point the same mapped headroom. Half, so that the freed block and
-    the pad together stay below the trim threshold and glibc keeps them. Measured on the
-    full-size model it is not enough: the counted steps of the three entry points still fault
-    from 9 to 37,000 pages (experiments/allocator_entry_points/)."""
+
+def _heap_range() -> tuple[int, int] | None:
+    """The address range of this process's heap (``[heap]`` in ``/proc/self/maps``), if any."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if line.rstrip().endswith("[heap]"):
+                    start, end = line.split()[0].split("-")
+                    return int(start, 16), int(end, 16)
+    except OSError:
+        pass
+    return None
+
+
+def populate_heap() -> int:
+    """Map every page of the heap now: the heap's bytes, or 0 when the allocator runs as it comes
+    (it hands freed memory back, so there is nothing to keep mapped) or this cannot be done (no
+    ``[heap]``, a kernel older than 5.14). Call it between the warm-up and the counted steps.
+
+    With the heap kept and padded, a page the allocator holds is still mapped by the kernel only
+    on its first touch: a counted step that reuses a free chunk the warm-up never wrote, or the
+    untouched top pad, pays those faults, and how many depends on the heap's layout, which the
+    entry point shapes (a notebook kernel allocates more before the measurement than a bench
+    process) and which varies from run to run (an earlier touch of a fixed part of the top pad
+    left 9 to 37,000 faults per counted step, ``experiments/allocator_entry_points/``). Mapping
+    the whole heap, every free chunk and the top pad included, leaves no such page whatever the
+    layout. ``MADV_POPULATE_WRITE`` maps without writing, so live data is untouched."""
     state = allocator_in_use()
-    if not state.name.startswith("glibc"):
+    heap = _heap_range()
+    if not state.name.startswith("glibc") or not state.settings or heap is None:
         return 0
-
-    def setting(variable: str) -> int:
-        # the settings in effect, apply_allocator's included, clamped as mallopt takes them
-        value = state.settings.get(variable, "")
-        return min(int(value), _INT_MAX) if value.isdigit() else 0
-
-    pad, trim = setting("MALLOC_TOP_PAD_"), setting("MALLOC_TRIM_THRESHOLD_")
-    size = min(pad, trim - pad) // 2
-    if size <= 0 or setting("MALLOC_MMAP_THRESHOLD_") <= size:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    start, end = heap
+    if libc.madvise(start, end - start, _MADV_POPULATE_WRITE) != 0:
         return 0
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    block = libc.malloc(size)
-    if not block:
-        return 0
-    ctypes.memset(block, 0, size)
-    libc.free(block)
-    return size
+    return end - start
 
 
 def environment_with(settings: Mapping[str, str], base: Mapping[str, str] | None = None):

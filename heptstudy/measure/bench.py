@@ -31,7 +31,7 @@ from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure import report as rp
-from heptstudy.measure.allocator import apply_allocator, fault_in_heap_pad
+from heptstudy.measure.allocator import apply_allocator, populate_heap
 from heptstudy.measure.estimate.plans import predictor_for
 from heptstudy.measure.host_usage import HostUsage
 from heptstudy.measure.memory import make_meter
@@ -267,10 +267,11 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
             timer = StepTimer(device, warmup=warmup)
             state = _fresh(config, device)
             for step in range(len(batches)):
-                if step == warmup and device.type == "cpu" and (touched := fault_in_heap_pad()):
+                if step == warmup and device.type == "cpu" and (mapped := populate_heap()):
                     header["notes"].append(
-                        f"{touched / MIB:.0f} MiB of the heap's top pad touched after the "
-                        "warm-up (a counted step reaching above it still faults its new pages)"
+                        f"the heap's {mapped / MIB:,.0f} MiB mapped after the warm-up, free "
+                        "chunks and top pad included (no counted step faults in a page the "
+                        "allocator already holds)"
                     )
                 clock = make_phase_clock(device)
                 with timer.step(), HostUsage() as usage:
