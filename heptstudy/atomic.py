@@ -93,13 +93,16 @@ class WriteFailed(HeptstudyError):
     """A result could not be written; the message says where it went instead."""
 
 
-def keep_elsewhere(text: str, path: str | os.PathLike, what: str, exc: OSError) -> WriteFailed:
-    """After writing ``text`` to ``path`` failed with ``exc``: keep it in a temporary file
-    (the system's temporary folder, often another file system) or, when that fails too,
-    print it to stdout; returns the error to raise, saying where it could not go and where
-    it is."""
+def write_text_or_keep(path: str | os.PathLike, text: str, what: str) -> Path:
+    """:func:`atomic_write_text`; when the disk refuses (full, quota, file size limit, any
+    OSError) the text is kept in a temporary file (the system's temporary folder, often another
+    file system) or, when that fails too, printed to stdout, and :class:`WriteFailed` says where
+    it could not go and where it is."""
+    try:
+        return atomic_write_text(path, text)
+    except OSError as exc:
+        error = exc
     name = Path(path).name or "result"
-    kept: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f"heptstudy-kept-{name}.", suffix=".txt")
         try:
@@ -119,20 +122,11 @@ def keep_elsewhere(text: str, path: str | os.PathLike, what: str, exc: OSError) 
         print(f"----- {what} (could not be written to {path}) -----\n{text}", end="")
         print(f"----- end of {what} -----", flush=True)
         kept = "it is printed above in full, between the ----- lines"
-    return WriteFailed(
-        f"{what} could not be written to {str(path)!r}: {exc.strerror or exc}"
-        f"{f' ({exc.filename})' if getattr(exc, 'filename', None) else ''}; {kept}. Free "
+    raise WriteFailed(
+        f"{what} could not be written to {str(path)!r}: {error.strerror or error}"
+        f"{f' ({error.filename})' if error.filename else ''}; {kept}. Free "
         "space (or raise the quota) and copy it into place, or run again with another output"
-    )
-
-
-def write_text_or_keep(path: str | os.PathLike, text: str, what: str) -> Path:
-    """:func:`atomic_write_text`, and when the disk refuses (full, quota, file size limit, any
-    OSError) :class:`WriteFailed` with the text kept (see :func:`keep_elsewhere`)."""
-    try:
-        return atomic_write_text(path, text)
-    except OSError as exc:
-        raise keep_elsewhere(text, path, what, exc) from None
+    ) from None
 
 
 def free_space_problem(folder: str | os.PathLike, need_bytes: int) -> str | None:

@@ -10,10 +10,10 @@ before writing, so that no other command can replace a committed file.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 from heptstudy.errors import HeptstudyError
+from heptstudy.paths import git
 
 #: The checkout of this package (experiments/, figures/ live there).
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,34 +27,14 @@ class CommittedFolder(HeptstudyError):
 
 def _tracked(folder: Path) -> bool | None:
     """Whether git tracks a file under ``folder``; None without git or outside a checkout."""
-    try:
-        res = subprocess.run(
-            ["git", "ls-files", "--", str(folder)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return None if res.returncode != 0 else bool(res.stdout.strip())
+    out = git("ls-files", "--", str(folder), cwd=ROOT)
+    return None if out is None else bool(out.strip())
 
 
 def _ignored(path: Path) -> bool:
     """Whether git ignores ``path`` (a study's .pending/ and superseded/, experiments/local/):
     nothing written there can change a committed file."""
-    try:
-        res = subprocess.run(
-            ["git", "check-ignore", "-q", "--", str(path)],
-            cwd=ROOT,
-            capture_output=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return res.returncode == 0
+    return git("check-ignore", "-q", "--", str(path), cwd=ROOT) is not None
 
 
 def committed_name(path: str | os.PathLike) -> str | None:

@@ -136,6 +136,28 @@ class _Strict(BaseModel):
         )
 
 
+def check_plan_order(value: list[str] | None) -> list[str] | None:
+    """An ``auto_plan_order``: known plan names, each once, at least one."""
+    known = ("selective", "every2", "every3", "full")
+
+    def ok(name: Any) -> bool:
+        return name in known or (
+            isinstance(name, str)
+            and any(name.startswith(k) and name[len(k) :].isdigit() for k in ("layers", "last"))
+        )
+
+    if value is not None and (
+        not value or len(set(value)) != len(value) or not all(ok(v) for v in value)
+    ):
+        raise PydanticCustomError(
+            "plan_order",
+            "takes each of selective, every2, every3, full, layersK (the first K backbone "
+            "layers) and lastK (the last K) at most once, at least one, cheapest first, not {got}; for example [every2, full]",
+            {"got": as_yaml(value)},
+        )
+    return value
+
+
 class HEPTv2Config(_Strict):
     embedding_dim: int = Field(128, ge=8, description="model dimension of the hit embeddings")
     width: int = Field(512, ge=8, description="hidden width of the input encoders and heads")
@@ -209,10 +231,7 @@ class HEPTv2Config(_Strict):
             )
         return value
 
-    @field_validator("auto_plan_order")
-    @classmethod
-    def _plans_once_each(cls, value: list[str] | None) -> list[str] | None:
-        return check_plan_order(value)
+    _plans_once_each = field_validator("auto_plan_order")(staticmethod(check_plan_order))
 
     @property
     def adaptive(self) -> bool:
@@ -395,28 +414,6 @@ class Config(_Strict):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-def check_plan_order(value: list[str] | None) -> list[str] | None:
-    """An ``auto_plan_order``: known plan names, each once, at least one."""
-    known = ("selective", "every2", "every3", "full")
-
-    def ok(name: Any) -> bool:
-        return name in known or (
-            isinstance(name, str)
-            and any(name.startswith(k) and name[len(k) :].isdigit() for k in ("layers", "last"))
-        )
-
-    if value is not None and (
-        not value or len(set(value)) != len(value) or not all(ok(v) for v in value)
-    ):
-        raise PydanticCustomError(
-            "plan_order",
-            "takes each of selective, every2, every3, full, layersK (the first K backbone "
-            "layers) and lastK (the last K) at most once, at least one, cheapest first, not {got}; for example [every2, full]",
-            {"got": as_yaml(value)},
-        )
-    return value
-
-
 class PlatformConfig(_Strict):
     """Hardware and runtime settings only; the science lives in the scenario."""
 
@@ -451,10 +448,7 @@ class PlatformConfig(_Strict):
         "activation_checkpointing=auto unless model.heptv2.auto_plan_order is set",
     )
 
-    @field_validator("auto_plan_order")
-    @classmethod
-    def _plans_once_each(cls, value: list[str] | None) -> list[str] | None:
-        return check_plan_order(value)
+    _plans_once_each = field_validator("auto_plan_order")(staticmethod(check_plan_order))
 
     @field_validator("name")
     @classmethod
@@ -603,12 +597,9 @@ def load_config(
         merged = merge(*layers)
     except OmegaConfBaseException as err:
         raise ConfigError(f"could not merge configuration: {err}") from None
-    return resolve_paths(validate(merged))
-
-
-def resolve_paths(config: Config) -> Config:
-    """``config`` with its relative paths made absolute (:mod:`heptstudy.paths`): the data
-    directory against the repository, the output folder against the working directory."""
+    config = validate(merged)
+    # relative paths made absolute (heptstudy.paths): the data directory against the
+    # repository, the output folder against the working directory
     config.data.data_dir = str(resolve_in_repo(config.data.data_dir))
     config.train.out_dir = str(resolve_from_cwd(config.train.out_dir))
     return config

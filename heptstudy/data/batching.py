@@ -116,22 +116,19 @@ def neighbourhood_radii(config, ds: ShardedDataset) -> list[float] | None:
     return list(tf.radii) if tf.enabled and ds.is_hits else None
 
 
-def read_event(
-    ds: ShardedDataset, index: int, radii: Sequence[float] | None = None
-) -> dict[str, Any]:
-    """Event ``index`` of ``ds``, with its neighbourhood block when ``radii`` are given."""
-    ev = ds[index]
-    if radii is not None:
-        ev["neighbourhood"] = tracker_neighbourhood(ev["X"], radii)
-    return ev
-
-
 def _read(
     ds: ShardedDataset, indices: Sequence[int], workers: int, radii: Sequence[float] | None
 ) -> list[dict[str, Any]]:
+    """Events ``indices`` of ``ds``, with their neighbourhood block when ``radii`` are given."""
+
     # the features are computed where the event is read, so that worker threads (the k-d tree
     # searches and the ArrayRecord reads release the GIL) share that work too
-    read = functools.partial(read_event, ds, radii=radii)
+    def read(index: int) -> dict[str, Any]:
+        ev = ds[index]
+        if radii is not None:
+            ev["neighbourhood"] = tracker_neighbourhood(ev["X"], radii)
+        return ev
+
     if workers > 0 and len(indices) > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(read, indices))

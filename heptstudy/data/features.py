@@ -35,10 +35,9 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.spatial import cKDTree
 
-#: Nearest-tracker-hit distances at or above this are reported as this value.
+#: Nearest-tracker-hit distances at or above this are reported as this value; also the largest
+#: allowed radius, since the phi wrap-around copies reach this far past the seam.
 NEAREST_CAP = 1.0
-#: Largest allowed radius: the phi wrap-around copies reach this far past the seam.
-MAX_RADIUS = NEAREST_CAP
 TWO_PI = 2 * np.pi
 TRACKER = 1  # elemtype of tracker hits
 ETA, SIN_PHI, COS_PHI, POS_X, POS_Y = 2, 3, 4, 6, 7
@@ -52,8 +51,8 @@ def hit_phi(X: np.ndarray) -> np.ndarray:
 def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
     """The ``[N, len(radii) + 3]`` float32 neighbourhood block of the hits ``X [N, 15]``."""
     radii = [float(r) for r in radii]
-    if not radii or min(radii) <= 0 or max(radii) > MAX_RADIUS:
-        raise ValueError(f"radii must lie in (0, {MAX_RADIUS}], got {radii}")
+    if not radii or min(radii) <= 0 or max(radii) > NEAREST_CAP:
+        raise ValueError(f"radii must lie in (0, {NEAREST_CAP}], got {radii}")
     X = np.asarray(X)
     n, k = len(X), len(radii)
     out = np.zeros((n, k + 3), dtype=np.float32)

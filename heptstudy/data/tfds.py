@@ -32,6 +32,7 @@ PF_NAME = "cld_edm_ttbar_pf"
 X_WIDTH = {HITS_NAME: len(HIT_FEATURES), PF_NAME: len(PF_FEATURES)}
 Y_WIDTH = len(TARGET_COLUMNS)
 FEATURE_KEYS = ("X", "ytarget", "ycand", "genmet", "genjets", "targetjets")
+EVENTS_PER_SHARD = 256
 assert tuple(CLASS_PDG_IDS) == (0, 211, 130, 22, 11, 13)
 
 
@@ -82,8 +83,7 @@ class ArrayRecordDatasetWriter:
         config: str,
         split_sizes: Mapping[str, int],
         metadata: Mapping[str, Any],
-        description: str = "",
-        events_per_shard: int = 256,
+        description: str,
     ) -> None:
         import tensorflow_datasets as tfds
 
@@ -108,7 +108,7 @@ class ArrayRecordDatasetWriter:
         self._tfds = tfds
         self._plan = {}
         for split, n in split_sizes.items():
-            n_shards = max(1, -(-int(n) // events_per_shard))
+            n_shards = max(1, -(-int(n) // EVENTS_PER_SHARD))
             bounds = np.linspace(0, int(n), n_shards + 1).astype(int)
             self._plan[split] = {
                 "n": int(n),
@@ -121,10 +121,6 @@ class ArrayRecordDatasetWriter:
 
     def _path(self, split: str, shard: int, n_shards: int) -> Path:
         return self.tmp / f"{self.name}-{split}.array_record-{shard:05d}-of-{n_shards:05d}"
-
-    def add(self, split: str, example: Mapping[str, Any]) -> None:
-        """Serialise ``example`` with the feature dictionary and append it to ``split``."""
-        self.add_serialized(split, self.features.serialize_example(example))
 
     def add_serialized(self, split: str, data: bytes) -> None:
         """Append an example already serialised with :func:`features_dict` ``(name)``."""
@@ -197,11 +193,6 @@ class ArrayRecordDatasetWriter:
             raise fault
         info.write_to_directory(self.tmp)
         return self.final
-
-    def close(self) -> Path:
-        """:meth:`finish` and :meth:`publish`: the data set in place."""
-        self.finish()
-        return self.publish()
 
     def publish(self) -> Path:
         """Rename the finished data set into place (atomic: it appears whole)."""
@@ -296,10 +287,10 @@ class ShardedDataset:
         split: str,
         metadata: dict[str, Any],
         x_width: int,
-        files: Sequence[Sequence[tuple[Path, int]]] | None = None,
+        files: Sequence[Sequence[tuple[Path, int]]],
     ) -> None:
         self._sources = list(sources)
-        self._files = [list(f) for f in files] if files is not None else None
+        self._files = [list(f) for f in files]
         self.shard_names = list(shard_names)
         self.name = name
         self.split = split
@@ -367,7 +358,7 @@ class ShardedDataset:
     def _unreadable(self, shard: int, local: int, err: Exception) -> DataError:
         where, folder = f"{self.name}/{self.shard_names[shard]} {self.split}", "its folder"
         position = local
-        for path, count in self._files[shard] if self._files else []:
+        for path, count in self._files[shard]:
             if position < count:
                 where, folder = f"file {str(path)!r}", repr(str(path.parent))
                 break

@@ -32,20 +32,16 @@ class DistContext:
         return self.world_size > 1
 
 
-def pick_device(local_rank: int = 0) -> torch.device:
-    if torch.cuda.is_available():  # ROCm builds report through torch.cuda too
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-def setup(device: torch.device | None = None) -> DistContext:
+def setup() -> DistContext:
     """Join the process group when launched by torchrun (WORLD_SIZE > 1): gloo on CPU, nccl on
     CUDA and ROCm (RCCL answers to the same name)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    dev = device or pick_device(local)
+    dev = torch.device("cpu")
+    if torch.cuda.is_available():  # ROCm builds report through torch.cuda too
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     return DistContext(rank=rank, world_size=world, local_rank=local, device=dev)

@@ -213,10 +213,7 @@ def restore_training_state(state: dict[str, Any], path, *, model, optimizer, sch
         ("loader", loader),
     ):
         try:
-            if name == "model":
-                target.load_state_dict(state[name], strict=True)
-            else:
-                target.load_state_dict(state[name])
+            target.load_state_dict(state[name])  # strict for the model: its default
         except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as err:
             raise TrainingStateError(
                 f"--resume {str(path)!r}: its {name!r} state does not fit this run "

@@ -27,7 +27,7 @@ def cluster_jets(p4: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pj = fj.PseudoJet(float(px), float(py), float(pz), float(e))
         pj.set_user_index(i)
         pjs.append(pj)
-    cs = fj.ClusterSequence(pjs, _jet_definition())
+    cs = fj.ClusterSequence(pjs, fj.JetDefinition(fj.ee_genkt_algorithm, JET_R, -1.0))
     jets = fj.sorted_by_E(cs.inclusive_jets(JET_PTMIN))
     out = np.zeros((len(jets), 4), np.float32)
     for j, jet in enumerate(jets):
@@ -55,9 +55,3 @@ def fastjet_module():
         os.dup2(saved, 1)
         os.close(saved)
     return fastjet
-
-
-@functools.cache
-def _jet_definition():
-    fj = fastjet_module()
-    return fj.JetDefinition(fj.ee_genkt_algorithm, JET_R, -1.0)
