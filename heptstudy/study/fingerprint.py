@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from heptstudy.paths import git
@@ -161,14 +160,3 @@ def mismatches(report, identity: dict[str, Any]) -> list[str]:
         for what, (got, want) in found.items()
         if got != want
     ]
-
-
-def stored_fingerprint(path: Path) -> tuple[Any, str | None]:
-    """(the report, its fingerprint) of a report file; (None, None) when it cannot be read."""
-    from heptstudy.measure.report import ReportError, read_report
-
-    try:
-        report = read_report(path)
-    except ReportError:
-        return None, None
-    return report, report.fingerprint
