@@ -165,23 +165,18 @@ def reports_frame(reports) -> Any:
     return pd.DataFrame(rows, columns=columns if not rows else None)
 
 
-def _first_round(df) -> Any:
-    """The first round of the platform's allocator line (all rows of frames without them)."""
-    keep = df["kind"].notna()
-    if "round" in df.columns:
-        keep &= df["round"].fillna(1) == 1
-    if "allocator_line" in df.columns:
-        keep &= df["allocator_line"].fillna("platform") == "platform"
-    return df[keep]
-
-
 def memory_frame(df) -> Any:
     """Successful memory runs of the first round with the platform's allocator, sorted by batch
     size then checkpointing."""
     if df.empty:
         return df
-    ok = _first_round(df)
-    ok = ok[(ok["kind"] == MEMORY) & (ok["status"] == "ok")]
+    # frames without round or allocator line columns: all their rows
+    keep = (df["kind"] == MEMORY) & (df["status"] == "ok")
+    if "round" in df.columns:
+        keep &= df["round"].fillna(1) == 1
+    if "allocator_line" in df.columns:
+        keep &= df["allocator_line"].fillna("platform") == "platform"
+    ok = df[keep]
     return ok.sort_values(["batch_size", "checkpointing"]).reset_index(drop=True)
 
 
