@@ -111,7 +111,7 @@ def _study_fit(runs, reports, **request) -> tuple[Any, str]:
         return None, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
 
 
-def platform_predictions(runs, reports=(), platforms=PLATFORMS) -> tuple[Any, Any, list[str]]:
+def platform_predictions(runs, reports=()) -> tuple[Any, Any, list[str]]:
     """The fit's answer for the recipe's per-device batch on each platform profile, on the data
     of the reports: ``(figure, table, skipped)``; figure and table ``None`` when no platform
     could be answered. Only measured (from ``reports``) or stored (``configs/fit``) memory models
@@ -121,7 +121,7 @@ def platform_predictions(runs, reports=(), platforms=PLATFORMS) -> tuple[Any, An
     from heptstudy.fitting.plots import peak_vs_longest_figure
 
     results, rows, skipped = {}, [], []
-    for name in platforms:
+    for name in PLATFORMS:
         result, why = _study_fit(runs, reports, platform=name)
         if why:
             skipped.append(f"{name}: {why}")

@@ -32,7 +32,7 @@ from heptstudy.atomic import atomic_path, atomic_write_text
 from heptstudy.errors import HeptstudyError
 from heptstudy.locks import holding
 from heptstudy.names import inside
-from heptstudy.study.common import NOTEBOOKS, StudyError, notebooks_dir, project_root
+from heptstudy.study.common import NOTEBOOKS, StudyError, project_root
 from heptstudy.study.matrix import Matrix, Run, load_matrix
 from heptstudy.study.outputs import (
     PENDING,
@@ -325,7 +325,7 @@ def run_one(
     nb_pending.parent.mkdir(parents=True, exist_ok=True)
     pending.parent.mkdir(parents=True, exist_ok=True)
     parameters = {**ex.parameters, "output": shown(pending)}
-    notebook = notebooks_dir() / NOTEBOOKS[ex.run.notebook]
+    notebook = project_root() / "notebooks" / NOTEBOOKS[ex.run.notebook]
     t0 = time.perf_counter()
     message = why
     try:
@@ -472,7 +472,8 @@ def aggregate_study(
     }
     figures = Path(figures_dir).resolve()
     before = _aggregate_outputs(out, figures)
-    _papermill(notebooks_dir() / "aggregate.ipynb", executed, parameters, timeout, project_root())
+    notebook = project_root() / "notebooks" / "aggregate.ipynb"
+    _papermill(notebook, executed, parameters, timeout, project_root())
     html = render_html(executed, out / "report.html")
     _move_aside_unwritten(out, before)
     return html
