@@ -109,17 +109,9 @@ def _failure_report(
     from heptstudy.measure import report as rp
     from heptstudy.measure.allocator import AllocatorState, allocator_in_use
     from heptstudy.measure.bench import report_header
-    from heptstudy.measure.request import MeasurementRequest
 
-    m = (
-        measurement
-        or MeasurementRequest.build(
-            kind=run.notebook,
-            **run.parameters,
-            output=str(report_path),
-            progress=False,
-        ).resolve()
-    )
+    parameters = {**run.parameters, "output": str(report_path)}
+    m = measurement or run.request(progress=False, parameters=parameters).resolve()
     # a cell's exception arrives as its class name (papermill's ename), others as themselves
     ename = getattr(err, "ename", type(err).__name__)
     evalue = getattr(err, "evalue", str(err))
