@@ -338,19 +338,14 @@ def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = No
 # --------------------------------------------------------------------------------------------
 
 
-def _event_arrays(batch, event: int = 0):
+def event_hits(batch, event: int = 0, synthetic: bool | None = None, ax=None) -> Any:
+    """One event's hits in (eta, phi), coloured by the particle that made them (grey: none)."""
     from heptstudy.model.heptv2 import hit_coordinates
 
+    fig, ax = _ax(ax, (8, 5.5))
     n = int(batch["length"][event])
     coords = hit_coordinates(batch["X"][event : event + 1])[0, :n].cpu().numpy()
     owner = batch["ytarget"][event, :n, 13].cpu().numpy().astype(int)  # particle_number; 0: none
-    return coords, owner, n
-
-
-def event_hits(batch, event: int = 0, synthetic: bool | None = None, ax=None) -> Any:
-    """One event's hits in (eta, phi), coloured by the particle that made them (grey: none)."""
-    fig, ax = _ax(ax, (8, 5.5))
-    coords, owner, n = _event_arrays(batch, event)
     none = owner == 0
     ax.scatter(coords[none, 0], coords[none, 1], s=2, c="0.8", label="no particle", rasterized=True)
     rng = np.random.default_rng(0)
@@ -603,12 +598,14 @@ def overhead_spread_figure(over, tag: str = "", ax=None) -> Any:
     (``study.overhead_frame``): bars at the median over the study's rounds, error bars from the
     smallest to the largest round; one group per batch size, one bar per policy and allocator
     line (the allocator as it comes hatched)."""
+    import matplotlib.pyplot as plt
+
     fig, ax = _ax(ax, (max(7.5, 0.7 * len(over) + 3), 5.0))
     rows = over.sort_values(["batch_size", "allocator_line", "policy"], kind="stable")
     series = list(dict.fromkeys(zip(rows["allocator_line"], rows["policy"], strict=True)))
     batches = sorted(rows["batch_size"].unique())
     width = 0.8 / max(len(series), 1)
-    colors = plt_colors(len(series))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     for j, (line, policy) in enumerate(series):
         part = rows[(rows["allocator_line"] == line) & (rows["policy"] == policy)]
         xs = np.array([batches.index(b) for b in part["batch_size"]], dtype=float)
@@ -623,7 +620,7 @@ def overhead_spread_figure(over, tag: str = "", ax=None) -> Any:
             width,
             yerr=np.vstack([lo, hi]),
             capsize=3,
-            color=colors[j],
+            color=cycle[j % len(cycle)],
             hatch="//" if line != "platform" else None,
             label=label,
         )
@@ -644,11 +641,3 @@ def overhead_spread_figure(over, tag: str = "", ax=None) -> Any:
     ax.set_ylabel("step-time overhead against off [%]\nmedian, bars: min-max over rounds (n)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     return _finish(fig, ax, tag)
-
-
-def plt_colors(n: int) -> list:
-    """``n`` distinct colours of the current style's cycle (repeating when it is shorter)."""
-    import matplotlib.pyplot as plt
-
-    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    return [cycle[i % len(cycle)] for i in range(n)]

@@ -21,10 +21,6 @@ def project_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def notebooks_dir() -> Path:
-    return project_root() / "notebooks"
-
-
 def at_project_root() -> Path:
     """In JupyterLab the kernel starts in ``notebooks/``; move to the project root so that the
     relative paths of the study (``data/tfds``, ``experiments/``, ``figures/``) mean the same as

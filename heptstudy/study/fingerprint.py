@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from heptstudy.paths import git
@@ -48,22 +47,19 @@ _CODE = (":(top)heptstudy", ":(top)notebooks", ":(top)configs", ":(top)pyproject
 @lru_cache(maxsize=1)
 def code_state() -> dict[str, Any]:
     """The commit, and a hash of what differs from it in the code (None when clean)."""
-    commit = git("rev-parse", "HEAD", cwd=project_root())
+    root = project_root()
+    commit = git("rev-parse", "HEAD", cwd=root)
     if commit is None:
         return {"git_commit": None, "changes": None}
-    diff = git("diff", "HEAD", "--", *_CODE, cwd=project_root()) or ""
+    diff = git("diff", "HEAD", "--", *_CODE, cwd=root) or ""
+    new = (git("ls-files", "--others", "--exclude-standard", "--", *_CODE, cwd=root) or "").split()
     h = hashlib.sha256(diff.encode())
-    for name in sorted(
-        (
-            git("ls-files", "--others", "--exclude-standard", "--", *_CODE, cwd=project_root())
-            or ""
-        ).split()
-    ):
+    for name in sorted(new):
         try:
-            h.update(name.encode() + b"\0" + (project_root() / name).read_bytes())
+            h.update(name.encode() + b"\0" + (root / name).read_bytes())
         except OSError:
             h.update(name.encode() + b"\0<unreadable>")
-    changed = bool(diff) or h.digest() != hashlib.sha256(b"").digest()
+    changed = bool(diff or new)
     return {"git_commit": commit.strip(), "changes": h.hexdigest()[:20] if changed else None}
 
 
@@ -161,14 +157,3 @@ def mismatches(report, identity: dict[str, Any]) -> list[str]:
         for what, (got, want) in found.items()
         if got != want
     ]
-
-
-def stored_fingerprint(path: Path) -> tuple[Any, str | None]:
-    """(the report, its fingerprint) of a report file; (None, None) when it cannot be read."""
-    from heptstudy.measure.report import ReportError, read_report
-
-    try:
-        report = read_report(path)
-    except ReportError:
-        return None, None
-    return report, report.fingerprint

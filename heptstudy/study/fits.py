@@ -92,9 +92,9 @@ def _data_dir(runs) -> str | None:
 
 def _study_fit(runs, reports, **request) -> tuple[Any, str]:
     """``heptstudy fit`` on the study's data with its successful memory reports, measured or
-    stored models only (estimating one on a fake device takes too long for the report):
-    ``(result, "")``, or ``(None, why)`` when it fails, so the report skips it with its first
-    line. ``request``: the other :class:`~heptstudy.fitting.FitRequest` fields."""
+    stored (``configs/fit``) models only (estimating one on a fake device takes too long for the
+    report): ``(result, "")``, or ``(None, why)`` when it fails, so the report skips it with its
+    first line. ``request``: the other :class:`~heptstudy.fitting.FitRequest` fields."""
     from heptstudy.fitting import FitRequest, fit
 
     try:
@@ -111,17 +111,16 @@ def _study_fit(runs, reports, **request) -> tuple[Any, str]:
         return None, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
 
 
-def platform_predictions(runs, reports=(), platforms=PLATFORMS) -> tuple[Any, Any, list[str]]:
+def platform_predictions(runs, reports=()) -> tuple[Any, Any, list[str]]:
     """The fit's answer for the recipe's per-device batch on each platform profile, on the data
-    of the reports: ``(figure, table, skipped)``; figure and table ``None`` when no platform
-    could be answered. Only measured (from ``reports``) or stored (``configs/fit``) memory models
-    are used: estimating one on a fake device takes too long for the report."""
+    of the reports (measured or stored models only, see :func:`_study_fit`): ``(figure, table,
+    skipped)``; figure and table ``None`` when no platform could be answered."""
     import pandas as pd
 
     from heptstudy.fitting.plots import peak_vs_longest_figure
 
     results, rows, skipped = {}, [], []
-    for name in platforms:
+    for name in PLATFORMS:
         result, why = _study_fit(runs, reports, platform=name)
         if why:
             skipped.append(f"{name}: {why}")

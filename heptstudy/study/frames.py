@@ -43,39 +43,30 @@ def policy_labels(df) -> Any:
 def load_reports(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
     """Every ``*.json`` report directly in ``experiments_dir`` (sorted by name). Files that are
     not valid reports are skipped with a warning, so one bad file does not hide the others."""
-    import warnings
-
-    from heptstudy.measure.report import ReportError, read_report
-
-    found = []
-    for path in sorted(Path(experiments_dir).glob("*.json")):
-        try:
-            found.append((path, read_report(path)))
-        except ReportError as err:
-            warnings.warn(f"skipped {path.name}: {_why(err)}", stacklevel=2)
-    return found
-
-
-def _why(err: Exception) -> str:
-    """A refused report's reason on one line: the file and the fields named."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return "; ".join(lines[:5])
+    return _read_reports(sorted(Path(experiments_dir).glob("*.json")))
 
 
 def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
     """Every report of a study folder: the first round (as :func:`load_reports`), the repeated
     rounds (``repeats/``) and the runs with the default allocator (``default_allocator/``)."""
+    from heptstudy.study.schedule import report_files
+
+    return _read_reports(report_files(Path(experiments_dir)))
+
+
+def _read_reports(paths) -> list[tuple[Path, Any]]:
     import warnings
 
     from heptstudy.measure.report import ReportError, read_report
-    from heptstudy.study.schedule import report_files
 
     found = []
-    for path in report_files(Path(experiments_dir)):
+    for path in paths:
         try:
             found.append((path, read_report(path)))
         except ReportError as err:
-            warnings.warn(f"skipped {path.name}: {_why(err)}", stacklevel=2)
+            # a refused report's reason on one line: the file and the fields named
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            warnings.warn(f"skipped {path.name}: {'; '.join(lines[:5])}", stacklevel=3)
     return found
 
 
@@ -102,25 +93,19 @@ def host_usage_of(report) -> dict[str, float | None]:
     }
 
 
-def _line_and_round(path: Path) -> tuple[str, int]:
-    from heptstudy.study.schedule import locate
-
-    allocator, _, round_ = locate(Path(*path.parts[-3:]))
-    return allocator, round_
-
-
 def reports_frame(reports) -> Any:
     """One row per report: what ran, where, its status and its summary numbers, the round of
     the study it belongs to and the allocator line (``platform`` or ``default``)."""
     import pandas as pd
 
     from heptstudy.measure.allocator import allocator_label
+    from heptstudy.study.schedule import locate
 
     rows = []
     for path, r in reports:
         s = r.summary
         counted = [st for st in r.steps if st.counted]
-        line, round_ = _line_and_round(Path(path))
+        line, _, round_ = locate(Path(*Path(path).parts[-3:]))
         rows.append(
             {
                 "file": path.name,
@@ -180,23 +165,18 @@ def reports_frame(reports) -> Any:
     return pd.DataFrame(rows, columns=columns if not rows else None)
 
 
-def _first_round(df) -> Any:
-    """The first round of the platform's allocator line (all rows of frames without them)."""
-    keep = df["kind"].notna()
-    if "round" in df.columns:
-        keep &= df["round"].fillna(1) == 1
-    if "allocator_line" in df.columns:
-        keep &= df["allocator_line"].fillna("platform") == "platform"
-    return df[keep]
-
-
 def memory_frame(df) -> Any:
     """Successful memory runs of the first round with the platform's allocator, sorted by batch
     size then checkpointing."""
     if df.empty:
         return df
-    ok = _first_round(df)
-    ok = ok[(ok["kind"] == MEMORY) & (ok["status"] == "ok")]
+    # frames without round or allocator line columns: all their rows
+    keep = (df["kind"] == MEMORY) & (df["status"] == "ok")
+    if "round" in df.columns:
+        keep &= df["round"].fillna(1) == 1
+    if "allocator_line" in df.columns:
+        keep &= df["allocator_line"].fillna("platform") == "platform"
+    ok = df[keep]
     return ok.sort_values(["batch_size", "checkpointing"]).reset_index(drop=True)
 
 

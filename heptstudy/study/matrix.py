@@ -134,9 +134,7 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         if misplaced:
             raise StudyError(f"{where}: {sorted(misplaced)} do not apply to {notebook}.ipynb")
         params = {k: v for k, v in {**defaults, **entry}.items() if k in keys}
-        if (
-            "overrides" in defaults and "overrides" in entry
-        ):  # a run's overrides add to the defaults'
+        if "overrides" in defaults and "overrides" in entry:  # a run's add to the defaults'
             params["overrides"] = _overrides(defaults, where) + _overrides(entry, where)
         run = Run(
             name="",

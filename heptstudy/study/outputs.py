@@ -146,16 +146,14 @@ class Superseded:
         self.folder = out / SUPERSEDED / stamp
         self.moved: list[Path] = []
 
-    def move_aside(self, path: Path) -> Path | None:
-        """Move ``path`` (inside the study folder) to the same place under the superseded
-        folder; None when there is nothing to move."""
-        if not path.exists():
-            return None
-        target = self.folder / path.relative_to(self.out)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(path), str(target))
-        self.moved.append(target)
-        return target
+    def move_aside(self, path: Path) -> None:
+        """Move ``path`` (inside the study folder), if it exists, to the same place under the
+        superseded folder."""
+        if path.exists():
+            target = self.folder / path.relative_to(self.out)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(path), str(target))
+            self.moved.append(target)
 
 
 def replace_with_pending(pending: Path, final: Path, superseded: Superseded) -> None:

@@ -32,7 +32,7 @@ from heptstudy.atomic import atomic_path, atomic_write_text
 from heptstudy.errors import HeptstudyError
 from heptstudy.locks import holding
 from heptstudy.names import inside
-from heptstudy.study.common import NOTEBOOKS, StudyError, notebooks_dir, project_root
+from heptstudy.study.common import NOTEBOOKS, StudyError, project_root
 from heptstudy.study.matrix import Matrix, Run, load_matrix
 from heptstudy.study.outputs import (
     PENDING,
@@ -109,17 +109,9 @@ def _failure_report(
     from heptstudy.measure import report as rp
     from heptstudy.measure.allocator import AllocatorState, allocator_in_use
     from heptstudy.measure.bench import report_header
-    from heptstudy.measure.request import MeasurementRequest
 
-    m = (
-        measurement
-        or MeasurementRequest.build(
-            kind=run.notebook,
-            **run.parameters,
-            output=str(report_path),
-            progress=False,
-        ).resolve()
-    )
+    parameters = {**run.parameters, "output": str(report_path)}
+    m = measurement or run.request(progress=False, parameters=parameters).resolve()
     # a cell's exception arrives as its class name (papermill's ename), others as themselves
     ename = getattr(err, "ename", type(err).__name__)
     evalue = getattr(err, "evalue", str(err))
@@ -185,12 +177,6 @@ class Prepared:
     measurement: Any  # heptstudy.measure.request.Measurement
     fingerprint: str
     identity: dict[str, Any]
-
-    @property
-    def kernel_allocator(self) -> dict[str, str] | None:
-        """The allocator variables the kernel starts with: none for ``allocator: default``;
-        None (inherited) otherwise, since the measurement applies its settings itself."""
-        return {} if self.execution.allocator == DEFAULT else None
 
 
 @contextlib.contextmanager
@@ -258,11 +244,14 @@ def _kernel_started_with(allocator: dict[str, str] | None):
 def _resumable(path: Path, prep: Prepared) -> tuple[bool, str]:
     """Whether the report at ``path`` is this run's result (resume it), and why (not): it
     holds a result, carries the run's fingerprint and says it measured what the run asks."""
-    from heptstudy.study.fingerprint import mismatches, stored_fingerprint
+    from heptstudy.measure.report import ReportError, read_report
+    from heptstudy.study.fingerprint import mismatches
 
-    report, stored = stored_fingerprint(path)
-    if report is None:
+    try:
+        report = read_report(path)
+    except ReportError:
         return False, "its report cannot be read: measuring again"
+    stored = report.fingerprint
     if report.status == "error":
         return False, "its report is an error: measuring again"
     host = report.environment.hostname
@@ -328,11 +317,13 @@ def run_one(
     nb_pending.parent.mkdir(parents=True, exist_ok=True)
     pending.parent.mkdir(parents=True, exist_ok=True)
     parameters = {**ex.parameters, "output": shown(pending)}
-    notebook = notebooks_dir() / NOTEBOOKS[ex.run.notebook]
+    notebook = project_root() / "notebooks" / NOTEBOOKS[ex.run.notebook]
     t0 = time.perf_counter()
     message = why
     try:
-        with _kernel_started_with(prep.kernel_allocator):
+        # no allocator variable for ``allocator: default``; otherwise the kernel inherits this
+        # process's environment, since the measurement applies its settings itself
+        with _kernel_started_with({} if ex.allocator == DEFAULT else None):
             _papermill(notebook, nb_pending, parameters, timeout, project_root())
     except Exception as err:  # noqa: BLE001 - an OOM or a dead kernel is a result, not a crash
         if pending.exists():  # the notebook wrote its report, then something later failed
@@ -380,6 +371,8 @@ def run_study(
     ``out_dir``: the study folder (default ``experiments/local/<host>-<date>``); ``reference``
     writes the committed reference study of that name instead. ``data_dir`` replaces the
     matrix's default data directory."""
+    from tqdm.auto import tqdm
+
     matrix = load_matrix(matrix_path, data_dir=str(data_dir) if data_dir else None)
     folders = study_folders(out_dir, figures_dir, reference)
     prepared = prepare(matrix)
@@ -387,52 +380,38 @@ def run_study(
     check_writable(out, out / "notebooks", out / PENDING, folders.figures)
     # one study at a time in a folder: a second one would move the first one's results aside
     with holding(out, "study folder (--out)"):
-        return _run_prepared(matrix, folders, prepared, force, progress, aggregate)
-
-
-def _run_prepared(
-    matrix: Matrix,
-    folders: StudyFolders,
-    prepared: list[Prepared],
-    force: bool,
-    progress: bool,
-    aggregate: bool,
-) -> StudyRun:
-    from tqdm.auto import tqdm
-
-    out = folders.out
-    superseded = Superseded(out)
-    done = StudyRun(folders)
-    foreign = _move_aside_foreign(out, prepared, superseded)
-    if foreign:
-        print(
-            f"moved {len(foreign)} report(s) of runs not in this matrix to "
-            f"{shown(superseded.folder)}/: {', '.join(foreign)}"
+        superseded = Superseded(out)
+        done = StudyRun(folders)
+        foreign = _move_aside_foreign(out, prepared, superseded)
+        if foreign:
+            print(
+                f"moved {len(foreign)} report(s) of runs not in this matrix to "
+                f"{shown(superseded.folder)}/: {', '.join(foreign)}"
+            )
+        copy = out / "matrix.yaml"
+        text = matrix.path.read_text()
+        if copy.exists() and copy.read_text() != text:
+            superseded.move_aside(copy)
+        atomic_write_text(copy, text)
+        bar = tqdm(
+            prepared, desc=f"study {matrix.name}", unit="run", disable=not progress, file=sys.stdout
         )
-    copy = out / "matrix.yaml"
-    text = matrix.path.read_text()
-    if copy.exists() and copy.read_text() != text:
-        superseded.move_aside(copy)
-    atomic_write_text(copy, text)
-    bar = tqdm(
-        prepared, desc=f"study {matrix.name}", unit="run", disable=not progress, file=sys.stdout
-    )
-    for prep in bar:
-        bar.set_postfix_str(prep.execution.label)
-        result = run_one(prep, out, superseded, force=force, timeout=matrix.cell_timeout_s)
-        done.results.append(result)
-        line = f"{result.label:<44} {result.status:<8}"
-        line += f" {result.seconds:7.1f} s" if result.status != "skipped" else ""
-        line += f"  {result.message}" if result.message else ""
-        (bar.write if progress else print)(line)
-    bar.close()
-    _remove_empty(out / PENDING)
-    if aggregate:
-        done.report_html = aggregate_study(
-            out, folders.figures, matrix=matrix, timeout=matrix.cell_timeout_s
-        )
-    done.superseded = superseded.folder if superseded.moved else None
-    return done
+        for prep in bar:
+            bar.set_postfix_str(prep.execution.label)
+            result = run_one(prep, out, superseded, force=force, timeout=matrix.cell_timeout_s)
+            done.results.append(result)
+            line = f"{result.label:<44} {result.status:<8}"
+            line += f" {result.seconds:7.1f} s" if result.status != "skipped" else ""
+            line += f"  {result.message}" if result.message else ""
+            (bar.write if progress else print)(line)
+        bar.close()
+        _remove_empty(out / PENDING)
+        if aggregate:
+            done.report_html = aggregate_study(
+                out, folders.figures, matrix=matrix, timeout=matrix.cell_timeout_s
+            )
+        done.superseded = superseded.folder if superseded.moved else None
+        return done
 
 
 def _move_aside_foreign(out: Path, prepared: list[Prepared], superseded: Superseded) -> list[str]:
@@ -485,7 +464,8 @@ def aggregate_study(
     }
     figures = Path(figures_dir).resolve()
     before = _aggregate_outputs(out, figures)
-    _papermill(notebooks_dir() / "aggregate.ipynb", executed, parameters, timeout, project_root())
+    notebook = project_root() / "notebooks" / "aggregate.ipynb"
+    _papermill(notebook, executed, parameters, timeout, project_root())
     html = render_html(executed, out / "report.html")
     _move_aside_unwritten(out, before)
     return html
