@@ -46,10 +46,6 @@ ALLOCATED_TOLERANCE, RESERVED_TOLERANCE = 0.05, 0.10
 class ValidationRequest:
     evidence: Path = EVIDENCE
     commit: str = COMMIT
-    out_dir: Path | None = None
-    events_train: int = EVENTS_TRAIN
-    events_test: int = EVENTS_TEST
-    seed: int = SEED
     reports: tuple[str, ...] = ()  # report file names; empty: every memory report
 
 
@@ -132,8 +128,8 @@ def validate(request: ValidationRequest, progress=print) -> dict:
             progress(f"generating the evidence's data with {sha[:7]}'s generator ...")
             _run(
                 [sys.executable, "-m", "heptstudy.cli", "data", "generate"]
-                + ["--data-dir", str(data_dir), "--events-train", str(request.events_train)]
-                + ["--events-test", str(request.events_test), "--seed", str(request.seed)]
+                + ["--data-dir", str(data_dir), "--events-train", str(EVENTS_TRAIN)]
+                + ["--events-test", str(EVENTS_TEST), "--seed", str(SEED)]
                 + ["--no-progress"],
                 {**os.environ, "PYTHONPATH": str(checkout)},
                 f"data generate at {sha[:7]}",
@@ -165,9 +161,9 @@ def validate(request: ValidationRequest, progress=print) -> dict:
         "estimator_commit": _head(),
         "evidence": str(request.evidence),
         "data": {
-            "events_train": request.events_train,
-            "events_test": request.events_test,
-            "seed": request.seed,
+            "events_train": EVENTS_TRAIN,
+            "events_test": EVENTS_TEST,
+            "seed": SEED,
             "synthetic": True,
         },
         "tolerance": {"allocated": ALLOCATED_TOLERANCE, "reserved": RESERVED_TOLERANCE},
