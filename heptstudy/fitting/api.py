@@ -16,12 +16,13 @@ from typing import Any
 
 from heptstudy.fitting.predict import FitAnswer, evaluate
 from heptstudy.fitting.reports import Rejected, expand_report_paths
-from heptstudy.fitting.select import choose_model
+from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
+from heptstudy.measure.estimate.keys import model_key
 from heptstudy.measure.estimate.memory_model import FitError, MemoryModel
 from heptstudy.measure.estimate.plans import DEFAULT_MARGIN_FRACTION
-from heptstudy.scenario.model import REPO_ROOT
 from heptstudy.units import GIB, MIB
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = "cld_pf_heptv2_batch512_50k"
 DEFAULT_VARIANT = "hit_heptv2_grouped_tracker_features"
 FITS_DIR = REPO_ROOT / "configs" / "fit"
@@ -177,8 +178,6 @@ def _cross_check(
     origin: str, model: MemoryModel, differs: list[str], answer: FitAnswer
 ) -> dict[str, Any]:
     """Another device kind's or attention backend's model at the answer's worst batch."""
-    from heptstudy.fitting.select import STALE_PREFIX
-
     b, longest = answer.per_device_batch, answer.worst_batch["longest_padded"]
     allocated = float(model.predict_allocated_mib(b, longest)) * MIB / GIB
     reserved = model.predict_reserved_mib(b, longest)
@@ -202,7 +201,6 @@ def fit(request: FitRequest) -> FitResult | None:
     """The answer to ``request``; ``None`` only when no model holds and
     ``request.estimate_if_missing`` is false."""
     from heptstudy.data.batching import dataset_for
-    from heptstudy.measure.estimate.keys import model_key
 
     res, rv, notes = resolve_config(request)
     platform, config = res.platform, rv.config
@@ -221,11 +219,10 @@ def fit(request: FitRequest) -> FitResult | None:
     reports = [str(repo_path(r)) for r in request.reports]
     fits_dir = repo_path(request.fits_dir) if request.fits_dir else FITS_DIR
     if request.estimate:
-        from heptstudy.fitting.select import Choice
-
         choice = Choice()
     else:
         choice = choose_model(key, reports, fits_dir, request.stored_if_reports_unusable)
+    batch = request.per_device_batch or rv.per_device_batch
     if choice.model is None:
         if not request.estimate_if_missing:
             return None
@@ -236,7 +233,6 @@ def fit(request: FitRequest) -> FitResult | None:
             if request.estimate
             else "no measured or stored memory model holds: estimated now on a fake device"
         )
-        batch = request.per_device_batch or rv.per_device_batch
         choice.model = estimate_memory_model(
             config, batch, platform.device, torch_version=platform.torch_version
         )
@@ -248,13 +244,13 @@ def fit(request: FitRequest) -> FitResult | None:
             "model fields the memory model's configuration does not record, taken at their "
             f"defaults: {', '.join(choice.assumptions)}"
         )
-    batch = request.per_device_batch or rv.per_device_batch
     if batch != rv.per_device_batch:
         notes.append(
             f"the recipe runs {rv.per_device_batch} events per device; this answer is for {batch}"
         )
     ds = dataset_for(config, "train")
     lengths = ds.lengths()
+    expandable = expandable_segments(platform)
     answer = evaluate(
         choice.model,
         lengths,
@@ -264,9 +260,9 @@ def fit(request: FitRequest) -> FitResult | None:
         world_size=platform.world_size,
         num_steps=config.train.num_steps,
         pad_to_multiple=config.data.pad_to_multiple,
-        expandable_segments=expandable_segments(platform),
+        expandable_segments=expandable,
     )
-    if expandable_segments(platform):
+    if expandable:
         notes.append(
             f"platform {platform.name} sets expandable_segments:True in its allocator settings: "
             + (
@@ -338,9 +334,16 @@ def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
 
     from heptstudy.fitting.auto import evaluate_auto, measured_rates
     from heptstudy.measure.estimate.plans import predictor_for
+    from heptstudy.measure.report import ReportError, read_report
 
     predictor = predictor_for(config, torch.device(platform.device), batch, platform)
-    rates, used = measured_rates(_read_reports(reports))
+    found = []
+    for f in expand_report_paths(reports):
+        try:
+            found.append(read_report(f))
+        except ReportError:
+            continue  # choose_model already names the reports it cannot use
+    rates, used = measured_rates(found)
     return evaluate_auto(
         predictor,
         lengths,
@@ -352,26 +355,11 @@ def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
     )
 
 
-def _read_reports(paths: list[str]) -> list[Any]:
-    """The bench reports of ``paths`` (files, or folders of ``*.json``) that can be read."""
-    from heptstudy.measure.report import ReportError, read_report
-
-    found = []
-    for f in expand_report_paths(paths):
-        try:
-            found.append(read_report(f))
-        except ReportError:
-            continue  # choose_model already names the reports it cannot use
-    return found
-
-
 def fit_warning(resolution) -> str | None:
     """One line for ``heptstudy scenario resolve``: a warning when a stored memory model of a
     resolved variant says its per-device batch will not fit a batch holding the longest event
     the model was fitted on (``None`` when it fits or no stored model holds: this reads no data
     and estimates nothing)."""
-    from heptstudy.measure.estimate.keys import model_key
-
     warnings = []
     plat = resolution.platform
     margin = DEFAULT_MARGIN_FRACTION * plat.device_memory_gib

@@ -47,13 +47,6 @@ def batch_longest_cdf(padded_lengths, batch_size: int, levels) -> np.ndarray:
     return np.where(n_le >= batch_size, out, 0.0)
 
 
-def batch_longest_quantile(padded_lengths, batch_size: int, q: float) -> int:
-    """The smallest padded length ``L`` with P(batch longest <= L) >= ``q``."""
-    levels = np.unique(np.asarray(padded_lengths, dtype=np.int64))
-    cdf = batch_longest_cdf(padded_lengths, batch_size, levels)
-    return int(levels[min(int(np.searchsorted(cdf, q - 1e-12)), len(levels) - 1)])
-
-
 def p_step_fails(num_events: int, bad: int, batch_size: int, world_size: int) -> float:
     """Probability that one step (``world_size`` batches of ``batch_size``) holds a bad event."""
     return 1.0 - p_none_drawn(num_events, bad, min(num_events, batch_size * world_size))

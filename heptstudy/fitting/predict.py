@@ -166,7 +166,8 @@ def evaluate(
         _batch_row(
             model,
             per_device_batch,
-            occupancy.batch_longest_quantile(plen, per_device_batch, q),
+            # the smallest padded length L with P(batch longest <= L) >= q
+            int(levels[min(int(np.searchsorted(cdf, q - 1e-12)), len(levels) - 1)]),
             usable_mib,
             "median batch" if q == 0.5 else f"p{round(q * 100)} batch",
             criterion,

@@ -154,27 +154,25 @@ def read_groups(paths) -> tuple[list[ReportGroup], list[Rejected]]:
     return list(groups.values()), rejected
 
 
-def fit_group(group: ReportGroup) -> MemoryModel:
-    sizes = sorted({p.batch_size for p in group.allocated})
-    names = ", ".join(Path(f).name for f in group.files)
-    return fit_points(
-        group.key,
-        group.allocated,
-        group.reserved,
-        source="measured",
-        source_detail=f"bench reports {names} (batch sizes {sizes})",
-        provenance=group.provenance(),
-    )
-
-
 def fit_reports(paths) -> tuple[list[MemoryModel], list[Rejected]]:
     """One measured memory model per configuration among the reports ``paths`` (files or
     folders); the reports that gave none, and why."""
     groups, rejected = read_groups(paths)
     models = []
     for group in groups:
+        sizes = sorted({p.batch_size for p in group.allocated})
+        names = ", ".join(Path(f).name for f in group.files)
         try:
-            models.append(fit_group(group))
+            models.append(
+                fit_points(
+                    group.key,
+                    group.allocated,
+                    group.reserved,
+                    source="measured",
+                    source_detail=f"bench reports {names} (batch sizes {sizes})",
+                    provenance=group.provenance(),
+                )
+            )
         except FitError as err:
             for f in group.files:
                 rejected.append(Rejected(f, f"its configuration cannot be fitted: {err}"))

@@ -67,17 +67,6 @@ def _report_names(model: MemoryModel) -> str:
     return f"reports {', '.join(Path(f).name for f in files)} in {', '.join(folders)}"
 
 
-def stored_models(fits_dir: Path) -> tuple[list[tuple[str, MemoryModel]], list[Rejected]]:
-    """The readable memory models in ``fits_dir`` and the unreadable files with why."""
-    models, bad = [], []
-    for path in sorted(fits_dir.glob("*.json")) if fits_dir.is_dir() else []:
-        try:
-            models.append((str(path), MemoryModel.load(path)))
-        except FitError as err:
-            bad.append(Rejected(str(path), str(err)))
-    return models, bad
-
-
 def _of_this_code(
     choice: Choice, stored: list[tuple[str, MemoryModel]], key: dict[str, Any]
 ) -> list[tuple[str, MemoryModel]]:
@@ -140,8 +129,12 @@ def choose_model(
                 "run without --reports to answer from a stored or estimated model"
             )
     if fits_dir is not None:
-        stored, unreadable = stored_models(fits_dir)
-        choice.not_used += unreadable
+        stored = []
+        for path in sorted(fits_dir.glob("*.json")) if fits_dir.is_dir() else []:
+            try:
+                stored.append((str(path), MemoryModel.load(path)))
+            except FitError as err:
+                choice.not_used.append(Rejected(str(path), str(err)))
         holding = _sort_into(choice, _of_this_code(choice, stored, key), key)
         if holding:
             choice.origin, choice.model, choice.assumptions = holding[0]

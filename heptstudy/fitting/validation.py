@@ -4,7 +4,7 @@ The GPU evidence (``../shared/evidence/h200-2026-11-30/``: bench reports of comm
 one H200) measured code that has changed since. To check today's estimator on it, the command
 
 1. checks the measured commit out in a temporary ``git worktree`` (removed afterwards) and
-   makes its package importable under another name (:mod:`heptstudy.fitting.validation_pkg`);
+   makes its package importable under another name (:func:`renamed_copy`);
 2. generates the reports' data with *that* commit's generator (``data generate`` with the
    evidence's seed and event counts) into a temporary folder; every step's events are checked
    against the hit counts the report lists;
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,10 +46,6 @@ ALLOCATED_TOLERANCE, RESERVED_TOLERANCE = 0.05, 0.10
 class ValidationRequest:
     evidence: Path = EVIDENCE
     commit: str = COMMIT
-    out_dir: Path | None = None
-    events_train: int = EVENTS_TRAIN
-    events_test: int = EVENTS_TEST
-    seed: int = SEED
     reports: tuple[str, ...] = ()  # report file names; empty: every memory report
 
 
@@ -80,6 +78,26 @@ def memory_reports(evidence: Path, names: tuple[str, ...] = ()) -> list[Path]:
     return found
 
 
+#: An import statement of the package (renamed in the copy of an earlier commit's package).
+_IMPORT = re.compile(r"^(\s*)(from|import)(\s+)heptstudy(?=[\s.])", re.M)
+
+
+def renamed_copy(checkout: Path, dest: Path, package: str) -> None:
+    """Copy ``checkout``'s ``heptstudy`` package to ``dest/package`` with its import statements
+    pointing at that name (nothing else changes: two versions of one package cannot share a
+    process otherwise), and its ``configs`` to ``dest/configs``, where repository-relative
+    lookups find them."""
+    target = dest / package
+    shutil.copytree(checkout / "heptstudy", target)
+    if (checkout / "configs").is_dir():
+        shutil.copytree(checkout / "configs", dest / "configs")
+    for path in target.rglob("*.py"):
+        text = path.read_text()
+        renamed = _IMPORT.sub(lambda m: f"{m[1]}{m[2]}{m[3]}{package}", text)
+        if renamed != text:
+            path.write_text(renamed)
+
+
 def _git(*args: str) -> str:
     done = subprocess.run(["git", *args], cwd=PACKAGE_ROOT, capture_output=True, text=True)
     if done.returncode != 0:
@@ -97,8 +115,6 @@ def _run(cmd: list[str], env: dict[str, str], what: str, cwd: Path) -> None:
 
 def validate(request: ValidationRequest, progress=print) -> dict:
     """Re-estimate every memory report of ``request.evidence``; returns the JSON document."""
-    from heptstudy.fitting.validation_pkg import renamed_copy
-
     reports = memory_reports(Path(request.evidence), request.reports)
     sha = _git("rev-parse", "--verify", f"{request.commit}^{{commit}}")
     package = f"heptstudy_{sha[:7]}"
@@ -112,8 +128,8 @@ def validate(request: ValidationRequest, progress=print) -> dict:
             progress(f"generating the evidence's data with {sha[:7]}'s generator ...")
             _run(
                 [sys.executable, "-m", "heptstudy.cli", "data", "generate"]
-                + ["--data-dir", str(data_dir), "--events-train", str(request.events_train)]
-                + ["--events-test", str(request.events_test), "--seed", str(request.seed)]
+                + ["--data-dir", str(data_dir), "--events-train", str(EVENTS_TRAIN)]
+                + ["--events-test", str(EVENTS_TEST), "--seed", str(SEED)]
                 + ["--no-progress"],
                 {**os.environ, "PYTHONPATH": str(checkout)},
                 f"data generate at {sha[:7]}",
@@ -145,9 +161,9 @@ def validate(request: ValidationRequest, progress=print) -> dict:
         "estimator_commit": _head(),
         "evidence": str(request.evidence),
         "data": {
-            "events_train": request.events_train,
-            "events_test": request.events_test,
-            "seed": request.seed,
+            "events_train": EVENTS_TRAIN,
+            "events_test": EVENTS_TEST,
+            "seed": SEED,
             "synthetic": True,
         },
         "tolerance": {"allocated": ALLOCATED_TOLERANCE, "reserved": RESERVED_TOLERANCE},

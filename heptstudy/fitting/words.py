@@ -56,11 +56,11 @@ def answer_words(result) -> str:
         # on a GPU the criterion is the allocator's pool plus the margin kept for the context
         worst += (
             f" ({a.device_memory_gib:g} GiB less the {a.safety_margin_gib:g} GiB safety margin: "
-            f"peak {crit_words} + margin must stay within the device"
+            f"peak {crit_words} + margin must stay within the device; "
         )
-        worst += f"; margin {w['margin_gib']:+.1f} GiB"
     else:
-        worst += f" (margin {w['margin_gib']:+.1f} GiB"
+        worst += " ("
+    worst += f"margin {w['margin_gib']:+.1f} GiB"
     err = result.model.held_out_error(crit) if result.model.source == "measured" else None
     worst += f"; the {crit} model's held-out error is up to {err:.0%})" if err is not None else ")"
     by = (

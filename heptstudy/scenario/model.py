@@ -20,8 +20,6 @@ from heptstudy.names import check_name
 from heptstudy.paths import PLATFORM_DIR, SCENARIO_DIR, find_file
 from heptstudy.scenario.rules import ScenarioError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 _SCENARIO_KEYS = {"name", "description", "shared", "variants", "test_split_events"}
 
 

@@ -138,7 +138,7 @@ def _variant(name: str, cfg: Config, plat: PlatformConfig, split: TestSplit) -> 
 
 
 def resolve(
-    scenario: str | Path | Scenario,
+    scenario: str | Path,
     platform: str | Path,
     variants: Sequence[str] | None = None,
     overrides: Iterable[str] = (),
@@ -148,7 +148,7 @@ def resolve(
     requested ``variants`` (all by default). ``overrides`` apply to every variant,
     ``variant_overrides`` (variant name -> overrides) to the named variant only, after them:
     a setting only one model has (``activation_checkpointing=auto`` of the HEPTv2 backbone)."""
-    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    sc = load_scenario(scenario)
     plat, plat_path = find_platform(platform)
     rules.check_variants_exist(sc.name, sc.variants, variants or ())
     rules.check_variants_exist(sc.name, sc.variants, list(variant_overrides or {}))
