@@ -180,6 +180,36 @@ def memory_frame(df) -> Any:
     return ok.sort_values(["batch_size", "checkpointing"]).reset_index(drop=True)
 
 
+def against_off(df):
+    """For every batch size with a successful first-round memory run without checkpointing
+    (:func:`memory_frame`): ``(batch size, its runs indexed by policy label (the first of
+    each), the off run, the platform line's rows of overhead_frame there indexed by policy)``.
+    What :func:`comparison_frame` and :func:`~heptstudy.study.policies.policy_frame` compare."""
+    mem = memory_frame(df)
+    if mem.empty:
+        return
+    over = overhead_frame(df)
+    over = over[over["allocator_line"] == "platform"]
+    mem = mem.assign(policy_label=policy_labels(mem))
+    for b, group in mem.groupby("batch_size"):
+        runs = group.drop_duplicates("policy_label").set_index("policy_label")
+        if "off" in runs.index:
+            timed = over[over["batch_size"] == b].set_index("policy")
+            yield b, runs, runs.loc["off"], timed
+
+
+#: The time columns of a comparison row: the overhead_frame column each comes from.
+_TIME_COLUMNS = {
+    "baseline_step_s": "off_step_s",
+    "checkpointed_step_s": "on_step_s",
+    "step_time_overhead_pct": "overhead_median_pct",
+    "overhead_min_pct": "overhead_min_pct",
+    "overhead_max_pct": "overhead_max_pct",
+    "rounds": "rounds",
+    "flag": "flag",
+}
+
+
 def comparison_frame(df) -> Any:
     """Per batch size with both a baseline and a checkpointed run of the full policy on every
     layer (the original measurement; other policies are in :func:`~heptstudy.study.policies.
@@ -187,37 +217,24 @@ def comparison_frame(df) -> Any:
     median and range over the study's rounds (:func:`overhead_frame`), in percent."""
     import pandas as pd
 
-    mem = memory_frame(df)
-    over = overhead_frame(df)
     rows = []
-    if not mem.empty:
-        for b, group in mem.groupby("batch_size"):
-            base = group[policy_labels(group) == "off"]
-            ckpt = group[policy_labels(group) == "full"]
-            if base.empty or ckpt.empty:
-                continue
-            b0, c0 = base.iloc[0], ckpt.iloc[0]
-            time = _overhead_row(over, b, "full")
-            rows.append(
-                {
-                    "batch_size": int(b),
-                    "baseline_allocated_mib": b0["peak_allocated_mib"],
-                    "checkpointed_allocated_mib": c0["peak_allocated_mib"],
-                    "allocated_reduction_pct": pct_less(
-                        b0["peak_allocated_mib"], c0["peak_allocated_mib"]
-                    ),
-                    "baseline_reserved_mib": b0["peak_reserved_mib"],
-                    "checkpointed_reserved_mib": c0["peak_reserved_mib"],
-                    "reserved_reduction_pct": pct_less(
-                        b0["peak_reserved_mib"], c0["peak_reserved_mib"]
-                    ),
-                    **time,
-                }
-            )
-    return pd.DataFrame(rows, columns=["batch_size", *_MEMORY_COLUMNS, *_TIME_COLUMNS])
+    for b, runs, off, timed in against_off(df):
+        if "full" not in runs.index:
+            continue
+        full = runs.loc["full"]
+        t = timed.loc["full"] if "full" in timed.index else None
+        row = {"batch_size": int(b)}
+        for peak in ("allocated", "reserved"):
+            base, ckpt = off[f"peak_{peak}_mib"], full[f"peak_{peak}_mib"]
+            row[f"baseline_{peak}_mib"] = base
+            row[f"checkpointed_{peak}_mib"] = ckpt
+            row[f"{peak}_reduction_pct"] = pct_less(base, ckpt)
+        rows.append({**row, **{k: None if t is None else t[v] for k, v in _TIME_COLUMNS.items()}})
+    return pd.DataFrame(rows, columns=[*_COMPARISON_COLUMNS, *_TIME_COLUMNS])
 
 
-_MEMORY_COLUMNS = (
+_COMPARISON_COLUMNS = (
+    "batch_size",
     "baseline_allocated_mib",
     "checkpointed_allocated_mib",
     "allocated_reduction_pct",
@@ -225,40 +242,6 @@ _MEMORY_COLUMNS = (
     "checkpointed_reserved_mib",
     "reserved_reduction_pct",
 )
-_TIME_COLUMNS = (
-    "baseline_step_s",
-    "checkpointed_step_s",
-    "step_time_overhead_pct",
-    "overhead_min_pct",
-    "overhead_max_pct",
-    "rounds",
-    "flag",
-)
-
-
-def _overhead_row(over, batch_size, policy: str) -> dict[str, Any]:
-    """The time columns of a comparison row from :func:`overhead_frame`, platform allocator line
-    (None when unmeasured)."""
-    none = dict.fromkeys(_TIME_COLUMNS)
-    if over.empty:
-        return none
-    hit = over[
-        (over["allocator_line"] == "platform")
-        & (over["batch_size"] == batch_size)
-        & (over["policy"] == policy)
-    ]
-    if hit.empty:
-        return none
-    r = hit.iloc[0]
-    return {
-        "baseline_step_s": r["off_step_s"],
-        "checkpointed_step_s": r["on_step_s"],
-        "step_time_overhead_pct": r["overhead_median_pct"],
-        "overhead_min_pct": r["overhead_min_pct"],
-        "overhead_max_pct": r["overhead_max_pct"],
-        "rounds": r["rounds"],
-        "flag": r["flag"],
-    }
 
 
 def overhead_frame(df) -> Any:

@@ -6,14 +6,7 @@ from typing import Any
 
 from heptstudy.measure.memory import CATEGORIES
 from heptstudy.study.common import MEMORY
-from heptstudy.study.frames import (
-    _rank,
-    memory_frame,
-    overhead_frame,
-    pct_less,
-    policy_label,
-    policy_labels,
-)
+from heptstudy.study.frames import _rank, against_off, pct_less, policy_label
 from heptstudy.units import MIB
 
 
@@ -40,54 +33,38 @@ def policy_frame(df, min_policies: int = 2) -> Any:
         "flag",
         "name",
     ]
-    mem = memory_frame(df)
-    over = overhead_frame(df)
-    over = over[over["allocator_line"] == "platform"] if not over.empty else over
     rows = []
-    if not mem.empty:
-        mem = mem.assign(policy_label=policy_labels(mem))
-        for b, group in mem.groupby("batch_size"):
-            group = group.drop_duplicates("policy_label")
-            base = group[group["policy_label"] == "off"]
-            if base.empty or len(group) - 1 < min_policies:
-                continue
-            off = base.iloc[0]
-            timed = over[over["batch_size"] == b].set_index("policy") if not over.empty else over
-            for _, r in sorted(
-                group.iterrows(),
-                key=lambda ir: (_rank(ir[1]["policy_label"]), ir[1]["policy_label"]),
-            ):
-                label = r["policy_label"]
-                t = timed.loc[label] if label in timed.index else None
-                step = (
-                    t["on_step_s"]
-                    if t is not None
-                    else (timed["off_step_s"].iloc[0] if label == "off" and len(timed) else None)
-                )
-                zero = 0.0 if label == "off" and step is not None else None
-                rows.append(
-                    {
-                        "batch_size": int(b),
-                        "policy": label,
-                        "peak_allocated_mib": r["peak_allocated_mib"],
-                        "peak_reserved_mib": r["peak_reserved_mib"],
-                        "mean_step_s": step if step is not None else r["mean_step_s"],
-                        "allocated_cut_pct": pct_less(
-                            off["peak_allocated_mib"], r["peak_allocated_mib"]
-                        ),
-                        "reserved_cut_pct": pct_less(
-                            off["peak_reserved_mib"], r["peak_reserved_mib"]
-                        ),
-                        "step_time_overhead_pct": t["overhead_median_pct"]
-                        if t is not None
-                        else zero,
-                        "overhead_min_pct": t["overhead_min_pct"] if t is not None else zero,
-                        "overhead_max_pct": t["overhead_max_pct"] if t is not None else zero,
-                        "rounds": int(t["rounds"]) if t is not None else None,
-                        "flag": t["flag"] if t is not None else "",
-                        "name": r["name"],
-                    }
-                )
+    for b, runs, off, timed in against_off(df):
+        if len(runs) - 1 < min_policies:
+            continue
+        for label in sorted(runs.index, key=lambda x: (_rank(x), x)):
+            r = runs.loc[label]
+            t = timed.loc[label] if label in timed.index else None
+            step = (
+                t["on_step_s"]
+                if t is not None
+                else (timed["off_step_s"].iloc[0] if label == "off" and len(timed) else None)
+            )
+            zero = 0.0 if label == "off" and step is not None else None
+            rows.append(
+                {
+                    "batch_size": int(b),
+                    "policy": label,
+                    "peak_allocated_mib": r["peak_allocated_mib"],
+                    "peak_reserved_mib": r["peak_reserved_mib"],
+                    "mean_step_s": step if step is not None else r["mean_step_s"],
+                    "allocated_cut_pct": pct_less(
+                        off["peak_allocated_mib"], r["peak_allocated_mib"]
+                    ),
+                    "reserved_cut_pct": pct_less(off["peak_reserved_mib"], r["peak_reserved_mib"]),
+                    "step_time_overhead_pct": t["overhead_median_pct"] if t is not None else zero,
+                    "overhead_min_pct": t["overhead_min_pct"] if t is not None else zero,
+                    "overhead_max_pct": t["overhead_max_pct"] if t is not None else zero,
+                    "rounds": int(t["rounds"]) if t is not None else None,
+                    "flag": t["flag"] if t is not None else "",
+                    "name": r["name"],
+                }
+            )
     return pd.DataFrame(rows, columns=columns)
 
 
