@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -319,25 +319,22 @@ def run_one(
     parameters = {**ex.parameters, "output": shown(pending)}
     notebook = project_root() / "notebooks" / NOTEBOOKS[ex.run.notebook]
     t0 = time.perf_counter()
-    message = why
+    message, failure = why, None
     try:
         # no allocator variable for ``allocator: default``; otherwise the kernel inherits this
         # process's environment, since the measurement applies its settings itself
         with _kernel_started_with({} if ex.allocator == DEFAULT else None):
             _papermill(notebook, nb_pending, parameters, timeout, project_root())
     except Exception as err:  # noqa: BLE001 - an OOM or a dead kernel is a result, not a crash
+        failure = err
         if pending.exists():  # the notebook wrote its report, then something later failed
             message = f"report written, then: {type(err).__name__}"
-        else:
-            _, text = _failure_report(ex.run, pending, err, measurement=_at(prep, pending))
-            message = text.splitlines()[0][:200]
     if not pending.exists():
-        _, message = _failure_report(
-            ex.run,
-            pending,
-            RuntimeError("the notebook finished without writing a report"),
-            measurement=_at(prep, pending),
-        )
+        if failure is None:
+            failure = RuntimeError("the notebook finished without writing a report")
+        measurement = replace(prep.measurement, report_path=pending)
+        _, text = _failure_report(ex.run, pending, failure, measurement=measurement)
+        message = text.splitlines()[0][:200]
     seconds = time.perf_counter() - t0
     note = _stamp(pending, prep)
     status = read_report(pending).status
@@ -346,13 +343,6 @@ def run_one(
         replace_with_pending(nb_pending, nb_final, superseded)
     message = "; ".join(m for m in (message, note) if m)
     return RunResult(ex.name, status, final, nb_final, seconds, message, **result)
-
-
-def _at(prep: Prepared, path: Path):
-    """The run's measurement, reporting to ``path``."""
-    import dataclasses
-
-    return dataclasses.replace(prep.measurement, report_path=path)
 
 
 def run_study(
@@ -451,18 +441,17 @@ def aggregate_study(
 ) -> Path:
     """Execute ``aggregate.ipynb`` on ``out_dir`` (figures to ``figures_dir``) and render
     ``out_dir/report.html`` without the code cells."""
-    out = Path(out_dir).resolve()
+    out, figures = Path(out_dir).resolve(), Path(figures_dir).resolve()
     executed = out / "aggregate.ipynb"
     # relative to the repository (the kernel's working directory), so that the report shows
     # no absolute path of this machine
     parameters = {
         "experiments_dir": shown(out),
-        "figures_dir": shown(Path(figures_dir).resolve()),
+        "figures_dir": shown(figures),
         "title": f"Activation checkpointing in HEPTv2: {matrix.name if matrix else out.name}",
         "description": matrix.description if matrix else "",
         "notes": list(matrix.notes) if matrix else [],
     }
-    figures = Path(figures_dir).resolve()
     before = _aggregate_outputs(out, figures)
     notebook = project_root() / "notebooks" / "aggregate.ipynb"
     _papermill(notebook, executed, parameters, timeout, project_root())
