@@ -309,7 +309,10 @@ def overhead_frame(df) -> Any:
                     "off_sys_pct": off_sys,
                     "on_sys_pct": on_sys,
                     "flag": _system_flag(off_sys, on_sys),
-                    "allocator": _first(on.get("allocator")),
+                    # the first allocator named on the policy's side
+                    "allocator": next(
+                        (v for v in on.get("allocator", ()) if isinstance(v, str)), None
+                    ),
                 }
             )
     return pd.DataFrame(rows, columns=columns)
@@ -324,15 +327,6 @@ def _max_pct(fractions) -> float | None:
 
     values = [float(f) for f in fractions if f is not None and not pd.isna(f)]
     return 100.0 * max(values) if values else None
-
-
-def _first(values) -> Any:
-    if values is None:
-        return None
-    for v in values:
-        if isinstance(v, str):
-            return v
-    return None
 
 
 def _system_flag(off_pct: float | None, on_pct: float | None) -> str:
