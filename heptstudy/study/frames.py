@@ -286,7 +286,7 @@ def overhead_frame(df) -> Any:
         off = group[group["policy_label"] == "off"].drop_duplicates("round").set_index("round")
         if off.empty:
             continue
-        others = sorted(set(group["policy_label"]) - {"off"}, key=lambda x: (_rank(x), x))
+        others = sorted(set(group["policy_label"]) - {"off"}, key=lambda x: (policy_rank(x), x))
         for label in others:
             on = group[group["policy_label"] == label].drop_duplicates("round").set_index("round")
             paired = sorted(set(off.index) & set(on.index))
@@ -318,7 +318,8 @@ def overhead_frame(df) -> Any:
     return pd.DataFrame(rows, columns=columns)
 
 
-def _rank(label: str) -> int:
+def policy_rank(label: str) -> int:
+    """Where ``label`` comes in :data:`POLICY_ORDER` (labels outside it last)."""
     return POLICY_ORDER.index(label) if label in POLICY_ORDER else len(POLICY_ORDER)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from heptstudy.measure.memory import CATEGORIES
 from heptstudy.study.common import MEMORY
-from heptstudy.study.frames import _rank, against_off, pct_less, policy_label
+from heptstudy.study.frames import against_off, pct_less, policy_label, policy_rank
 from heptstudy.units import MIB
 
 
@@ -37,7 +37,7 @@ def policy_frame(df, min_policies: int = 2) -> Any:
     for b, runs, off, timed in against_off(df):
         if len(runs) - 1 < min_policies:
             continue
-        for label in sorted(runs.index, key=lambda x: (_rank(x), x)):
+        for label in sorted(runs.index, key=lambda x: (policy_rank(x), x)):
             r = runs.loc[label]
             t = timed.loc[label] if label in timed.index else None
             step = (
@@ -94,7 +94,7 @@ def categories_frame(reports) -> Any:
     if frame.empty:
         return frame
     return (
-        frame.assign(_o=frame["policy"].map(_rank))
+        frame.assign(_o=frame["policy"].map(policy_rank))
         .sort_values(["device_kind", "batch_size", "_o", "policy"])
         .drop(columns="_o")
         .reset_index(drop=True)
