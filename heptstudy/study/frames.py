@@ -198,6 +198,14 @@ def against_off(df):
             yield b, runs, runs.loc["off"], timed
 
 
+_MEMORY_COLUMNS = (
+    "baseline_allocated_mib",
+    "checkpointed_allocated_mib",
+    "allocated_reduction_pct",
+    "baseline_reserved_mib",
+    "checkpointed_reserved_mib",
+    "reserved_reduction_pct",
+)
 #: The time columns of a comparison row: the overhead_frame column each comes from.
 _TIME_COLUMNS = {
     "baseline_step_s": "off_step_s",
@@ -230,18 +238,7 @@ def comparison_frame(df) -> Any:
             row[f"checkpointed_{peak}_mib"] = ckpt
             row[f"{peak}_reduction_pct"] = pct_less(base, ckpt)
         rows.append({**row, **{k: None if t is None else t[v] for k, v in _TIME_COLUMNS.items()}})
-    return pd.DataFrame(rows, columns=[*_COMPARISON_COLUMNS, *_TIME_COLUMNS])
-
-
-_COMPARISON_COLUMNS = (
-    "batch_size",
-    "baseline_allocated_mib",
-    "checkpointed_allocated_mib",
-    "allocated_reduction_pct",
-    "baseline_reserved_mib",
-    "checkpointed_reserved_mib",
-    "reserved_reduction_pct",
-)
+    return pd.DataFrame(rows, columns=["batch_size", *_MEMORY_COLUMNS, *_TIME_COLUMNS])
 
 
 def overhead_frame(df) -> Any:
