@@ -27,6 +27,7 @@ import torch
 from heptstudy.atomic import atomic_open
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
+from heptstudy.train.out_dir import latest_checkpoint
 
 FORMAT = "heptstudy.training_state/2"
 #: Written before training-state files carried a digest; they cannot be verified.
@@ -132,10 +133,10 @@ def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
     and one from an incompatible configuration, before anything is written."""
     p = Path(path)
     if p.is_dir():
-        found = sorted(p.glob("checkpoints/step_*.pt")) or sorted(p.glob("step_*.pt"))
+        latest = latest_checkpoint(p / "checkpoints") or latest_checkpoint(p)
         raise TrainingStateError(
             f"--resume {str(p)!r} is a folder; give one training-state file"
-            + (f", for example the latest there, {str(found[-1])!r}" if found else "")
+            + (f", for example the latest there, {str(latest)!r}" if latest else "")
             + f"; {_NOTHING_WRITTEN}"
         )
     if not p.is_file():
