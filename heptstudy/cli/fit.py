@@ -47,10 +47,6 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(render(result))
-        if result.auto is not None:
-            from heptstudy.fitting.auto import auto_words
-
-            print("\n".join(auto_words(result.auto)))
     return 0
 
 

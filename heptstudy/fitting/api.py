@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heptstudy.fitting.predict import FitAnswer, evaluate
+from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, peak_mib
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
 from heptstudy.measure.estimate.keys import model_key
@@ -191,7 +191,7 @@ def _cross_check(
         "device_names": model.provenance.get("device_names") or [],
         "worst_batch_allocated_gib": allocated,
         "worst_batch_reserved_gib": reserved,
-        "criterion": "allocated" if reserved is None else "reserved",
+        "criterion": criterion_of(model),
         "fits": (allocated if reserved is None else reserved) <= answer.usable_gib,
         "stale": next((d for d in differs if d.startswith(STALE_PREFIX)), None),
     }
@@ -369,11 +369,8 @@ def fit_warning(resolution) -> str | None:
         if mm is None or not mm.allocated_points:
             continue
         longest = max(p.longest_padded for p in mm.allocated_points)
-        peak = mm.predict_reserved_mib(v.per_device_batch, longest)
-        what = "reserved"
-        if peak is None:
-            peak, what = mm.predict_allocated_mib(v.per_device_batch, longest), "allocated"
-        peak_gib = float(peak) * MIB / GIB
+        what = criterion_of(mm)
+        peak_gib = float(peak_mib(mm, what, v.per_device_batch, longest)) * MIB / GIB
         if peak_gib > usable:
             warnings.append(
                 f"{v.name}: {v.per_device_batch} events per device on {plat.name} is expected to "

@@ -68,7 +68,7 @@ class FitAnswer:
         return {**asdict(self), "fits": self.fits}
 
 
-def _peak_mib(model: MemoryModel, quantity: str, batch_size, longest):
+def peak_mib(model: MemoryModel, quantity: str, batch_size, longest):
     if quantity == "reserved":
         return model.predict_reserved_mib(batch_size, longest)
     if quantity == "reserved_expandable":
@@ -91,7 +91,7 @@ def largest_safe_batch(
     batch size: every term is non-negative); ``None`` when one event does not fit."""
 
     def ok(b: int) -> bool:
-        return float(_peak_mib(model, quantity, b, longest_padded)) <= usable_mib
+        return float(peak_mib(model, quantity, b, longest_padded)) <= usable_mib
 
     if not ok(1):
         return None
@@ -105,7 +105,7 @@ def largest_safe_batch(
 
 
 def _tail(model, quantity, plen, batch, world_size, num_steps, usable_mib) -> Tail:
-    peaks = np.asarray(_peak_mib(model, quantity, batch, plen), dtype=float)
+    peaks = np.asarray(peak_mib(model, quantity, batch, plen), dtype=float)
     bad = int((peaks > usable_mib).sum())
     fitting = plen[peaks <= usable_mib]
     p_step = occupancy.p_step_fails(len(plen), bad, batch, world_size)
@@ -126,7 +126,7 @@ def _batch_row(
     alloc = float(model.predict_allocated_mib(batch, longest))
     reserved = model.predict_reserved_mib(batch, longest)
     expandable = model.predict_reserved_expandable_mib(batch, longest)
-    worst = float(_peak_mib(model, criterion, batch, longest))
+    worst = float(peak_mib(model, criterion, batch, longest))
     return {
         "batch": what,
         "longest_padded": int(longest),
