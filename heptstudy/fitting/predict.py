@@ -76,6 +76,11 @@ def peak_mib(model: MemoryModel, quantity: str, batch_size, longest):
     return model.predict_allocated_mib(batch_size, longest)
 
 
+def gib(mib) -> float | None:
+    """A prediction in MiB as GiB (``None``: the model does not predict that peak)."""
+    return None if mib is None else float(mib) * MIB / GIB
+
+
 def criterion_of(model: MemoryModel, expandable_segments: bool = False) -> str:
     """The peak a step must keep under the usable memory: reserved (for the allocator mode the
     platform runs) when the model has it, else allocated."""
@@ -123,17 +128,14 @@ def _tail(model, quantity, plen, batch, world_size, num_steps, usable_mib) -> Ta
 def _batch_row(
     model: MemoryModel, batch: int, longest: int, usable_mib: float, what: str, criterion: str
 ):
-    alloc = float(model.predict_allocated_mib(batch, longest))
-    reserved = model.predict_reserved_mib(batch, longest)
-    expandable = model.predict_reserved_expandable_mib(batch, longest)
     worst = float(peak_mib(model, criterion, batch, longest))
     return {
         "batch": what,
         "longest_padded": int(longest),
         "padded_batch_hits": int(longest) * batch,
-        "allocated_gib": alloc * MIB / GIB,
-        "reserved_gib": None if reserved is None else float(reserved) * MIB / GIB,
-        "reserved_expandable_gib": None if expandable is None else float(expandable) * MIB / GIB,
+        "allocated_gib": gib(model.predict_allocated_mib(batch, longest)),
+        "reserved_gib": gib(model.predict_reserved_mib(batch, longest)),
+        "reserved_expandable_gib": gib(model.predict_reserved_expandable_mib(batch, longest)),
         "margin_gib": (usable_mib - worst) * MIB / GIB,
     }
 
