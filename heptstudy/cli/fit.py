@@ -47,10 +47,6 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(render(result))
-        if result.auto is not None:
-            from heptstudy.fitting.auto import auto_words
-
-            print("\n".join(auto_words(result.auto)))
     return 0
 
 
@@ -58,7 +54,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from heptstudy.fitting.validation import (
+        ALLOCATED_TOLERANCE,
         EVIDENCE,
+        RESERVED_TOLERANCE,
         ValidationRequest,
         table,
         validate,
@@ -75,10 +73,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.out:
         for path in write_outputs(doc, Path(args.out)):
             print(f"wrote {path}")
+    within = f"{ALLOCATED_TOLERANCE:.0%} allocated and {RESERVED_TOLERANCE:.0%} reserved"
     print(
-        "every report within 5% allocated and 10% reserved"
+        f"every report within {within}"
         if doc["all_within_tolerance"]
-        else "NOT every report is within 5% allocated and 10% reserved (see the table)"
+        else f"NOT every report is within {within} (see the table)"
     )
     return 0 if doc["all_within_tolerance"] else 1
 

@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heptstudy.fitting.predict import FitAnswer, evaluate
+from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, peak_mib
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
 from heptstudy.measure.estimate.keys import model_key
 from heptstudy.measure.estimate.memory_model import FitError, MemoryModel
 from heptstudy.measure.estimate.plans import DEFAULT_MARGIN_FRACTION
-from heptstudy.units import GIB, MIB
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = "cld_pf_heptv2_batch512_50k"
@@ -179,9 +178,8 @@ def _cross_check(
 ) -> dict[str, Any]:
     """Another device kind's or attention backend's model at the answer's worst batch."""
     b, longest = answer.per_device_batch, answer.worst_batch["longest_padded"]
-    allocated = float(model.predict_allocated_mib(b, longest)) * MIB / GIB
-    reserved = model.predict_reserved_mib(b, longest)
-    reserved = None if reserved is None else float(reserved) * MIB / GIB
+    allocated = gib(model.predict_allocated_mib(b, longest))
+    reserved = gib(model.predict_reserved_mib(b, longest))
     return {
         "origin": origin,
         "source": model.source,
@@ -191,7 +189,7 @@ def _cross_check(
         "device_names": model.provenance.get("device_names") or [],
         "worst_batch_allocated_gib": allocated,
         "worst_batch_reserved_gib": reserved,
-        "criterion": "allocated" if reserved is None else "reserved",
+        "criterion": criterion_of(model),
         "fits": (allocated if reserved is None else reserved) <= answer.usable_gib,
         "stale": next((d for d in differs if d.startswith(STALE_PREFIX)), None),
     }
@@ -369,11 +367,8 @@ def fit_warning(resolution) -> str | None:
         if mm is None or not mm.allocated_points:
             continue
         longest = max(p.longest_padded for p in mm.allocated_points)
-        peak = mm.predict_reserved_mib(v.per_device_batch, longest)
-        what = "reserved"
-        if peak is None:
-            peak, what = mm.predict_allocated_mib(v.per_device_batch, longest), "allocated"
-        peak_gib = float(peak) * MIB / GIB
+        what = criterion_of(mm)
+        peak_gib = gib(peak_mib(mm, what, v.per_device_batch, longest))
         if peak_gib > usable:
             warnings.append(
                 f"{v.name}: {v.per_device_batch} events per device on {plat.name} is expected to "

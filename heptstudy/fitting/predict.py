@@ -68,12 +68,17 @@ class FitAnswer:
         return {**asdict(self), "fits": self.fits}
 
 
-def _peak_mib(model: MemoryModel, quantity: str, batch_size, longest):
+def peak_mib(model: MemoryModel, quantity: str, batch_size, longest):
     if quantity == "reserved":
         return model.predict_reserved_mib(batch_size, longest)
     if quantity == "reserved_expandable":
         return model.predict_reserved_expandable_mib(batch_size, longest)
     return model.predict_allocated_mib(batch_size, longest)
+
+
+def gib(mib) -> float | None:
+    """A prediction in MiB as GiB (``None``: the model does not predict that peak)."""
+    return None if mib is None else float(mib) * MIB / GIB
 
 
 def criterion_of(model: MemoryModel, expandable_segments: bool = False) -> str:
@@ -91,7 +96,7 @@ def largest_safe_batch(
     batch size: every term is non-negative); ``None`` when one event does not fit."""
 
     def ok(b: int) -> bool:
-        return float(_peak_mib(model, quantity, b, longest_padded)) <= usable_mib
+        return float(peak_mib(model, quantity, b, longest_padded)) <= usable_mib
 
     if not ok(1):
         return None
@@ -105,7 +110,7 @@ def largest_safe_batch(
 
 
 def _tail(model, quantity, plen, batch, world_size, num_steps, usable_mib) -> Tail:
-    peaks = np.asarray(_peak_mib(model, quantity, batch, plen), dtype=float)
+    peaks = np.asarray(peak_mib(model, quantity, batch, plen), dtype=float)
     bad = int((peaks > usable_mib).sum())
     fitting = plen[peaks <= usable_mib]
     p_step = occupancy.p_step_fails(len(plen), bad, batch, world_size)
@@ -123,17 +128,14 @@ def _tail(model, quantity, plen, batch, world_size, num_steps, usable_mib) -> Ta
 def _batch_row(
     model: MemoryModel, batch: int, longest: int, usable_mib: float, what: str, criterion: str
 ):
-    alloc = float(model.predict_allocated_mib(batch, longest))
-    reserved = model.predict_reserved_mib(batch, longest)
-    expandable = model.predict_reserved_expandable_mib(batch, longest)
-    worst = float(_peak_mib(model, criterion, batch, longest))
+    worst = float(peak_mib(model, criterion, batch, longest))
     return {
         "batch": what,
         "longest_padded": int(longest),
         "padded_batch_hits": int(longest) * batch,
-        "allocated_gib": alloc * MIB / GIB,
-        "reserved_gib": None if reserved is None else float(reserved) * MIB / GIB,
-        "reserved_expandable_gib": None if expandable is None else float(expandable) * MIB / GIB,
+        "allocated_gib": gib(model.predict_allocated_mib(batch, longest)),
+        "reserved_gib": gib(model.predict_reserved_mib(batch, longest)),
+        "reserved_expandable_gib": gib(model.predict_reserved_expandable_mib(batch, longest)),
         "margin_gib": (usable_mib - worst) * MIB / GIB,
     }
 

@@ -222,7 +222,7 @@ def table(doc: dict) -> str:
     lines = [
         "| report | measured allocated | estimated allocated | error | measured reserved | "
         "estimated reserved | error | GPU tracker | estimated tracked | expandable reserved "
-        "(never measured) | within 5% / 10% |",
+        f"(never measured) | within {ALLOCATED_TOLERANCE:.0%} / {RESERVED_TOLERANCE:.0%} |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for r in doc["rows"]:

@@ -28,6 +28,7 @@ from heptstudy.measure.estimate.autocast_policy import target_autocast
 from heptstudy.measure.estimate.bench_process import simulate_bench_process
 from heptstudy.measure.estimate.kernel_scratch import scratch_bytes
 from heptstudy.measure.estimate.kernel_stand_ins import target_kernels
+from heptstudy.train.step import prime_optimizer
 from heptstudy.units import MIB
 
 
@@ -74,12 +75,7 @@ def _old_fake_step(package: str, config, batch, target: str, version: str):
         fbatch = {k: mode.from_tensor(v) for k, v in batch.items()}
         optimizer = optim.build_optimizer(model, config.train)
         scheduler = optim.build_scheduler(optimizer, config.train)
-        for p in model.parameters():  # LAMB's state, as before every counted bench step
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        prime_optimizer(model, optimizer, scheduler)  # LAMB's state, as in a counted step
         meter.start_step(fbatch.values(), model=model, optimizer=optimizer)
         _, losses = trainer.forward_and_loss(model, fbatch, config, dtype)
         losses["total"].backward()

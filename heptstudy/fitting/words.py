@@ -142,7 +142,7 @@ def _validation_lines(mm) -> list[str]:
 
 
 def render(result) -> str:
-    """The full report of one fit."""
+    """The full report of one fit (with auto's answer when the configuration is auto)."""
     a, mm, rv = result.answer, result.model, result.variant
     cfg = rv.config
     lines = [answer_words(result), ""]
@@ -196,4 +196,8 @@ def render(result) -> str:
         "batch or step = a uniformly random set of events of an epoch; validation steps not modelled",
         *(f"  {n}" for n in result.notes + mm.notes),
     ]
+    if result.auto is not None:
+        from heptstudy.fitting.auto import auto_words
+
+        lines += auto_words(result.auto)
     return "\n".join(lines)

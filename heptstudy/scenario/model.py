@@ -47,6 +47,10 @@ def _find_or_refuse(name_or_path: str | Path, directory: Path, rule: str, what: 
 
 def load_scenario(name_or_path: str | Path) -> Scenario:
     path = _find_or_refuse(name_or_path, SCENARIO_DIR, "scenario-exists", "scenario")
+
+    def refused(problem: str) -> ScenarioError:
+        return ScenarioError("scenario-exists", f"scenario {str(path)!r}: {problem}")
+
     try:
         data = _read_yaml(path, "scenario")
     except ConfigError as err:
@@ -54,35 +58,30 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     unknown = sorted(set(data) - _SCENARIO_KEYS)
     missing = sorted({"name", "shared", "variants"} - set(data))
     if unknown or missing:
-        raise ScenarioError(
-            "scenario-exists",
-            f"scenario {str(path)!r}: unknown top-level keys {unknown}, missing keys {missing}; "
-            f"a scenario holds exactly {sorted(_SCENARIO_KEYS)} (model/data/train go under "
-            "'shared' or a variant)",
+        raise refused(
+            f"unknown top-level keys {unknown}, missing keys {missing}; a scenario holds exactly "
+            f"{sorted(_SCENARIO_KEYS)} (model/data/train go under 'shared' or a variant)"
         )
     variants = data["variants"]
     if not isinstance(variants, Mapping) or not variants:
-        raise ScenarioError(
-            "scenario-exists",
-            f"scenario {str(path)!r}: 'variants' must be a non-empty mapping of name -> partial "
-            f"configuration, got {variants!r}",
+        raise refused(
+            "'variants' must be a non-empty mapping of name -> partial configuration, got "
+            f"{variants!r}"
         )
     shared = data.get("shared") or {}
     for where, part in [("shared", shared)] + [(f"variants.{k}", v) for k, v in variants.items()]:
         if part is not None and not isinstance(part, Mapping):
-            raise ScenarioError(
-                "scenario-exists",
-                f"scenario {str(path)!r}: {where} must be a mapping (a partial configuration with "
-                f"model/data/train sections), got {part!r}",
+            raise refused(
+                f"{where} must be a mapping (a partial configuration with model/data/train "
+                f"sections), got {part!r}"
             )
     split = data.get("test_split_events") or {}
     if not isinstance(split, Mapping) or not all(
         isinstance(v, int) and v >= 0 for v in split.values()
     ):
-        raise ScenarioError(
-            "scenario-exists",
-            f"scenario {str(path)!r}: test_split_events must map a data set (NAME or NAME:VERSION) "
-            f"to a non-negative event count, got {split!r}",
+        raise refused(
+            "test_split_events must map a data set (NAME or NAME:VERSION) to a non-negative "
+            f"event count, got {split!r}"
         )
     try:
         check_name(data["name"], f"scenario {str(path)!r}: name", example="hepv2_h100")

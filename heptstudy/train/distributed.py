@@ -85,3 +85,8 @@ def gather_lists(values: list, ctx: DistContext) -> list[list]:
     gathered: list = [None] * ctx.world_size
     dist.all_gather_object(gathered, values)
     return gathered
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()

@@ -24,39 +24,30 @@ class ModelTooLarge(HeptstudyError):
     """The model's parameters alone do not fit in the memory available."""
 
 
-def parameter_count(config: Config) -> tuple[int, int]:
-    """``(parameters, bytes of parameters and buffers)`` of the configured model."""
+def check_model_fits(config: Config, device: torch.device | str) -> int:
+    """Refuse, before anything is built, a model whose parameters, gradients and optimizer
+    state need more memory than ``device`` has available; returns the bytes of its parameters
+    and buffers."""
+    device = torch.device(device)
     with torch.device("meta"):
         model = build_model(config)
     params = list(model.parameters())
     count = sum(p.numel() for p in params)
     nbytes = sum(p.numel() * p.element_size() for p in params)
     nbytes += sum(b.numel() * b.element_size() for b in model.buffers())
-    return count, nbytes
-
-
-def available_bytes(device: torch.device) -> tuple[int | None, str]:
-    """Memory a new model can take on ``device``, and where that figure comes from."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free), f"{device} (free device memory)"
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "this host (MemAvailable)"
-    except (OSError, ValueError, IndexError):
-        pass
-    return None, "this host"
-
-
-def check_model_fits(config: Config, device: torch.device | str) -> int:
-    """Refuse, before anything is built, a model whose parameters, gradients and optimizer
-    state need more memory than ``device`` has available; returns the bytes needed."""
-    device = torch.device(device)
-    count, nbytes = parameter_count(config)
     need = COPIES * nbytes
-    free, where = available_bytes(device)
+    free, where = None, "this host"
+    if device.type == "cuda":
+        free, where = int(torch.cuda.mem_get_info(device)[0]), f"{device} (free device memory)"
+    else:
+        try:
+            with open("/proc/meminfo") as fh:
+                for line in fh:
+                    if line.startswith("MemAvailable:"):
+                        free, where = int(line.split()[1]) * 1024, "this host (MemAvailable)"
+                        break
+        except (OSError, ValueError, IndexError):
+            pass
     if free is not None and need > free:
         h = config.model.heptv2
         raise ModelTooLarge(

@@ -51,7 +51,7 @@ def choose_out_dir(
             _refuse_later_steps(target, resume_step)
             return target
     shown = ", ".join(str(f.relative_to(out)) for f in files[:3]) + (", ..." if files[3:] else "")
-    latest = _latest_checkpoint(out)
+    latest = latest_checkpoint(out / "checkpoints")
     resume_hint = (
         f"To continue that run give --resume {latest}"
         if latest
@@ -149,8 +149,9 @@ def _refuse_later_steps(run: Path, step: int) -> None:
         )
 
 
-def _latest_checkpoint(out: Path) -> Path | None:
-    found = list((out / "checkpoints").glob("step_*.pt")) if out.is_dir() else []
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The ``step_*.pt`` file of ``folder`` with the highest step number."""
+    found = list(folder.glob("step_*.pt")) if folder.is_dir() else []
     return max(found, key=_step_of) if found else None
 
 

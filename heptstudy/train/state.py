@@ -27,6 +27,7 @@ import torch
 from heptstudy.atomic import atomic_open
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
+from heptstudy.train.out_dir import latest_checkpoint
 
 FORMAT = "heptstudy.training_state/2"
 #: Written before training-state files carried a digest; they cannot be verified.
@@ -63,11 +64,18 @@ RUNTIME_KEYS = frozenset(
     }
 )
 
-_NOTHING_WRITTEN = "nothing was written"
-
 
 class TrainingStateError(HeptstudyError):
     pass
+
+
+def _refused(path: Path, problem: str) -> TrainingStateError:
+    """``--resume PATH`` refused, before the run has written anything."""
+    return TrainingStateError(f"--resume {str(path)!r}{problem}; nothing was written")
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).splitlines() or [""])[0][:200]
 
 
 def state_digest(parts: Mapping[str, Any]) -> str:
@@ -132,52 +140,56 @@ def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
     and one from an incompatible configuration, before anything is written."""
     p = Path(path)
     if p.is_dir():
-        found = sorted(p.glob("checkpoints/step_*.pt")) or sorted(p.glob("step_*.pt"))
-        raise TrainingStateError(
-            f"--resume {str(p)!r} is a folder; give one training-state file"
-            + (f", for example the latest there, {str(found[-1])!r}" if found else "")
-            + f"; {_NOTHING_WRITTEN}"
+        latest = latest_checkpoint(p / "checkpoints") or latest_checkpoint(p)
+        raise _refused(
+            p,
+            " is a folder; give one training-state file"
+            + (f", for example the latest there, {str(latest)!r}" if latest else ""),
         )
     if not p.is_file():
-        raise TrainingStateError(
-            f"--resume {str(p)!r}: no such file; give a checkpoints/step_NNNNNN.pt file written "
-            f"by `heptstudy train`; {_NOTHING_WRITTEN}"
+        raise _refused(
+            p,
+            ": no such file; give a checkpoints/step_NNNNNN.pt file written by `heptstudy train`",
         )
     try:
         state = torch.load(p, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError) as err:
-        raise TrainingStateError(
-            f"--resume {str(p)!r} is not a readable training-state file ({type(err).__name__}: "
-            f"{(str(err).splitlines() or [''])[0][:200]}); it may be truncated or damaged. Resume "
-            f"from an earlier checkpoint of the run; {_NOTHING_WRITTEN}"
+        raise _refused(
+            p,
+            f" is not a readable training-state file ({type(err).__name__}: "
+            f"{_first_line(err)}); it may be truncated or damaged. Resume "
+            f"from an earlier checkpoint of the run",
         ) from None
     fmt = state.get("format") if isinstance(state, dict) else None
     if fmt in UNVERIFIED_FORMATS:
-        raise TrainingStateError(
-            f"--resume {str(p)!r} has format {fmt!r}, written before training-state files "
+        raise _refused(
+            p,
+            f" has format {fmt!r}, written before training-state files "
             f"carried a checksum, so its tensors cannot be verified; this version reads "
             f"{FORMAT!r}. Start a new run (`heptstudy train --new-run`) or resume with the "
-            f"heptstudy version that wrote it; {_NOTHING_WRITTEN}"
+            f"heptstudy version that wrote it",
         )
     if fmt != FORMAT:
-        raise TrainingStateError(
-            f"--resume {str(p)!r} has format {fmt!r}, expected {FORMAT!r}: it is not a "
-            f"training-state file of `heptstudy train`; {_NOTHING_WRITTEN}"
+        raise _refused(
+            p,
+            f" has format {fmt!r}, expected {FORMAT!r}: it is not a "
+            f"training-state file of `heptstudy train`",
         )
     _check_parts(p, state)
     if state.get("sha256") != state_digest({k: state[k] for k in PARTS}):
-        raise TrainingStateError(
-            f"--resume {str(p)!r}: its contents do not match the sha256 checksum written with "
+        raise _refused(
+            p,
+            ": its contents do not match the sha256 checksum written with "
             "them (the file was changed or damaged after it was written). Resume from another "
-            f"checkpoint of the run (the previous step_*.pt); {_NOTHING_WRITTEN}"
+            "checkpoint of the run (the previous step_*.pt)",
         )
     differences = _differences(state["config"], config.to_dict())
     if differences:
         listed = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, a, b in differences[:8])
-        raise TrainingStateError(
-            f"--resume {str(p)!r} comes from an incompatible configuration ({listed}). Resume "
-            "with the configuration it was written with (it is stored in the file's 'config'); "
-            f"{_NOTHING_WRITTEN}"
+        raise _refused(
+            p,
+            f" comes from an incompatible configuration ({listed}). Resume "
+            "with the configuration it was written with (it is stored in the file's 'config')",
         )
     return state
 
@@ -185,10 +197,11 @@ def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
 def _check_parts(p: Path, state: dict) -> None:
     missing = [k for k in (*PARTS, "sha256") if k not in state]
     if missing:
-        raise TrainingStateError(
-            f"--resume {str(p)!r} lacks {', '.join(repr(k) for k in missing)}; a training-state "
+        raise _refused(
+            p,
+            f" lacks {', '.join(repr(k) for k in missing)}; a training-state "
             f"file holds {', '.join(repr(k) for k in (*PARTS, 'sha256'))}. It was not written by "
-            f"`heptstudy train` or was edited: resume from another checkpoint; {_NOTHING_WRITTEN}"
+            f"`heptstudy train` or was edited: resume from another checkpoint",
         )
     wrong = [
         f"{k!r} is a {type(state[k]).__name__}"
@@ -196,10 +209,10 @@ def _check_parts(p: Path, state: dict) -> None:
         if not isinstance(state[k], kind) or isinstance(state[k], bool)
     ]
     if wrong:
-        raise TrainingStateError(
-            f"--resume {str(p)!r}: {', '.join(wrong)}, which no training-state file holds "
-            f"(step is an integer, the other parts mappings); resume from another checkpoint; "
-            f"{_NOTHING_WRITTEN}"
+        raise _refused(
+            p,
+            f": {', '.join(wrong)}, which no training-state file holds "
+            f"(step is an integer, the other parts mappings); resume from another checkpoint",
         )
 
 
@@ -217,7 +230,7 @@ def restore_training_state(state: dict[str, Any], path, *, model, optimizer, sch
         except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as err:
             raise TrainingStateError(
                 f"--resume {str(path)!r}: its {name!r} state does not fit this run "
-                f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}); resume "
+                f"({type(err).__name__}: {_first_line(err)}); resume "
                 "with the heptstudy version and configuration that wrote it"
             ) from None
     restore_rng_states(state["rng"])

@@ -62,34 +62,10 @@ def describe_batch(batch) -> str:
     )
 
 
-def check_finite(losses: dict[str, torch.Tensor], step: int, batch) -> dict[str, float]:
-    values = {k: float(v.detach()) for k, v in losses.items()}
-    if not all(math.isfinite(v) for v in values.values()):
-        raise NonFiniteLoss(
-            f"non-finite loss at step {step} ({describe_batch(batch)}): components {values}. "
-            "The last good checkpoint is untouched; lower train.lr or inspect these events"
-        )
-    return values
-
-
-def out_of_memory_message(batch, config: Config) -> str:
-    hint = (
-        "switch on model.heptv2.activation_checkpointing=true or lower the per-device batch"
-        if not config.model.heptv2.activation_checkpointing
-        else "lower the per-device batch (activation checkpointing is already on)"
-    )
-    return f"out of device memory on {describe_batch(batch)}; {hint}"
-
-
 def _write_json_line(path: Path, record: dict[str, Any]) -> None:
     with path.open("a") as fh:
         fh.write(json.dumps(record) + "\n")
         fh.flush()
-
-
-def _save_predictions(path: Path, predictions: dict[str, np.ndarray]) -> None:
-    with atomic_open(path, "wb") as fh:
-        np.savez_compressed(fh, **predictions)
 
 
 def train(
@@ -260,9 +236,10 @@ def _train_into(
                         _write_json_line(
                             metrics_path, {"kind": "validation", "step": step, **metrics}
                         )
-                        _save_predictions(predictions_file, predictions)
+                        with atomic_open(predictions_file, "wb") as fh:
+                            np.savez_compressed(fh, **predictions)
                         last = {**last, **{f"val_{k}": v for k, v in metrics.items()}}
-                    _barrier(ctx)
+                    distributed.barrier(ctx)
                 if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
                     if ctx.is_main:
                         save_training_state(
@@ -274,7 +251,7 @@ def _train_into(
                             step=step,
                             config=config,
                         )
-                    _barrier(ctx)
+                    distributed.barrier(ctx)
             except OSError as exc:
                 raise _write_failed(exc, out, step, predictions_file, checkpoint_file) from None
     bar.close()
@@ -293,13 +270,13 @@ def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpo
     limit): the step's predictions go too when its checkpoint is not there, so that nothing
     blocks a resume from the last checkpoint written."""
     from heptstudy.atomic import WriteFailed
-    from heptstudy.train.out_dir import _latest_checkpoint
+    from heptstudy.train.out_dir import latest_checkpoint
 
     # the predictions are written first: when they are there, the checkpoint is what failed
     where = exc.filename or (checkpoint if predictions.exists() else predictions)
     if not checkpoint.exists():
         predictions.unlink(missing_ok=True)
-    latest = _latest_checkpoint(out)
+    latest = latest_checkpoint(out / "checkpoints")
     again = (
         f"free space (or raise the quota) and resume with --resume {latest}"
         if latest is not None
@@ -328,10 +305,22 @@ def _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, st
         try:
             with applied_plan(net, None if choice is None else choice.plan):
                 _, losses = forward_and_loss(net, batch, config, dtype)
-                values = check_finite(losses, step, batch)
+                values = {k: float(v.detach()) for k, v in losses.items()}
+                if not all(math.isfinite(v) for v in values.values()):
+                    raise NonFiniteLoss(
+                        f"non-finite loss at step {step} ({describe_batch(batch)}): components "
+                        f"{values}. The last good checkpoint is untouched; lower train.lr or "
+                        "inspect these events"
+                    )
                 (losses["total"] / accum).backward()
         except torch.OutOfMemoryError:
-            raise OutOfMemory(out_of_memory_message(batch, config)) from None
+            hint = (
+                "lower the per-device batch (activation checkpointing is already on)"
+                if config.model.heptv2.activation_checkpointing
+                else "switch on model.heptv2.activation_checkpointing=true or lower the "
+                "per-device batch"
+            )
+            raise OutOfMemory(f"out of device memory on {describe_batch(batch)}; {hint}") from None
         for k, v in values.items():
             totals[k] = totals.get(k, 0.0) + v / accum
         choices.append(choice)
@@ -354,8 +343,3 @@ def _plan_fields(choices, ctx) -> dict[str, Any]:
     if ctx.device.type == "cuda":
         fields["peak_allocated_mib"] = torch.cuda.max_memory_allocated(ctx.device) / MIB
     return fields
-
-
-def _barrier(ctx) -> None:
-    if ctx.distributed:
-        torch.distributed.barrier()
