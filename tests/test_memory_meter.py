@@ -1,4 +1,5 @@
 import gc
+import time
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from heptstudy.measure.memory import (
     live_bytes_of,
     make_meter,
 )
-from heptstudy.measure.timing import StepTimer, summarize
+from heptstudy.measure.timing import StepTimer, TimingSummary, summarize
 from heptstudy.model import build_model, example_batch
 
 MIB = 2**20
@@ -280,17 +281,11 @@ def test_missing_proc_gives_no_reserved_and_a_reason(monkeypatch):
     assert "clear_refs" in m.result.reserved_unavailable_reason
 
 
-def test_step_timer_counts_after_warmup():
-    timer = StepTimer("cpu", warmup=2)
-    for _ in range(5):
-        with timer.step():
-            torch.ones(10).sum()
-    s = timer.summary()
-    assert [r.counted for r in timer.records] == [False, False, True, True, True]
-    assert s.counted == 3 and s.warmup == 2 and s.min_s <= s.mean_s
+def test_step_timer_times_each_step():
+    timer = StepTimer("cpu")
+    with timer.step():
+        time.sleep(0.01)
+    assert timer.seconds >= 0.01
     assert summarize([1.0, 3.0]).std_s == pytest.approx(2**0.5)
+    assert summarize([2.0]) == TimingSummary(2.0, 0.0, 2.0)
     assert summarize([]).mean_s is None
-    with pytest.raises(ValueError):
-        with timer.step():
-            raise ValueError("oom")
-    assert len(timer.records) == 5

@@ -4,7 +4,6 @@ N random hits: wall time and peak live tensor bytes, the figures its speed work 
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import torch
 from heptstudy.config import Config
 from heptstudy.errors import ConfigError
 from heptstudy.measure.memory import make_meter
-from heptstudy.measure.timing import synchronize
+from heptstudy.measure.timing import StepTimer
 from heptstudy.model import example_batch
 from heptstudy.model.checkpoint_plan import apply_plan, plan_of
 from heptstudy.model.heptv2 import HEPTv2Layer, hit_coordinates
@@ -82,13 +81,11 @@ def run_backbone_bench(
         layers.zero_grad(set_to_none=True)
 
     step()  # warm-up: allocator growth, lazy initialisation
-    times = []
+    timer, times = StepTimer(dev), []
     for _ in range(repeats):
-        synchronize(dev)
-        t0 = time.perf_counter()
-        step()
-        synchronize(dev)
-        times.append(time.perf_counter() - t0)
+        with timer.step():
+            step()
+        times.append(timer.seconds)
     meter = make_meter(dev)
     meter.start_step([x, grad, batch], model=layers)
     step()

@@ -264,7 +264,7 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
     try:
         # Pass 1: time the steps and their phases, without any tracker.
         if timing:
-            timer = StepTimer(device, warmup=warmup)
+            timer = StepTimer(device)
             state = _fresh(config, device)
             for step in range(len(batches)):
                 if step == warmup and device.type == "cpu" and (mapped := populate_heap()):
@@ -276,7 +276,7 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
                 clock = make_phase_clock(device)
                 with timer.step(), HostUsage() as usage:
                     result = measured_step(state, step, clock)
-                records[step]["time_s"] = timer.records[-1].seconds
+                records[step]["time_s"] = timer.seconds
                 records[step]["phase_time_s"] = clock.seconds()
                 records[step].update(usage.fields())
                 records[step]["loss"] = {k: float(v) for k, v in result.losses.items()}  # untimed

@@ -37,7 +37,6 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
@@ -148,12 +147,14 @@ def find_platform(value: str) -> str:
     return str(found)
 
 
-def parse_choice(value: Any, choices: tuple[str, ...]) -> str | None:
-    if _is_none(value):
+def parse_choice(value: Any, choices: tuple[str, ...], optional: bool = True) -> str | None:
+    if optional and _is_none(value):
         return None
     if isinstance(value, str) and value.strip() in choices:
         return value.strip()
-    raise ValueError(f"allowed values are {', '.join(choices)} or None (the default)")
+    if optional:
+        raise ValueError(f"allowed values are {', '.join(choices)} or None (the default)")
+    raise ValueError(f"allowed values are {', '.join(choices[:-1])} or {choices[-1]}")
 
 
 def parse_path(value: Any) -> str | None:
@@ -184,6 +185,10 @@ def _owned_keys_refused(items: list[str]) -> list[str]:
 
 
 # Parameter types: what every entry point may hand over (see the module docstring).
+def _one_of(*choices: str) -> BeforeValidator:
+    return BeforeValidator(partial(parse_choice, choices=choices, optional=False))
+
+
 Flag = Annotated[bool, BeforeValidator(parse_bool)]
 Count = Annotated[int, BeforeValidator(partial(parse_int, low=1))]
 OptionalCount = Annotated[int | None, BeforeValidator(partial(parse_int, low=1, optional=True))]
@@ -203,7 +208,7 @@ class MeasurementRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["memory", "parity"] = Field(
+    kind: Annotated[Literal["memory", "parity"], _one_of(MEMORY, PARITY)] = Field(
         MEMORY, description="memory (peak memory and step time) or parity (checkpointing parity)"
     )
     batch_size: Count = Field(1, description="events per step, an integer >= 1")
@@ -233,7 +238,7 @@ class MeasurementRequest(BaseModel):
     platform: Annotated[str | None, BeforeValidator(parse_platform)] = Field(
         None, description="platform profile (name or YAML path); None: this machine"
     )
-    allocator: Literal["platform", "default"] = Field(
+    allocator: Annotated[Literal["platform", "default"], _one_of("platform", "default")] = Field(
         "platform",
         description="memory only: platform applies the platform profile's host allocator "
         "settings inside the measuring process at the start of the measurement (on a CPU "
@@ -254,20 +259,6 @@ class MeasurementRequest(BaseModel):
     progress: Flag = Field(True, description="progress bar (display only)")
     #: the platform profile, read once when the request is validated
     _profile: PlatformConfig | None = PrivateAttr(None)
-
-    @field_validator("allocator", mode="before")
-    @classmethod
-    def _allocator(cls, value: Any) -> str:
-        if isinstance(value, str) and value.strip() in ("platform", "default"):
-            return value.strip()
-        raise ValueError("allowed values are platform or default")
-
-    @field_validator("kind", mode="before")
-    @classmethod
-    def _kind(cls, value: Any) -> str:
-        if isinstance(value, str) and value.strip() in (MEMORY, PARITY):
-            return value.strip()
-        raise ValueError(f"allowed values are {MEMORY} or {PARITY}")
 
     @model_validator(mode="after")
     def _kind_and_device_defaults(self) -> MeasurementRequest:
