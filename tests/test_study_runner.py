@@ -338,8 +338,6 @@ from heptstudy.measure import allocator as alloc
 alloc.apply_allocator(alloc.measurement_allocator(None, "cpu"))
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-libc.free(libc.malloc(64 * 2**20))  # a warm-up: the heap grows by the block and local_cpu's pad
 mapped = alloc.populate_heap() if sys.argv[1] == "populate" else 0
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 ctypes.memset(libc.malloc(256 * 2**20), 1, 256 * 2**20)
@@ -349,8 +347,9 @@ print(mapped, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 @pytest.mark.parametrize("populate", [True, False])
 def test_populating_the_heap_spares_a_later_block_its_first_touches(populate):
-    """local_cpu's settings keep a padded heap, yet a block carved from its untouched top pad
-    faults in every page on first use (65,536 for 256 MiB) unless the heap was populated."""
+    """local_cpu's settings keep a padded heap, yet a block above the process's high-water mark
+    faults in every page on first use (65,536 for 256 MiB) unless the heap was populated, which
+    grows its free top to the pad (1 GiB) and maps it."""
     import subprocess
     import sys
 

@@ -176,23 +176,35 @@ def _heap_range() -> tuple[int, int] | None:
 
 
 def populate_heap() -> int:
-    """Map every page of the heap now: the heap's bytes, or 0 when the allocator runs as it comes
-    (it hands freed memory back, so there is nothing to keep mapped) or this cannot be done (no
-    ``[heap]``, a kernel older than 5.14). Call it between the warm-up and the counted steps.
+    """Give the heap at least ``MALLOC_TOP_PAD_`` of free top and map every page of it now: the
+    heap's bytes, or 0 when the allocator runs as it comes (it hands freed memory back, so there
+    is nothing to keep mapped) or this cannot be done (no ``[heap]``, a kernel older than 5.14).
+    Call it between the warm-up and the counted steps.
 
     With the heap kept and padded, a page the allocator holds is still mapped by the kernel only
-    on its first touch: a counted step that reuses a free chunk the warm-up never wrote, or the
-    untouched top pad, pays those faults, and how many depends on the heap's layout, which the
-    entry point shapes (a notebook kernel allocates more before the measurement than a bench
-    process) and which varies from run to run (an earlier touch of a fixed part of the top pad
-    left 9 to 37,000 faults per counted step, ``experiments/allocator_entry_points/``). Mapping
-    the whole heap, every free chunk and the top pad included, leaves no such page whatever the
-    layout. ``MADV_POPULATE_WRITE`` maps without writing, so live data is untouched."""
+    on its first touch: a counted step that reuses a free chunk the warm-up never wrote, or that
+    reaches above the warm-up's high-water mark into the top pad, pays those faults. How many
+    depends on the heap's layout, which the entry point shapes (a notebook kernel allocates more
+    before the measurement than a bench process) and which varies from run to run: touching a
+    fixed 512 MiB of the pad instead left 9 to 37,000 faults per counted step, mapping the heap
+    as the warm-up left it still up to 74,000 in the uncheckpointed batch-4 step that needs more
+    than the warm-up (``experiments/allocator_entry_points/``). A block of the pad's size,
+    allocated and freed, grows the heap's free top to at least the pad (glibc trims what exceeds
+    the trim threshold back to the pad); ``MADV_POPULATE_WRITE`` then maps the whole heap without
+    writing to it, so live data is untouched."""
     state = allocator_in_use()
-    heap = _heap_range()
-    if not state.name.startswith("glibc") or not state.settings or heap is None:
+    if not state.name.startswith("glibc") or not state.settings:
         return 0
     libc = ctypes.CDLL(None, use_errno=True)
+    pad = state.settings.get("MALLOC_TOP_PAD_", "")
+    if pad.isdigit() and int(pad) > 0:
+        libc.malloc.restype = ctypes.c_void_p
+        libc.malloc.argtypes = [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.free(libc.malloc(min(int(pad), _INT_MAX)))
+    heap = _heap_range()
+    if heap is None:
+        return 0
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     start, end = heap
     if libc.madvise(start, end - start, _MADV_POPULATE_WRITE) != 0:
