@@ -1,29 +1,32 @@
 #!/usr/bin/env bash
 # The same measurement from the three entry points (issue 23): the headline papermill command,
-# `heptstudy bench` and a one-run `heptstudy study run`, at batch 4 with full checkpointing on
-# the same events, each started from a shell without any allocator variable, so that only the
+# `heptstudy bench` and a one-run `heptstudy study run`, at batch 4 (full checkpointing unless
+# CHECKPOINTING says otherwise) on the same events, each started from a shell without any allocator variable, so that only the
 # measurement's own mallopt sets the allocator. Then summarises each report's allocator
 # settings and minor page faults per counted step (summary.tsv).
-#   bash scripts/allocator_entry_points.sh [DATA_DIR] [OUT_DIR] [PASSES]
+#   bash scripts/allocator_entry_points.sh [DATA_DIR] [OUT_DIR] [PASSES] [CHECKPOINTING]
 # PASSES: both (default; about 10 minutes on two idle cores, full-size model) or timing (the
 # page faults are counted in the timed pass; about half the time).
 set -euo pipefail
 data_dir=${1:-data/tfds}
 out=${2:-experiments/allocator_entry_points}
 passes=${3:-both}
+checkpointing=${4:-full}
+# the headline command's own spelling of full checkpointing
+notebook_value=$([ "$checkpointing" = full ] && echo true || echo "$checkpointing")
 bin=${VENV:-.venv}/bin
 mkdir -p "$out"
 clean=(env -u MALLOC_MMAP_THRESHOLD_ -u MALLOC_TRIM_THRESHOLD_ -u MALLOC_TOP_PAD_ -u MALLOC_ARENA_MAX)
 "${clean[@]}" "$bin/papermill" notebooks/memory.ipynb "$out/papermill.ipynb" --log-level WARNING \
-  -p batch_size 4 -p checkpointing true -p data_dir "$data_dir" -p passes "$passes" -p output "$out/papermill.json"
-"${clean[@]}" "$bin/heptstudy" bench --batch-size 4 --checkpointing full --data-dir "$data_dir" \
+  -p batch_size 4 -p checkpointing "$notebook_value" -p data_dir "$data_dir" -p passes "$passes" -p output "$out/papermill.json"
+"${clean[@]}" "$bin/heptstudy" bench --batch-size 4 --checkpointing "$checkpointing" --data-dir "$data_dir" \
   --passes "$passes" --no-progress --output "$out/bench.json"
 study=$(mktemp -d)
-printf 'name: allocator_entry_points\ndescription: one run\ndefaults: {data_dir: %s}\nruns:\n  - {batch_size: 4, checkpointing: full, passes: %s}\n' \
-  "$data_dir" "$passes" > "$study/matrix.yaml"
+printf 'name: allocator_entry_points\ndescription: one run\ndefaults: {data_dir: %s}\nruns:\n  - {batch_size: 4, checkpointing: %s, passes: %s}\n' \
+  "$data_dir" "$checkpointing" "$passes" > "$study/matrix.yaml"
 "${clean[@]}" "$bin/heptstudy" study run --matrix "$study/matrix.yaml" --out "$study/out" \
   --no-aggregate --no-progress
-cp "$study/out/checkpointed_b4.json" "$out/study_run.json"
+cp "$study/out/"*_b4.json "$out/study_run.json"
 rm -rf "$study"
 "$bin/python" - "$out" <<'PY'
 import json, sys

@@ -1,0 +1,79 @@
+"""Compare a study's memory figures with a reference study's, run by run, step by step.
+
+    python scripts/compare_study_memory.py STUDY REFERENCE [--table OUT.md]
+
+For every memory report of STUDY with a namesake in REFERENCE: are the events and each step's
+peak allocated bytes the same (the storage tracker is deterministic, so a change means the step
+changed), and how far the peak reserved (the process's resident set) moved; for parity reports,
+how many outputs, loss and gradients are equal in each. Exits 1 when an allocated peak differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from heptstudy.measure.report import read_report
+from heptstudy.units import MIB
+
+
+def _equal_counts(report) -> str:
+    c = report.parity.checkpointed_vs_baseline
+    outputs = sum(o.equal for o in c.outputs)
+    grads = sum(bool(g.equal) for g in c.gradients)
+    return f"outputs {outputs}/{c.num_outputs}, loss {c.loss.equal}, gradients {grads}/{c.num_gradients}"
+
+
+def compare(study: Path, reference: Path) -> tuple[list[str], int]:
+    rows = [
+        "| report | events | peak allocated per step, bytes | allocated | max reserved, MiB: "
+        "reference -> study |",
+        "|---|---|---|---|---|",
+    ]
+    differing = 0
+    for path in sorted(study.rglob("*.json")):
+        ref_path = reference / path.relative_to(study)
+        if not ref_path.exists() or path.name == "matrix.json":
+            continue
+        new, ref = read_report(path), read_report(ref_path)
+        name = str(path.relative_to(study))
+        if new.kind == "parity":
+            rows.append(
+                f"| {name} | | parity: {_equal_counts(new)} (reference: {_equal_counts(ref)}) | | |"
+            )
+            continue
+        peaks = [s.peak_allocated_mib for s in new.steps]
+        if new.status != "ok" or peaks[0] is None:
+            continue  # a timing-only run
+        same_events = [s.event_indices for s in new.steps] == [s.event_indices for s in ref.steps]
+        same = peaks == [s.peak_allocated_mib for s in ref.steps]
+        differing += not same
+        in_bytes = " / ".join(f"{round(p * MIB):,}" for p in peaks)
+        reserved = (
+            f"{ref.summary.max_peak_reserved_mib:,.1f} -> {new.summary.max_peak_reserved_mib:,.1f}"
+        )
+        rows.append(
+            f"| {name} | {'same' if same_events else 'DIFFERENT'} | {in_bytes} | "
+            f"{'identical' if same else 'DIFFERENT'} | {reserved} |"
+        )
+    return rows, differing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", type=Path)
+    parser.add_argument("reference", type=Path)
+    parser.add_argument("--table", type=Path, help="also write the table (Markdown) here")
+    args = parser.parse_args(argv)
+    rows, differing = compare(args.study, args.reference)
+    text = "\n".join(rows) + "\n"
+    print(text, end="")
+    if args.table:
+        args.table.write_text(text)
+    print(f"{differing} memory report(s) with a different allocated peak", file=sys.stderr)
+    return 1 if differing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
