@@ -34,7 +34,7 @@ def compare(study: Path, reference: Path) -> tuple[list[str], int]:
     differing = 0
     for path in sorted(study.rglob("*.json")):
         ref_path = reference / path.relative_to(study)
-        if not ref_path.exists() or path.name == "matrix.json":
+        if not ref_path.exists():
             continue
         new, ref = read_report(path), read_report(ref_path)
         name = str(path.relative_to(study))
