@@ -269,8 +269,8 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
             for step in range(len(batches)):
                 if step == warmup and device.type == "cpu" and (mapped := populate_heap()):
                     header["notes"].append(
-                        f"the heap's {mapped / MIB:,.0f} MiB mapped after the warm-up, free "
-                        "chunks and top pad included (no counted step faults in a page the "
+                        f"the heap's free top grown to the pad and its {mapped / MIB:,.0f} MiB "
+                        "mapped after the warm-up (no counted step faults in a page the "
                         "allocator already holds)"
                     )
                 clock = make_phase_clock(device)

@@ -55,10 +55,11 @@ A measurement applies its platform's settings itself, with glibc's mallopt at it
 it runs under heptstudy bench, a notebook or a study (environment.allocator_applied: the values
 applied; local_cpu, also on a CPU without a platform, keeps freed memory: MALLOC_MMAP_THRESHOLD_
 and MALLOC_TRIM_THRESHOLD_ 16 GiB, applied as 2 GiB - 1, mallopt's largest, and MALLOC_TOP_PAD_
-1 GiB; after the warm-up the timed pass maps every page of the heap, madvise MADV_POPULATE_WRITE,
-so that no counted step faults in memory the allocator already holds); allocator: default applies
-nothing and records the settings the process started with; and for each timed step the process's minor and major page faults and system and user CPU time
-(resource.getrusage around the step). A memory measurement runs both passes, or only the timing
+1 GiB; after the warm-up the timed pass grows the heap's free top to the pad and maps every page
+of the heap, madvise MADV_POPULATE_WRITE, so that no counted step faults in memory the allocator
+already holds); allocator: default applies nothing and records the settings the process started
+with; and for each timed step the process's minor and major page faults and system and user CPU
+time (resource.getrusage around the step). A memory measurement runs both passes, or only the timing
 or only the memory pass (summary.tracked_memory_note says which).
 
 Memory. The peak over forward, loss and backward of each step (not step-end occupancy); the

@@ -2,7 +2,7 @@
 
 ::
 
-    timer = StepTimer(device)
+    timer, times = StepTimer(device), []
     for batch in batches:            # batches already on the device: loading is not timed
         with timer.step():
             train_step(batch)
