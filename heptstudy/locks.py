@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -44,30 +45,62 @@ def _pid_alive(pid: object) -> bool:
 
 def _read_holder(fd: int) -> dict:
     os.lseek(fd, 0, os.SEEK_SET)
-    raw = b""
-    while chunk := os.read(fd, 65536):
-        raw += chunk
+    raw = os.read(fd, 4096)  # a lock is one short line; anything longer is not one
     try:
         info = json.loads(raw.decode("utf-8") or "{}")
     except (UnicodeDecodeError, json.JSONDecodeError):
-        return {"unreadable": raw[:200].decode("utf-8", "replace")}
-    return info if isinstance(info, dict) else {"unreadable": str(info)[:200]}
+        return {"unreadable": True}
+    return info if isinstance(info, dict) else {"unreadable": True}
 
 
 def _describe(info: dict) -> str:
     if "unreadable" in info:
-        return f"an unreadable lock ({info['unreadable']!r})"
+        return "a process whose lock file does not hold a heptstudy lock's fields"
     return (
         f"pid {info.get('pid')} on {info.get('host')}, started {info.get('started')}"
         f" ({info.get('command')})"
     )
 
 
-def _open_locked(lock: Path) -> tuple[int, dict] | dict:
+class NotALock(HeptstudyError):
+    """The lock's path holds something this project did not write: it is left as it is."""
+
+
+_LOCK_KEYS = {"pid", "host", "started", "command"}
+
+
+def _refuse_foreign(lock: Path, what: str, why: str) -> NotALock:
+    return NotALock(
+        f"{what}: {str(lock)!r} {why}, not a heptstudy lock file, so it was neither followed nor "
+        f"replaced and nothing ran. Move it out of the folder, or choose another folder"
+    )
+
+
+def _open_locked(lock: Path, what: str) -> tuple[int, dict] | dict:
     """``(fd, previous contents)`` with the flock held on the file at ``lock``, or the holder's
-    information when another process holds it."""
+    information when another process holds it. Opened without following a link, and only a
+    regular file with one name that is empty or holds a lock's fields is ever written: anything
+    else at that path (a link to a report, a hard link, a folder, another program's file) is
+    refused, never replaced."""
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError:
+            if lock.is_symlink():
+                target = os.readlink(lock)
+                raise _refuse_foreign(lock, what, f"is a symbolic link (to {target!r})") from None
+            if lock.is_dir():
+                raise _refuse_foreign(lock, what, "is a folder") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            kind = (
+                "is not a regular file"
+                if not stat.S_ISREG(st.st_mode)
+                else (f"is a hard link (one of {st.st_nlink} names of the same file)")
+            )
+            raise _refuse_foreign(lock, what, kind)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -79,12 +112,17 @@ def _open_locked(lock: Path) -> tuple[int, dict] | dict:
             raise
         # a holder that finished removed the file after we opened it: lock the new one instead
         try:
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+            same = st.st_ino == os.stat(lock, follow_symlinks=False).st_ino
         except FileNotFoundError:
             same = False
-        if same:
-            return fd, _read_holder(fd)
-        os.close(fd)
+        if not same:
+            os.close(fd)
+            continue
+        previous = _read_holder(fd)
+        if previous and ("unreadable" in previous or not _LOCK_KEYS <= previous.keys()):
+            os.close(fd)
+            raise _refuse_foreign(lock, what, "holds other content")
+        return fd, previous
 
 
 @contextlib.contextmanager
@@ -94,7 +132,7 @@ def holding(folder: str | os.PathLike, what: str) -> Iterator[Path]:
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / LOCK_NAME
-    got = _open_locked(lock)
+    got = _open_locked(lock, f"{what} {str(folder)!r}")
     if isinstance(got, dict):
         if created:
             with contextlib.suppress(OSError):

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from heptstudy.atomic import folder_write_problem
-from heptstudy.committed import LOCAL_FOLDERS, committed_name, refuse_committed
+from heptstudy.committed import LOCAL_FOLDERS, RESULT_TOPS, committed_place, refuse_committed
 from heptstudy.names import is_name
 from heptstudy.study.common import StudyError, project_root
 
@@ -67,9 +67,9 @@ def default_study_dir() -> Path:
 def default_figures(out: Path) -> Path:
     """The figures of a study folder: ``figures/<name>`` for a committed reference study,
     else the folder's own ``figures/``."""
-    name = committed_name(out)
-    if name is not None and name not in ("experiments", "figures"):
-        return project_root() / "figures" / name
+    place = committed_place(out)
+    if place is not None and place.reference and place.name not in RESULT_TOPS:
+        return place.repository / "figures" / place.name
     return out / "figures"
 
 
