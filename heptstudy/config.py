@@ -444,7 +444,7 @@ class PlatformConfig(_Strict):
     auto_plan_order: list[str] | None = Field(
         None,
         description="the order of checkpointing plans measured on this platform "
-        "(heptstudy.measure.estimate.plans.plan_order_from_reports), used by "
+        "(heptstudy.estimate.plans.plan_order_from_reports), used by "
         "activation_checkpointing=auto unless model.heptv2.auto_plan_order is set",
     )
 

@@ -2,7 +2,7 @@
 
 A step on fake tensors (``FakeTensorMode``: shapes and dtypes, no values) cannot copy to the host
 (the Hungarian matching), take a data-dependent shape (boolean indexing) or run a kernel that
-fake tensors do not implement. :func:`heptstudy.measure.estimate.fake_step.estimate_step` therefore installs a
+fake tensors do not implement. :func:`heptstudy.estimate.fake_step.estimate_step` therefore installs a
 :class:`StandIns` with :func:`using`, and the few places that would fail ask :func:`active` for
 their substitute. Outside :func:`using` nothing is installed and every model and loss runs as
 written.

@@ -5,9 +5,9 @@ import torch
 
 from heptstudy.config import load_config
 from heptstudy.errors import ConfigError, HeptstudyError
-from heptstudy.measure.estimate.plans import calibrate, memory_budget_mib, predictor_for
-from heptstudy.measure.memory import make_meter
+from heptstudy.estimate.plans import calibrate, memory_budget_mib, predictor_for
 from heptstudy.measure.parity import build_seeded
+from heptstudy.meters.memory import make_meter
 from heptstudy.model import example_batch
 from heptstudy.model.adaptive_checkpointing import (
     FULL,

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from heptstudy.errors import HeptstudyError
-from heptstudy.measure.allocation_trace import StepTrace, TracingMemoryMeter
-from heptstudy.measure.estimate.bench_process import simulate_bench_process
+from heptstudy.estimate.bench_process import simulate_bench_process
+from heptstudy.meters.allocation_trace import StepTrace, TracingMemoryMeter
 
 MIB = 1024**2
 
@@ -54,7 +54,7 @@ def test_trace_orders_the_steps_storages_and_names_the_gradients():
 def test_fake_step_trace_replays_to_the_trackers_peak(tiny_data_dir, tiny_overrides):
     from heptstudy.config import load_config
     from heptstudy.data import load_events
-    from heptstudy.measure.estimate.fake_step import estimate_step
+    from heptstudy.estimate.fake_step import estimate_step
 
     cfg = load_config(overrides=tiny_overrides + [f"data.data_dir={tiny_data_dir}"])
     est = estimate_step(cfg, load_events(cfg, [0, 5, 9]), device_type="cpu", record_trace=True)

@@ -3,8 +3,8 @@
 import json
 from pathlib import Path
 
+from heptstudy.estimate.predictions import PREDICTIONS, REGENERATE, stale_parts
 from heptstudy.study.matrix import load_matrix
-from heptstudy.study.predictions import PREDICTIONS, REGENERATE, stale_parts
 
 REPO = Path(__file__).resolve().parents[1]
 MATRIX = REPO / "configs" / "study" / "gpu.yaml"
@@ -39,7 +39,7 @@ def test_stale_parts_names_a_changed_part(tmp_path):
 def test_predict_matrix_runs_the_target_faithful_bench_process(tmp_path, tiny_data_dir):
     import yaml
 
-    from heptstudy.study.predictions import predict_matrix
+    from heptstudy.study.blind_predictions import predict_matrix
     from tests.conftest import TINY_MODEL
 
     matrix = tmp_path / "tiny.yaml"

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from heptstudy.measure.estimate.caching_allocator import (
+from heptstudy.estimate.caching_allocator import (
     AllocatorTraceError,
     CachingAllocator,
     replay,

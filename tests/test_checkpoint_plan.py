@@ -6,8 +6,8 @@ import torch
 
 from heptstudy.config import load_config
 from heptstudy.errors import HeptstudyError
-from heptstudy.measure.memory import MIB, make_meter, module_owner
 from heptstudy.measure.parity import build_seeded
+from heptstudy.meters.memory import MIB, make_meter, module_owner
 from heptstudy.model import example_batch
 from heptstudy.model.adaptive_checkpointing import (
     DEFAULT_PLAN_ORDER,

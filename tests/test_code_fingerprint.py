@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from heptstudy.estimate import code_fingerprint as cf
+from heptstudy.estimate.keys import model_key
 from heptstudy.fitting import LinearFit, MemoryModel, ReservedFit, choose_model, evaluate
 from heptstudy.fitting.select import STALE_PREFIX
-from heptstudy.measure.estimate import code_fingerprint as cf
-from heptstudy.measure.estimate.keys import model_key
 
 REPO = Path(__file__).resolve().parents[1]
 FITS = REPO / "configs" / "fit"
@@ -21,7 +21,7 @@ MEASURED_ON = "9a5529c"  # the commit the H200 reports measured (their README)
 
 
 def _copy_code(dst: Path) -> Path:
-    for part in ("model", "train", "measure", "stand_ins.py"):
+    for part in ("model", "train", "meters", "estimate", "stand_ins.py"):
         src = REPO / "heptstudy" / part
         if src.is_dir():
             shutil.copytree(
@@ -48,7 +48,7 @@ def test_part_hashes_name_the_part_that_changed(tmp_path):
     assert cf.part_hashes(root=root)["model"] != after["model"]
     (root / "heptstudy" / "train" / "step.py").rename(root / "heptstudy" / "train" / "step2.py")
     assert cf.part_hashes(root=root)["step"] != before["step"]
-    (root / "heptstudy" / "measure" / "estimate" / "plans.py").write_text("# fit-side code\n")
+    (root / "heptstudy" / "estimate" / "plans.py").write_text("# fit-side code\n")
     assert cf.part_hashes(root=root)["estimate"] == before["estimate"]
 
 
@@ -163,7 +163,7 @@ def test_expandable_segments_platform_is_judged_on_its_own_reserved():
 
 def test_estimated_gpu_model_carries_reserved_of_both_modes(tiny_data_dir, tiny_overrides):
     from heptstudy.config import load_config
-    from heptstudy.measure.estimate.fake_step import estimate_memory_model
+    from heptstudy.estimate.fake_step import estimate_memory_model
 
     config = load_config(overrides=[*tiny_overrides, f"data.data_dir={tiny_data_dir}"])
     mm = estimate_memory_model(config, 2, "cuda")

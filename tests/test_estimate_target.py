@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from heptstudy.config import load_config
-from heptstudy.measure.estimate.autocast_policy import lists_for, target_autocast
-from heptstudy.measure.estimate.kernel_scratch import SCRATCH, probe, scratch_bytes
-from heptstudy.measure.estimate.kernel_stand_ins import target_kernels
+from heptstudy.estimate.autocast_policy import lists_for, target_autocast
+from heptstudy.estimate.kernel_scratch import SCRATCH, probe, scratch_bytes
+from heptstudy.estimate.kernel_stand_ins import target_kernels
 from tests.conftest import TINY_MODEL
 
 BF16 = torch.bfloat16
@@ -59,7 +59,7 @@ def test_emulated_policy_gives_cuda_dtypes_and_leaves_nothing_behind():
 
 
 def test_shared_lower_precision_ops_keep_cpus_cached_cast():
-    from heptstudy.measure.estimate.autocast_policy import CPU_LOWER_PRECISION
+    from heptstudy.estimate.autocast_policy import CPU_LOWER_PRECISION
 
     lin = torch.nn.Linear(8, 8)
     x, m = torch.randn(2, 8, requires_grad=True), torch.randn(2, 8, 8)
@@ -132,7 +132,7 @@ def test_scratch_probe_finds_logsumexps_temporary():
 
 
 def test_tracker_counts_scratch_as_a_transient():
-    from heptstudy.measure.memory import StorageTracker
+    from heptstudy.meters.memory import StorageTracker
 
     x = torch.randn(256, 256)
     plain, with_scratch = StorageTracker(), StorageTracker(scratch=scratch_bytes)
@@ -147,7 +147,7 @@ def test_tracker_counts_scratch_as_a_transient():
 @pytest.mark.parametrize("checkpointing", ["false", "true"])
 def test_target_faithful_fake_step_runs_the_tiny_model(tiny_data_dir, checkpointing):
     from heptstudy.data import load_events
-    from heptstudy.measure.estimate.fake_step import estimate_step
+    from heptstudy.estimate.fake_step import estimate_step
 
     cfg = load_config(
         overrides=TINY_MODEL

@@ -183,7 +183,7 @@ def test_stored_measured_models_are_the_fit_of_the_committed_reports(h200_models
 def fresh_fits(tmp_path):
     """A copy of configs/fit whose models carry the fingerprint of the code that runs now, as if
     regenerated for it (same figures): for tests of how a model is chosen, not of staleness."""
-    from heptstudy.measure.estimate import code_fingerprint
+    from heptstudy.estimate import code_fingerprint
 
     out = tmp_path / "fits"
     out.mkdir()
@@ -275,8 +275,8 @@ def test_bad_requests_are_refused(changes, message):
 
 def test_fake_estimate_matches_cpu_live_bytes(tiny_data_dir):
     from heptstudy.data import load_events
-    from heptstudy.measure.estimate.fake_step import estimate_step
-    from heptstudy.measure.memory import make_meter
+    from heptstudy.estimate.fake_step import estimate_step
+    from heptstudy.meters.memory import make_meter
     from heptstudy.model import build_model
     from heptstudy.train.optim import build_optimizer, build_scheduler
     from heptstudy.train.step import run_step
@@ -499,7 +499,7 @@ def test_auto_reports_and_the_budget_in_the_key():
 
 
 def test_auto_reports_give_no_memory_model_and_say_why():
-    from heptstudy.measure.estimate.keys import checkpointing_words
+    from heptstudy.estimate.keys import checkpointing_words
 
     reference = REPO / "experiments" / "cpu_reference"
     models, rejected = fit_reports([reference / "auto_b4.json", reference / "checkpointed_b4.json"])
@@ -528,7 +528,7 @@ def test_fit_refuses_an_unknown_checkpointing_answer():
 def test_estimate_memory_model_fits_fake_steps(tiny_data_dir, tiny_overrides):
     """The estimated model behind `heptstudy fit` without reports: fake steps fitted per hit."""
     from heptstudy.config import load_config
-    from heptstudy.measure.estimate.fake_step import estimate_memory_model
+    from heptstudy.estimate.fake_step import estimate_memory_model
 
     config = load_config(overrides=[*tiny_overrides, f"data.data_dir={tiny_data_dir}"])
     mm = estimate_memory_model(config, 2, "cpu")

@@ -13,8 +13,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "heptstudy"
 
 #: Bottom to top; a module may import from its own layer and the layers before it. Keys are
-#: module-name prefixes (the longest matching one wins); ``__main__`` modules are entry points
-#: and sit with the command line.
+#: module-name prefixes (the longest matching one wins). The only entry points are the command
+#: line's (``heptstudy.__main__``, ``heptstudy.cli.__main__``): a ``__main__`` inside a library
+#: layer belongs to that layer, so its import of the command line points up.
 LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "heptstudy",
@@ -29,10 +30,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "heptstudy.committed",
     ),
     ("heptstudy.data",),
+    ("heptstudy.scenario",),
     ("heptstudy.model",),
     ("heptstudy.train",),
+    ("heptstudy.meters",),
+    ("heptstudy.estimate",),
     ("heptstudy.measure",),
-    ("heptstudy.scenario",),
     ("heptstudy.fitting",),
     ("heptstudy.study",),
     ("heptstudy.plots",),
@@ -70,8 +73,6 @@ def imports(path: Path, known) -> dict[str, int]:
 
 
 def layer_of(module: str) -> int:
-    if module.rsplit(".", 1)[-1] == "__main__":
-        return len(LAYERS) - 1
     best, level = -1, None
     for i, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
@@ -173,20 +174,56 @@ def test_checker_reports_an_upward_import_inside_a_function(tmp_path):
                 from heptstudy.config import x
 
                 def train():
-                    from heptstudy.measure.estimate.plans import predictor_for
+                    from heptstudy.estimate.plans import predictor_for
                     return predictor_for
                 """,
             "measure/__init__.py": "",
-            "measure/estimate/__init__.py": "",
-            "measure/estimate/plans.py": "from heptstudy.train import trainer\n",
+            "estimate/__init__.py": "",
+            "estimate/plans.py": "from heptstudy.train import trainer\n",
         },
     )
     assert upward_imports(package) == [
-        "heptstudy/train/trainer.py:5: heptstudy.train.trainer (layer 3) imports "
-        "heptstudy.measure.estimate.plans (layer 4)"
+        f"heptstudy/train/trainer.py:5: heptstudy.train.trainer (layer {layer_of('heptstudy.train')}) "
+        f"imports heptstudy.estimate.plans (layer {layer_of('heptstudy.estimate')})"
     ]
-    assert cycles(graph(package)) == [
-        ["heptstudy.measure.estimate.plans", "heptstudy.train.trainer"]
+    assert cycles(graph(package)) == [["heptstudy.estimate.plans", "heptstudy.train.trainer"]]
+
+
+def test_checker_reports_the_estimate_reaching_up_into_measure(tmp_path):
+    # the estimate predicts without hardware; the measurement (above it) may use it, never
+    # the other way round
+    package = _fake_tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "measure/__init__.py": "",
+            "measure/bench.py": "from heptstudy.estimate import plans\n",
+            "estimate/__init__.py": "",
+            "estimate/plans.py": "",
+            "estimate/fake_step.py": "def f():\n    from heptstudy.measure.bench import run\n",
+        },
+    )
+    assert layer_of("heptstudy.estimate") < layer_of("heptstudy.measure")
+    assert upward_imports(package) == [
+        f"heptstudy/estimate/fake_step.py:2: heptstudy.estimate.fake_step (layer "
+        f"{layer_of('heptstudy.estimate')}) imports heptstudy.measure.bench (layer "
+        f"{layer_of('heptstudy.measure')})"
+    ]
+
+
+def test_an_entry_point_inside_a_library_layer_points_up(tmp_path):
+    package = _fake_tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "scenario/__init__.py": "",
+            "scenario/__main__.py": "from heptstudy.cli.scenario import main\n",
+            "cli/__init__.py": "",
+            "cli/scenario.py": "",
+        },
+    )
+    assert [line.split(":")[0] for line in upward_imports(package)] == [
+        "heptstudy/scenario/__main__.py"
     ]
 
 
@@ -195,13 +232,12 @@ def test_checker_accepts_downward_and_entry_point_imports(tmp_path):
         tmp_path,
         {
             "__init__.py": "",
+            "__main__.py": "from heptstudy.cli import main\n",
             "model/__init__.py": "from heptstudy.model.heptv2 import Layer\n",
             "model/heptv2.py": "from heptstudy.model import buckets\n",
             "model/buckets.py": "",
-            "scenario/__init__.py": "",
-            "scenario/__main__.py": "from heptstudy.cli.scenario import main\n",
-            "cli/__init__.py": "",
-            "cli/scenario.py": "import heptstudy.model\n",
+            "cli/__init__.py": "import heptstudy.model\n",
+            "cli/__main__.py": "from heptstudy.cli import main\n",
         },
     )
     assert upward_imports(package) == []

@@ -6,14 +6,14 @@ import torch
 import torch.utils.checkpoint as tuc
 from torch import nn
 
-from heptstudy.measure.memory import (
+from heptstudy.meters.memory import (
     CATEGORIES,
     MemoryMeterError,
     TrackedMemoryMeter,
     live_bytes_of,
     make_meter,
 )
-from heptstudy.measure.timing import StepTimer, TimingSummary, summarize
+from heptstudy.meters.timing import StepTimer, TimingSummary, summarize
 from heptstudy.model import build_model, example_batch
 
 MIB = 2**20
@@ -272,7 +272,7 @@ def test_fake_tensors_are_tracked_like_real_ones():
 
 
 def test_missing_proc_gives_no_reserved_and_a_reason(monkeypatch):
-    from heptstudy.measure import memory
+    from heptstudy.meters import memory
 
     monkeypatch.setattr(memory._RssPeak, "CLEAR_REFS", "/nonexistent/clear_refs")
     with make_meter("cpu").step() as m:

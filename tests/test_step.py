@@ -11,7 +11,7 @@ from heptstudy.measure import bench
 from heptstudy.measure import report as rp
 from heptstudy.measure.request import MeasurementRequest
 from heptstudy.measure.summary import describe, step_breakdown_frame
-from heptstudy.measure.timing import STEP_PHASES, WallPhaseClock
+from heptstudy.meters.timing import STEP_PHASES, WallPhaseClock
 from heptstudy.model import example_batch
 from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.step import run_step

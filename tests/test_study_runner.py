@@ -17,9 +17,9 @@ import yaml
 
 from heptstudy import study
 from heptstudy.errors import HeptstudyError
-from heptstudy.measure import allocator as alloc
-from heptstudy.measure.host_usage import HostUsage
 from heptstudy.measure.report import read_report, write_report
+from heptstudy.meters import allocator as alloc
+from heptstudy.meters.host_usage import HostUsage
 from heptstudy.study import runner
 from heptstudy.study.common import StudyError
 from heptstudy.study.schedule import Execution, locate, schedule
@@ -334,7 +334,7 @@ def test_bench_command_applies_its_allocator_itself(line, tiny_data_dir, tmp_pat
 
 _FIRST_TOUCHES = """
 import ctypes, resource, sys
-from heptstudy.measure import allocator as alloc
+from heptstudy.meters import allocator as alloc
 alloc.apply_allocator(alloc.measurement_allocator(None, "cpu"))
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

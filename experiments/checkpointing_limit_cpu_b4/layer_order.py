@@ -18,7 +18,7 @@ from pathlib import Path
 
 from heptstudy.config import Config
 from heptstudy.data import load_events
-from heptstudy.measure.estimate.fake_step import estimate_step
+from heptstudy.estimate.fake_step import estimate_step
 from heptstudy.model.adaptive_checkpointing import layer_count_plan, plan_config
 from heptstudy.model.checkpoint_plan import FULL, OFF
 

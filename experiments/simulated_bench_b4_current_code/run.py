@@ -3,8 +3,8 @@ evidence's events, each step's trace replayed through the simulated bench proces
 import json, sys, time
 from heptstudy.config import load_config
 from heptstudy.data import load_events
-from heptstudy.measure.estimate.fake_step import estimate_step
-from heptstudy.measure.estimate.bench_process import simulate_bench_process
+from heptstudy.estimate.fake_step import estimate_step
+from heptstudy.estimate.bench_process import simulate_bench_process
 MIB = 2**20
 ev = "experiments/h200_2026-11-30"
 out = {}

@@ -53,7 +53,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from heptstudy.fitting.validation import (
+    from heptstudy.estimate.validation import (
         ALLOCATED_TOLERANCE,
         EVIDENCE,
         RESERVED_TOLERANCE,

@@ -97,6 +97,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_predict(args: argparse.Namespace) -> int:
+    import json
+
+    from heptstudy.atomic import atomic_write_text
+    from heptstudy.paths import resolve_from_cwd
+    from heptstudy.study.blind_predictions import predict_matrix
+
+    doc = predict_matrix(args.matrix, args.data_dir)
+    out = resolve_from_cwd(args.out)
+    atomic_write_text(out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
 def register_cli(subparsers) -> None:
     study = subparsers.add_parser(
         "study", help="run a study matrix of notebooks; aggregate; HTML report"
@@ -145,6 +159,20 @@ def register_cli(subparsers) -> None:
         "reference study experiments/NAME)",
     )
     agg.set_defaults(func=_cmd_aggregate)
+    predict = sub.add_parser(
+        "predict",
+        help="blind predictions of a GPU matrix's memory runs, made without a GPU",
+    )
+    predict.add_argument(
+        "--matrix", required=True, help="study matrix, e.g. configs/study/gpu.yaml"
+    )
+    predict.add_argument("--data-dir", required=True, help="the generated data the GPU carries")
+    predict.add_argument(
+        "--out",
+        default="experiments/gpu_blind_predictions/predictions.json",
+        help="output JSON (default: experiments/gpu_blind_predictions/predictions.json)",
+    )
+    predict.set_defaults(func=_cmd_predict)
     check = sub.add_parser("check", help="validate a study matrix and list its runs")
     check.add_argument("--matrix", required=True)
     check.set_defaults(func=_cmd_check)

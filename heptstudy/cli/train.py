@@ -7,7 +7,7 @@ import argparse
 
 def _train(args: argparse.Namespace) -> int:
     from heptstudy.config import load_config
-    from heptstudy.measure.estimate.plans import predictor_for
+    from heptstudy.estimate.plans import predictor_for
     from heptstudy.train.trainer import train
 
     config = load_config(args.config, args.overrides)

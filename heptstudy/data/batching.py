@@ -229,3 +229,13 @@ class BatchLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
         self.batches_served = int(state.get("batches_served", 0))
+
+
+def event_indices(config, batch_size: int, num_batches: int) -> list[list[int]]:
+    """The events of each measured step: the first batches of the seeded training sampler."""
+    ds = dataset_for(config, "train")
+    sampler = InterleavedShardSampler(
+        ds.shard_sizes, seed=config.train.seed, mode=config.data.sampler
+    )
+    flat = sampler.take(batch_size * num_batches)
+    return [flat[i * batch_size : (i + 1) * batch_size] for i in range(num_batches)]

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heptstudy.estimate.keys import model_key
+from heptstudy.estimate.memory_model import FitError, MemoryModel
+from heptstudy.estimate.plans import DEFAULT_MARGIN_FRACTION
 from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, peak_mib
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
-from heptstudy.measure.estimate.keys import model_key
-from heptstudy.measure.estimate.memory_model import FitError, MemoryModel
-from heptstudy.measure.estimate.plans import DEFAULT_MARGIN_FRACTION
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = "cld_pf_heptv2_batch512_50k"
@@ -224,7 +224,7 @@ def fit(request: FitRequest) -> FitResult | None:
     if choice.model is None:
         if not request.estimate_if_missing:
             return None
-        from heptstudy.measure.estimate.fake_step import estimate_memory_model
+        from heptstudy.estimate.fake_step import estimate_memory_model
 
         notes.append(
             "estimated now on a fake device (--estimate)"
@@ -296,7 +296,7 @@ def fit(request: FitRequest) -> FitResult | None:
 
 def _reports_code_note(model: MemoryModel) -> str:
     """Whether the reports a measured model was just fitted from measured the code that runs."""
-    from heptstudy.measure.estimate.code_fingerprint import commit_reasons
+    from heptstudy.estimate.code_fingerprint import commit_reasons
 
     commits = model.provenance.get("git_commits") or []
     if len(commits) != 1:
@@ -330,8 +330,8 @@ def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
     """auto's plan fractions, expected step time and budget tail on the training data."""
     import torch
 
+    from heptstudy.estimate.plans import predictor_for
     from heptstudy.fitting.auto import evaluate_auto, measured_rates
-    from heptstudy.measure.estimate.plans import predictor_for
     from heptstudy.measure.report import ReportError, read_report
 
     predictor = predictor_for(config, torch.device(platform.device), batch, platform)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from heptstudy.measure.estimate.keys import checkpointing_words
-from heptstudy.measure.estimate.memory_model import MemoryModel
+from heptstudy.estimate.keys import checkpointing_words
+from heptstudy.estimate.memory_model import MemoryModel
 
 
 def fit_table(models: list[MemoryModel]) -> list[dict]:

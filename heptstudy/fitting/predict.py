@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from heptstudy.data.batching import padded_sizes
+from heptstudy.estimate.memory_model import MemoryModel
 from heptstudy.fitting import occupancy
-from heptstudy.measure.estimate.memory_model import MemoryModel
 from heptstudy.units import GIB, MIB
 
 #: Quantiles of the per-batch longest padded event reported as typical batches.

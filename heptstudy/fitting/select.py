@@ -1,7 +1,7 @@
 """Which memory model answers for a configuration: one measured from the given reports, else a
 stored one (measured before estimated), and for every model not used, why not.
 
-A model holds only for its own key (:mod:`heptstudy.measure.estimate.keys`): a model measured with the
+A model holds only for its own key (:mod:`heptstudy.estimate.keys`): a model measured with the
 plain attention says so when the configuration runs the fused one, a CUDA model when the
 platform is ROCm. Models that differ from the configuration only in the device kind or the
 attention backend are kept aside as cross-checks: shown beside the answer, never used for it.
@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heptstudy.estimate.code_fingerprint import REGENERATE, stale_reasons
+from heptstudy.estimate.keys import mismatches
+from heptstudy.estimate.memory_model import FitError, MemoryModel
 from heptstudy.fitting.reports import Rejected, fit_reports
-from heptstudy.measure.estimate.code_fingerprint import REGENERATE, stale_reasons
-from heptstudy.measure.estimate.keys import mismatches
-from heptstudy.measure.estimate.memory_model import FitError, MemoryModel
 
 #: A model that differs from the configuration only in these settings is shown beside the
 #: answer as a cross-check (the same network on another device kind or attention backend).

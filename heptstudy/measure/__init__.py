@@ -1,2 +1,2 @@
-"""Measurements: memory meters (``memory``), step timing (``timing``), the report schema
-(``report``); the benchmark runner builds on them."""
+"""The resolved measurement and what runs it: request, bench, parity, backbone, the report
+schema."""

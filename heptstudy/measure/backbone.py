@@ -11,8 +11,8 @@ import torch
 
 from heptstudy.config import Config
 from heptstudy.errors import ConfigError
-from heptstudy.measure.memory import make_meter
-from heptstudy.measure.timing import StepTimer
+from heptstudy.meters.memory import make_meter
+from heptstudy.meters.timing import StepTimer
 from heptstudy.model import example_batch
 from heptstudy.model.checkpoint_plan import apply_plan, plan_of
 from heptstudy.model.heptv2 import HEPTv2Layer, hit_coordinates

@@ -2,7 +2,7 @@
 step time (or checkpointing parity) of the configured model on real events of a data set,
 written as a self-describing JSON report.
 
-The measurement applies its allocator settings first (:func:`heptstudy.measure.allocator.
+The measurement applies its allocator settings first (:func:`heptstudy.meters.allocator.
 apply_allocator`), in this process, whichever entry point started it.
 
 Protocol in :data:`heptstudy.measure.report.PROTOCOL`. In short: the events of each step are the
@@ -27,17 +27,16 @@ from tqdm.auto import tqdm
 
 from heptstudy.atomic import folder_write_problem
 from heptstudy.committed import refuse_committed
-from heptstudy.config import Config
-from heptstudy.data.batching import to_device
+from heptstudy.data.batching import event_indices, to_device
 from heptstudy.errors import HeptstudyError
+from heptstudy.estimate.plans import predictor_for
 from heptstudy.measure import report as rp
-from heptstudy.measure.allocator import apply_allocator, populate_heap
-from heptstudy.measure.estimate.plans import predictor_for
-from heptstudy.measure.host_usage import HostUsage
-from heptstudy.measure.memory import make_meter
 from heptstudy.measure.parity import build_seeded, run_parity, set_deterministic
 from heptstudy.measure.request import PARITY, Measurement, MeasurementRequest
-from heptstudy.measure.timing import (
+from heptstudy.meters.allocator import apply_allocator, populate_heap
+from heptstudy.meters.host_usage import HostUsage
+from heptstudy.meters.memory import make_meter
+from heptstudy.meters.timing import (
     STEP_PHASES,
     PhaseClock,
     StepTimer,
@@ -54,19 +53,6 @@ from heptstudy.units import MIB
 
 class OutputNotWritable(HeptstudyError):
     """The report could not be written where it was asked to go."""
-
-
-def event_indices(config: Config, batch_size: int, num_batches: int) -> list[list[int]]:
-    """The events of each measured step: the first batches of the seeded training sampler."""
-    from heptstudy.data.batching import dataset_for
-    from heptstudy.data.sampler import InterleavedShardSampler
-
-    ds = dataset_for(config, "train")
-    sampler = InterleavedShardSampler(
-        ds.shard_sizes, seed=config.train.seed, mode=config.data.sampler
-    )
-    flat = sampler.take(batch_size * num_batches)
-    return [flat[i * batch_size : (i + 1) * batch_size] for i in range(num_batches)]
 
 
 def check_writable(path: Path) -> None:
@@ -182,7 +168,7 @@ def report_header(
 ) -> dict[str, Any]:
     """The fields every report of the measurement ``m`` starts with (name, environment, data,
     config, batch size, checkpointing, notes), for the bench and for the study runner's failure
-    reports alike. ``allocator``: the :class:`~heptstudy.measure.allocator.AllocatorState` it
+    reports alike. ``allocator``: the :class:`~heptstudy.meters.allocator.AllocatorState` it
     ran with."""
     config = m.config
     h = config.model.heptv2

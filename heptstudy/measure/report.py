@@ -162,7 +162,7 @@ class Environment(_Strict):
     # the bucket attention the run actually used and what compiling it cost (None in reports
     # from before it was recorded)
     attention: AttentionInfo | None = None
-    # the host memory allocator the measurement ran with (heptstudy.measure.allocator): e.g.
+    # the host memory allocator the measurement ran with (heptstudy.meters.allocator): e.g.
     # "glibc 2.36", its settings ({}: defaults), and the mallopt values the measuring process
     # applied at its start (None: none applied; the settings are then the start environment's)
     allocator: str | None = None
@@ -206,7 +206,7 @@ class StepRecord(_Strict):
     # optimizer); None in reports from before the breakdown or where it was not measured
     phase_time_s: dict[str, NonNegative] | None = None
     # what the kernel did during the timed step, whole process (resource.getrusage around it):
-    # page faults, and system and user CPU time in seconds (heptstudy.measure.host_usage)
+    # page faults, and system and user CPU time in seconds (heptstudy.meters.host_usage)
     minor_page_faults: Count | None = None
     major_page_faults: Count | None = None
     system_time_s: NonNegative | None = None
@@ -280,7 +280,7 @@ class MemoryCategories(_Strict):
     peak_bytes: Count
     at_peak_bytes: dict[str, Count]
     note: str
-    #: The same bytes by owner, then category (``heptstudy.measure.memory.StepMemory``'s
+    #: The same bytes by owner, then category (``heptstudy.meters.memory.StepMemory``'s
     #: ``by_module_at_peak``): which module's storages, which phase's, which baseline's.
     by_module_bytes: dict[str, dict[str, int]] | None = None
     timeline: list[tuple[int, int]] | None = None  # (op index, live bytes)
@@ -488,12 +488,12 @@ def environment_info(
 ) -> Environment:
     """The environment block of a report. ``fresh_process`` defaults to
     :func:`claim_fresh_process` (call this once per measurement); ``allocator``: the
-    :class:`~heptstudy.measure.allocator.AllocatorState` measured with (default: this process's
+    :class:`~heptstudy.meters.allocator.AllocatorState` measured with (default: this process's
     as started)."""
     device = torch.device(device)
     dtype_name = str(dtype).removeprefix("torch.")
     count = torch.cuda.device_count() if device.type == "cuda" else None
-    from heptstudy.measure.allocator import allocator_in_use
+    from heptstudy.meters.allocator import allocator_in_use
 
     allocator = allocator if allocator is not None else allocator_in_use()
     return Environment(

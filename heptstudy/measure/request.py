@@ -300,7 +300,7 @@ class MeasurementRequest(BaseModel):
         profile = self._profile
         device = _device(profile)
         config = self._config(profile)
-        from heptstudy.measure.allocator import measurement_allocator
+        from heptstudy.meters.allocator import measurement_allocator
 
         allocator = (
             {} if self.allocator == "default" else measurement_allocator(profile, device.type) or {}

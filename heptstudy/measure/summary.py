@@ -54,7 +54,7 @@ def describe(report: BenchReport) -> str:
 
 def _allocator_words(report: BenchReport) -> str:
     """On a CPU, the allocator the process ran with, and what its defaults do to step times."""
-    from heptstudy.measure.allocator import allocator_label
+    from heptstudy.meters.allocator import allocator_label
 
     env = report.environment
     if env.device_kind != "cpu" or not env.allocator or report.summary.mean_step_time_s is None:

@@ -13,10 +13,10 @@ recomputation grows with what the batch needs. ``selective`` is not in the defau
 CPU reference it cost more than every 2nd layer and saved less.
 
 Memory models. Each plan's model is *estimated* at the start of a run
-(:func:`heptstudy.measure.estimate.plans.calibrate`): one
+(:func:`heptstudy.estimate.plans.calibrate`): one
 training step of the real model per calibration batch on fake tensors
-(:func:`heptstudy.measure.estimate.fake_step.estimate_step`, the storage tracker counting every tensor
-storage), fitted like measurements (:func:`heptstudy.measure.estimate.memory_model.fit_points`). It predicts
+(:func:`heptstudy.estimate.fake_step.estimate_step`, the storage tracker counting every tensor
+storage), fitted like measurements (:func:`heptstudy.estimate.memory_model.fit_points`). It predicts
 peak *allocated* tensor memory: on CPU what the storage tracker measures; on a GPU the caching
 allocator's pool and kernel workspaces come on top, which the budget's safety margin must cover.
 """
@@ -174,7 +174,7 @@ class PlanPredictor:
     """Memory models of the candidate plans and the budget they are held to."""
 
     plans: list[Plan]
-    models: dict[str, Any]  # plan name -> heptstudy.measure.estimate.memory_model.MemoryModel
+    models: dict[str, Any]  # plan name -> heptstudy.estimate.memory_model.MemoryModel
     budget_mib: float
     budget_source: str
     calibration_s: float = 0.0

@@ -53,7 +53,7 @@ def fit_validation(reports) -> tuple[Any, str]:
     the others (``(table, "")`` or ``(None, why)``)."""
     import pandas as pd
 
-    from heptstudy.measure.estimate.keys import checkpointing_words
+    from heptstudy.estimate.keys import checkpointing_words
 
     models, why = _models(reports)
     rows = []

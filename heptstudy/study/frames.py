@@ -98,7 +98,7 @@ def reports_frame(reports) -> Any:
     the study it belongs to and the allocator line (``platform`` or ``default``)."""
     import pandas as pd
 
-    from heptstudy.measure.allocator import allocator_label
+    from heptstudy.meters.allocator import allocator_label
     from heptstudy.study.schedule import locate
 
     rows = []

@@ -64,12 +64,12 @@ def compare_resume(original, resumed) -> Any:
 def step_memory_timeline(config, batch, device=None) -> Any:
     """Run one training step (:func:`heptstudy.train.step.run_step`) of a freshly seeded model
     with the storage tracker over forward, loss and backward and return its
-    :class:`~heptstudy.measure.memory.StepMemory` (``.timeline`` of (op index, live bytes),
+    :class:`~heptstudy.meters.memory.StepMemory` (``.timeline`` of (op index, live bytes),
     ``.marks`` where each phase starts)."""
     import torch
 
-    from heptstudy.measure.memory import make_meter
     from heptstudy.measure.parity import build_seeded
+    from heptstudy.meters.memory import make_meter
     from heptstudy.train.optim import build_optimizer, build_scheduler
     from heptstudy.train.precision import autocast_dtype
     from heptstudy.train.step import run_step

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from heptstudy.measure.memory import CATEGORIES
+from heptstudy.meters.memory import CATEGORIES
 from heptstudy.study.common import MEMORY
 from heptstudy.study.frames import against_off, pct_less, policy_label, policy_rank
 from heptstudy.units import MIB

@@ -5,7 +5,7 @@ run's parameters, its data set and the events it needs, and that every output fo
 written) and stops with one message before anything is measured if something is wrong. Then it
 executes ``notebooks/memory.ipynb`` or ``notebooks/parity.ipynb`` once per run and round
 (:mod:`~heptstudy.study.schedule`); the measurement in the kernel applies the allocator settings
-of the run's platform itself (:mod:`heptstudy.measure.allocator`), and a run with ``allocator:
+of the run's platform itself (:mod:`heptstudy.meters.allocator`), and a run with ``allocator:
 default`` starts its kernel without any allocator variable; the executed notebooks are kept. A run whose
 report exists is resumed (not measured again) only when the report carries the run's
 fingerprint (:mod:`~heptstudy.study.fingerprint`: same machine, code, request, configuration,
@@ -107,8 +107,8 @@ def _failure_report(
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     from heptstudy.measure import report as rp
-    from heptstudy.measure.allocator import AllocatorState, allocator_in_use
     from heptstudy.measure.bench import report_header
+    from heptstudy.meters.allocator import AllocatorState, allocator_in_use
 
     parameters = {**run.parameters, "output": str(report_path)}
     m = measurement or run.request(progress=False, parameters=parameters).resolve()
@@ -229,7 +229,7 @@ def _kernel_started_with(allocator: dict[str, str] | None):
     if allocator is None:
         yield
         return
-    from heptstudy.measure.allocator import environment_with
+    from heptstudy.meters.allocator import environment_with
 
     saved = dict(os.environ)
     try:

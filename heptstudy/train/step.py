@@ -3,7 +3,7 @@ the bench (timed and tracked passes), the fake-device estimate of :mod:`heptstud
 parity passes and the memory timeline of ``explore.ipynb`` all run, so that they measure the same
 step.
 
-Phases, as in :data:`heptstudy.measure.timing.STEP_PHASES`:
+Phases, as in :data:`heptstudy.meters.timing.STEP_PHASES`:
 
 * ``backbone_forward``: input encoding, hashing and the backbone layers (for
   ``track_cluster_mlpf`` its self-attention layers);
@@ -30,7 +30,7 @@ from heptstudy.train.losses import compute_losses
 
 
 class MemoryMeter(Protocol):
-    """What the step asks of a memory meter (:mod:`heptstudy.measure.memory` holds them; the
+    """What the step asks of a memory meter (:mod:`heptstudy.meters.memory` holds them; the
     step sits below the meters, so it names only this)."""
 
     def start_step(self, baseline_tensors=(), *, model=None, optimizer=None) -> None: ...
@@ -42,7 +42,7 @@ class MemoryMeter(Protocol):
 
 class PhaseClock:
     """Knows which phase of a step is running (``mark`` at each phase start, ``stop`` at the
-    end); this base class times nothing (the timing clocks of :mod:`heptstudy.measure.timing`
+    end); this base class times nothing (the timing clocks of :mod:`heptstudy.meters.timing`
     derive from it). :meth:`seconds` gives the time of each phase."""
 
     definition: str | None = None

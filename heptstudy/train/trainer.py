@@ -79,7 +79,7 @@ def train(
 
     ``plan_predictor(config, device, per_device_batch)``: the predictor that chooses a
     checkpoint plan per batch under ``activation_checkpointing=auto`` (the caller's, e.g.
-    :func:`heptstudy.measure.estimate.plans.predictor_for`: the estimate sits above training).
+    :func:`heptstudy.estimate.plans.predictor_for`: the estimate sits above training).
 
     ``train.out_dir`` must be empty or new unless ``resume`` continues the run there or
     ``new_run`` asks for a new numbered run beside it (heptstudy.train.out_dir); the folder
@@ -87,7 +87,7 @@ def train(
     if config.model.heptv2.adaptive and plan_predictor is None:
         raise HeptstudyError(
             "model.heptv2.activation_checkpointing=auto needs a plan predictor, and train() was "
-            "given none: pass plan_predictor=heptstudy.measure.estimate.plans.predictor_for "
+            "given none: pass plan_predictor=heptstudy.estimate.plans.predictor_for "
             "(heptstudy train does), or choose a fixed checkpointing value"
         )
     ctx = distributed.setup()

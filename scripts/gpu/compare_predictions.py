@@ -67,7 +67,7 @@ def rows(out: Path, predictions: dict) -> list[dict]:
 def _code_note(predictions: dict) -> str:
     try:
         sys.path.insert(0, str(ROOT))
-        from heptstudy.study.predictions import stale_parts
+        from heptstudy.estimate.predictions import stale_parts
 
         matrix = Path((predictions.get("fingerprint") or {}).get("matrix", {}).get("path", ""))
         stale = stale_parts(

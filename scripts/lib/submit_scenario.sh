@@ -17,7 +17,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-"$PY" -m heptstudy.scenario render --scenario "$SCENARIO" --platform "$PLATFORM" --out "$OUT" \
+"$PY" -m heptstudy.cli scenario render --scenario "$SCENARIO" --platform "$PLATFORM" --out "$OUT" \
   "${ARGS[@]+"${ARGS[@]}"}"
 
 mapfile -t SCRIPTS < "$OUT/launch_scripts.txt"

@@ -63,7 +63,7 @@ fi
 
 NAME="$(basename "$SCENARIO" .yaml)"
 RENDER_DIR="${RENDER_DIR:-$ROOT/experiments/train/_rendered/$NAME/local_cpu}"
-"$PY" -m heptstudy.scenario render --scenario "$SCENARIO" \
+"$PY" -m heptstudy.cli scenario render --scenario "$SCENARIO" \
   --platform "$ROOT/configs/training/platforms/local_cpu.yaml" --variant "$VARIANT" \
   --out "$RENDER_DIR" "${SETS[@]}"
 

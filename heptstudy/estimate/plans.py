@@ -1,8 +1,8 @@
 """Memory models of the adaptive-checkpointing plans, calibrated at the start of a run.
 
 The plans and the per-batch choice live in :mod:`heptstudy.model.adaptive_checkpointing`; this
-module estimates each plan's peak on fake tensors (:func:`heptstudy.measure.estimate.fake_step.estimate_step`)
-and fits it like measurements (:func:`heptstudy.measure.estimate.memory_model.fit_points`).
+module estimates each plan's peak on fake tensors (:func:`heptstudy.estimate.fake_step.estimate_step`)
+and fits it like measurements (:func:`heptstudy.estimate.memory_model.fit_points`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def memory_budget_mib(
 def calibration_batches(config: Config, per_device_batch: int) -> list[dict[str, torch.Tensor]]:
     """Real training events the plans' models are fitted on: a random and the longest batch of
     B events, and the longest of B/2 (two batch sizes and the whole range of longest events,
-    in three fake steps per plan; :func:`heptstudy.measure.estimate.fake_step.estimation_batches` takes six)."""
+    in three fake steps per plan; :func:`heptstudy.estimate.fake_step.estimation_batches` takes six)."""
     import numpy as np
 
     from heptstudy.data import load_events
@@ -86,9 +86,9 @@ def calibrate(
     (the ``platform``'s device, ``cuda`` for a CUDA device without one) the steps are the
     target-faithful fake step with the platform's PyTorch version's autocast lists, as the
     estimated memory models are."""
-    from heptstudy.measure.estimate.fake_step import estimate_step
-    from heptstudy.measure.estimate.keys import model_key
-    from heptstudy.measure.estimate.memory_model import Point, fit_points
+    from heptstudy.estimate.fake_step import estimate_step
+    from heptstudy.estimate.keys import model_key
+    from heptstudy.estimate.memory_model import Point, fit_points
 
     started = time.perf_counter()
     target = platform.device if platform is not None and platform.device != "cpu" else None

@@ -38,9 +38,9 @@ PARTS: dict[str, tuple[str, ...]] = {
         "heptstudy/train/precision.py",
     ),
     "estimate": (
-        "heptstudy/measure/estimate/",
-        "heptstudy/measure/memory.py",
-        "heptstudy/measure/allocation_trace.py",
+        "heptstudy/estimate/",
+        "heptstudy/meters/memory.py",
+        "heptstudy/meters/allocation_trace.py",
         "heptstudy/stand_ins.py",
     ),
 }
@@ -49,19 +49,22 @@ PART_WORDS = {
     "step": "step code (train/step, losses, LAMB, optimizer, precision)",
     "estimate": "estimate code (fake step, simulator, tracker, stand-ins)",
 }
-#: Modules under measure/estimate/ that do not make the estimate (the fit around it, auto's
+#: Modules under estimate/ that do not make the estimate (the fit around it, auto's
 #: plans, this file): editing them leaves every estimated model valid.
 NOT_ESTIMATE = (
-    "heptstudy/measure/estimate/__init__.py",
-    "heptstudy/measure/estimate/code_fingerprint.py",
-    "heptstudy/measure/estimate/keys.py",
-    "heptstudy/measure/estimate/memory_model.py",
-    "heptstudy/measure/estimate/plans.py",
+    "heptstudy/estimate/__init__.py",
+    "heptstudy/estimate/code_fingerprint.py",
+    "heptstudy/estimate/keys.py",
+    "heptstudy/estimate/memory_model.py",
+    "heptstudy/estimate/plans.py",
+    "heptstudy/estimate/predictions.py",
+    "heptstudy/estimate/validation.py",
+    "heptstudy/estimate/validation_child.py",
 )
 #: The parts each kind of model depends on: a measured model does not depend on the estimator.
 PARTS_OF = {"measured": ("model", "step"), "estimated": ("model", "step", "estimate")}
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: The regeneration commands, said whenever a stored model is refused.
 REGENERATE = {

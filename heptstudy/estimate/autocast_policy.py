@@ -266,7 +266,7 @@ def lists_for(torch_version: str) -> AutocastLists:
         raise UnknownTorchVersion(
             f"no CUDA autocast table for PyTorch {torch_version!r}; known: "
             f"{', '.join(sorted(POLICIES))}. Name one of these (e.g. in the platform profile's "
-            "torch_version) or add the version's lists to heptstudy.measure.estimate."
+            "torch_version) or add the version's lists to heptstudy.estimate."
             "autocast_policy.POLICIES"
         )
     return POLICIES[key]

@@ -1,13 +1,13 @@
 """The child process of ``heptstudy fit validate``: one GPU memory report, re-estimated.
 
 It imports an earlier commit's package under another name (the parent checked the commit out
-and renamed its package in a copy, see :mod:`heptstudy.fitting.validation`), builds that
+and renamed its package in a copy, see :mod:`heptstudy.estimate.validation`), builds that
 code's model, loss and optimizer and runs that code's training step (forward, loss, backward,
 as its bench measured it) on the report's exact events, with *today's* estimator around it:
 the target's autocast lists, kernel stand-ins and kernel scratch, today's tracing storage
 tracker, and today's bench-process replay through the caching-allocator simulator.
 
-Usage: ``python -m heptstudy.fitting.validation_child PACKAGE REPORT DATA_DIR OUT_JSON``
+Usage: ``python -m heptstudy.estimate.validation_child PACKAGE REPORT DATA_DIR OUT_JSON``
 (``PACKAGE`` importable on ``sys.path``). Writes one JSON object.
 """
 
@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from heptstudy.atomic import atomic_write_text
-from heptstudy.measure.allocation_trace import TracingMemoryMeter
-from heptstudy.measure.estimate.autocast_policy import target_autocast
-from heptstudy.measure.estimate.bench_process import simulate_bench_process
-from heptstudy.measure.estimate.kernel_scratch import scratch_bytes
-from heptstudy.measure.estimate.kernel_stand_ins import target_kernels
+from heptstudy.estimate.autocast_policy import target_autocast
+from heptstudy.estimate.bench_process import simulate_bench_process
+from heptstudy.estimate.kernel_scratch import scratch_bytes
+from heptstudy.estimate.kernel_stand_ins import target_kernels
+from heptstudy.meters.allocation_trace import TracingMemoryMeter
 from heptstudy.train.step import prime_optimizer
 from heptstudy.units import MIB
 

@@ -1,6 +1,6 @@
 """Peak memory of one training step without the hardware: the real model, loss, backward and
 LAMB run on *fake* tensors (``torch._subclasses.fake_tensor.FakeTensorMode``: shapes, dtypes and
-devices, no data) while the storage tracker of :mod:`heptstudy.measure.memory` counts the bytes
+devices, no data) while the storage tracker of :mod:`heptstudy.meters.memory` counts the bytes
 of every tensor storage they would allocate.
 
 What differs from a real step, and why:
@@ -8,10 +8,10 @@ What differs from a real step, and why:
 * Device. For a ``cuda`` or ``rocm`` target (the platform's device) the *target-faithful* step:
   fake CPU tensors (a fake CUDA tensor cannot enter CUDA autocast on a CPU build, nor on a CUDA
   build without a GPU) under the target's autocast lists for the PyTorch version
-  (:mod:`~heptstudy.measure.estimate.autocast_policy`), the target's kernel choices where they
-  keep other tensors for backward (:mod:`~heptstudy.measure.estimate.kernel_stand_ins`) and
+  (:mod:`~heptstudy.estimate.autocast_policy`), the target's kernel choices where they
+  keep other tensors for backward (:mod:`~heptstudy.estimate.kernel_stand_ins`) and
   kernel-internal scratch as transients at their op
-  (:mod:`~heptstudy.measure.estimate.kernel_scratch`). Without a target: fake ``cuda`` tensors
+  (:mod:`~heptstudy.estimate.kernel_scratch`). Without a target: fake ``cuda`` tensors
   on a CUDA build, else fake ``cpu`` tensors with the CPU's own autocast and kernels.
 * Attention. The platform's ``attention_backend``. ``fused`` runs the real block-mask
   construction and stands in for the flex_attention kernel with a function of the same memory
@@ -39,9 +39,9 @@ import torch
 from heptstudy import stand_ins
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
-from heptstudy.measure.estimate.autocast_policy import UnknownTorchVersion, target_autocast
-from heptstudy.measure.estimate.kernel_scratch import scratch_bytes
-from heptstudy.measure.estimate.kernel_stand_ins import fused_flex, target_kernels
+from heptstudy.estimate.autocast_policy import UnknownTorchVersion, target_autocast
+from heptstudy.estimate.kernel_scratch import scratch_bytes
+from heptstudy.estimate.kernel_stand_ins import fused_flex, target_kernels
 from heptstudy.stand_ins import StandIns
 from heptstudy.units import MIB
 
@@ -52,7 +52,7 @@ TARGETS = ("cuda", "rocm", "cpu")
 DEFAULT_TORCH_VERSION = "2.11"
 
 if TYPE_CHECKING:
-    from heptstudy.measure.allocation_trace import StepTrace
+    from heptstudy.meters.allocation_trace import StepTrace
 
 
 @dataclass
@@ -76,7 +76,7 @@ class FakeStepEstimate:
     scratch_ops: dict[str, int] | None = None
     largest_scratch_bytes: int = 0
     #: ``record_trace`` only: the step's storage allocations and frees, in order, for the
-    #: caching-allocator simulator (heptstudy.measure.estimate.bench_process)
+    #: caching-allocator simulator (heptstudy.estimate.bench_process)
     trace: StepTrace | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -169,7 +169,7 @@ def estimate_step(
 
     ``target`` ``cuda`` or ``rocm``: the target-faithful step on fake CPU tensors, with the
     target's autocast lists of ``torch_version`` (default :data:`DEFAULT_TORCH_VERSION`), its
-    kernel choices and kernel scratch (:mod:`heptstudy.measure.estimate.autocast_policy`,
+    kernel choices and kernel scratch (:mod:`heptstudy.estimate.autocast_policy`,
     ``kernel_stand_ins``, ``kernel_scratch``). ``target`` ``cpu`` or None: the CPU's own
     kernels (``device_type`` then picks the fake device, as before). ``plan``: the checkpoint
     plan of one step of a model built with ``auto``."""
@@ -213,8 +213,8 @@ def _fake_step(
 ) -> FakeStepEstimate:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from heptstudy.measure.allocation_trace import TracingMemoryMeter
-    from heptstudy.measure.memory import TrackedMemoryMeter
+    from heptstudy.meters.allocation_trace import TracingMemoryMeter
+    from heptstudy.meters.memory import TrackedMemoryMeter
     from heptstudy.model import build_model
     from heptstudy.train.losses import targets_from_batch
     from heptstudy.train.optim import build_optimizer, build_scheduler
@@ -311,10 +311,10 @@ def estimate_memory_model(
     Its ``source_detail`` says so."""
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
-    from heptstudy.measure.estimate import code_fingerprint
-    from heptstudy.measure.estimate.bench_process import simulate_repeated_step
-    from heptstudy.measure.estimate.keys import model_key
-    from heptstudy.measure.estimate.memory_model import Point, fit_points
+    from heptstudy.estimate import code_fingerprint
+    from heptstudy.estimate.bench_process import simulate_repeated_step
+    from heptstudy.estimate.keys import model_key
+    from heptstudy.estimate.memory_model import Point, fit_points
 
     ds = dataset_for(config, "train")
     lengths = ds.lengths()

@@ -8,7 +8,7 @@ one H200) measured code that has changed since. To check today's estimator on it
 2. generates the reports' data with *that* commit's generator (``data generate`` with the
    evidence's seed and event counts) into a temporary folder; every step's events are checked
    against the hit counts the report lists;
-3. runs, per memory report, one child process (:mod:`heptstudy.fitting.validation_child`):
+3. runs, per memory report, one child process (:mod:`heptstudy.estimate.validation_child`):
    the old model and step on the report's exact events under today's target-faithful fake step,
    today's tracing tracker and today's bench-process replay (allocated and reserved, native and
    expandable segments);
@@ -144,7 +144,7 @@ def validate(request: ValidationRequest, progress=print) -> dict:
             out = tmp / f"{report.stem}.estimate.json"
             progress(f"estimating {report.name} ...")
             _run(
-                [sys.executable, "-m", "heptstudy.fitting.validation_child"]
+                [sys.executable, "-m", "heptstudy.estimate.validation_child"]
                 + [package, str(report), str(data_dir), str(out)],
                 env,
                 f"the estimate of {report.name}",

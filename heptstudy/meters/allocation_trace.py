@@ -1,7 +1,7 @@
 """The storage tracker's allocations and frees, in the order they happened: the input of the
-caching-allocator simulator (:mod:`heptstudy.measure.estimate.caching_allocator`).
+caching-allocator simulator (:mod:`heptstudy.estimate.caching_allocator`).
 
-:class:`TracingMemoryMeter` is the storage-tracker meter of :mod:`heptstudy.measure.memory`
+:class:`TracingMemoryMeter` is the storage-tracker meter of :mod:`heptstudy.meters.memory`
 (same peaks, same categories) that also keeps one :class:`StepTrace` per measured step. A
 storage's allocation is recorded when the tracker first sees it (as an op's output: the op
 allocated it), its free when its weak reference dies (the last tensor on it went away), so the
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from heptstudy.measure.memory import StorageTracker, TrackedMemoryMeter, _iter_tensors, _storage_of
+from heptstudy.meters.memory import StorageTracker, TrackedMemoryMeter, _iter_tensors, _storage_of
 
 Event = tuple[str, int, int]  # ("alloc" | "free", block_id, nbytes)
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from heptstudy.errors import HeptstudyError
-from heptstudy.measure.allocation_trace import StepTrace
-from heptstudy.measure.estimate.caching_allocator import CachingAllocator
+from heptstudy.estimate.caching_allocator import CachingAllocator
+from heptstudy.meters.allocation_trace import StepTrace
 
 MIB = 1024**2
 
@@ -108,7 +108,7 @@ def simulate_bench_process(
     if not steps:
         raise HeptstudyError(
             "simulate_bench_process needs at least one step trace; got none. Trace the steps "
-            "with heptstudy.measure.allocation_trace.TracingMemoryMeter first"
+            "with heptstudy.meters.allocation_trace.TracingMemoryMeter first"
         )
     if passes not in ("both", "memory"):
         raise HeptstudyError(
