@@ -82,6 +82,26 @@ def test_phase_clock_changes_nothing(tiny_config):
     assert all(torch.equal(a, b) for a, b in zip(w0, w1, strict=True))
 
 
+def test_gradient_accumulation_is_the_mean_of_the_micro_batches(tiny_config):
+    """Two micro-batches in one step: the gradients and losses of the two batches' mean, as if
+    each had been stepped alone (no update between them)."""
+    from heptstudy.model import build_model
+
+    cfg = tiny_config.model_copy(deep=True)
+    cfg.model.heptv2.dropout = cfg.model.decoder.dropout = 0.0
+    first, second = (example_batch(cfg, 2, [40, 70], seed=s) for s in (1, 2))
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    alone = [run_step(model, b, None, None, cfg, None).losses for b in (first, second)]
+    summed = [p.grad.clone() for p in model.parameters()]  # no optimizer: they add up
+    model.zero_grad(set_to_none=True)
+    both = run_step(model, [first, second], None, None, cfg, None)
+    for p, g in zip(model.parameters(), summed, strict=True):
+        torch.testing.assert_close(p.grad, g / 2, rtol=1e-5, atol=1e-7)
+    for k, v in both.losses.items():
+        torch.testing.assert_close(v, (alone[0][k] + alone[1][k]) / 2)
+
+
 def test_memory_timeline_marks_every_phase_before_the_update(tiny_config):
     from heptstudy import study
 

@@ -6,12 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from heptstudy.config import load_config
 from heptstudy.errors import HeptstudyError
+from heptstudy.measure import bench
+from heptstudy.measure import report as rp
+from heptstudy.measure.request import MeasurementRequest
 from heptstudy.train.out_dir import choose_out_dir
 from heptstudy.train.trainer import train
-from tests.conftest import tiny_train_overrides
+from tests.conftest import TINY_MODEL, tiny_train_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,6 +41,45 @@ def test_short_run_lowers_loss_and_writes_everything(tiny_data_dir, tmp_path):
     assert (tmp_path / "predictions" / "step_000016.npz").is_file()
     assert (tmp_path / "checkpoints" / "step_000008.pt").is_file()
     assert (tmp_path / "config.yaml").is_file()
+
+
+def test_trainer_and_bench_run_the_same_step(tiny_data_dir, tmp_path):
+    """The trainer's first step and the bench's step on the same events, seed and configuration
+    (dropout on, so the random sequence counts too): identical losses and gradients."""
+    m = MeasurementRequest.build(
+        data_dir=str(tiny_data_dir),
+        overrides=TINY_MODEL,
+        output=str(tmp_path / "bench.json"),
+        progress=False,
+        batch_size=4,
+        steps=1,
+        warmup=0,
+        passes="timing",
+    ).resolve()
+    config = m.config.model_copy(deep=True)
+    config.train.out_dir = str(tmp_path / "train")
+    config.train.num_steps = 1
+    assert config.model.heptv2.dropout > 0 and config.train.grad_accumulation == 1
+
+    grads: list[list[torch.Tensor | None]] = []  # at each optimizer step, before the update
+
+    def keep_gradients(optimizer, args, kwargs):
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        grads.append([None if p.grad is None else p.grad.clone() for p in params])
+
+    hook = register_optimizer_step_pre_hook(keep_gradients)
+    try:
+        train(config, progress=False)
+        bench.run_bench(m)
+    finally:
+        hook.remove()
+    trained = _records(tmp_path / "train", "train")[0]
+    measured = rp.read_report(tmp_path / "bench.json").steps[0]
+    assert trained["event_index_by_rank"] == [measured.event_indices]
+    assert {k: trained[f"loss_{k}"] for k in measured.loss} == measured.loss
+    assert len(grads) == 2 and sum(g is not None for g in grads[0]) > 0
+    for a, b in zip(*grads, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
 
 
 def _final_state(out):

@@ -31,7 +31,7 @@ from heptstudy.data.batching import event_indices, to_device
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.plans import predictor_for
 from heptstudy.measure import report as rp
-from heptstudy.measure.parity import build_seeded, run_parity, set_deterministic
+from heptstudy.measure.parity import run_parity, set_deterministic
 from heptstudy.measure.request import PARITY, Measurement, MeasurementRequest
 from heptstudy.meters.allocator import apply_allocator, populate_heap
 from heptstudy.meters.host_usage import HostUsage
@@ -44,9 +44,8 @@ from heptstudy.meters.timing import (
     summarize,
 )
 from heptstudy.train.model_size import check_model_fits
-from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.precision import autocast_dtype
-from heptstudy.train.step import run_step
+from heptstudy.train.step import fresh_state, run_step
 from heptstudy.train.validate import validate
 from heptstudy.units import MIB
 
@@ -251,7 +250,7 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
         # Pass 1: time the steps and their phases, without any tracker.
         if timing:
             timer = StepTimer(device)
-            state = _fresh(config, device)
+            state = fresh_state(config, device)
             for step in range(len(batches)):
                 if step == warmup and device.type == "cpu" and (mapped := populate_heap()):
                     header["notes"].append(
@@ -272,7 +271,7 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
             # Pass 2: memory, over the same batches from the same initial state.
             where = "memory pass"
             meter = make_meter(device, track_categories=True)
-            state = _fresh(config, device)
+            state = fresh_state(config, device)
             for step in range(len(batches)):
                 clock = PhaseClock()  # knows the phase (for an out-of-memory), times nothing
                 result = measured_step(state, step, clock, meter)
@@ -379,14 +378,6 @@ def _max(values) -> float | None:
 
 def _device_memory(device) -> int | None:
     return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-
-
-def _fresh(config, device):
-    model = build_seeded(config, device)
-    optimizer = build_optimizer(model, config.train)
-    scheduler = build_scheduler(optimizer, config.train)
-    torch.manual_seed(config.train.seed)  # the same dropout sequence in every pass and mode
-    return model, optimizer, scheduler
 
 
 def _validation(config, batch_size, device):

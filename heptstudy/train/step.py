@@ -1,7 +1,6 @@
-"""The measured training step: forward, loss, backward, optimizer update, in one function that
-the bench (timed and tracked passes), the fake-device estimate of :mod:`heptstudy.fitting`, the
-parity passes and the memory timeline of ``explore.ipynb`` all run, so that they measure the same
-step.
+"""The training step: forward, loss, backward, optimizer update, in one function that the
+trainer, the bench (timed and tracked passes), the fake-device estimate, the parity passes and
+the memory timeline of ``explore.ipynb`` all run, so that they measure the step that trains.
 
 Phases, as in :data:`heptstudy.meters.timing.STEP_PHASES`:
 
@@ -18,6 +17,7 @@ and gets a mark at the start of every phase in its timeline.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,8 +25,15 @@ import torch
 from torch import nn
 
 from heptstudy.config import Config
+from heptstudy.data.batching import to_device
+from heptstudy.model import build_model
 from heptstudy.model.adaptive_checkpointing import Plan, applied_plan
+from heptstudy.model.hit_model import HitModel
+from heptstudy.model.track_cluster import TrackClusterModel
 from heptstudy.train.losses import compute_losses
+from heptstudy.train.optim import build_optimizer, build_scheduler
+
+Batch = Mapping[str, torch.Tensor]
 
 
 class MemoryMeter(Protocol):
@@ -67,11 +74,20 @@ class StepResult:
     outputs: dict[str, torch.Tensor] | None = None  # detached; only when asked for
 
 
+def fresh_state(config: Config, device: torch.device):
+    """What every training and every measured run starts from: the model seeded with
+    ``train.seed`` on ``device``, LAMB and its schedule, and the random generator seeded again,
+    so that dropout draws the same sequence in training and in every pass of the bench."""
+    torch.manual_seed(config.train.seed)
+    model = build_model(config).to(device)
+    optimizer = build_optimizer(model, config.train)
+    scheduler = build_scheduler(optimizer, config.train)
+    torch.manual_seed(config.train.seed)
+    return model, optimizer, scheduler
+
+
 def decoder_entry(model: nn.Module) -> nn.Module:
     """The first module run after the backbone: where ``decoder_and_heads`` starts."""
-    from heptstudy.model.hit_model import HitModel
-    from heptstudy.model.track_cluster import TrackClusterModel
-
     inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model here
     if isinstance(inner, HitModel):
         return inner.backbone_norm
@@ -83,25 +99,9 @@ def decoder_entry(model: nn.Module) -> nn.Module:
     )
 
 
-class _Marks:
-    """Tells the clock and the meter's timeline where each phase starts."""
-
-    def __init__(self, clock: PhaseClock, meter: MemoryMeter | None):
-        self.clock, self.meter = clock, meter
-
-    def __call__(self, phase: str) -> None:
-        self.clock.mark(phase)
-        if self.meter is not None and phase != "optimizer":  # the meter stops before it
-            self.meter.mark(phase)
-
-    def once(self, phase: str) -> None:
-        if self.clock.phase != phase:
-            self(phase)
-
-
 def run_step(
     model: nn.Module,
-    batch: dict[str, torch.Tensor],
+    batch: Batch | Sequence[Batch],
     optimizer: torch.optim.Optimizer | None,
     scheduler,
     config: Config,
@@ -110,48 +110,66 @@ def run_step(
     meter: MemoryMeter | None = None,
     clock: PhaseClock | None = None,
     keep_outputs: bool = False,
-    plan: Plan | None = None,
+    plan: Plan | None | list[Plan | None] = None,
+    device: torch.device | None = None,
 ) -> StepResult:
-    """One training step of ``model`` on ``batch`` (already on the device). ``optimizer`` None:
-    no update (the parity passes compare gradients). ``dtype``: the autocast dtype, None for
-    float32. ``clock`` times the phases; ``meter`` measures the peak memory up to the end of
-    backward. ``plan``: the checkpointing plan chosen for this batch under
-    ``activation_checkpointing=auto`` (forward and backward run under it)."""
-    with applied_plan(model, plan):
-        return _run_step(
-            model, batch, optimizer, scheduler, config, dtype, meter, clock, keep_outputs
-        )
-
-
-def _run_step(model, batch, optimizer, scheduler, config, dtype, meter, clock, keep_outputs):
+    """One training step of ``model`` on ``batch``, or with gradient accumulation on a sequence
+    of micro-batches (each one's loss weighs 1/n in the gradients; the losses returned are their
+    means). ``device``: move each batch there just before its forward (one micro-batch on the
+    device at a time); None: they are there already. ``optimizer`` None: no update (the parity
+    passes compare gradients). ``dtype``: the autocast dtype, None for float32. ``clock`` times
+    the phases; ``meter`` measures the peak memory up to the end of the last backward.
+    ``plan``: the checkpointing plan chosen for the batch (a list: one per micro-batch) under
+    ``activation_checkpointing=auto`` (forward and backward run under it). ``keep_outputs``:
+    the outputs of the last batch."""
+    batches = [batch] if isinstance(batch, Mapping) else list(batch)
+    plans = plan if isinstance(plan, list) else [plan] * len(batches)
     clock = clock if clock is not None else PhaseClock()
-    marks = _Marks(clock, meter)
-    if meter is not None:
-        meter.start_step(batch.values(), model=model, optimizer=optimizer)
-    marks("backbone_forward")
-    hook = decoder_entry(model).register_forward_pre_hook(
-        lambda *_: marks.once("decoder_and_heads")
-    )
-    try:
-        with torch.autocast(batch["X"].device.type, dtype=dtype, enabled=dtype is not None):
-            outputs = model(batch)
-    finally:
-        hook.remove()
-    marks("loss")
-    losses = compute_losses(config.model.variant, outputs, batch, config.train.loss)
-    kept = {k: v.detach() for k, v in outputs.items()} if keep_outputs else None
-    del outputs  # what backward needs of them is saved; the rest is freed before it
-    marks("backward")
-    losses["total"].backward()
+
+    def mark(phase: str) -> None:
+        clock.mark(phase)
+        if meter is not None and phase != "optimizer":  # the meter stops before it
+            meter.mark(phase)
+
+    def decoder_starts(*_) -> None:
+        if clock.phase != "decoder_and_heads":
+            mark("decoder_and_heads")
+
+    per_batch, kept = [], None
+    for i, (micro, micro_plan) in enumerate(zip(batches, plans, strict=True)):
+        if device is not None:
+            micro = to_device(micro, device, non_blocking=True)
+        if meter is not None and i == 0:
+            meter.start_step(micro.values(), model=model, optimizer=optimizer)
+        with applied_plan(model, micro_plan):
+            mark("backbone_forward")
+            hook = decoder_entry(model).register_forward_pre_hook(decoder_starts)
+            try:
+                with torch.autocast(micro["X"].device.type, dtype=dtype, enabled=dtype is not None):
+                    outputs = model(micro)
+            finally:
+                hook.remove()
+            mark("loss")
+            losses = compute_losses(config.model.variant, outputs, micro, config.train.loss)
+            kept = {k: v.detach() for k, v in outputs.items()} if keep_outputs else None
+            del outputs  # what backward needs of them is saved; the rest is freed before it
+            mark("backward")
+            total = losses["total"]
+            (total if len(batches) == 1 else total / len(batches)).backward()
+        per_batch.append(losses)
     memory = meter.stop_step() if meter is not None else None
     if optimizer is not None:
-        marks("optimizer")
+        mark("optimizer")
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     clock.stop()
-    return StepResult({k: v.detach() for k, v in losses.items()}, memory, kept)
+    # detached after the meter stopped: the tracked step has not one op more than its losses
+    losses = {k: v.detach() for k, v in per_batch[0].items()}
+    if len(per_batch) > 1:
+        losses = {k: torch.stack([b[k].detach() for b in per_batch]).mean() for k in losses}
+    return StepResult(losses, memory, kept)
 
 
 def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) -> None:
@@ -164,13 +182,3 @@ def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, schedule
     if scheduler is not None:
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-
-
-__all__ = [
-    "MemoryMeter",
-    "PhaseClock",
-    "StepResult",
-    "decoder_entry",
-    "prime_optimizer",
-    "run_step",
-]

@@ -1,5 +1,6 @@
-"""The training loop, readable top to bottom: set up, (resume), then steps of forward, loss,
-backward, LAMB and scheduler, with validation and checkpoints at their frequencies."""
+"""The training loop, readable top to bottom: set up, (resume), then steps (the measured
+step, :func:`heptstudy.train.step.run_step`, with gradient accumulation), with validation and
+checkpoints at their frequencies."""
 
 from __future__ import annotations
 
@@ -18,17 +19,14 @@ from tqdm.auto import tqdm
 
 from heptstudy.atomic import atomic_open, atomic_write_text, free_space_problem
 from heptstudy.config import Config
-from heptstudy.data.batching import to_device
+from heptstudy.data import BatchLoader, validation_batches
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError
 from heptstudy.locks import holding
-from heptstudy.model import build_model
-from heptstudy.model.adaptive_checkpointing import PlanPredictor, applied_plan
+from heptstudy.model.adaptive_checkpointing import PlanPredictor
 from heptstudy.paths import resolve_from_cwd
 from heptstudy.train import distributed
-from heptstudy.train.losses import compute_losses
 from heptstudy.train.model_size import check_model_fits
-from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.out_dir import choose_out_dir, config_file_name, recheck_held
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.state import (
@@ -36,6 +34,7 @@ from heptstudy.train.state import (
     restore_training_state,
     save_training_state,
 )
+from heptstudy.train.step import fresh_state, run_step
 from heptstudy.train.validate import validate
 from heptstudy.units import MIB
 
@@ -48,17 +47,11 @@ class OutOfMemory(HeptstudyError):
     pass
 
 
-def forward_and_loss(model, batch, config: Config, dtype: torch.dtype | None):
-    device_type = batch["X"].device.type
-    with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
-        outputs = model(batch)
-    return outputs, compute_losses(config.model.variant, outputs, batch, config.train.loss)
-
-
-def describe_batch(batch) -> str:
-    return (
-        f"events {batch['event_index'].tolist()}, hits {batch['length'].tolist()}, "
-        f"padded to {list(batch['X'].shape[:2])} (batch x hits)"
+def describe(batches) -> str:
+    return "; ".join(
+        f"events {b['event_index'].tolist()}, hits {b['length'].tolist()}, "
+        f"padded to {list(b['X'].shape[:2])} (batch x hits)"
+        for b in batches
     )
 
 
@@ -152,14 +145,9 @@ def train(
 def _train_into(
     out, config, ctx, state, resume, resume_step, per_device, dtype, progress, plan_predictor
 ):
-    from heptstudy.data import BatchLoader, validation_batches
-
     tc = config.train
     ckpt_dir, pred_dir = out / "checkpoints", out / "predictions"
-    torch.manual_seed(tc.seed)
-    model = build_model(config).to(ctx.device)
-    optimizer = build_optimizer(model, tc)
-    scheduler = build_scheduler(optimizer, tc)
+    model, optimizer, scheduler = fresh_state(config, ctx.device)  # as the bench's
     loader = BatchLoader(
         config, "train", rank=ctx.rank, world_size=ctx.world_size, per_device_batch=per_device
     )
@@ -207,7 +195,7 @@ def _train_into(
     with PrefetchingLoader(loader, config.data.prefetch_batches) as batches:
         for step in range(start + 1, tc.num_steps + 1):
             t0 = time.perf_counter()
-            losses, events, adaptive = _accumulated_step(
+            losses, events, adaptive = _step(
                 net, batches, optimizer, scheduler, config, dtype, ctx, step, plans
             )
             elapsed = time.perf_counter() - t0
@@ -288,46 +276,40 @@ def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpo
     )
 
 
-def _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, step, plans=None):
-    accum = config.train.grad_accumulation
-    totals: dict[str, float] = {}
-    events: list[int] = []
-    choices = []
+def _step(net, batches, optimizer, scheduler, config, dtype, ctx, step, plans):
+    micro = [next(batches) for _ in range(config.train.grad_accumulation)]
+    # chosen from the batches' shapes while they are still on the host: a batch no plan fits
+    # stops here, before the step allocates anything
+    choices = [plans.choose_for(b) if plans is not None else None for b in micro]
     if plans is not None and ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    for _ in range(accum):
-        batch = next(batches)
-        # chosen from the batch's shape while it is still on the host: a batch no plan fits
-        # stops here, before the step allocates anything
-        choice = plans.choose_for(batch) if plans is not None else None
-        batch = to_device(batch, ctx.device, non_blocking=True)
-        events += batch["event_index"].tolist()
-        try:
-            with applied_plan(net, None if choice is None else choice.plan):
-                _, losses = forward_and_loss(net, batch, config, dtype)
-                values = {k: float(v.detach()) for k, v in losses.items()}
-                if not all(math.isfinite(v) for v in values.values()):
-                    raise NonFiniteLoss(
-                        f"non-finite loss at step {step} ({describe_batch(batch)}): components "
-                        f"{values}. The last good checkpoint is untouched; lower train.lr or "
-                        "inspect these events"
-                    )
-                (losses["total"] / accum).backward()
-        except torch.OutOfMemoryError:
-            hint = (
-                "lower the per-device batch (activation checkpointing is already on)"
-                if config.model.heptv2.activation_checkpointing
-                else "switch on model.heptv2.activation_checkpointing=true or lower the "
-                "per-device batch"
-            )
-            raise OutOfMemory(f"out of device memory on {describe_batch(batch)}; {hint}") from None
-        for k, v in values.items():
-            totals[k] = totals.get(k, 0.0) + v / accum
-        choices.append(choice)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return totals, distributed.gather_lists(events, ctx), _plan_fields(choices, ctx)
+    try:
+        result = run_step(
+            net,
+            micro,
+            optimizer,
+            scheduler,
+            config,
+            dtype,
+            plan=[None if c is None else c.plan for c in choices],
+            device=ctx.device,
+        )
+    except torch.OutOfMemoryError:
+        hint = (
+            "lower the per-device batch (activation checkpointing is already on)"
+            if config.model.heptv2.activation_checkpointing
+            else "switch on model.heptv2.activation_checkpointing=true or lower the "
+            "per-device batch"
+        )
+        raise OutOfMemory(f"out of device memory on {describe(micro)}; {hint}") from None
+    losses = {k: float(v) for k, v in result.losses.items()}
+    if not all(math.isfinite(v) for v in losses.values()):
+        raise NonFiniteLoss(
+            f"non-finite loss at step {step} ({describe(micro)}): components {losses}. The last "
+            "good checkpoint is untouched; lower train.lr or inspect these events"
+        )
+    events = [i for b in micro for i in b["event_index"].tolist()]
+    return losses, distributed.gather_lists(events, ctx), _plan_fields(choices, ctx)
 
 
 def _plan_fields(choices, ctx) -> dict[str, Any]:
