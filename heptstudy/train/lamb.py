@@ -136,6 +136,3 @@ class Lamb(torch.optim.Optimizer):
             ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
             torch._foreach_mul_(update, list(ratio.unbind()))
         torch._foreach_add_(params, update, alpha=-group["lr"])
-
-
-__all__ = ["BETAS", "EPS", "Lamb"]

@@ -186,9 +186,8 @@ def cost_matrix(
         return torch.nan_to_num(cost, nan=_BAD_COST, posinf=_BAD_COST, neginf=_BAD_COST)
 
 
-def match_event(cost: Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def match_event(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Hungarian assignment of a [Q, P] cost: (query indices ascending, target indices)."""
-    c = cost.detach().float().cpu().numpy() if isinstance(cost, Tensor) else np.asarray(cost)
     if c.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     rows, cols = linear_sum_assignment(c.astype(np.float32, copy=False))
@@ -221,12 +220,6 @@ def match(
 # --------------------------------------------------------------------------- loss terms
 
 
-def _class_weights(loss_cfg: LossConfig, device: torch.device) -> Tensor:
-    w = torch.ones(NUM_CLASSES, device=device)
-    w[0] = loss_cfg.no_particle_weight
-    return w
-
-
 def weighted_cross_entropy(
     logits: Tensor, target: Tensor, loss_cfg: LossConfig, valid: Tensor | None = None
 ) -> Tensor:
@@ -235,7 +228,9 @@ def weighted_cross_entropy(
     ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none").view(
         target.shape
     )
-    w = _class_weights(loss_cfg, logits.device)[target]
+    w = torch.ones(NUM_CLASSES, device=logits.device)
+    w[0] = loss_cfg.no_particle_weight
+    w = w[target]
     if valid is not None:
         w = w * valid.float()
     return ((w * ce).sum(-1) / w.sum(-1).clamp(min=1e-12)).mean()
@@ -301,8 +296,6 @@ def matched_group_losses(
     listed event by event) each slice's rows are then computed from the factors, in forward and
     again in backward, and the gradient goes to the factors directly: neither the [B, Q, S]
     logits nor a gradient of that shape is kept for backward."""
-    if kind not in ("bce", "focal"):
-        raise ConfigError(f"train.loss.group_loss={kind!r} is not known; use 'bce' or 'focal'")
     factors = group_factors(group_logits)
     if factors is not None and pairs_per_event is not None:
         query_embed, hit_embed, mask = factors
@@ -490,16 +483,12 @@ def hit_losses(
     outputs: Mapping[str, Tensor],
     batch: Mapping[str, Tensor],
     loss_cfg: LossConfig,
-    targets: list[EventTargets] | None = None,
 ) -> dict[str, Tensor]:
     """Set-matching losses of the hit model, final layer and every auxiliary layer (each with
     its own matching): "class", "momentum", "group_bce", "group_dice", "aux{l}_class", ...,
     and "total" = weighted final + ``aux_weight`` x weighted aux layers. All float32 scalars."""
     stand = stand_ins.active()  # a fake-tensor step: no host copy, targets built beforehand
-    if targets is None:
-        targets = (
-            stand.targets if stand and stand.targets is not None else targets_from_batch(batch)
-        )
+    targets = stand.targets if stand and stand.targets is not None else targets_from_batch(batch)
     matcher = stand.match if stand and stand.match is not None else match
     with _no_autocast(batch["mask"].device):
         result: dict[str, Tensor] = {}
@@ -555,19 +544,3 @@ def compute_losses(
     raise ConfigError(
         f"model.variant={variant!r} has no loss; use {HIT_VARIANT!r} or {TRACK_CLUSTER_VARIANT!r}"
     )
-
-
-__all__ = [
-    "EventTargets",
-    "aux_prefixes",
-    "compute_losses",
-    "cost_matrix",
-    "element_losses",
-    "hit_losses",
-    "match",
-    "match_event",
-    "matched_group_losses",
-    "momentum_targets",
-    "momentum_to_physical",
-    "targets_from_batch",
-]

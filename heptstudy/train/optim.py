@@ -74,11 +74,6 @@ def build_scheduler(
     """Cosine decay from ``train.lr`` to ``train.lr * train.lr_final_fraction`` at
     ``train.num_steps``; call ``scheduler.step()`` once after each ``optimizer.step()``."""
     num_steps, final = train_cfg.num_steps, train_cfg.lr_final_fraction
-
-    def factor(step: int) -> float:
-        return cosine_factor(step, num_steps, final)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-__all__ = ["build_optimizer", "build_scheduler", "cosine_factor", "parameter_groups"]
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: cosine_factor(step, num_steps, final)
+    )

@@ -204,10 +204,10 @@ def _train_into(
                 "step": step,
                 "lr": scheduler.get_last_lr()[0],
                 "time_s": elapsed,
+                "event_index_by_rank": events,
+                **adaptive,
+                **{f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()},
             }
-            record["event_index_by_rank"] = events
-            record.update(adaptive)
-            record.update({f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()})
             if ctx.is_main:
                 if step == start + 1:
                     open_run()
