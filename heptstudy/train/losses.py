@@ -44,12 +44,8 @@ from heptstudy.model.hit_model import GROUP_MASKED_LOGIT, group_factors
 NUM_CLASSES = len(CLASS_PDG_IDS)
 COL_CLASS = TARGET_COLUMNS.index("PDG")  # holds the class index
 COL_PARTICLE = TARGET_COLUMNS.index("particle_number")
-_MOMENTUM = ("pt", "eta", "sin_phi", "cos_phi", "energy")
-MOMENTUM_COLUMNS = slice(
-    TARGET_COLUMNS.index(_MOMENTUM[0]), TARGET_COLUMNS.index(_MOMENTUM[-1]) + 1
-)
-if TARGET_COLUMNS[MOMENTUM_COLUMNS] != _MOMENTUM:  # one slice reads them, in this order
-    raise RuntimeError(f"TARGET_COLUMNS must hold {_MOMENTUM} next to each other, in that order")
+#: pt, eta, sin phi, cos phi, energy: next to each other in the schema (tests/test_losses.py)
+MOMENTUM_COLUMNS = slice(TARGET_COLUMNS.index("pt"), TARGET_COLUMNS.index("energy") + 1)
 LOG_FLOOR = 1e-3
 FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
 DICE_SMOOTH = 1.0
