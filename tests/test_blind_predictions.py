@@ -54,15 +54,20 @@ def test_predict_matrix_runs_the_target_faithful_bench_process(tmp_path, tiny_da
                 "description": "tiny model, generated data",
                 "defaults": {"platform": "h100", "steps": 1, "warmup": 1},
                 "runs": [
+                    {"batch_size": 1, "checkpointing": False, "overrides": list(TINY_MODEL)},
                     {"batch_size": 2, "checkpointing": True, "overrides": list(TINY_MODEL)},
                     {"batch_size": 2, "checkpointing": "auto", "overrides": list(TINY_MODEL)},
                 ],
             }
         )
     )
-    doc = predict_matrix(str(matrix), str(tiny_data_dir), progress=lambda _line: None)
-    ((name, run),) = doc["runs"].items()
-    assert name == "checkpointed_b2" and list(doc["not_predicted"]) == ["auto_b2"]
+    said = []
+    doc = predict_matrix(str(matrix), str(tiny_data_dir), progress=said.append, jobs=2)
+    # two processes: the larger run started first, the file in the matrix's order
+    assert [line.split(":")[0].strip() for line in said] == ["checkpointed_b2", "baseline_b1"]
+    assert list(doc["runs"]) == ["baseline_b1", "checkpointed_b2"]
+    assert list(doc["not_predicted"]) == ["auto_b2"]
+    run = doc["runs"]["checkpointed_b2"]
     assert run["target"] == "cuda" and len(run["per_step"]) == 2
     assert run["reserved_mib"] >= run["allocated_mib"] > 0
     # the decoder's attention runs CUDA's SDPA stand-in; the model's dropout keeps CUDA's boolean
