@@ -97,6 +97,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _jobs(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of processes, 1 or more")
+    return int(text)
+
+
 def _cmd_predict(args: argparse.Namespace) -> int:
     import json
 
@@ -104,7 +110,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from heptstudy.paths import resolve_from_cwd
     from heptstudy.study.blind_predictions import predict_matrix
 
-    doc = predict_matrix(args.matrix, args.data_dir)
+    doc = predict_matrix(args.matrix, args.data_dir, jobs=args.jobs)
     out = resolve_from_cwd(args.out)
     atomic_write_text(out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     print(f"wrote {out}")
@@ -171,6 +177,13 @@ def register_cli(subparsers) -> None:
         "--out",
         default="experiments/gpu_blind_predictions/predictions.json",
         help="output JSON (default: experiments/gpu_blind_predictions/predictions.json)",
+    )
+    predict.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=1,
+        metavar="N",
+        help="runs estimated at a time, each in a process of its own (default 1)",
     )
     predict.set_defaults(func=_cmd_predict)
     check = sub.add_parser("check", help="validate a study matrix and list its runs")

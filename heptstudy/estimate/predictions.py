@@ -10,20 +10,28 @@ counted steps, as the bench reports them.
 
 Not predicted (and said so in the file): ``checkpointing: auto`` runs (auto chooses a plan per
 step from its own calibration, on the GPU, against the GPU's budget), parity runs (no memory
-figure). :func:`stale_parts` tells whether the file is still of the running code.
+figure). Every reader goes through :func:`read_predictions` (values no run can have are
+refused); :func:`stale_parts` tells whether the file is still of the running code and
+:func:`git_age` whether it was committed before a measured commit and not changed since.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import yaml
 
-from heptstudy.paths import base_dir, resolve_in_repo
+from heptstudy.committed import repository_of
+from heptstudy.errors import HeptstudyError
+from heptstudy.estimate import code_fingerprint
+from heptstudy.paths import base_dir, git, resolve_in_repo
 from heptstudy.units import MIB
 
 SCHEMA = "heptstudy.blind_predictions/1"
@@ -32,11 +40,166 @@ PREDICTIONS = "experiments/gpu_blind_predictions/predictions.json"
 DATA = {"events_train": 144, "events_test": 8, "seed": 20261014}
 #: The parts whose change makes the predictions stale (the test enforces them).
 ENFORCED_PARTS = ("model", "step")
-REGENERATE = (
-    "heptstudy data generate --data-dir /tmp/gpu-tfds --events-train 144 --events-test 8 "
-    "--seed 20261014 && heptstudy study predict --matrix configs/study/gpu.yaml "
-    "--data-dir /tmp/gpu-tfds"
+#: The one command that regenerates them (with the estimated fits: without ONLY=...).
+REGENERATE = "ONLY=predictions bash scripts/regenerate_fits.sh"
+#: Each allocator mode's (allocated, reserved) figures of a run: MiB, reserved >= allocated.
+FIGURES = (
+    ("allocated_mib", "reserved_mib"),
+    ("expandable_allocated_mib", "expandable_reserved_mib"),
 )
+
+
+class PredictionsError(HeptstudyError, ValueError):
+    """A blind-predictions file is missing, is not as ``heptstudy study predict`` writes it, or
+    holds a value no run can have."""
+
+
+def _refuse(path: Path, field: str, value, allowed: str):
+    shown = (
+        json.dumps(value, allow_nan=True)
+        if not isinstance(value, (dict, list))
+        else (f"a JSON {'object' if isinstance(value, dict) else 'list'}")
+    )
+    raise PredictionsError(
+        f"{path}: {field} is {shown[:80]}; allowed: {allowed}. The file is not as `heptstudy "
+        f"study predict` writes it: restore the committed one (git checkout -- {path}) or "
+        f"regenerate it with `{REGENERATE}`"
+    )
+
+
+def _non_finite(value, field: str):
+    """The first NaN or Infinity in ``value`` (JSON holds neither), as (field, value)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return field, value
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        found = _non_finite(item, f"{field}.{key}" if field else str(key))
+        if found:
+            return found
+    return None
+
+
+def read_predictions(path: str | os.PathLike | None = None) -> dict:
+    """The blind predictions at ``path`` (default: the committed file), checked: a JSON object
+    of :data:`SCHEMA` with ``runs``, ``not_predicted`` and ``fingerprint`` objects, every run an
+    object whose :data:`FIGURES` are positive MiB with reserved >= allocated, no NaN or
+    Infinity anywhere. :class:`PredictionsError` names the file, the field and the value."""
+    path = Path(path) if path is not None else resolve_in_repo(PREDICTIONS)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PredictionsError(
+            f"{path}: cannot read the blind predictions ({exc.strerror or exc}); make them "
+            f"with `{REGENERATE}`"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError and undecodable bytes
+        raise PredictionsError(
+            f"{path}: not valid JSON ({exc}); restore the committed file (git checkout -- "
+            f"{path}) or regenerate it with `{REGENERATE}`"
+        ) from None
+    if not isinstance(doc, dict):
+        _refuse(path, "the file", doc, f"a JSON object of schema {SCHEMA}")
+    if doc.get("schema") != SCHEMA:
+        _refuse(path, "schema", doc.get("schema"), repr(SCHEMA))
+    for key in ("runs", "not_predicted", "fingerprint"):
+        if not isinstance(doc.get(key), dict):
+            _refuse(path, key, doc.get(key), "a JSON object")
+    found = _non_finite(doc, "")
+    if found:
+        _refuse(path, *found, "finite numbers only (JSON has no NaN or Infinity)")
+    for name, run in doc["runs"].items():
+        if not isinstance(run, dict):
+            _refuse(path, f"runs.{name}", run, "a JSON object of the run's predicted figures")
+        for allocated, reserved in FIGURES:
+            for field in (allocated, reserved):
+                value = run.get(field)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    _refuse(path, f"runs.{name}.{field}", value, "a number of MiB above 0")
+            if run[reserved] < run[allocated]:
+                _refuse(
+                    path,
+                    f"runs.{name}.{reserved}",
+                    run[reserved],
+                    f"at least {allocated} ({run[allocated]:,.1f} MiB): the allocator reserves "
+                    "what it allocates",
+                )
+    return doc
+
+
+@dataclass(frozen=True)
+class GitAge:
+    """Whether a committed file predates measured commits: ``committed`` is the commit that
+    last changed it (None: not committed) and ``problems`` say why it is not shown to predate
+    them (empty: it was committed in or before every measured commit and not changed since)."""
+
+    committed: str | None
+    committed_date: str | None
+    problems: list[str]
+
+
+def last_commit(path: str | os.PathLike) -> tuple[str, str] | None:
+    """The commit (sha, ISO date) that last changed ``path`` in the history of its repository's
+    checked-out commit; None when it was never committed or git cannot tell."""
+    path = Path(path).resolve()
+    out = git("log", "-1", "--format=%H %cI", "--", path.name, cwd=path.parent)
+    return tuple(out.split()) if out and out.strip() else None
+
+
+def is_ancestor(older: str, newer: str, cwd: str | os.PathLike) -> bool:
+    """Whether commit ``older`` is ``newer`` or one of its ancestors (in the repository at
+    ``cwd``)."""
+    return git("merge-base", "--is-ancestor", older, newer, cwd=cwd) is not None
+
+
+def git_age(path: str | os.PathLike, measured: list[str]) -> GitAge:
+    """:class:`GitAge` of the file at ``path`` against the ``measured`` commits, asked of the
+    git repository that holds the file."""
+    path = Path(path).resolve()
+    if repository_of(path) is None:
+        return GitAge(
+            None,
+            None,
+            [
+                f"{path} is not in a git checkout (or git is missing), so "
+                "its age cannot be shown: compare in the checkout that "
+                "committed it"
+            ],
+        )
+    status = git("status", "--porcelain", "--", path.name, cwd=path.parent)
+    last = last_commit(path)
+    if last is None or (status or "").startswith("??"):
+        return GitAge(None, None, [f"{path} is not committed: commit it before the session"])
+    problems = []
+    if status and status.strip():
+        problems.append(
+            f"{path} has changes that are not committed (git diff -- {path}): the file "
+            "compared is not the one committed"
+        )
+    if not measured:
+        problems.append(
+            "the reports record no git commit (a checkout without .git records none): pass "
+            "COMMIT=<sha> to scripts/gpu/run.sh, which writes it into env.txt"
+        )
+    for commit in sorted(set(measured)):
+        full = git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", cwd=path.parent)
+        if full is None:
+            problems.append(
+                f"the measured commit {commit} is not in this repository: fetch it, or compare "
+                "in the checkout the session ran"
+            )
+        elif not is_ancestor(last[0], full.strip(), path.parent):
+            problems.append(
+                f"{path.name} was last changed in {last[0][:12]}, which is not the measured "
+                f"commit {commit[:12]} nor one of its ancestors: changed after (or beside) the "
+                "measurement, it is not blind to it"
+            )
+    return GitAge(last[0], last[1], problems)
 
 
 def _sha256(path: Path) -> str:
@@ -57,8 +220,6 @@ def _shown(path: Path) -> str:
 
 def fingerprint(matrix_path: Path, platform_files: list[Path]) -> dict:
     """The code, configuration and PyTorch the predictions are of."""
-    from heptstudy.estimate import code_fingerprint
-
     files = sorted(set(platform_files))
     return {
         "code": code_fingerprint.part_hashes(("model", "step", "estimate")),
@@ -70,8 +231,6 @@ def fingerprint(matrix_path: Path, platform_files: list[Path]) -> dict:
 
 def stale_parts(doc: dict, matrix_path: Path) -> list[str]:
     """What changed since ``doc`` was made (empty: it is the running code's)."""
-    from heptstudy.estimate import code_fingerprint
-
     fp = doc.get("fingerprint") or {}
     now = code_fingerprint.part_hashes(ENFORCED_PARTS)
     out = [f"{p} code" for p in ENFORCED_PARTS if (fp.get("code") or {}).get(p) != now[p]]
@@ -87,6 +246,8 @@ def stale_parts(doc: dict, matrix_path: Path) -> list[str]:
 def predict_run(config, profile, *, batch_size: int, warmup: int, steps: int, passes: str):
     """The blind prediction of one memory run of ``config`` on ``profile`` (None: the CPU):
     the bench's events, every step estimated, the bench process replayed."""
+    # the estimator itself is imported only here: readers of the file (the GPU session's
+    # comparison, the tests) do not load it
     from heptstudy.data import load_events
     from heptstudy.data.batching import event_indices
     from heptstudy.estimate.bench_process import simulate_bench_process

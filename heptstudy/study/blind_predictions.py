@@ -1,8 +1,11 @@
 """Blind predictions of a GPU study matrix: every memory run's own request resolved as a study
-run would resolve it, then estimated by :func:`heptstudy.estimate.predictions.predict_run`."""
+run would resolve it, then estimated by :func:`heptstudy.estimate.predictions.predict_run`,
+``jobs`` runs at a time in processes of their own (each is one Python thread of fake steps)."""
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from heptstudy.data.batching import dataset_for
@@ -11,47 +14,65 @@ from heptstudy.measure.request import find_platform
 from heptstudy.paths import resolve_in_repo
 from heptstudy.study.matrix import load_matrix
 
+AUTO = (
+    "checkpointing auto: the plan of each step is chosen on the GPU from auto's own "
+    "calibration against the GPU's budget; the off and full runs bound it"
+)
 
-def predict_matrix(matrix_path: str, data_dir: str | None, progress=print) -> dict:
-    """Blind predictions for every memory run of the matrix at ``matrix_path``."""
-    path = resolve_in_repo(matrix_path)
-    matrix = load_matrix(path, data_dir=data_dir)
-    runs, skipped, platforms, synthetic = {}, {}, [], None
-    for run in matrix.runs:
-        request = run.request(progress=False)
-        if request.kind != "memory":
-            skipped[run.name] = "parity run: no memory figure"
-            continue
-        if request.checkpointing == "auto":
-            skipped[run.name] = (
-                "checkpointing auto: the plan of each step is chosen on the GPU from auto's own "
-                "calibration against the GPU's budget; the off and full runs bound it"
-            )
-            continue
-        if request.platform:
-            platforms.append(Path(find_platform(request.platform)))
-        measurement = request.resolve()
-        if synthetic is None:
-            synthetic = bool(dataset_for(measurement.config, "train").metadata.get("synthetic"))
-        predicted = predictions.predict_run(
+
+def _predict(path: Path, data_dir: str | None, name: str) -> dict:
+    """The prediction of the matrix's run ``name`` (in a worker: requests are rebuilt there)."""
+    request = next(r for r in load_matrix(path, data_dir=data_dir).runs if r.name == name)
+    request = request.request(progress=False)
+    measurement = request.resolve()
+    return {
+        "checkpointing": request.checkpointing,
+        "overrides": list(request.overrides),
+        **predictions.predict_run(
             measurement.config,
             measurement.profile,
             batch_size=request.batch_size,
             warmup=request.warmup,
             steps=request.steps,
             passes="memory" if request.passes == "memory" else "both",
-        )
-        runs[run.name] = {
-            "checkpointing": request.checkpointing,
-            "overrides": list(request.overrides),
-            **predicted,
-        }
-        if progress:
-            progress(
-                f"  {measurement.name}: allocated {predicted['allocated_mib']:,.0f} MiB, "
-                f"reserved {predicted['reserved_mib']:,.0f} MiB (expandable "
-                f"{predicted['expandable_reserved_mib']:,.0f}) in {predicted['seconds']:.0f} s"
-            )
+        ),
+    }
+
+
+def predict_matrix(matrix_path: str, data_dir: str | None, progress=print, jobs: int = 1) -> dict:
+    """Blind predictions for every memory run of the matrix at ``matrix_path``."""
+    path = resolve_in_repo(matrix_path)
+    matrix = load_matrix(path, data_dir=data_dir)
+    todo, skipped, platforms, synthetic = {}, {}, [], None
+    for run in matrix.runs:
+        request = run.request(progress=False)
+        if request.kind != "memory":
+            skipped[run.name] = "parity run: no memory figure"
+        elif request.checkpointing == "auto":
+            skipped[run.name] = AUTO
+        else:
+            todo[run.name] = request.batch_size * (request.warmup + request.steps)
+            if request.platform:
+                platforms.append(Path(find_platform(request.platform)))
+            if synthetic is None:
+                config = request.resolve().config
+                synthetic = bool(dataset_for(config, "train").metadata.get("synthetic"))
+    # the largest runs first, so that the last one to finish is a small one
+    order = sorted(todo, key=todo.get, reverse=True)
+    # spawned workers: a forked PyTorch process may hold locks of threads it did not copy
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max(1, jobs), mp_context=context) as pool:
+        futures = {name: pool.submit(_predict, path, data_dir, name) for name in order}
+        runs = {}
+        for name in order:
+            runs[name] = predicted = futures[name].result()
+            if progress:
+                progress(
+                    f"  {name}: allocated {predicted['allocated_mib']:,.0f} MiB, reserved "
+                    f"{predicted['reserved_mib']:,.0f} MiB (expandable "
+                    f"{predicted['expandable_reserved_mib']:,.0f}) in "
+                    f"{predicted['seconds']:.0f} s"
+                )
     return {
         "schema": predictions.SCHEMA,
         "what": (
@@ -64,6 +85,6 @@ def predict_matrix(matrix_path: str, data_dir: str | None, progress=print) -> di
         "data": {**predictions.DATA, "synthetic": bool(synthetic)},
         "fingerprint": predictions.fingerprint(path, platforms),
         "regenerate": predictions.REGENERATE,
-        "runs": runs,
+        "runs": {name: runs[name] for name in todo},
         "not_predicted": skipped,
     }

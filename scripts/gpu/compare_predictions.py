@@ -1,12 +1,19 @@
-"""Measured against blind-predicted: every report scripts/gpu/run.sh wrote under OUT/study/
-(native allocator) and OUT/expandable/ (expandable segments) beside the committed predictions
-(experiments/gpu_blind_predictions/predictions.json), as a table in OUT/predictions_vs_measured.md
-and OUT/predictions_vs_measured.json. Runs at the end of run.sh; reads only JSON (no torch).
+"""Measured against blind-predicted: every bench report under OUT/*/ (scripts/gpu/run.sh writes
+study/: native allocator, expandable/: expandable segments, fused/) beside the committed
+predictions (experiments/gpu_blind_predictions/predictions.json), as a table in
+OUT/predictions_vs_measured.md and .json. The last step of run.sh; run it again in the checkout
+after the session, where git can show the predictions' age.
 
     python3 scripts/gpu/compare_predictions.py OUT [--predictions FILE]
 
-It says whether the predictions are of the code the GPU ran: the reports' git commit, and the
-code hashes the predictions recorded against those of this checkout (when the package imports).
+It shows that the comparison is blind: the commit that last changed the predictions file is the
+commit the reports measured (environment.git_commit, else env.txt's COMMIT) or one of its
+ancestors, and the file has no uncommitted change; and it says whether the predictions are of
+this checkout's code. A report with no prediction is listed as such.
+
+Exit status: 0 compared and shown blind; 1 nothing compared (no folder, no reports, an
+unreadable report or predictions file: the message says which and why); 3 compared, but not
+shown blind or not of this checkout's code (the table says why).
 """
 
 from __future__ import annotations
@@ -17,67 +24,113 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT = ROOT / "experiments" / "gpu_blind_predictions" / "predictions.json"
+sys.path.insert(0, str(ROOT))  # this checkout's package, wherever the script is started
+
+from heptstudy.atomic import atomic_write_text  # noqa: E402
+from heptstudy.errors import HeptstudyError  # noqa: E402
+from heptstudy.estimate.predictions import (  # noqa: E402
+    PREDICTIONS,
+    git_age,
+    read_predictions,
+    stale_parts,
+)
+from heptstudy.measure.report import read_report  # noqa: E402
+from heptstudy.paths import git, resolve_in_repo  # noqa: E402
+
+#: The folders whose reports are predicted, and the figures of the predictions they measure.
+PREDICTED = {"study": "", "expandable": "expandable_"}
+NOT_BLIND = 3
 
 
-def _load(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+class NothingToCompare(HeptstudyError):
+    pass
 
 
 def _err(est, measured):
-    if not isinstance(est, (int, float)) or not isinstance(measured, (int, float)) or not measured:
+    return None if not isinstance(measured, (int, float)) or measured <= 0 else est / measured - 1
+
+
+def _env_commit(out: Path) -> str | None:
+    """The COMMIT run.sh wrote into env.txt (for reports made without .git)."""
+    try:
+        lines = (out / "env.txt").read_text().splitlines()
+    except OSError:
         return None
-    return est / measured - 1
+    words = [line.split() for line in lines if line.startswith("commit ")]
+    return words[-1][1] if words and len(words[-1]) == 2 and words[-1][1] != "unknown" else None
 
 
-def rows(out: Path, predictions: dict) -> list[dict]:
-    runs = predictions.get("runs") or {}
-    found = []
-    for folder, mode in (("study", "native"), ("expandable", "expandable")):
-        for path in sorted((out / folder).glob("*.json")):
-            report = _load(path)
-            name = path.stem
-            pred = runs.get(name)
-            if report is None or pred is None:
-                if report is not None and name in (predictions.get("not_predicted") or {}):
-                    found.append({"run": f"{folder}/{name}", "skipped": True})
-                continue
-            s = report.get("summary") or {}
-            key = "" if mode == "native" else "expandable_"
-            alloc, resv = s.get("max_peak_allocated_mib"), s.get("max_peak_reserved_mib")
-            found.append(
-                {
-                    "run": f"{folder}/{name}",
-                    "status": report.get("status"),
-                    "commit": (report.get("environment") or {}).get("git_commit"),
-                    "measured_allocated_mib": alloc,
-                    "predicted_allocated_mib": pred[f"{key}allocated_mib"],
-                    "allocated_error": _err(pred[f"{key}allocated_mib"], alloc),
-                    "measured_reserved_mib": resv,
-                    "predicted_reserved_mib": pred[f"{key}reserved_mib"],
-                    "reserved_error": _err(pred[f"{key}reserved_mib"], resv),
-                }
+def rows(out: Path, doc: dict, source: Path) -> list[dict]:
+    """One row per report under ``out``'s folders: compared, or why it is not."""
+    if not out.is_dir():
+        raise NothingToCompare(
+            f"{out}: no such folder; give the OUT folder scripts/gpu/run.sh wrote (study/, "
+            "expandable/, fused/)"
+        )
+    paths = sorted(p for p in out.glob("*/*.json") if p.parent.name != "logs")
+    if not paths:
+        raise NothingToCompare(
+            f"{out} holds no bench reports (OUT/study/*.json, OUT/expandable/*.json): nothing to "
+            "compare; was the session run (scripts/gpu/run.sh), and is this its OUT?"
+        )
+    fallback, found = _env_commit(out), []
+    for path in paths:
+        report, folder, name = read_report(path), path.parent.name, path.stem
+        row = {"run": f"{folder}/{name}", "status": report.status}
+        if folder not in PREDICTED:
+            row["not_predicted"] = (
+                f"{folder}/ is not predicted (the predictions are of the matrix's runs, study/, "
+                "and of them with expandable segments, expandable/)"
             )
+        elif name in doc["not_predicted"]:
+            row["not_predicted"] = doc["not_predicted"][name]
+        elif name not in doc["runs"] or report.kind != "memory":
+            row["not_predicted"] = f"no prediction named {name} in {source}"
+        else:
+            key, pred, s = PREDICTED[folder], doc["runs"][name], report.summary
+            alloc = s.max_peak_allocated_mib if s else None
+            resv = s.max_peak_reserved_mib if s else None
+            row |= {
+                "commit": report.environment.git_commit or fallback,
+                "measured_allocated_mib": alloc,
+                "predicted_allocated_mib": pred[f"{key}allocated_mib"],
+                "allocated_error": _err(pred[f"{key}allocated_mib"], alloc),
+                "measured_reserved_mib": resv,
+                "predicted_reserved_mib": pred[f"{key}reserved_mib"],
+                "reserved_error": _err(pred[f"{key}reserved_mib"], resv),
+            }
+        found.append(row)
     return found
 
 
-def _code_note(predictions: dict) -> str:
-    try:
-        sys.path.insert(0, str(ROOT))
-        from heptstudy.estimate.predictions import stale_parts
-
-        matrix = Path((predictions.get("fingerprint") or {}).get("matrix", {}).get("path", ""))
-        stale = stale_parts(
-            predictions, matrix if matrix.is_file() else ROOT / "configs/study/gpu.yaml"
-        )
-    except Exception as err:  # the comparison itself needs no package: say why, go on
-        return f"code fingerprint not checked ({type(err).__name__}: {err})"
-    if stale:
-        return "the predictions are NOT of this checkout's code: " + ", ".join(stale) + " changed"
-    return "the predictions are of this checkout's model and step code, matrix and platforms"
+def notes(compared: list[dict], doc: dict, source: Path) -> tuple[list[str], bool]:
+    """What shows (or fails to show) that the comparison is blind and of this code."""
+    measured = sorted({r["commit"] for r in compared if r["commit"]})
+    age = git_age(source, measured)
+    unknown = sum(not r["commit"] for r in compared)
+    problems = age.problems + (
+        [f"{unknown} compared reports record no git commit and env.txt names none"]
+        if unknown and measured
+        else []
+    )
+    lines = [
+        f"predictions: {source}, last changed in commit {age.committed or '(none)'} "
+        f"({age.committed_date or 'not committed'}); measured: "
+        f"{', '.join(measured) or 'no commit recorded'}"
+    ]
+    lines += [f"NOT shown blind: {p}" for p in problems] or [
+        "shown blind: the predictions were committed in or before the measured commit and are "
+        "unchanged since"
+    ]
+    matrix = (doc["fingerprint"].get("matrix") or {}).get("path", "configs/study/gpu.yaml")
+    stale = stale_parts(doc, resolve_in_repo(matrix))
+    head = (git("rev-parse", "HEAD", cwd=ROOT) or "(no git)").strip()
+    lines.append(
+        f"NOT of this checkout's code (at {head}): {', '.join(stale)} changed since they were made"
+        if stale
+        else f"of this checkout's model and step code, matrix and platforms (at {head})"
+    )
+    return lines, not problems and not stale
 
 
 def _pct(x) -> str:
@@ -95,8 +148,8 @@ def table(found: list[dict]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in found:
-        if r.get("skipped"):
-            lines.append(f"| {r['run']} | not predicted | | | | | | |")
+        if "not_predicted" in r:
+            lines.append(f"| {r['run']} | {r['status']}, not predicted: {r['not_predicted']} |")
             continue
         lines.append(
             f"| {r['run']} | {r['status']} | {_mib(r['measured_allocated_mib'])} | "
@@ -107,33 +160,53 @@ def table(found: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", help="the folder run.sh wrote (study/, expandable/)")
-    parser.add_argument("--predictions", default=str(DEFAULT))
-    args = parser.parse_args(argv)
-    predictions = _load(Path(args.predictions))
-    if predictions is None:
-        print(f"no readable predictions file {args.predictions}: nothing to compare")
-        return 1
-    out = Path(args.out)
-    found = rows(out, predictions)
-    note = _code_note(predictions)
+def compare(out: Path, source: Path) -> int:
+    doc = read_predictions(source)
+    found = rows(out, doc, source)
+    compared = [r for r in found if "not_predicted" not in r]
+    if not compared:
+        print(table(found))
+        raise NothingToCompare(
+            f"none of the {len(found)} reports under {out} is predicted in {source} (listed "
+            "above): nothing to compare"
+        )
+    lines, blind = notes(compared, doc, source)
     text = "\n".join(
         [
             "Blind predictions (made without a GPU) against this session's measurements; MiB, "
             "max over counted steps; synthetic data.",
-            note,
+            *lines,
             "",
             table(found),
         ]
     )
-    (out / "predictions_vs_measured.md").write_text(text + "\n")
-    (out / "predictions_vs_measured.json").write_text(
-        json.dumps({"code": note, "rows": found}, indent=2) + "\n"
-    )
+    try:
+        atomic_write_text(out / "predictions_vs_measured.md", text + "\n")
+        atomic_write_text(
+            out / "predictions_vs_measured.json",
+            json.dumps({"notes": lines, "blind": blind, "rows": found}, indent=2) + "\n",
+        )
+    except OSError as exc:
+        print(text)
+        raise NothingToCompare(
+            f"{exc.filename or out}: the table could not be written ({exc.strerror or exc}); "
+            "copy the session's folder somewhere writable and compare there"
+        ) from None
     print(text)
-    return 0
+    return 0 if blind else NOT_BLIND
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="the folder run.sh wrote (study/, expandable/, fused/)")
+    parser.add_argument("--predictions", help="default: the committed blind predictions")
+    args = parser.parse_args(argv)
+    source = Path(args.predictions) if args.predictions else resolve_in_repo(PREDICTIONS)
+    try:
+        return compare(Path(args.out), source.resolve())
+    except HeptstudyError as err:
+        print(f"compare_predictions: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
