@@ -19,10 +19,18 @@ SMOKE_STATEMENT = (
 )
 
 
+#: Markdown's link and image syntax (``[text](address)``, ``![alt](src)``, ``[text][ref]``):
+#: as character references the text reads the same but can never become a link.
+_MARKDOWN_LINK = str.maketrans(
+    {"[": "&#91;", "]": "&#93;", "(": "&#40;", ")": "&#41;", "`": "&#96;"}
+)
+
+
 def esc(value: Any) -> str:
-    """``value`` as inert text in Markdown and HTML: ``<``, ``>``, ``&``, quotes and backticks
-    escaped (names without them are shown unchanged)."""
-    return html.escape(str(value)).replace("`", "&#96;")
+    """``value`` as inert text in Markdown and HTML: ``<``, ``>``, ``&``, quotes, backticks and
+    the brackets of Markdown links escaped, so that no address a user wrote (``javascript:``
+    or any other) becomes a link (names without them are shown unchanged)."""
+    return html.escape(str(value)).translate(_MARKDOWN_LINK)
 
 
 def heading(title: Any) -> str:
