@@ -54,3 +54,37 @@ def test_a_project_link_still_renders():
     assert '<a href="report.html">' in page and "a(b)" in page.replace("&#40;", "(").replace(
         "&#41;", ")"
     )
+
+
+@pytest.mark.parametrize("step", [-5, 0, 10_000])
+def test_a_training_state_with_an_impossible_step_is_refused(tiny_data_dir, tmp_path, step):
+    import torch
+
+    from heptstudy.config import load_config
+    from heptstudy.train.state import PARTS, state_digest
+    from heptstudy.train.trainer import train
+    from tests.conftest import tiny_train_overrides
+    from tests.test_reliability import _cli, _set
+
+    first = tmp_path / "first"
+    train(
+        load_config(overrides=tiny_train_overrides(tiny_data_dir, first, num_steps=2)),
+        progress=False,
+    )
+    state = torch.load(first / "checkpoints" / "step_000002.pt", weights_only=True)
+    state["step"] = step
+    state["sha256"] = state_digest({k: state[k] for k in PARTS})  # a valid digest
+    edited = tmp_path / "edited.pt"
+    torch.save(state, edited)
+    out = tmp_path / "resumed"
+    code, _, err = _cli(
+        "train",
+        "--no-progress",
+        "--resume",
+        str(edited),
+        *_set(tiny_train_overrides(tiny_data_dir, out)),
+    )
+    assert code == 2
+    assert f"its 'step' is {step}" in err and "step 1 to 4 (train.num_steps)" in err
+    assert "nothing was written" in err
+    assert not out.exists() or not any(out.rglob("step_*.pt"))

@@ -183,6 +183,14 @@ def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
             "them (the file was changed or damaged after it was written). Resume from another "
             "checkpoint of the run (the previous step_*.pt)",
         )
+    steps = config.train.num_steps
+    if not 1 <= state["step"] <= steps:
+        raise _refused(
+            p,
+            f": its 'step' is {state['step']}, but a checkpoint of this run is written after "
+            f"step 1 to {steps} (train.num_steps). It was not written by `heptstudy train` as "
+            "it is now: resume from another checkpoint of the run, or start a new run",
+        )
     differences = _differences(state["config"], config.to_dict())
     if differences:
         listed = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, a, b in differences[:8])
