@@ -177,6 +177,7 @@ class HEPTv2Config(_Strict):
     memory_budget_gib: float | None = Field(
         None,
         gt=0.0,
+        allow_inf_nan=False,
         description="peak memory one step may use under activation_checkpointing=auto; None: "
         "the platform's device memory less its safety margin",
     )
@@ -240,6 +241,18 @@ class HEPTv2Config(_Strict):
 
     @model_validator(mode="after")
     def _heads_divide(self) -> HEPTv2Config:
+        too_many = [
+            name
+            for name in self.auto_plan_order or ()
+            if name.startswith(("layers", "last"))
+            and not 1 <= int(name.lstrip("alyerst")) <= self.num_convs
+        ]
+        if too_many:
+            raise ValueError(
+                f"model.heptv2.auto_plan_order lists {', '.join(too_many)}, but the backbone has "
+                f"{self.num_convs} layers (model.heptv2.num_convs): a count plan checkpoints "
+                f"1 to {self.num_convs} of them, e.g. layers1 or last{self.num_convs}"
+            )
         if self.embedding_dim % self.num_heads:
             raise ValueError(
                 f"model.heptv2.embedding_dim={self.embedding_dim} must be divisible by "

@@ -88,3 +88,21 @@ def test_a_training_state_with_an_impossible_step_is_refused(tiny_data_dir, tmp_
     assert f"its 'step' is {step}" in err and "step 1 to 4 (train.num_steps)" in err
     assert "nothing was written" in err
     assert not out.exists() or not any(out.rglob("step_*.pt"))
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("model.heptv2.auto_plan_order=[layers99]", "lists layers99, but the backbone has 3"),
+        ("model.heptv2.auto_plan_order=[last4,full]", "lists last4, but the backbone has 3"),
+        ("model.heptv2.memory_budget_gib=inf", "model.heptv2.memory_budget_gib"),
+        ("model.heptv2.memory_budget_gib=nan", "model.heptv2.memory_budget_gib"),
+    ],
+)
+def test_a_plan_or_budget_that_cannot_be_is_refused(override, said):
+    from tests.conftest import TINY_MODEL
+    from tests.test_reliability import _cli, _set
+
+    code, out, err = _cli("config", "show", *_set([*TINY_MODEL, override]))
+    assert code == 2 and said in err, err
+    assert "Infinity" not in out and "NaN" not in out

@@ -316,7 +316,7 @@ class MemoryModel:
             raise FitError(f"{where}: missing or unexpected field ({err}); refit it") from None
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> MemoryModel:
