@@ -525,7 +525,19 @@ def _read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{what} file {str(p)!r} is not valid YAML: {err}") from None
+        # the position and the parser's words only: the snippet it quotes is the file's content,
+        # and the file may be anything a user pointed at
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "unreadable"
+        raise ConfigError(
+            f"{what} file {str(p)!r} is not valid YAML{where} ({problem}); give the path of a "
+            f"{what} YAML file"
+        ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"{what} file {str(p)!r} is not text (not UTF-8); give the path of a {what} YAML file"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
@@ -620,6 +632,14 @@ def load_config(
 
 def load_platform(path: str | Path) -> PlatformConfig:
     data = _read_yaml(path, "platform")
+    if not set(data) & set(PlatformConfig.model_fields):
+        # not a profile at all: its keys and values are some other file's content, not shown
+        raise ConfigError(
+            f"platform file {str(path)!r} is not a platform profile: none of its {len(data)} "
+            f"keys is a profile field (a profile sets {', '.join(list(PlatformConfig.model_fields)[:4])}"
+            ", ...). Give a profile's name (e.g. h100, lumi_mi250x, local_cpu) or the path of one "
+            "in configs/training/platforms/"
+        )
     try:
         return PlatformConfig.model_validate(data)
     except ValidationError as err:

@@ -106,3 +106,23 @@ def test_a_plan_or_budget_that_cannot_be_is_refused(override, said):
     code, out, err = _cli("config", "show", *_set([*TINY_MODEL, override]))
     assert code == 2 and said in err, err
     assert "Infinity" not in out and "NaN" not in out
+
+
+SECRET_FILES = {
+    "shadow": "root:$6$SECRETHASH:19000:0:99999:7:::\nbob:$6$OTHERSECRET:19000\n",
+    "mapping": "user: alice\npassword: SECRETPW\n",
+    "env": "PATH=/SECRET/bin\nHOME=/root/SECRETHOME\n",
+    "binary": b"\xff\xfeSECRET\x00",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SECRET_FILES))
+def test_a_platform_that_is_some_other_file_is_refused_without_showing_it(tmp_path, kind):
+    from tests.test_reliability import _cli
+
+    path = tmp_path / kind
+    content = SECRET_FILES[kind]
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    code, out, err = _cli("fit", "--platform", str(path), "--per-device-batch", "4")
+    assert code == 2 and str(path) in err
+    assert "SECRET" not in err + out and "alice" not in err + out
