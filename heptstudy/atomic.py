@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from heptstudy.errors import HeptstudyError
+from heptstudy.errors import HeptstudyError, os_error_advice
 from heptstudy.stand_ins import write_fault
 
 
@@ -124,8 +124,8 @@ def write_text_or_keep(path: str | os.PathLike, text: str, what: str) -> Path:
         kept = "it is printed above in full, between the ----- lines"
     raise WriteFailed(
         f"{what} could not be written to {str(path)!r}: {error.strerror or error}"
-        f"{f' ({error.filename})' if error.filename else ''}; {kept}. Free "
-        "space (or raise the quota) and copy it into place, or run again with another output"
+        f"{f' ({error.filename})' if error.filename else ''}; {kept}. "
+        f"{os_error_advice(error)}, then copy it into place, or run again with another output"
     ) from None
 
 

@@ -4,6 +4,8 @@ The CLI prints these as one clear message (what was wrong, the value, what is al
 do) instead of a traceback; everything else is a bug and keeps its traceback.
 """
 
+import errno
+
 
 class HeptstudyError(Exception):
     """Base class of user-facing errors."""
@@ -15,3 +17,26 @@ class ConfigError(HeptstudyError, ValueError):
 
 class DataError(HeptstudyError):
     """A data set is missing, malformed or holds values the study cannot use."""
+
+
+def os_error_advice(err: OSError) -> str:
+    """What to do after the file system refused, following what it said: a full disk is not a
+    read-only folder, and neither is a folder where a file should be."""
+    code = err.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return "Free space (or raise the quota)"
+    if code == errno.EFBIG:
+        return "Raise the file size limit (ulimit -f) or free space"
+    if code == errno.EROFS:
+        return "The file system is read-only: choose a folder on a writable one"
+    if code in (errno.EACCES, errno.EPERM):
+        return "You may not write there: fix the folder's permissions or choose another folder"
+    if code == errno.EISDIR:
+        return "A folder stands where a file is to be written: move it away or choose another path"
+    if code == errno.ENOTDIR:
+        return "A file stands where a folder is needed: move it away or choose another path"
+    if code == errno.ELOOP:
+        return "The path holds a loop of symbolic links: fix the links or choose another path"
+    if code == errno.ENOENT:
+        return "A folder on the way does not exist: create it or choose another path"
+    return f"Fix what the system reports ({err.strerror or err})"

@@ -126,3 +126,54 @@ def test_a_platform_that_is_some_other_file_is_refused_without_showing_it(tmp_pa
     code, out, err = _cli("fit", "--platform", str(path), "--per-device-batch", "4")
     assert code == 2 and str(path) in err
     assert "SECRET" not in err + out and "alice" not in err + out
+
+
+@pytest.mark.parametrize(
+    ("code", "advice"),
+    [
+        ("ENOSPC", "Free space (or raise the quota)"),
+        ("EROFS", "read-only"),
+        ("EACCES", "permissions"),
+        ("EISDIR", "A folder stands where a file is to be written"),
+        ("ENOTDIR", "A file stands where a folder is needed"),
+        ("ELOOP", "loop of symbolic links"),
+    ],
+)
+def test_the_advice_after_a_refused_write_follows_the_error(tmp_path, code, advice):
+    import errno
+    import os
+
+    from heptstudy.atomic import WriteFailed, write_text_or_keep
+    from heptstudy.stand_ins import failing_writes
+
+    number = getattr(errno, code)
+    with failing_writes(OSError(number, os.strerror(number))), pytest.raises(WriteFailed) as err:
+        write_text_or_keep(tmp_path / "report.json", "{}", "the report")
+    text = str(err.value)
+    assert advice in text
+    assert code == "ENOSPC" or "Free space" not in text
+
+
+def test_a_first_checkpoint_that_could_not_be_written_advises_a_rerun_that_is_accepted(
+    tmp_path, tiny_data_dir
+):
+    import errno
+    import os
+
+    from heptstudy.atomic import WriteFailed
+    from heptstudy.config import load_config
+    from heptstudy.stand_ins import failing_writes
+    from heptstudy.train.trainer import train
+    from tests.conftest import tiny_train_overrides
+
+    out = tmp_path / "run"
+    cfg = load_config(overrides=tiny_train_overrides(tiny_data_dir, out))
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with (
+        failing_writes(full, lambda p: p.endswith("step_000002.pt")),
+        pytest.raises(WriteFailed) as err,
+    ):
+        train(cfg, progress=False)
+    assert "Free space" in str(err.value) and "--new-run" in str(err.value)
+    summary = train(cfg, new_run=True, progress=False)  # what the advice says is accepted
+    assert summary["step"] == 4

@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from heptstudy.config import load_config
-from heptstudy.errors import HeptstudyError
+from heptstudy.errors import HeptstudyError, os_error_advice
 
 _AREAS = (
     "heptstudy.cli.data",
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({err.filename})" if err.filename else ""
         print(
             f"heptstudy: error: the system refused a file operation: "
-            f"{err.strerror or err}{where}. Free space (or raise the quota or the file size "
-            "limit) and run the same command again",
+            f"{err.strerror or err}{where}. {os_error_advice(err)}, and run the same command "
+            "again",
             file=sys.stderr,
         )
         return 1

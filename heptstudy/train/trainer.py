@@ -21,7 +21,7 @@ from heptstudy.atomic import atomic_open, atomic_write_text, free_space_problem
 from heptstudy.config import Config
 from heptstudy.data import BatchLoader, validation_batches
 from heptstudy.data.prefetch import PrefetchingLoader
-from heptstudy.errors import HeptstudyError
+from heptstudy.errors import HeptstudyError, os_error_advice
 from heptstudy.locks import holding
 from heptstudy.model.adaptive_checkpointing import PlanPredictor
 from heptstudy.paths import resolve_from_cwd
@@ -266,10 +266,12 @@ def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpo
         predictions.unlink(missing_ok=True)
     latest = latest_checkpoint(out / "checkpoints")
     again = (
-        f"free space (or raise the quota) and resume with --resume {latest}"
+        f"resume with --resume {latest}"
         if latest is not None
-        else "free space (or raise the quota) and start the run again"
+        # the folder holds this stopped run: a plain rerun would be refused as an earlier run's
+        else "start again with --new-run (a new numbered run folder beside the stopped one)"
     )
+    again = f"{os_error_advice(exc)}, then {again}"
     return WriteFailed(
         f"training stopped at step {step}: {where} could not be written "
         f"({exc.strerror or exc}); nothing of step {step} was kept. {again}"

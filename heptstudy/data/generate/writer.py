@@ -29,7 +29,7 @@ from heptstudy.data.tfds import (
     ArrayRecordDatasetWriter,
     features_dict,
 )
-from heptstudy.errors import DataError
+from heptstudy.errors import DataError, os_error_advice
 
 GENERATOR_VERSION = "1"
 SPLIT_CODE = {"train": 0, "test": 1}
@@ -178,8 +178,8 @@ def generate_datasets(
             raise DataError(
                 f"writing the data sets to {str(data_dir)!r} failed: {exc.strerror or exc}"
                 f"{f' ({exc.filename})' if exc.filename else ''}; none of them was put in place "
-                "and nothing is left half-written, so free space (or raise the quota) and run "
-                "the same command again"
+                f"and nothing is left half-written. {os_error_advice(exc)}, and run the same "
+                "command again"
             ) from None
         raise
     finally:
