@@ -35,6 +35,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -218,8 +219,10 @@ def _old_step(package: str, config, batch, target: str, version: str):
             mem = run_step(model, fbatch, optimizer, scheduler, config, dtype, meter=meter).memory
         else:  # before train.step: the bench metered forward, loss and backward itself
             meter.start_step(fbatch.values(), model=model, optimizer=optimizer)
-            get("forward_and_loss")(model, fbatch, config, dtype)[1]["total"].backward()
+            outputs, losses = get("forward_and_loss")(model, fbatch, config, dtype)
+            losses["total"].backward()  # the outputs alive through backward, as in its bench
             mem = meter.stop_step()
+            del outputs
     calls = (
         {}
         if not gpu
@@ -292,6 +295,8 @@ def estimate(job: dict, package: str | None = None, path: str | None = None) -> 
 
 def _estimate_or_say(job: dict, package: str, path: str) -> dict:
     """:func:`estimate` in a worker process: its errors come back as one line."""
+    # CPU kernels' warnings about the emulated target's dtypes say nothing about the estimate
+    warnings.simplefilter("ignore", UserWarning)
     try:
         return estimate(job, package, path)
     except HeptstudyError as err:
