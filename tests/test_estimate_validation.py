@@ -71,7 +71,7 @@ def _set(path: str, value):
         *parents, last = path.split(".")
         node = data
         for key in parents:
-            node = node[key]
+            node = node[int(key) if isinstance(node, list) else key]
         node[last] = value
         return data
 

@@ -1,24 +1,21 @@
 """``heptstudy fit validate``: the memory estimator against measured bench memory reports.
 
-Every memory report is estimated on its own events (the event indices of each of its steps, read
-from the data folder given and checked against the hits the report lists) with the code it
-measured, under the estimator that runs now: the fake step (on a ``cuda``/``rocm`` report the
-target-faithful one, for the report's PyTorch version) and, where the device has a caching
-allocator (CUDA, ROCm), the replay of the whole bench process through its simulator (allocated
-and reserved). On the CPU, allocated is the storage tracker's peak, which is what the CPU bench
-measures; its "reserved" (the resident set) is not estimated.
+Each memory report is estimated on its own events (each step's event indices, read from the data
+given and checked against the hits the report lists) with the code it measured, under the
+estimator that runs now: the fake step (target-faithful on ``cuda``/``rocm``, with the report's
+PyTorch version) and, where the device has a caching allocator, the replay of the whole bench
+process through its simulator (allocated and reserved). The CPU bench's allocated is the
+storage tracker's peak, which the fake step gives; its "reserved" (resident set) is not estimated.
 
-Which code a report measured: its ``environment.git_commit`` (or ``code``, for reports whose
-commit this repository does not hold, e.g. the H200 evidence, or ``"running"`` for reports that
-stand for the running code). A report of uncommitted changes (``git_dirty``) names no code and is
-refused. When that commit's model and step code (:mod:`~heptstudy.estimate.code_fingerprint`,
-parts ``model`` and ``step``: every file that decides a step's tensors) is byte for byte the
-running code's, the report is estimated here, by :func:`~heptstudy.estimate.fake_step.estimate_step`.
-Otherwise the commit's package is copied out of git (``git archive``) under another name, its
-imports renamed so that it can share a process with this one, and estimated in a fresh process
-by its own model, loss, optimizer, step and fake-tensor stand-ins (found in the places
-:data:`WHERE` lists) under this estimator's autocast lists, kernel stand-ins, scratch, tracker
-and simulator.
+The code a report measured: the commit it records (``environment.git_commit``; not one with
+uncommitted changes, ``git_dirty``), or the one given (``code``: a commit, or ``"running"``).
+When that commit's ``model`` and ``step`` parts (:mod:`~heptstudy.estimate.code_fingerprint`)
+are byte for byte the running code's, the report is estimated here by
+:func:`~heptstudy.estimate.fake_step.estimate_step`. Otherwise the commit's package is copied
+out of git under another name (imports renamed, so that it can share a process with this one)
+and its own model, loss, optimizer, step and fake-tensor stand-ins (found where :data:`WHERE`
+says) run in worker processes under this estimator's autocast lists, kernel stand-ins, scratch,
+tracker and simulator.
 """
 
 from __future__ import annotations
@@ -77,10 +74,6 @@ WHERE = {
 }
 
 
-class ValidationError(HeptstudyError, ValueError):
-    """A report that cannot be validated, or code that cannot be estimated."""
-
-
 def unusable(report) -> str | None:
     """Why a (schema-valid) report has nothing to validate, else None."""
     if report.kind != "memory" or report.status != "ok":
@@ -98,14 +91,14 @@ def _check(report, source: str) -> None:
     gpu = report.environment.device_kind in CACHING
     for name in ("max_peak_allocated_mib",) + (("max_peak_reserved_mib",) if gpu else ()):
         if not getattr(s, name):
-            raise ValidationError(
+            raise HeptstudyError(
                 f"{source}: summary.{name} is {getattr(s, name)!r}; a measured peak must be > 0 "
                 "MiB: the report is damaged, measure again (heptstudy bench)"
             )
     bad = [r.step for r in report.steps if len(r.event_indices) != report.batch_size]
     bad += [r.step for r in report.steps if len(r.hits) != len(r.event_indices)]
     if bad or not any(r.counted for r in report.steps):
-        raise ValidationError(
+        raise HeptstudyError(
             f"{source}: steps {bad or '(none counted)'}: every step must list batch_size "
             f"({report.batch_size}) event_indices and their hits, and one step must be counted: "
             "the report is damaged, measure again (heptstudy bench)"
@@ -120,9 +113,9 @@ def code_of(report, source: str, code: str | None = None) -> str | None:
     env = report.environment
     advice = "give --code COMMIT (the commit it measured) or --code running"
     if code is None and env.git_commit is None:
-        raise ValidationError(f"{source}: environment.git_commit is null; {advice}")
+        raise HeptstudyError(f"{source}: environment.git_commit is null; {advice}")
     if code is None and env.git_dirty:
-        raise ValidationError(
+        raise HeptstudyError(
             f"{source}: environment.git_dirty is true: it measured uncommitted changes of "
             f"{env.git_commit[:9]}, which no commit holds; {advice}, or measure from a clean checkout"
         )
@@ -130,17 +123,12 @@ def code_of(report, source: str, code: str | None = None) -> str | None:
     sha = git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", cwd=ROOT)
     if sha is None:
         what = "--code" if code else "environment.git_commit"
-        raise ValidationError(
+        raise HeptstudyError(
             f"{source}: {what} {rev!r} is no commit of the repository at {ROOT}; {advice} "
             "(for reports measured elsewhere: the commit of this repository their README names)"
         )
     sha = sha.strip()
     return None if commit_reasons(sha) == [] else sha
-
-
-# ----------------------------------------------------------------------------------------------
-# One report's estimate (here, or in a worker process for an earlier commit's copy)
-# ----------------------------------------------------------------------------------------------
 
 
 def _job(report, source: str, data_dir: Path) -> dict:
@@ -167,7 +155,7 @@ def _piece(package: str, name: str, required: bool = True):
         except ModuleNotFoundError as err:
             if (err.name or "").split(".")[0] == package:
                 continue  # no such module at that commit
-            raise ValidationError(
+            raise HeptstudyError(
                 f"the code of commit {package.rsplit('_', 1)[-1]} needs the Python package "
                 f"{err.name!r}, which is not installed: install it with {INSTALL}"
             ) from None
@@ -175,7 +163,7 @@ def _piece(package: str, name: str, required: bool = True):
             return getattr(mod, name)
     if not required:
         return None
-    raise ValidationError(
+    raise HeptstudyError(
         f"the code of commit {package.rsplit('_', 1)[-1]} has no {name} in "
         f"{', '.join(WHERE[name])}: its layout is none this validation knows (heptstudy.estimate."
         "validation.WHERE); add where that commit keeps it"
@@ -223,28 +211,23 @@ def _old_step(package: str, config, batch, target: str, version: str):
             losses["total"].backward()  # the outputs alive through backward, as in its bench
             mem = meter.stop_step()
             del outputs
-    calls = (
-        {}
-        if not gpu
-        else {
-            "autocast": dict(sorted(emulation.calls.items())),
-            "stand_ins": dict(sorted(kernels.calls.items())),
-        }
+    calls = {"scratch": meter.tracker.scratch_ops}
+    if gpu:
+        calls.update(autocast=emulation.calls, stand_ins=kernels.calls)
+    return (
+        mem.peak_allocated_bytes,
+        meter.last_trace,
+        {k: dict(sorted(v.items())) for k, v in calls.items()},
     )
-    calls["scratch"] = dict(sorted(meter.tracker.scratch_ops.items()))
-    return mem.peak_allocated_bytes, meter.last_trace, calls
 
 
 def _running_step(config, batch, target: str, version: str):
     est = estimate_step(
         config, batch, "cpu", target=target, torch_version=version, record_trace=target in CACHING
     )
-    calls = {
-        "autocast": est.autocast_calls,
-        "stand_ins": est.stand_in_calls,
-        "scratch": est.scratch_ops,
-    }
-    return est.peak_allocated_bytes, est.trace, {k: v for k, v in calls.items() if v is not None}
+    calls = {"autocast": est.autocast_calls, "stand_ins": est.stand_in_calls}
+    calls = {k: v for k, v in calls.items() if v is not None}
+    return est.peak_allocated_bytes, est.trace, {**calls, "scratch": est.scratch_ops}
 
 
 def estimate(job: dict, package: str | None = None, path: str | None = None) -> dict:
@@ -264,7 +247,7 @@ def estimate(job: dict, package: str | None = None, path: str | None = None) -> 
         batch = load_events(config, record["event_indices"], "train")
         hits, padded = batch["length"].tolist(), batch["padded_length"].tolist()
         if hits != record["hits"] or padded != record["padded_hits"]:
-            raise ValidationError(
+            raise HeptstudyError(
                 f"{job['source']}: step {record['step']}'s events {record['event_indices']} have "
                 f"{hits} hits in {config.data.data_dir}, the report lists {record['hits']}: give "
                 "--data-dir the data the report measured (same generator, seed and event counts)"
@@ -275,9 +258,7 @@ def estimate(job: dict, package: str | None = None, path: str | None = None) -> 
             else _running_step(config, batch, target, version)
         )
         traces.append(trace)
-        rows.append(
-            {"step": record["step"], "counted": record["counted"], "tracked_mib": peak / MIB}
-        )
+        rows.append({"step": record["step"], "tracked_mib": peak / MIB})
     out = {"calls_of_the_last_step": calls}
     if gpu:
         sim = simulate_bench_process(traces, warmup=job["warmup"], passes="both")
@@ -303,15 +284,8 @@ def _estimate_or_say(job: dict, package: str, path: str) -> dict:
         return {"error": str(err)}
     except Exception as err:  # the earlier commit's code failing is that commit's, not ours
         line = (str(err).splitlines() or [""])[0]
-        return {
-            "error": f"{job['source']}: its code failed under the estimator "
-            f"({type(err).__name__}: {line})"
-        }
+        return {"error": f"{job['source']}: its code failed ({type(err).__name__}: {line})"}
 
-
-# ----------------------------------------------------------------------------------------------
-# An earlier commit's package, importable beside this one
-# ----------------------------------------------------------------------------------------------
 
 #: An import statement of the package (renamed in the copy of an earlier commit's package).
 _IMPORT = re.compile(r"^(\s*)(from|import)(\s+)heptstudy(?=[\s.])", re.M)
@@ -327,7 +301,7 @@ def copy_of_commit(sha: str, dest: Path) -> str:
         ["git", "archive", "--format=tar", sha, *paths], cwd=ROOT, capture_output=True, check=False
     )
     if done.returncode != 0:
-        raise ValidationError(f"git archive {sha[:9]} failed: {done.stderr.decode().strip()}")
+        raise HeptstudyError(f"git archive {sha[:9]} failed: {done.stderr.decode().strip()}")
     with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
         for member in tar.getmembers():
             top, _, rest = member.name.partition("/")
@@ -342,17 +316,12 @@ def copy_of_commit(sha: str, dest: Path) -> str:
     return package
 
 
-# ----------------------------------------------------------------------------------------------
-# The command
-# ----------------------------------------------------------------------------------------------
-
-
 def validate(reports, data_dir, code: str | None = None, progress=print) -> dict:
     """Measured against estimated for ``reports`` (``(path, BenchReport)`` pairs, each validated
     by the report schema) on the data in ``data_dir``; returns the JSON document."""
     data_dir = Path(data_dir).resolve()
     if not data_dir.is_dir():
-        raise ValidationError(
+        raise HeptstudyError(
             f"--data-dir {str(data_dir)!r} is no folder; give the data the reports measured "
             "(e.g. data/tfds, made by `make study-data`)"
         )
@@ -366,7 +335,7 @@ def validate(reports, data_dir, code: str | None = None, progress=print) -> dict
         _check(report, source)
         jobs[source] = (report, code_of(report, source, code), _job(report, source, data_dir))
     if not jobs:
-        raise ValidationError(
+        raise HeptstudyError(
             "no report to validate (memory reports, status ok, of cpu/cuda/rocm):\n"
             + "\n".join(f"  {s['report']}: {s['reason']}" for s in skipped)
         )
@@ -387,7 +356,7 @@ def validate(reports, data_dir, code: str | None = None, progress=print) -> dict
                 for source, future in futures.items():
                     results[source] = future.result()
                     if "error" in results[source]:
-                        raise ValidationError(results[source]["error"])
+                        raise HeptstudyError(results[source]["error"])
     rows = [_row(report, source, sha, results[source]) for source, (report, sha, _) in jobs.items()]
     head = git("rev-parse", "HEAD", cwd=ROOT)
     return {
@@ -430,14 +399,6 @@ def _row(report, source: str, sha: str | None, est: dict) -> dict:
         "expandable_reserved_mib": est.get("expandable_reserved_mib"),
         "within_tolerance": abs(alloc_err) <= ALLOCATED_TOLERANCE
         and (res_err is None or abs(res_err) <= RESERVED_TOLERANCE),
-        "measured_steps": [
-            {
-                "step": r.step,
-                "allocated_mib": r.peak_allocated_mib,
-                "reserved_mib": r.peak_reserved_mib if gpu else None,
-            }
-            for r in report.steps
-        ],
         "estimated_steps": est["steps"],
         "calls_of_the_last_step": est["calls_of_the_last_step"],
         "seconds": est["seconds"],
@@ -453,20 +414,19 @@ def table(doc: dict) -> str:
     def pct(v):
         return "-" if v is None else f"{v:+.1%}"
 
+    within = f"within {ALLOCATED_TOLERANCE:.0%} / {RESERVED_TOLERANCE:.0%}"
     lines = [
-        "| report | device | code | measured allocated | estimated allocated | error | measured "
-        "reserved | estimated reserved | error | expandable reserved (never measured) | within "
-        f"{ALLOCATED_TOLERANCE:.0%} / {RESERVED_TOLERANCE:.0%} |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        f"| report | device | code | measured allocated | estimated allocated | error | measured "
+        f"reserved | estimated reserved | error | expandable reserved (never measured) | {within} |",
+        "|---|---|---|" + "---:|" * 7 + ":---:|",
     ]
     for r in doc["rows"]:
-        lines.append(
-            f"| {r['report']} | {r['device'].split()[0]} | {r['code'][:9]} | "
-            f"{mib(r['measured_allocated_mib'])} | {mib(r['estimated_allocated_mib'])} | "
-            f"{pct(r['allocated_error'])} | {mib(r['measured_reserved_mib'])} | "
-            f"{mib(r['estimated_reserved_mib'])} | {pct(r['reserved_error'])} | "
-            f"{mib(r['expandable_reserved_mib'])} | {'yes' if r['within_tolerance'] else 'NO'} |"
-        )
+        cells = [r["report"], r["device"].split()[0], r["code"][:9]]
+        cells += [mib(r["measured_allocated_mib"]), mib(r["estimated_allocated_mib"])]
+        cells += [pct(r["allocated_error"]), mib(r["measured_reserved_mib"])]
+        cells += [mib(r["estimated_reserved_mib"]), pct(r["reserved_error"])]
+        cells += [mib(r["expandable_reserved_mib"]), "yes" if r["within_tolerance"] else "NO"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
