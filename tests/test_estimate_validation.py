@@ -133,3 +133,13 @@ def test_a_folder_without_memory_reports_says_why_each_is_skipped(tmp_path, caps
         "parity_b1.json: a parity report" in err
         and "auto_b4.json: activation_checkpointing=auto" in err
     )
+
+
+def test_an_event_the_data_does_not_hold_is_refused_naming_the_report(
+    reference_data, tmp_path, capsys
+):
+    path = _bad(tmp_path, "range", _set("steps.1.event_indices", [5000]))
+    args = ["--reports", str(path), "--data-dir", str(reference_data), "--code", "running"]
+    rc = main(["fit", "validate", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and str(path) in err and "5000" in err and "Traceback" not in err

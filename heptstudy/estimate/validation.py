@@ -120,7 +120,11 @@ def code_of(report, source: str, code: str | None = None) -> str | None:
             f"{env.git_commit[:9]}, which no commit holds; {advice}, or measure from a clean checkout"
         )
     rev = code or env.git_commit
-    sha = git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", cwd=ROOT)
+    sha = (
+        None
+        if rev.startswith("-")
+        else git("rev-parse", "--verify", "-q", f"{rev}^{{commit}}", cwd=ROOT)
+    )
     if sha is None:
         what = "--code" if code else "environment.git_commit"
         raise HeptstudyError(
@@ -233,6 +237,20 @@ def _running_step(config, batch, target: str, version: str):
 def estimate(job: dict, package: str | None = None, path: str | None = None) -> dict:
     """Estimated peaks of one report's steps (``job`` from :func:`_job`) with the running code
     (``package`` None) or the copy ``package`` of an earlier commit found in ``path``."""
+    try:
+        return _estimate(job, package, path)
+    except Exception as err:
+        # errors for the user, the earlier commit's own too (its classes cannot be unpickled
+        # where a worker's result is read), name the report
+        mine = isinstance(err, HeptstudyError)
+        if not (mine or package and type(err).__module__.startswith(f"{package}.")):
+            raise
+        if mine and str(err).startswith(job["source"]):
+            raise
+        raise HeptstudyError(f"{job['source']}: {err}") from None
+
+
+def _estimate(job: dict, package: str | None = None, path: str | None = None) -> dict:
     if path and path not in sys.path:
         sys.path.insert(0, path)
     pkg = package or "heptstudy"
@@ -274,21 +292,11 @@ def estimate(job: dict, package: str | None = None, path: str | None = None) -> 
     return {**out, "steps": rows, "seconds": round(time.perf_counter() - started, 1)}
 
 
-def _estimate_or_say(job: dict, package: str, path: str) -> dict:
-    """:func:`estimate` in a worker process: its errors come back as one line."""
-    # CPU kernels' warnings about the emulated target's dtypes say nothing about the estimate
-    warnings.simplefilter("ignore", UserWarning)
-    try:
-        return estimate(job, package, path)
-    except HeptstudyError as err:
-        return {"error": str(err)}
-    except Exception as err:  # the earlier commit's code failing is that commit's, not ours
-        line = (str(err).splitlines() or [""])[0]
-        return {"error": f"{job['source']}: its code failed ({type(err).__name__}: {line})"}
-
-
-#: An import statement of the package (renamed in the copy of an earlier commit's package).
-_IMPORT = re.compile(r"^(\s*)(from|import)(\s+)heptstudy(?=[\s.])", re.M)
+#: An import of the package, or a module of it named in a string (a lazy import): renamed in the
+#: copy of an earlier commit's package. Schema names ("heptstudy.bench/1") are not module names.
+_IMPORT = re.compile(
+    r"^(\s*(?:from|import)\s+)heptstudy(?=[\s.])|([\"'])heptstudy(?=(?:\.\w+)+\2)", re.M
+)
 
 
 def copy_of_commit(sha: str, dest: Path) -> str:
@@ -309,7 +317,7 @@ def copy_of_commit(sha: str, dest: Path) -> str:
                 continue
             data = tar.extractfile(member).read()
             if top == "heptstudy" and rest.endswith(".py"):
-                data = _IMPORT.sub(lambda m: f"{m[1]}{m[2]}{m[3]}{package}", data.decode()).encode()
+                data = _IMPORT.sub(lambda m: (m[1] or m[2]) + package, data.decode()).encode()
             out = dest / (package if top == "heptstudy" else top) / rest
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(data)
@@ -351,12 +359,11 @@ def validate(reports, data_dir, code: str | None = None, progress=print) -> dict
             package = copy_of_commit(sha, Path(tmp))
             workers = min(len(mine), os.cpu_count() or 1)
             spawn = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(workers, mp_context=spawn) as pool:
-                futures = {s: pool.submit(_estimate_or_say, jobs[s][2], package, tmp) for s in mine}
-                for source, future in futures.items():
-                    results[source] = future.result()
-                    if "error" in results[source]:
-                        raise HeptstudyError(results[source]["error"])
+            # CPU kernels' warnings about the emulated target's dtypes say nothing of the estimate
+            quiet = ("ignore", UserWarning)
+            with ProcessPoolExecutor(workers, spawn, warnings.simplefilter, quiet) as pool:
+                futures = {s: pool.submit(estimate, jobs[s][2], package, tmp) for s in mine}
+                results.update((s, f.result()) for s, f in futures.items())
     rows = [_row(report, source, sha, results[source]) for source, (report, sha, _) in jobs.items()]
     head = git("rev-parse", "HEAD", cwd=ROOT)
     return {
@@ -385,7 +392,6 @@ def _row(report, source: str, sha: str | None, est: dict) -> dict:
         "report": report.name or Path(source).stem,
         "file": source,
         "device": f"{report.environment.device_kind} ({report.environment.device_name})",
-        "torch_version": report.environment.torch_version,
         "code": sha or "running",
         "recorded_commit": report.environment.git_commit,
         "batch_size": report.batch_size,
