@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from heptstudy.errors import HeptstudyError
 from heptstudy.fitting.api import DEFAULT_SCENARIO, DEFAULT_VARIANT, FitRequest, fit
+from heptstudy.fitting.reports import expand_report_paths
 from heptstudy.fitting.words import render
+from heptstudy.measure.report import read_report
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
@@ -51,35 +54,29 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    # the estimator (fake tensors, simulator) is loaded only for the command that uses it
+    from heptstudy.estimate import validation
 
-    from heptstudy.estimate.validation import (
-        ALLOCATED_TOLERANCE,
-        EVIDENCE,
-        RESERVED_TOLERANCE,
-        ValidationRequest,
-        table,
-        validate,
-        write_outputs,
+    if not args.reports or args.data_dir is None:
+        raise HeptstudyError(
+            "heptstudy fit validate needs --reports PATH... (bench memory reports, files or "
+            "folders) and --data-dir DIR (the data they measured), e.g. --reports "
+            "experiments/cpu_reference --data-dir data/tfds"
+        )
+    reports = [(path, read_report(path)) for path in expand_report_paths(args.reports)]
+    doc = validation.validate(reports, args.data_dir, args.code, lambda s: print(s, flush=True))
+    for s in doc["skipped"]:
+        print(f"skipped {s['report']}: {s['reason']}")
+    print(validation.table(doc))
+    for path in validation.write_outputs(doc, Path(args.out)) if args.out else ():
+        print(f"wrote {path}")
+    within = (
+        f"{validation.ALLOCATED_TOLERANCE:.0%} allocated and "
+        f"{validation.RESERVED_TOLERANCE:.0%} reserved"
     )
-
-    request = ValidationRequest(
-        evidence=Path(args.evidence) if args.evidence else EVIDENCE,
-        commit=args.commit,
-        reports=tuple(args.report),
-    )
-    doc = validate(request, progress=lambda line: print(line, flush=True))
-    print(table(doc))
-    if args.out:
-        for path in write_outputs(doc, Path(args.out)):
-            print(f"wrote {path}")
-    within = f"{ALLOCATED_TOLERANCE:.0%} allocated and {RESERVED_TOLERANCE:.0%} reserved"
-    print(
-        f"every report within {within}"
-        if doc["all_within_tolerance"]
-        else f"NOT every report is within {within} (see the table)"
-    )
-    return 0 if doc["all_within_tolerance"] else 1
+    ok = doc["all_within_tolerance"]
+    print(f"every report within {within}" if ok else f"NOT every report within {within}")
+    return 0 if ok else 1
 
 
 def register_cli(subparsers) -> None:
@@ -92,8 +89,8 @@ def register_cli(subparsers) -> None:
         "what",
         nargs="?",
         choices=["validate"],
-        help="validate: run today's estimator on the code and events of the GPU evidence's "
-        "memory reports and print measured against estimated (see --evidence, --commit)",
+        help="validate: estimate every memory report of --reports on its own events in "
+        "--data-dir, with the code it measured, and print measured against estimated",
     )
     p.add_argument("--platform", help="platform profile (YAML file or name); required to fit")
     p.add_argument("--per-device-batch", type=int, help="events per device; required to fit")
@@ -145,13 +142,11 @@ def register_cli(subparsers) -> None:
     add_set_arg(p, help="dotted override of the resolved recipe (repeatable)")
     v = p.add_argument_group("validate")
     v.add_argument(
-        "--evidence",
+        "--code",
         default=None,
-        help="folder of GPU bench reports (default ../shared/evidence/h200-2026-11-30)",
-    )
-    v.add_argument("--commit", default="9a5529c", help="the commit the reports measured")
-    v.add_argument(
-        "--report", action="append", default=[], help="only this report file name (repeatable)"
+        help="the code the reports measured: a commit (for reports whose own "
+        "environment.git_commit this repository does not hold) or 'running' (reports that stand "
+        "for the running code); default: each report's commit",
     )
     v.add_argument("--out", default=None, help="folder for validation.json and table.md")
     p.add_argument("--json", action="store_true", help="machine-readable output")

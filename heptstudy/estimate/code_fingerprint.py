@@ -59,7 +59,6 @@ NOT_ESTIMATE = (
     "heptstudy/estimate/plans.py",
     "heptstudy/estimate/predictions.py",
     "heptstudy/estimate/validation.py",
-    "heptstudy/estimate/validation_child.py",
 )
 #: The parts each kind of model depends on: a measured model does not depend on the estimator.
 PARTS_OF = {"measured": ("model", "step"), "estimated": ("model", "step", "estimate")}

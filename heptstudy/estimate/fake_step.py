@@ -390,8 +390,8 @@ TARGET_NOTE = (
     "CPU tensors, the target's kernel choices (fused rms_norm, native_dropout's mask, "
     "memory-efficient SDPA) and the scratch of composite kernels (logsumexp, "
     "binary_cross_entropy_with_logits); scratch inside native GPU kernels is not included (the "
-    "safety margin covers it). Checked against the H200's reports of commit 9a5529c: "
-    "experiments/estimate_validation/."
+    "safety margin covers it). Checked against the H200's memory reports "
+    "(experiments/h200_2026-11-30): experiments/estimate_validation/."
 )
 SIMULATOR_NOTE = (
     "Reserved: the step's storage allocations and frees, in order, replayed through a simulator "

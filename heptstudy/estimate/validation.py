@@ -1,249 +1,449 @@
-"""``heptstudy fit validate``: today's estimator against the GPU's own memory reports.
+"""``heptstudy fit validate``: the memory estimator against measured bench memory reports.
 
-The GPU evidence (``../shared/evidence/h200-2026-11-30/``: bench reports of commit 9a5529c on
-one H200) measured code that has changed since. To check today's estimator on it, the command
+Each memory report is estimated on its own events (each step's event indices, read from the data
+given and checked against the hits the report lists) with the code it measured, under the
+estimator that runs now: the fake step (target-faithful on ``cuda``/``rocm``, with the report's
+PyTorch version) and, where the device has a caching allocator, the replay of the whole bench
+process through its simulator (allocated and reserved). The CPU bench's allocated is the
+storage tracker's peak, which the fake step gives; its "reserved" (resident set) is not estimated.
 
-1. checks the measured commit out in a temporary ``git worktree`` (removed afterwards) and
-   makes its package importable under another name (:func:`renamed_copy`);
-2. generates the reports' data with *that* commit's generator (``data generate`` with the
-   evidence's seed and event counts) into a temporary folder; every step's events are checked
-   against the hit counts the report lists;
-3. runs, per memory report, one child process (:mod:`heptstudy.estimate.validation_child`):
-   the old model and step on the report's exact events under today's target-faithful fake step,
-   today's tracing tracker and today's bench-process replay (allocated and reserved, native and
-   expandable segments);
-4. writes measured against estimated for every memory report (table + JSON), atomically.
+The code a report measured: the commit it records (``environment.git_commit``; not one with
+uncommitted changes, ``git_dirty``), or the one given (``code``: a commit, or ``"running"``).
+When that commit's ``model`` and ``step`` parts (:mod:`~heptstudy.estimate.code_fingerprint`)
+are byte for byte the running code's, the report is estimated here by
+:func:`~heptstudy.estimate.fake_step.estimate_step`. Otherwise the commit's package is copied
+out of git under another name (imports renamed, so that it can share a process with this one)
+and its own model, loss, optimizer, step and fake-tensor stand-ins (found where :data:`WHERE`
+says) run in worker processes under this estimator's autocast lists, kernel stand-ins, scratch,
+tracker and simulator.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import json
+import multiprocessing
 import os
 import re
-import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
-from dataclasses import dataclass
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from heptstudy.atomic import atomic_write_text
 from heptstudy.errors import HeptstudyError
-from heptstudy.paths import base_dir
+from heptstudy.estimate.autocast_policy import target_autocast
+from heptstudy.estimate.bench_process import simulate_bench_process
+from heptstudy.estimate.code_fingerprint import ROOT, commit_reasons
+from heptstudy.estimate.fake_step import estimate_step
+from heptstudy.estimate.kernel_scratch import scratch_bytes
+from heptstudy.estimate.kernel_stand_ins import target_kernels
+from heptstudy.meters.allocation_trace import TracingMemoryMeter
+from heptstudy.paths import git
+from heptstudy.units import MIB
 
-#: The folder holding today's package (put first on the child processes' path).
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-#: The H200 evidence, beside the repository (``../shared/...``).
-EVIDENCE = base_dir().parent / "shared" / "evidence" / "h200-2026-11-30"
-COMMIT = "9a5529c"
-#: The evidence's data: ``data generate`` with these (README of the evidence).
-EVENTS_TRAIN, EVENTS_TEST, SEED = 144, 8, 20261014
-#: The issue's targets: |allocated error| <= 5 %, |reserved error| <= 10 %.
-ALLOCATED_TOLERANCE, RESERVED_TOLERANCE = 0.05, 0.10
+#: A report passes when |estimated / measured - 1| is within these.
+ALLOCATED_TOLERANCE, RESERVED_TOLERANCE = 0.03, 0.10
+#: Devices with a caching allocator: reserved is estimated (simulated) and compared.
+CACHING = ("cuda", "rocm")
+INSTALL = "`make install-validate` (or `.venv/bin/pip install -e '.[validate]'`)"
+#: Where an earlier commit's package keeps each piece of its step (module, newest first).
+FAKE_STEP = ("estimate.fake_step", "measure.estimate.fake_step", "fitting.fake")
+WHERE = {
+    "validate": ("config",),
+    "load_events": ("data",),
+    "build_model": ("model",),
+    "targets_from_batch": ("train.losses",),
+    "build_optimizer": ("train.optim",),
+    "build_scheduler": ("train.optim",),
+    "autocast_dtype": ("train.precision", "train.trainer"),
+    "prime_optimizer": ("train.step",),
+    "run_step": ("train.step",),
+    "forward_and_loss": ("train.trainer",),
+    "_fake_targets": FAKE_STEP,
+    "_fake_substitutions": FAKE_STEP,
+}
 
 
-@dataclass(frozen=True)
-class ValidationRequest:
-    evidence: Path = EVIDENCE
-    commit: str = COMMIT
-    reports: tuple[str, ...] = ()  # report file names; empty: every memory report
+def unusable(report) -> str | None:
+    """Why a (schema-valid) report has nothing to validate, else None."""
+    if report.kind != "memory" or report.status != "ok":
+        return f"a {report.kind} report with status {report.status}: only memory reports (ok)"
+    if report.checkpointing.enabled == "auto":
+        return "activation_checkpointing=auto: each step ran its own plan"
+    if report.environment.device_kind not in ("cpu", *CACHING):
+        return f"measured on {report.environment.device_kind}: the estimator knows cpu, cuda, rocm"
+    return None
 
 
-def memory_reports(evidence: Path, names: tuple[str, ...] = ()) -> list[Path]:
-    """The evidence's bench memory reports with a status ``ok`` (optionally only ``names``)."""
-    if not evidence.is_dir():
-        raise HeptstudyError(
-            f"evidence folder {str(evidence)!r} does not exist; give --evidence, the folder of "
-            "the GPU bench reports (e.g. ../shared/evidence/h200-2026-11-30)"
-        )
-    found = []
-    for path in sorted(evidence.glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if data.get("kind") == "memory" and data.get("status") == "ok":
-            found.append(path)
-    if names:
-        by_name = {p.name: p for p in found}
-        missing = [n for n in names if n not in by_name]
-        if missing:
+def _check(report, source: str) -> None:
+    """The values the validation uses, each in the range it can have."""
+    s = report.summary
+    gpu = report.environment.device_kind in CACHING
+    for name in ("max_peak_allocated_mib",) + (("max_peak_reserved_mib",) if gpu else ()):
+        if not getattr(s, name):
             raise HeptstudyError(
-                f"no memory report {', '.join(missing)} in {evidence}; there are: "
-                f"{', '.join(sorted(by_name)) or 'none'}"
+                f"{source}: summary.{name} is {getattr(s, name)!r}; a measured peak must be > 0 "
+                "MiB: the report is damaged, measure again (heptstudy bench)"
             )
-        found = [by_name[n] for n in names]
-    if not found:
-        raise HeptstudyError(f"no bench memory report (kind memory, status ok) in {evidence}")
-    return found
+    bad = [r.step for r in report.steps if len(r.event_indices) != report.batch_size]
+    bad += [r.step for r in report.steps if len(r.hits) != len(r.event_indices)]
+    if bad or not any(r.counted for r in report.steps):
+        raise HeptstudyError(
+            f"{source}: steps {bad or '(none counted)'}: every step must list batch_size "
+            f"({report.batch_size}) event_indices and their hits, and one step must be counted: "
+            "the report is damaged, measure again (heptstudy bench)"
+        )
 
 
-#: An import statement of the package (renamed in the copy of an earlier commit's package).
-_IMPORT = re.compile(r"^(\s*)(from|import)(\s+)heptstudy(?=[\s.])", re.M)
+def code_of(report, source: str, code: str | None = None) -> str | None:
+    """The full sha of the commit whose code ``report`` measured, or None for the running code
+    (``code`` ``"running"``, or a commit whose model and step code is the running code's)."""
+    if code == "running":
+        return None
+    env = report.environment
+    advice = "give --code COMMIT (the commit it measured) or --code running"
+    if code is None and env.git_commit is None:
+        raise HeptstudyError(f"{source}: environment.git_commit is null; {advice}")
+    if code is None and env.git_dirty:
+        raise HeptstudyError(
+            f"{source}: environment.git_dirty is true: it measured uncommitted changes of "
+            f"{env.git_commit[:9]}, which no commit holds; {advice}, or measure from a clean checkout"
+        )
+    rev = code or env.git_commit
+    sha = (
+        None
+        if rev.startswith("-")
+        else git("rev-parse", "--verify", "-q", f"{rev}^{{commit}}", cwd=ROOT)
+    )
+    if sha is None:
+        what = "--code" if code else "environment.git_commit"
+        raise HeptstudyError(
+            f"{source}: {what} {rev!r} is no commit of the repository at {ROOT}; {advice} "
+            "(for reports measured elsewhere: the commit of this repository their README names)"
+        )
+    sha = sha.strip()
+    return None if commit_reasons(sha) == [] else sha
 
 
-def renamed_copy(checkout: Path, dest: Path, package: str) -> None:
-    """Copy ``checkout``'s ``heptstudy`` package to ``dest/package`` with its import statements
-    pointing at that name (nothing else changes: two versions of one package cannot share a
-    process otherwise), and its ``configs`` to ``dest/configs``, where repository-relative
-    lookups find them."""
-    target = dest / package
-    shutil.copytree(checkout / "heptstudy", target)
-    if (checkout / "configs").is_dir():
-        shutil.copytree(checkout / "configs", dest / "configs")
-    for path in target.rglob("*.py"):
-        text = path.read_text()
-        renamed = _IMPORT.sub(lambda m: f"{m[1]}{m[2]}{m[3]}{package}", text)
-        if renamed != text:
-            path.write_text(renamed)
-
-
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=PACKAGE_ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise HeptstudyError(f"git {' '.join(args)} failed: {done.stderr.strip()}")
-    return done.stdout.strip()
-
-
-def _run(cmd: list[str], env: dict[str, str], what: str, cwd: Path) -> None:
-    # cwd matters: ``python -m`` puts it first on the path, before PYTHONPATH
-    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-12:])
-        raise HeptstudyError(f"{what} failed (exit {done.returncode}):\n{tail}")
-
-
-def validate(request: ValidationRequest, progress=print) -> dict:
-    """Re-estimate every memory report of ``request.evidence``; returns the JSON document."""
-    reports = memory_reports(Path(request.evidence), request.reports)
-    sha = _git("rev-parse", "--verify", f"{request.commit}^{{commit}}")
-    package = f"heptstudy_{sha[:7]}"
-    with tempfile.TemporaryDirectory(prefix="heptstudy-validate-") as tmp:
-        tmp = Path(tmp)
-        checkout = tmp / "checkout"
-        _git("worktree", "add", "--detach", str(checkout), sha)
-        try:
-            renamed_copy(checkout, tmp / "pkg", package)
-            data_dir = tmp / "data"
-            progress(f"generating the evidence's data with {sha[:7]}'s generator ...")
-            _run(
-                [sys.executable, "-m", "heptstudy.cli", "data", "generate"]
-                + ["--data-dir", str(data_dir), "--events-train", str(EVENTS_TRAIN)]
-                + ["--events-test", str(EVENTS_TEST), "--seed", str(SEED)]
-                + ["--no-progress"],
-                {**os.environ, "PYTHONPATH": str(checkout)},
-                f"data generate at {sha[:7]}",
-                checkout,
-            )
-        finally:
-            _git("worktree", "remove", "--force", str(checkout))
-        path = os.pathsep.join([str(PACKAGE_ROOT), str(tmp / "pkg")])
-        env = {**os.environ, "PYTHONPATH": path}
-        rows = []
-        for report in reports:
-            out = tmp / f"{report.stem}.estimate.json"
-            progress(f"estimating {report.name} ...")
-            _run(
-                [sys.executable, "-m", "heptstudy.estimate.validation_child"]
-                + [package, str(report), str(data_dir), str(out)],
-                env,
-                f"the estimate of {report.name}",
-                tmp,
-            )
-            rows.append(_row(json.loads(report.read_text()), json.loads(out.read_text())))
+def _job(report, source: str, data_dir: Path) -> dict:
+    cfg = dict(report.config)
+    cfg["data"] = {**cfg["data"], "data_dir": str(data_dir)}
     return {
-        "what": (
-            f"today's estimator (target-faithful fake step + caching-allocator replay of the "
-            f"bench process) on commit {sha[:7]}'s model and step, on the exact events of each "
-            "GPU memory report; data generated (synthetic) with that commit's generator"
-        ),
-        "commit_estimated": sha,
-        "estimator_commit": _head(),
-        "evidence": str(request.evidence),
-        "data": {
-            "events_train": EVENTS_TRAIN,
-            "events_test": EVENTS_TEST,
-            "seed": SEED,
-            "synthetic": True,
-        },
+        "source": source,
+        "config": cfg,
+        "steps": [
+            r.model_dump(include={"step", "counted", "event_indices", "hits", "padded_hits"})
+            for r in report.steps
+        ],
+        "target": report.environment.device_kind,
+        "torch_version": report.environment.torch_version,
+        "warmup": report.summary.warmup_steps,
+    }
+
+
+def _piece(package: str, name: str, required: bool = True):
+    """``name`` from the first module of :data:`WHERE` that has it in ``package``."""
+    for module in WHERE[name]:
+        try:
+            mod = importlib.import_module(f"{package}.{module}")
+        except ModuleNotFoundError as err:
+            if (err.name or "").split(".")[0] == package:
+                continue  # no such module at that commit
+            raise HeptstudyError(
+                f"the code of commit {package.rsplit('_', 1)[-1]} needs the Python package "
+                f"{err.name!r}, which is not installed: install it with {INSTALL}"
+            ) from None
+        if hasattr(mod, name):
+            return getattr(mod, name)
+    if not required:
+        return None
+    raise HeptstudyError(
+        f"the code of commit {package.rsplit('_', 1)[-1]} has no {name} in "
+        f"{', '.join(WHERE[name])}: its layout is none this validation knows (heptstudy.estimate."
+        "validation.WHERE); add where that commit keeps it"
+    )
+
+
+def _old_step(package: str, config, batch, target: str, version: str):
+    """The step of ``package`` (an earlier commit's copy) on fake CPU tensors, metered by this
+    tracker, under this estimator's target lists, stand-ins and scratch (as ``estimate_step``
+    runs the running code): (peak bytes, trace, calls)."""
+
+    def get(name):
+        return _piece(package, name)
+
+    gpu = target in CACHING
+    device = torch.device("cpu")
+    dtype = get("autocast_dtype")(config, device)
+    real_targets = get("targets_from_batch")(batch)
+    torch.manual_seed(config.train.seed)
+    with torch.device("meta"):
+        model = get("build_model")(config)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    codes = batch["X"][..., 0]
+    counts = {c: int((codes == c).sum()) for c in (1, 2)}
+    fake_targets = get("_fake_targets")(real_targets, mode, "cpu")
+    meter = TracingMemoryMeter(device, scratch=scratch_bytes if gpu else None)
+    with contextlib.ExitStack() as stack:
+        emulation = stack.enter_context(target_autocast(target, version)) if gpu else None
+        kernels = stack.enter_context(target_kernels(target)) if gpu else None
+        stack.enter_context(mode)
+        stack.enter_context(get("_fake_substitutions")(fake_targets, counts))
+        model.to_empty(device=device)
+        model.train()
+        fbatch = {k: mode.from_tensor(v) for k, v in batch.items()}
+        optimizer = get("build_optimizer")(model, config.train)
+        scheduler = get("build_scheduler")(optimizer, config.train)
+        prime = _piece(package, "prime_optimizer", False) or _piece("heptstudy", "prime_optimizer")
+        prime(model, optimizer, scheduler)  # LAMB's state, as before a counted bench step
+        run_step = _piece(package, "run_step", required=False)
+        if run_step is not None:
+            mem = run_step(model, fbatch, optimizer, scheduler, config, dtype, meter=meter).memory
+        else:  # before train.step: the bench metered forward, loss and backward itself
+            meter.start_step(fbatch.values(), model=model, optimizer=optimizer)
+            outputs, losses = get("forward_and_loss")(model, fbatch, config, dtype)
+            losses["total"].backward()  # the outputs alive through backward, as in its bench
+            mem = meter.stop_step()
+            del outputs
+    calls = {"scratch": meter.tracker.scratch_ops}
+    if gpu:
+        calls.update(autocast=emulation.calls, stand_ins=kernels.calls)
+    return (
+        mem.peak_allocated_bytes,
+        meter.last_trace,
+        {k: dict(sorted(v.items())) for k, v in calls.items()},
+    )
+
+
+def _running_step(config, batch, target: str, version: str):
+    est = estimate_step(
+        config, batch, "cpu", target=target, torch_version=version, record_trace=target in CACHING
+    )
+    calls = {"autocast": est.autocast_calls, "stand_ins": est.stand_in_calls}
+    calls = {k: v for k, v in calls.items() if v is not None}
+    return est.peak_allocated_bytes, est.trace, {**calls, "scratch": est.scratch_ops}
+
+
+def estimate(job: dict, package: str | None = None, path: str | None = None) -> dict:
+    """Estimated peaks of one report's steps (``job`` from :func:`_job`) with the running code
+    (``package`` None) or the copy ``package`` of an earlier commit found in ``path``."""
+    try:
+        return _estimate(job, package, path)
+    except Exception as err:
+        # errors for the user, the earlier commit's own too (its classes cannot be unpickled
+        # where a worker's result is read), name the report
+        mine = isinstance(err, HeptstudyError)
+        if not (mine or package and type(err).__module__.startswith(f"{package}.")):
+            raise
+        if mine and str(err).startswith(job["source"]):
+            raise
+        raise HeptstudyError(f"{job['source']}: {err}") from None
+
+
+def _estimate(job: dict, package: str | None = None, path: str | None = None) -> dict:
+    if path and path not in sys.path:
+        sys.path.insert(0, path)
+    pkg = package or "heptstudy"
+    started = time.perf_counter()
+    config = _piece(pkg, "validate")(job["config"], f"{job['source']}'s config")
+    load_events = _piece(pkg, "load_events")
+    gpu, target, version = job["target"] in CACHING, job["target"], job["torch_version"]
+    rows, traces, calls = [], [], {}
+    for record in job["steps"]:
+        if not (gpu or record["counted"]):
+            continue  # CPU: no replay, so the warm-up steps are not needed
+        batch = load_events(config, record["event_indices"], "train")
+        hits, padded = batch["length"].tolist(), batch["padded_length"].tolist()
+        if hits != record["hits"] or padded != record["padded_hits"]:
+            raise HeptstudyError(
+                f"{job['source']}: step {record['step']}'s events {record['event_indices']} have "
+                f"{hits} hits in {config.data.data_dir}, the report lists {record['hits']}: give "
+                "--data-dir the data the report measured (same generator, seed and event counts)"
+            )
+        peak, trace, calls = (
+            _old_step(pkg, config, batch, target, version)
+            if package
+            else _running_step(config, batch, target, version)
+        )
+        traces.append(trace)
+        rows.append({"step": record["step"], "tracked_mib": peak / MIB})
+    out = {"calls_of_the_last_step": calls}
+    if gpu:
+        sim = simulate_bench_process(traces, warmup=job["warmup"], passes="both")
+        for row, peaks in zip(rows, sim.native, strict=True):
+            row.update(allocated_mib=peaks.peak_allocated_mib, reserved_mib=peaks.peak_reserved_mib)
+        out.update(
+            allocated_mib=sim.max_allocated() / MIB,
+            reserved_mib=sim.max_reserved() / MIB,
+            expandable_reserved_mib=sim.max_reserved("expandable") / MIB,
+        )
+    else:
+        out["allocated_mib"] = max(r["tracked_mib"] for r in rows)
+    return {**out, "steps": rows, "seconds": round(time.perf_counter() - started, 1)}
+
+
+#: An import of the package, or a module of it named in a string (a lazy import): renamed in the
+#: copy of an earlier commit's package. Schema names ("heptstudy.bench/1") are not module names.
+_IMPORT = re.compile(
+    r"^(\s*(?:from|import)\s+)heptstudy(?=[\s.])|([\"'])heptstudy(?=(?:\.\w+)+\2)", re.M
+)
+
+
+def copy_of_commit(sha: str, dest: Path) -> str:
+    """Write commit ``sha``'s ``heptstudy`` package to ``dest/heptstudy_<sha>`` with its imports
+    renamed to that name, and its ``configs`` to ``dest/configs`` (where its repository-relative
+    lookups find them); returns the package name."""
+    package = f"heptstudy_{sha[:12]}"
+    paths = ["heptstudy"] + (["configs"] if git("ls-tree", sha, "configs", cwd=ROOT) else [])
+    done = subprocess.run(
+        ["git", "archive", "--format=tar", sha, *paths], cwd=ROOT, capture_output=True, check=False
+    )
+    if done.returncode != 0:
+        raise HeptstudyError(f"git archive {sha[:9]} failed: {done.stderr.decode().strip()}")
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+        for member in tar.getmembers():
+            top, _, rest = member.name.partition("/")
+            if not member.isfile() or ".." in Path(rest).parts:
+                continue
+            data = tar.extractfile(member).read()
+            if top == "heptstudy" and rest.endswith(".py"):
+                data = _IMPORT.sub(lambda m: (m[1] or m[2]) + package, data.decode()).encode()
+            out = dest / (package if top == "heptstudy" else top) / rest
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(data)
+    return package
+
+
+def validate(reports, data_dir, code: str | None = None, progress=print) -> dict:
+    """Measured against estimated for ``reports`` (``(path, BenchReport)`` pairs, each validated
+    by the report schema) on the data in ``data_dir``; returns the JSON document."""
+    data_dir = Path(data_dir).resolve()
+    if not data_dir.is_dir():
+        raise HeptstudyError(
+            f"--data-dir {str(data_dir)!r} is no folder; give the data the reports measured "
+            "(e.g. data/tfds, made by `make study-data`)"
+        )
+    jobs, skipped = {}, []
+    for path, report in reports:
+        source = str(path)
+        reason = unusable(report)
+        if reason:
+            skipped.append({"report": source, "reason": reason})
+            continue
+        _check(report, source)
+        jobs[source] = (report, code_of(report, source, code), _job(report, source, data_dir))
+    if not jobs:
+        raise HeptstudyError(
+            "no report to validate (memory reports, status ok, of cpu/cuda/rocm):\n"
+            + "\n".join(f"  {s['report']}: {s['reason']}" for s in skipped)
+        )
+    results = {}
+    for source, (_, sha, job) in jobs.items():
+        if sha is None:
+            progress(f"estimating {source} with the running code ...")
+            results[source] = estimate(job)
+    for sha in sorted({s for _, s, _ in jobs.values() if s}):
+        mine = [src for src, (_, s, _) in jobs.items() if s == sha]
+        progress(f"estimating {len(mine)} report(s) with the code of commit {sha[:9]} ...")
+        with tempfile.TemporaryDirectory(prefix="heptstudy-validate-") as tmp:
+            package = copy_of_commit(sha, Path(tmp))
+            workers = min(len(mine), os.cpu_count() or 1)
+            spawn = multiprocessing.get_context("spawn")
+            # CPU kernels' warnings about the emulated target's dtypes say nothing of the estimate
+            quiet = ("ignore", UserWarning)
+            with ProcessPoolExecutor(workers, spawn, warnings.simplefilter, quiet) as pool:
+                futures = {s: pool.submit(estimate, jobs[s][2], package, tmp) for s in mine}
+                results.update((s, f.result()) for s, f in futures.items())
+    rows = [_row(report, source, sha, results[source]) for source, (report, sha, _) in jobs.items()]
+    head = git("rev-parse", "HEAD", cwd=ROOT)
+    return {
+        "what": "measured against estimated peak memory (MiB) of every memory report, on its own "
+        "events, with the code it measured and the estimator that runs now",
+        "estimator_commit": head.strip() if head else None,
+        "estimator_tree_dirty": bool(git("status", "--porcelain", "--", "heptstudy", cwd=ROOT)),
+        "data_dir": str(data_dir),
         "tolerance": {"allocated": ALLOCATED_TOLERANCE, "reserved": RESERVED_TOLERANCE},
         "rows": rows,
+        "skipped": skipped,
         "all_within_tolerance": all(r["within_tolerance"] for r in rows),
     }
 
 
-def _head() -> str:
-    try:
-        return _git("rev-parse", "HEAD")
-    except HeptstudyError:
-        return "unknown"
+def _error(estimated, measured):
+    return None if estimated is None or measured is None else estimated / measured - 1
 
 
-def _row(report: dict, est: dict) -> dict:
-    summary = report["summary"]
-    measured_alloc = float(summary["max_peak_allocated_mib"])
-    measured_res = float(summary["max_peak_reserved_mib"])
-    cats = report.get("memory_categories") or []
-    gpu_tracker = sum(cats[0]["at_peak_bytes"].values()) / 2**20 if cats else None
-    alloc_err = est["allocated_mib"] / measured_alloc - 1
-    res_err = est["reserved_mib"] / measured_res - 1
+def _row(report, source: str, sha: str | None, est: dict) -> dict:
+    gpu = report.environment.device_kind in CACHING
+    measured_res = report.summary.max_peak_reserved_mib if gpu else None
+    alloc_err = _error(est["allocated_mib"], report.summary.max_peak_allocated_mib)
+    res_err = _error(est.get("reserved_mib"), measured_res)
     return {
-        "report": report["name"],
-        "batch_size": report["batch_size"],
-        "checkpointing": report["checkpointing"],
-        "measured_allocated_mib": measured_alloc,
-        "measured_reserved_mib": measured_res,
-        "gpu_tracker_mib": gpu_tracker,
-        "estimated_tracked_mib": est["tracked_peak_mib"],
+        "report": report.name or Path(source).stem,
+        "file": source,
+        "device": f"{report.environment.device_kind} ({report.environment.device_name})",
+        "code": sha or "running",
+        "recorded_commit": report.environment.git_commit,
+        "batch_size": report.batch_size,
+        "checkpointing": report.checkpointing.model_dump(),
+        "measured_allocated_mib": report.summary.max_peak_allocated_mib,
         "estimated_allocated_mib": est["allocated_mib"],
-        "estimated_reserved_mib": est["reserved_mib"],
-        "expandable_allocated_mib": est["expandable_allocated_mib"],
-        "expandable_reserved_mib": est["expandable_reserved_mib"],
         "allocated_error": alloc_err,
+        "measured_reserved_mib": measured_res,
+        "estimated_reserved_mib": est.get("reserved_mib"),
         "reserved_error": res_err,
+        "expandable_reserved_mib": est.get("expandable_reserved_mib"),
         "within_tolerance": abs(alloc_err) <= ALLOCATED_TOLERANCE
-        and abs(res_err) <= RESERVED_TOLERANCE,
-        "measured_steps": [
-            {
-                "step": s["step"],
-                "allocated_mib": s.get("peak_allocated_mib"),
-                "reserved_mib": s.get("peak_reserved_mib"),
-            }
-            for s in report["steps"]
-        ],
+        and (res_err is None or abs(res_err) <= RESERVED_TOLERANCE),
         "estimated_steps": est["steps"],
-        "hits_of_the_last_step": est["hits_of_the_last_step"],
+        "calls_of_the_last_step": est["calls_of_the_last_step"],
         "seconds": est["seconds"],
     }
 
 
 def table(doc: dict) -> str:
     """The Markdown table of a validation document."""
+
+    def mib(v):
+        return "-" if v is None else f"{v:,.0f}"
+
+    def pct(v):
+        return "-" if v is None else f"{v:+.1%}"
+
+    within = f"within {ALLOCATED_TOLERANCE:.0%} / {RESERVED_TOLERANCE:.0%}"
     lines = [
-        "| report | measured allocated | estimated allocated | error | measured reserved | "
-        "estimated reserved | error | GPU tracker | estimated tracked | expandable reserved "
-        f"(never measured) | within {ALLOCATED_TOLERANCE:.0%} / {RESERVED_TOLERANCE:.0%} |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        f"| report | device | code | measured allocated | estimated allocated | error | measured "
+        f"reserved | estimated reserved | error | expandable reserved (never measured) | {within} |",
+        "|---|---|---|" + "---:|" * 7 + ":---:|",
     ]
     for r in doc["rows"]:
-        tracker = f"{r['gpu_tracker_mib']:,.0f}" if r["gpu_tracker_mib"] is not None else "-"
-        lines.append(
-            f"| {r['report']} | {r['measured_allocated_mib']:,.0f} | "
-            f"{r['estimated_allocated_mib']:,.0f} | {r['allocated_error']:+.1%} | "
-            f"{r['measured_reserved_mib']:,.0f} | {r['estimated_reserved_mib']:,.0f} | "
-            f"{r['reserved_error']:+.1%} | {tracker} | {r['estimated_tracked_mib']:,.0f} | "
-            f"{r['expandable_reserved_mib']:,.0f} | {'yes' if r['within_tolerance'] else 'NO'} |"
-        )
+        cells = [r["report"], r["device"].split()[0], r["code"][:9]]
+        cells += [mib(r["measured_allocated_mib"]), mib(r["estimated_allocated_mib"])]
+        cells += [pct(r["allocated_error"]), mib(r["measured_reserved_mib"])]
+        cells += [mib(r["estimated_reserved_mib"]), pct(r["reserved_error"])]
+        cells += [mib(r["expandable_reserved_mib"]), "yes" if r["within_tolerance"] else "NO"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def write_outputs(doc: dict, out_dir: Path) -> list[Path]:
+    """``validation.json`` and ``table.md`` in ``out_dir``, each written atomically."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    text = table(doc)
     return [
         atomic_write_text(out_dir / "validation.json", json.dumps(doc, indent=2) + "\n"),
-        atomic_write_text(out_dir / "table.md", text + "\n"),
+        atomic_write_text(out_dir / "table.md", table(doc) + "\n"),
     ]
 
 
-__all__ = ["ValidationRequest", "memory_reports", "table", "validate", "write_outputs"]
+__all__ = ["code_of", "copy_of_commit", "estimate", "table", "validate", "write_outputs"]

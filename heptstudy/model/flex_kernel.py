@@ -5,8 +5,8 @@ Why this module exists. ``torch.compile(flex_attention, dynamic=False)`` compile
 sequence length; real batches bring a new padded length almost every step, so after eight
 lengths dynamo hits its recompile limit and flex_attention quietly runs its unfused reference
 path, which materialises the whole score matrix (on an H200 the peak for two events of about
-7,000 hits went from 2.2 GB to 67-78 GB: ``diag_recompile_limit.txt`` in
-``../shared/evidence/h200-2026-11-30/``, outside the repository).
+7,000 hits went from 2.2 GB to 67-78 GB: ``diag_recompile_limit.txt`` of the session that
+measured ``experiments/h200_2026-11-30/``, see its ``evidence_README.md``).
 
 What it does instead:
 

@@ -1,0 +1,145 @@
+"""``heptstudy fit validate``: the estimator held to committed measured reports, and every value
+it reads from a report checked before it is used."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from heptstudy.cli import main
+from heptstudy.data.generate import generate_datasets
+from heptstudy.estimate.validation import ALLOCATED_TOLERANCE
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_REFERENCE = REPO / "experiments" / "cpu_reference"
+#: The batch-1 report of the committed CPU reference: the cheapest to estimate (one event a step).
+REPORT = CPU_REFERENCE / "baseline_b1.json"
+
+
+@pytest.fixture(scope="module")
+def reference_data(tmp_path_factory):
+    """The reference's data set (``data generate --seed 20261014``), cut to the events the report
+    measured: each event's random stream depends only on seed, config, split and index, so the
+    first ``max(index) + 1`` events are those of the full set."""
+    report = json.loads(REPORT.read_text())
+    last = max(i for step in report["steps"] for i in step["event_indices"])
+    data_dir = tmp_path_factory.mktemp("reference_tfds")
+    generate_datasets(
+        data_dir,
+        events_train=last + 1,
+        events_test=1,
+        seed=20261014,
+        configs=("1",),
+        progress=False,
+    )
+    return data_dir
+
+
+def test_the_cpu_reference_is_estimated_within_tolerance(reference_data, tmp_path, capsys):
+    """The running code's fake step on the report's own events gives the CPU bench's allocated
+    peak within the tolerance: a change of the step that the estimator does not follow, or of
+    the estimator, fails here."""
+    out = tmp_path / "validation"
+    rc = main(
+        ["fit", "validate", "--reports", str(REPORT), "--data-dir", str(reference_data)]
+        + ["--code", "running", "--out", str(out)]
+    )
+    printed = capsys.readouterr().out
+    doc = json.loads((out / "validation.json").read_text())
+    (row,) = doc["rows"]
+    assert abs(row["allocated_error"]) <= ALLOCATED_TOLERANCE, printed
+    assert rc == 0 and row["within_tolerance"] and row["code"] == "running"
+    counted = [s["step"] for s in json.loads(REPORT.read_text())["steps"] if s["counted"]]
+    assert [s["step"] for s in row["estimated_steps"]] == counted
+    assert row["reserved_error"] is None  # the CPU has no caching allocator to compare
+    assert (out / "table.md").read_text().strip() in printed
+
+
+def _bad(tmp_path: Path, name: str, edit) -> Path:
+    data = json.loads(REPORT.read_text())
+    data = edit(copy.deepcopy(data))
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _set(path: str, value):
+    def edit(data):
+        *parents, last = path.split(".")
+        node = data
+        for key in parents:
+            node = node[int(key) if isinstance(node, list) else key]
+        node[last] = value
+        return data
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "name, edit, words",
+    [
+        ("version", _set("schema_version", "heptstudy.bench/99"), ["schema_version", "bench/99"]),
+        (
+            "negative",
+            _set("summary.max_peak_allocated_mib", -5.0),
+            ["max_peak_allocated_mib", "-5"],
+        ),
+        ("zero", _set("summary.max_peak_allocated_mib", 0.0), ["max_peak_allocated_mib", "> 0"]),
+        ("list", lambda data: [data], ["JSON object", "list"]),
+        ("hits", _set("steps.1.hits", [1, 2]), ["steps [1]", "event_indices"]),
+        ("unknown", _set("environment.git_commit", "f" * 40), ["git_commit", "f" * 40, "--code"]),
+        ("dirty", _set("environment.git_dirty", True), ["git_dirty", "--code"]),
+    ],
+)
+def test_a_bad_report_is_refused_naming_file_field_and_value(tmp_path, capsys, name, edit, words):
+    path = _bad(tmp_path, name, edit)
+    rc = main(["fit", "validate", "--reports", str(path), "--data-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert str(path) in err and err.count("\n") <= 3
+    for word in words:
+        assert word in err
+
+
+def test_reports_of_other_data_are_refused(tmp_path, capsys):
+    """Another data set than the one measured: the hits of the report's events differ."""
+    tiny = tmp_path / "tfds"
+    generate_datasets(
+        tiny,
+        events_train=104,
+        events_test=1,
+        seed=7,
+        configs=("1",),
+        occupancy_scale=0.03,
+        progress=False,
+    )
+    rc = main(
+        ["fit", "validate", "--reports", str(REPORT), "--data-dir", str(tiny), "--code", "running"]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "hits" in err and "--data-dir" in err and "Traceback" not in err
+
+
+def test_a_folder_without_memory_reports_says_why_each_is_skipped(tmp_path, capsys):
+    for name in ("parity_b1.json", "auto_b4.json"):
+        (tmp_path / name).write_text((CPU_REFERENCE / name).read_text())
+    rc = main(["fit", "validate", "--reports", str(tmp_path), "--data-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert (
+        "parity_b1.json: a parity report" in err
+        and "auto_b4.json: activation_checkpointing=auto" in err
+    )
+
+
+def test_an_event_the_data_does_not_hold_is_refused_naming_the_report(
+    reference_data, tmp_path, capsys
+):
+    path = _bad(tmp_path, "range", _set("steps.1.event_indices", [5000]))
+    args = ["--reports", str(path), "--data-dir", str(reference_data), "--code", "running"]
+    rc = main(["fit", "validate", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and str(path) in err and "5000" in err and "Traceback" not in err
