@@ -17,12 +17,14 @@ models measured on a GPU at an older commit, from that commit with ``git show``.
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from heptstudy.errors import HeptstudyError
+from heptstudy.paths import ROOT, git_bytes
 
 SCHEMA = "heptstudy.codefp/1"
 
@@ -64,8 +66,6 @@ NOT_ESTIMATE = (
 #: The parts each kind of model depends on: a measured model does not depend on the estimator.
 PARTS_OF = {"measured": ("model", "step"), "estimated": ("model", "step", "estimate")}
 
-ROOT = Path(__file__).resolve().parents[2]
-
 #: The regeneration commands, said whenever a stored model is refused.
 REGENERATE = {
     "estimated": "scripts/regenerate_fits.sh (estimated models: no GPU needed)",
@@ -101,10 +101,15 @@ def part_hashes(parts: Iterable[str] = tuple(PARTS), root: Path = ROOT) -> dict[
     return {p: _hash(_files_of(p, names), lambda n: (root / n).read_bytes()) for p in parts}
 
 
+class CommitUnreadable(HeptstudyError):
+    """git cannot read a commit's code here (no git, no checkout, no such commit)."""
+
+
 def _git(*args: str) -> bytes:
-    return subprocess.run(
-        ["git", *args], cwd=ROOT, capture_output=True, check=True, timeout=60
-    ).stdout
+    out = git_bytes(*args)
+    if out is None:
+        raise CommitUnreadable(f"git {' '.join(args)} failed in {ROOT}")
+    return out
 
 
 def part_hashes_at(commit: str, parts: Iterable[str] = tuple(PARTS)) -> dict[str, str]:
@@ -170,7 +175,7 @@ def commit_reasons(commit: str, source: str = "measured") -> list[str] | None:
     parts = PARTS_OF[source]
     try:
         then = part_hashes_at(commit, parts)
-    except (OSError, subprocess.SubprocessError):
+    except CommitUnreadable:
         return None
     now = part_hashes(parts)
     return [f"{PART_WORDS[p]} changed" for p in parts if then[p] != now[p]]

@@ -24,7 +24,6 @@ from heptstudy.study.common import (
     PARITY,
     StudyError,
     at_project_root,
-    project_root,
 )
 from heptstudy.study.fits import (
     auto_predictions,
@@ -126,7 +125,6 @@ __all__ = [
     "memory_frame",
     "optional_fit_figure",
     "parity_frame",
-    "project_root",
     "read_metrics",
     "render_html",
     "reports_frame",

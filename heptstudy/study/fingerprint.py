@@ -27,8 +27,7 @@ import sys
 from functools import lru_cache
 from typing import Any
 
-from heptstudy.paths import git
-from heptstudy.study.common import project_root
+from heptstudy.paths import ROOT, git
 
 
 def _canonical(value: Any) -> Any:
@@ -47,7 +46,7 @@ _CODE = (":(top)heptstudy", ":(top)notebooks", ":(top)configs", ":(top)pyproject
 @lru_cache(maxsize=1)
 def code_state() -> dict[str, Any]:
     """The commit, and a hash of what differs from it in the code (None when clean)."""
-    root = project_root()
+    root = ROOT
     commit = git("rev-parse", "HEAD", cwd=root)
     if commit is None:
         return {"git_commit": None, "changes": None}

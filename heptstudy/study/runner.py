@@ -32,7 +32,8 @@ from heptstudy.atomic import atomic_path, atomic_write_text
 from heptstudy.errors import HeptstudyError
 from heptstudy.locks import holding
 from heptstudy.names import inside
-from heptstudy.study.common import NOTEBOOKS, StudyError, project_root
+from heptstudy.paths import ROOT
+from heptstudy.study.common import NOTEBOOKS, StudyError
 from heptstudy.study.matrix import Matrix, Run, load_matrix
 from heptstudy.study.outputs import (
     PENDING,
@@ -204,7 +205,7 @@ def prepare(matrix: Matrix) -> list[Prepared]:
             # resolved where its kernel will resolve it (the kernel starts in the repository):
             # a working-directory path of the configuration (train.out_dir) is then the same
             # in the run's identity and in its report, wherever `study run` was started
-            with _working_directory(project_root()):
+            with _working_directory(ROOT):
                 m = ex.run.request(progress=False, parameters=ex.parameters).resolve()
             if ex.name not in checked:
                 checked.add(ex.name)
@@ -317,14 +318,14 @@ def run_one(
     nb_pending.parent.mkdir(parents=True, exist_ok=True)
     pending.parent.mkdir(parents=True, exist_ok=True)
     parameters = {**ex.parameters, "output": shown(pending)}
-    notebook = project_root() / "notebooks" / NOTEBOOKS[ex.run.notebook]
+    notebook = ROOT / "notebooks" / NOTEBOOKS[ex.run.notebook]
     t0 = time.perf_counter()
     message, failure = why, None
     try:
         # no allocator variable for ``allocator: default``; otherwise the kernel inherits this
         # process's environment, since the measurement applies its settings itself
         with _kernel_started_with({} if ex.allocator == DEFAULT else None):
-            _papermill(notebook, nb_pending, parameters, timeout, project_root())
+            _papermill(notebook, nb_pending, parameters, timeout, ROOT)
     except Exception as err:  # noqa: BLE001 - an OOM or a dead kernel is a result, not a crash
         failure = err
         if pending.exists():  # the notebook wrote its report, then something later failed
@@ -453,8 +454,8 @@ def aggregate_study(
         "notes": list(matrix.notes) if matrix else [],
     }
     before = _aggregate_outputs(out, figures)
-    notebook = project_root() / "notebooks" / "aggregate.ipynb"
-    _papermill(notebook, executed, parameters, timeout, project_root())
+    notebook = ROOT / "notebooks" / "aggregate.ipynb"
+    _papermill(notebook, executed, parameters, timeout, ROOT)
     html = render_html(executed, out / "report.html")
     _move_aside_unwritten(out, before)
     return html
