@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from heptstudy.estimate import code_fingerprint as cf
+from heptstudy import fingerprint as cf
 from heptstudy.estimate.keys import model_key
 from heptstudy.fitting import LinearFit, MemoryModel, ReservedFit, choose_model, evaluate
 from heptstudy.fitting.select import STALE_PREFIX

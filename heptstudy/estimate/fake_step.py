@@ -309,9 +309,9 @@ def estimate_memory_model(
     like measurements. GPU platforms (``cuda``, ``rocm``) get the target-faithful step with the
     autocast lists of ``torch_version`` (the platform's; default :data:`DEFAULT_TORCH_VERSION`).
     Its ``source_detail`` says so."""
+    from heptstudy import fingerprint as code_fingerprint
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
-    from heptstudy.estimate import code_fingerprint
     from heptstudy.estimate.bench_process import simulate_repeated_step
     from heptstudy.estimate.keys import model_key
     from heptstudy.estimate.memory_model import Point, fit_points

@@ -57,7 +57,7 @@ def _shown(path: Path) -> str:
 
 def fingerprint(matrix_path: Path, platform_files: list[Path]) -> dict:
     """The code, configuration and PyTorch the predictions are of."""
-    from heptstudy.estimate import code_fingerprint
+    from heptstudy import fingerprint as code_fingerprint
 
     files = sorted(set(platform_files))
     return {
@@ -70,7 +70,7 @@ def fingerprint(matrix_path: Path, platform_files: list[Path]) -> dict:
 
 def stale_parts(doc: dict, matrix_path: Path) -> list[str]:
     """What changed since ``doc`` was made (empty: it is the running code's)."""
-    from heptstudy.estimate import code_fingerprint
+    from heptstudy import fingerprint as code_fingerprint
 
     fp = doc.get("fingerprint") or {}
     now = code_fingerprint.part_hashes(ENFORCED_PARTS)

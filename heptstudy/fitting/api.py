@@ -296,7 +296,7 @@ def fit(request: FitRequest) -> FitResult | None:
 
 def _reports_code_note(model: MemoryModel) -> str:
     """Whether the reports a measured model was just fitted from measured the code that runs."""
-    from heptstudy.estimate.code_fingerprint import commit_reasons
+    from heptstudy.fingerprint import commit_reasons
 
     commits = model.provenance.get("git_commits") or []
     if len(commits) != 1:

@@ -187,7 +187,7 @@ def save_measured_models(
     Each model carries the fingerprint of the code its reports measured: that of git commit
     ``code_commit`` when given (reports measured on a copy whose own commit this repository does
     not hold), else of the one commit the reports name."""
-    from heptstudy.estimate import code_fingerprint
+    from heptstudy import fingerprint as code_fingerprint
 
     models, rejected = fit_reports(paths)
     written = []

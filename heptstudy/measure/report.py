@@ -309,7 +309,7 @@ class BenchReport(_Strict):
     parity: Parity | None = None
     memory_categories: list[MemoryCategories] | None = None
     notes: list[str] = Field(default_factory=list)
-    # what the study runner measured this run as (heptstudy.study.fingerprint): a study resumes
+    # what the study runner measured this run as (heptstudy.study.resume): a study resumes
     # the run only while the fingerprint of the run is the same
     fingerprint: str | None = None
 

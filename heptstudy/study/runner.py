@@ -8,7 +8,7 @@ executes ``notebooks/memory.ipynb`` or ``notebooks/parity.ipynb`` once per run a
 of the run's platform itself (:mod:`heptstudy.meters.allocator`), and a run with ``allocator:
 default`` starts its kernel without any allocator variable; the executed notebooks are kept. A run whose
 report exists is resumed (not measured again) only when the report carries the run's
-fingerprint (:mod:`~heptstudy.study.fingerprint`: same machine, code, request, configuration,
+fingerprint (:mod:`~heptstudy.study.resume`: same machine, code, request, configuration,
 data and allocator) and holds a result; anything else is measured again, and ``force`` measures
 everything again. A new result is written next to the old one and the old one is moved to
 ``superseded/`` only once the new one exists (:mod:`~heptstudy.study.outputs`). A run that runs
@@ -44,6 +44,7 @@ from heptstudy.study.outputs import (
     shown,
     study_folders,
 )
+from heptstudy.study.resume import fingerprint, resumable, run_identity, stamp
 from heptstudy.study.schedule import DEFAULT, Execution, schedule
 
 
@@ -195,7 +196,6 @@ def prepare(matrix: Matrix) -> list[Prepared]:
     the configuration, the data set and the events each run needs. One :class:`StudyError`
     names every run that cannot be measured, before anything runs."""
     from heptstudy.measure.bench import check_enough_events
-    from heptstudy.study.fingerprint import fingerprint, run_identity
 
     prepared, problems, checked = [], {}, set()
     for ex in schedule(matrix.runs):
@@ -242,53 +242,6 @@ def _kernel_started_with(allocator: dict[str, str] | None):
         os.environ.update(saved)
 
 
-def _resumable(path: Path, prep: Prepared) -> tuple[bool, str]:
-    """Whether the report at ``path`` is this run's result (resume it), and why (not): it
-    holds a result, carries the run's fingerprint and says it measured what the run asks."""
-    from heptstudy.measure.report import ReportError, read_report
-    from heptstudy.study.fingerprint import mismatches
-
-    try:
-        report = read_report(path)
-    except ReportError:
-        return False, "its report cannot be read: measuring again"
-    stored = report.fingerprint
-    if report.status == "error":
-        return False, "its report is an error: measuring again"
-    host = report.environment.hostname
-    if stored is None:
-        return False, (
-            f"its report (measured on {host}) has no fingerprint of this study: measuring again"
-        )
-    differs = mismatches(report, prep.identity)
-    if stored != prep.fingerprint or differs:
-        detail = f" ({differs[0]})" if differs else ""
-        return False, (
-            f"its report (measured on {host}) was measured with another machine, code, "
-            f"configuration, data or allocator{detail}: measuring again"
-        )
-    return True, f"resumed: report with the same fingerprint ({report.status})"
-
-
-def _stamp(path: Path, prep: Prepared) -> str:
-    """Write the run's fingerprint into its new report, when the report says it measured what
-    the run asked for; else leave it without one (it will not be resumed) and say why."""
-    from heptstudy.measure.report import ReportError, read_report, write_report
-    from heptstudy.study.fingerprint import mismatches
-
-    try:
-        report = read_report(path)
-    except ReportError as err:
-        return f"report unreadable: {str(err).splitlines()[0]}"
-    if report.status == "error":
-        return ""
-    differs = mismatches(report, prep.identity)
-    if differs:
-        return "not resumable, the report differs from the run: " + "; ".join(differs)
-    write_report(report.model_copy(update={"fingerprint": prep.fingerprint}), path)
-    return ""
-
-
 def run_one(
     prep: Prepared,
     out: Path,
@@ -307,7 +260,7 @@ def run_one(
     result = dict(round=ex.round, allocator=ex.allocator, label=ex.label)
     why = ""
     if final.exists() and not force:
-        resume, why = _resumable(final, prep)
+        resume, why = resumable(final, prep.fingerprint, prep.identity)
         if resume:
             return RunResult(ex.name, "skipped", final, nb_final, message=why, **result)
     elif final.exists():
@@ -337,7 +290,7 @@ def run_one(
         _, text = _failure_report(ex.run, pending, failure, measurement=measurement)
         message = text.splitlines()[0][:200]
     seconds = time.perf_counter() - t0
-    note = _stamp(pending, prep)
+    note = stamp(pending, prep.fingerprint, prep.identity)
     status = read_report(pending).status
     replace_with_pending(pending, final, superseded)
     if nb_pending.exists():
