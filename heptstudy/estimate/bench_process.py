@@ -32,8 +32,7 @@ from typing import Literal
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.caching_allocator import CachingAllocator
 from heptstudy.meters.allocation_trace import StepTrace
-
-MIB = 1024**2
+from heptstudy.units import MIB
 
 #: Two cuBLAS workspaces of 32 MiB each: an assumption (see the module docstring).
 CUBLAS_WORKSPACES = (32 * MIB, 32 * MIB)
