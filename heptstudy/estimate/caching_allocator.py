@@ -93,7 +93,8 @@ class _Block:
 
 @dataclass(frozen=True)
 class AllocatorPeaks:
-    """Bytes at the end of a replay and the peaks since the last ``reset_peak``."""
+    """Bytes held now (at the end of a replay, a step) and the peaks since the last
+    ``reset_peak``."""
 
     allocated: int
     reserved: int
