@@ -12,7 +12,6 @@ A relative ``data.data_dir`` is taken from the repository wherever a command sta
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -31,7 +30,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from heptstudy.errors import ConfigError
+from heptstudy.errors import ConfigError, describe_invalid
 from heptstudy.names import NAME_RULE, is_name
 from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 
@@ -572,24 +571,14 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def _describe(err: ValidationError, schema: type[BaseModel], what: str) -> str:
-    known = _known_keys(schema)
-    lines = [f"invalid {what}:"]
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
-        value = e.get("input")
-        if e["type"] == "extra_forbidden":
-            near = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            lines.append(f"  {key}: unknown key (value {value!r}){hint}")
-        elif e["type"] == "value_error":
-            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
-        elif e["type"] == "bool_number_mixup":
-            lines.append(f"  {key}={as_yaml(value)}: {e['msg']}")
-        else:
-            where = f"  {key}: " if key else "  "
-            lines.append(f"{where}{e['msg'].lower()}, got {value!r}")
-    lines.append("fix the YAML file or the --set override named above and try again")
-    return "\n".join(lines)
+    return describe_invalid(
+        err,
+        noun="key",
+        known=_known_keys(schema),
+        header=f"invalid {what}:",
+        footer="fix the YAML file or the --set override named above and try again",
+        show=lambda v: repr(v) if isinstance(v, str) else as_yaml(v),  # as written in YAML
+    )
 
 
 def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:

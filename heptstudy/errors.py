@@ -4,7 +4,12 @@ The CLI prints these as one clear message (what was wrong, the value, what is al
 do) instead of a traceback; everything else is a bug and keeps its traceback.
 """
 
+from __future__ import annotations
+
+import difflib
 import errno
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 class HeptstudyError(Exception):
@@ -40,3 +45,37 @@ def os_error_advice(err: OSError) -> str:
     if code == errno.ENOENT:
         return "A folder on the way does not exist: create it or choose another path"
     return f"Fix what the system reports ({err.strerror or err})"
+
+
+def describe_invalid(
+    err: Any,
+    *,
+    noun: str,
+    known: Sequence[str] = (),
+    header: str = "",
+    footer: str = "",
+    show: Callable[[Any], str] = repr,
+    list_known: bool = False,
+) -> str:
+    """A pydantic ``ValidationError`` (anything with its ``errors()``) as one line per error: the
+    ``noun`` (key, field, parameter) and its value and what is allowed; an unknown one with the
+    nearest of ``known``. Under a ``header`` the lines are indented; ``footer`` says what to do."""
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        value = show(e.get("input"))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            also = f" (known: {', '.join(known)})" if list_known else ""
+            lines.append(f"unknown {noun} {key}={value}{hint}{also}")
+        elif e["type"] == "missing":
+            lines.append(f"{noun} {key} is missing")
+        elif not key or msg.startswith(key.split(".")[-1] + "="):  # a message naming them itself
+            lines.append(msg)
+        else:
+            lines.append(f"{noun} {key}={value} is not allowed: {msg}")
+    if header:
+        lines = [header, *(f"  {line}" for line in lines)]
+    return "\n".join([*lines, footer] if footer else lines)

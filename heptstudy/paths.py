@@ -19,14 +19,11 @@ import os
 import subprocess
 from pathlib import Path
 
-
-def _find_repository() -> Path | None:
-    root = Path(__file__).resolve().parents[1]
-    return root if (root / "pyproject.toml").is_file() and (root / "heptstudy").is_dir() else None
-
-
+#: The folder holding this package: the repository for an editable install (``configs/``,
+#: ``notebooks/`` beside the package), the site-packages folder for another install.
+ROOT = Path(__file__).resolve().parents[1]
 #: The repository holding this package, or None for a non-editable install.
-REPO_ROOT: Path | None = _find_repository()
+REPO_ROOT: Path | None = ROOT if (ROOT / "pyproject.toml").is_file() else None
 
 
 def base_dir() -> Path:
@@ -48,7 +45,7 @@ def resolve_from_cwd(path: str | os.PathLike) -> Path:
 
 
 #: The repository's training configurations (beside this package, editable install or not).
-TRAINING_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "training"
+TRAINING_CONFIGS = ROOT / "configs" / "training"
 SCENARIO_DIR = TRAINING_CONFIGS / "scenarios"
 PLATFORM_DIR = TRAINING_CONFIGS / "platforms"
 
@@ -66,14 +63,21 @@ def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
     return None
 
 
-def git(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 20) -> str | None:
-    """The output of ``git ARGS`` in ``cwd`` (default: the folder of this package); None where
-    git is missing or fails (no checkout)."""
-    where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
+def git_bytes(
+    *args: str, cwd: str | os.PathLike | None = None, timeout: float = 60
+) -> bytes | None:
+    """The output of ``git ARGS`` in ``cwd`` (default: the folder holding this package), byte for
+    byte; None where git is missing or fails (no checkout, unknown commit)."""
     try:
         res = subprocess.run(
-            ["git", *args], cwd=where, capture_output=True, text=True, timeout=timeout, check=False
+            ["git", *args], cwd=cwd or ROOT, capture_output=True, timeout=timeout, check=False
         )
     except (OSError, subprocess.SubprocessError):
         return None
     return res.stdout if res.returncode == 0 else None
+
+
+def git(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 60) -> str | None:
+    """:func:`git_bytes` as text."""
+    out = git_bytes(*args, cwd=cwd, timeout=timeout)
+    return None if out is None else out.decode(errors="replace")

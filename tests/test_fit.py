@@ -183,7 +183,7 @@ def test_stored_measured_models_are_the_fit_of_the_committed_reports(h200_models
 def fresh_fits(tmp_path):
     """A copy of configs/fit whose models carry the fingerprint of the code that runs now, as if
     regenerated for it (same figures): for tests of how a model is chosen, not of staleness."""
-    from heptstudy.estimate import code_fingerprint
+    from heptstudy import fingerprint as code_fingerprint
 
     out = tmp_path / "fits"
     out.mkdir()

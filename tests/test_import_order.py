@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "heptstudy.names",
         "heptstudy.locks",
         "heptstudy.committed",
+        "heptstudy.fingerprint",
     ),
     ("heptstudy.data",),
     ("heptstudy.scenario",),

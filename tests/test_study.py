@@ -548,12 +548,12 @@ def test_overhead_figure_draws_the_spread_of_the_rounds():
 
 
 def test_predictions_table_has_no_index_and_no_absolute_paths():
-    from heptstudy.study.common import project_root
+    from heptstudy.paths import ROOT
     from heptstudy.study.tables import predictions_table
 
-    table = pd.DataFrame({"memory model": [f"measured ({project_root()}/configs/fit/a.json)"]})
+    table = pd.DataFrame({"memory model": [f"measured ({ROOT}/configs/fit/a.json)"]})
     html = predictions_table(table).to_html()
-    assert "configs/fit/a.json" in html and str(project_root()) not in html
+    assert "configs/fit/a.json" in html and str(ROOT) not in html
     assert "row_heading" not in html  # the pandas index is hidden
 
 

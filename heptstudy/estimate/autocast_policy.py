@@ -14,24 +14,22 @@ The registrations live only inside :func:`target_autocast` (a ``torch.library.Li
 destroyed on exit), so nothing leaks into the rest of the process. ROCm's autocast registers
 CUDA's lists (HIP builds share the CUDA dispatch key), so ``rocm`` uses them too.
 
-Sources of the lists (``AT_FORALL_LOWER_PRECISION_FP``, ``AT_FORALL_FP32``,
-``AT_FORALL_FP32_SET_OPT_DTYPE``, ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``,
-``AT_FORALL_PROMOTE`` in ``ATen/autocast_mode.h``, which ``autocast_mode.cpp`` registers for
-``AutocastCUDA``):
-
-* 2.13: read from the header installed with PyTorch 2.13.0 (``torch/include/ATen/``).
-* 2.12: the same lists as 2.13 (no difference known to this project: an assumption).
-* 2.11 (the H200 evidence's version): 2.13's lists without ``rms_norm`` on the float32 list
-  (PyTorch 2.12 added it there); not read from a 2.11 header, derived from that one change.
+The lists are data, ``autocast_lists.json`` beside this module: one entry per PyTorch version,
+each naming the source it was read from (``aten/src/ATen/autocast_mode.h`` of that version) or
+the entry it is derived from. CPU autocast's own lower-precision kernels are not listed: a
+lower-precision op of the target that CPU autocast registers in this process keeps CPU's
+kernel (:func:`_register`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 
 import torch
 
@@ -39,167 +37,6 @@ AUTOCAST_KEY = "AutocastCPU"
 
 #: Targets whose autocast this module emulates (ROCm registers CUDA's lists).
 TARGETS = ("cuda", "rocm")
-
-_LOWER_PRECISION = (
-    "_convolution.deprecated",
-    "_convolution",
-    "conv1d",
-    "conv2d",
-    "conv3d",
-    "conv_tbc",
-    "conv_transpose1d",
-    "conv_transpose2d.input",
-    "conv_transpose3d.input",
-    "convolution",
-    "prelu",
-    "addmm",
-    "addmv",
-    "addr",
-    "matmul",
-    "einsum",
-    "mm",
-    "mv",
-    "linalg_vecdot",
-    "linear",
-    "addbmm",
-    "baddbmm",
-    "bmm",
-    "chain_matmul",
-    "linalg_multi_dot",
-    "_thnn_fused_lstm_cell",
-    "_thnn_fused_gru_cell",
-    "lstm_cell",
-    "gru_cell",
-    "rnn_tanh_cell",
-    "rnn_relu_cell",
-    "_scaled_dot_product_flash_attention",
-    "scaled_dot_product_attention",
-)
-
-#: CPU autocast's lower-precision ops that CUDA's list shares (``autocast_mode.cpp``'s
-#: ``KERNEL_CPU(..., lower_precision_fp)`` registrations, PyTorch 2.x; the tests check that each
-#: gives bf16 under CPU autocast). Their CPU kernels stay: the same cast, cached the same way.
-#: Python kernels cast the other lower-precision ops without the cache (``cached_cast`` keeps
-#: only float32 leaf tensors that require grad: parameters, which these ops rarely take).
-CPU_LOWER_PRECISION = frozenset(
-    {
-        "_convolution.deprecated",
-        "_convolution",
-        "conv1d",
-        "conv2d",
-        "conv3d",
-        "conv_tbc",
-        "conv_transpose1d",
-        "conv_transpose2d.input",
-        "conv_transpose3d.input",
-        "prelu",
-        "addmm",
-        "matmul",
-        "mm",
-        "linalg_vecdot",
-        "linear",
-        "addbmm",
-        "baddbmm",
-        "bmm",
-        "scaled_dot_product_attention",
-    }
-)
-
-_FP32_213 = (
-    "acos",
-    "asin",
-    "cosh",
-    "erfinv",
-    "exp",
-    "expm1",
-    "log",
-    "log10",
-    "log2",
-    "log1p",
-    "reciprocal",
-    "rsqrt",
-    "sinh",
-    "tan",
-    "pow.Tensor_Scalar",
-    "pow.Tensor_Tensor",
-    "pow.Scalar",
-    "softplus",
-    "layer_norm",
-    "native_layer_norm",
-    "rms_norm",
-    "group_norm",
-    "frobenius_norm.dim",
-    "nuclear_norm",
-    "nuclear_norm.dim",
-    "cosine_similarity",
-    "poisson_nll_loss",
-    "cosine_embedding_loss",
-    "nll_loss",
-    "nll_loss2d",
-    "hinge_embedding_loss",
-    "kl_div",
-    "l1_loss",
-    "smooth_l1_loss",
-    "huber_loss",
-    "mse_loss",
-    "margin_ranking_loss",
-    "multilabel_margin_loss",
-    "soft_margin_loss",
-    "triplet_margin_loss",
-    "multi_margin_loss",
-    "binary_cross_entropy_with_logits",
-    "dist",
-    "pdist",
-    "cdist",
-    "renorm",
-    "logsumexp",
-    "upsample_nearest1d",
-    "_upsample_nearest_exact1d",
-    "upsample_nearest2d",
-    "_upsample_nearest_exact2d",
-    "upsample_nearest3d",
-    "_upsample_nearest_exact3d",
-    "upsample_linear1d",
-    "upsample_bilinear2d",
-    "_upsample_bilinear2d_aa",
-    "upsample_trilinear3d",
-    "upsample_bicubic2d",
-    "_upsample_bicubic2d_aa",
-)
-
-_FP32_SET_OPT_DTYPE = (
-    "prod",
-    "prod.dim_int",
-    "softmax.int",
-    "log_softmax.int",
-    "cumprod",
-    "cumsum",
-    "linalg_vector_norm",
-    "linalg_matrix_norm",
-    "linalg_matrix_norm.str_ord",
-    "sum",
-    "sum.dim_IntList",
-)
-
-#: ``norm`` overloads redispatched with ``dtype=float32`` appended (``fp32_append_dtype``).
-_FP32_APPEND_DTYPE = {
-    "norm.Scalar": "norm.ScalarOpt_dtype",
-    "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
-}
-
-_PROMOTE = (
-    "addcdiv",
-    "addcmul",
-    "atan2",
-    "bilinear",
-    "cross",
-    "dot",
-    "vdot",
-    "grid_sampler",
-    "index_put",
-    "tensordot",
-    "scatter_add",
-)
 
 
 @dataclass(frozen=True)
@@ -223,36 +60,28 @@ class AutocastLists:
         return "fp32_append_dtype" if op_name in self.fp32_append_dtype else None
 
 
-_HEADER_213 = "ATen/autocast_mode.h installed with PyTorch 2.13.0"
-POLICIES: dict[str, AutocastLists] = {
-    "2.13": AutocastLists(
-        "2.13",
-        _LOWER_PRECISION,
-        _FP32_213,
-        _FP32_SET_OPT_DTYPE,
-        _FP32_APPEND_DTYPE,
-        _PROMOTE,
-        _HEADER_213,
-    ),
-    "2.12": AutocastLists(
-        "2.12",
-        _LOWER_PRECISION,
-        _FP32_213,
-        _FP32_SET_OPT_DTYPE,
-        _FP32_APPEND_DTYPE,
-        _PROMOTE,
-        f"{_HEADER_213}; assumed unchanged from 2.12",
-    ),
-    "2.11": AutocastLists(
-        "2.11",
-        _LOWER_PRECISION,
-        tuple(op for op in _FP32_213 if op != "rms_norm"),
-        _FP32_SET_OPT_DTYPE,
-        _FP32_APPEND_DTYPE,
-        _PROMOTE,
-        f"{_HEADER_213} without rms_norm on the float32 list (moved there in 2.12)",
-    ),
-}
+def _load_lists() -> dict[str, AutocastLists]:
+    """The versions of ``autocast_lists.json`` (package data): an entry derived from another
+    (``like``) is that entry's lists less its ``remove``."""
+    raw = json.loads(resources.files(__package__).joinpath("autocast_lists.json").read_text())
+    out: dict[str, AutocastLists] = {}
+    for version, entry in raw["versions"].items():
+        lists = {k: v for k, v in entry.items() if k not in ("like", "remove", "source")}
+        if "like" in entry:
+            base = out[entry["like"]]
+            lists = {k: getattr(base, k) for k in _POLICY_FIELDS} | lists
+        for policy, names in entry.get("remove", {}).items():
+            lists[policy] = [n for n in lists[policy] if n not in names]
+        out[version] = AutocastLists(
+            version,
+            **{k: dict(v) if k == "fp32_append_dtype" else tuple(v) for k, v in lists.items()},
+            source=entry["source"],
+        )
+    return out
+
+
+_POLICY_FIELDS = ("lower_precision", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote")
+POLICIES = _load_lists()
 
 
 class UnknownTorchVersion(ValueError):
@@ -266,8 +95,8 @@ def lists_for(torch_version: str) -> AutocastLists:
         raise UnknownTorchVersion(
             f"no CUDA autocast table for PyTorch {torch_version!r}; known: "
             f"{', '.join(sorted(POLICIES))}. Name one of these (e.g. in the platform profile's "
-            "torch_version) or add the version's lists to heptstudy.estimate."
-            "autocast_policy.POLICIES"
+            "torch_version) or add the version's lists, read from its "
+            "aten/src/ATen/autocast_mode.h, to heptstudy/estimate/autocast_lists.json"
         )
     return POLICIES[key]
 
@@ -427,6 +256,13 @@ def target_autocast(
 
 
 def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
+    # CPU autocast's kernels of the target's lower-precision ops stay: CPU registers these ops
+    # only on its own lower-precision list, and its kernel casts with ``cached_cast`` exactly as
+    # CUDA's does (cache and its clearing included). Python kernels cast the other ops without
+    # the cache (it keeps only float32 leaves that require grad: parameters, which these ops
+    # rarely take).
+    cpu_ops = _cpu_autocast_ops()
+    cpu_set = set(cpu_ops)
     listed: set[str] = set()
     for policy in ("lower_precision", "fp32", "fp32_set_opt_dtype", "promote"):
         for name in getattr(lists, policy):
@@ -434,7 +270,7 @@ def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
             if op is None:
                 emu.missing.append(name)
                 continue
-            if policy == "lower_precision" and name in CPU_LOWER_PRECISION:
+            if policy == "lower_precision" and op._schema.name + _suffix(op) in cpu_set:
                 emu.kept_cpu.append(name)
                 listed.add(op._schema.name + _suffix(op))
                 continue
@@ -454,7 +290,7 @@ def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
         lib.impl(name, kernel, AUTOCAST_KEY)
         emu.registered[name] = "fp32_append_dtype"
         listed.add(op._schema.name + _suffix(op))
-    for qualified in _cpu_autocast_ops():
+    for qualified in cpu_ops:
         if qualified not in listed:
             lib.impl(qualified[len("aten::") :], torch.library.fallthrough_kernel, AUTOCAST_KEY)
             emu.fallthrough.append(qualified)

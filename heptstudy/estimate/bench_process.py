@@ -30,10 +30,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from heptstudy.errors import HeptstudyError
-from heptstudy.estimate.caching_allocator import CachingAllocator
+from heptstudy.estimate.caching_allocator import AllocatorPeaks, CachingAllocator
 from heptstudy.meters.allocation_trace import StepTrace
-
-MIB = 1024**2
+from heptstudy.units import MIB
 
 #: Two cuBLAS workspaces of 32 MiB each: an assumption (see the module docstring).
 CUBLAS_WORKSPACES = (32 * MIB, 32 * MIB)
@@ -47,33 +46,16 @@ ASSUMPTIONS = (
 
 
 @dataclass(frozen=True)
-class StepPeaks:
-    """One step's peaks in bytes, between the meter's reset and its read."""
-
-    step: int
-    peak_allocated: int
-    peak_reserved: int
-
-    @property
-    def peak_allocated_mib(self) -> float:
-        return self.peak_allocated / MIB
-
-    @property
-    def peak_reserved_mib(self) -> float:
-        return self.peak_reserved / MIB
-
-
-@dataclass(frozen=True)
 class BenchProcessPeaks:
     """Per-step peaks of the memory pass, native and with expandable segments."""
 
-    native: list[StepPeaks]
-    expandable: list[StepPeaks]
+    native: list[AllocatorPeaks]
+    expandable: list[AllocatorPeaks]
     warmup: int
     ignored_frees: int
     assumptions: tuple[str, ...] = field(default=ASSUMPTIONS)
 
-    def counted(self, mode: Literal["native", "expandable"]) -> list[StepPeaks]:
+    def counted(self, mode: Literal["native", "expandable"]) -> list[AllocatorPeaks]:
         steps = self.native if mode == "native" else self.expandable
         return steps[self.warmup :] or steps
 
@@ -191,7 +173,7 @@ class _Process:
             self.alloc.malloc(self._next, nbytes)
         self.alloc.reset_peak()
         self._replay(trace.events, resident, names)
-        peaks = (self.alloc.peak_allocated, self.alloc.peak_reserved)
+        peaks = self.alloc.peaks()  # what the meter reads at the step's end
         grads = [names.pop(b) for b in sorted(trace.gradient_ids) if b in names]
         for block in list(names):  # outputs, losses: gone before the update
             self.alloc.free(names.pop(block))
@@ -213,7 +195,7 @@ class _Process:
         for batch in batches:
             for nbytes in batch:
                 self._new(nbytes)
-        out: list[StepPeaks] = []
+        out: list[AllocatorPeaks] = []
         for n_pass in range(2 if passes == "both" else 1):
             params = [self._new(n) for n in parameters]
             if n_pass == 0:
@@ -223,8 +205,7 @@ class _Process:
             out = []
             for i, trace in enumerate(steps):
                 update = update_traces[i] if update_traces is not None else None
-                a, r = self._step(trace, update, state, first=i == 0)
-                out.append(StepPeaks(i, a, r))
+                out.append(self._step(trace, update, state, first=i == 0))
             for block in params + state:
                 self.alloc.free(block)
         return out
@@ -243,7 +224,6 @@ __all__ = [
     "ASSUMPTIONS",
     "CUBLAS_WORKSPACES",
     "BenchProcessPeaks",
-    "StepPeaks",
     "simulate_bench_process",
     "simulate_repeated_step",
 ]

@@ -42,9 +42,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from heptstudy.errors import HeptstudyError
+from heptstudy.units import MIB
 
 KIB = 1024
-MIB = 1024**2
 
 MIN_BLOCK = 512  # kMinBlockSize: every request is rounded up to a multiple of this
 SMALL_SIZE = 1 * MIB  # kSmallSize: requests up to this size use the small pool
@@ -93,7 +93,8 @@ class _Block:
 
 @dataclass(frozen=True)
 class AllocatorPeaks:
-    """Bytes at the end of a replay and the peaks since the last ``reset_peak``."""
+    """Bytes held now (at the end of a replay, a step) and the peaks since the last
+    ``reset_peak``."""
 
     allocated: int
     reserved: int

@@ -280,19 +280,22 @@ def _is_hits(config: Config) -> bool:
     return config.model.variant == HIT_VARIANT
 
 
-def estimation_batches(lengths, per_device_batch: int, seed: int = 0) -> list[list[int]]:
-    """Events of the batches the estimated model is fitted on: at B/4, B/2 and B events, a
-    random batch and the B longest events (so the fit spans batch sizes and the whole range of
-    longest padded events)."""
+def fit_batches(lengths, sizes, seed: int, random_at=None) -> list[list[int]]:
+    """Events (sorted indices) of the batches a memory model is fitted on: for each batch size of
+    ``sizes`` in turn a random batch (only at the sizes of ``random_at``, default all) and its
+    longest events, so that the fit spans batch sizes and the whole range of longest padded
+    events. The estimated model (:func:`estimate_memory_model`) takes B/4, B/2 and B events, a
+    random and the longest batch of each; auto's calibration
+    (:func:`heptstudy.estimate.plans.calibrate`) a random and the longest of B and the longest of
+    B/2."""
     lengths = np.asarray(lengths)
     rng = np.random.default_rng(seed)
     order = np.argsort(-lengths, kind="stable")
     out = []
-    for b in sorted(
-        {max(1, per_device_batch // 4), max(1, per_device_batch // 2), per_device_batch}
-    ):
+    for b in sizes:
         b = min(b, len(lengths))
-        out.append(sorted(rng.choice(len(lengths), size=b, replace=False).tolist()))
+        if random_at is None or b in random_at:
+            out.append(sorted(rng.choice(len(lengths), size=b, replace=False).tolist()))
         out.append(sorted(order[:b].tolist()))
     return out
 
@@ -305,13 +308,13 @@ def estimate_memory_model(
     torch_version: str | None = None,
 ):
     """An *estimated* memory model of ``config`` for a platform of ``device_kind``: fake-device
-    steps on real events of the configured data set (see :func:`estimation_batches`), fitted
+    steps on real events of the configured data set (see :func:`fit_batches`), fitted
     like measurements. GPU platforms (``cuda``, ``rocm``) get the target-faithful step with the
     autocast lists of ``torch_version`` (the platform's; default :data:`DEFAULT_TORCH_VERSION`).
     Its ``source_detail`` says so."""
+    from heptstudy import fingerprint as code_fingerprint
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
-    from heptstudy.estimate import code_fingerprint
     from heptstudy.estimate.bench_process import simulate_repeated_step
     from heptstudy.estimate.keys import model_key
     from heptstudy.estimate.memory_model import Point, fit_points
@@ -325,7 +328,8 @@ def estimate_memory_model(
     gpu = device_kind in ("cuda", "rocm")
     version = (torch_version or DEFAULT_TORCH_VERSION) if gpu else None
     dev = "cpu" if gpu else fake_device_type()
-    for idx in estimation_batches(lengths, per_device_batch, seed=config.train.seed):
+    sizes = sorted({max(1, per_device_batch // 4), max(1, per_device_batch // 2), per_device_batch})
+    for idx in fit_batches(lengths, sizes, config.train.seed):
         est = estimate_step(
             config,
             load_events(config, idx, "train"),
@@ -408,6 +412,6 @@ __all__ = [
     "FakeStepEstimate",
     "estimate_memory_model",
     "estimate_step",
-    "estimation_batches",
+    "fit_batches",
     "fake_device_type",
 ]

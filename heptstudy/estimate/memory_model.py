@@ -213,7 +213,7 @@ class MemoryModel:
     #: estimated GPU models: reserved with the allocator's expandable segments (never measured)
     reserved_expandable: ReservedFit | None = None
     reserved_expandable_points: list[Point] = field(default_factory=list)
-    #: what code the model was made from (heptstudy.estimate.code_fingerprint)
+    #: what code the model was made from (heptstudy.fingerprint)
     fingerprint: dict[str, Any] | None = None
 
     def predict_allocated_mib(self, batch_size, longest_padded):

@@ -13,7 +13,10 @@ from collections.abc import Sequence
 import torch
 
 from heptstudy.config import Config, PlatformConfig
+from heptstudy.data import load_events
+from heptstudy.data.batching import dataset_for
 from heptstudy.errors import ConfigError
+from heptstudy.estimate.fake_step import fit_batches
 from heptstudy.model.adaptive_checkpointing import (
     Plan,
     PlanPredictor,
@@ -56,21 +59,13 @@ def memory_budget_mib(
 
 def calibration_batches(config: Config, per_device_batch: int) -> list[dict[str, torch.Tensor]]:
     """Real training events the plans' models are fitted on: a random and the longest batch of
-    B events, and the longest of B/2 (two batch sizes and the whole range of longest events,
-    in three fake steps per plan; :func:`heptstudy.estimate.fake_step.estimation_batches` takes six)."""
-    import numpy as np
-
-    from heptstudy.data import load_events
-    from heptstudy.data.batching import dataset_for
-
-    lengths = np.asarray(dataset_for(config, "train").lengths())
+    B events, and the longest of B/2 (two batch sizes and the whole range of longest events, in
+    three fake steps per plan)."""
+    lengths = dataset_for(config, "train").lengths()
     b = min(per_device_batch, len(lengths))
-    longest = np.argsort(-lengths, kind="stable")
-    rng = np.random.default_rng(config.train.seed)
-    picks = [rng.choice(len(lengths), size=b, replace=False), longest[:b]]
-    if b > 1:
-        picks.append(longest[: b // 2])
-    return [load_events(config, sorted(int(i) for i in idx), "train") for idx in picks]
+    sizes = [b, b // 2] if b > 1 else [b]
+    picks = fit_batches(lengths, sizes, config.train.seed, random_at={b})
+    return [load_events(config, idx, "train") for idx in picks]
 
 
 def calibrate(

@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 import yaml
 
+from heptstudy import fingerprint as code_fingerprint
 from heptstudy.committed import repository_of
 from heptstudy.errors import HeptstudyError
-from heptstudy.estimate import code_fingerprint
 from heptstudy.paths import base_dir, git, resolve_in_repo
 from heptstudy.units import MIB
 

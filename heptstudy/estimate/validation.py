@@ -9,7 +9,7 @@ storage tracker's peak, which the fake step gives; its "reserved" (resident set)
 
 The code a report measured: the commit it records (``environment.git_commit``; not one with
 uncommitted changes, ``git_dirty``), or the one given (``code``: a commit, or ``"running"``).
-When that commit's ``model`` and ``step`` parts (:mod:`~heptstudy.estimate.code_fingerprint`)
+When that commit's ``model`` and ``step`` parts (:mod:`~heptstudy.fingerprint`)
 are byte for byte the running code's, the report is estimated here by
 :func:`~heptstudy.estimate.fake_step.estimate_step`. Otherwise the commit's package is copied
 out of git under another name (imports renamed, so that it can share a process with this one)
@@ -43,10 +43,10 @@ from heptstudy.atomic import atomic_write_text
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.autocast_policy import target_autocast
 from heptstudy.estimate.bench_process import simulate_bench_process
-from heptstudy.estimate.code_fingerprint import ROOT, commit_reasons
 from heptstudy.estimate.fake_step import estimate_step
 from heptstudy.estimate.kernel_scratch import scratch_bytes
 from heptstudy.estimate.kernel_stand_ins import target_kernels
+from heptstudy.fingerprint import ROOT, commit_reasons
 from heptstudy.meters.allocation_trace import TracingMemoryMeter
 from heptstudy.paths import git
 from heptstudy.units import MIB

@@ -20,11 +20,11 @@ from heptstudy.estimate.plans import DEFAULT_MARGIN_FRACTION
 from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, peak_mib
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
+from heptstudy.paths import ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = "cld_pf_heptv2_batch512_50k"
 DEFAULT_VARIANT = "hit_heptv2_grouped_tracker_features"
-FITS_DIR = REPO_ROOT / "configs" / "fit"
+FITS_DIR = ROOT / "configs" / "fit"
 
 
 def repo_path(path: str | Path) -> Path:
@@ -33,7 +33,7 @@ def repo_path(path: str | Path) -> Path:
     p = Path(path).expanduser()
     if p.exists() or p.is_absolute():
         return p
-    in_repo = REPO_ROOT / p
+    in_repo = ROOT / p
     return in_repo if in_repo.exists() else p
 
 
@@ -296,7 +296,7 @@ def fit(request: FitRequest) -> FitResult | None:
 
 def _reports_code_note(model: MemoryModel) -> str:
     """Whether the reports a measured model was just fitted from measured the code that runs."""
-    from heptstudy.estimate.code_fingerprint import commit_reasons
+    from heptstudy.fingerprint import commit_reasons
 
     commits = model.provenance.get("git_commits") or []
     if len(commits) != 1:

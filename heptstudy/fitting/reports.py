@@ -15,7 +15,6 @@ reserved point sits at the longest padded event of *every step so far* in that p
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,7 +187,7 @@ def save_measured_models(
     Each model carries the fingerprint of the code its reports measured: that of git commit
     ``code_commit`` when given (reports measured on a copy whose own commit this repository does
     not hold), else of the one commit the reports name."""
-    from heptstudy.estimate import code_fingerprint
+    from heptstudy import fingerprint as code_fingerprint
 
     models, rejected = fit_reports(paths)
     written = []
@@ -210,7 +209,7 @@ def save_measured_models(
             m.fingerprint = code_fingerprint.make(
                 "measured", m.key, torch_version=torch_versions[0], commit=commit
             )
-        except (OSError, subprocess.SubprocessError) as err:
+        except code_fingerprint.CommitUnreadable as err:
             raise FitError(
                 f"cannot read the code of commit {commit!r} with git "
                 f"({str(err).splitlines()[0] if str(err) else type(err).__name__}); the "

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heptstudy.estimate.code_fingerprint import REGENERATE, stale_reasons
 from heptstudy.estimate.keys import mismatches
 from heptstudy.estimate.memory_model import FitError, MemoryModel
+from heptstudy.fingerprint import REGENERATE, stale_reasons
 from heptstudy.fitting.reports import Rejected, fit_reports
 
 #: A model that differs from the configuration only in these settings is shown beside the

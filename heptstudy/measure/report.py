@@ -21,7 +21,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from heptstudy.atomic import atomic_write_text, write_text_or_keep
-from heptstudy.errors import HeptstudyError
+from heptstudy.errors import HeptstudyError, describe_invalid
 from heptstudy.paths import git
 from heptstudy.units import MIB
 
@@ -309,7 +309,7 @@ class BenchReport(_Strict):
     parity: Parity | None = None
     memory_categories: list[MemoryCategories] | None = None
     notes: list[str] = Field(default_factory=list)
-    # what the study runner measured this run as (heptstudy.study.fingerprint): a study resumes
+    # what the study runner measured this run as (heptstudy.study.resume): a study resumes
     # the run only while the fingerprint of the run is the same
     fingerprint: str | None = None
 
@@ -329,23 +329,6 @@ class BenchReport(_Strict):
 # --------------------------------------------------------------------------------------------
 # Writing and reading
 # --------------------------------------------------------------------------------------------
-
-
-def _describe(err: ValidationError, path: str | os.PathLike) -> str:
-    lines = [f"{path}: not a valid heptstudy report (schema {SCHEMA_VERSION}):"]
-    for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "missing":
-            lines.append(f"  {field}: required field is missing")
-        elif e["type"] == "extra_forbidden":
-            lines.append(f"  {field}: unknown field (value {short_repr(e.get('input'))})")
-        elif e["type"] == "value_error":
-            lines.append(f"  {field}: {msg}")
-        else:
-            lines.append(f"  {field}: {msg.lower()}, got {short_repr(e.get('input'))}")
-    lines.append("regenerate the report with `heptstudy bench` or fix the field named above")
-    return "\n".join(lines)
 
 
 def short_repr(value: Any, limit: int = 80) -> str:
@@ -375,7 +358,15 @@ def validate_report(
     try:
         return BenchReport.model_validate(data)
     except ValidationError as err:
-        raise ReportError(_describe(err, source)) from None
+        raise ReportError(
+            describe_invalid(
+                err,
+                noun="field",
+                header=f"{source}: not a valid heptstudy report (schema {SCHEMA_VERSION}):",
+                footer="regenerate the report with `heptstudy bench` or fix the field named above",
+                show=short_repr,
+            )
+        ) from None
 
 
 def _serialise(report: BenchReport) -> str:

@@ -54,7 +54,7 @@ from heptstudy.config import (
     load_platform,
     parse_checkpointing,
 )
-from heptstudy.errors import ConfigError
+from heptstudy.errors import ConfigError, describe_invalid
 from heptstudy.model.checkpoint_plan import NAMED
 
 #: The allowed values come from the configuration schema itself.
@@ -399,20 +399,7 @@ NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
 
 def describe_errors(err: ValidationError, known: list[str]) -> str:
     """One line per bad parameter: the name, the value, what is allowed."""
-    lines = []
-    for e in err.errors():
-        name = ".".join(str(p) for p in e["loc"])
-        value = e.get("input")
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            near = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            lines.append(f"unknown parameter {name}={value!r}{hint} (known: {', '.join(known)})")
-        elif not name:  # a check across parameters
-            lines.append(msg)
-        else:
-            lines.append(f"parameter {name}={value!r} is not allowed: {msg}")
-    return "\n".join(lines)
+    return describe_invalid(err, noun="parameter", known=known, list_known=True)
 
 
 def injected_parameters(history: Any) -> set[str] | None:

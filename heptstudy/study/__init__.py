@@ -6,7 +6,7 @@
 * :mod:`~heptstudy.study.runner`: :func:`run_study`, one Papermill execution per run and
   round, failure reports, ``aggregate.ipynb`` and ``report.html``;
   :mod:`~heptstudy.study.schedule` (rounds of fresh processes), :mod:`~heptstudy.study.outputs`
-  (where a study writes, replacing without losing), :mod:`~heptstudy.study.fingerprint` (when a
+  (where a study writes, replacing without losing), :mod:`~heptstudy.study.resume` (when a
   report may be resumed).
 * :mod:`~heptstudy.study.frames` and :mod:`~heptstudy.study.tables`: pandas frames and report
   tables of an experiments directory; :mod:`~heptstudy.study.policies`: checkpointing policies
@@ -24,7 +24,6 @@ from heptstudy.study.common import (
     PARITY,
     StudyError,
     at_project_root,
-    project_root,
 )
 from heptstudy.study.fits import (
     auto_predictions,
@@ -126,7 +125,6 @@ __all__ = [
     "memory_frame",
     "optional_fit_figure",
     "parity_frame",
-    "project_root",
     "read_metrics",
     "render_html",
     "reports_frame",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure.request import MEMORY, PARITY
+from heptstudy.paths import ROOT
 
 #: Memory measurements of a matrix run ``memory.ipynb``; parity runs ``parity.ipynb``.
 NOTEBOOKS = {MEMORY: "memory.ipynb", PARITY: "parity.ipynb"}
@@ -16,17 +17,11 @@ class StudyError(HeptstudyError):
     """A study matrix, experiments directory or rendering step is unusable."""
 
 
-def project_root() -> Path:
-    """The checkout holding this package (``configs/`` and ``notebooks/`` live there)."""
-    return Path(__file__).resolve().parents[2]
-
-
 def at_project_root() -> Path:
     """In JupyterLab the kernel starts in ``notebooks/``; move to the project root so that the
     relative paths of the study (``data/tfds``, ``experiments/``, ``figures/``) mean the same as
     on the command line. Anywhere else the working directory is left alone."""
     cwd = Path.cwd().resolve()
-    root = project_root()
-    if cwd == root / "notebooks":
-        os.chdir(root)
+    if cwd == ROOT / "notebooks":
+        os.chdir(ROOT)
     return Path.cwd()

@@ -22,7 +22,8 @@ from pathlib import Path
 from heptstudy.atomic import folder_write_problem
 from heptstudy.committed import LOCAL_FOLDERS, RESULT_TOPS, committed_place, refuse_committed
 from heptstudy.names import is_name
-from heptstudy.study.common import StudyError, project_root
+from heptstudy.paths import ROOT
+from heptstudy.study.common import StudyError
 
 #: The user's own studies and figures: never committed (see .gitignore).
 LOCAL = Path("experiments/local")
@@ -49,7 +50,7 @@ def shown(path: str | os.PathLike | None) -> str | None:
     if path is None:
         return None
     p = Path(path)
-    root = project_root()
+    root = ROOT
     try:
         resolved = p.resolve() if p.is_absolute() else (root / p).resolve()
         return str(resolved.relative_to(root.resolve()))
@@ -61,7 +62,7 @@ def default_study_dir() -> Path:
     """``experiments/local/<host>-<YYYYMMDD>`` in the repository."""
     host = re.sub(r"[^A-Za-z0-9_.-]+", "-", socket.gethostname()) or "host"
     day = datetime.now(timezone.utc).strftime("%Y%m%d")
-    return project_root() / LOCAL / f"{host}-{day}"
+    return ROOT / LOCAL / f"{host}-{day}"
 
 
 def default_figures(out: Path) -> Path:
@@ -91,7 +92,7 @@ def study_folders(
                 f"--reference {reference} writes experiments/{reference} and figures/{reference}; "
                 "leave out --out and --figures"
             )
-        root = project_root()
+        root = ROOT
         return StudyFolders(
             root / "experiments" / reference, root / "figures" / reference, reference
         )

@@ -8,7 +8,7 @@ executes ``notebooks/memory.ipynb`` or ``notebooks/parity.ipynb`` once per run a
 of the run's platform itself (:mod:`heptstudy.meters.allocator`), and a run with ``allocator:
 default`` starts its kernel without any allocator variable; the executed notebooks are kept. A run whose
 report exists is resumed (not measured again) only when the report carries the run's
-fingerprint (:mod:`~heptstudy.study.fingerprint`: same machine, code, request, configuration,
+fingerprint (:mod:`~heptstudy.study.resume`: same machine, code, request, configuration,
 data and allocator) and holds a result; anything else is measured again, and ``force`` measures
 everything again. A new result is written next to the old one and the old one is moved to
 ``superseded/`` only once the new one exists (:mod:`~heptstudy.study.outputs`). A run that runs
@@ -32,7 +32,8 @@ from heptstudy.atomic import atomic_path, atomic_write_text
 from heptstudy.errors import HeptstudyError
 from heptstudy.locks import holding
 from heptstudy.names import inside
-from heptstudy.study.common import NOTEBOOKS, StudyError, project_root
+from heptstudy.paths import ROOT
+from heptstudy.study.common import NOTEBOOKS, StudyError
 from heptstudy.study.matrix import Matrix, Run, load_matrix
 from heptstudy.study.outputs import (
     PENDING,
@@ -43,6 +44,7 @@ from heptstudy.study.outputs import (
     shown,
     study_folders,
 )
+from heptstudy.study.resume import fingerprint, resumable, run_identity, stamp
 from heptstudy.study.schedule import DEFAULT, Execution, schedule
 
 
@@ -194,7 +196,6 @@ def prepare(matrix: Matrix) -> list[Prepared]:
     the configuration, the data set and the events each run needs. One :class:`StudyError`
     names every run that cannot be measured, before anything runs."""
     from heptstudy.measure.bench import check_enough_events
-    from heptstudy.study.fingerprint import fingerprint, run_identity
 
     prepared, problems, checked = [], {}, set()
     for ex in schedule(matrix.runs):
@@ -204,7 +205,7 @@ def prepare(matrix: Matrix) -> list[Prepared]:
             # resolved where its kernel will resolve it (the kernel starts in the repository):
             # a working-directory path of the configuration (train.out_dir) is then the same
             # in the run's identity and in its report, wherever `study run` was started
-            with _working_directory(project_root()):
+            with _working_directory(ROOT):
                 m = ex.run.request(progress=False, parameters=ex.parameters).resolve()
             if ex.name not in checked:
                 checked.add(ex.name)
@@ -241,53 +242,6 @@ def _kernel_started_with(allocator: dict[str, str] | None):
         os.environ.update(saved)
 
 
-def _resumable(path: Path, prep: Prepared) -> tuple[bool, str]:
-    """Whether the report at ``path`` is this run's result (resume it), and why (not): it
-    holds a result, carries the run's fingerprint and says it measured what the run asks."""
-    from heptstudy.measure.report import ReportError, read_report
-    from heptstudy.study.fingerprint import mismatches
-
-    try:
-        report = read_report(path)
-    except ReportError:
-        return False, "its report cannot be read: measuring again"
-    stored = report.fingerprint
-    if report.status == "error":
-        return False, "its report is an error: measuring again"
-    host = report.environment.hostname
-    if stored is None:
-        return False, (
-            f"its report (measured on {host}) has no fingerprint of this study: measuring again"
-        )
-    differs = mismatches(report, prep.identity)
-    if stored != prep.fingerprint or differs:
-        detail = f" ({differs[0]})" if differs else ""
-        return False, (
-            f"its report (measured on {host}) was measured with another machine, code, "
-            f"configuration, data or allocator{detail}: measuring again"
-        )
-    return True, f"resumed: report with the same fingerprint ({report.status})"
-
-
-def _stamp(path: Path, prep: Prepared) -> str:
-    """Write the run's fingerprint into its new report, when the report says it measured what
-    the run asked for; else leave it without one (it will not be resumed) and say why."""
-    from heptstudy.measure.report import ReportError, read_report, write_report
-    from heptstudy.study.fingerprint import mismatches
-
-    try:
-        report = read_report(path)
-    except ReportError as err:
-        return f"report unreadable: {str(err).splitlines()[0]}"
-    if report.status == "error":
-        return ""
-    differs = mismatches(report, prep.identity)
-    if differs:
-        return "not resumable, the report differs from the run: " + "; ".join(differs)
-    write_report(report.model_copy(update={"fingerprint": prep.fingerprint}), path)
-    return ""
-
-
 def run_one(
     prep: Prepared,
     out: Path,
@@ -306,7 +260,7 @@ def run_one(
     result = dict(round=ex.round, allocator=ex.allocator, label=ex.label)
     why = ""
     if final.exists() and not force:
-        resume, why = _resumable(final, prep)
+        resume, why = resumable(final, prep.fingerprint, prep.identity)
         if resume:
             return RunResult(ex.name, "skipped", final, nb_final, message=why, **result)
     elif final.exists():
@@ -317,14 +271,14 @@ def run_one(
     nb_pending.parent.mkdir(parents=True, exist_ok=True)
     pending.parent.mkdir(parents=True, exist_ok=True)
     parameters = {**ex.parameters, "output": shown(pending)}
-    notebook = project_root() / "notebooks" / NOTEBOOKS[ex.run.notebook]
+    notebook = ROOT / "notebooks" / NOTEBOOKS[ex.run.notebook]
     t0 = time.perf_counter()
     message, failure = why, None
     try:
         # no allocator variable for ``allocator: default``; otherwise the kernel inherits this
         # process's environment, since the measurement applies its settings itself
         with _kernel_started_with({} if ex.allocator == DEFAULT else None):
-            _papermill(notebook, nb_pending, parameters, timeout, project_root())
+            _papermill(notebook, nb_pending, parameters, timeout, ROOT)
     except Exception as err:  # noqa: BLE001 - an OOM or a dead kernel is a result, not a crash
         failure = err
         if pending.exists():  # the notebook wrote its report, then something later failed
@@ -336,7 +290,7 @@ def run_one(
         _, text = _failure_report(ex.run, pending, failure, measurement=measurement)
         message = text.splitlines()[0][:200]
     seconds = time.perf_counter() - t0
-    note = _stamp(pending, prep)
+    note = stamp(pending, prep.fingerprint, prep.identity)
     status = read_report(pending).status
     replace_with_pending(pending, final, superseded)
     if nb_pending.exists():
@@ -453,8 +407,8 @@ def aggregate_study(
         "notes": list(matrix.notes) if matrix else [],
     }
     before = _aggregate_outputs(out, figures)
-    notebook = project_root() / "notebooks" / "aggregate.ipynb"
-    _papermill(notebook, executed, parameters, timeout, project_root())
+    notebook = ROOT / "notebooks" / "aggregate.ipynb"
+    _papermill(notebook, executed, parameters, timeout, ROOT)
     html = render_html(executed, out / "report.html")
     _move_aside_unwritten(out, before)
     return html

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from heptstudy.paths import ROOT
+
 #: Columns that count something: shown as integers, never as ``2.0``.
 _COUNTS = (
     "batch",
@@ -180,9 +182,7 @@ def categories_table(categories) -> Any:
 def predictions_table(predictions) -> Any:
     """:func:`~heptstudy.study.fits.platform_predictions`'s table as shown: no index column and
     no absolute path of the producing machine (paths inside the repository made relative)."""
-    from heptstudy.study.common import project_root
-
-    roots = {str(project_root()) + "/", str(project_root().resolve()) + "/"}
+    roots = {str(ROOT) + "/"}
 
     def relative(value):
         if not isinstance(value, str):

@@ -1,6 +1,10 @@
-"""Which code a stored memory model was made from, and in words what changed since.
+"""Fingerprints: which code a result was made from, and in words what changed since.
 
-A fingerprint holds a sha256 per *part* of the code that decides a step's memory:
+* :func:`digest`: the hash of a JSON value (a study run's identity, :mod:`heptstudy.study.resume`);
+* :func:`code_state`: the checkout's commit and a hash of its uncommitted changes;
+* :func:`make`, :func:`stale_reasons`: the code fingerprint of a stored memory model.
+
+A code fingerprint holds a sha256 per *part* of the code that decides a step's memory:
 
 * ``model``: the network (every module of ``heptstudy/model/``);
 * ``step``: the training step, its losses and the optimizer (``train/step.py``, ``losses.py``,
@@ -17,14 +21,51 @@ models measured on a GPU at an older commit, from that commit with ``git show``.
 from __future__ import annotations
 
 import hashlib
-import subprocess
+import json
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from heptstudy.errors import HeptstudyError
+from heptstudy.paths import ROOT, git, git_bytes
+
 SCHEMA = "heptstudy.codefp/1"
+
+
+def canonical(value: Any) -> Any:
+    """JSON's view of ``value`` (tuples as lists, keys as strings), so both sides compare alike."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def digest(value: Any) -> str:
+    """The sha256 (hex) of ``value``'s canonical JSON."""
+    return hashlib.sha256(json.dumps(canonical(value), sort_keys=True).encode()).hexdigest()
+
+
+_CODE = (":(top)heptstudy", ":(top)notebooks", ":(top)configs", ":(top)pyproject.toml")
+
+
+@lru_cache(maxsize=1)
+def code_state() -> dict[str, Any]:
+    """The commit, and a hash of what differs from it in the package, notebooks and
+    configurations (None when clean)."""
+    commit = git("rev-parse", "HEAD", cwd=ROOT)
+    if commit is None:
+        return {"git_commit": None, "changes": None}
+    diff = git("diff", "HEAD", "--", *_CODE, cwd=ROOT) or ""
+    new = (git("ls-files", "--others", "--exclude-standard", "--", *_CODE, cwd=ROOT) or "").split()
+    h = hashlib.sha256(diff.encode())
+    for name in sorted(new):
+        try:
+            h.update(name.encode() + b"\0" + (ROOT / name).read_bytes())
+        except OSError:
+            h.update(name.encode() + b"\0<unreadable>")
+    changed = bool(diff or new)
+    return {"git_commit": commit.strip(), "changes": h.hexdigest()[:20] if changed else None}
+
 
 #: The parts and the files each one covers, from the repository root: a folder (ending in "/")
 #: covers every ``.py`` file below it, sub-folders included.
@@ -53,7 +94,6 @@ PART_WORDS = {
 #: plans, this file): editing them leaves every estimated model valid.
 NOT_ESTIMATE = (
     "heptstudy/estimate/__init__.py",
-    "heptstudy/estimate/code_fingerprint.py",
     "heptstudy/estimate/keys.py",
     "heptstudy/estimate/memory_model.py",
     "heptstudy/estimate/plans.py",
@@ -62,8 +102,6 @@ NOT_ESTIMATE = (
 )
 #: The parts each kind of model depends on: a measured model does not depend on the estimator.
 PARTS_OF = {"measured": ("model", "step"), "estimated": ("model", "step", "estimate")}
-
-ROOT = Path(__file__).resolve().parents[2]
 
 #: The regeneration commands, said whenever a stored model is refused.
 REGENERATE = {
@@ -100,10 +138,15 @@ def part_hashes(parts: Iterable[str] = tuple(PARTS), root: Path = ROOT) -> dict[
     return {p: _hash(_files_of(p, names), lambda n: (root / n).read_bytes()) for p in parts}
 
 
+class CommitUnreadable(HeptstudyError):
+    """git cannot read a commit's code here (no git, no checkout, no such commit)."""
+
+
 def _git(*args: str) -> bytes:
-    return subprocess.run(
-        ["git", *args], cwd=ROOT, capture_output=True, check=True, timeout=60
-    ).stdout
+    out = git_bytes(*args)
+    if out is None:
+        raise CommitUnreadable(f"git {' '.join(args)} failed in {ROOT}")
+    return out
 
 
 def part_hashes_at(commit: str, parts: Iterable[str] = tuple(PARTS)) -> dict[str, str]:
@@ -169,14 +212,16 @@ def commit_reasons(commit: str, source: str = "measured") -> list[str] | None:
     parts = PARTS_OF[source]
     try:
         then = part_hashes_at(commit, parts)
-    except (OSError, subprocess.SubprocessError):
+    except CommitUnreadable:
         return None
     now = part_hashes(parts)
     return [f"{PART_WORDS[p]} changed" for p in parts if then[p] != now[p]]
 
 
 __all__ = [
+    "code_state",
     "commit_reasons",
+    "digest",
     "PARTS",
     "REGENERATE",
     "make",

@@ -12,63 +12,43 @@ the same fingerprint as the run has now: a hash of
 * the allocator settings its measurement applies (none: what its process is started with).
 
 The runner writes the fingerprint into a report after checking that the report itself says the
-same about what it measured (:func:`mismatches`); a report without a fingerprint (one measured
-elsewhere, or before fingerprints) is never resumed.
+same about what it measured (:func:`stamp`); a report without a fingerprint (one measured
+elsewhere, or before fingerprints) is never resumed (:func:`resumable`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import platform
 import socket
 import subprocess
 import sys
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-from heptstudy.paths import git
-from heptstudy.study.common import project_root
+import torch
 
-
-def _canonical(value: Any) -> Any:
-    """JSON's view of ``value`` (tuples as lists, keys as strings), so both sides compare alike."""
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
+from heptstudy.data.tfds import parse_dataset
+from heptstudy.fingerprint import canonical, code_state, digest
+from heptstudy.measure.report import (
+    ReportError,
+    device_name,
+    read_report,
+    short_repr,
+    write_report,
+)
+from heptstudy.paths import resolve_in_repo
 
 
 def fingerprint(identity: dict[str, Any]) -> str:
-    text = json.dumps(_canonical(identity), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
-_CODE = (":(top)heptstudy", ":(top)notebooks", ":(top)configs", ":(top)pyproject.toml")
-
-
-@lru_cache(maxsize=1)
-def code_state() -> dict[str, Any]:
-    """The commit, and a hash of what differs from it in the code (None when clean)."""
-    root = project_root()
-    commit = git("rev-parse", "HEAD", cwd=root)
-    if commit is None:
-        return {"git_commit": None, "changes": None}
-    diff = git("diff", "HEAD", "--", *_CODE, cwd=root) or ""
-    new = (git("ls-files", "--others", "--exclude-standard", "--", *_CODE, cwd=root) or "").split()
-    h = hashlib.sha256(diff.encode())
-    for name in sorted(new):
-        try:
-            h.update(name.encode() + b"\0" + (root / name).read_bytes())
-        except OSError:
-            h.update(name.encode() + b"\0<unreadable>")
-    changed = bool(diff or new)
-    return {"git_commit": commit.strip(), "changes": h.hexdigest()[:20] if changed else None}
+    """The fingerprint a run of ``identity`` (:func:`run_identity`) stamps into its report."""
+    return digest(identity)[:20]
 
 
 @lru_cache(maxsize=4)
 def device_identity(kind: str) -> dict[str, Any]:
     """Host name, device kind and model. A GPU's name is read in a short child process, so that
     the runner holds no GPU context (it would take device memory from the measurements)."""
-    from heptstudy.measure.report import device_name
-
     name: str | None
     if kind == "cpu":
         name = device_name("cpu")
@@ -90,9 +70,6 @@ def device_identity(kind: str) -> dict[str, Any]:
 def data_identity(config) -> dict[str, Any]:
     """Name, size and modification time of every file of the data sets a run reads (every
     builder config, both splits' folder); a regenerated or replaced data set differs."""
-    from heptstudy.data.tfds import parse_dataset
-    from heptstudy.paths import resolve_in_repo
-
     d = config.data
     root = resolve_in_repo(d.data_dir)
     name, version = parse_dataset(d.dataset)
@@ -102,15 +79,12 @@ def data_identity(config) -> dict[str, Any]:
         for path in sorted(folder.glob("*")) if folder.is_dir() else []:
             st = path.stat()
             files.append([path.name, st.st_size, st.st_mtime_ns])
-    h = hashlib.sha256(json.dumps(files).encode()).hexdigest()[:20]
-    return {"data_dir": str(root), "dataset": d.dataset, "files": h}
+    return {"data_dir": str(root), "dataset": d.dataset, "files": digest(files)[:20]}
 
 
 def run_identity(m) -> dict[str, Any]:
     """What a run (its resolved :class:`~heptstudy.measure.request.Measurement`) measures now on
     this machine (see the module docstring)."""
-    import torch
-
     fields = m.request.model_dump(mode="json", exclude={"output", "progress"})
     return {
         "machine": device_identity(m.device.type),
@@ -127,8 +101,6 @@ def run_identity(m) -> dict[str, Any]:
 def mismatches(report, identity: dict[str, Any]) -> list[str]:
     """What a report says it measured that differs from ``identity`` (empty: it agrees). Only
     what a report records is compared; a failure report's missing figures are not a mismatch."""
-    from heptstudy.measure.report import short_repr
-
     env = report.environment
     machine = identity["machine"]
     request = identity["request"]
@@ -138,7 +110,7 @@ def mismatches(report, identity: dict[str, Any]) -> list[str]:
         "PyTorch": (env.torch_version, identity["torch"]),
         "kind": (report.kind, request.get("kind")),
         "batch size": (report.batch_size, request.get("batch_size")),
-        "configuration": (_canonical(report.config), _canonical(identity["config"])),
+        "configuration": (canonical(report.config), canonical(identity["config"])),
     }
     if machine["device_name"] is not None:
         found["device"] = (env.device_name, machine["device_name"])
@@ -157,3 +129,44 @@ def mismatches(report, identity: dict[str, Any]) -> list[str]:
         for what, (got, want) in found.items()
         if got != want
     ]
+
+
+def resumable(path: Path, fingerprint: str, identity: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the report at ``path`` is this run's result (resume it), and why (not): it
+    holds a result, carries the run's fingerprint and says it measured what the run asks."""
+    try:
+        report = read_report(path)
+    except ReportError:
+        return False, "its report cannot be read: measuring again"
+    stored = report.fingerprint
+    if report.status == "error":
+        return False, "its report is an error: measuring again"
+    host = report.environment.hostname
+    if stored is None:
+        return False, (
+            f"its report (measured on {host}) has no fingerprint of this study: measuring again"
+        )
+    differs = mismatches(report, identity)
+    if stored != fingerprint or differs:
+        detail = f" ({differs[0]})" if differs else ""
+        return False, (
+            f"its report (measured on {host}) was measured with another machine, code, "
+            f"configuration, data or allocator{detail}: measuring again"
+        )
+    return True, f"resumed: report with the same fingerprint ({report.status})"
+
+
+def stamp(path: Path, fingerprint: str, identity: dict[str, Any]) -> str:
+    """Write the run's fingerprint into its new report, when the report says it measured what
+    the run asked for; else leave it without one (it will not be resumed) and say why."""
+    try:
+        report = read_report(path)
+    except ReportError as err:
+        return f"report unreadable: {str(err).splitlines()[0]}"
+    if report.status == "error":
+        return ""
+    differs = mismatches(report, identity)
+    if differs:
+        return "not resumable, the report differs from the run: " + "; ".join(differs)
+    write_report(report.model_copy(update={"fingerprint": fingerprint}), path)
+    return ""
