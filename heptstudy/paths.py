@@ -63,7 +63,9 @@ def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
     return None
 
 
-def git_bytes(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 60) -> bytes | None:
+def git_bytes(
+    *args: str, cwd: str | os.PathLike | None = None, timeout: float = 60
+) -> bytes | None:
     """The output of ``git ARGS`` in ``cwd`` (default: the folder holding this package), byte for
     byte; None where git is missing or fails (no checkout, unknown commit)."""
     try:

@@ -6,7 +6,17 @@ from __future__ import annotations
 import argparse
 import json
 
+from heptstudy.cli import add_set_arg
 from heptstudy.errors import HeptstudyError
+from heptstudy.estimate.validation import (
+    ALLOCATED_TOLERANCE,
+    EVIDENCE,
+    RESERVED_TOLERANCE,
+    ValidationRequest,
+    table,
+    validate,
+    write_outputs,
+)
 from heptstudy.fitting.api import DEFAULT_SCENARIO, DEFAULT_VARIANT, FitRequest, fit
 from heptstudy.fitting.words import render
 
@@ -53,16 +63,6 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from heptstudy.estimate.validation import (
-        ALLOCATED_TOLERANCE,
-        EVIDENCE,
-        RESERVED_TOLERANCE,
-        ValidationRequest,
-        table,
-        validate,
-        write_outputs,
-    )
-
     request = ValidationRequest(
         evidence=Path(args.evidence) if args.evidence else EVIDENCE,
         commit=args.commit,
@@ -83,8 +83,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers) -> None:
-    from heptstudy.cli import add_set_arg
-
     p = subparsers.add_parser(
         "fit", help="will a per-device batch fit a platform's memory over the whole data set?"
     )
