@@ -12,7 +12,10 @@ from typing import Any
 import numpy as np
 
 from heptstudy.atomic import atomic_savefig
+from heptstudy.measure.summary import PHASE_LABELS
+from heptstudy.model.heptv2 import hit_coordinates
 from heptstudy.study.frames import policy_labels
+from heptstudy.study.policies import auto_order
 from heptstudy.units import MIB
 
 COLORS = {False: "#1f77b4", True: "#d62728"}  # baseline blue, checkpointed red
@@ -340,8 +343,6 @@ def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = No
 
 def event_hits(batch, event: int = 0, synthetic: bool | None = None, ax=None) -> Any:
     """One event's hits in (eta, phi), coloured by the particle that made them (grey: none)."""
-    from heptstudy.model.heptv2 import hit_coordinates
-
     fig, ax = _ax(ax, (8, 5.5))
     n = int(batch["length"][event])
     coords = hit_coordinates(batch["X"][event : event + 1])[0, :n].cpu().numpy()
@@ -379,8 +380,6 @@ def lsh_buckets(
     """The LSH buckets of one backbone layer (one hashing round and head) on one event: every
     hit coloured by its bucket; a few buckets drawn large so their shape is visible."""
     import torch
-
-    from heptstudy.model.heptv2 import hit_coordinates
 
     fig, ax = _ax(ax, (8, 5.5))
     blk = model.backbone[layer]
@@ -473,8 +472,6 @@ def policy_tradeoff(policies, tag: str = "", ax=None) -> Any:
     the same batch size; one grey line per batch size through its points, and a dashed arrow
     through the plans in the order ``auto`` tries them, measured from these points
     (:func:`heptstudy.study.policies.auto_order`: cheapest first, dominated plans left out)."""
-    from heptstudy.study.policies import auto_order
-
     fig, ax = _ax(ax, (8.5, 5.5))
     for b, group in policies.groupby("batch_size"):
         order = ["off", *auto_order(policies, b)]
@@ -574,8 +571,6 @@ def step_breakdown_figure(breakdown, tag: str = "", ax=None) -> Any:
     """Stacked bars of the mean time per step phase (``summary.step_breakdown_frame``): one bar
     per memory report, labelled with its name; the bar's total is the sum of the phases (the
     mean step time is printed above it). ``tag`` names the data (synthetic or not)."""
-    from heptstudy.measure.summary import PHASE_LABELS
-
     fig, ax = _ax(ax, (max(7.5, 0.9 * len(breakdown) + 3), 5.5))
     x = np.arange(len(breakdown))
     bottom = np.zeros(len(breakdown))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from heptstudy.atomic import folder_write_problem
 from heptstudy.committed import refuse_committed
+from heptstudy.data.generate import generate_datasets
+from heptstudy.data.stats import hits_stats, write_stats
 from heptstudy.errors import DataError
 from heptstudy.paths import resolve_in_repo
 
@@ -59,8 +61,6 @@ def _writable_folder(folder: str | Path, option: str) -> Path:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from heptstudy.data.generate import generate_datasets
-
     result = generate_datasets(
         _writable_folder(_data_dir(args), "--data-dir"),
         events_train=args.events_train,
@@ -80,8 +80,6 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from heptstudy.data.stats import hits_stats, write_stats
-
     out = args.out or resolve_in_repo(DEFAULT_STATS_DIR)
     refuse_committed(
         out, "--out", f"Leave out --out (it goes to {DEFAULT_STATS_DIR}) or give your own folder"

@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from heptstudy.cli import add_set_arg
 from heptstudy.errors import HeptstudyError
 from heptstudy.fitting.api import DEFAULT_SCENARIO, DEFAULT_VARIANT, FitRequest, fit
 from heptstudy.fitting.reports import expand_report_paths
@@ -80,8 +81,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers) -> None:
-    from heptstudy.cli import add_set_arg
-
     p = subparsers.add_parser(
         "fit", help="will a per-device batch fit a platform's memory over the whole data set?"
     )

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from heptstudy.cli import add_set_arg
 from heptstudy.errors import HeptstudyError
 from heptstudy.fitting import fit_warning
 from heptstudy.scenario.model import find_platform, load_scenario
@@ -16,8 +17,6 @@ from heptstudy.scenario.resolve import resolve, summary
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    from heptstudy.cli import add_set_arg
-
     p.add_argument(
         "--scenario", required=True, help="scenario YAML, or a name in configs/training/scenarios"
     )

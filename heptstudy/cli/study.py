@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from heptstudy.atomic import atomic_write_text
+from heptstudy.locks import holding
+from heptstudy.measure.report import ReportError, read_report
+from heptstudy.paths import resolve_from_cwd
+from heptstudy.study.blind_predictions import predict_matrix
+from heptstudy.study.frames import host_usage_of
 from heptstudy.study.matrix import load_matrix
 from heptstudy.study.outputs import aggregate_folders, from_command_line, shown
 from heptstudy.study.runner import aggregate_study, run_study
+from heptstudy.study.schedule import schedule
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -47,9 +54,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def measured_table(results) -> str:
     """A short plain-text table of what a study run did: one line per execution."""
-    from heptstudy.measure.report import ReportError, read_report
-    from heptstudy.study.frames import host_usage_of
-
     lines = [
         f"{'run':<44} {'status':<8} {'how':<9} {'step [s]':>9} {'alloc [MiB]':>12} "
         f"{'sys/step':>8}  host"
@@ -79,8 +83,6 @@ def measured_table(results) -> str:
 
 
 def _cmd_aggregate(args: argparse.Namespace) -> int:
-    from heptstudy.locks import holding
-
     out, figures = aggregate_folders(args.out, args.figures)
     with holding(out, "study folder (--out)"):  # not while a study run writes it
         html = aggregate_study(out, figures)
@@ -89,8 +91,6 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from heptstudy.study.schedule import schedule
-
     m = load_matrix(args.matrix)
     for ex in schedule(m.runs):
         print(f"{ex.label:<44} {ex.run.notebook}.ipynb  {ex.parameters}")
@@ -105,10 +105,6 @@ def _jobs(text: str) -> int:
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     import json
-
-    from heptstudy.atomic import atomic_write_text
-    from heptstudy.paths import resolve_from_cwd
-    from heptstudy.study.blind_predictions import predict_matrix
 
     doc = predict_matrix(args.matrix, args.data_dir, jobs=args.jobs)
     out = resolve_from_cwd(args.out)

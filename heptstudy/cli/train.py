@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from heptstudy.cli import add_config_args
+from heptstudy.config import load_config
+from heptstudy.estimate.plans import predictor_for
+from heptstudy.train.trainer import train
+
 
 def _train(args: argparse.Namespace) -> int:
-    from heptstudy.config import load_config
-    from heptstudy.estimate.plans import predictor_for
-    from heptstudy.train.trainer import train
-
     config = load_config(args.config, args.overrides)
     summary = train(
         config,
@@ -24,8 +25,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def register_cli(sub) -> None:
-    from heptstudy.cli import add_config_args
-
     p = sub.add_parser("train", help="train the configured model (also under torchrun)")
     add_config_args(p)
     p.add_argument(

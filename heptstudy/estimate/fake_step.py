@@ -36,13 +36,26 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from heptstudy import fingerprint as code_fingerprint
 from heptstudy import stand_ins
-from heptstudy.config import Config
+from heptstudy.config import HIT_VARIANT, Config
+from heptstudy.data import load_events
+from heptstudy.data.batching import dataset_for
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.autocast_policy import UnknownTorchVersion, target_autocast
+from heptstudy.estimate.bench_process import simulate_repeated_step
 from heptstudy.estimate.kernel_scratch import scratch_bytes
 from heptstudy.estimate.kernel_stand_ins import fused_flex, target_kernels
+from heptstudy.estimate.keys import model_key
+from heptstudy.estimate.memory_model import Point, fit_points
+from heptstudy.meters.allocation_trace import TracingMemoryMeter
+from heptstudy.meters.memory import TrackedMemoryMeter
+from heptstudy.model import build_model
 from heptstudy.stand_ins import StandIns
+from heptstudy.train.losses import EventTargets, targets_from_batch
+from heptstudy.train.optim import build_optimizer, build_scheduler
+from heptstudy.train.precision import autocast_dtype
+from heptstudy.train.step import prime_optimizer, run_step
 from heptstudy.units import MIB
 
 #: Targets of the fake step: the platform profile's device.
@@ -136,8 +149,6 @@ def _fake_substitutions(targets, type_counts):
 
 
 def _fake_targets(targets, mode, device):
-    from heptstudy.train.losses import EventTargets
-
     def conv(t):
         return mode.from_tensor(t).to(device) if device != "cpu" else mode.from_tensor(t)
 
@@ -213,14 +224,6 @@ def _fake_step(
 ) -> FakeStepEstimate:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from heptstudy.meters.allocation_trace import TracingMemoryMeter
-    from heptstudy.meters.memory import TrackedMemoryMeter
-    from heptstudy.model import build_model
-    from heptstudy.train.losses import targets_from_batch
-    from heptstudy.train.optim import build_optimizer, build_scheduler
-    from heptstudy.train.precision import autocast_dtype
-    from heptstudy.train.step import prime_optimizer, run_step
-
     device = torch.device(device_type)
     dtype = autocast_dtype(config, device)
     real_targets = targets_from_batch(batch) if "ytarget" in batch and _is_hits(config) else None
@@ -275,8 +278,6 @@ def _fake_step(
 
 
 def _is_hits(config: Config) -> bool:
-    from heptstudy.config import HIT_VARIANT
-
     return config.model.variant == HIT_VARIANT
 
 
@@ -312,13 +313,6 @@ def estimate_memory_model(
     like measurements. GPU platforms (``cuda``, ``rocm``) get the target-faithful step with the
     autocast lists of ``torch_version`` (the platform's; default :data:`DEFAULT_TORCH_VERSION`).
     Its ``source_detail`` says so."""
-    from heptstudy import fingerprint as code_fingerprint
-    from heptstudy.data import load_events
-    from heptstudy.data.batching import dataset_for
-    from heptstudy.estimate.bench_process import simulate_repeated_step
-    from heptstudy.estimate.keys import model_key
-    from heptstudy.estimate.memory_model import Point, fit_points
-
     ds = dataset_for(config, "train")
     lengths = ds.lengths()
     points, reserved, expandable = [], [], []

@@ -11,6 +11,7 @@ import hashlib
 import json
 from typing import Any
 
+from heptstudy.config import ModelConfig
 from heptstudy.model.checkpoint_plan import plan_for
 
 #: Key fields compared one by one, in the order a mismatch is explained.
@@ -107,8 +108,6 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _default_model() -> dict[str, Any]:
-    from heptstudy.config import ModelConfig
-
     return _flat(_model_sections(ModelConfig().model_dump(mode="json")))
 
 

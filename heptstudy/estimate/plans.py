@@ -16,7 +16,9 @@ from heptstudy.config import Config, PlatformConfig
 from heptstudy.data import load_events
 from heptstudy.data.batching import dataset_for
 from heptstudy.errors import ConfigError
-from heptstudy.estimate.fake_step import fit_batches
+from heptstudy.estimate.fake_step import estimate_step, fit_batches
+from heptstudy.estimate.keys import model_key
+from heptstudy.estimate.memory_model import Point, fit_points
 from heptstudy.model.adaptive_checkpointing import (
     Plan,
     PlanPredictor,
@@ -81,10 +83,6 @@ def calibrate(
     (the ``platform``'s device, ``cuda`` for a CUDA device without one) the steps are the
     target-faithful fake step with the platform's PyTorch version's autocast lists, as the
     estimated memory models are."""
-    from heptstudy.estimate.fake_step import estimate_step
-    from heptstudy.estimate.keys import model_key
-    from heptstudy.estimate.memory_model import Point, fit_points
-
     started = time.perf_counter()
     target = platform.device if platform is not None and platform.device != "cpu" else None
     if device.type == "cuda" and target is None:

@@ -14,13 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heptstudy.data.batching import dataset_for
+from heptstudy.estimate.fake_step import estimate_memory_model
 from heptstudy.estimate.keys import model_key
 from heptstudy.estimate.memory_model import FitError, MemoryModel
-from heptstudy.estimate.plans import DEFAULT_MARGIN_FRACTION
+from heptstudy.estimate.plans import DEFAULT_MARGIN_FRACTION, predictor_for
+from heptstudy.fingerprint import commit_reasons
+from heptstudy.fitting.auto import evaluate_auto, measured_rates
 from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, peak_mib
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
+from heptstudy.fitting.words import answer_words
+from heptstudy.measure.report import ReportError, read_report
+from heptstudy.model.adaptive_checkpointing import FULL, plan_config
 from heptstudy.paths import ROOT
+from heptstudy.scenario import ScenarioError, resolve
 
 DEFAULT_SCENARIO = "cld_pf_heptv2_batch512_50k"
 DEFAULT_VARIANT = "hit_heptv2_grouped_tracker_features"
@@ -99,8 +107,6 @@ class FitResult:
     auto: Any = None  # heptstudy.fitting.auto.AutoAnswer when the configuration is auto
 
     def words(self) -> str:
-        from heptstudy.fitting.words import answer_words
-
         return answer_words(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,8 +131,6 @@ def resolve_config(request: FitRequest):
     """``(resolution, resolved variant, notes)`` of the request's scenario on its platform
     (validation/test sizes lowered to 0 when the data set's test split is too small: they do not
     change the training step)."""
-    from heptstudy.scenario import ScenarioError, resolve
-
     over = list(request.overrides)
     # only the fitted variant: the scenario's other models may have no HEPTv2 backbone
     only_fitted = (
@@ -198,14 +202,10 @@ def _cross_check(
 def fit(request: FitRequest) -> FitResult | None:
     """The answer to ``request``; ``None`` only when no model holds and
     ``request.estimate_if_missing`` is false."""
-    from heptstudy.data.batching import dataset_for
-
     res, rv, notes = resolve_config(request)
     platform, config = res.platform, rv.config
     auto_config = config if config.model.heptv2.adaptive else None
     if auto_config is not None:
-        from heptstudy.model.adaptive_checkpointing import FULL, plan_config
-
         # the memory answer is for always-on (full) checkpointing, auto's last resort
         config = plan_config(auto_config, FULL)
         notes.append(
@@ -224,7 +224,6 @@ def fit(request: FitRequest) -> FitResult | None:
     if choice.model is None:
         if not request.estimate_if_missing:
             return None
-        from heptstudy.estimate.fake_step import estimate_memory_model
 
         notes.append(
             "estimated now on a fake device (--estimate)"
@@ -296,8 +295,6 @@ def fit(request: FitRequest) -> FitResult | None:
 
 def _reports_code_note(model: MemoryModel) -> str:
     """Whether the reports a measured model was just fitted from measured the code that runs."""
-    from heptstudy.fingerprint import commit_reasons
-
     commits = model.provenance.get("git_commits") or []
     if len(commits) != 1:
         return f"the reports name {len(commits)} commits ({', '.join(commits) or 'none'})"
@@ -329,10 +326,6 @@ def expandable_segments(platform) -> bool:
 def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
     """auto's plan fractions, expected step time and budget tail on the training data."""
     import torch
-
-    from heptstudy.estimate.plans import predictor_for
-    from heptstudy.fitting.auto import evaluate_auto, measured_rates
-    from heptstudy.measure.report import ReportError, read_report
 
     predictor = predictor_for(config, torch.device(platform.device), batch, platform)
     found = []

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heptstudy import fingerprint as code_fingerprint
 from heptstudy.estimate.keys import key_label, model_key
 from heptstudy.estimate.memory_model import FitError, MemoryModel, Point, fit_points
 from heptstudy.measure.report import ReportError, validate_report
@@ -187,8 +188,6 @@ def save_measured_models(
     Each model carries the fingerprint of the code its reports measured: that of git commit
     ``code_commit`` when given (reports measured on a copy whose own commit this repository does
     not hold), else of the one commit the reports name."""
-    from heptstudy import fingerprint as code_fingerprint
-
     models, rejected = fit_reports(paths)
     written = []
     for m in models:

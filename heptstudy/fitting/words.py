@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from heptstudy.fitting.auto import auto_words
 from heptstudy.fitting.predict import FitAnswer, Tail
 
 DEVICE_WORDS = {"rocm": "GCD", "cuda": "GPU", "cpu": "CPU process"}
@@ -197,7 +198,5 @@ def render(result) -> str:
         *(f"  {n}" for n in result.notes + mm.notes),
     ]
     if result.auto is not None:
-        from heptstudy.fitting.auto import auto_words
-
         lines += auto_words(result.auto)
     return "\n".join(lines)

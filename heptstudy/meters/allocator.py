@@ -24,7 +24,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from heptstudy.config import load_platform
 from heptstudy.errors import HeptstudyError
+from heptstudy.paths import PLATFORM_DIR
 from heptstudy.units import GIB
 
 #: Environment variables that choose or tune the allocator: glibc (``MALLOC_*_``,
@@ -60,9 +62,6 @@ def measurement_allocator(profile, device_type: str) -> dict[str, str] | None:
     :class:`~heptstudy.config.PlatformConfig`), else on a CPU the ``local_cpu`` profile's (a
     CPU step time without them measures page faults), else None."""
     if profile is None and device_type == "cpu":
-        from heptstudy.config import load_platform
-        from heptstudy.paths import PLATFORM_DIR
-
         profile = load_platform(PLATFORM_DIR / f"{CPU_PROFILE}.yaml")
     return (allocator_settings(profile.env) or None) if profile is not None else None
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from heptstudy.estimate.keys import checkpointing_words
+from heptstudy.fitting import FitRequest, fit, fit_reports
+from heptstudy.fitting.api import repo_path
+from heptstudy.fitting.plots import fit_figure, fit_table, peak_vs_longest_figure
 from heptstudy.study.common import MEMORY
+from heptstudy.study.frames import policy_label
 
 #: The platform profiles of the recipe's prediction in the report.
 PLATFORMS = ("h100", "lumi_mi250x")
@@ -19,8 +24,6 @@ def _ok_paths(reports) -> list[str]:
 
 def _models(reports) -> tuple[list, list[str]]:
     """Measured models of the successful memory reports, and why the others gave none."""
-    from heptstudy.fitting import fit_reports
-
     paths = _ok_paths(reports)
     if not paths:
         return [], ["no successful memory reports"]
@@ -32,8 +35,6 @@ def optional_fit_figure(reports, tag: str = "") -> tuple[Any, Any, str]:
     """The fitted memory lines over the successful memory reports: ``(figure, table, "")``, or
     ``(None, None, why)`` when there is no fit to draw."""
     import pandas as pd
-
-    from heptstudy.fitting.plots import fit_figure, fit_table
 
     models, why = _models(reports)
     if not models:
@@ -52,8 +53,6 @@ def fit_validation(reports) -> tuple[Any, str]:
     measured at several batch sizes, each batch size's steps predicted by the model fitted on
     the others (``(table, "")`` or ``(None, why)``)."""
     import pandas as pd
-
-    from heptstudy.estimate.keys import checkpointing_words
 
     models, why = _models(reports)
     rows = []
@@ -82,8 +81,6 @@ def fit_validation(reports) -> tuple[Any, str]:
 
 
 def _data_dir(runs) -> str | None:
-    from heptstudy.fitting.api import repo_path
-
     if runs.empty or "data_dir" not in runs.columns:
         return None
     dirs = [str(repo_path(d)) for d in runs["data_dir"].dropna().unique() if repo_path(d).is_dir()]
@@ -95,8 +92,6 @@ def _study_fit(runs, reports, **request) -> tuple[Any, str]:
     stored (``configs/fit``) models only (estimating one on a fake device takes too long for the
     report): ``(result, "")``, or ``(None, why)`` when it fails, so the report skips it with its
     first line. ``request``: the other :class:`~heptstudy.fitting.FitRequest` fields."""
-    from heptstudy.fitting import FitRequest, fit
-
     try:
         return fit(
             FitRequest(
@@ -116,8 +111,6 @@ def platform_predictions(runs, reports=()) -> tuple[Any, Any, list[str]]:
     of the reports (measured or stored models only, see :func:`_study_fit`): ``(figure, table,
     skipped)``; figure and table ``None`` when no platform could be answered."""
     import pandas as pd
-
-    from heptstudy.fitting.plots import peak_vs_longest_figure
 
     results, rows, skipped = {}, [], []
     for name in PLATFORMS:
@@ -167,8 +160,6 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
     to the prediction, the run's own measured mean step and that of full checkpointing at the
     same batch size. Calibrates the plans on a fake device (about half a minute each)."""
     import pandas as pd
-
-    from heptstudy.study.frames import policy_label
 
     measured = {}
     for _, r in reports:

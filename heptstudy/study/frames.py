@@ -7,8 +7,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from heptstudy.config import load_config
+from heptstudy.data.stats import hits_stats
+from heptstudy.measure.report import ReportError, read_report
+from heptstudy.meters.allocator import allocator_label
 from heptstudy.model.checkpoint_plan import NAMED, plan_for
 from heptstudy.study.common import MEMORY, PARITY
+from heptstudy.study.schedule import locate, report_files
 
 #: The checkpointing policies of the study in the order the report shows them.
 POLICY_ORDER = tuple(plan.label for plan in NAMED.values())
@@ -49,15 +54,11 @@ def load_reports(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
 def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
     """Every report of a study folder: the first round (as :func:`load_reports`), the repeated
     rounds (``repeats/``) and the runs with the default allocator (``default_allocator/``)."""
-    from heptstudy.study.schedule import report_files
-
     return _read_reports(report_files(Path(experiments_dir)))
 
 
 def _read_reports(paths) -> list[tuple[Path, Any]]:
     import warnings
-
-    from heptstudy.measure.report import ReportError, read_report
 
     found = []
     for path in paths:
@@ -97,9 +98,6 @@ def reports_frame(reports) -> Any:
     """One row per report: what ran, where, its status and its summary numbers, the round of
     the study it belongs to and the allocator line (``platform`` or ``default``)."""
     import pandas as pd
-
-    from heptstudy.meters.allocator import allocator_label
-    from heptstudy.study.schedule import locate
 
     rows = []
     for path, r in reports:
@@ -426,16 +424,12 @@ def measured_hits(reports) -> list[int]:
 def hits_stats_for(df, split: str = "train") -> dict[str, Any] | None:
     """Hits-per-event statistics (:func:`heptstudy.data.stats.hits_stats`) of the data set the
     memory reports used; ``None`` when it cannot be opened (the reports still say what it was)."""
-    from heptstudy.data.stats import hits_stats
-
     mem = df[df["kind"] == MEMORY] if not df.empty else df
     if mem.empty:
         return None
     row = mem.iloc[0]
     name, configs = row["dataset"], ["1"]
     try:
-        from heptstudy.config import load_config
-
         configs = list(load_config(overrides=[]).data.configs)
     except Exception:  # noqa: BLE001
         pass

@@ -7,7 +7,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from heptstudy.measure.parity import build_seeded
+from heptstudy.meters.memory import make_meter
 from heptstudy.study.common import StudyError
+from heptstudy.train.optim import build_optimizer, build_scheduler
+from heptstudy.train.precision import autocast_dtype
+from heptstudy.train.step import run_step
 
 
 def fresh_output_dir(path: str | os.PathLike) -> Path:
@@ -67,12 +72,6 @@ def step_memory_timeline(config, batch, device=None) -> Any:
     :class:`~heptstudy.meters.memory.StepMemory` (``.timeline`` of (op index, live bytes),
     ``.marks`` where each phase starts)."""
     import torch
-
-    from heptstudy.measure.parity import build_seeded
-    from heptstudy.meters.memory import make_meter
-    from heptstudy.train.optim import build_optimizer, build_scheduler
-    from heptstudy.train.precision import autocast_dtype
-    from heptstudy.train.step import run_step
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     batch = {k: v.to(device) for k, v in batch.items()}

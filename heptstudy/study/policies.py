@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from heptstudy.meters.memory import CATEGORIES
+from heptstudy.model.adaptive_checkpointing import order_by_cost
 from heptstudy.study.common import MEMORY
 from heptstudy.study.frames import against_off, pct_less, policy_label, policy_rank
 from heptstudy.units import MIB
@@ -105,8 +106,6 @@ def auto_order(policies, batch_size: int) -> list[str]:
     """The order ``auto`` would try this study's plans in at ``batch_size``
     (:func:`heptstudy.model.adaptive_checkpointing.order_by_cost` of each plan's measured
     step-time overhead and peak), as policy labels."""
-    from heptstudy.model.adaptive_checkpointing import order_by_cost
-
     rows = policies[(policies["batch_size"] == batch_size) & (policies["policy"] != "auto")]
     rows = rows.dropna(subset=["step_time_overhead_pct", "peak_allocated_mib"])
     measured = {

@@ -29,11 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from heptstudy.atomic import atomic_path, atomic_write_text
+from heptstudy.data.batching import dataset_for
 from heptstudy.errors import HeptstudyError
 from heptstudy.locks import holding
+from heptstudy.measure import report as rp
+from heptstudy.measure.bench import check_enough_events, report_header
+from heptstudy.meters.allocator import AllocatorState, allocator_in_use, environment_with
 from heptstudy.names import inside
 from heptstudy.paths import ROOT
 from heptstudy.study.common import NOTEBOOKS, StudyError
+from heptstudy.study.kernel import execute_notebook
 from heptstudy.study.matrix import Matrix, Run, load_matrix
 from heptstudy.study.outputs import (
     PENDING,
@@ -45,7 +50,7 @@ from heptstudy.study.outputs import (
     study_folders,
 )
 from heptstudy.study.resume import fingerprint, resumable, run_identity, stamp
-from heptstudy.study.schedule import DEFAULT, Execution, schedule
+from heptstudy.study.schedule import DEFAULT, Execution, report_files, schedule
 
 
 @dataclass
@@ -83,8 +88,6 @@ class StudyRun:
 def _papermill(
     input_nb: Path, output_nb: Path, parameters: dict, timeout: int | None, cwd: Path
 ) -> None:
-    from heptstudy.study.kernel import execute_notebook
-
     execute_notebook(
         str(input_nb),
         str(output_nb),
@@ -108,10 +111,6 @@ def _failure_report(
     import torch
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    from heptstudy.measure import report as rp
-    from heptstudy.measure.bench import report_header
-    from heptstudy.meters.allocator import AllocatorState, allocator_in_use
-
     parameters = {**run.parameters, "output": str(report_path)}
     m = measurement or run.request(progress=False, parameters=parameters).resolve()
     # a cell's exception arrives as its class name (papermill's ename), others as themselves
@@ -133,8 +132,6 @@ def _failure_report(
         text = f"a cell ran past the matrix's cell_timeout_s ({type(err).__name__}: {str(err).strip()[:200]})"
     synthetic = False
     try:
-        from heptstudy.data.batching import dataset_for
-
         synthetic = bool(dataset_for(m.config, "train").metadata.get("synthetic", False))
     except Exception:  # noqa: BLE001 - the data set itself may be what failed
         pass
@@ -195,8 +192,6 @@ def prepare(matrix: Matrix) -> list[Prepared]:
     """Resolve every execution of the matrix and check what can be checked before measuring:
     the configuration, the data set and the events each run needs. One :class:`StudyError`
     names every run that cannot be measured, before anything runs."""
-    from heptstudy.measure.bench import check_enough_events
-
     prepared, problems, checked = [], {}, set()
     for ex in schedule(matrix.runs):
         if ex.name in problems:  # said once, not once per round
@@ -230,7 +225,6 @@ def _kernel_started_with(allocator: dict[str, str] | None):
     if allocator is None:
         yield
         return
-    from heptstudy.meters.allocator import environment_with
 
     saved = dict(os.environ)
     try:
@@ -252,8 +246,6 @@ def run_one(
 ) -> RunResult:
     """One execution: its notebook in a fresh kernel, report and executed notebook written under
     ``out/.pending`` first and put in place (the old ones moved aside) once they exist."""
-    from heptstudy.measure.report import read_report
-
     ex = prep.execution
     final = inside(out, ex.report, f"run {ex.name!r}: report")
     nb_final = inside(out, ex.notebook, f"run {ex.name!r}: executed notebook")
@@ -291,7 +283,7 @@ def run_one(
         message = text.splitlines()[0][:200]
     seconds = time.perf_counter() - t0
     note = stamp(pending, prep.fingerprint, prep.identity)
-    status = read_report(pending).status
+    status = rp.read_report(pending).status
     replace_with_pending(pending, final, superseded)
     if nb_pending.exists():
         replace_with_pending(nb_pending, nb_final, superseded)
@@ -361,8 +353,6 @@ def run_study(
 def _move_aside_foreign(out: Path, prepared: list[Prepared], superseded: Superseded) -> list[str]:
     """Move the reports (and executed notebooks) of runs this matrix does not have out of the
     study folder, so that its report shows this matrix only; returns their paths."""
-    from heptstudy.study.schedule import report_files
-
     expected = {out / p.execution.report for p in prepared}
     moved = []
     for path in report_files(out):

@@ -11,6 +11,7 @@ import html
 from typing import Any
 
 from heptstudy.study.common import MEMORY
+from heptstudy.study.frames import SYSTEM_TIME_DOMINATES, dominated_runs
 from heptstudy.study.outputs import shown
 
 SMOKE_STATEMENT = (
@@ -137,8 +138,6 @@ def rounds_lines(df) -> list[str]:
 
 def system_time_lines(df) -> list[str]:
     """A warning naming every run whose system (kernel) CPU time is a large part of its step."""
-    from heptstudy.study.frames import SYSTEM_TIME_DOMINATES, dominated_runs
-
     bad = dominated_runs(df)
     if bad.empty:
         return []
