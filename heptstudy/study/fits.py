@@ -168,19 +168,16 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
     same batch size. Calibrates the plans on a fake device (about half a minute each)."""
     import pandas as pd
 
-    from heptstudy.study.frames import policy_label
-
     measured = {}
     for _, r in reports:
         if r.kind == MEMORY and r.status == "ok" and r.summary.mean_step_time_s is not None:
-            c = r.checkpointing
-            label = policy_label(c.enabled, c.policy, c.checkpoint_every)
+            label = r.plan.label
             if label in ("auto", "full"):
                 measured[(label, r.batch_size)] = r.summary.mean_step_time_s
     rows, skipped = [], []
     for _, r in reports:
         c = r.checkpointing
-        if r.kind != MEMORY or r.status != "ok" or c.enabled != "auto" or not c.memory_budget_mib:
+        if r.kind != MEMORY or r.status != "ok" or c.plan != "auto" or not c.memory_budget_mib:
             continue
         platform = r.environment.platform or "local_cpu"
         overrides = [f"model.heptv2.memory_budget_gib={c.memory_budget_mib / 1024:g}"]
