@@ -316,7 +316,7 @@ def _accumulated_step(net, batches, optimizer, scheduler, config, dtype, ctx, st
         except torch.OutOfMemoryError:
             hint = (
                 "lower the per-device batch (activation checkpointing is already on)"
-                if config.model.heptv2.activation_checkpointing
+                if config.model.heptv2.activation_checkpointing != "off"
                 else "switch on model.heptv2.activation_checkpointing=true or lower the "
                 "per-device batch"
             )
