@@ -8,6 +8,8 @@ file behind.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -87,6 +89,37 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     with atomic_open(path, "w", encoding=encoding) as fh:
         fh.write(text)
     return Path(path)
+
+
+class NotJson(HeptstudyError, ValueError):
+    """A value to be written holds a number JSON cannot hold (NaN, an infinity)."""
+
+
+def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    items = value.items() if isinstance(value, dict) else None
+    if isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    for key, item in items or ():
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def json_text(value: Any, what: str) -> str:
+    """``value`` as indented JSON text. NaN and the infinities are not JSON (Python's reader
+    takes them, others do not, and no result of this project is one): refused, naming the
+    field, before anything is written."""
+    found = _non_finite(value)
+    if found is not None:
+        raise NotJson(
+            f"{what}: {found[0] or 'the value'} is {found[1]}, which JSON cannot hold; nothing "
+            "was written. A result that is not a number is a failed measurement or a value out "
+            "of range: fix the input that gave it"
+        )
+    return json.dumps(value, indent=2, allow_nan=False) + "\n"
 
 
 class WriteFailed(HeptstudyError):

@@ -12,6 +12,7 @@ A relative ``data.data_dir`` is taken from the repository wherever a command sta
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -37,54 +38,41 @@ from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
 
-#: The checkpointing values a measurement, ``heptstudy bench --checkpointing``, a notebook's
-#: ``checkpointing`` parameter and a study matrix row take: one spelling per plan.
-CheckpointingValue = Literal["off", "full", "selective", "every2", "every3", "auto"]
-CHECKPOINTING_VALUES: tuple[str, ...] = get_args(CheckpointingValue)
-
-#: The ``model.heptv2`` keys of each value (``auto`` chooses a plan per step at run time).
-_CHECKPOINTING_SETTINGS: dict[str, dict[str, Any]] = {
-    "off": {"activation_checkpointing": False},
-    "full": {"activation_checkpointing": True},
-    "selective": {"activation_checkpointing": True, "activation_checkpointing_policy": "selective"},
-    "every2": {"activation_checkpointing": True, "checkpoint_every": 2},
-    "every3": {"activation_checkpointing": True, "checkpoint_every": 3},
-    "auto": {"activation_checkpointing": "auto"},
-}
-#: The ``model.heptv2`` keys a checkpointing value owns (an override may not set them too).
-CHECKPOINTING_KEYS = (
-    "activation_checkpointing",
-    "activation_checkpointing_policy",
-    "checkpoint_every",
+#: The checkpointing plans (:mod:`heptstudy.model.checkpoint_plan`) by name: the one value of
+#: ``model.heptv2.activation_checkpointing``, ``heptstudy bench --checkpointing``, a notebook's
+#: ``checkpointing`` parameter and a study matrix row. Besides these, ``layersK`` and ``lastK``
+#: (the first or last K backbone layers) and ``auto`` (a plan per step, within
+#: ``model.heptv2.memory_budget_gib``).
+FIXED_PLANS = ("off", "full", "selective", "every2", "every3")
+PLAN_WORDS = (
+    "off, full, selective, every2, every3, layersK or lastK (the first or last K backbone "
+    "layers) or auto"
 )
 
 
-def parse_checkpointing(value: Any) -> str:
-    """A checkpointing value: one of :data:`CHECKPOINTING_VALUES` (any case), or a boolean
-    (``True``/``"true"``: ``full``; ``False``/``"false"``: ``off``; YAML's bare ``off`` is
-    ``False``)."""
+def count_plan(name: str) -> tuple[bool, int] | None:
+    """``(last, K)`` of a count plan's name (``layersK``: the first K backbone layers,
+    ``lastK``: the last K); None for any other name."""
+    match = re.fullmatch(r"(layers|last)(\d+)", name)
+    return None if match is None else (match[1] == "last", int(match[2]))
+
+
+def parse_plan_name(value: Any) -> str:
+    """A checkpointing plan's name, as written everywhere (lower case, ``layers03`` as
+    ``layers3``); ``True``/``"true"`` is ``full`` and ``False``/``"false"`` (YAML's bare
+    ``off``) is ``off``. Whether a count plan suits the backbone is the configuration's check."""
     if isinstance(value, bool):
         return "full" if value else "off"
     if isinstance(value, str):
         word = value.strip().lower()
-        if word in ("true", "false"):
-            return "full" if word == "true" else "off"
-        if word in CHECKPOINTING_VALUES:
+        word = {"true": "full", "false": "off"}.get(word, word)
+        count = count_plan(word)
+        if count is not None:
+            return f"{'last' if count[0] else 'layers'}{count[1]}"
+        if word in (*FIXED_PLANS, "auto"):
             return word
-    why = "; a number is not a checkpointing value" if isinstance(value, (int, float)) else ""
-    raise ValueError(
-        f"allowed values are {', '.join(CHECKPOINTING_VALUES)} (true/false: full/off){why}"
-    )
-
-
-def checkpointing_settings(value: str) -> dict[str, Any]:
-    """The ``model.heptv2`` keys that make a configuration run the checkpointing ``value``
-    (every owned key stated, defaults included)."""
-    return {
-        "activation_checkpointing_policy": "full",
-        "checkpoint_every": 1,
-        **_CHECKPOINTING_SETTINGS[parse_checkpointing(value)],
-    }
+    why = "; a number is not a checkpointing plan" if isinstance(value, (int, float)) else ""
+    raise ValueError(f"allowed values are {PLAN_WORDS} (true/false: full/off){why}")
 
 
 def as_yaml(value: Any) -> str:
@@ -113,7 +101,9 @@ def _bool_mixup(kind: Any, value: Any) -> bool:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # NaN and the infinities are refused: no number of a configuration is meant as one, and
+    # every report records its configuration as JSON, which cannot hold them
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -136,25 +126,20 @@ class _Strict(BaseModel):
 
 
 def check_plan_order(value: list[str] | None) -> list[str] | None:
-    """An ``auto_plan_order``: known plan names, each once, at least one."""
-    known = ("selective", "every2", "every3", "full")
-
-    def ok(name: Any) -> bool:
-        return name in known or (
-            isinstance(name, str)
-            and any(name.startswith(k) and name[len(k) :].isdigit() for k in ("layers", "last"))
-        )
-
+    """An ``auto_plan_order``: plan names other than off and auto, each once, at least one."""
     if value is not None and (
-        not value or len(set(value)) != len(value) or not all(ok(v) for v in value)
+        not value
+        or len(set(value)) != len(value)
+        or not all(v in FIXED_PLANS[1:] or count_plan(v) for v in value)
     ):
         raise PydanticCustomError(
             "plan_order",
             "takes each of selective, every2, every3, full, layersK (the first K backbone "
-            "layers) and lastK (the last K) at most once, at least one, cheapest first, not {got}; for example [every2, full]",
+            "layers) and lastK (the last K) at most once, at least one, cheapest first, not "
+            "{got}; for example [every2, full]",
             {"got": as_yaml(value)},
         )
-    return value
+    return value if value is None else [parse_plan_name(v) for v in value]
 
 
 class HEPTv2Config(_Strict):
@@ -167,11 +152,11 @@ class HEPTv2Config(_Strict):
     n_hashes: int = Field(3, ge=1, description="OR-rounds of hashing")
     num_regions: int = Field(140, ge=1, description="AND-regions per hash (eta x phi cells)")
     mlp_ratio: float = Field(4.0, gt=0.0)
-    activation_checkpointing: bool | Literal["auto"] = Field(
-        False,
-        description="true, false, or auto: per training step, the cheapest checkpointing plan "
-        "whose predicted peak fits model.heptv2.memory_budget_gib "
-        "(heptstudy.model.adaptive_checkpointing)",
+    activation_checkpointing: str = Field(
+        "off",
+        description=f"the checkpointing plan: {PLAN_WORDS}; auto: per training step, the "
+        "cheapest plan whose predicted peak fits model.heptv2.memory_budget_gib "
+        "(heptstudy.model.adaptive_checkpointing); true/false: full/off",
     )
     memory_budget_gib: float | None = Field(
         None,
@@ -188,8 +173,6 @@ class HEPTv2Config(_Strict):
         "(auto_plan_order of the platform profile), else "
         "heptstudy.model.adaptive_checkpointing.DEFAULT_PLAN_ORDER",
     )
-    activation_checkpointing_policy: Literal["full", "selective"] = "full"
-    checkpoint_every: int = Field(1, ge=1, description="checkpoint every k-th backbone layer")
     attention_backend: Literal["auto", "fused", "plain"] = Field(
         "auto", description="auto: fused flex_attention on CUDA, plain PyTorch elsewhere"
     )
@@ -197,15 +180,13 @@ class HEPTv2Config(_Strict):
 
     @field_validator("activation_checkpointing", mode="before")
     @classmethod
-    def _checkpointing_choice(cls, value: Any) -> Any:
-        # pydantic would take 1, "yes" or "on" for true; only the three spellings are meant
-        if isinstance(value, bool) or value == "auto":
-            return value
-        raise PydanticCustomError(
-            "bool_number_mixup",
-            "takes true or false (or auto), not {got}; give one of them, for example the default false",
-            {"got": as_yaml(value)},
-        )
+    def _plan_name(cls, value: Any) -> str:
+        try:
+            return parse_plan_name(value)
+        except ValueError as err:
+            raise ValueError(
+                f"model.heptv2.activation_checkpointing={as_yaml(value)}: {err}"
+            ) from None
 
     @field_validator("memory_budget_gib", mode="before")
     @classmethod
@@ -239,19 +220,21 @@ class HEPTv2Config(_Strict):
         return self.activation_checkpointing == "auto"
 
     @model_validator(mode="after")
+    def _count_plans_fit_the_backbone(self) -> HEPTv2Config:
+        named = [("activation_checkpointing", self.activation_checkpointing)]
+        named += [("auto_plan_order", name) for name in self.auto_plan_order or ()]
+        for key, name in named:
+            count = count_plan(name)
+            if count is not None and not 1 <= count[1] < self.num_convs:
+                raise ValueError(
+                    f"model.heptv2.{key}: {name} checkpoints {count[1]} of the backbone's "
+                    f"{self.num_convs} layers (model.heptv2.num_convs); a count plan takes 1 to "
+                    f"{self.num_convs - 1} layers (all of them is full): use one of those or full"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _heads_divide(self) -> HEPTv2Config:
-        too_many = [
-            name
-            for name in self.auto_plan_order or ()
-            if name.startswith(("layers", "last"))
-            and not 1 <= int(name.lstrip("alyerst")) <= self.num_convs
-        ]
-        if too_many:
-            raise ValueError(
-                f"model.heptv2.auto_plan_order lists {', '.join(too_many)}, but the backbone has "
-                f"{self.num_convs} layers (model.heptv2.num_convs): a count plan checkpoints "
-                f"1 to {self.num_convs} of them, e.g. layers1 or last{self.num_convs}"
-            )
         if self.embedding_dim % self.num_heads:
             raise ValueError(
                 f"model.heptv2.embedding_dim={self.embedding_dim} must be divisible by "

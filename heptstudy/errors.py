@@ -72,7 +72,7 @@ def describe_invalid(
             lines.append(f"unknown {noun} {key}={value}{hint}{also}")
         elif e["type"] == "missing":
             lines.append(f"{noun} {key} is missing")
-        elif not key or msg.startswith(key.split(".")[-1] + "="):  # a message naming them itself
+        elif not key or msg.startswith((key.split(".")[-1] + "=", key + ".")):  # names them itself
             lines.append(msg)
         else:
             lines.append(f"{noun} {key}={value} is not allowed: {msg}")

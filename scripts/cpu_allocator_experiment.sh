@@ -18,8 +18,8 @@ printf "allocator\trun\twall_s\tuser_s\tsys_s\tminor_faults\tmax_rss_kib\n" > "$
 for allocator in default retain; do
   for batch in 1 4; do
     for mode in baseline checkpointed; do
-      flag=--no-checkpointing
-      [ "$mode" = checkpointed ] && flag=--checkpointing
+      flag="--checkpointing off"
+      [ "$mode" = checkpointed ] && flag="--checkpointing full"
       name="${allocator}_${mode}_b${batch}"
       # "default": started without any allocator variable; "retain": started with the
       # settings of configs/training/platforms/local_cpu.yaml (each report records which). The

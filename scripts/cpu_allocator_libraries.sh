@@ -33,8 +33,8 @@ jemalloc=$(find_lib "libjemalloc.so*"); tcmalloc=$(find_lib "libtcmalloc_minimal
   || echo "tcmalloc not installed: skipped"
 printf "allocator\trun\twall_s\tuser_s\tsys_s\tminor_faults\tmax_rss_kib\n" > "$out/processes.tsv"
 for mode in baseline checkpointed; do
-  flag=--no-checkpointing
-  [ "$mode" = checkpointed ] && flag=--checkpointing
+  flag="--checkpointing off"
+  [ "$mode" = checkpointed ] && flag="--checkpointing full"
   for allocator in "${allocators[@]}"; do
     case $allocator in
       default) how=(--platform local_cpu --allocator default); pre=() ;;

@@ -4,7 +4,7 @@ storage tracker's by-module breakdown."""
 import pytest
 import torch
 
-from heptstudy.config import load_config
+from heptstudy.config import FIXED_PLANS, load_config
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure.parity import build_seeded
 from heptstudy.meters.memory import MIB, make_meter, module_owner
@@ -12,12 +12,10 @@ from heptstudy.model import example_batch
 from heptstudy.model.adaptive_checkpointing import (
     DEFAULT_PLAN_ORDER,
     candidate_plans,
-    layer_count_plan,
     order_by_cost,
     plan_order,
 )
 from heptstudy.model.checkpoint_plan import (
-    AUTO,
     FULL,
     NAMED,
     OFF,
@@ -48,17 +46,22 @@ def _step(config, batch, plan=None, meter=None):
     return result, grads
 
 
-def test_every_value_maps_to_one_plan_and_back():
+def test_every_name_is_one_plan():
+    assert tuple(NAMED) == (*FIXED_PLANS, "auto")
     assert plan_named(True) is FULL and plan_named(False) is OFF
     for name, plan in NAMED.items():
         assert plan_named(name) is plan
-        if plan is not AUTO:
-            cfg = _config(*(f"model.heptv2.{k}={v}" for k, v in plan.settings().items()))
-            assert plan_of(cfg.model.heptv2) is plan
-    assert plan_of(_config("model.heptv2.activation_checkpointing=auto").model.heptv2) is AUTO
+        cfg = _config(f"model.heptv2.activation_checkpointing={name}")
+        assert plan_of(cfg.model.heptv2) is plan
     assert plan_named("true") is FULL and plan_named("Every2") is NAMED["every2"]
     with pytest.raises(HeptstudyError, match="not a checkpointing plan.*every2"):
         plan_named("every4")
+    layers2 = plan_of(_config("model.heptv2.activation_checkpointing=Layers02").model.heptv2)
+    assert (layers2.name, layers2.count, layers2.report_part) == (
+        "layers2",
+        2,
+        "checkpointed_layers2",
+    )
     assert [p.report_part for p in (OFF, FULL, NAMED["every2"])] == [
         "baseline",
         "checkpointed",
@@ -82,7 +85,7 @@ def test_plan_is_applied_once_and_keeps_the_state_dict():
 def test_count_plan_checkpoints_the_first_layers_with_exact_results():
     auto = _config("model.heptv2.activation_checkpointing=auto")
     batch = example_batch(auto, 2, [70, 50], seed=3)
-    two = layer_count_plan(2, auto.model.heptv2.num_convs)
+    two = plan_named("layers2", auto.model.heptv2.num_convs)
     assert [two.checkpoints(("backbone", i)) for i in range(3)] == [True, True, False]
     assert not two.checkpoints(("decoder", 0))
     base, base_grads = _step(_config(), batch)
@@ -94,7 +97,19 @@ def test_count_plan_checkpoints_the_first_layers_with_exact_results():
     for n in base_grads:
         assert torch.equal(base_grads[n], ckpt_grads[n]), n
     with pytest.raises(HeptstudyError, match="layers3.*1 to 2"):
-        layer_count_plan(3, 3)
+        plan_named("layers3", 3)
+
+
+def test_a_count_plan_is_a_plan_of_its_own_with_the_results_of_off():
+    """``layers2`` as the configuration's plan: the model is built with the first two backbone
+    layers checkpointed, and its step gives off's results exactly, at a lower peak."""
+    batch = example_batch(_config(), 2, [70, 50], seed=3)
+    base, base_grads = _step(_config(), batch, meter=make_meter(CPU))
+    layers2 = _config("model.heptv2.activation_checkpointing=layers2")
+    two, two_grads = _step(layers2, batch, meter=make_meter(CPU))
+    assert torch.equal(base.losses["total"], two.losses["total"])
+    assert all(torch.equal(base_grads[n], two_grads[n]) for n in base_grads)
+    assert two.memory.peak_allocated_bytes < base.memory.peak_allocated_bytes
 
 
 def test_plan_order_default_configured_or_the_platforms():

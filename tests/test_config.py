@@ -21,12 +21,12 @@ def test_defaults_are_the_recommended_model():
         140,
     )
     assert (h.num_convs, h.mlp_ratio, h.dropout, cfg.model.decoder.num_layers) == (6, 4.0, 0.1, 4)
-    assert h.activation_checkpointing is False
+    assert h.activation_checkpointing == "off"
 
 
 def test_overrides_apply_and_parse_types():
     cfg = load_config(overrides=["model.heptv2.activation_checkpointing=true", "train.lr=0.002"])
-    assert cfg.model.heptv2.activation_checkpointing is True
+    assert cfg.model.heptv2.activation_checkpointing == "full"
     assert cfg.train.lr == 0.002
 
 
@@ -98,7 +98,7 @@ def test_cli_config_show_prints_resolved_config_and_clean_errors():
     )
     assert ok.returncode == 0, ok.stderr
     shown = yaml.safe_load(ok.stdout)
-    assert shown["model"]["heptv2"]["activation_checkpointing"] is True
+    assert shown["model"]["heptv2"]["activation_checkpointing"] == "full"
     bad = subprocess.run(
         run + ["--set", "model.heptv2.block_size=0"], capture_output=True, text=True
     )
@@ -113,7 +113,11 @@ def test_cli_config_show_prints_resolved_config_and_clean_errors():
         ("model: {heptv2: {block_size: yes}}", "model.heptv2.block_size=true", "whole number"),
         ("train: {lr: true}", "train.lr=true", "a number, not true/false"),
         ("model: {tracker_features: {radii: [0.02, true]}}", "radii=[0.02, true]", "a number"),
-        ("model: {heptv2: {activation_checkpointing: 1}}", "checkpointing=1", "true or false"),
+        (
+            "model: {heptv2: {activation_checkpointing: 1}}",
+            "checkpointing=1",
+            "a number is not a checkpointing plan",
+        ),
         ("model: {tracker_features: {enabled: 0}}", "enabled=0", "true or false"),
     ],
 )
@@ -144,3 +148,35 @@ def test_relative_data_dir_is_the_repositorys_out_dir_the_working_directorys(tmp
     absolute = load_config(overrides=[f"data.data_dir={tmp_path}"])
     assert absolute.data.data_dir == str(tmp_path)
     assert load_config(overrides=["data.data_dir=~/d"]).data.data_dir == str(Path.home() / "d")
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            "model.heptv2.auto_plan_order=[layers99]",
+            "model.heptv2.auto_plan_order: layers99 checkpoints 99 of the backbone's 3 layers "
+            "(model.heptv2.num_convs); a count plan takes 1 to 2 layers (all of them is full): "
+            "use one of those or full",
+        ),
+        ("model.heptv2.auto_plan_order=[layers0,full]", "layers0 checkpoints 0 of the backbone's"),
+        ("model.heptv2.activation_checkpointing=last3", "last3 checkpoints 3 of the backbone's 3"),
+        ("model.heptv2.auto_plan_order=[off]", "leave off out"),
+        ("model.heptv2.auto_plan_order=[every4]", "takes each of selective, every2, every3, full"),
+    ],
+)
+def test_count_plans_must_fit_the_backbone(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["model.heptv2.num_convs=3", override])
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["inf", ".inf", "-inf", "nan"])
+def test_numbers_that_are_not_finite_are_refused(value):
+    """A budget of infinity (or NaN) is no budget; JSON, where every report records its
+    configuration, cannot hold it either."""
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[f"model.heptv2.memory_budget_gib={value}"])
+    assert "model.heptv2.memory_budget_gib: input should be a finite number" in str(err.value)
+    with pytest.raises(ConfigError, match="train.lr: input should be a finite number"):
+        load_config(overrides=[f"train.lr={value}"])

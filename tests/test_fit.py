@@ -140,7 +140,7 @@ def test_single_batch_size_is_fitted_but_not_validated():
 @pytest.fixture(scope="module")
 def h200_models():
     models, rejected = fit_reports([H200])
-    return {(m.key["checkpointing_policy"], m.key["checkpoint_every"]): m for m in models}, rejected
+    return {m.key["checkpointing"]: m for m in models}, rejected
 
 
 def test_h200_reports_give_validated_models(h200_models):
@@ -150,11 +150,11 @@ def test_h200_reports_give_validated_models(h200_models):
         "parity_deterministic_b1_fused.json",
     ]
     assert all("only memory reports" in r.reason for r in rejected)
-    full = models[("full", 1)]
+    full = models["full"]
     assert full.key["device_kind"] == "cuda" and full.key["attention_backend"] == "plain"
     assert full.provenance["device_names"] == ["NVIDIA H200"]
     assert full.provenance["torch_versions"] == ["2.11.0+cu130"]
-    for mm in (models[(None, None)], full):
+    for mm in (models["off"], full):
         assert [r["held_out_batch_size"] for r in mm.validation["allocated"]["rows"]] == [4, 16, 48]
         assert mm.held_out_error("allocated") <= 0.10, mm.validation
         assert mm.held_out_error("reserved") is not None  # reported, whatever it is
@@ -164,7 +164,7 @@ def test_h200_reports_give_validated_models(h200_models):
             pred = full.predict_allocated_mib(48, p.longest_padded)
             assert abs(pred - p.peak_mib) / p.peak_mib < 0.02
     # the policies measured at batch 4 only: fitted, not validated
-    assert models[("selective", 1)].held_out_error("allocated") is None
+    assert models["selective"].held_out_error("allocated") is None
 
 
 def test_stored_measured_models_are_the_fit_of_the_committed_reports(h200_models):
@@ -173,7 +173,7 @@ def test_stored_measured_models_are_the_fit_of_the_committed_reports(h200_models
     assert len(stored) == 2
     for s in stored:
         assert s.source == "measured" and "h200_2026-11-30" in s.provenance["reports"][0]
-        refit = models[(s.key["checkpointing_policy"], s.key["checkpoint_every"])]
+        refit = models[s.key["checkpointing"]]
         assert s.key == refit.key
         assert s.allocated.per_padded_hit_mib == pytest.approx(refit.allocated.per_padded_hit_mib)
         assert s.reserved.ratio == pytest.approx(refit.reserved.ratio)
@@ -466,6 +466,7 @@ def test_auto_rates_come_from_each_steps_plan():
     from types import SimpleNamespace as NS
 
     from heptstudy.fitting.auto import measured_rates
+    from heptstudy.model.checkpoint_plan import AUTO, FULL
 
     def step(plan, t, padded):
         return NS(counted=True, time_s=t, padded_hits=padded, checkpoint_plan=plan)
@@ -473,13 +474,13 @@ def test_auto_rates_come_from_each_steps_plan():
     auto = NS(
         kind="memory",
         status="ok",
-        checkpointing=NS(enabled="auto", policy=None, checkpoint_every=None),
+        plan=AUTO,
         steps=[step("off", 2.0, [10, 20]), step("full", 8.0, [20, 20])],
     )
     full = NS(
         kind="memory",
         status="ok",
-        checkpointing=NS(enabled=True, policy="full", checkpoint_every=1),
+        plan=FULL,
         steps=[step(None, 4.0, [20, 10]), NS(counted=False, time_s=9.0, padded_hits=[5])],
     )
     rates, used = measured_rates([auto, full])

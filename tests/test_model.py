@@ -4,20 +4,15 @@ import torch.utils.checkpoint as tuc
 
 from heptstudy.config import load_config
 from heptstudy.model import build_model, example_batch
-from heptstudy.model.checkpoint_plan import unwrapped_name
+from heptstudy.model.checkpoint_plan import checkpoint_slots, plan_of, unwrapped_name
 from heptstudy.model.heptv2 import hit_coordinates
 
 LENGTHS = [70, 41, 23]  # unequal events, padded to 80 hits
 
 
 #: Every checkpointing policy must keep the same guarantees.
-POLICIES = [
-    ["model.heptv2.activation_checkpointing_policy=full"],
-    ["model.heptv2.activation_checkpointing_policy=selective"],
-    ["model.heptv2.checkpoint_every=2"],
-    ["model.heptv2.activation_checkpointing_policy=selective", "model.heptv2.checkpoint_every=3"],
-]
-POLICY_IDS = ["full", "selective", "every2", "selective-every3"]
+POLICIES = ["full", "selective", "every2", "every3", "layers2"]
+POLICY_IDS = POLICIES
 
 
 def _build(overrides, checkpointing, seed=0):
@@ -52,7 +47,7 @@ def test_checkpointing_changes_no_output_gradient_or_rng_state(tiny_overrides, f
         f"model.freeze.input_encoder={freeze}",
     ]
     base, cfg = _build(overrides, False)
-    ckpt, _ = _build(overrides + policy, True)
+    ckpt, _ = _build(overrides, policy)
     batch = example_batch(cfg, 3, LENGTHS, seed=5)
     assert batch["mask"].shape[1] == 80 and not batch["mask"][2, 23:].any()
 
@@ -76,7 +71,7 @@ def test_checkpointing_changes_no_output_gradient_or_rng_state(tiny_overrides, f
 @pytest.mark.parametrize("policy", POLICIES, ids=POLICY_IDS)
 def test_state_dict_loads_strictly_both_ways(tiny_overrides, policy):
     base, _ = _build(tiny_overrides, False)
-    ckpt, _ = _build(tiny_overrides + policy, True, seed=1)
+    ckpt, _ = _build(tiny_overrides, policy, seed=1)
     assert list(base.state_dict()) == list(ckpt.state_dict())
     assert any("hash_directions" in k for k in base.state_dict())
     assert any("region_shape" in k for k in base.state_dict())
@@ -102,14 +97,13 @@ class _CountingCheckpoint:
 @pytest.mark.parametrize("policy", POLICIES, ids=POLICY_IDS)
 def test_checkpoint_used_only_when_training_with_grad(tiny_overrides, monkeypatch, policy):
     counter = _CountingCheckpoint(monkeypatch)
-    model, cfg = _build(tiny_overrides + policy, True)
+    model, cfg = _build(tiny_overrides, policy)
     batch = example_batch(cfg, 2, [40, 30], seed=1)
     model.train()
     model(batch)
-    every = cfg.model.heptv2.checkpoint_every
+    plan = plan_of(cfg.model.heptv2)
     # the plan's layers of the backbone and of the decoder
-    expected = len(range(0, cfg.model.heptv2.num_convs, every))
-    expected += len(range(0, cfg.model.decoder.num_layers, every))
+    expected = sum(plan.checkpoints(slot) for slot in checkpoint_slots(model))
     assert counter.calls == expected
     counter.calls = 0
     with torch.no_grad():
@@ -251,9 +245,8 @@ def test_selective_policy_keeps_the_projections_by_module_not_by_width(tiny_over
         overrides
         + [
             f"model.heptv2.embedding_dim={POSITIONAL_HIDDEN}",
-            "model.heptv2.activation_checkpointing_policy=selective",
         ],
-        True,
+        "selective",
     )
     layer = model.backbone[0]
     inside_positional = []

@@ -4,14 +4,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from heptstudy.atomic import NotJson
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure import report as rp
 from heptstudy.measure.report import (
     PROTOCOL,
     SCHEMA_VERSION,
     BenchReport,
+    ReportError,
     environment_info,
     read_report,
+    validate_report,
     write_report,
 )
 
@@ -36,7 +39,7 @@ def _good(kind="memory", **changes):
         },
         "config": {"model": {"variant": "hit_heptv2_grouped_tracker_features"}},
         "batch_size": 4,
-        "checkpointing": {"enabled": True, "policy": "full"},
+        "checkpointing": {"plan": "full"},
         "steps": [
             {
                 "step": i,
@@ -47,7 +50,7 @@ def _good(kind="memory", **changes):
                 "time_s": 0.5,
                 "peak_allocated_mib": 10.0 + i,
                 "peak_reserved_mib": 300.0,
-                "loss": {"total": 1.5, "grouping": float("nan")},
+                "loss": {"total": 1.5, "grouping": 0.25},
             }
             for i in range(3)
         ],
@@ -96,7 +99,6 @@ def test_round_trip(tmp_path, kind):
     assert isinstance(back, BenchReport)
     assert back.schema_version == SCHEMA_VERSION and back.protocol == PROTOCOL
     assert back.environment.fresh_process is True and back.environment.device_kind == "cpu"
-    assert back.steps[2].loss["grouping"] != back.steps[2].loss["grouping"]  # NaN survives
     assert back.memory_categories[0].timeline == [(0, 50), (1, 100)]
     again = write_report(back, tmp_path / "r2.json")
     assert read_report(again) == back
@@ -167,13 +169,8 @@ def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(HeptstudyError):
         write_report(_good(batch_size="four"), path)  # invalid: rejected before writing
 
-    def broken(report):
-        raise RuntimeError("serialisation failed")
-
-    monkeypatch.setattr(rp, "_serialise", broken)
-    with pytest.raises(RuntimeError):
-        write_report(_good(batch_size=8), path)
-    monkeypatch.undo()
+    with pytest.raises(NotJson):  # serialisation refuses: nothing written
+        write_report(_good(config={"model": {"budget": float("inf")}}), path)
 
     def fail_replace(src, dst):
         raise OSError("disk full")
@@ -273,3 +270,59 @@ def test_readme_protocol_is_the_reports_protocol():
     from heptstudy.measure.protocol_readme import README, current_block, rendered_block
 
     assert current_block(README.read_text()) == rendered_block()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_no_report_holds_nan_or_infinity(tmp_path, value):
+    """Not JSON: refused when written, naming the field, and when read from a file."""
+    data = _good()
+    data["steps"][0]["loss"]["grouping"] = value
+    with pytest.raises(ReportError) as err:
+        write_report(data, tmp_path / "r.json")
+    assert "steps.0.loss.grouping: input should be a finite number" in str(err.value)
+    data = _good(config={"model": {"heptv2": {"memory_budget_gib": value}}})
+    with pytest.raises(NotJson) as err:
+        write_report(data, tmp_path / "r.json")
+    assert f"config.model.heptv2.memory_budget_gib is {value}, which JSON cannot hold" in str(
+        err.value
+    )
+    assert not (tmp_path / "r.json").exists()
+    good = write_report(_good(), tmp_path / "good.json").read_text()
+    word = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[str(value)]
+    (tmp_path / "r.json").write_text(good.replace('"grouping": 0.25', f'"grouping": {word}'))
+    with pytest.raises(ReportError, match=f"holds {word}, which is not a JSON number"):
+        read_report(tmp_path / "r.json")
+
+
+#: The plan of each checkpointing setting the committed reports from before the plans' names
+#: record: (enabled, policy, checkpoint_every) in their checkpointing block.
+OLD_SETTINGS = {
+    (False, None, None): "off",
+    (True, "full", 1): "full",
+    (True, "selective", 1): "selective",
+    (True, "full", 2): "every2",
+    (True, "full", 3): "every3",
+    ("auto", None, None): "auto",
+}
+
+
+def test_reports_from_before_the_plans_names_read_as_todays():
+    root = Path(__file__).resolve().parent.parent / "experiments"
+    paths = sorted(root.glob("h200_2026-11-30/*.json")) + sorted(root.glob("cpu_reference/*.json"))
+    seen = set()
+    for path in paths:
+        old = json.loads(path.read_text())
+        ck = old["checkpointing"]
+        setting = (ck["enabled"], ck["policy"], ck["checkpoint_every"])
+        report = read_report(path)
+        plan = OLD_SETTINGS[setting] if old["kind"] == "memory" else None
+        assert report.checkpointing.plan == plan, path
+        heptv2 = report.config["model"]["heptv2"]
+        assert heptv2["activation_checkpointing"] == OLD_SETTINGS[setting], path
+        assert "checkpoint_every" not in heptv2 and "activation_checkpointing_policy" not in heptv2
+        assert report.plan.name == OLD_SETTINGS[setting]
+        seen.add(setting)
+    assert seen == set(OLD_SETTINGS)
+    odd = _good(checkpointing={"enabled": True, "policy": "selective", "checkpoint_every": 3})
+    with pytest.raises(ReportError, match="policy 'selective' on every 3 layers is no plan"):
+        validate_report(odd)

@@ -2,6 +2,7 @@
 parsing of Papermill's strings; its refusals."""
 
 import argparse
+import json
 from pathlib import Path
 
 import nbformat
@@ -9,7 +10,7 @@ import pytest
 import yaml
 
 from heptstudy.cli.bench import register_cli, request_from_args
-from heptstudy.config import CHECKPOINTING_VALUES, load_config, load_platform
+from heptstudy.config import FIXED_PLANS, HEPTv2Config, load_config, load_platform
 from heptstudy.measure.request import (
     DEFAULT_STEPS,
     NOTEBOOK_PARAMETERS,
@@ -95,18 +96,23 @@ CASES = [
         },
     ),
     ("memory", ["--batch-size", "1", "--platform", "h100"], {"platform": "h100"}),
-    # the old flag: a bare --checkpointing is full, as the string true is
+    # true is full, a count plan a plan of its own
     (
         "memory",
-        ["--batch-size", "3", "--checkpointing"],
-        {"batch_size": "3", "checkpointing": "true"},
+        ["--batch-size", "3", "--checkpointing", "true"],
+        {"batch_size": "3", "checkpointing": "full"},
+    ),
+    (
+        "memory",
+        ["--batch-size", "3", "--checkpointing", "layers2"],
+        {"batch_size": "3", "checkpointing": "layers2"},
     ),
     ("parity", ["--parity-only", "--deterministic"], {"deterministic": "True"}),
 ]
 
 
 @pytest.mark.parametrize(
-    "kind,argv,strings", CASES, ids=["defaults", "many", "gpu", "old-flag", "parity"]
+    "kind,argv,strings", CASES, ids=["defaults", "many", "gpu", "true", "layers2", "parity"]
 )
 def test_cli_notebook_and_matrix_build_the_same_measurement(tmp_path, kind, argv, strings):
     cli = _cli(argv)
@@ -118,22 +124,24 @@ def test_cli_notebook_and_matrix_build_the_same_measurement(tmp_path, kind, argv
     assert resolved.name == cli.name and resolved.config.train.global_batch_size == cli.batch_size
 
 
-#: Each checkpointing value, the model.heptv2 keys it resolves to and its report name's part.
+#: Each named plan and its report name's part.
 PLANS = {
-    "off": ((False, "full", 1), "baseline"),
-    "full": ((True, "full", 1), "checkpointed"),
-    "selective": ((True, "selective", 1), "checkpointed_selective"),
-    "every2": ((True, "full", 2), "checkpointed_every2"),
-    "every3": ((True, "full", 3), "checkpointed_every3"),
-    "auto": (("auto", "full", 1), "auto"),
+    "off": "baseline",
+    "full": "checkpointed",
+    "selective": "checkpointed_selective",
+    "every2": "checkpointed_every2",
+    "every3": "checkpointed_every3",
+    "layers2": "checkpointed_layers2",
+    "last1": "checkpointed_last1",
+    "auto": "auto",
 }
 
 
-def test_every_checkpointing_value_is_listed_here():
-    assert tuple(PLANS) == CHECKPOINTING_VALUES
+def test_every_fixed_plan_is_listed_here():
+    assert set(FIXED_PLANS) < set(PLANS)
 
 
-@pytest.mark.parametrize("value", [*CHECKPOINTING_VALUES, "true", "false", "FULL"])
+@pytest.mark.parametrize("value", [*PLANS, "true", "false", "FULL"])
 def test_each_checkpointing_value_is_the_same_measurement_everywhere(tmp_path, value):
     cli = _cli(["--batch-size", "4", "--checkpointing", value])
     notebook = _notebook("memory", {"batch_size": "4", "checkpointing": value})
@@ -141,14 +149,9 @@ def test_each_checkpointing_value_is_the_same_measurement_everywhere(tmp_path, v
     m = cli.resolve()
     assert m == notebook.resolve() == matrix.resolve()
     plan = {"true": "full", "false": "off"}.get(value.lower(), value.lower())
-    (keys, part) = PLANS[plan]
-    h = m.config.model.heptv2
-    assert m.checkpointing == plan and m.name == f"{part}_b4"
-    assert (
-        h.activation_checkpointing,
-        h.activation_checkpointing_policy,
-        h.checkpoint_every,
-    ) == keys
+    part = PLANS[plan]
+    assert m.plan.name == m.config.model.heptv2.activation_checkpointing == plan
+    assert m.name == f"{part}_b4"
     assert m.report_path == Path("experiments/scratch") / f"{part}_b4.json"
 
 
@@ -228,12 +231,13 @@ def test_config_is_built_directly(tmp_path):
         (
             {"checkpointing": 1},
             "checkpointing=1 is not allowed: allowed values are off, full, selective, every2, "
-            "every3, auto (true/false: full/off); a number is not a checkpointing value",
+            "every3, layersK or lastK (the first or last K backbone layers) or auto "
+            "(true/false: full/off); a number is not a checkpointing plan",
         ),
         ({"checkpointing": "every4"}, "allowed values are off, full, selective"),
         (
-            {"overrides": ["model.heptv2.checkpoint_every=2"]},
-            "give checkpointing instead of overriding model.heptv2.checkpoint_every",
+            {"overrides": ["model.heptv2.activation_checkpointing=every2"]},
+            "give checkpointing instead of overriding model.heptv2.activation_checkpointing",
         ),
         ({"overrides": ["train.global_batch_size=8"]}, "give batch_size instead"),
         ({"allocator": "jemalloc"}, "allocator='jemalloc' is not allowed: allowed values are"),
@@ -280,3 +284,30 @@ def test_request_parses_yaml_and_papermill_forms():
     a = MeasurementRequest.build(batch_size=" 2 ", checkpointing="TRUE", seed="None", dtype="")
     b = MeasurementRequest.build(batch_size=2, checkpointing=True)
     assert a == b
+
+
+def test_a_plans_name_is_the_only_checkpointing_field(tmp_path):
+    """Configuration, request and report: one field each, holding the plan's name."""
+    from heptstudy.measure import report as rp
+    from heptstudy.measure.bench import report_header
+
+    def checkpoint_fields(names):
+        return [n for n in names if "checkpoint" in n]
+
+    assert checkpoint_fields(HEPTv2Config.model_fields) == ["activation_checkpointing"]
+    assert checkpoint_fields(MeasurementRequest.model_fields) == ["checkpointing"]
+    m = _cli(
+        ["--batch-size", "2", "--checkpointing", "every2", "--set", "model.heptv2.num_convs=4"]
+    ).resolve()
+    header = report_header(m, fresh_process=True, synthetic=True)
+    path = rp.write_report(
+        rp.BenchReport(kind="memory", status="error", error="x", **header), tmp_path / "r.json"
+    )
+    data = json.loads(path.read_text())
+    assert data["checkpointing"] == {"plan": "every2", "memory_budget_mib": None}
+    heptv2 = data["config"]["model"]["heptv2"]
+    assert checkpoint_fields(heptv2) == ["activation_checkpointing"]
+    assert heptv2["activation_checkpointing"] == "every2"
+    assert rp.read_report(path).plan is m.plan
+    with pytest.raises(RequestError, match="unknown parameter checkpoint_every"):
+        MeasurementRequest.build(checkpoint_every=2)

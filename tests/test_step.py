@@ -27,7 +27,7 @@ def _request(data_dir, output, **values):
 @pytest.fixture(scope="module")
 def bench_report(tiny_data_dir, tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "baseline_b2.json"
-    bench.run_bench(_request(tiny_data_dir, path, batch_size=2, steps=2, warmup=1))
+    bench.run_bench(_request(tiny_data_dir, path, batch_size=2, steps=2, warmup=1).resolve())
     return rp.read_report(path)
 
 
@@ -146,9 +146,9 @@ def test_output_under_a_file_is_refused_first(tiny_data_dir, tmp_path, nothing_m
     with pytest.raises(
         bench.OutputNotWritable, match="is a file, not a folder; nothing was measured"
     ):
-        bench.run_bench(_request(tiny_data_dir, blocker / "r.json", batch_size=1))
+        bench.run_bench(_request(tiny_data_dir, blocker / "r.json", batch_size=1).resolve())
     with pytest.raises(bench.OutputNotWritable, match="is a directory"):
-        bench.run_bench(_request(tiny_data_dir, tmp_path, batch_size=1))
+        bench.run_bench(_request(tiny_data_dir, tmp_path, batch_size=1).resolve())
     assert blocker.read_text() == "x" and sorted(os.listdir(tmp_path)) == ["file.txt"]
 
 
@@ -158,7 +158,9 @@ def test_unwritable_output_folder_is_refused_first(tiny_data_dir, nothing_measur
     with pytest.raises(
         bench.OutputNotWritable, match="cannot write the report.*nothing was measured"
     ):
-        bench.run_bench(_request(tiny_data_dir, "/proc/self/heptstudy/r.json", batch_size=1))
+        bench.run_bench(
+            _request(tiny_data_dir, "/proc/self/heptstudy/r.json", batch_size=1).resolve()
+        )
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -168,7 +170,7 @@ def test_read_only_output_folder_is_refused_first(tiny_data_dir, tmp_path, nothi
     folder.chmod(0o500)
     try:
         with pytest.raises(bench.OutputNotWritable, match="Permission denied"):
-            bench.run_bench(_request(tiny_data_dir, folder / "r.json", batch_size=1))
+            bench.run_bench(_request(tiny_data_dir, folder / "r.json", batch_size=1).resolve())
     finally:
         folder.chmod(0o700)
 
@@ -203,7 +205,7 @@ def test_more_events_than_the_split_holds_is_refused(
 ):
     out = tmp_path / "r.json"
     with pytest.raises(HeptstudyError) as err:
-        bench.run_bench(_request(four_events, out, platform="local_cpu", **values))
+        bench.run_bench(_request(four_events, out, platform="local_cpu", **values).resolve())
     assert words in str(err.value) and "holds 4" in str(err.value)
     assert not out.exists()
 
@@ -224,9 +226,9 @@ def test_a_batch_16_report_records_batch_16_where_training_would(tiny_data_dir, 
     m = _request(
         tiny_data_dir, path, batch_size=16, checkpointing="every2", steps=1, warmup=0
     ).resolve()
-    bench.run_bench(m.request.model_copy(update={"passes": "memory"}))
+    bench.run_bench(m.request.model_copy(update={"passes": "memory"}).resolve())
     data = rp.read_report(path)
     assert data.name == "checkpointed_every2_b16" and data.checkpointing.plan == "every2"
     assert data.batch_size == data.config["train"]["global_batch_size"] == 16
-    assert data.config["model"]["heptv2"]["checkpoint_every"] == 2
+    assert data.config["model"]["heptv2"]["activation_checkpointing"] == "every2"
     assert all(len(s.event_indices) == 16 for s in data.steps)

@@ -146,11 +146,7 @@ def test_default_matrices_hold_the_original_set():
     # batch 48 (the recipe's per-device batch): 2 after 1, the data and time a GPU session has
     steps = {r.name: (r.request().steps, r.request().warmup) for r in mem}
     assert all(s == ((2, 1) if n.endswith("_b48") else (5, 2)) for n, s in steps.items())
-    policy_keys = (
-        "model.heptv2.activation_checkpointing_policy=",
-        "model.heptv2.checkpoint_every=",
-        "model.heptv2.memory_budget_gib=",  # auto's budget, not the model's size
-    )
+    policy_keys = ("model.heptv2.memory_budget_gib=",)  # auto's budget, not the model's size
     assert not any(
         o.startswith("model.") and not o.startswith(policy_keys)
         for r in cpu.runs
@@ -295,7 +291,7 @@ def test_policy_frame_and_table():
     assert any(t.startswith("selective") and "65% memory cut, +5% step time" in t for t in labels)
 
 
-def _report(name, b, enabled, policy=None, every=None, categories=None):
+def _report(name, b, plan, categories=None):
     from heptstudy.measure import report as rp
 
     env = rp.environment_info("cpu", "float32", "local_cpu", fresh_process=True)
@@ -307,7 +303,7 @@ def _report(name, b, enabled, policy=None, every=None, categories=None):
         data=rp.DataInfo(dataset="d:1", data_dir=None, synthetic=True, split="train"),
         config={"model": {}},
         batch_size=b,
-        checkpointing=rp.Checkpointing(enabled=enabled, policy=policy, checkpoint_every=every),
+        checkpointing=rp.Checkpointing(plan=plan),
         summary=rp.Summary(
             counted_steps=1,
             warmup_steps=1,
@@ -331,22 +327,20 @@ def test_categories_frame():
             _report(
                 "checkpointed_selective_b4",
                 4,
-                True,
                 "selective",
-                1,
                 [{"parameters": 10 * mib, "temporaries": 5 * mib}],
             ),
             _report(
                 "baseline_b4",
                 4,
-                False,
+                "off",
                 categories=[
                     {"parameters": 10 * mib, "activations": 50 * mib},
                     {"parameters": 10 * mib, "activations": 90 * mib, "gradients": 2 * mib},
                 ],
             ),
-            _report("checkpointed_b1", 1, True, "full", 1, [{"parameters": 10 * mib}]),
-            _report("baseline_b16", 16, False),  # no categories: not a row
+            _report("checkpointed_b1", 1, "full", [{"parameters": 10 * mib}]),
+            _report("baseline_b16", 16, "off"),  # no categories: not a row
         )
     ]
     cats = study.categories_frame(reports)
@@ -387,7 +381,7 @@ def test_dead_kernel_is_recorded_as_a_result(tiny_data_dir, tmp_path):
     report = read_report(tmp_path / "baseline_b2.json")
     assert status == report.status == "error"
     assert "kernel died" in report.error and report.data.synthetic
-    assert report.batch_size == 2 and report.checkpointing.enabled is False
+    assert report.batch_size == 2 and report.checkpointing.plan == "off"
 
     class CellError(Exception):
         ename, evalue = "OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB"

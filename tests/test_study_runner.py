@@ -41,7 +41,8 @@ def _kernel_in_process(monkeypatch):
         params = {k: v for k, v in parameters.items() if k != "output"}
         output = Path(parameters["output"])
         output = output if output.is_absolute() else Path(cwd) / output
-        run_bench(MeasurementRequest.build(kind=kind, output=str(output), progress=False, **params))
+        request = MeasurementRequest.build(kind=kind, output=str(output), progress=False, **params)
+        run_bench(request.resolve())
         nbformat.write(nbformat.v4.new_notebook(), str(output_nb))
 
     monkeypatch.setattr(runner, "_papermill", fake)
@@ -491,7 +492,7 @@ def test_report_records_allocator_and_page_faults_of_each_step(tiny_data_dir, tm
         output=str(tmp_path / "r.json"),
         progress=False,
     )
-    report = run_bench(request)
+    report = run_bench(request.resolve())
     env = report.environment  # applied in this process: a CPU without a platform is local_cpu
     assert env.allocator.startswith("glibc")
     assert env.allocator_settings == alloc.measurement_allocator(None, "cpu")
@@ -503,6 +504,6 @@ def test_report_records_allocator_and_page_faults_of_each_step(tiny_data_dir, tm
     assert usage["minor_faults_per_step"] == sum(s.minor_page_faults for s in counted)
     data = json.loads((tmp_path / "r.json").read_text())
     assert "allocator_settings" in data["environment"] and "minor_page_faults" in data["steps"][0]
-    timing = run_bench(request.model_copy(update={"passes": "timing"}))
+    timing = run_bench(request.model_copy(update={"passes": "timing"}).resolve())
     assert timing.summary.mean_step_time_s > 0 and timing.summary.max_peak_allocated_mib is None
     assert timing.validation is None and "timing only" in timing.summary.tracked_memory_note

@@ -93,8 +93,14 @@ def test_a_training_state_with_an_impossible_step_is_refused(tiny_data_dir, tmp_
 @pytest.mark.parametrize(
     ("override", "said"),
     [
-        ("model.heptv2.auto_plan_order=[layers99]", "lists layers99, but the backbone has 3"),
-        ("model.heptv2.auto_plan_order=[last4,full]", "lists last4, but the backbone has 3"),
+        (
+            "model.heptv2.auto_plan_order=[layers99]",
+            "layers99 checkpoints 99 of the backbone's 3 layers",
+        ),
+        (
+            "model.heptv2.auto_plan_order=[last4,full]",
+            "last4 checkpoints 4 of the backbone's 3 layers",
+        ),
         ("model.heptv2.memory_budget_gib=inf", "model.heptv2.memory_budget_gib"),
         ("model.heptv2.memory_budget_gib=nan", "model.heptv2.memory_budget_gib"),
     ],

@@ -32,11 +32,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_backbone(args: argparse.Namespace) -> int:
-    import json
-
     import torch
 
-    from heptstudy.atomic import write_text_or_keep
+    from heptstudy.atomic import json_text, write_text_or_keep
     from heptstudy.config import load_config
     from heptstudy.measure.backbone import (
         check_backbone_request,
@@ -51,7 +49,8 @@ def _bench_backbone(args: argparse.Namespace) -> int:
     result = run_backbone_bench(config, args.hits, repeats=args.repeats, device=args.device)
     print(describe_backbone(result))
     if args.output:
-        write_text_or_keep(args.output, json.dumps(result, indent=2) + "\n", "the result")
+        text = json_text(result, f"the result {args.output}")
+        write_text_or_keep(args.output, text, "the result")
         print(f"written: {args.output}")
     return 0
 
@@ -81,8 +80,7 @@ _FLAGS: dict[str, tuple[str, dict]] = {
     ),
     "overrides": ("--set", dict(action="append", metavar="KEY=VALUE")),
     "progress": ("--no-progress", dict(action="store_const", const=False, help="no progress bar")),
-    # a bare --checkpointing (the old flag) is full
-    "checkpointing": ("--checkpointing", dict(nargs="?", const="full", metavar="VALUE")),
+    "checkpointing": ("--checkpointing", dict(metavar="PLAN")),
     "deterministic": ("--deterministic", dict(action=argparse.BooleanOptionalAction)),
 }
 
@@ -107,21 +105,4 @@ def register_cli(sub) -> None:
     )
     _add_backbone(p.add_subparsers(dest="bench_command"))
     _add_request_options(p)
-    p.add_argument(
-        "--auto-checkpointing",
-        dest="checkpointing",
-        action="store_const",
-        const="auto",
-        default=argparse.SUPPRESS,
-        help="--checkpointing auto: each step runs the cheapest plan whose predicted peak fits "
-        "model.heptv2.memory_budget_gib (--set it; default: the platform's memory less 10%%)",
-    )
-    p.add_argument(
-        "--no-checkpointing",
-        dest="checkpointing",
-        action="store_const",
-        const="off",
-        default=argparse.SUPPRESS,
-        help="checkpointing off (the old flag; --checkpointing off)",
-    )
     p.set_defaults(func=_bench)

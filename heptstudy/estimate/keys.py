@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from heptstudy.config import ModelConfig
-from heptstudy.model.checkpoint_plan import plan_for
+from heptstudy.model.checkpoint_plan import plan_named
 
 #: Key fields compared one by one, in the order a mismatch is explained.
 SETTINGS = (
@@ -21,8 +21,6 @@ SETTINGS = (
     "variant",
     "attention_backend",
     "checkpointing",
-    "checkpointing_policy",
-    "checkpoint_every",
 )
 #: Model fields that are key settings of their own (not repeated in ``model``), and the memory
 #: budget and plan order of activation_checkpointing=auto, which choose a plan but do not change
@@ -30,8 +28,6 @@ SETTINGS = (
 _IN_SETTINGS = (
     "attention_backend",
     "activation_checkpointing",
-    "activation_checkpointing_policy",
-    "checkpoint_every",
     "memory_budget_gib",
     "auto_plan_order",
 )
@@ -57,18 +53,15 @@ def model_key(config: dict[str, Any], device_kind: str) -> dict[str, Any]:
     """The key of ``config`` (a configuration as a dict) on a device of ``device_kind``."""
     model = config["model"]
     h = model.get("heptv2") or {}
-    # auto's steps run different plans, so its reports hold for no single plan: a key of its own
-    setting = h.get("activation_checkpointing")
-    ck = "auto" if setting == "auto" else bool(setting)
     sections = _model_sections(model)
     return {
         "device_kind": device_kind,
         "dtype": config["train"]["dtype"],
         "variant": model["variant"],
         "attention_backend": h.get("attention_backend"),
-        "checkpointing": ck,
-        "checkpointing_policy": h.get("activation_checkpointing_policy") if ck is True else None,
-        "checkpoint_every": int(h.get("checkpoint_every", 1)) if ck is True else None,
+        # the plan's name; auto's steps run different plans, so its reports hold for no
+        # single plan: a key of its own
+        "checkpointing": h.get("activation_checkpointing", "off"),
         "model_hash": hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[
             :12
         ],
@@ -78,23 +71,16 @@ def model_key(config: dict[str, Any], device_kind: str) -> dict[str, Any]:
 
 def key_label(key: dict[str, Any]) -> str:
     """A short file-name-safe label: ``variant_device_dtype_backend_ckpt_hash``."""
-    if key.get("checkpointing") == "auto":
-        ck = "ckpt-auto"
-    elif key.get("checkpointing"):
-        ck = f"ckpt-{key.get('checkpointing_policy')}"
-        if (key.get("checkpoint_every") or 1) > 1:
-            ck += f"-every{key['checkpoint_every']}"
-    else:
-        ck = "nockpt"
+    plan = key.get("checkpointing")
+    ck = "nockpt" if plan == "off" else f"ckpt-{plan}"
     parts = [key.get(k) for k in ("variant", "device_kind", "dtype", "attention_backend")]
     return "_".join(str(p) for p in [*parts, ck, key.get("model_hash")])
 
 
 def checkpointing_words(key: dict[str, Any]) -> str:
     """The label of a key's checkpointing plan (``off``, ``full``, ``every 2``, ...)."""
-    return plan_for(
-        key.get("checkpointing"), key.get("checkpointing_policy"), key.get("checkpoint_every")
-    ).label
+    layers = (key.get("model") or {}).get("heptv2", {}).get("num_convs")
+    return plan_named(key.get("checkpointing"), layers).label
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

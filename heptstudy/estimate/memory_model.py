@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from heptstudy.atomic import atomic_write_text
+from heptstudy.atomic import atomic_write_text, json_text
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.keys import key_label
 from heptstudy.units import MIB
@@ -240,8 +240,7 @@ class MemoryModel:
         text = (
             f"{self.source} memory model for {k.get('variant')} ({k.get('device_kind')}, "
             f"{k.get('dtype')}, attention {k.get('attention_backend')}, checkpointing "
-            f"{k.get('checkpointing_policy') if k.get('checkpointing') else 'off'}"
-            f"{', every ' + str(k['checkpoint_every']) if (k.get('checkpoint_every') or 1) > 1 else ''}): "
+            f"{k.get('checkpointing')}): "
             f"allocated {a.fixed_mib:,.0f} MiB fixed + {a.per_padded_hit_mib * 1024:,.2f} KiB per "
             f"padded hit + {a.per_event_mib:,.2f} MiB per event"
         )
@@ -316,7 +315,7 @@ class MemoryModel:
             raise FitError(f"{where}: missing or unexpected field ({err}); refit it") from None
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
+        return atomic_write_text(path, json_text(self.to_dict(), f"the memory model {path}"))
 
     @classmethod
     def load(cls, path: str | Path) -> MemoryModel:

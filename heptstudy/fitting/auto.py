@@ -21,7 +21,7 @@ import numpy as np
 from heptstudy.data.batching import padded_sizes
 from heptstudy.fitting import occupancy
 from heptstudy.model.adaptive_checkpointing import NoPlanFits
-from heptstudy.model.checkpoint_plan import NAMED, plan_for
+from heptstudy.model.checkpoint_plan import AUTO
 
 
 @dataclass
@@ -46,12 +46,8 @@ class AutoAnswer:
 
 def plan_of_report_step(report, step) -> str | None:
     """The plan a counted step of a bench report ran (``off``, ``selective``, ``every2``,
-    ``full``); ``None`` for policies no auto plan matches."""
-    c = report.checkpointing
-    if c.enabled == "auto":
-        return step.checkpoint_plan
-    name = plan_for(c.enabled, c.policy, c.checkpoint_every).name
-    return name if name in NAMED else None
+    ``layers2``, ``full``, ...)."""
+    return step.checkpoint_plan if report.plan is AUTO else report.plan.name
 
 
 def measured_rates(reports) -> tuple[dict[str, float], dict[str, int]]:

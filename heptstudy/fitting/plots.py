@@ -16,11 +16,8 @@ def fit_table(models: list[MemoryModel]) -> list[dict]:
             "source": m.source,
             "device": m.key.get("device_kind"),
             "dtype": m.key.get("dtype"),
-            "every": m.key.get("checkpoint_every"),
             "attention": m.key.get("attention_backend"),
-            "checkpointing": m.key.get("checkpointing_policy")
-            if m.key.get("checkpointing")
-            else "off",
+            "checkpointing": m.key.get("checkpointing"),
             "fixed_mib": m.allocated.fixed_mib,
             "per_padded_hit_kib": m.allocated.per_padded_hit_mib * 1024,
             "per_event_mib": m.allocated.per_event_mib,

@@ -124,7 +124,7 @@ def choose_model(
                 f"none of the reports given fits a memory model for this configuration "
                 f"({key['variant']} on {key['device_kind']}, {key['dtype']}, attention "
                 f"{key['attention_backend']}, checkpointing "
-                f"{key['checkpointing_policy'] if key['checkpointing'] else 'off'}):\n{lines}\n"
+                f"{key['checkpointing']}):\n{lines}\n"
                 "Measure this configuration with `heptstudy bench` on the platform's device, or "
                 "run without --reports to answer from a stored or estimated model"
             )

@@ -191,7 +191,7 @@ def render(result) -> str:
         f"devices, {a.scenario_steps:,} steps, sampler {cfg.data.sampler}, padding to "
         f"{cfg.data.pad_to_multiple}, dtype {cfg.train.dtype}, attention "
         f"{cfg.model.heptv2.attention_backend}, checkpointing "
-        f"{cfg.model.heptv2.activation_checkpointing_policy if cfg.model.heptv2.activation_checkpointing else 'off'}",
+        f"{cfg.model.heptv2.activation_checkpointing}",
         f"  data: {result.data}",
         "  a step's peak = memory model at (batch size, longest padded event of the batch); a "
         "batch or step = a uniformly random set of events of an epoch; validation steps not modelled",

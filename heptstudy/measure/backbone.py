@@ -99,7 +99,6 @@ def run_backbone_bench(
         "block_size": cfg.block_size,
         "n_hashes": cfg.n_hashes,
         "activation_checkpointing": cfg.activation_checkpointing,
-        "policy": cfg.activation_checkpointing_policy if cfg.activation_checkpointing else None,
         "attention_backend": cfg.attention_backend,
         "device": str(dev),
         "threads": torch.get_num_threads(),
@@ -112,7 +111,8 @@ def run_backbone_bench(
 
 
 def describe_backbone(r: dict[str, Any]) -> str:
-    ckpt = f"checkpointing {r['policy']}" if r["activation_checkpointing"] else "no checkpointing"
+    plan = r["activation_checkpointing"]
+    ckpt = "no checkpointing" if plan == "off" else f"checkpointing {plan}"
     return (
         f"HEPTv2 backbone, {r['layers']} layers (embedding {r['embedding_dim']}, {r['heads']} heads, "
         f"block {r['block_size']}, {r['n_hashes']} hashes), {ckpt}, {r['attention_backend']} attention\n"

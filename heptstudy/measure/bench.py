@@ -32,7 +32,7 @@ from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.plans import predictor_for
 from heptstudy.measure import report as rp
 from heptstudy.measure.parity import run_parity, set_deterministic
-from heptstudy.measure.request import PARITY, Measurement, MeasurementRequest
+from heptstudy.measure.request import PARITY, Measurement
 from heptstudy.meters.allocator import apply_allocator, populate_heap
 from heptstudy.meters.host_usage import HostUsage
 from heptstudy.meters.memory import make_meter
@@ -107,17 +107,15 @@ def check_enough_events(m: Measurement) -> None:
 
 
 def run_bench(
-    measurement: Measurement | MeasurementRequest,
-    announce: Callable[[rp.BenchReport], None] | None = None,
+    m: Measurement, announce: Callable[[rp.BenchReport], None] | None = None
 ) -> rp.BenchReport:
-    """Measure and write the report to ``measurement.report_path`` (a request is resolved
-    first). ``announce`` (e.g. printing the summary) sees the report before it is written, so
+    """Measure the resolved measurement ``m`` and write its report to ``m.report_path``.
+    ``announce`` (e.g. printing the summary) sees the report before it is written, so
     that a write that fails (full disk, quota) loses nothing: the report is then kept
     elsewhere and :class:`~heptstudy.atomic.WriteFailed` says where."""
     from heptstudy.data import load_events
     from heptstudy.data.batching import dataset_for
 
-    m = measurement.resolve() if isinstance(measurement, MeasurementRequest) else measurement
     fresh = rp.claim_fresh_process()
     allocator = apply_allocator(m.allocator)  # before the measurement allocates anything
     request, config, device, output = m.request, m.config, m.device, m.report_path
@@ -170,8 +168,6 @@ def report_header(
     reports alike. ``allocator``: the :class:`~heptstudy.meters.allocator.AllocatorState` it
     ran with."""
     config = m.config
-    h = config.model.heptv2
-    on = h.activation_checkpointing
     return dict(
         name=m.name,
         environment=rp.environment_info(
@@ -189,12 +185,7 @@ def report_header(
         ),
         config=config.to_dict(),
         batch_size=m.batch_size,
-        checkpointing=rp.Checkpointing(
-            plan=m.checkpointing if m.request.kind != PARITY else None,
-            enabled=on,
-            policy=h.activation_checkpointing_policy if on is True else None,
-            checkpoint_every=h.checkpoint_every if on is True else None,
-        ),
+        checkpointing=rp.Checkpointing(plan=m.plan.name if m.request.kind != PARITY else None),
         notes=[*notes, *(["data: synthetic (generated) events"] if synthetic else [])],
     )
 

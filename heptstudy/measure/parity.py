@@ -32,7 +32,7 @@ def set_deterministic(device: torch.device) -> None:
 
 def with_checkpointing(config: Config, on: bool) -> Config:
     data = config.to_dict()
-    data["model"]["heptv2"]["activation_checkpointing"] = on
+    data["model"]["heptv2"]["activation_checkpointing"] = "full" if on else "off"
     return Config.model_validate(data)
 
 

@@ -14,16 +14,17 @@ import platform
 import socket
 import sys
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from heptstudy.atomic import atomic_write_text, write_text_or_keep
+from heptstudy.atomic import atomic_write_text, json_text, write_text_or_keep
 from heptstudy.errors import HeptstudyError, describe_invalid
+from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
 from heptstudy.paths import git
-from heptstudy.units import MIB
 
 SCHEMA_VERSION = "heptstudy.bench/1"
 
@@ -102,7 +103,8 @@ class ReportError(HeptstudyError, ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+    # NaN and the infinities are not JSON: no field of a report holds one
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class OomInfo(_Strict):
@@ -179,13 +181,11 @@ class DataInfo(_Strict):
 
 
 class Checkpointing(_Strict):
-    # the checkpointing value measured: off, full, selective, every2, every3 or auto (None in
-    # reports from before it was recorded)
+    # the plan measured (model.heptv2.activation_checkpointing): off, full, selective, every2,
+    # every3, layersK, lastK or auto (each step's plan is then in its StepRecord); None in a
+    # parity report, which compares off with full
     plan: str | None = None
-    enabled: bool | Literal["auto"]  # auto: each step's plan is in its StepRecord
     memory_budget_mib: NonNegative | None = None  # auto only: what each step's plan must fit
-    policy: str | None = None  # "full", "selective", ...; None when disabled
-    checkpoint_every: int | None = Field(None, ge=1)
 
 
 class StepRecord(_Strict):
@@ -313,6 +313,12 @@ class BenchReport(_Strict):
     # the run only while the fingerprint of the run is the same
     fingerprint: str | None = None
 
+    @property
+    def plan(self) -> CheckpointPlan:
+        """The checkpointing plan measured (off in a parity report)."""
+        layers = self.config.get("model", {}).get("heptv2", {}).get("num_convs")
+        return plan_named(self.checkpointing.plan or "off", layers)
+
     @model_validator(mode="after")
     def _status_details(self) -> BenchReport:
         if self.status == "oom" and self.oom is None:
@@ -337,15 +343,65 @@ def short_repr(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: The plan of each checkpointing setting of a report from before the plan's name was the
+#: one value (``enabled``, ``policy``, ``checkpoint_every``; a policy of None is ``full``).
+_PLAN_OF_OLD_SETTING = {
+    (True, "full", 1): "full",
+    (True, "selective", 1): "selective",
+    (True, "full", 2): "every2",
+    (True, "full", 3): "every3",
+}
+
+
+def with_plan_names(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """A report as this heptstudy writes it. Reports written before the plan's name was the
+    one checkpointing value (every report of ``experiments/h200_2026-11-30`` and the CPU
+    reference's) spread a plan over three fields, both in ``checkpointing`` (``enabled``,
+    ``policy``, ``checkpoint_every``) and in ``config.model.heptv2``
+    (``activation_checkpointing`` true/false/auto, ``activation_checkpointing_policy``,
+    ``checkpoint_every``): each pair becomes the plan's name. Any other report is returned
+    as it is."""
+    block = data.get("checkpointing")
+    if not isinstance(block, dict) or "enabled" not in block:
+        return data
+    block = dict(block)
+    enabled, policy, every = (block.pop(k, None) for k in ("enabled", "policy", "checkpoint_every"))
+    if enabled == "auto" or not enabled:
+        name = "auto" if enabled == "auto" else "off"
+    else:
+        name = _PLAN_OF_OLD_SETTING.get((True, policy or "full", every or 1))
+        if name is None:
+            raise ReportError(
+                f"{source}: checkpointing policy {policy!r} on every {every} layers is no plan "
+                "of this heptstudy (off, full, selective, every2, every3, auto); measure it again"
+            )
+    if "plan" not in block and data.get("kind") == "memory":
+        block["plan"] = name  # recorded since the plans had names, else the measured setting
+    data = {**data, "checkpointing": block}
+    heptv2 = (data.get("config") or {}).get("model", {}).get("heptv2")
+    if isinstance(heptv2, dict):
+        heptv2 = {
+            k: v
+            for k, v in heptv2.items()
+            if k not in ("activation_checkpointing_policy", "checkpoint_every")
+        }
+        heptv2["activation_checkpointing"] = name
+        model = {**data["config"]["model"], "heptv2": heptv2}
+        data["config"] = {**data["config"], "model": model}
+    return data
+
+
 def validate_report(
     data: BenchReport | dict[str, Any], source: str = "<report>", *, require_version: bool = True
 ) -> BenchReport:
-    """A validated copy of ``data`` (a report, possibly mutated since it was built, or a dict).
+    """A validated copy of ``data`` (a report, possibly mutated since it was built, or a dict;
+    one from before the plans' names in today's fields, :func:`with_plan_names`).
     ``require_version=False`` fills in the current ``schema_version`` when a dict has none."""
     if isinstance(data, BenchReport):
         data = data.model_dump(mode="python")
     if not isinstance(data, dict):
         raise ReportError(f"{source}: a report must be a JSON object, got {type(data).__name__}")
+    data = with_plan_names(data, source)
     if not require_version and "schema_version" not in data:
         data = {"schema_version": SCHEMA_VERSION, **data}
     version = data.get("schema_version")
@@ -369,8 +425,8 @@ def validate_report(
         ) from None
 
 
-def _serialise(report: BenchReport) -> str:
-    return report.model_dump_json(indent=2) + "\n"
+def _serialise(report: BenchReport, path: str | os.PathLike) -> str:
+    return json_text(report.model_dump(), f"the report {path}")
 
 
 def write_report(report: BenchReport | dict[str, Any], path: str | os.PathLike) -> Path:
@@ -378,15 +434,22 @@ def write_report(report: BenchReport | dict[str, Any], path: str | os.PathLike) 
     A failure (invalid report, serialisation, disk) leaves any previous file untouched."""
     path = Path(path)
     report = validate_report(report, source=str(path), require_version=False)
-    text = _serialise(report)
-    return atomic_write_text(path, text)
+    return atomic_write_text(path, _serialise(report, path))
 
 
 def write_report_or_keep(report: BenchReport, path: str | os.PathLike) -> Path:
     """:func:`write_report`; when the disk refuses, the report is kept elsewhere (a temporary
     file, or printed as JSON) and :class:`~heptstudy.atomic.WriteFailed` says where."""
     report = validate_report(report, source=str(path), require_version=False)
-    return write_text_or_keep(path, _serialise(report), f"the report {Path(path).name}")
+    return write_text_or_keep(path, _serialise(report, path), f"the report {Path(path).name}")
+
+
+def _not_json(path: Path, word: str):
+    # Python's reader takes NaN and Infinity, which are not JSON and no measured value
+    raise ReportError(
+        f"{path}: holds {word}, which is not a JSON number and no measured value; regenerate "
+        "the report with `heptstudy bench`"
+    )
 
 
 def read_report(path: str | os.PathLike) -> BenchReport:
@@ -397,7 +460,7 @@ def read_report(path: str | os.PathLike) -> BenchReport:
     except OSError as exc:
         raise ReportError(f"{path}: cannot read the report ({exc.strerror or exc})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=partial(_not_json, path))
     except json.JSONDecodeError as exc:
         raise ReportError(
             f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
@@ -512,7 +575,3 @@ def host_load() -> float | None:
         return round(os.getloadavg()[0], 2)
     except (AttributeError, OSError):
         return None
-
-
-def mib(nbytes: int | None) -> float | None:
-    return None if nbytes is None else nbytes / MIB

@@ -4,9 +4,10 @@ row of a study matrix ask for, validated once, with every default stated here.
 ::
 
     request = MeasurementRequest.build(batch_size="4", checkpointing="true")   # strings parse
-    request.checkpointing              # "full": true/false are full/off
+    request.checkpointing              # "full": the plan's name; true/false are full/off
     m = request.resolve()              # the one frozen Measurement, resolved once:
-    m.config, m.device, m.profile      #   validated Config, device, platform profile (or None)
+    m.config, m.plan                   #   validated Config, its checkpoint plan (FULL)
+    m.device, m.profile                #   device, platform profile (or None)
     m.allocator                        #   allocator settings applied in the measuring process
     m.name, m.report_path              #   "checkpointed_b4", experiments/scratch/NAME.json
 
@@ -41,21 +42,19 @@ from pydantic import (
 )
 
 from heptstudy.config import (
-    CHECKPOINTING_KEYS,
     HIT_VARIANT,
+    PLAN_WORDS,
     TRACK_CLUSTER_VARIANT,
-    CheckpointingValue,
     Config,
     ModelConfig,
     PlatformConfig,
     TrainConfig,
-    checkpointing_settings,
     load_config,
     load_platform,
-    parse_checkpointing,
+    parse_plan_name,
 )
 from heptstudy.errors import ConfigError, describe_invalid
-from heptstudy.model.checkpoint_plan import NAMED
+from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_of, report_part
 
 #: The allowed values come from the configuration schema itself.
 Variant = ModelConfig.model_fields["variant"].annotation
@@ -78,7 +77,7 @@ DATASET_OF_VARIANT = {
 
 #: Configuration keys that a request parameter sets: an override may not set them as well.
 _OWNED_KEYS = {
-    **{f"model.heptv2.{k}": "checkpointing" for k in CHECKPOINTING_KEYS},
+    "model.heptv2.activation_checkpointing": "checkpointing",
     "train.global_batch_size": "batch_size",
     "model.variant": "variant",
     "data.data_dir": "data_dir",
@@ -212,11 +211,11 @@ class MeasurementRequest(BaseModel):
         MEMORY, description="memory (peak memory and step time) or parity (checkpointing parity)"
     )
     batch_size: Count = Field(1, description="events per step, an integer >= 1")
-    checkpointing: Annotated[CheckpointingValue, BeforeValidator(parse_checkpointing)] = Field(
+    checkpointing: Annotated[str, BeforeValidator(parse_plan_name)] = Field(
         "off",
-        description="activation checkpointing plan of the HEPTv2 layers (memory only): off, "
-        "full, selective, every2, every3, or auto (a plan per step within "
-        "model.heptv2.memory_budget_gib); true/false mean full/off",
+        description=f"activation checkpointing plan of the HEPTv2 layers (memory only): "
+        f"{PLAN_WORDS} (a plan per step within model.heptv2.memory_budget_gib); true/false "
+        "mean full/off",
     )
     steps: OptionalCount = Field(
         None,
@@ -306,7 +305,9 @@ class MeasurementRequest(BaseModel):
             {} if self.allocator == "default" else measurement_allocator(profile, device.type) or {}
         )
         path = Path(self.output) if self.output else SCRATCH_DIR / f"{self.name}.json"
-        return Measurement(self, config, device, profile, allocator, self.name, path)
+        return Measurement(
+            self, config, plan_of(config.model.heptv2), device, profile, allocator, self.name, path
+        )
 
     @property
     def device(self) -> torch.device:
@@ -317,7 +318,7 @@ class MeasurementRequest(BaseModel):
         """Defaults, then the request's settings, then the user's overrides (the only part
         OmegaConf parses)."""
         train: dict[str, Any] = {"global_batch_size": self.batch_size}
-        heptv2: dict[str, Any] = checkpointing_settings(self.checkpointing)
+        heptv2: dict[str, Any] = {"activation_checkpointing": self.checkpointing}
         model: dict[str, Any] = {"heptv2": heptv2}
         # bench validates on batch_size test-split events and keeps no held-out test set
         data: dict[str, Any] = {"nvalid": self.batch_size, "ntest": 0}
@@ -344,16 +345,12 @@ class MeasurementRequest(BaseModel):
         b = self.batch_size
         if self.kind == PARITY:
             return f"parity{'_deterministic' if self.deterministic else ''}_b{b}"
-        return f"{REPORT_NAME_PART[self.checkpointing]}_b{b}"
+        return f"{report_part(self.checkpointing)}_b{b}"
 
     def events_needed(self) -> int:
         """Training-split events of the measured steps: every step has its own events."""
         steps = 1 if self.kind == PARITY else self.warmup + self.steps
         return self.batch_size * steps
-
-
-#: The report name's part of each checkpointing value (its plan's).
-REPORT_NAME_PART = {name: plan.report_part for name, plan in NAMED.items()}
 
 
 def _device(profile: PlatformConfig | None) -> torch.device:
@@ -369,17 +366,15 @@ class Measurement:
 
     request: MeasurementRequest
     config: Config
+    #: the checkpointing plan the configuration builds (off for a parity measurement, which
+    #: compares off with full itself)
+    plan: CheckpointPlan
     device: torch.device
     profile: PlatformConfig | None
     #: host allocator settings applied in the measuring process ({}: the allocator as it comes)
     allocator: dict[str, str] = field(default_factory=dict)
     name: str = ""
     report_path: Path = SCRATCH_DIR
-
-    @property
-    def checkpointing(self) -> str:
-        """The checkpointing plan's name (``off``, ``full``, ..., ``auto``)."""
-        return self.request.checkpointing
 
     @property
     def batch_size(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from heptstudy.measure.report import BenchReport
+from heptstudy.model.checkpoint_plan import AUTO, OFF
 
 
 def describe(report: BenchReport) -> str:
@@ -34,8 +35,8 @@ def describe(report: BenchReport) -> str:
         )
     s = report.summary
     c = report.checkpointing
-    setting = "auto" if c.enabled == "auto" else "on" if c.enabled else "off"
-    if c.enabled == "auto" and c.memory_budget_mib:
+    setting = c.plan or "off"
+    if setting == "auto" and c.memory_budget_mib:
         setting += f" (budget {c.memory_budget_mib:,.0f} MiB; plans per step in the report)"
     text = (
         f"{head}\n  checkpointing {setting}: "
@@ -98,7 +99,8 @@ def step_breakdown_frame(reports) -> Any:
             {
                 "name": r.name,
                 "batch_size": r.batch_size,
-                "checkpointing": r.checkpointing.enabled,
+                # on, off or auto: the column the phase table sorts by
+                "checkpointing": "auto" if r.plan is AUTO else r.plan is not OFF,
                 "device": r.environment.device_name,
                 "synthetic": r.data.synthetic,
                 "mean_step_s": s.mean_step_time_s,

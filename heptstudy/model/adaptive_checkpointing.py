@@ -31,14 +31,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from heptstudy.config import Config
+from heptstudy.config import Config, count_plan
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.checkpoint_plan import (
     AUTO,
-    EVERY_2,
     FULL,
     OFF,
-    SELECTIVE,
     CheckpointPlan,
     plan_named,
     running,
@@ -46,50 +44,6 @@ from heptstudy.model.checkpoint_plan import (
 
 #: ``auto``'s plans are values of :mod:`heptstudy.model.checkpoint_plan`.
 Plan = CheckpointPlan
-
-
-def layer_count_plan(count: int, num_layers: int, last: bool = False) -> CheckpointPlan:
-    """``layers{count}``: the first ``count`` of the ``num_layers`` backbone layers checkpointed
-    (the decoder not); ``last{count}``: the last ``count``. Which ones does not move the peak:
-    on the CPU reference's batch-4 peak batch, first and last K peak alike for every K, on the
-    CPU and the CUDA target (experiments/checkpointing_limit_cpu_b4/layer_order.json)."""
-    if not 1 <= count < num_layers:
-        raise HeptstudyError(
-            f"checkpoint plan {'last' if last else 'layers'}{count}: the backbone has "
-            f"{num_layers} layers; count plans take 1 to {num_layers - 1} (all of them is full)"
-        )
-    order = tuple(("backbone", i) for i in range(num_layers))
-    if last:
-        return CheckpointPlan(
-            f"last{count}",
-            f"last {count} of {num_layers} layers",
-            f"checkpointed_last{count}",
-            count=count,
-            order=order[::-1],
-        )
-    return CheckpointPlan(
-        f"layers{count}",
-        f"{count} of {num_layers} layers",
-        f"checkpointed_layers{count}",
-        count=count,
-        order=order,
-    )
-
-
-def count_plan_size(name: str) -> int | None:
-    """K of a count plan's name (``layersK`` or ``lastK``), else None."""
-    for prefix in ("layers", "last"):
-        if name.startswith(prefix) and name[len(prefix) :].isdigit():
-            return int(name[len(prefix) :])
-    return None
-
-
-def auto_plan(name: str, num_layers: int) -> CheckpointPlan:
-    """One of the plans ``model.heptv2.auto_plan_order`` names."""
-    count = count_plan_size(name)
-    if count is not None:
-        return layer_count_plan(count, num_layers, last=name.startswith("last"))
-    return plan_named(name)
 
 
 #: The plans ``auto`` tries after ``off`` when neither the configuration nor the platform
@@ -126,28 +80,26 @@ def plan_order(heptv2, platform=None) -> tuple[list[str], str]:
 
 
 def candidate_plans(heptv2, platform=None) -> list[CheckpointPlan]:
-    """The plans tried, cheapest first: ``off``, then :func:`plan_order`; ``every2`` and
-    ``every3`` only where they differ from ``full``, count plans only below the number of
-    layers."""
+    """The plans tried, cheapest first: ``off``, then :func:`plan_order`. A platform's order
+    was measured on its full-size model: of it, a smaller backbone tries the count plans below
+    its number of layers, and ``every2`` and ``every3`` only where they differ from ``full``
+    (the configuration's own order is checked against its backbone when it is validated)."""
     n = heptv2.num_convs
     plans = [OFF]
     for name in plan_order(heptv2, platform)[0]:
-        if (count_plan_size(name) or 0) >= n:
+        count = count_plan(name)
+        if (count is not None and count[1] >= n) or (name.startswith("every") and n < 2):
             continue
-        plan = auto_plan(name, n)
-        if plan.every > 1 and n < 2:
-            continue
-        plans.append(plan)
+        plans.append(plan_named(name, n))
     return plans
 
 
 def plan_config(config: Config, plan: CheckpointPlan) -> Config:
-    """``config`` with the plan's checkpointing settings (``auto`` for a count plan, which runs
-    under :func:`applied_plan`)."""
+    """``config`` running ``plan``: its name as ``model.heptv2.activation_checkpointing``; a
+    count plan keeps ``auto`` (every layer wrapped) and runs under :func:`applied_plan`, as the
+    steps of an ``auto`` run do."""
     fixed = config.model_copy(deep=True)
-    settings = plan.settings() if plan.count is None else {"activation_checkpointing": "auto"}
-    for key, value in settings.items():
-        setattr(fixed.model.heptv2, key, value)
+    fixed.model.heptv2.activation_checkpointing = "auto" if plan.count else plan.name
     return fixed
 
 
@@ -239,12 +191,7 @@ def applied_plan(model: nn.Module, plan: CheckpointPlan | None) -> Iterator[None
 
 
 __all__ = [
-    "EVERY_2",
     "FULL",
-    "SELECTIVE",
-    "auto_plan",
-    "count_plan_size",
-    "layer_count_plan",
     "order_by_cost",
     "plan_order",
     "OFF",

@@ -14,6 +14,7 @@ never a result.
 ``auto`` is a plan too (:data:`AUTO`): every backbone and decoder layer is wrapped, and each
 step runs under the plan chosen for its batch (:func:`running`), one of the prepared plans of
 :mod:`heptstudy.model.adaptive_checkpointing`. Neither the model nor its configuration changes.
+A plan's name (``model.heptv2.activation_checkpointing``) is the one value that chooses it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 
-from heptstudy.config import CHECKPOINTING_VALUES, checkpointing_settings, parse_checkpointing
+from heptstudy.config import count_plan, parse_plan_name
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.activation_checkpointing import lean_recompute, policy_context
 
@@ -46,39 +47,21 @@ class CheckpointPlan:
     """One way of checkpointing the model.
 
     Fixed plans checkpoint every ``every``-th layer (0, k, 2k, ...) of the backbone and of the
-    decoder. Count plans (``count`` set, for ``auto``) checkpoint the first ``count`` layers of
-    ``order`` (the backbone's layers first to last, or last to first).
+    decoder. Count plans (``count`` set) checkpoint the first ``count`` layers of ``order``
+    (the backbone's layers first to last, or last to first).
     """
 
     name: str  # off, full, selective, every2, every3, auto, layers3, ...
     label: str  # for figures and tables
-    report_part: str  # the report name's part: baseline, checkpointed, checkpointed_every2, ...
     policy: str = "full"  # full | selective
     every: int = 0  # fixed plans: every k-th layer; 0: none
     count: int | None = None
     order: tuple[Slot, ...] = ()
 
     @property
-    def checkpointing(self) -> bool | str:
-        """The ``model.heptv2.activation_checkpointing`` value of this plan."""
-        if self is AUTO or self.name == "auto":
-            return "auto"
-        return self.every > 0 or bool(self.count)
-
-    def settings(self) -> dict[str, Any]:
-        """The ``model.heptv2`` keys of a configuration that runs this fixed plan."""
-        if self.count is not None:
-            raise HeptstudyError(
-                f"checkpoint plan {self.name!r} is one of auto's prepared plans; it has no "
-                "configuration keys of its own (set activation_checkpointing=auto)"
-            )
-        if self.name in CHECKPOINTING_VALUES:  # the configuration's own spelling of the value
-            return checkpointing_settings(self.name)
-        return {
-            "activation_checkpointing": self.checkpointing,
-            "activation_checkpointing_policy": self.policy,
-            "checkpoint_every": max(self.every, 1),
-        }
+    def report_part(self) -> str:
+        """The report name's part: baseline, checkpointed, checkpointed_every2, auto, ..."""
+        return report_part(self.name)
 
     def checkpoints(self, slot: Slot) -> bool:
         """Whether this plan runs the layer at ``slot`` under checkpoint."""
@@ -87,58 +70,54 @@ class CheckpointPlan:
         return self.every > 0 and slot[1] % self.every == 0
 
 
-OFF = CheckpointPlan("off", "off", "baseline")
-FULL = CheckpointPlan("full", "full", "checkpointed", every=1)
-SELECTIVE = CheckpointPlan("selective", "selective", "checkpointed_selective", "selective", 1)
-EVERY_2 = CheckpointPlan("every2", "every 2", "checkpointed_every2", every=2)
-EVERY_3 = CheckpointPlan("every3", "every 3", "checkpointed_every3", every=3)
-AUTO = CheckpointPlan("auto", "auto", "auto")
+def report_part(name: str) -> str:
+    """The part of a report's name that names the plan ``name``: ``baseline`` (off),
+    ``checkpointed`` (full), ``auto``, else ``checkpointed_NAME``."""
+    return {"off": "baseline", "full": "checkpointed", "auto": "auto"}.get(
+        name, f"checkpointed_{name}"
+    )
 
-#: The plan of each checkpointing value a configuration, a request or a matrix row names
-#: (:data:`heptstudy.config.CHECKPOINTING_VALUES`; ``true``/``false`` are ``full``/``off``).
+
+OFF = CheckpointPlan("off", "off")
+FULL = CheckpointPlan("full", "full", every=1)
+SELECTIVE = CheckpointPlan("selective", "selective", "selective", 1)
+EVERY_2 = CheckpointPlan("every2", "every 2", every=2)
+EVERY_3 = CheckpointPlan("every3", "every 3", every=3)
+AUTO = CheckpointPlan("auto", "auto")
+
+#: The plans of :data:`heptstudy.config.FIXED_PLANS` and ``auto``, by name.
 NAMED = {p.name: p for p in (OFF, FULL, SELECTIVE, EVERY_2, EVERY_3, AUTO)}
-if tuple(NAMED) != CHECKPOINTING_VALUES:
-    raise RuntimeError(f"checkpoint plans {tuple(NAMED)} != values {CHECKPOINTING_VALUES}")
 
 
-def plan_named(value: Any) -> CheckpointPlan:
-    """The plan of a checkpointing value: a plan name (any case), or true/false."""
-    if isinstance(value, CheckpointPlan):
-        return value
-    if value is None:
-        return OFF
+def plan_named(value: Any, num_layers: int | None = None) -> CheckpointPlan:
+    """The plan of a checkpointing value: a plan's name (any case) or true/false. A count plan
+    (``layersK``, ``lastK``) is built for a backbone of ``num_layers`` layers."""
     try:
-        return NAMED[parse_checkpointing(value)]
+        name = parse_plan_name(value)
     except ValueError as err:
         raise HeptstudyError(
             f"checkpointing={value!r} is not a checkpointing plan: {err}"
         ) from None
+    if name in NAMED:
+        return NAMED[name]
+    last, count = count_plan(name)
+    if num_layers is None or not 1 <= count < num_layers:
+        raise HeptstudyError(
+            f"checkpoint plan {name}: the backbone has {num_layers} layers; count plans take 1 "
+            f"to {(num_layers or 1) - 1} (all of them is full)"
+        )
+    order = tuple(("backbone", i) for i in range(num_layers))
+    return CheckpointPlan(
+        name,
+        f"{'last ' if last else ''}{count} of {num_layers} layers",
+        count=count,
+        order=order[::-1] if last else order,
+    )
 
 
 def plan_of(heptv2) -> CheckpointPlan:
     """The plan a ``model.heptv2`` configuration asks for."""
-    return plan_for(
-        heptv2.activation_checkpointing,
-        heptv2.activation_checkpointing_policy,
-        heptv2.checkpoint_every,
-    )
-
-
-def plan_for(checkpointing, policy: str | None = "full", every: int | None = 1) -> CheckpointPlan:
-    """The plan of a configuration's or a report's three checkpointing fields (``auto``,
-    true/false; the policy; every k-th layer): the one value whose name, label and report-name
-    part every table, figure and key uses. Reports from before the policies count as ``full``."""
-    if checkpointing == "auto":
-        return AUTO
-    if not checkpointing:
-        return OFF
-    policy, every = policy or "full", int(every or 1)
-    for plan in (FULL, SELECTIVE, EVERY_2, EVERY_3):
-        if plan.every == every and plan.policy == policy:
-            return plan
-    name = f"{policy}_every{every}" if policy != "full" else f"every{every}"
-    label = f"{policy} every {every}" if policy != "full" else f"every {every}"
-    return CheckpointPlan(name, label, f"checkpointed_{name}", policy, every)
+    return plan_named(heptv2.activation_checkpointing, heptv2.num_convs)
 
 
 # -- applying a plan ------------------------------------------------------------------------
@@ -235,9 +214,9 @@ __all__ = [
     "CheckpointPlan",
     "apply_plan",
     "checkpoint_slots",
-    "plan_for",
     "plan_named",
     "plan_of",
+    "report_part",
     "running",
     "unwrapped_name",
 ]

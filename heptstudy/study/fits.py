@@ -12,7 +12,6 @@ from heptstudy.fitting import FitRequest, fit, fit_reports
 from heptstudy.fitting.api import repo_path
 from heptstudy.fitting.plots import fit_figure, fit_table, peak_vs_longest_figure
 from heptstudy.study.common import MEMORY
-from heptstudy.study.frames import policy_label
 
 #: The platform profiles of the recipe's prediction in the report.
 PLATFORMS = ("h100", "lumi_mi250x")
@@ -164,14 +163,13 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
     measured = {}
     for _, r in reports:
         if r.kind == MEMORY and r.status == "ok" and r.summary.mean_step_time_s is not None:
-            c = r.checkpointing
-            label = policy_label(c.enabled, c.policy, c.checkpoint_every)
+            label = r.plan.label
             if label in ("auto", "full"):
                 measured[(label, r.batch_size)] = r.summary.mean_step_time_s
     rows, skipped = [], []
     for _, r in reports:
         c = r.checkpointing
-        if r.kind != MEMORY or r.status != "ok" or c.enabled != "auto" or not c.memory_budget_mib:
+        if r.kind != MEMORY or r.status != "ok" or c.plan != "auto" or not c.memory_budget_mib:
             continue
         platform = r.environment.platform or "local_cpu"
         overrides = [f"model.heptv2.memory_budget_gib={c.memory_budget_mib / 1024:g}"]

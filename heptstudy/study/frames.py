@@ -11,7 +11,7 @@ from heptstudy.config import load_config
 from heptstudy.data.stats import hits_stats
 from heptstudy.measure.report import ReportError, read_report
 from heptstudy.meters.allocator import allocator_label
-from heptstudy.model.checkpoint_plan import NAMED, plan_for
+from heptstudy.model.checkpoint_plan import AUTO, NAMED, OFF
 from heptstudy.study.common import MEMORY, PARITY
 from heptstudy.study.schedule import locate, report_files
 
@@ -20,9 +20,14 @@ POLICY_ORDER = tuple(plan.label for plan in NAMED.values())
 
 
 def policy_label(enabled, policy: str | None, every: int | None) -> str:
-    """The label of a report's checkpointing plan (``off``, ``full``, ``selective``,
-    ``every 2``, ``selective every 3``, ``auto``): :func:`~heptstudy.model.checkpoint_plan.plan_for`."""
-    return plan_for(enabled, policy, every).label
+    """The label of a frame row's checkpointing columns (``off``, ``full``, ``selective``,
+    ``every 2``, ``selective every 3``, ``auto``): the plan's label
+    (:attr:`heptstudy.measure.report.BenchReport.plan`) for a row of a report."""
+    if enabled == "auto" or not enabled:
+        return "auto" if enabled == "auto" else "off"
+    words = [policy] if policy not in (None, "full") else []
+    words += [f"every {int(every)}"] if every and int(every) > 1 else []
+    return " ".join(words) or "full"
 
 
 def policy_labels(df) -> Any:
@@ -104,6 +109,8 @@ def reports_frame(reports) -> Any:
         s = r.summary
         counted = [st for st in r.steps if st.counted]
         line, _, round_ = locate(Path(*Path(path).parts[-3:]))
+        plan = r.plan
+        on = "auto" if plan is AUTO else plan is not OFF
         rows.append(
             {
                 "file": path.name,
@@ -113,14 +120,11 @@ def reports_frame(reports) -> Any:
                 "kind": r.kind,
                 "status": r.status,
                 "batch_size": r.batch_size,
-                "checkpointing": r.checkpointing.enabled,
-                "policy": r.checkpointing.policy if r.checkpointing.enabled else "none",
-                "checkpoint_every": r.checkpointing.checkpoint_every,
-                "policy_label": policy_label(
-                    r.checkpointing.enabled,
-                    r.checkpointing.policy,
-                    r.checkpointing.checkpoint_every,
-                ),
+                # the table's columns of the plan: on (or auto), its policy, every k-th layer
+                "checkpointing": on,
+                "policy": (None if plan is AUTO else plan.policy) if on else "none",
+                "checkpoint_every": (plan.every or None) if on is True else None,
+                "policy_label": plan.label,
                 "peak_allocated_mib": s.max_peak_allocated_mib if s else None,
                 "peak_reserved_mib": s.max_peak_reserved_mib if s else None,
                 "mean_step_s": s.mean_step_time_s if s else None,

@@ -11,13 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from heptstudy.config import (
-    CheckpointingValue,
-    Config,
-    checkpointing_settings,
-    load_config,
-    parse_checkpointing,
-)
+from heptstudy.config import Config, load_config, parse_plan_name
 from heptstudy.measure.request import (
     Count,
     OptionalNumber,
@@ -40,7 +34,7 @@ class PipelineParameters(BaseModel):
     num_steps: Count = 4
     val_freq: Count = 2
     checkpoint_freq: Count = 2
-    checkpointing: Annotated[CheckpointingValue, BeforeValidator(parse_checkpointing)] = "full"
+    checkpointing: Annotated[str, BeforeValidator(parse_plan_name)] = "full"
     data_dir: OptionalPath = None
     seed: OptionalNumber = None
     overrides: Overrides = []
@@ -63,7 +57,7 @@ class PipelineParameters(BaseModel):
         if self.seed is not None:
             train["seed"] = self.seed
         data = {"data_dir": self.data_dir} if self.data_dir else {}
-        model = {"heptv2": checkpointing_settings(self.checkpointing)}
+        model = {"heptv2": {"activation_checkpointing": self.checkpointing}}
         return load_config(
             base={"model": model, "data": data, "train": train}, overrides=self.overrides
         )

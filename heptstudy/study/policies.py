@@ -7,7 +7,7 @@ from typing import Any
 from heptstudy.meters.memory import CATEGORIES
 from heptstudy.model.adaptive_checkpointing import order_by_cost
 from heptstudy.study.common import MEMORY
-from heptstudy.study.frames import against_off, pct_less, policy_label, policy_rank
+from heptstudy.study.frames import against_off, pct_less, policy_rank
 from heptstudy.units import MIB
 
 
@@ -79,12 +79,11 @@ def categories_frame(reports) -> Any:
         if r.kind != MEMORY or r.status != "ok" or not r.memory_categories:
             continue
         worst = max(r.memory_categories, key=lambda c: c.peak_bytes)
-        ck = r.checkpointing
         rows.append(
             {
                 "name": r.name or path.stem,
                 "batch_size": r.batch_size,
-                "policy": policy_label(ck.enabled, ck.policy, ck.checkpoint_every),
+                "policy": r.plan.label,
                 "device_kind": r.environment.device_kind,
                 "peak_mib": worst.peak_bytes / MIB,
                 **{c: worst.at_peak_bytes.get(c, 0) / MIB for c in CATEGORIES},

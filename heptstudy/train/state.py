@@ -58,8 +58,6 @@ COMPATIBLE_SECTIONS = (
 RUNTIME_KEYS = frozenset(
     {
         "activation_checkpointing",
-        "activation_checkpointing_policy",
-        "checkpoint_every",
         "attention_backend",
     }
 )

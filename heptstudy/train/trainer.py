@@ -299,7 +299,7 @@ def _step(net, batches, optimizer, scheduler, config, dtype, ctx, step, plans):
     except torch.OutOfMemoryError:
         hint = (
             "lower the per-device batch (activation checkpointing is already on)"
-            if config.model.heptv2.activation_checkpointing
+            if config.model.heptv2.activation_checkpointing != "off"
             else "switch on model.heptv2.activation_checkpointing=true or lower the "
             "per-device batch"
         )

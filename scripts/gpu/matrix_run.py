@@ -44,7 +44,8 @@ def main(argv=None) -> int:
 
         run = runs[args.name]
         build = getattr(run, "request", None) or run.options
-        report = run_bench(build(output=str(Path(args.out) / f"{run.name}.json"), progress=False))
+        request = build(output=str(Path(args.out) / f"{run.name}.json"), progress=False)
+        report = run_bench(request.resolve())
         print(describe(report))
         return 0
     except HeptstudyError as err:
