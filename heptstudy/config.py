@@ -181,12 +181,7 @@ class HEPTv2Config(_Strict):
     @field_validator("activation_checkpointing", mode="before")
     @classmethod
     def _plan_name(cls, value: Any) -> str:
-        try:
-            return parse_plan_name(value)
-        except ValueError as err:
-            raise ValueError(
-                f"model.heptv2.activation_checkpointing={as_yaml(value)}: {err}"
-            ) from None
+        return parse_plan_name(value)
 
     @field_validator("memory_budget_gib", mode="before")
     @classmethod

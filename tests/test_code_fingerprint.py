@@ -66,8 +66,10 @@ def _estimated_model(key, fingerprint) -> MemoryModel:
 def _key():
     import json
 
-    config = json.loads((H200 / "checkpointed_b48.json").read_text())["config"]
-    return model_key(config, "cuda")
+    from heptstudy.measure.report import with_plan_names
+
+    path = H200 / "checkpointed_b48.json"
+    return model_key(with_plan_names(json.loads(path.read_text()), str(path))["config"], "cuda")
 
 
 @pytest.mark.parametrize(

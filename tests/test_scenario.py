@@ -76,7 +76,9 @@ def test_recipe_resolves_on_cluster_platforms(platform, variant):
     assert v.config.train.dtype == exp["dtype"]
     assert v.config.model.heptv2.attention_backend == exp["backend"]
     assert v.config.model.variant == variant
-    assert v.config.model.heptv2.activation_checkpointing is (variant == HIT_VARIANT)
+    assert v.config.model.heptv2.activation_checkpointing == (
+        "full" if variant == HIT_VARIANT else "off"
+    )
 
 
 def test_recipe_files_hold_the_documented_recipe():
@@ -180,7 +182,7 @@ def test_variant_overrides_reach_the_named_variant_only():
     over = ["train.global_batch_size=8"]
     res = sc.resolve(RECIPE, "local_cpu", overrides=over, variant_overrides=auto)
     settings = {v.name: v.config.model.heptv2.activation_checkpointing for v in res.variants}
-    assert settings[HIT_VARIANT] == "auto" and settings[TRACK_CLUSTER_VARIANT] is False
+    assert settings[HIT_VARIANT] == "auto" and settings[TRACK_CLUSTER_VARIANT] == "off"
     # given to every variant, the model without a HEPTv2 backbone refuses it
     with pytest.raises(ConfigError, match="track_cluster_mlpf"):
         sc.resolve(RECIPE, "local_cpu", overrides=over + auto[HIT_VARIANT])

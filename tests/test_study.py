@@ -456,7 +456,7 @@ def test_pipeline_config_and_fresh_dir(tmp_path, tiny_data_dir):
         overrides=TINY_MODEL,
     )
     assert config.train.global_batch_size == 2 and config.train.num_steps == 3
-    assert config.model.heptv2.activation_checkpointing is False
+    assert config.model.heptv2.activation_checkpointing == "off"
     with pytest.raises(RequestError, match="did you mean 'num_steps'"):
         _pipeline_config(numsteps=3)
     with pytest.raises(RequestError, match="parameter checkpointing=1"):

@@ -78,7 +78,7 @@ def unusable(report) -> str | None:
     """Why a (schema-valid) report has nothing to validate, else None."""
     if report.kind != "memory" or report.status != "ok":
         return f"a {report.kind} report with status {report.status}: only memory reports (ok)"
-    if report.checkpointing.enabled == "auto":
+    if report.checkpointing.plan == "auto":
         return "activation_checkpointing=auto: each step ran its own plan"
     if report.environment.device_kind not in ("cpu", *CACHING):
         return f"measured on {report.environment.device_kind}: the estimator knows cpu, cuda, rocm"
