@@ -427,7 +427,8 @@ def test_report_layer_on_the_h200_reports(tiny_data_dir):
 
 
 def _auto_predictor():
-    from heptstudy.model.adaptive_checkpointing import FULL, OFF, PlanPredictor
+    from heptstudy.model.adaptive_checkpointing import PlanPredictor
+    from heptstudy.model.checkpoint_plan import FULL, OFF
 
     # per padded hit: off 1 MiB, full 0.25 MiB; budget 15 MiB: events of 10 hits run off, 20
     # full, 100 not at all

@@ -26,7 +26,8 @@ from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
 from heptstudy.fitting.words import answer_words
 from heptstudy.measure.report import ReportError, read_report
-from heptstudy.model.adaptive_checkpointing import FULL, plan_config
+from heptstudy.model.adaptive_checkpointing import plan_config
+from heptstudy.model.checkpoint_plan import FULL
 from heptstudy.paths import ROOT
 from heptstudy.scenario import ScenarioError, resolve
 

@@ -35,7 +35,6 @@ from heptstudy.config import Config, count_plan
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.checkpoint_plan import (
     AUTO,
-    FULL,
     OFF,
     CheckpointPlan,
     plan_named,
@@ -188,18 +187,3 @@ def applied_plan(model: nn.Module, plan: CheckpointPlan | None) -> Iterator[None
         )
     with running(plan):
         yield
-
-
-__all__ = [
-    "FULL",
-    "order_by_cost",
-    "plan_order",
-    "OFF",
-    "NoPlanFits",
-    "Plan",
-    "PlanChoice",
-    "PlanPredictor",
-    "applied_plan",
-    "candidate_plans",
-    "plan_config",
-]

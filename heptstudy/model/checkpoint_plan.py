@@ -201,22 +201,3 @@ def apply_plan(model: nn.Module, plan: CheckpointPlan) -> nn.Module:
             )
     model.checkpoint_plan = plan
     return model
-
-
-__all__ = [
-    "AUTO",
-    "EVERY_2",
-    "EVERY_3",
-    "FULL",
-    "NAMED",
-    "OFF",
-    "SELECTIVE",
-    "CheckpointPlan",
-    "apply_plan",
-    "checkpoint_slots",
-    "plan_named",
-    "plan_of",
-    "report_part",
-    "running",
-    "unwrapped_name",
-]

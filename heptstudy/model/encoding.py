@@ -41,10 +41,6 @@ def normalise_features(x: torch.Tensor) -> torch.Tensor:
     )
 
 
-def mlp(inp: int, hidden: int, out: int) -> nn.Sequential:
-    return LeanMLP(inp, hidden, out)
-
-
 class LeanMLP(nn.Sequential):
     """``Linear -> GELU -> LayerNorm -> Linear`` that keeps only its input for backward.
 
@@ -88,9 +84,10 @@ class _LeanMLPFunction(torch.autograd.Function):
     def backward(ctx, d_out):
         x, w1, b1, norm_w, norm_b, w2, b2 = ctx.saved_tensors
         enabled, dtype = ctx.autocast
+        needs = [ctx.needs_input_grad[i] for i in (0, 2, 3, 4, 5)]
         first = [
             t.detach().requires_grad_(need)
-            for t, need in zip((x, w1, b1, norm_w, norm_b), _needs(ctx, 0, 2, 3, 4, 5), strict=True)
+            for t, need in zip((x, w1, b1, norm_w, norm_b), needs, strict=True)
         ]
         with torch.enable_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
             hidden = _hidden(first[0], ctx.eps, *first[1:])
@@ -108,18 +105,14 @@ class _LeanMLPFunction(torch.autograd.Function):
         return d_first[0], None, *d_first[1:], d_w2, d_b2
 
 
-def _needs(ctx, *indices: int) -> list[bool]:
-    return [bool(ctx.needs_input_grad[i]) for i in indices]
-
-
 class TypeEncoder(nn.Module):
     """Encodes elements of type 1 and type 2 (column 0 of the raw features) with separate MLPs;
     anything else (padding) encodes to zero."""
 
     def __init__(self, in_dim: int, width: int, out_dim: int):
         super().__init__()
-        self.type1 = mlp(in_dim, width, out_dim)
-        self.type2 = mlp(in_dim, width, out_dim)
+        self.type1 = LeanMLP(in_dim, width, out_dim)
+        self.type2 = LeanMLP(in_dim, width, out_dim)
         self.out_dim = out_dim
 
     def forward(self, raw: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:

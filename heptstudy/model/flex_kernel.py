@@ -102,10 +102,6 @@ def set_shape_policy(policy: str) -> None:
     _POLICY = policy
 
 
-def shape_policy() -> str:
-    return _POLICY
-
-
 def kernel_length(padded_len: int) -> int:
     """The sequence length the kernel runs on for a sorted length of ``padded_len``."""
     if _POLICY == "dynamic":
@@ -117,10 +113,6 @@ def kernel_length(padded_len: int) -> int:
         f"a sorted sequence of {padded_len} rows is longer than the largest ladder size "
         f"{LADDER[-1]}; use the dynamic shape policy or the plain attention. {WAY_OUT}"
     )
-
-
-def compiler_for(device: torch.device) -> str:
-    return "inductor" if device.type == "cuda" else "eager"
 
 
 def status() -> dict:
@@ -157,21 +149,22 @@ def reset_counts() -> None:
     _STATS = _Stats()
 
 
-def flex_attention_lse(q, k, v, block_mask, *, compiler: str | None = None, need_lse=True):
+def flex_attention_lse(q, k, v, block_mask):
     """``flex_attention(q, k, v, block_mask, scale=1)`` through the bounded, checked compile;
-    returns ``(out, lse)`` (``lse`` None when not asked for)."""
+    returns ``(out, lse)``."""
     from torch.nn.attention import flex_attention as fa
 
-    compiler = compiler or compiler_for(q.device)
-    if compiler == "eager" and q.device.type == "cpu" and torch.is_grad_enabled():
-        if any(t.requires_grad for t in (q, k, v)):
-            raise FusedAttentionError(
-                "the fused attention has no backward on CPU (flex_attention supports only "
-                f"inference there). {WAY_OUT}"
-            )
-    kwargs = {"block_mask": block_mask, "scale": 1.0}
-    if need_lse:
-        kwargs["return_aux"] = fa.AuxRequest(lse=True)
+    compiler = "inductor" if q.device.type == "cuda" else "eager"
+    if (
+        q.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and any(t.requires_grad for t in (q, k, v))
+    ):
+        raise FusedAttentionError(
+            "the fused attention has no backward on CPU (flex_attention supports only "
+            f"inference there). {WAY_OUT}"
+        )
+    kwargs = {"block_mask": block_mask, "scale": 1.0, "return_aux": fa.AuxRequest(lse=True)}
     if torch.compiler.is_compiling():  # inside a caller's own compiled region: it compiles us
         result = fa.flex_attention(q, k, v, **kwargs)
     else:
@@ -184,10 +177,8 @@ def flex_attention_lse(q, k, v, block_mask, *, compiler: str | None = None, need
         _STATS.compiler = compiler
     _STATS.calls += 1
     _STATS.lengths.add(int(q.shape[-2]))
-    if need_lse:
-        out, aux = result
-        return out, aux.lse
-    return result, None
+    out, aux = result
+    return out, aux.lse
 
 
 def _compiled(compiler: str):

@@ -15,7 +15,7 @@ from torch import nn
 
 from heptstudy.config import Config
 from heptstudy.data.schema import CLASS_PDG_IDS, HIT_FEATURES
-from heptstudy.model.encoding import TypeEncoder, mlp, normalise_features
+from heptstudy.model.encoding import LeanMLP, TypeEncoder, normalise_features
 from heptstudy.model.heptv2 import Dropout, HEPTv2Layer, RMSNorm, hit_coordinates
 
 NUM_CLASSES = len(CLASS_PDG_IDS)
@@ -67,8 +67,8 @@ class PredictionHeads(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(dim)
         self.cls = nn.Linear(dim, NUM_CLASSES)
-        self.momentum = mlp(dim, width, MOMENTUM_DIM)
-        self.mask_embed = mlp(dim, width, dim)
+        self.momentum = LeanMLP(dim, width, MOMENTUM_DIM)
+        self.mask_embed = LeanMLP(dim, width, dim)
 
     def forward(self, queries: torch.Tensor, hit_embed: torch.Tensor, mask: torch.Tensor):
         h = self.norm(queries)

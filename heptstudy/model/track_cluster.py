@@ -9,7 +9,7 @@ from torch import nn
 
 from heptstudy.config import Config
 from heptstudy.data.schema import PF_FEATURES
-from heptstudy.model.encoding import TypeEncoder, mlp, normalise_features
+from heptstudy.model.encoding import LeanMLP, TypeEncoder, normalise_features
 from heptstudy.model.heptv2 import Dropout
 from heptstudy.model.hit_model import MOMENTUM_DIM, NUM_CLASSES
 
@@ -49,8 +49,8 @@ class TrackClusterModel(nn.Module):
             for _ in range(cfg.num_layers)
         )
         self.norm = nn.LayerNorm(dim)
-        self.cls = mlp(dim, cfg.width, NUM_CLASSES)
-        self.momentum = mlp(dim, cfg.width, MOMENTUM_DIM)
+        self.cls = LeanMLP(dim, cfg.width, NUM_CLASSES)
+        self.momentum = LeanMLP(dim, cfg.width, MOMENTUM_DIM)
         if config.model.freeze.input_encoder:
             self.input_encoder.requires_grad_(False)
 
