@@ -9,23 +9,15 @@ For each hit (tracker or calorimeter) and radii ``r_1 < ... < r_K`` the block ho
 * ``radius_spread``: their standard deviation (metres; 0 when fewer than two);
 * ``nearest``: distance to the nearest other tracker hit, capped at ``NEAREST_CAP``.
 
-The distance is ``sqrt(deta^2 + dphi^2)`` with ``dphi`` wrapped into ``[-pi, pi]``, phi read as
-``atan2(sin_phi, cos_phi)`` (in float64) so a common positive factor on the two columns does not
-matter.  The wrap-around is handled by copying the tracker hits within ``NEAREST_CAP`` of the seam
-to the other side (phi -/+ 2 pi) and searching plain ``scipy.spatial.cKDTree`` trees; on
-full-occupancy events that saves about 1 ms per event against periodic trees (``boxsize``), with
-the same answers.  Cost O(N log N + pairs): one dual-tree pair listing at the largest radius
-(``sparse_distance_matrix``), bincounts over the pairs, and a capped nearest-neighbour query only
-for the hits with no other tracker hit within the largest radius.  The pair count grows roughly
-with the square of the largest radius (about 67k pairs per full-occupancy event at 0.05, 285k at
-0.2), so the largest radius sets the cost.
+The distance is ``sqrt(deta^2 + dphi^2)`` with ``dphi`` wrapped into ``[-pi, pi]`` and phi read
+as ``atan2(sin_phi, cos_phi)`` (a common positive factor on the two columns does not matter).
+The wrap-around is handled by copying the tracker hits within ``NEAREST_CAP`` of the seam to the
+other side and searching plain ``cKDTree`` trees (faster than periodic trees, same answers).
+The pair count grows roughly with the square of the largest radius, which sets the cost.
 
-Default radii (``model.tracker_features.radii``) are ``[0.02, 0.05]``: 0.02 is a few ECAL cells
-(5 mm at ~2.1 m) around a hit, the scale of an electromagnetic shower core; 0.05 is a few HCAL cells
-and covers the offset between a track's outer tracker hits and its calorimeter entry point for
-tracks above roughly 1 GeV.  The earlier 0.2 (half a jet cone) measured jet-scale activity, which
-the backbone's attention sees anyway, at about twice the per-event cost (the input path fell to
-~50 events per CPU-second); the nearest-hit column still reaches out to ``NEAREST_CAP``.
+Default radii are ``[0.02, 0.05]``: a few ECAL cells (an electromagnetic shower core) and a few
+HCAL cells (the offset between a track's outer hits and its calorimeter entry above ~1 GeV);
+jet-scale activity the backbone's attention sees anyway.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""TFDS schemas of the CLD ttbar data sets, the builders that write them and the reader.
+"""TFDS schemas of the CLD ttbar data sets, the writer and the reader.
 
-The two data sets have the feature dictionaries of the real ``cld_edm_ttbar_hits`` and
-``cld_edm_ttbar_pf`` TFDS data sets (version 3.2.1, builder configs "1".."10", splits train and
-test, ArrayRecord files).  Writing serialises examples with the data set's TFDS ``FeaturesDict`` into ArrayRecord
-shards and writes TFDS's ``DatasetInfo`` next to them; reading goes through ``tfds.builder(...).as_data_source(split)``,
-which builds the reader from the ``features.json``/``dataset_info.json`` on disk.  Neither needs
-TensorFlow.  The reader only relies on the feature dictionary, never on how our generator
-happens to write, so the real data sets open the same way.
+The data sets have the feature dictionaries of the real ``cld_edm_ttbar_hits`` and
+``cld_edm_ttbar_pf`` (version 3.2.1, builder configs "1".."10", ArrayRecord files). Reading goes
+through ``tfds.builder(...).as_data_source(split)`` and relies only on the feature dictionary,
+never on how our generator writes, so the real data sets open the same way. Neither side needs
+TensorFlow.
 """
 
 from __future__ import annotations
@@ -66,14 +64,11 @@ def features_dict(name: str):
 class ArrayRecordDatasetWriter:
     """Stream examples of one builder config into ArrayRecord shards plus TFDS metadata.
 
-    ``tfds``'s ``download_and_prepare`` buffers examples in a shuffler that spills to disk through
-    TensorFlow once it holds more than 1 GB, so it cannot write full-size data sets without
-    TensorFlow.  This writer does what it does, without the buffer: each example is serialised
-    with the data set's ``FeaturesDict.serialize_example``, appended to the current shard file
-    ``NAME-SPLIT.array_record-XXXXX-of-YYYYY`` (events kept in the order given), and at the end
-    ``DatasetInfo`` (features, splits with shard lengths, file format, metadata) is written with
-    ``write_to_directory``.  Everything goes to a temporary folder renamed into place at the end,
-    so an interrupted write never looks like a data set.
+    ``tfds``'s ``download_and_prepare`` spills its shuffle buffer to disk through TensorFlow
+    past 1 GB, so it cannot write full-size data sets without TensorFlow; this writer
+    serialises each example with ``FeaturesDict.serialize_example`` into shards, in the order
+    given, then writes ``DatasetInfo``. Everything goes to a temporary folder renamed into
+    place at the end, so an interrupted write never looks like a data set.
     """
 
     def __init__(

@@ -1,24 +1,14 @@
 """Occupancy-adaptive checkpointing (``model.heptv2.activation_checkpointing: auto``).
 
-Checkpointing changes no result, only memory and time, so it can be decided per batch. Before a
+Checkpointing changes no result, only memory and time, so it can be decided per batch: before a
 step, a memory model per candidate plan predicts the step's peak from the batch's shape (events
-``B``, longest padded event ``L``: every activation has ``B x L`` rows); the step runs the
-cheapest plan whose prediction fits the budget. When none fits, :class:`NoPlanFits` names the
-batch, the predictions and the budget before the step allocates anything.
+``B``, longest padded event ``L``) and the step runs the cheapest plan that fits the budget.
+When none fits, :class:`NoPlanFits` says so before the step allocates anything.
 
-Candidate plans, cheapest first: ``off`` (recomputes nothing) always first, then
-``model.heptv2.auto_plan_order``, else the platform's measured order, else
-:data:`DEFAULT_PLAN_ORDER`: the first 1, 2, ... backbone layers, then ``full``, so that the
-recomputation grows with what the batch needs. ``selective`` is not in the default order: on the
-CPU reference it cost more than every 2nd layer and saved less.
-
-Memory models. Each plan's model is *estimated* at the start of a run
-(:func:`heptstudy.estimate.plans.calibrate`): one
-training step of the real model per calibration batch on fake tensors
-(:func:`heptstudy.estimate.fake_step.estimate_step`, the storage tracker counting every tensor
-storage), fitted like measurements (:func:`heptstudy.estimate.memory_model.fit_points`). It predicts
-peak *allocated* tensor memory: on CPU what the storage tracker measures; on a GPU the caching
-allocator's pool and kernel workspaces come on top, which the budget's safety margin must cover.
+The memory models are estimated at the start of a run on fake tensors
+(:func:`heptstudy.estimate.plans.calibrate`) and predict peak *allocated* tensor memory; on a
+GPU the caching allocator's pool and kernel workspaces come on top, which the budget's safety
+margin must cover.
 """
 
 from __future__ import annotations

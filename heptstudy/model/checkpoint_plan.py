@@ -1,20 +1,14 @@
 """Checkpointing plans: one value per plan, applied once to the built model.
 
-A :class:`CheckpointPlan` names which backbone layers and which decoder layers run under
+A :class:`CheckpointPlan` names which backbone and decoder layers run under
 ``torch.utils.checkpoint`` (non-reentrant, RNG state preserved so dropout replays exactly) and
-with which policy (``full``: keep only the layer's inputs; ``selective``: also keep the dense
-projections' products). :func:`apply_plan` wraps those modules of a built model once, as
-torchtitan's ``apply_ac`` does, with PyTorch's ``checkpoint_wrapper`` (the state dict keeps the
-unwrapped names). The model's ``forward`` decides nothing: it calls its layers.
+with which policy. :func:`apply_plan` wraps those layers once with PyTorch's
+``checkpoint_wrapper``, as torchtitan's ``apply_ac`` does (the state dict keeps the unwrapped
+names); the model's ``forward`` decides nothing. A wrapped layer checkpoints only when training
+with gradients enabled.
 
-Checkpointing only applies when the module is training with gradients enabled; in evaluation
-and under ``no_grad`` a wrapped layer runs directly. A plan changes what is kept for backward,
-never a result.
-
-``auto`` is a plan too (:data:`AUTO`): every backbone and decoder layer is wrapped, and each
-step runs under the plan chosen for its batch (:func:`running`), one of the prepared plans of
-:mod:`heptstudy.model.adaptive_checkpointing`. Neither the model nor its configuration changes.
-A plan's name (``model.heptv2.activation_checkpointing``) is the one value that chooses it.
+``auto`` (:data:`AUTO`) wraps every layer, and each step runs under the plan chosen for its
+batch (:func:`running`).
 """
 
 from __future__ import annotations

@@ -1,37 +1,25 @@
 """The one call into ``flex_attention``: compiled a bounded number of times, never silently
 unfused, counted.
 
-Why this module exists. ``torch.compile(flex_attention, dynamic=False)`` compiles once per new
-sequence length; real batches bring a new padded length almost every step, so after eight
-lengths dynamo hits its recompile limit and flex_attention quietly runs its unfused reference
-path, which materialises the whole score matrix (on an H200 the peak for two events of about
-7,000 hits went from 2.2 GB to 67-78 GB: ``diag_recompile_limit.txt`` of the session that
-measured ``experiments/h200_2026-11-30/``, see its ``evidence_README.md``).
+Why. ``torch.compile(flex_attention, dynamic=False)`` compiles once per new sequence length;
+real batches bring a new padded length almost every step, so after eight lengths dynamo hits its
+recompile limit and flex_attention quietly runs its unfused path, which materialises the whole
+score matrix (on an H200, 2.2 GB became 67-78 GB: ``experiments/h200_2026-11-30/``).
 
-What it does instead:
+* Shape policy ``dynamic`` (default): a symbolic sequence length and batch, one compile per
+  dtype and grad mode; sequences are padded to at least two 128-row blocks because dynamo
+  specialises sizes of 1. Policy ``ladder``: the sorted sequence is padded to the next size of
+  :data:`LADDER` and each size is compiled statically. Which is faster is a GPU measurement
+  (``scripts/gpu/``).
+* Never unfused without saying so: the recompile limit is a hard error for these calls, a
+  compile failure is reported as such, a ``TorchDispatchMode`` that would make dynamo skip the
+  call is refused before it, and a call that still reached the eager path is refused after it,
+  each as a :class:`FusedAttentionError` naming the way out (``attention_backend=plain``).
+* Counted: :func:`status` gives the calls, compiles and kernel lengths, for every report.
 
-* Shape policy ``dynamic`` (default): compiled with a symbolic sequence length and batch, so
-  that every length reuses one compile per dtype and grad mode (a training step and the
-  validation after it under ``no_grad`` are two). Dynamo specialises sizes of 1, so sequences
-  are padded to at least two 128-row blocks; a batch x rounds of 1 (one event, one hashing
-  round) would still cost one more. Policy ``ladder``: the caller pads the sorted sequence up
-  to the next size of :data:`LADDER` (multiples of 128 growing by about 19%) and each size is
-  compiled statically (``IS_DIVISIBLE`` kernels, at most about a fifth of the work padded); the
-  number of compiles is then the number of sizes a run meets. Which is faster is a GPU
-  measurement (``scripts/gpu/``); the default stays ``dynamic`` until it is made.
-* Never unfused without saying so: the recompile limit is made a hard error for these calls
-  (``fail_on_recompile_limit_hit``), a compile failure is reported as such, an active
-  ``TorchDispatchMode`` that would make dynamo skip the call is refused before the call, and a
-  call that still reached flex_attention's eager path (its "called without torch.compile"
-  marker) is refused after it. Each becomes a :class:`FusedAttentionError` that names the cause
-  and the way out (``model.heptv2.attention_backend=plain``).
-* Counted: :func:`status` gives the calls, the compiles (dynamo cache entries of
-  ``flex_attention`` added by these calls) and the kernel lengths seen, for every report.
-
-Compilers. CUDA: ``inductor`` (the fused Triton kernel). CPU: ``eager``, i.e. the same dynamo
-graph run by flex_attention's dense reference implementation, which is what flex_attention does
-on CPU anyway (inductor's CPU flex kernel has neither a backward nor the log-sum-exp this
-attention needs); it materialises the score matrix and has no backward on CPU.
+Compilers: ``inductor`` on CUDA (the fused Triton kernel); ``eager`` on CPU, flex_attention's
+dense reference implementation (inductor's CPU kernel has neither a backward nor the
+log-sum-exp), which has no backward either.
 """
 
 from __future__ import annotations

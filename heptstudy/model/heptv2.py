@@ -1,24 +1,15 @@
 """The HEPTv2 layer: LSH-bucketed attention over hits in (eta, phi).
 
-Each layer hashes hits with ``n_hashes`` OR-rounds per head; a round sorts the hits of an event
-by (AND-region cell, random projection) and cuts the sorted sequence into contiguous buckets of
-``block_size``. Attention runs inside buckets, returning the log-sum-exp per query, and the
-rounds are merged with a softmax over those log-sum-exps. The merge equals softmax attention
-over the union of a query's buckets *with each key counted once per round that shares a bucket
-with the query*: a key that two rounds both put next to the query weighs twice, unlike attention
-over the plain set union.
+Rounds are merged with a softmax over their log-sum-exps: softmax attention over the union of a
+query's buckets *with each key counted once per round that shares a bucket with the query*.
 
-The hashing depends only on hit coordinates and fixed tables, never on the embeddings
-(:meth:`HEPTv2Layer.bucket_order`, without gradients): :meth:`HEPTv2Layer.forward` hashes when
-it is not handed an order, so a checkpointed layer hashes again in its backward instead of
-keeping its order (int32, one per hit, round and head) from the forward to its backward.
+The hashing depends only on hit coordinates and fixed tables, never on the embeddings, so
+:meth:`HEPTv2Layer.forward` hashes when it is not handed an order: a checkpointed layer hashes
+again in its backward instead of keeping its order from the forward to its backward.
 
-Memory. The plain attention path, the SwiGLU feed-forward and the norms are autograd functions
-that keep for backward only what cannot be recomputed cheaply, and run their bucket-sized or
-hidden-width work in slices of bounded size (a hashing round and a group of heads; a few
-thousand hits). The attention's backward recomputes a slice's bucket scores from q and k: one
-more batched product per slice, in exchange for never holding the scores and probabilities of
-every round and head at once (``block_size`` floats per hit, round and head). Each function's
+Memory. The plain attention, the SwiGLU feed-forward and the norms are autograd functions that
+keep for backward only what cannot be recomputed cheaply and work in slices of bounded size, so
+the scores and probabilities of every round and head never exist at once. Each function's
 result and gradient are those of the plain PyTorch expression up to rounding, and the same with
 and without activation checkpointing, bit for bit.
 """

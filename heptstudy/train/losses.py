@@ -1,28 +1,19 @@
 """Losses: Hungarian set matching, auxiliary decoder and grouping losses (hit model) and
 element-wise losses (track/cluster model).
 
-Conventions
------------
-* ``ytarget`` columns: :data:`heptstudy.data.schema.TARGET_COLUMNS`; its "PDG" column holds
-  the class index (0 = no particle, 1..5 into ``CLASS_PDG_IDS``).
-* Momentum is regressed in a transformed space so that every column is O(1):
-  ``(log pt, eta, sin phi, cos phi, log E)`` with pt and E floored at ``LOG_FLOOR`` before the
-  log. The model's ``momentum`` output lives in that space; :func:`momentum_to_physical`
-  maps it back.
+* ``ytarget``'s "PDG" column holds the class index (0 = no particle, 1..5 into
+  ``CLASS_PDG_IDS``).
+* Momentum is regressed as ``(log pt, eta, sin phi, cos phi, log E)`` (pt and E floored at
+  ``LOG_FLOOR``) so that every column is O(1).
 * Hit data set: every target particle has one *representative* hit (class > 0) carrying its
-  properties and ``particle_number`` p >= 1; its other hits carry only p. A particle without a
-  representative hit is not a target (its hits count as "no particle"); so is a hit with
-  class > 0 and p = 0.
-* Everything is computed in float32 with autocast disabled, so the losses are safe under bf16
-  autocast. Only the Hungarian matching leaves the device: one float32 copy of the cost
-  matrices per decoder layer, solved with :func:`scipy.optimize.linear_sum_assignment`.
-* Normalisation: every component is a mean over the events of the batch of a per-event value
-  (class: class-weighted mean over the event's queries or elements; momentum and grouping: mean
-  over the event's matched pairs, zero for an event with none). Each event weighs the same
-  whatever its size, so under DDP (equal per-rank batches, gradients averaged over ranks) the
-  loss and its gradient equal those of one process on the whole global batch.
-* With ``group_loss="focal"`` the ``group_bce`` component holds the sigmoid focal loss
-  (alpha ``FOCAL_ALPHA``, gamma ``FOCAL_GAMMA``) so that metric names stay stable.
+  properties and ``particle_number`` p >= 1; its other hits carry only p.
+* Everything runs in float32 with autocast off (safe under bf16). Only the Hungarian matching
+  leaves the device: one float32 copy of the cost matrices per decoder layer.
+* Every component is a mean over events of a per-event value, so each event weighs the same
+  whatever its size: under DDP (equal per-rank batches) the loss and its gradient equal those
+  of one process on the whole global batch.
+* With ``group_loss="focal"`` the ``group_bce`` component holds the focal loss, so that metric
+  names stay stable.
 """
 
 from __future__ import annotations

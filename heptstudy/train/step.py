@@ -1,18 +1,11 @@
 """The training step: forward, loss, backward, optimizer update, in one function that the
-trainer, the bench (timed and tracked passes), the fake-device estimate, the parity passes and
-the memory timeline of ``explore.ipynb`` all run, so that they measure the step that trains.
+trainer, the bench, the fake-device estimate, the parity passes and ``explore.ipynb`` all run,
+so that they measure the step that trains.
 
-Phases, as in :data:`heptstudy.meters.timing.STEP_PHASES`:
-
-* ``backbone_forward``: input encoding, hashing and the backbone layers (for
-  ``track_cluster_mlpf`` its self-attention layers);
-* ``decoder_and_heads``: from the first module after the backbone to the model's outputs;
-* ``loss``: targets, Hungarian matching (on the host), auxiliary and grouping losses;
-* ``backward``;
-* ``optimizer``: LAMB, the learning-rate scheduler and clearing the gradients.
-
-A memory meter, when given, measures forward, loss and backward (it stops before the update)
-and gets a mark at the start of every phase in its timeline.
+Phases (:data:`heptstudy.meters.timing.STEP_PHASES`): ``backbone_forward`` (input encoding,
+hashing, backbone), ``decoder_and_heads``, ``loss`` (with the Hungarian matching on the host),
+``backward``, ``optimizer`` (LAMB, scheduler, clearing the gradients). A memory meter measures
+up to the end of backward and gets a mark at the start of every phase.
 """
 
 from __future__ import annotations
