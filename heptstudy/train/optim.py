@@ -1,22 +1,14 @@
 """The training recipe's optimizer (LAMB as particleflow runs it) and its cosine schedule.
 
 Optimizer: :class:`heptstudy.train.lamb.Lamb` with ``train.lr``, ``train.weight_decay`` and
-``train.lamb``: bias correction on, global gradient-norm clipping at 1.0, weight decay (and so
-the trust ratio) on every trainable parameter, as particleflow's ``get_optimizer`` passes
-``model.parameters()`` in one group. ``train.lamb.weight_decay_on=matrices`` decays only
-tensors with two or more dimensions (the parameters this study decayed before); biases, norm
-scales and other 1-d parameters then take the plain Adam step, without trust ratio. Frozen
-parameters (``requires_grad=False``) are left out.
-
-Remaining differences from particleflow: none in the update (the module docstring of
-``heptstudy.train.lamb`` lists the options neither side uses); particleflow counts frozen
-parameters in its one group, where they receive no gradient and so no update either.
+``train.lamb``, over every trainable parameter in one group, as particleflow's ``get_optimizer``
+does (frozen parameters are left out; particleflow keeps them, without gradient or update).
+``train.lamb.weight_decay_on=matrices`` decays only tensors with two or more dimensions; the
+other parameters then take the plain Adam step, without trust ratio.
 
 Schedule: ``lr(k) = lr * (f + (1 - f) * (1 + cos(pi * k / num_steps)) / 2)`` with
-``f = lr_final_fraction``, where k counts ``scheduler.step()`` calls (one after each optimizer
-step): ``lr`` at k = 0, ``lr * (1 + f) / 2`` at k = num_steps / 2 and exactly ``lr * f`` at
-k = num_steps (and after). A ``torch.optim.lr_scheduler.LambdaLR``, so ``state_dict()`` /
-``load_state_dict()`` work as usual; the schedule itself comes from the configuration.
+``f = lr_final_fraction`` and k the ``scheduler.step()`` calls, reaching ``lr * f`` at
+``num_steps``; a ``LambdaLR``, so ``state_dict()`` / ``load_state_dict()`` work as usual.
 """
 
 from __future__ import annotations

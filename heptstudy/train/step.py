@@ -153,10 +153,7 @@ def run_step(
     memory = meter.stop_step() if meter is not None else None
     if optimizer is not None:
         mark("optimizer")
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        _update(optimizer, scheduler)
     clock.stop()
     # detached after the meter stopped: the tracked step has not one op more than its losses
     losses = {k: v.detach() for k, v in per_batch[0].items()}
@@ -171,6 +168,10 @@ def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, schedule
     for p in model.parameters():
         if p.requires_grad:
             p.grad = torch.zeros_like(p)
+    _update(optimizer, scheduler)
+
+
+def _update(optimizer: torch.optim.Optimizer, scheduler) -> None:
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
