@@ -1,21 +1,12 @@
 """Padding events into batches, the training batch loader, and fixed validation/test events.
 
-A batch is a dict of tensors:
-
-* ``X`` float32 ``[B, S, F]``: hit (or element) features, zeros on padding;
-* ``mask`` bool ``[B, S]``: True on real hits;
-* ``ytarget`` float32 ``[B, S, 14]``: targets, zeros on padding;
-* ``neighbourhood`` float32 ``[B, S, K]``: tracker-neighbourhood block (only when radii are
-  given; zeros on padding);
-* ``event_index`` int64 ``[B]``: global event indices (see :class:`ShardedDataset`);
-* ``length`` int64 ``[B]``: real hits per event;
-* ``padded_length`` int64 ``[B]``: each event's length rounded up to ``pad_to_multiple``.
-
-``S`` is the largest ``padded_length`` in the batch (at least ``pad_to_multiple``).
+A batch is a dict of tensors: ``X`` [B, S, F] and ``ytarget`` [B, S, 14] (zeros on padding),
+``mask`` [B, S] (True on real hits), ``neighbourhood`` [B, S, K] (only with radii),
+``event_index``, ``length`` and ``padded_length`` [B]; ``S`` is the largest padded length
+(at least ``pad_to_multiple``).
 
 Fixed evaluation events come from the **test** split: validation uses events ``0..nvalid-1``,
-the held-out test set the next ``ntest`` (``nvalid..nvalid+ntest-1``), of the configs in
-``data.configs`` (global index order: config after config).
+the held-out test set the next ``ntest``.
 """
 
 from __future__ import annotations

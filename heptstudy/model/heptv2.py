@@ -379,11 +379,9 @@ def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> to
 class _BucketAttention(torch.autograd.Function):
     """The plain bucket attention, one slice (a hashing round, a group of heads) at a time.
 
-    Forward keeps q, k, v (views of tensors the layer keeps anyway), the merged output O and its
-    log-sum-exp L over every round (one per hit and head), and the slices' gather indices. The
-    merged output is attention over the rounds' buckets taken together, with probabilities
-    P = exp(s - L) for every (round, key), so backward needs no per-round output: per slice it
-    recomputes the scores s from q and k, and with dO the output gradient, dV = P^T dO,
+    Forward keeps q, k, v, the merged output O and its log-sum-exp L over every round, and the
+    slices' gather indices. With P = exp(s - L) for every (round, key), backward needs no
+    per-round output: per slice it recomputes the scores s from q and k, then dV = P^T dO,
     dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K, dK = dS^T Q (the exact gradient).
     """
 
@@ -407,15 +405,12 @@ class _BucketAttention(torch.autograd.Function):
 class _Slices:
     """The slices of one bucket order and their gather indices (int32), built once per call.
 
-    A slice is (round c, heads g*j .. g*j+g-1). ``sort_index[c, j]`` lists the rows of the
-    head group's contiguous [B*S*g + 1, ...] table (its heads of the [B, S, H, ...] tensors,
-    flattened, then one zero row; :meth:`table`) in the slice's sorted layout [B, g, Sp]: the
-    padding slots past an event's hits read the zero row, so as queries they output nothing
-    that is read back and carry no gradient. The slices run head group by head group, so only
-    one group's table lives at a time.
-    ``unsort_index[c, j]`` lists the rows of the sorted layout that put it back in hit order,
-    laid out [B, S, g]. ``key_bias`` [B*g*nb, 1, bs] is ``MASKED`` on keys that are no valid
-    hit (valid hits sort first), zero elsewhere.
+    A slice is (round c, heads g*j .. g*j+g-1). ``sort_index[c, j]`` lists the rows of the head
+    group's table (:meth:`table`: its heads flattened, then one zero row that the padding slots
+    read, so they output nothing read back and carry no gradient) in the slice's sorted layout
+    [B, g, Sp]; ``unsort_index[c, j]`` puts the sorted rows back in hit order [B, S, g];
+    ``key_bias`` is ``MASKED`` on keys that are no valid hit. Only one group's table lives at a
+    time.
     """
 
     def __init__(self, order, n_valid, num_hits, block_size, budget, like=None):
