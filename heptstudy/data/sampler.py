@@ -1,16 +1,10 @@
 """Interleaved-shard sampling with a distributed form and an exactly resumable position.
 
-Epoch order (``mode="interleaved_shards"``): shuffle the events within each shard; then,
-round after round, visit the shards that still have events in a random order and take one event
-from each, until all are used.  ``mode="sequential"`` keeps the global index order.
-
-Distributed form: the epoch order is cut into ``world_size`` interleaved slices
-(``order[rank::world_size]``), each truncated to ``len(order) // world_size`` events, so slices
-are disjoint and every rank sees the same number of events, hence of batches (at most
-``world_size - 1`` events per epoch are left out, different ones each epoch).
-
-State: ``(epoch, position)`` within the rank's slice; ``state_dict()`` after taking some events
-and ``load_state_dict()`` into a fresh sampler continue with the identical sequence.
+Epoch order (``interleaved_shards``): shuffle within each shard, then, round after round, take
+one event from each shard that still has events, the shards in a random order.
+``sequential`` keeps the global index order. Rank r takes ``order[r::world_size]`` truncated to
+``len(order) // world_size`` events, so every rank sees the same number of batches.
+``state_dict()`` / ``load_state_dict()`` continue with the identical sequence.
 """
 
 from __future__ import annotations

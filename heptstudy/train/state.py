@@ -1,16 +1,11 @@
 """Training-state files (``checkpoints/step_NNNNNN.pt``): written atomically, read as verified data.
 
-A training-state file holds the model, optimizer and scheduler states, the data loader's exact
-position, the RNG states, the step and the resolved configuration, plus ``sha256``: a digest of
-all of them (every tensor's dtype, shape and bytes, every other value and every key). It is
-written to a temporary file in the same folder and renamed into place (heptstudy.atomic), so a
-crash mid-write never destroys the previous one; it is loaded with ``weights_only=True`` (a
-training state is data, never code) and refused when the digest does not match, when a required
-part is missing, or when it comes from an incompatible configuration. Bytes overwritten on disk
-with other finite values, which ``torch.load`` reads without complaint, are caught this way.
-
-("Checkpoint" in the configuration, ``model.heptv2.activation_checkpointing``, means
-recomputing activations; this module is only about saving and resuming training.)
+A file holds the model, optimizer and scheduler states, the loader's position, the RNG states,
+the step and the configuration, plus ``sha256`` over all of them: bytes overwritten on disk with
+other finite values, which ``torch.load`` reads without complaint, are caught. It is loaded with
+``weights_only=True`` (data, never code) and refused when damaged, incomplete or from an
+incompatible configuration. (This module is about resuming training, not about activation
+checkpointing.)
 """
 
 from __future__ import annotations
