@@ -12,6 +12,7 @@ A relative ``data.data_dir`` is taken from the repository wherever a command sta
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -404,6 +405,78 @@ class Config(_Strict):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
+#: The settings of PyTorch's caching allocator (its CUDA, HIP and device-neutral variables).
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def _whole(value: str, low: int = 0) -> bool:
+    return re.fullmatch(r"[0-9]+", value) is not None and int(value) >= low
+
+
+def _power_of_2(value: str, zero: bool = False) -> bool:
+    return _whole(value) and (not int(value) & (int(value) - 1)) and (zero or int(value) > 0)
+
+
+def _roundup(value: str) -> bool:
+    if not (value.startswith("[") and value.endswith("]")):
+        return _power_of_2(value)
+    pairs = [item.partition(":") for item in value[1:-1].split(",")]
+    return all(
+        sep and (size.strip() == ">" or _power_of_2(size.strip())) and _power_of_2(d.strip(), True)
+        for size, sep, d in pairs
+    )
+
+
+_TRUE_FALSE = ("True or False", lambda v: v in ("True", "False"))
+#: Option -> (what its value must be, the check): the options of PyTorch's allocator
+#: documentation and the ranges its parser enforces. PyTorch refuses a wrong one only when the
+#: job starts on the GPU (after its wait in the queue); the estimate would answer for the native
+#: allocator meanwhile.
+ALLOC_OPTIONS = {
+    "backend": ("native or cudaMallocAsync", lambda v: v in ("native", "cudaMallocAsync")),
+    "max_split_size_mb": ("a whole number of MiB above 20", lambda v: _whole(v, 21)),
+    "max_non_split_rounding_mb": ("a whole number of MiB", _whole),
+    "roundup_power2_divisions": (
+        "a power of 2, or [MIB:DIVISIONS,...,>:DIVISIONS] with MIB and DIVISIONS powers of 2 "
+        "(DIVISIONS 0: no rounding)",
+        _roundup,
+    ),
+    "garbage_collection_threshold": (
+        "a number between 0 and 1 (both excluded)",
+        lambda v: re.fullmatch(r"[0-9]*\.?[0-9]+", v) is not None and 0 < float(v) < 1,
+    ),
+    "expandable_segments": _TRUE_FALSE,
+    "pinned_use_cuda_host_register": _TRUE_FALSE,
+    "pinned_num_register_threads": (
+        "a power of 2 up to 128",
+        lambda v: _power_of_2(v) and int(v) <= 128,
+    ),
+    "pinned_use_background_threads": _TRUE_FALSE,
+    "release_lock_on_cudamalloc": _TRUE_FALSE,
+}
+
+
+def check_alloc_conf(name: str, setting: str) -> None:
+    """Every ``option:value`` of an allocator setting known, each value in its range."""
+    for item in re.split(r",(?![^\[]*\])", setting):  # a comma inside [...] is in a value
+        option, _, value = (part.strip() for part in item.partition(":"))
+        if not option and not value:
+            continue
+        if option not in ALLOC_OPTIONS:
+            near = difflib.get_close_matches(option, ALLOC_OPTIONS, n=1)
+            raise ValueError(
+                f"env.{name}={setting!r}: option {option!r} is unknown to PyTorch's caching "
+                f"allocator{f'; did you mean {near[0]!r}?' if near else ''} (known: "
+                f"{', '.join(ALLOC_OPTIONS)})"
+            )
+        allowed, check = ALLOC_OPTIONS[option]
+        if not check(value):
+            raise ValueError(
+                f"env.{name}={setting!r}: {option}:{value} is not allowed: {option} must be "
+                f"{allowed}"
+            )
+
+
 class PlatformConfig(_Strict):
     """Hardware and runtime settings only; the science lives in the scenario."""
 
@@ -473,6 +546,8 @@ class PlatformConfig(_Strict):
                 )
             if "\x00" in text:
                 raise ValueError(f"env {key}: a NUL character cannot be passed to a shell")
+            if key in ALLOC_CONF_VARS:
+                check_alloc_conf(key, text)
         return value
 
     @model_validator(mode="after")

@@ -242,30 +242,18 @@ def test_rule_eval_within_test_split_declared(tmp_path):
     assert "unknown" in msg and "--data-dir" in msg
 
 
-def test_rule_eval_within_test_split_from_metadata(tmp_path):
-    for name in ("cld_edm_ttbar_pf", "cld_edm_ttbar_hits"):
-        info = tmp_path / name / "1" / "3.2.1" / "dataset_info.json"
-        info.parent.mkdir(parents=True)
-        info.write_text(
-            json.dumps(
-                {
-                    "splits": [
-                        {"name": "train", "shardLengths": ["100"]},
-                        {"name": "test", "shardLengths": ["6", "6"]},
-                    ]
-                }
-            )
-        )
-    over = [f"data.data_dir={tmp_path}", "train.global_batch_size=8"]
-    res = sc.resolve(RECIPE, "local_cpu", overrides=over + ["data.nvalid=6", "data.ntest=6"])
-    assert {v.test_split.events for v in res.variants} == {12}
+def test_rule_eval_within_test_split_from_metadata(tiny_data_dir):
+    # the tiny data set's 16 test events, counted in its files (the metadata lists them)
+    over = [f"data.data_dir={tiny_data_dir}", "train.global_batch_size=8"]
+    res = sc.resolve(RECIPE, "local_cpu", overrides=over + ["data.nvalid=8", "data.ntest=8"])
+    assert {v.test_split.events for v in res.variants} == {16}
     msg = _refused(
         "eval-within-test-split",
         RECIPE,
         "local_cpu",
-        overrides=over + ["data.nvalid=8", "data.ntest=8"],
+        overrides=over + ["data.nvalid=9", "data.ntest=8"],
     )
-    assert "16 exceeds the 12 events" in msg and "dataset_info.json" in msg
+    assert "17 exceeds the 16 events" in msg and "dataset_info.json" in msg
 
 
 def test_rule_platform_exists(tmp_path):

@@ -1,4 +1,4 @@
-"""Issue 34: nothing trusted that a file or a user's text says (cases 3, 4, 9, 12)."""
+"""Issue 34: nothing trusted that a file or a user's text says (cases 3, 4, 5, 9, 10, 12)."""
 
 from __future__ import annotations
 
@@ -183,3 +183,148 @@ def test_a_first_checkpoint_that_could_not_be_written_advises_a_rerun_that_is_ac
     assert "Free space" in str(err.value) and "--new-run" in str(err.value)
     summary = train(cfg, new_run=True, progress=False)  # what the advice says is accepted
     assert summary["step"] == 4
+
+
+def test_a_train_split_of_events_without_hits_is_refused(tiny_data_dir, tmp_path):
+    import shutil
+
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    from heptstudy.data.tfds import FEATURE_KEYS, HITS_NAME, features_dict, open_dataset
+    from tests.conftest import tiny_train_overrides
+    from tests.test_reliability import _cli, _set
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, data)
+    train = open_dataset(data, f"{HITS_NAME}:3.2.1", ["1"], "train")
+    ((path, count),) = train._files[0]
+    events = [{k: train[i][k] for k in FEATURE_KEYS} for i in range(count)]
+    writer = ArrayRecordWriter(str(path), "group_size:1")
+    for ev in events:  # the same events, their hits taken out
+        for k in ("X", "ytarget", "ycand"):
+            ev[k] = ev[k][:0]
+        writer.write(features_dict(HITS_NAME).serialize_example(ev))
+    writer.close()
+    out = tmp_path / "run"
+    code, _, err = _cli("train", "--no-progress", *_set(tiny_train_overrides(data, out)))
+    assert code == 2
+    assert f"{HITS_NAME} configs ['1'] train split: every event of the batch" in err
+    assert "has 0 hits" in err and str(path.parent) in err and "heptstudy data generate" in err
+    assert not any(out.rglob("step_*.pt"))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("allocated.fixed_mib", -50000, "allocated.fixed_mib=-50000 is not allowed"),
+        ("allocated.per_padded_hit_mib", float("nan"), "allocated.per_padded_hit_mib=nan"),
+        ("reserved.ratio", 0.5, "reserved.ratio=0.5 is not allowed (a finite number >= 1"),
+        ("allocated_points.0.batch_size", 0, "allocated_points[0].batch_size=0"),
+    ],
+)
+def test_a_stored_memory_model_with_an_impossible_number_is_not_used(tmp_path, field, value, said):
+    import json
+
+    from heptstudy import fingerprint
+    from heptstudy.fitting import MemoryModel, choose_model
+    from heptstudy.paths import ROOT
+
+    fits = tmp_path / "fits"
+    fits.mkdir()
+    path = fits / "h100_hit_heptv2_b48_estimated.json"
+    model = MemoryModel.load(ROOT / "configs" / "fit" / path.name)
+    model.fingerprint = fingerprint.make(model.source, model.key)  # as if made from this code
+    model.save(path)
+    assert choose_model(model.key, (), fits).model is not None
+    data = json.loads(path.read_text())
+    *parents, last = field.split(".")
+    node = data
+    for part in parents:
+        node = node[int(part) if part.isdigit() else part]
+    node[last] = value
+    path.write_text(json.dumps(data))
+    choice = choose_model(model.key, (), fits)
+    assert choice.model is None
+    (why,) = [r.reason for r in choice.not_used]
+    assert (
+        str(path) in why and said in why and "regenerate it with scripts/regenerate_fits.sh" in why
+    )
+
+
+H100 = "configs/training/platforms/h100.yaml"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        (
+            '# PYTORCH_CUDA_ALLOC_CONF: "expandable_segments:True"',
+            'PYTORCH_CUDA_ALLOC_CONF: "expandable_segmentz:True"',
+            "env.PYTORCH_CUDA_ALLOC_CONF='expandable_segmentz:True': option 'expandable_segmentz' "
+            "is unknown to PyTorch's caching allocator; did you mean 'expandable_segments'? "
+            "(known: backend, max_split_size_mb,",
+        ),
+        (
+            '# PYTORCH_CUDA_ALLOC_CONF: "expandable_segments:True"',
+            'PYTORCH_CUDA_ALLOC_CONF: "max_split_size_mb:512,garbage_collection_threshold:2"',
+            "garbage_collection_threshold:2 is not allowed: garbage_collection_threshold must be "
+            "a number between 0 and 1 (both excluded)",
+        ),
+        (
+            'torch_version: "2.11"',
+            'torch_version: "99.99"',
+            "torch_version='99.99': no CUDA autocast table for PyTorch '99.99'; known: 2.11, "
+            "2.12, 2.13",
+        ),
+    ],
+)
+def test_a_platform_value_the_estimate_does_not_know_is_refused(tmp_path, old, new, said):
+    from heptstudy.paths import ROOT
+    from tests.test_reliability import _cli
+
+    text = (ROOT / H100).read_text()
+    assert old in text
+    path = tmp_path / "h100.yaml"
+    path.write_text(text.replace(old, new))
+    code, out, err = _cli("fit", "--platform", str(path), "--per-device-batch", "48")
+    assert code == 2 and str(path) in err and said in err, err
+    assert out == ""
+
+
+def test_allocator_settings_pytorch_accepts_are_accepted(tmp_path):
+    from heptstudy.config import load_platform
+    from heptstudy.paths import ROOT
+
+    conf = "roundup_power2_divisions:[256:1,512:2,>:4], expandable_segments:True,backend:native"
+    path = tmp_path / "h100.yaml"
+    path.write_text(
+        (ROOT / H100)
+        .read_text()
+        .replace(
+            '# PYTORCH_CUDA_ALLOC_CONF: "expandable_segments:True"',
+            f'PYTORCH_CUDA_ALLOC_CONF: "{conf}"',
+        )
+    )
+    assert load_platform(path).env["PYTORCH_CUDA_ALLOC_CONF"] == conf
+
+
+def test_a_test_split_size_the_files_do_not_hold_is_refused(tiny_data_dir, tmp_path):
+    import json
+    import shutil
+
+    from tests.test_reliability import _cli
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, data)
+    info = data / "cld_edm_ttbar_hits" / "1" / "3.2.1" / "dataset_info.json"
+    meta = json.loads(info.read_text())
+    (test,) = [s for s in meta["splits"] if s["name"] == "test"]
+    test["shardLengths"] = ["100000"]  # 16 events are there
+    info.write_text(json.dumps(meta))
+    args = ["--scenario", "cld_pf_default", "--platform", "local_cpu", "--data-dir", str(data)]
+    args += ["--set", "data.nvalid=4", "--set", "data.ntest=4"]
+    code, out, err = _cli("scenario", "resolve", *args)
+    assert code == 2 and out == ""
+    assert "cld_edm_ttbar_hits-test.array_record-00000-of-00001' holds 16 events" in err
+    assert f"but {str(info)!r} lists 100000 for it (shardLengths of split 'test')" in err
+    assert "heptstudy data generate" in err

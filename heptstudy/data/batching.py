@@ -122,8 +122,20 @@ def _read(
 
     if workers > 0 and len(indices) > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(read, indices))
-    return [read(i) for i in indices]
+            events = list(pool.map(read, indices))
+    else:
+        events = [read(i) for i in indices]
+    if events and not any(len(ev["X"]) for ev in events):
+        # a step on no hits has loss 0.0 and no gradient: a run of them trains nothing, unsaid
+        folders = ", ".join(repr(m["path"]) for m in ds.metadata["per_config"])
+        raise DataError(
+            f"{ds.name} configs {ds.shard_names} {ds.split} split: every event of the batch "
+            f"(event indices {list(indices)[:8]}{' ...' if len(indices) > 8 else ''}) has 0 "
+            f"hits, so a step on it learns nothing (loss 0.0); the data set in {folders} is "
+            "empty or damaged: regenerate it (`heptstudy data generate`) or point "
+            "data.data_dir at one whose events have hits"
+        )
+    return events
 
 
 def load_events(config, indices: Sequence[int], split: str = "train") -> dict[str, torch.Tensor]:

@@ -504,7 +504,8 @@ def _shard_files(split_info, path: Path, name, config, version, split) -> list[t
                 ) from None
         if found != expected:
             raise DataError(
-                f"file {str(file)!r} holds {found} events, but dataset_info.json lists "
-                f"{expected} for it: it is truncated or was replaced; {redo}"
+                f"file {str(file)!r} holds {found} events, but {str(path / 'dataset_info.json')!r}"
+                f" lists {expected} for it (shardLengths of split {split!r}): the file is "
+                f"truncated or was replaced, or the metadata was edited; {redo}"
             )
     return listed

@@ -27,6 +27,7 @@ predicted by the model fitted on the other batch sizes.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,31 @@ class MemoryModel:
             batch_size, longest_padded
         )
 
+    def _out_of_range(self) -> list[str]:
+        """Each number that no step's memory can give: every fitted term and residual a finite
+        number >= 0, a reserved ratio >= 1 (the pool holds what is allocated), every point a
+        batch of >= 1 events of >= 1 padded hits with a finite peak >= 0."""
+        numbers = [(f"allocated.{k}", v, 0) for k, v in asdict(self.allocated).items()]
+        for name in ("reserved", "reserved_expandable"):
+            fit = getattr(self, name)
+            for k, v in asdict(fit).items() if fit is not None else ():
+                numbers.append((f"{name}.{k}", v, 1 if k == "ratio" else 0))
+        for name in ("allocated_points", "reserved_points", "reserved_expandable_points"):
+            for i, p in enumerate(getattr(self, name)):
+                numbers += [
+                    (f"{name}[{i}].{k}", getattr(p, k), 1) for k in ("batch_size", "longest_padded")
+                ]
+                numbers.append((f"{name}[{i}].peak_mib", p.peak_mib, 0))
+        return [
+            f"{field_name}={value!r} is not allowed (a finite number >= {low}"
+            + (": reserved is never below allocated)" if field_name.endswith("ratio") else ")")
+            for field_name, value, low in numbers
+            if isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < low
+        ]
+
     def held_out_error(self, quantity: str) -> float | None:
         """Largest relative error on a held-out batch size (``None``: not validated)."""
         return (self.validation.get(quantity) or {}).get("max_abs_rel_error")
@@ -290,7 +316,7 @@ class MemoryModel:
                 "(heptstudy fit --reports DIR --save-model PATH)"
             )
         try:
-            return cls(
+            model = cls(
                 key=d["key"],
                 source=d["source"],
                 source_detail=d["source_detail"],
@@ -313,6 +339,13 @@ class MemoryModel:
             )
         except (KeyError, TypeError) as err:
             raise FitError(f"{where}: missing or unexpected field ({err}); refit it") from None
+        bad = model._out_of_range()
+        if bad:
+            raise FitError(
+                f"memory model {where}: {'; '.join(bad)}; the file is damaged or was edited: "
+                "regenerate it with scripts/regenerate_fits.sh (configs/fit/README.md)"
+            )
+        return model
 
     def save(self, path: str | Path) -> Path:
         return atomic_write_text(path, json_text(self.to_dict(), f"the memory model {path}"))

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from heptstudy.data.batching import dataset_for
-from heptstudy.estimate.fake_step import estimate_memory_model
+from heptstudy.estimate.autocast_policy import UnknownTorchVersion, lists_for
+from heptstudy.estimate.fake_step import DEFAULT_TORCH_VERSION, estimate_memory_model
 from heptstudy.estimate.keys import model_key
 from heptstudy.estimate.memory_model import FitError, MemoryModel
 from heptstudy.estimate.plans import DEFAULT_MARGIN_FRACTION, predictor_for
@@ -205,6 +206,14 @@ def fit(request: FitRequest) -> FitResult | None:
     ``request.estimate_if_missing`` is false."""
     res, rv, notes = resolve_config(request)
     platform, config = res.platform, rv.config
+    try:
+        # a stored or measured model would otherwise answer for a PyTorch it never knew, unsaid
+        lists_for(platform.torch_version or DEFAULT_TORCH_VERSION)
+    except UnknownTorchVersion as err:
+        raise FitError(
+            f"platform profile {str(res.platform_path)!r}: torch_version="
+            f"{platform.torch_version!r}: {err}"
+        ) from None
     auto_config = config if config.model.heptv2.adaptive else None
     if auto_config is not None:
         # the memory answer is for always-on (full) checkpointing, auto's last resort

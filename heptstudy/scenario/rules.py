@@ -1,21 +1,22 @@
 """The named invariants every scenario resolution checks, and the error that names a broken one.
 
 A scenario that breaks a rule is refused with a :class:`ScenarioError` whose message starts with
-``[rule NAME]``, never "fixed". The test-split size used by ``eval-within-test-split`` comes from
-the data set's TFDS metadata (``DATA_DIR/NAME/CONFIG/VERSION/dataset_info.json``, summed over
-``data.configs``) when it is there, otherwise from the scenario's ``test_split_events`` mapping,
-which is a declared number, not a measured one.
+``[rule NAME]``, never "fixed". The test-split size used by ``eval-within-test-split`` is the
+events the data set's files hold (``DATA_DIR/NAME/CONFIG/VERSION/``, summed over
+``data.configs``, each ArrayRecord file's count checked against ``dataset_info.json``) when its
+metadata is there, otherwise the scenario's ``test_split_events`` mapping, which is a declared
+number, not a measured one.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from heptstudy.config import Config, PlatformConfig
+from heptstudy.data.tfds import open_dataset
 from heptstudy.errors import ConfigError
 
 #: Rule name -> what it demands. Every message of a refused resolution starts with its name.
@@ -160,25 +161,16 @@ class TestSplit:
 
 
 def test_split_size(cfg: Config, declared: Mapping[str, int]) -> TestSplit | None:
-    """Events in the test split of ``cfg.data``: TFDS metadata under ``data.data_dir`` summed over
-    ``data.configs``, else the scenario's declared number, else None."""
-    total, files = 0, []
-    for conf in cfg.data.configs:
-        info = (
-            Path(cfg.data.data_dir) / cfg.data.name / conf / cfg.data.version / "dataset_info.json"
-        )
-        if not info.is_file():
-            break
-        try:
-            splits = json.loads(info.read_text()).get("splits", [])
-            test = next(s for s in splits if s.get("name") == "test")
-            total += sum(int(n) for n in test.get("shardLengths", []))
-        except (ValueError, StopIteration, AttributeError, TypeError):
-            break
-        files.append(str(info))
-    else:
-        return TestSplit(total, "metadata " + ", ".join(files))
-    for key in (cfg.data.dataset, cfg.data.name):
+    """Events in the test split of ``cfg.data``: when every config has TFDS metadata under
+    ``data.data_dir``, the events its ArrayRecord files hold (each file's count checked against
+    the metadata, which alone could claim any number), else the scenario's declared number,
+    else None."""
+    d = cfg.data
+    infos = [Path(d.data_dir) / d.name / c / d.version / "dataset_info.json" for c in d.configs]
+    if all(info.is_file() for info in infos):
+        events = len(open_dataset(d.data_dir, d.dataset, d.configs, "test"))
+        return TestSplit(events, "metadata " + ", ".join(map(str, infos)) + ", files counted")
+    for key in (d.dataset, d.name):
         if key in declared:
             return TestSplit(declared[key], f"scenario test_split_events[{key!r}] (declared)")
     return None
