@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from heptstudy.errors import HeptstudyError
-from heptstudy.paths import git
+from heptstudy.paths import git, real_path
 
 #: Folders of a user's own results: never committed (see .gitignore).
 LOCAL_FOLDERS = ("local", "scratch", "train")
@@ -46,14 +46,14 @@ def repository_of(path: str | os.PathLike) -> Path | None:
     return Path(top.strip()).resolve() if top else None
 
 
-def committed_place(path: str | os.PathLike) -> Committed | None:
+def committed_place(path: str | os.PathLike, what: str = "path") -> Committed | None:
     """Where ``path`` lies in committed results of the repository holding it, or None.
 
     Committed: a file or folder holding files that git tracks, and every path inside a reference
     folder (``experiments/<name>`` or ``figures/<name>`` holding tracked files), unless git
     ignores ``path`` itself (a study's ``.pending/`` and ``superseded/``); the top folders
     ``experiments`` and ``figures`` themselves. Outside a git checkout nothing is committed."""
-    path = Path(path).expanduser().resolve()
+    path = real_path(path, what)
     repo = repository_of(path)
     if repo is None:
         return None
@@ -89,10 +89,10 @@ def committed_name(path: str | os.PathLike) -> str | None:
 def refuse_committed(path: str | os.PathLike, flag: str, instead: str) -> None:
     """Raise :class:`CommittedFolder` when ``path`` (the value of option ``flag``) lies in
     committed results; ``instead`` says where the user's own results can go."""
-    place = committed_place(path)
+    place = committed_place(path, flag)
     if place is None:
         return
-    shown = Path(path).expanduser().resolve().relative_to(place.repository)
+    shown = real_path(path).relative_to(place.repository)
     where = f"in the repository {place.repository}"
     if not place.reference:
         raise CommittedFolder(

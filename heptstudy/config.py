@@ -13,6 +13,7 @@ A relative ``data.data_dir`` is taken from the repository wherever a command sta
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -635,9 +636,43 @@ def _describe(err: ValidationError, schema: type[BaseModel], what: str) -> str:
 
 
 def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge plain mappings, later ones winning."""
-    merged = OmegaConf.merge(*[OmegaConf.create(dict(layer)) for layer in layers])
+    """Deep-merge plain mappings, later ones winning. A list is replaced whole: a list's item
+    given by position (``data.configs.0=2``), a mapping where a list is or a list where a
+    mapping is, is refused naming the key, its value and how to write it."""
+    try:
+        merged = OmegaConf.merge(*[OmegaConf.create(dict(layer)) for layer in layers])
+    except TypeError:  # OmegaConf's "Cannot merge incompatible container types" names no key
+        below: Any = {}
+        for layer in layers:
+            _refuse_mixed(below, layer)
+            below = OmegaConf.to_container(OmegaConf.merge(below, OmegaConf.create(dict(layer))))
+        raise
     return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
+
+
+def _refuse_mixed(below: Mapping[str, Any], above: Mapping[str, Any], prefix: str = "") -> None:
+    for key, new in above.items():
+        old, dotted = below.get(key), f"{prefix}{key}"
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            _refuse_mixed(old, new, f"{dotted}.")
+        elif isinstance(old, list) and isinstance(new, Mapping):
+            whole = list(old)
+            strings = all(isinstance(item, str) for item in old)  # data.configs: ["1"]
+            for at, value in sorted((int(k), v) for k, v in new.items() if str(k).isdigit()):
+                whole[at : at + 1] = [str(value) if strings else value]
+            given = ", ".join(f"{dotted}.{k}={as_yaml(v)}" for k, v in new.items())
+            written = json.dumps(whole)
+            raise ConfigError(
+                f"{given} cannot be merged: {dotted} is a list ({json.dumps(old)}) and a list is "
+                f"set whole, not item by item; write it whole: --set '{dotted}={written}' (in "
+                f"YAML: {key}: {written})"
+            )
+        elif isinstance(old, Mapping) and isinstance(new, list):
+            raise ConfigError(
+                f"{dotted}={as_yaml(new)} cannot be merged: {dotted} is a section of keys "
+                f"({', '.join(map(str, old)) or 'none yet'}), not a list; set its keys one by one, "
+                f"e.g. --set {dotted}.KEY=VALUE"
+            )
 
 
 def validate(data: Mapping[str, Any], what: str = "configuration") -> Config:

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from heptstudy.errors import ConfigError, HeptstudyError
+from heptstudy.paths import real_path
 
 NAME_RULE = (
     "letters, digits, '_', '-' and '.' only (at most 100), not starting with '.', "
@@ -54,7 +55,7 @@ def inside(folder: str | os.PathLike, path: str | os.PathLike, what: str) -> Pat
     target = Path(path).expanduser()
     if not target.is_absolute():
         target = base / target
-    real_base, real_target = base.resolve(), target.resolve()
+    real_base, real_target = real_path(base, what), real_path(target, what)
     if real_target == real_base or not real_target.is_relative_to(real_base):
         raise OutsideFolder(
             f"{what} {str(path)!r} would be written to {str(real_target)!r}, outside its "

@@ -15,9 +15,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 from pathlib import Path
+
+from heptstudy.errors import HeptstudyError
 
 #: The folder holding this package: the repository for an editable install (``configs/``,
 #: ``notebooks/`` beside the package), the site-packages folder for another install.
@@ -42,6 +45,31 @@ def resolve_from_cwd(path: str | os.PathLike) -> Path:
     directory (where results are written, see the module docstring)."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else Path.cwd() / p
+
+
+class SymlinkLoop(HeptstudyError):
+    """A path given by the user runs into a loop of symbolic links."""
+
+
+def real_path(path: str | os.PathLike, what: str = "path") -> Path:
+    """``path`` made absolute with its symbolic links followed (:meth:`Path.resolve`, ``~``
+    expanded, a relative path taken from the working directory); a loop of symbolic links is
+    refused as :class:`SymlinkLoop` naming ``what`` (the option, e.g. ``--out``) and the path."""
+    given = Path(path).expanduser()
+    try:
+        real = given.resolve()
+        os.stat(real)  # Python 3.13 resolves a loop without a word
+        loop = False
+    except RuntimeError:  # pathlib before Python 3.13 reports a loop so, from deep inside
+        loop = True
+    except OSError as exc:
+        loop = exc.errno == errno.ELOOP  # a path yet to be made is fine
+    if not loop:
+        return real
+    raise SymlinkLoop(
+        f"{what} {str(path)!r} ({given.absolute()}) is a symbolic-link loop, so it names no "
+        "file or folder: fix the links (`ls -l` shows where each points) or choose another path"
+    ) from None
 
 
 #: The repository's training configurations (beside this package, editable install or not).

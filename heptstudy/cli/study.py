@@ -17,7 +17,7 @@ from heptstudy.study.schedule import schedule
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    data_dir = str(from_command_line(args.data_dir)) if args.data_dir else None
+    data_dir = str(from_command_line(args.data_dir, "--data-dir")) if args.data_dir else None
     done = run_study(
         args.matrix,
         args.out,

@@ -9,9 +9,12 @@ TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
+import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,22 @@ def features_dict(name: str):
 
 # --------------------------------------------------------------------------------------------
 # Writing
+
+_ERRNO_OF = {os.strerror(code): code for code in errno.errorcode}
+
+
+@contextlib.contextmanager
+def _refused_writes_as_os_errors(path: Path) -> Iterator[None]:
+    # ArrayRecord's C++ writer reports a refused write (a full disk, a file size limit) as
+    # RuntimeError("write() failed: No space left on device; ..."): made the OSError it is, so
+    # that the caller handles it as any other refusal of the file system
+    try:
+        yield
+    except RuntimeError as exc:
+        code = next((c for text, c in _ERRNO_OF.items() if f": {text}" in str(exc)), None)
+        if code is None:
+            raise
+        raise OSError(code, os.strerror(code), str(path)) from None
 
 
 class ArrayRecordDatasetWriter:
@@ -110,6 +129,7 @@ class ArrayRecordDatasetWriter:
                 "bounds": bounds,
                 "count": 0,
                 "writer": None,
+                "path": None,
                 "shard": -1,
                 "bytes": 0,
             }
@@ -130,15 +150,22 @@ class ArrayRecordDatasetWriter:
         bounds = plan["bounds"]
         shard = int(np.searchsorted(bounds, i, side="right")) - 1
         if shard != plan["shard"]:
-            if plan["writer"] is not None:
-                plan["writer"].close()
-            plan["writer"] = ArrayRecordWriter(
-                str(self._path(split, shard, len(bounds) - 1)), "group_size:1"
-            )
+            self._close(plan)
+            plan["path"] = self._path(split, shard, len(bounds) - 1)
+            with _refused_writes_as_os_errors(plan["path"]):
+                plan["writer"] = ArrayRecordWriter(str(plan["path"]), "group_size:1")
             plan["shard"] = shard
-        plan["writer"].write(data)
+        with _refused_writes_as_os_errors(plan["path"]):
+            plan["writer"].write(data)
         plan["bytes"] += len(data)
         plan["count"] = i + 1
+
+    @staticmethod
+    def _close(plan: dict[str, Any]) -> None:
+        writer, plan["writer"] = plan["writer"], None
+        if writer is not None:
+            with _refused_writes_as_os_errors(plan["path"]):
+                writer.close()
 
     def finish(self) -> Path:
         """Close the shards and write the data set's metadata, still under its temporary
@@ -146,8 +173,7 @@ class ArrayRecordDatasetWriter:
         tfds = self._tfds
         infos = []
         for split, plan in self._plan.items():
-            if plan["writer"] is not None:
-                plan["writer"].close()
+            self._close(plan)
             if plan["count"] != plan["n"]:
                 raise DataError(f"split {split!r}: {plan['count']} of {plan['n']} events written")
             template = tfds.core.ShardedFileTemplate(
@@ -201,10 +227,19 @@ class ArrayRecordDatasetWriter:
         self.discard()
 
     def discard(self) -> None:
-        """Remove what was written but not published."""
+        """Remove what was written but not published, and the folders made for it when they
+        are left empty."""
         import shutil
 
+        for plan in self._plan.values():
+            # a shard left open by the failure: closed before removal, its own error is the
+            # failure already being reported
+            with contextlib.suppress(OSError):
+                self._close(plan)
         shutil.rmtree(self.tmp, ignore_errors=True)
+        for folder in (self.tmp.parent, self.tmp.parent.parent):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
 
 
 # --------------------------------------------------------------------------------------------

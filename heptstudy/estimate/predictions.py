@@ -31,7 +31,7 @@ import yaml
 from heptstudy import fingerprint as code_fingerprint
 from heptstudy.committed import repository_of
 from heptstudy.errors import HeptstudyError
-from heptstudy.paths import base_dir, git, resolve_in_repo
+from heptstudy.paths import base_dir, git, real_path, resolve_in_repo
 from heptstudy.units import MIB
 
 SCHEMA = "heptstudy.blind_predictions/1"
@@ -146,7 +146,7 @@ class GitAge:
 def last_commit(path: str | os.PathLike) -> tuple[str, str] | None:
     """The commit (sha, ISO date) that last changed ``path`` in the history of its repository's
     checked-out commit; None when it was never committed or git cannot tell."""
-    path = Path(path).resolve()
+    path = real_path(path)
     out = git("log", "-1", "--format=%H %cI", "--", path.name, cwd=path.parent)
     return tuple(out.split()) if out and out.strip() else None
 
@@ -160,7 +160,7 @@ def is_ancestor(older: str, newer: str, cwd: str | os.PathLike) -> bool:
 def git_age(path: str | os.PathLike, measured: list[str]) -> GitAge:
     """:class:`GitAge` of the file at ``path`` against the ``measured`` commits, asked of the
     git repository that holds the file."""
-    path = Path(path).resolve()
+    path = real_path(path)
     if repository_of(path) is None:
         return GitAge(
             None,
@@ -213,7 +213,7 @@ def _shown(path: Path) -> str:
     """``path`` relative to the repository when it is inside it (committed files name no
     machine's folders)."""
     try:
-        return str(Path(path).resolve().relative_to(base_dir().resolve()))
+        return str(real_path(path).relative_to(base_dir().resolve()))
     except ValueError:
         return str(path)
 

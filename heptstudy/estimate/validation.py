@@ -48,7 +48,7 @@ from heptstudy.estimate.kernel_scratch import scratch_bytes
 from heptstudy.estimate.kernel_stand_ins import target_kernels
 from heptstudy.fingerprint import ROOT, commit_reasons
 from heptstudy.meters.allocation_trace import TracingMemoryMeter
-from heptstudy.paths import git
+from heptstudy.paths import git, real_path
 from heptstudy.units import MIB
 
 #: A report passes when |estimated / measured - 1| is within these.
@@ -327,7 +327,7 @@ def copy_of_commit(sha: str, dest: Path) -> str:
 def validate(reports, data_dir, code: str | None = None, progress=print) -> dict:
     """Measured against estimated for ``reports`` (``(path, BenchReport)`` pairs, each validated
     by the report schema) on the data in ``data_dir``; returns the JSON document."""
-    data_dir = Path(data_dir).resolve()
+    data_dir = real_path(data_dir, "--data-dir")
     if not data_dir.is_dir():
         raise HeptstudyError(
             f"--data-dir {str(data_dir)!r} is no folder; give the data the reports measured "

@@ -29,7 +29,7 @@ from heptstudy.fitting.words import answer_words
 from heptstudy.measure.report import ReportError, read_report
 from heptstudy.model.adaptive_checkpointing import plan_config
 from heptstudy.model.checkpoint_plan import FULL
-from heptstudy.paths import ROOT
+from heptstudy.paths import ROOT, real_path
 from heptstudy.scenario import ScenarioError, resolve
 
 DEFAULT_SCENARIO = "cld_pf_heptv2_batch512_50k"
@@ -141,7 +141,7 @@ def resolve_config(request: FitRequest):
         else None
     )
     if request.data_dir:
-        over.insert(0, f"data.data_dir={Path(request.data_dir).expanduser().resolve()}")
+        over.insert(0, f"data.data_dir={real_path(request.data_dir, '--data-dir')}")
     scenario, platform = repo_path(request.scenario), repo_path(request.platform)
     notes = []
 

@@ -13,6 +13,7 @@ from heptstudy.atomic import atomic_write_text, folder_write_problem
 from heptstudy.config import PlatformConfig
 from heptstudy.errors import ConfigError
 from heptstudy.names import inside
+from heptstudy.paths import real_path
 from heptstudy.scenario.resolve import Resolution, ResolvedVariant, resolve
 
 #: How a launched job calls the trainer (torchrun runs the module with the environment's Python).
@@ -184,7 +185,7 @@ def render(
     launch script (``VARIANT.sbatch`` for Slurm profiles, ``VARIANT.sh`` otherwise), plus
     ``OUT/resolution.json`` and ``OUT/launch_scripts.txt`` (the scripts, one a line)."""
     res = resolve(scenario, platform, variants, overrides)
-    out = Path(out).resolve()
+    out = real_path(out, "render folder (--out / --render-dir)")
     if not str(out).isprintable():
         raise ConfigError(
             f"render folder {str(out)!r} holds a line break or control character; the launch "
@@ -196,7 +197,7 @@ def render(
             f"cannot write the rendered files to {str(out)!r}: {problem}; nothing was rendered. "
             "Choose a writable folder (--out / --render-dir) or fix its permissions"
         )
-    workdir = Path(workdir or Path.cwd()).resolve()
+    workdir = real_path(workdir or Path.cwd(), "working directory")
     texts: list[tuple[Path, str]] = []
     scripts = []
     for v in res.variants:

@@ -22,7 +22,7 @@ from pathlib import Path
 from heptstudy.atomic import folder_write_problem
 from heptstudy.committed import LOCAL_FOLDERS, RESULT_TOPS, committed_place, refuse_committed
 from heptstudy.names import is_name
-from heptstudy.paths import ROOT
+from heptstudy.paths import ROOT, SymlinkLoop, real_path
 from heptstudy.study.common import StudyError
 
 #: The user's own studies and figures: never committed (see .gitignore).
@@ -38,10 +38,10 @@ class StudyFolders:
     reference: str | None  # the name of the committed reference study written, if one is
 
 
-def from_command_line(path: str | os.PathLike) -> Path:
-    """``path`` made absolute: a relative one is taken from the current directory (it is a
-    command-line path)."""
-    return Path(path).expanduser().resolve()
+def from_command_line(path: str | os.PathLike, flag: str) -> Path:
+    """``path``, the value of option ``flag``, made absolute: a relative one is taken from the
+    current directory (it is a command-line path)."""
+    return real_path(path, flag)
 
 
 def shown(path: str | os.PathLike | None) -> str | None:
@@ -52,9 +52,8 @@ def shown(path: str | os.PathLike | None) -> str | None:
     p = Path(path)
     root = ROOT
     try:
-        resolved = p.resolve() if p.is_absolute() else (root / p).resolve()
-        return str(resolved.relative_to(root.resolve()))
-    except (ValueError, OSError):
+        return str(real_path(root / p).relative_to(root.resolve()))
+    except (ValueError, OSError, SymlinkLoop):
         return str(p)
 
 
@@ -96,8 +95,10 @@ def study_folders(
         return StudyFolders(
             root / "experiments" / reference, root / "figures" / reference, reference
         )
-    out_dir = from_command_line(out) if out is not None else default_study_dir()
-    fig_dir = from_command_line(figures) if figures is not None else out_dir / "figures"
+    out_dir = from_command_line(out, "--out") if out is not None else default_study_dir()
+    fig_dir = (
+        from_command_line(figures, "--figures") if figures is not None else out_dir / "figures"
+    )
     for flag, path in (("--out", out_dir), ("--figures", fig_dir)):
         refuse_committed(path, flag, _own_study(flag))
     return StudyFolders(out_dir, fig_dir, None)
@@ -115,12 +116,14 @@ def aggregate_folders(
 ) -> tuple[Path, Path]:
     """``study aggregate``'s folders: ``out`` holding the reports and ``figures`` (default
     :func:`default_figures`); both refused when committed (``--reference`` regenerates those)."""
-    out_dir = from_command_line(out)
+    out_dir = from_command_line(out, "--out")
     if not out_dir.is_dir():
         raise StudyError(
             f"--out {shown(out_dir)} is not a folder of reports; run `heptstudy study run` first"
         )
-    fig_dir = from_command_line(figures) if figures is not None else default_figures(out_dir)
+    fig_dir = (
+        from_command_line(figures, "--figures") if figures is not None else default_figures(out_dir)
+    )
     refuse_committed(out_dir, "--out", _own_study("--out"))
     refuse_committed(fig_dir, "--figures", _own_study("--figures"))
     return out_dir, fig_dir

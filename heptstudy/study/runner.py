@@ -36,7 +36,7 @@ from heptstudy.measure import report as rp
 from heptstudy.measure.bench import check_enough_events, report_header
 from heptstudy.meters.allocator import AllocatorState, allocator_in_use, environment_with
 from heptstudy.names import inside
-from heptstudy.paths import ROOT
+from heptstudy.paths import ROOT, real_path
 from heptstudy.study.common import NOTEBOOKS, StudyError
 from heptstudy.study.kernel import execute_notebook
 from heptstudy.study.matrix import Matrix, Run, load_matrix
@@ -385,7 +385,7 @@ def aggregate_study(
 ) -> Path:
     """Execute ``aggregate.ipynb`` on ``out_dir`` (figures to ``figures_dir``) and render
     ``out_dir/report.html`` without the code cells."""
-    out, figures = Path(out_dir).resolve(), Path(figures_dir).resolve()
+    out, figures = real_path(out_dir, "--out"), real_path(figures_dir, "--figures")
     executed = out / "aggregate.ipynb"
     # relative to the repository (the kernel's working directory), so that the report shows
     # no absolute path of this machine

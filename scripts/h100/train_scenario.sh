@@ -4,7 +4,9 @@
 #   scripts/h100/train_scenario.sh SCENARIO [h100] [--variant NAME] [--set KEY=VALUE ...]
 #                                  [--resume PATH] [--out DIR]
 #
-# The profile is configs/training/platforms/PROFILE.yaml (PROFILE defaults to h100).
+# The profile is configs/training/platforms/PROFILE.yaml (PROFILE defaults to h100), or PROFILE is
+# the path of a profile file (holding a '/' or ending in .yaml; a relative one is taken from the
+# working directory, as is --out).
 # `heptstudy scenario render` resolves the scenario, checks every invariant and writes one Slurm
 # batch script per variant (plus the resolved configurations) into DIR
 # [experiments/train/_rendered/SCENARIO/PROFILE]. With sbatch on PATH both are submitted;
@@ -16,5 +18,4 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SCENARIO="$1"; shift
 PROFILE=h100
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then PROFILE="$1"; shift; fi
-exec "$ROOT/scripts/lib/submit_scenario.sh" "$ROOT/configs/training/platforms/$PROFILE.yaml" \
-  "$ROOT/experiments/train/_rendered/$(basename "$SCENARIO" .yaml)/$PROFILE" "$SCENARIO" "$@"
+exec "$ROOT/scripts/lib/submit_scenario.sh" "" "$SCENARIO" "$PROFILE" "$@"

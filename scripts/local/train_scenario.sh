@@ -21,6 +21,7 @@ echo "NOTE: local smoke run with NOT production settings: the scenario's budget 
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
+. "$ROOT/scripts/lib/real_path.sh"
 if [ -x "$ROOT/.venv/bin/heptstudy" ]; then HEPTSTUDY="$ROOT/.venv/bin/heptstudy"; else HEPTSTUDY=heptstudy; fi
 
 usage() { echo "usage: $0 SCENARIO --variant NAME [--resume PATH] [--set KEY=VALUE ...]" >&2; exit 2; }
@@ -62,7 +63,7 @@ if [ -n "${VALIDATION_DIAGNOSTICS_BATCHES:-}" ]; then
 fi
 
 NAME="$(basename "$SCENARIO" .yaml)"
-RENDER_DIR="${RENDER_DIR:-$ROOT/experiments/train/_rendered/$NAME/local_cpu}"
+RENDER_DIR="$(real_path "${RENDER_DIR:-$ROOT/experiments/train/_rendered/$NAME/local_cpu}" RENDER_DIR)"
 "$PY" -m heptstudy.cli scenario render --scenario "$SCENARIO" \
   --platform "$ROOT/configs/training/platforms/local_cpu.yaml" --variant "$VARIANT" \
   --out "$RENDER_DIR" "${SETS[@]}"

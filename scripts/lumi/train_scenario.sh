@@ -4,7 +4,9 @@
 #   scripts/lumi/train_scenario.sh SCENARIO [mi250x] [--variant NAME] [--set KEY=VALUE ...]
 #                                  [--resume PATH] [--out DIR]
 #
-# The profile is configs/training/platforms/lumi_PROFILE.yaml (PROFILE defaults to mi250x).
+# The profile is configs/training/platforms/lumi_PROFILE.yaml (PROFILE defaults to mi250x), or
+# PROFILE is the path of a profile file (holding a '/' or ending in .yaml; a relative one is taken
+# from the working directory, as is --out).
 # `heptstudy scenario render` resolves the scenario, checks every invariant and writes one Slurm
 # batch script per variant (plus the resolved configurations) into DIR
 # [experiments/train/_rendered/SCENARIO/lumi_PROFILE]. With sbatch on PATH both are submitted;
@@ -16,5 +18,4 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SCENARIO="$1"; shift
 PROFILE=mi250x
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then PROFILE="$1"; shift; fi
-exec "$ROOT/scripts/lib/submit_scenario.sh" "$ROOT/configs/training/platforms/lumi_$PROFILE.yaml" \
-  "$ROOT/experiments/train/_rendered/$(basename "$SCENARIO" .yaml)/lumi_$PROFILE" "$SCENARIO" "$@"
+exec "$ROOT/scripts/lib/submit_scenario.sh" "lumi_" "$SCENARIO" "$PROFILE" "$@"
