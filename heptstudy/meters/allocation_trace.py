@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from heptstudy.meters.memory import StorageTracker, TrackedMemoryMeter, _iter_tensors, _storage_of
+from heptstudy.meters.memory import StorageTracker, TrackedMemoryMeter, _storage_of, iter_tensors
 
 Event = tuple[str, int, int]  # ("alloc" | "free", block_id, nbytes)
 
@@ -106,7 +106,7 @@ class TracingStorageTracker(StorageTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # adopt unseen inputs here, so that they are not recorded as this op's allocations
         live = self._live
-        for t in _iter_tensors((args, kwargs or {})):
+        for t in iter_tensors((args, kwargs or {})):
             storage = _storage_of(t)
             if storage is not None and id(storage) not in live:
                 with self._lock:
@@ -176,6 +176,3 @@ class TracingMemoryMeter(TrackedMemoryMeter):
     @property
     def last_trace(self) -> StepTrace | None:
         return self.traces[-1] if self.traces else None
-
-
-__all__ = ["Event", "StepTrace", "TracingMemoryMeter", "TracingStorageTracker"]

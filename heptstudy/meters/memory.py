@@ -325,7 +325,7 @@ class StorageTracker(TorchDispatchMode):
         live = self._live
         # Inputs we have never seen were made before the step (and not handed to start_step)
         # or outside the dispatcher: they are live memory, count them from now on.
-        for t in _iter_tensors((args, kwargs)):
+        for t in iter_tensors((args, kwargs)):
             storage = _storage_of(t)
             if storage is not None and id(storage) not in live:
                 with self._lock:
@@ -334,7 +334,7 @@ class StorageTracker(TorchDispatchMode):
                     self.adopted_bytes += self.live_bytes - before
         out = func(*args, **kwargs)
         with self._lock:
-            for t in _iter_tensors(out):
+            for t in iter_tensors(out):
                 storage = _storage_of(t)
                 if storage is not None:
                     self._register(storage, self._label or "temporaries", self._owner(t))
@@ -457,7 +457,7 @@ class StorageTracker(TorchDispatchMode):
         self._phase = label
 
 
-def _iter_tensors(obj) -> Iterator[torch.Tensor]:
+def iter_tensors(obj) -> Iterator[torch.Tensor]:
     """Tensors in an op's arguments or results (tensors, lists, tuples, dicts; nested)."""
     if isinstance(obj, torch.Tensor):
         yield obj
@@ -466,9 +466,9 @@ def _iter_tensors(obj) -> Iterator[torch.Tensor]:
             if isinstance(item, torch.Tensor):
                 yield item
             elif isinstance(item, (list, tuple, dict)):
-                yield from _iter_tensors(item)
+                yield from iter_tensors(item)
     elif isinstance(obj, dict):
-        yield from _iter_tensors(list(obj.values()))
+        yield from iter_tensors(list(obj.values()))
 
 
 def _flatten_tensors(obj) -> list[torch.Tensor]:
