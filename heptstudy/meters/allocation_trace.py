@@ -113,7 +113,7 @@ class TracingStorageTracker(StorageTracker):
                     before = self.live_bytes
                     self._adopting = True
                     try:
-                        self._register(storage, self._label or "temporaries", self._owner(t))
+                        self._register(storage, "temporaries", self._owner(t))
                     finally:
                         self._adopting = False
                     self.adopted_bytes += self.live_bytes - before
@@ -148,31 +148,14 @@ class TracingStorageTracker(StorageTracker):
 
 
 class TracingMemoryMeter(TrackedMemoryMeter):
-    """The storage-tracker meter, keeping each measured step's :class:`StepTrace` in
-    ``traces`` (``last_trace`` the latest)."""
+    """The storage-tracker meter, keeping the last measured step's :class:`StepTrace` in
+    ``last_trace``."""
 
-    def __init__(self, device, *, track_categories=False, record_timeline=None, scratch=None):
-        super().__init__(
-            device,
-            track_categories=track_categories,
-            record_timeline=record_timeline,
-            scratch=scratch,
-        )
-        self.traces: list[StepTrace] = []
-
-    def _new_tracker(self) -> StorageTracker:
-        return TracingStorageTracker(
-            track_categories=self.track_categories,
-            record_timeline=self.record_timeline,
-            scratch=self.scratch,
-        )
+    tracker_class = TracingStorageTracker
+    last_trace: StepTrace | None = None
 
     def stop_step(self):
         tracker = self.tracker
         result = super().stop_step()
-        self.traces.append(tracker.trace)
+        self.last_trace = tracker.trace
         return result
-
-    @property
-    def last_trace(self) -> StepTrace | None:
-        return self.traces[-1] if self.traces else None
