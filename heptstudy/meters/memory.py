@@ -124,14 +124,12 @@ class StepMemory:
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
 class _Entry:
-    __slots__ = ("nbytes", "category", "owner", "ref")
-
-    def __init__(self, nbytes: int, category: str, owner: str, ref: weakref.ref):
-        self.nbytes = nbytes
-        self.category = category
-        self.owner = owner
-        self.ref = ref
+    nbytes: int
+    category: str
+    owner: str
+    ref: weakref.ref
 
 
 #: Suffix of the owner of a storage made as an integer or bool tensor (hash orders, gather
@@ -369,7 +367,8 @@ class StorageTracker(TorchDispatchMode):
             self.add_baseline(model.buffers(), "parameters")
             self.add_baseline((p.grad for p in params), "gradients")
         if optimizer is not None:
-            self.add_baseline(_optimizer_tensors(optimizer), "optimizer_state")
+            state = [v for s in optimizer.state.values() for v in s.values()]
+            self.add_baseline(state, "optimizer_state")
             for group in optimizer.param_groups:
                 self.add_baseline(group["params"], "parameters")
                 self.add_baseline((p.grad for p in group["params"]), "gradients")
@@ -468,15 +467,6 @@ def _flatten_tensors(obj) -> list[torch.Tensor]:
     return [x for x in tree_flatten(obj)[0] if isinstance(x, torch.Tensor)]
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [
-        v
-        for state in optimizer.state.values()
-        for v in state.values()
-        if isinstance(v, torch.Tensor)
-    ]
-
-
 # --------------------------------------------------------------------------------------------
 # Resident-set peak (CPU "reserved")
 # --------------------------------------------------------------------------------------------
@@ -528,18 +518,6 @@ class MemoryMeter:
         self.track_categories = track_categories
         self.tracker: StorageTracker | None = None
         self.last: StepMemory | None = None
-
-    def start_step(
-        self,
-        baseline_tensors: Iterable[torch.Tensor | None] = (),
-        *,
-        model: torch.nn.Module | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-    ) -> None:
-        raise NotImplementedError
-
-    def stop_step(self) -> StepMemory:
-        raise NotImplementedError
 
     @contextlib.contextmanager
     def step(self, baseline_tensors=(), *, model=None, optimizer=None) -> Iterator[_StepHandle]:
