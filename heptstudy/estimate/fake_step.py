@@ -183,7 +183,7 @@ def estimate_step(
     target's autocast lists of ``torch_version`` (default :data:`DEFAULT_TORCH_VERSION`), its
     kernel choices and kernel scratch (:mod:`heptstudy.estimate.autocast_policy`,
     ``kernel_stand_ins``, ``kernel_scratch``). ``target`` ``cpu`` or None: the CPU's own
-    kernels (``device_type`` then picks the fake device, as before). ``plan``: the checkpoint
+    kernels (``device_type`` then picks the fake device). ``plan``: the checkpoint
     plan of one step of a model built with ``auto``."""
     if target is not None and target not in TARGETS:
         raise HeptstudyError(

@@ -533,6 +533,18 @@ class MemoryMeter:
         if self.tracker is not None:
             self.tracker.mark(label)
 
+    def _result(self, allocated, reserved, reason=None, **fields) -> StepMemory:
+        self.last = StepMemory(
+            device_kind=self.device_kind,
+            peak_allocated_bytes=allocated,
+            peak_reserved_bytes=reserved,
+            allocated_definition=ALLOCATED_DEFINITIONS[self.device_kind],
+            reserved_definition=RESERVED_DEFINITIONS[self.device_kind],
+            reserved_unavailable_reason=reason,
+            **fields,
+        )
+        return self.last
+
     def _tracker_fields(self) -> dict:
         tr = self.tracker
         assert tr is not None
@@ -587,17 +599,7 @@ class TrackedMemoryMeter(MemoryMeter):
         self.tracker.end()
         reserved, reason = self._stop_extra()
         peak = self.tracker.peak_bytes
-        fields = self._tracker_fields()
-        self.last = StepMemory(
-            device_kind=self.device_kind,
-            peak_allocated_bytes=peak,
-            peak_reserved_bytes=reserved,
-            allocated_definition=ALLOCATED_DEFINITIONS[self.device_kind],
-            reserved_definition=RESERVED_DEFINITIONS[self.device_kind],
-            reserved_unavailable_reason=reason,
-            **fields,
-        )
-        return self.last
+        return self._result(peak, reserved, reason, **self._tracker_fields())
 
     def _stop_extra(self) -> tuple[int | None, str | None]:
         return None, "the storage tracker measures no reserved memory"
@@ -647,15 +649,7 @@ class CudaMemoryMeter(MemoryMeter):
             fields = self._tracker_fields()
             self.tracker = None
         self._started = False
-        self.last = StepMemory(
-            device_kind=self.device_kind,
-            peak_allocated_bytes=allocated,
-            peak_reserved_bytes=reserved,
-            allocated_definition=ALLOCATED_DEFINITIONS[self.device_kind],
-            reserved_definition=RESERVED_DEFINITIONS[self.device_kind],
-            **fields,
-        )
-        return self.last
+        return self._result(allocated, reserved, **fields)
 
 
 def make_meter(device: torch.device | str, track_categories: bool = False) -> MemoryMeter:
