@@ -132,8 +132,7 @@ def test_timed_pass_leaves_its_segments_to_the_memory_pass():
     [
         (dict(steps=[]), "at least one step trace"),
         (dict(passes="timing"), "passes='timing'"),
-        (dict(batches=[[1], [2], [3]]), "3 batches for 1 steps"),
-        (dict(update_traces=[None, None]), "2 update traces for 1 steps"),
+        (dict(warmup=-1), "warmup=-1"),
     ],
 )
 def test_bench_process_refuses_bad_input_by_name(kwargs, words):

@@ -33,6 +33,8 @@ from importlib import resources
 
 import torch
 
+from heptstudy.meters.memory import iter_tensors
+
 AUTOCAST_KEY = "AutocastCPU"
 
 #: Targets whose autocast this module emulates (ROCm registers CUDA's lists).
@@ -50,14 +52,6 @@ class AutocastLists:
     fp32_append_dtype: dict[str, str]
     promote: tuple[str, ...]
     source: str
-
-    def policy_of(self, op_name: str) -> str | None:
-        """``lower_precision``, ``fp32``, ``fp32_set_opt_dtype``, ``fp32_append_dtype``,
-        ``promote`` or ``None`` (autocast leaves the op alone)."""
-        for policy in ("lower_precision", "fp32", "fp32_set_opt_dtype", "promote"):
-            if op_name in getattr(self, policy):
-                return policy
-        return "fp32_append_dtype" if op_name in self.fp32_append_dtype else None
 
 
 def _load_lists() -> dict[str, AutocastLists]:
@@ -121,37 +115,15 @@ def _map_tensors(obj, fn):
     return obj
 
 
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _tensors(x)
-
-
 @dataclass
 class AutocastEmulation:
-    """What :func:`target_autocast` installed, and how often each policy ran (to report which
-    of the target's lists a step actually hit)."""
+    """How often each op of the target's lists ran inside :func:`target_autocast` (which of
+    the lists a step actually hit), the listed ops this build does not have, and the
+    lower-precision ops both lists share, which CPU autocast's own kernel runs."""
 
-    lists: AutocastLists
-    target: str
-    registered: dict[str, str] = field(default_factory=dict)  # op -> policy
-    fallthrough: list[str] = field(default_factory=list)  # CPU autocast ops the target skips
-    missing: list[str] = field(default_factory=list)  # listed ops this build does not have
-    calls: dict[str, int] = field(default_factory=dict)  # op -> calls inside the block
-    #: lower-precision ops both lists share: CPU autocast's own kernel runs them (it casts with
-    #: ``cached_cast`` exactly as CUDA's does, cache and its clearing included)
+    calls: dict[str, int] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
     kept_cpu: list[str] = field(default_factory=list)
-
-    def _count(self, name: str) -> None:
-        self.calls[name] = self.calls.get(name, 0) + 1
-
-
-def _exclude_autocast():
-    return torch._C._ExcludeDispatchKeyGuard(
-        torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
-    )
 
 
 def _dtype_slot(op: torch._ops.OpOverload) -> tuple[int | None, bool]:
@@ -168,8 +140,10 @@ def _kernel(emu: AutocastEmulation, name: str, policy: str, op, redispatch=None)
     defaults = [a.default_value if a.has_default_value() else None for a in op._schema.arguments]
 
     def kernel(*args, **kwargs):
-        emu._count(name)
-        with _exclude_autocast():
+        emu.calls[name] = emu.calls.get(name, 0) + 1
+        with torch._C._ExcludeDispatchKeyGuard(
+            torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+        ):
             if lower:
                 to = torch.get_autocast_dtype("cpu")
                 args, kwargs = _cast_all((args, kwargs), lambda t: t.dtype != to, to)
@@ -180,14 +154,16 @@ def _kernel(emu: AutocastEmulation, name: str, policy: str, op, redispatch=None)
                 )
                 return op(*args, **kwargs)
             if policy == "promote":
-                floats = [t.dtype for t in _tensors((args, list(kwargs.values()))) if _eligible(t)]
+                floats = [
+                    t.dtype for t in iter_tensors((args, list(kwargs.values()))) if _eligible(t)
+                ]
                 if len(set(floats)) > 1:
                     widest = floats[0]
                     for d in floats[1:]:
                         widest = torch.promote_types(widest, d)
                     args, kwargs = _cast_all((args, kwargs), lambda t: t.dtype != widest, widest)
                 return op(*args, **kwargs)
-            first = next(_tensors(args), None)
+            first = next(iter_tensors(args), None)
             if first is None or not _eligible(first):
                 return op(*args, **kwargs)
             if policy == "fp32_append_dtype":
@@ -242,7 +218,7 @@ def target_autocast(
     lists = lists_for(torch_version)
     if not _INSTALLED.acquire(blocking=False):
         raise RuntimeError("a target autocast emulation is already installed in this process")
-    emu = AutocastEmulation(lists=lists, target=target)
+    emu = AutocastEmulation()
     lib = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():
@@ -279,7 +255,6 @@ def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
                 _kernel(emu, name, policy, op),
                 AUTOCAST_KEY,
             )
-            emu.registered[name] = policy
             listed.add(op._schema.name + _suffix(op))
     for name, target_name in lists.fp32_append_dtype.items():
         op, redispatch = _overload(name), _overload(target_name)
@@ -288,24 +263,11 @@ def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
             continue
         kernel = _kernel(emu, name, "fp32_append_dtype", op, redispatch)
         lib.impl(name, kernel, AUTOCAST_KEY)
-        emu.registered[name] = "fp32_append_dtype"
         listed.add(op._schema.name + _suffix(op))
     for qualified in cpu_ops:
         if qualified not in listed:
             lib.impl(qualified[len("aten::") :], torch.library.fallthrough_kernel, AUTOCAST_KEY)
-            emu.fallthrough.append(qualified)
 
 
 def _suffix(op: torch._ops.OpOverload) -> str:
     return "" if op._overloadname == "default" else f".{op._overloadname}"
-
-
-__all__ = [
-    "POLICIES",
-    "TARGETS",
-    "AutocastEmulation",
-    "AutocastLists",
-    "UnknownTorchVersion",
-    "lists_for",
-    "target_autocast",
-]

@@ -44,8 +44,6 @@ from dataclasses import dataclass
 from heptstudy.errors import HeptstudyError
 from heptstudy.units import MIB
 
-KIB = 1024
-
 MIN_BLOCK = 512  # kMinBlockSize: every request is rounded up to a multiple of this
 SMALL_SIZE = 1 * MIB  # kSmallSize: requests up to this size use the small pool
 SMALL_BUFFER = 2 * MIB  # kSmallBuffer: small-pool segment (and expandable page) size
@@ -125,55 +123,26 @@ class CachingAllocator:
         self._live: dict[int, tuple[_Block, int]] = {}
         self._zero: set[int] = set()
         self._next_addr = 0
-        self._segments = 0
         # expandable mode: the block at the end of each pool's mapped range, and that end
         self._last: list[_Block | None] = [None, None]
         self._mapped_end = list(_POOL_BASE)
-        self._allocated = 0
-        self._reserved = 0
-        self._peak_allocated = 0
-        self._peak_reserved = 0
-
-    # -- statistics ------------------------------------------------------------------------------
-    @property
-    def allocated(self) -> int:
-        """Bytes of the blocks handed out (``memory_allocated``)."""
-        return self._allocated
-
-    @property
-    def reserved(self) -> int:
-        """Bytes of device memory the allocator holds (``memory_reserved``)."""
-        return self._reserved
-
-    @property
-    def peak_allocated(self) -> int:
-        return self._peak_allocated
-
-    @property
-    def peak_reserved(self) -> int:
-        return self._peak_reserved
-
-    @property
-    def segments(self) -> int:
-        """Native: ``cudaMalloc``'d segments; expandable: pools with a mapped segment."""
-        return self._segments
+        #: ``memory_allocated`` (block sizes handed out), ``memory_reserved``, their peaks, and
+        #: the segments (native: ``cudaMalloc``'d; expandable: pools with a mapped segment)
+        self.allocated = 0
+        self.reserved = 0
+        self.peak_allocated = 0
+        self.peak_reserved = 0
+        self.segments = 0
 
     def reset_peak(self) -> None:
         """``torch.cuda.reset_peak_memory_stats``: the peaks restart from the current bytes."""
-        self._peak_allocated = self._allocated
-        self._peak_reserved = self._reserved
+        self.peak_allocated = self.allocated
+        self.peak_reserved = self.reserved
 
     def peaks(self) -> AllocatorPeaks:
         return AllocatorPeaks(
-            self._allocated,
-            self._reserved,
-            self._peak_allocated,
-            self._peak_reserved,
-            self._segments,
+            self.allocated, self.reserved, self.peak_allocated, self.peak_reserved, self.segments
         )
-
-    def is_live(self, block_id: int) -> bool:
-        return block_id in self._live or block_id in self._zero
 
     # -- free-block sets -------------------------------------------------------------------------
     def _insert_free(self, pool: int, b: _Block) -> None:
@@ -208,7 +177,7 @@ class CachingAllocator:
         seg = segment_size(size)
         b = _Block(self._next_addr, seg, None, None)
         self._next_addr += seg
-        self._segments += 1
+        self.segments += 1
         self._grow_reserved(seg)
         return b
 
@@ -217,7 +186,7 @@ class CachingAllocator:
         page = SMALL_BUFFER if pool == _SMALL else LARGE_BUFFER
         last = self._last[pool]
         if last is None and self._mapped_end[pool] == _POOL_BASE[pool]:
-            self._segments += 1
+            self.segments += 1
         if last is not None and not last.allocated:
             self._remove_free(pool, last)
             missing = size - last.size
@@ -235,9 +204,8 @@ class CachingAllocator:
         return block
 
     def _grow_reserved(self, nbytes: int) -> None:
-        self._reserved += nbytes
-        if self._reserved > self._peak_reserved:
-            self._peak_reserved = self._reserved
+        self.reserved += nbytes
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
 
     # -- malloc / free ---------------------------------------------------------------------------
     def malloc(self, block_id: int, nbytes: int) -> None:
@@ -279,9 +247,8 @@ class CachingAllocator:
             self._insert_free(pool, rest)
         b.allocated = True
         self._live[block_id] = (b, pool)
-        self._allocated += b.size
-        if self._allocated > self._peak_allocated:
-            self._peak_allocated = self._allocated
+        self.allocated += b.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
 
     def free(self, block_id: int) -> None:
         entry = self._live.pop(block_id, None)
@@ -294,7 +261,7 @@ class CachingAllocator:
                 "freed twice); every free in a trace must follow the malloc of the same id"
             )
         b, pool = entry
-        self._allocated -= b.size
+        self.allocated -= b.size
         prev, nxt = b.prev, b.next
         if prev is not None and not prev.allocated:
             self._remove_free(pool, prev)
@@ -322,30 +289,13 @@ def replay(
     """Run an ordered trace of ``("alloc" | "free", block_id, nbytes)`` through a fresh
     allocator; the peaks are those of the whole trace."""
     alloc = CachingAllocator(expandable_segments=expandable_segments)
-    apply_events(alloc, events)
-    return alloc.peaks()
-
-
-def apply_events(alloc: CachingAllocator, events: Iterable[tuple[str, int, int]]) -> None:
-    """Feed ``events`` to ``alloc`` in order."""
-    malloc, free = alloc.malloc, alloc.free
     for kind, block_id, nbytes in events:
         if kind == "alloc":
-            malloc(block_id, nbytes)
+            alloc.malloc(block_id, nbytes)
         elif kind == "free":
-            free(block_id)
+            alloc.free(block_id)
         else:
             raise AllocatorTraceError(
                 f"trace event kind {kind!r} (block {block_id!r}); allowed: 'alloc', 'free'"
             )
-
-
-__all__ = [
-    "AllocatorPeaks",
-    "AllocatorTraceError",
-    "CachingAllocator",
-    "apply_events",
-    "replay",
-    "round_size",
-    "segment_size",
-]
+    return alloc.peaks()

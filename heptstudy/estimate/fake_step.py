@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from heptstudy import fingerprint as code_fingerprint
 from heptstudy import stand_ins
@@ -43,7 +44,7 @@ from heptstudy.data import load_events
 from heptstudy.data.batching import dataset_for
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.autocast_policy import UnknownTorchVersion, target_autocast
-from heptstudy.estimate.bench_process import simulate_repeated_step
+from heptstudy.estimate.bench_process import simulate_bench_process
 from heptstudy.estimate.kernel_scratch import scratch_bytes
 from heptstudy.estimate.kernel_stand_ins import fused_flex, target_kernels
 from heptstudy.estimate.keys import model_key
@@ -182,7 +183,7 @@ def estimate_step(
     target's autocast lists of ``torch_version`` (default :data:`DEFAULT_TORCH_VERSION`), its
     kernel choices and kernel scratch (:mod:`heptstudy.estimate.autocast_policy`,
     ``kernel_stand_ins``, ``kernel_scratch``). ``target`` ``cpu`` or None: the CPU's own
-    kernels (``device_type`` then picks the fake device, as before). ``plan``: the checkpoint
+    kernels (``device_type`` then picks the fake device). ``plan``: the checkpoint
     plan of one step of a model built with ``auto``."""
     if target is not None and target not in TARGETS:
         raise HeptstudyError(
@@ -222,11 +223,10 @@ def estimate_step(
 def _fake_step(
     config, batch, device_type, track_categories, scratch, record_trace, plan
 ) -> FakeStepEstimate:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     device = torch.device(device_type)
     dtype = autocast_dtype(config, device)
-    real_targets = targets_from_batch(batch) if "ytarget" in batch and _is_hits(config) else None
+    hits = config.model.variant == HIT_VARIANT
+    real_targets = targets_from_batch(batch) if "ytarget" in batch and hits else None
     torch.manual_seed(config.train.seed)
     with torch.device("meta"):
         model = build_model(config)
@@ -275,10 +275,6 @@ def _fake_step(
         largest_scratch_bytes=int(tracker.scratch_bytes),
         trace=meter.last_trace if record_trace else None,
     )
-
-
-def _is_hits(config: Config) -> bool:
-    return config.model.variant == HIT_VARIANT
 
 
 def fit_batches(lengths, sizes, seed: int, random_at=None) -> list[list[int]]:
@@ -334,7 +330,8 @@ def estimate_memory_model(
         )
         shape, what = (est.batch_size, est.longest_padded), f"fake {dev} step"
         if gpu:
-            sim = simulate_repeated_step(est.trace)
+            # a bench process whose every step runs this batch (2 warm-up, 3 counted steps)
+            sim = simulate_bench_process([est.trace] * 5)
             points.append(Point(*shape, sim.max_allocated() / MIB, f"{what}, simulated allocator"))
             reserved.append(Point(*shape, sim.max_reserved() / MIB, f"{what}, native allocator"))
             expandable.append(
@@ -401,11 +398,3 @@ CPU_BUILD_NOTE = (
     " Fake CPU tensors with the CPU's own autocast and kernels; kernel scratch and allocator "
     "caching are not included."
 )
-
-__all__ = [
-    "FakeStepEstimate",
-    "estimate_memory_model",
-    "estimate_step",
-    "fit_batches",
-    "fake_device_type",
-]

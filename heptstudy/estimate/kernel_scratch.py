@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from heptstudy.meters.memory import iter_tensors
+
 
 @dataclass(frozen=True)
 class ScratchRule:
@@ -90,8 +92,14 @@ class _Probe(TorchDispatchMode):
         if func is self.op and not self.inside:
             self.inside = True
             try:
+                if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _CEA):
+                    raise ValueError(
+                        f"{func} has no composite kernel to follow (CompositeExplicitAutograd): "
+                        "its scratch, if any, is inside a native kernel, which a CPU probe "
+                        "cannot see"
+                    )
                 with self:  # the kernel's own ATen calls come back through this mode
-                    return _composite_kernel(func)(*args, **kwargs)
+                    return func._op_dk(_CEA, *args, **kwargs)
             finally:
                 self.inside = False
         key = _followed_key(func) if self.inside else None
@@ -101,7 +109,7 @@ class _Probe(TorchDispatchMode):
         else:
             out = func(*args, **kwargs)
         if self.inside:
-            for t in _flat(out):
+            for t in iter_tensors(out):
                 s = t.untyped_storage()
                 key = id(s)
                 if key not in self.seen and key not in self.outside:
@@ -112,26 +120,12 @@ class _Probe(TorchDispatchMode):
         return out
 
 
-def _flat(out):
-    if isinstance(out, torch.Tensor):
-        yield out
-    elif isinstance(out, (list, tuple)):
-        for x in out:
-            yield from _flat(x)
-
-
 _CEA = torch._C.DispatchKey.CompositeExplicitAutograd
-
-
 _FOLLOWED = (
     _CEA,
     torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional,
     torch._C.DispatchKey.CPU,
 )
-
-
-def _has_composite(op) -> bool:
-    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), _CEA)
 
 
 def _followed_key(op):
@@ -143,26 +137,14 @@ def _followed_key(op):
     return None
 
 
-def _composite_kernel(op) -> Callable:
-    if _has_composite(op):
-        return lambda *a, **k: op._op_dk(_CEA, *a, **k)
-    raise ValueError(
-        f"{op} has no composite kernel to follow (CompositeExplicitAutograd): its scratch, if "
-        "any, is inside a native kernel, which a CPU probe cannot see"
-    )
-
-
 def probe(op, *args, **kwargs) -> int:
     """Peak bytes allocated inside ``op``'s composite kernel beyond its result, on these (small,
     real CPU) arguments."""
     p = _Probe(op)
-    p.outside = {id(t.untyped_storage()) for t in _flat([*args, *kwargs.values()])}
+    p.outside = {id(t.untyped_storage()) for t in iter_tensors([*args, *kwargs.values()])}
     with p:
         out = op(*args, **kwargs)
     kept = 0
-    for t in _flat(out):
+    for t in iter_tensors(out):
         kept += p.seen.get(id(t.untyped_storage()), 0)
     return max(0, p.peak - kept)
-
-
-__all__ = ["SCRATCH", "ScratchRule", "probe", "scratch_bytes"]

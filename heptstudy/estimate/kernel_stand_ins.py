@@ -21,7 +21,6 @@ on real tensors):
 They are explicit seams, never patches of the model: the first three are kernels registered at
 the ``AutogradCPU`` dispatch key inside :func:`target_kernels` (a ``torch.library.Library``
 destroyed on exit), the last is handed to the model through :mod:`heptstudy.stand_ins`.
-``KernelChoices.calls`` counts which of them a step actually hit.
 """
 
 from __future__ import annotations
@@ -35,16 +34,11 @@ import torch
 
 STAND_IN_KEY = "AutogradCPU"
 
-#: The stand-ins installed for a target (``cpu`` runs the CPU's own kernels).
-STAND_INS = ("rms_norm", "dropout", "scaled_dot_product_attention")
-
 
 @dataclass
 class KernelChoices:
-    """What :func:`target_kernels` installed and how often each stand-in ran."""
+    """How often each stand-in ran (which of them a step actually hit)."""
 
-    target: str
-    installed: tuple[str, ...]
     calls: dict[str, int] = field(default_factory=dict)
 
     def _count(self, name: str) -> None:
@@ -84,8 +78,9 @@ def _rms_norm(choices: KernelChoices):
 
     def kernel(x, normalized_shape, weight=None, eps=None):
         if weight is not None and weight.dtype != x.dtype:
-            # mixed dtypes: CUDA composes it from ops, as the CPU does
-            return _composite(fallback, x, normalized_shape, weight, eps)
+            # mixed dtypes: CUDA composes it from ops, as the CPU does (the
+            # CompositeImplicitAutograd decomposition, recorded by autograd as usual)
+            return fallback.decompose(x, normalized_shape, weight, eps)
         choices._count("rms_norm")
         dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
         if eps is None:
@@ -93,11 +88,6 @@ def _rms_norm(choices: KernelChoices):
         return _FusedRMSNorm.apply(x, weight, dims, eps)
 
     return kernel
-
-
-def _composite(op, *args):
-    """``op``'s CompositeImplicitAutograd decomposition, recorded by autograd as usual."""
-    return op.decompose(*args)
 
 
 def _dropout(choices: KernelChoices):
@@ -167,43 +157,29 @@ def fused_flex(q, k, v, block_mask):
     return _SameFootprintFlex.apply(q, k, v)
 
 
-def _exclude(key: str):
-    return torch._C._ExcludeDispatchKeyGuard(
-        torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
-    )
-
-
-_KERNELS = {
-    "rms_norm": ("rms_norm", _rms_norm),
-    "dropout": ("dropout", _dropout),
-    "scaled_dot_product_attention": ("scaled_dot_product_attention", _sdpa),
-}
+#: The stand-ins installed for a GPU target (``cpu`` runs the CPU's own kernels).
+_KERNELS = {"rms_norm": _rms_norm, "dropout": _dropout, "scaled_dot_product_attention": _sdpa}
 
 _INSTALLED = threading.Lock()
 
 
 @contextlib.contextmanager
 def target_kernels(target: str = "cuda") -> Iterator[KernelChoices]:
-    """Inside the block, CPU tensors run ``target``'s kernel choices (:data:`STAND_INS`);
+    """Inside the block, CPU tensors run ``target``'s kernel choices (:data:`_KERNELS`);
     ``cpu`` installs nothing. Not re-entrant."""
     if target not in ("cuda", "rocm", "cpu"):
         raise ValueError(f"no kernel choices for target {target!r}; allowed: cuda, rocm, cpu")
-    installed = () if target == "cpu" else STAND_INS
-    choices = KernelChoices(target=target, installed=installed)
-    if not installed:
+    choices = KernelChoices()
+    if target == "cpu":
         yield choices
         return
     if not _INSTALLED.acquire(blocking=False):
         raise RuntimeError("target kernel stand-ins are already installed in this process")
     lib = torch.library.Library("aten", "IMPL")
     try:
-        for name in installed:
-            op_name, make = _KERNELS[name]
-            lib.impl(op_name, make(choices), STAND_IN_KEY)
+        for name, make in _KERNELS.items():
+            lib.impl(name, make(choices), STAND_IN_KEY)
         yield choices
     finally:
         lib._destroy()
         _INSTALLED.release()
-
-
-__all__ = ["STAND_INS", "KernelChoices", "fused_flex", "target_kernels"]

@@ -93,10 +93,6 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _default_model() -> dict[str, Any]:
-    return _flat(_model_sections(ModelConfig().model_dump(mode="json")))
-
-
 def mismatches(have: dict[str, Any], want: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Why a model keyed ``have`` does not hold for a configuration keyed ``want``:
     ``(differences, assumptions)``. ``differences`` name each differing setting or model field
@@ -114,7 +110,7 @@ def mismatches(have: dict[str, Any], want: dict[str, Any]) -> tuple[list[str], l
             diffs.append("model sizes: the model records only a hash of them, and it differs")
         return diffs, assumed
     a, b = _flat(have["model"]), _flat(want.get("model", {}))
-    defaults = _default_model()
+    defaults = _flat(_model_sections(ModelConfig().model_dump(mode="json")))
     for name in sorted(set(a) | set(b)):
         if name in a and name in b:
             if a[name] != b[name]:

@@ -59,17 +59,6 @@ def memory_budget_mib(
     )
 
 
-def calibration_batches(config: Config, per_device_batch: int) -> list[dict[str, torch.Tensor]]:
-    """Real training events the plans' models are fitted on: a random and the longest batch of
-    B events, and the longest of B/2 (two batch sizes and the whole range of longest events, in
-    three fake steps per plan)."""
-    lengths = dataset_for(config, "train").lengths()
-    b = min(per_device_batch, len(lengths))
-    sizes = [b, b // 2] if b > 1 else [b]
-    picks = fit_batches(lengths, sizes, config.train.seed, random_at={b})
-    return [load_events(config, idx, "train") for idx in picks]
-
-
 def calibrate(
     config: Config,
     batches: Sequence[dict[str, torch.Tensor]],
@@ -148,5 +137,11 @@ def predictor_for(
 
 
 def _calibrate_child(config, device, per_device_batch, budget, platform) -> PlanPredictor:
-    batches = calibration_batches(config, per_device_batch)
+    # a random and the longest batch of B events, and the longest of B/2: two batch sizes and
+    # the whole range of longest events, in three fake steps per plan
+    lengths = dataset_for(config, "train").lengths()
+    b = min(per_device_batch, len(lengths))
+    sizes = [b, b // 2] if b > 1 else [b]
+    picks = fit_batches(lengths, sizes, config.train.seed, random_at={b})
+    batches = [load_events(config, idx, "train") for idx in picks]
     return calibrate(config, batches, device, budget, platform=platform)

@@ -143,20 +143,6 @@ class GitAge:
     problems: list[str]
 
 
-def last_commit(path: str | os.PathLike) -> tuple[str, str] | None:
-    """The commit (sha, ISO date) that last changed ``path`` in the history of its repository's
-    checked-out commit; None when it was never committed or git cannot tell."""
-    path = real_path(path)
-    out = git("log", "-1", "--format=%H %cI", "--", path.name, cwd=path.parent)
-    return tuple(out.split()) if out and out.strip() else None
-
-
-def is_ancestor(older: str, newer: str, cwd: str | os.PathLike) -> bool:
-    """Whether commit ``older`` is ``newer`` or one of its ancestors (in the repository at
-    ``cwd``)."""
-    return git("merge-base", "--is-ancestor", older, newer, cwd=cwd) is not None
-
-
 def git_age(path: str | os.PathLike, measured: list[str]) -> GitAge:
     """:class:`GitAge` of the file at ``path`` against the ``measured`` commits, asked of the
     git repository that holds the file."""
@@ -172,7 +158,9 @@ def git_age(path: str | os.PathLike, measured: list[str]) -> GitAge:
             ],
         )
     status = git("status", "--porcelain", "--", path.name, cwd=path.parent)
-    last = last_commit(path)
+    # the commit (sha, ISO date) that last changed the file in the checked-out history
+    out = git("log", "-1", "--format=%H %cI", "--", path.name, cwd=path.parent)
+    last = out.split() if out and out.strip() else None
     if last is None or (status or "").startswith("??"):
         return GitAge(None, None, [f"{path} is not committed: commit it before the session"])
     problems = []
@@ -193,7 +181,7 @@ def git_age(path: str | os.PathLike, measured: list[str]) -> GitAge:
                 f"the measured commit {commit} is not in this repository: fetch it, or compare "
                 "in the checkout the session ran"
             )
-        elif not is_ancestor(last[0], full.strip(), path.parent):
+        elif git("merge-base", "--is-ancestor", last[0], full.strip(), cwd=path.parent) is None:
             problems.append(
                 f"{path.name} was last changed in {last[0][:12]}, which is not the measured "
                 f"commit {commit[:12]} nor one of its ancestors: changed after (or beside) the "

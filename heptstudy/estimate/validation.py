@@ -444,6 +444,3 @@ def write_outputs(doc: dict, out_dir: Path) -> list[Path]:
         atomic_write_text(out_dir / "validation.json", json.dumps(doc, indent=2) + "\n"),
         atomic_write_text(out_dir / "table.md", table(doc) + "\n"),
     ]
-
-
-__all__ = ["code_of", "copy_of_commit", "estimate", "table", "validate", "write_outputs"]

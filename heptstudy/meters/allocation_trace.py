@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from heptstudy.meters.memory import StorageTracker, TrackedMemoryMeter, _iter_tensors, _storage_of
+from heptstudy.meters.memory import StorageTracker, TrackedMemoryMeter, _storage_of, iter_tensors
 
 Event = tuple[str, int, int]  # ("alloc" | "free", block_id, nbytes)
 
@@ -106,14 +106,14 @@ class TracingStorageTracker(StorageTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # adopt unseen inputs here, so that they are not recorded as this op's allocations
         live = self._live
-        for t in _iter_tensors((args, kwargs or {})):
+        for t in iter_tensors((args, kwargs or {})):
             storage = _storage_of(t)
             if storage is not None and id(storage) not in live:
                 with self._lock:
                     before = self.live_bytes
                     self._adopting = True
                     try:
-                        self._register(storage, self._label or "temporaries", self._owner(t))
+                        self._register(storage, "temporaries", self._owner(t))
                     finally:
                         self._adopting = False
                     self.adopted_bytes += self.live_bytes - before
@@ -148,34 +148,14 @@ class TracingStorageTracker(StorageTracker):
 
 
 class TracingMemoryMeter(TrackedMemoryMeter):
-    """The storage-tracker meter, keeping each measured step's :class:`StepTrace` in
-    ``traces`` (``last_trace`` the latest)."""
+    """The storage-tracker meter, keeping the last measured step's :class:`StepTrace` in
+    ``last_trace``."""
 
-    def __init__(self, device, *, track_categories=False, record_timeline=None, scratch=None):
-        super().__init__(
-            device,
-            track_categories=track_categories,
-            record_timeline=record_timeline,
-            scratch=scratch,
-        )
-        self.traces: list[StepTrace] = []
-
-    def _new_tracker(self) -> StorageTracker:
-        return TracingStorageTracker(
-            track_categories=self.track_categories,
-            record_timeline=self.record_timeline,
-            scratch=self.scratch,
-        )
+    tracker_class = TracingStorageTracker
+    last_trace: StepTrace | None = None
 
     def stop_step(self):
         tracker = self.tracker
         result = super().stop_step()
-        self.traces.append(tracker.trace)
+        self.last_trace = tracker.trace
         return result
-
-    @property
-    def last_trace(self) -> StepTrace | None:
-        return self.traces[-1] if self.traces else None
-
-
-__all__ = ["Event", "StepTrace", "TracingMemoryMeter", "TracingStorageTracker"]

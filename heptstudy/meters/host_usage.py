@@ -15,7 +15,7 @@ the study flags such runs. ``None`` everywhere ``resource`` is unavailable (Wind
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 try:
     import resource
@@ -45,9 +45,4 @@ class HostUsage:
 
     def fields(self) -> dict[str, int | float | None]:
         """The step-record fields of :class:`heptstudy.measure.report.StepRecord`."""
-        return {
-            "minor_page_faults": self.minor_page_faults,
-            "major_page_faults": self.major_page_faults,
-            "system_time_s": self.system_time_s,
-            "user_time_s": self.user_time_s,
-        }
+        return asdict(self)

@@ -107,7 +107,6 @@ class StepMemory:
     #: storages), else the step phase that made the storage ("loss", "backward"), else the
     #: baseline category (parameters, gradients, optimizer state, inputs).
     by_module_at_peak: dict[str, dict[str, int]] | None = None
-    tracked_peak_bytes: int | None = None
     timeline: list[tuple[int, int]] | None = None
     marks: list[tuple[int, str]] = field(default_factory=list)
 
@@ -125,14 +124,12 @@ class StepMemory:
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
 class _Entry:
-    __slots__ = ("nbytes", "category", "owner", "ref")
-
-    def __init__(self, nbytes: int, category: str, owner: str, ref: weakref.ref):
-        self.nbytes = nbytes
-        self.category = category
-        self.owner = owner
-        self.ref = ref
+    nbytes: int
+    category: str
+    owner: str
+    ref: weakref.ref
 
 
 #: Suffix of the owner of a storage made as an integer or bool tensor (hash orders, gather
@@ -184,7 +181,6 @@ class StorageTracker(TorchDispatchMode):
         self,
         *,
         track_categories: bool = False,
-        record_timeline: bool | None = None,
         scratch: Callable[[object, tuple], int] | None = None,
     ):
         super().__init__()
@@ -192,7 +188,6 @@ class StorageTracker(TorchDispatchMode):
         #: fake step's kernel-scratch table), counted as a transient at that op.
         self.scratch = scratch
         self.track_categories = track_categories
-        self.record_timeline = track_categories if record_timeline is None else record_timeline
         self._lock = threading.RLock()
         self._reset()
 
@@ -209,7 +204,6 @@ class StorageTracker(TorchDispatchMode):
         self.categories_at_peak: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.timeline: list[tuple[int, int]] = []
         self.marks: list[tuple[int, str]] = []
-        self._label: str | None = None
         #: by-module breakdown (track_categories only): (owner, category) -> live bytes
         self.owned_bytes: dict[tuple[str, str], int] = {}
         self.owned_at_peak: dict[tuple[str, str], int] = {}
@@ -325,24 +319,24 @@ class StorageTracker(TorchDispatchMode):
         live = self._live
         # Inputs we have never seen were made before the step (and not handed to start_step)
         # or outside the dispatcher: they are live memory, count them from now on.
-        for t in _iter_tensors((args, kwargs)):
+        for t in iter_tensors((args, kwargs)):
             storage = _storage_of(t)
             if storage is not None and id(storage) not in live:
                 with self._lock:
                     before = self.live_bytes
-                    self._register(storage, self._label or "temporaries", self._owner(t))
+                    self._register(storage, "temporaries", self._owner(t))
                     self.adopted_bytes += self.live_bytes - before
         out = func(*args, **kwargs)
         with self._lock:
-            for t in _iter_tensors(out):
+            for t in iter_tensors(out):
                 storage = _storage_of(t)
                 if storage is not None:
-                    self._register(storage, self._label or "temporaries", self._owner(t))
+                    self._register(storage, "temporaries", self._owner(t))
             self.op_index += 1
             self._update_peak()
             if self.scratch is not None:
                 self._transient(func, self.scratch(func, args))
-            if self.record_timeline:
+            if self.track_categories:
                 self.timeline.append((self.op_index, self.live_bytes))
         return out
 
@@ -373,7 +367,8 @@ class StorageTracker(TorchDispatchMode):
             self.add_baseline(model.buffers(), "parameters")
             self.add_baseline((p.grad for p in params), "gradients")
         if optimizer is not None:
-            self.add_baseline(_optimizer_tensors(optimizer), "optimizer_state")
+            state = [v for s in optimizer.state.values() for v in s.values()]
+            self.add_baseline(state, "optimizer_state")
             for group in optimizer.param_groups:
                 self.add_baseline(group["params"], "parameters")
                 self.add_baseline((p.grad for p in group["params"]), "gradients")
@@ -442,22 +437,12 @@ class StorageTracker(TorchDispatchMode):
         with self._lock:
             self._live = {}
 
-    @contextlib.contextmanager
-    def label(self, category: str) -> Iterator[None]:
-        if category not in CATEGORIES:
-            raise ValueError(f"unknown memory category {category!r}; allowed: {CATEGORIES}")
-        previous, self._label = self._label, category
-        try:
-            yield
-        finally:
-            self._label = previous
-
     def mark(self, label: str) -> None:
         self.marks.append((self.op_index, label))
         self._phase = label
 
 
-def _iter_tensors(obj) -> Iterator[torch.Tensor]:
+def iter_tensors(obj) -> Iterator[torch.Tensor]:
     """Tensors in an op's arguments or results (tensors, lists, tuples, dicts; nested)."""
     if isinstance(obj, torch.Tensor):
         yield obj
@@ -466,9 +451,9 @@ def _iter_tensors(obj) -> Iterator[torch.Tensor]:
             if isinstance(item, torch.Tensor):
                 yield item
             elif isinstance(item, (list, tuple, dict)):
-                yield from _iter_tensors(item)
+                yield from iter_tensors(item)
     elif isinstance(obj, dict):
-        yield from _iter_tensors(list(obj.values()))
+        yield from iter_tensors(list(obj.values()))
 
 
 def _flatten_tensors(obj) -> list[torch.Tensor]:
@@ -480,15 +465,6 @@ def _flatten_tensors(obj) -> list[torch.Tensor]:
     elif not isinstance(obj, (list, tuple)):
         obj = list(obj)
     return [x for x in tree_flatten(obj)[0] if isinstance(x, torch.Tensor)]
-
-
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [
-        v
-        for state in optimizer.state.values()
-        for v in state.values()
-        if isinstance(v, torch.Tensor)
-    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -543,18 +519,6 @@ class MemoryMeter:
         self.tracker: StorageTracker | None = None
         self.last: StepMemory | None = None
 
-    def start_step(
-        self,
-        baseline_tensors: Iterable[torch.Tensor | None] = (),
-        *,
-        model: torch.nn.Module | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-    ) -> None:
-        raise NotImplementedError
-
-    def stop_step(self) -> StepMemory:
-        raise NotImplementedError
-
     @contextlib.contextmanager
     def step(self, baseline_tensors=(), *, model=None, optimizer=None) -> Iterator[_StepHandle]:
         handle = _StepHandle()
@@ -564,25 +528,22 @@ class MemoryMeter:
         finally:
             handle.result = self.stop_step()
 
-    def label(self, category: str):
-        """New storages made inside the block count as ``category`` (e.g. ``optimizer_state``
-        around ``optimizer.step()``). A no-op without a storage tracker."""
-        if self.tracker is None:
-            return contextlib.nullcontext()
-        return self.tracker.label(category)
-
     def mark(self, label: str) -> None:
         """Mark the current op index in the timeline (e.g. ``"backward"``)."""
         if self.tracker is not None:
             self.tracker.mark(label)
 
-    @property
-    def categories_at_peak(self) -> dict[str, int] | None:
-        return None if self.last is None else self.last.categories_at_peak
-
-    @property
-    def timeline(self) -> list[tuple[int, int]] | None:
-        return None if self.last is None else self.last.timeline
+    def _result(self, allocated, reserved, reason=None, **fields) -> StepMemory:
+        self.last = StepMemory(
+            device_kind=self.device_kind,
+            peak_allocated_bytes=allocated,
+            peak_reserved_bytes=reserved,
+            allocated_definition=ALLOCATED_DEFINITIONS[self.device_kind],
+            reserved_definition=RESERVED_DEFINITIONS[self.device_kind],
+            reserved_unavailable_reason=reason,
+            **fields,
+        )
+        return self.last
 
     def _tracker_fields(self) -> dict:
         tr = self.tracker
@@ -592,14 +553,12 @@ class MemoryMeter:
             end_allocated_bytes=tr.live_bytes,
             adopted_bytes=tr.adopted_bytes,
             ops_seen=tr.op_index,
-            tracked_peak_bytes=tr.peak_bytes,
             marks=list(tr.marks),
         )
         if tr.track_categories:
             fields["categories_at_peak"] = dict(tr.categories_at_peak)
             fields["categories_at_end"] = dict(tr.category_bytes)
             fields["by_module_at_peak"] = tr.by_module_at_peak()
-        if tr.record_timeline:
             fields["timeline"] = list(tr.timeline)
         tr.release()
         return fields
@@ -615,26 +574,21 @@ class TrackedMemoryMeter(MemoryMeter):
     (``FakeTensorMode``) and as the base of the CPU meter."""
 
     device_kind = "tracked"
+    #: a seam: meters.allocation_trace's meter records the allocation order too
+    tracker_class = StorageTracker
 
-    def __init__(self, device, *, track_categories=False, record_timeline=None, scratch=None):
+    def __init__(self, device, *, track_categories=False, scratch=None):
         super().__init__(device, track_categories=track_categories)
-        self.record_timeline = record_timeline
         self.scratch = scratch  # see StorageTracker
 
     def start_step(self, baseline_tensors=(), *, model=None, optimizer=None) -> None:
         if self.tracker is not None and self.tracker._active:
             raise MemoryMeterError("the memory meter is already measuring a step: stop it first")
-        self.tracker = self._new_tracker()
+        self.tracker = self.tracker_class(
+            track_categories=self.track_categories, scratch=self.scratch
+        )
         self._start_extra()
         self.tracker.begin(baseline_tensors=baseline_tensors, model=model, optimizer=optimizer)
-
-    def _new_tracker(self) -> StorageTracker:
-        # a seam: measure.allocation_trace's meter records the allocation order too
-        return StorageTracker(
-            track_categories=self.track_categories,
-            record_timeline=self.record_timeline,
-            scratch=self.scratch,
-        )
 
     def _start_extra(self) -> None:
         pass
@@ -644,17 +598,8 @@ class TrackedMemoryMeter(MemoryMeter):
             raise MemoryMeterError("stop_step without start_step")
         self.tracker.end()
         reserved, reason = self._stop_extra()
-        fields = self._tracker_fields()
-        self.last = StepMemory(
-            device_kind=self.device_kind,
-            peak_allocated_bytes=fields["tracked_peak_bytes"],
-            peak_reserved_bytes=reserved,
-            allocated_definition=ALLOCATED_DEFINITIONS[self.device_kind],
-            reserved_definition=RESERVED_DEFINITIONS[self.device_kind],
-            reserved_unavailable_reason=reason,
-            **fields,
-        )
-        return self.last
+        peak = self.tracker.peak_bytes
+        return self._result(peak, reserved, reason, **self._tracker_fields())
 
     def _stop_extra(self) -> tuple[int | None, str | None]:
         return None, "the storage tracker measures no reserved memory"
@@ -704,15 +649,7 @@ class CudaMemoryMeter(MemoryMeter):
             fields = self._tracker_fields()
             self.tracker = None
         self._started = False
-        self.last = StepMemory(
-            device_kind=self.device_kind,
-            peak_allocated_bytes=allocated,
-            peak_reserved_bytes=reserved,
-            allocated_definition=ALLOCATED_DEFINITIONS[self.device_kind],
-            reserved_definition=RESERVED_DEFINITIONS[self.device_kind],
-            **fields,
-        )
-        return self.last
+        return self._result(allocated, reserved, **fields)
 
 
 def make_meter(device: torch.device | str, track_categories: bool = False) -> MemoryMeter:

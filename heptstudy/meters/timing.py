@@ -91,21 +91,24 @@ class WallPhaseClock(PhaseClock):
 
     def __init__(self) -> None:
         super().__init__()
-        self._stamps: list[tuple[str | None, float]] = []
+        self._stamps: list[tuple[str | None, object]] = []
+
+    def _stamp(self):
+        return time.perf_counter()
 
     def mark(self, phase: str) -> None:
-        self._stamps.append((phase, time.perf_counter()))
+        self._stamps.append((phase, self._stamp()))
         self.phase = phase
 
     def stop(self) -> None:
-        self._stamps.append((None, time.perf_counter()))
+        self._stamps.append((None, self._stamp()))
         self.phase = None
 
     def seconds(self) -> dict[str, float] | None:
         return _between(self._stamps, lambda a, b: b - a)
 
 
-class CudaPhaseClock(PhaseClock):
+class CudaPhaseClock(WallPhaseClock):
     """CUDA/ROCm: an event recorded on the current stream at each boundary; the times are the
     device's elapsed time between them, read after the step timer's synchronisation."""
 
@@ -115,28 +118,16 @@ class CudaPhaseClock(PhaseClock):
         "Hungarian matching on the host) counts in the phase that waits for it"
     )
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._events: list[tuple[str | None, torch.cuda.Event]] = []
-
-    def _record(self, phase: str | None) -> None:
+    def _stamp(self):
         event = torch.cuda.Event(enable_timing=True)
         event.record()
-        self._events.append((phase, event))
-
-    def mark(self, phase: str) -> None:
-        self._record(phase)
-        self.phase = phase
-
-    def stop(self) -> None:
-        self._record(None)
-        self.phase = None
+        return event
 
     def seconds(self) -> dict[str, float] | None:
-        if not self._events:
+        if not self._stamps:
             return None
-        self._events[-1][1].synchronize()  # already complete after the step timer's sync
-        return _between(self._events, lambda a, b: a.elapsed_time(b) / 1000.0)
+        self._stamps[-1][1].synchronize()  # already complete after the step timer's sync
+        return _between(self._stamps, lambda a, b: a.elapsed_time(b) / 1000.0)
 
 
 def _between(stamps, elapsed) -> dict[str, float] | None:
