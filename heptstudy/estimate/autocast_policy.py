@@ -43,7 +43,7 @@ class AutocastLists:
 
 
 def _load_lists() -> dict[str, AutocastLists]:
-    """The versions of ``autocast_lists.json``; a ``like`` entry is another's lists less ``remove``."""
+    """The versions of ``autocast_lists.json``; ``like``: another's lists less ``remove``."""
     raw = json.loads(resources.files(__package__).joinpath("autocast_lists.json").read_text())
     out: dict[str, AutocastLists] = {}
     for version, entry in raw["versions"].items():

@@ -84,7 +84,7 @@ def allocator_name(settings: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class AllocatorState:
-    """An allocator, its settings (``{}``: defaults) and the ``mallopt`` values applied (or None)."""
+    """An allocator, its settings (``{}``: defaults) and the ``mallopt`` values applied."""
 
     name: str
     settings: dict[str, str] = field(default_factory=dict)
