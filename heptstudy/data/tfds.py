@@ -1,10 +1,6 @@
-"""TFDS schemas of the CLD ttbar data sets, the writer and the reader.
-
-The data sets have the feature dictionaries of the real ``cld_edm_ttbar_hits`` and
-``cld_edm_ttbar_pf`` (version 3.2.1, builder configs "1".."10", ArrayRecord files). Reading goes
-through ``tfds.builder(...).as_data_source(split)`` and relies only on the feature dictionary,
-never on how our generator writes, so the real data sets open the same way. Neither side needs
-TensorFlow.
+"""TFDS schemas of the CLD ttbar data sets (those of the real ``cld_edm_ttbar_hits``/``_pf``
+3.2.1), the writer and the reader. Reading relies only on the feature dictionary, so the real
+data sets open the same way; neither side needs TensorFlow.
 """
 
 from __future__ import annotations
@@ -60,17 +56,12 @@ def features_dict(name: str):
     )
 
 
-# --------------------------------------------------------------------------------------------
-# Writing
-
 _ERRNO_OF = {os.strerror(code): code for code in errno.errorcode}
 
 
 @contextlib.contextmanager
 def _refused_writes_as_os_errors(path: Path) -> Iterator[None]:
-    # ArrayRecord's C++ writer reports a refused write (a full disk, a file size limit) as
-    # RuntimeError("write() failed: No space left on device; ..."): made the OSError it is, so
-    # that the caller handles it as any other refusal of the file system
+    # ArrayRecord reports a refused write (full disk, ...) as RuntimeError: make it the OSError
     try:
         yield
     except RuntimeError as exc:
@@ -83,11 +74,9 @@ def _refused_writes_as_os_errors(path: Path) -> Iterator[None]:
 class ArrayRecordDatasetWriter:
     """Stream examples of one builder config into ArrayRecord shards plus TFDS metadata.
 
-    ``tfds``'s ``download_and_prepare`` spills its shuffle buffer to disk through TensorFlow
-    past 1 GB, so it cannot write full-size data sets without TensorFlow; this writer
-    serialises each example with ``FeaturesDict.serialize_example`` into shards, in the order
-    given, then writes ``DatasetInfo``. Everything goes to a temporary folder renamed into
-    place at the end, so an interrupted write never looks like a data set.
+    Not ``download_and_prepare``: past 1 GB it spills its shuffle buffer through TensorFlow.
+    Everything goes to a temporary folder renamed into place at the end, so an interrupted write
+    never looks like a data set.
     """
 
     def __init__(
@@ -168,8 +157,7 @@ class ArrayRecordDatasetWriter:
                 writer.close()
 
     def finish(self) -> Path:
-        """Close the shards and write the data set's metadata, still under its temporary
-        name; :meth:`publish` puts it in place."""
+        """Close the shards and write the metadata, still under the temporary name."""
         tfds = self._tfds
         infos = []
         for split, plan in self._plan.items():
@@ -227,13 +215,11 @@ class ArrayRecordDatasetWriter:
         self.discard()
 
     def discard(self) -> None:
-        """Remove what was written but not published, and the folders made for it when they
-        are left empty."""
+        """Remove what was written but not published, and the folders left empty."""
         import shutil
 
         for plan in self._plan.values():
-            # a shard left open by the failure: closed before removal, its own error is the
-            # failure already being reported
+            # a shard left open by the failure being reported: its own error does not matter
             with contextlib.suppress(OSError):
                 self._close(plan)
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -241,9 +227,6 @@ class ArrayRecordDatasetWriter:
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only when empty
 
-
-# --------------------------------------------------------------------------------------------
-# Reading
 
 _DATASET_RE = re.compile(r"^([a-z0-9_]+):(\d+\.\d+\.\d+)$")
 
@@ -300,14 +283,8 @@ def _locate(data_dir: Path, name: str, config: str, version: str) -> Path:
 
 
 class ShardedDataset:
-    """Several builder configs of one data set and split, seen as one indexable sequence.
-
-    Global index ``i`` runs over config 0's events, then config 1's, and so on; each config is
-    one shard.  ``ds[i]`` returns a dict of numpy arrays (``X``, ``ytarget``, ``ycand``,
-    ``genmet``, ``genjets``, ``targetjets``) plus ``event_index`` (= ``i``).  ``files`` lists,
-    per config, its ArrayRecord files with their event counts, so that a record that cannot be
-    read is reported with the file it is in.
-    """
+    """Several builder configs (one shard each) of one data set and split as one sequence:
+    ``ds[i]`` is a dict of numpy arrays plus ``event_index`` (= ``i``)."""
 
     def __init__(
         self,
@@ -363,8 +340,7 @@ class ShardedDataset:
             "genjets": np.asarray(raw["genjets"], dtype=np.float32).reshape(-1, 4),
             "targetjets": np.asarray(raw["targetjets"], dtype=np.float32).reshape(-1, 4),
         }
-        # a finite sum means every entry is finite (NaN/inf propagate); only an overflowing or
-        # non-finite sum needs the element-wise look
+        # a finite sum means every entry is finite: only then skip the element-wise look
         for key, what in (("X", "input feature"), ("ytarget", "target")):
             values = ev[key]
             if np.isfinite(values.sum()) or np.isfinite(values).all():
@@ -413,12 +389,8 @@ class ShardedDataset:
 def open_dataset(
     data_dir: str | Path, dataset: str, configs: Sequence[str], split: str
 ) -> ShardedDataset:
-    """Open ``NAME/CONFIG:VERSION`` for every config in ``configs`` (one shard each) and ``split``.
-
-    Works on the generated data and on a real TFDS directory alike.  Fails with a
-    :class:`DataError` on a missing directory, an unknown version or config, an unknown split, a
-    wrong feature count or a non-ArrayRecord data set; NaN/inf are reported when read.
-    """
+    """Open ``NAME/CONFIG:VERSION`` for every config in ``configs`` (one shard each) and ``split``,
+    generated or real; NaN/inf are reported when read."""
     import tensorflow_datasets as tfds
 
     name, version = parse_dataset(dataset)
@@ -505,11 +477,9 @@ def _describe_error(err: Exception) -> str:
 
 
 def _shard_files(split_info, path: Path, name, config, version, split) -> list[tuple[Path, int]]:
-    """The split's ArrayRecord files with their event counts, each checked against
-    ``dataset_info.json`` before anything reads: a missing file, one whose index cannot be
-    read, or one holding another number of records is refused. (A file cut at a 64 KiB
-    boundary opens as a valid, shorter file whose reads return empty examples, so the count is
-    the check that catches it.) Damage inside a record is reported when it is read."""
+    """The split's ArrayRecord files with their event counts, checked against
+    ``dataset_info.json`` (a file cut at a 64 KiB boundary opens as a valid, shorter file: only
+    the count catches it)."""
     from array_record.python.array_record_module import ArrayRecordReader
 
     paths, lengths = split_info.filepaths, split_info.shard_lengths

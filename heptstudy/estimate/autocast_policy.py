@@ -1,24 +1,12 @@
 """CUDA autocast's op lists, emulated on CPU (fake) tensors.
 
-A fake step on a CPU build runs ``torch.autocast('cpu')``, whose lists differ from CUDA's: CUDA
-runs ``logsumexp``, ``exp``, ``pow``, ``rsqrt``, the norms and losses in float32, ``softmax``,
-``sum``, ``cumsum``, ``prod`` with a float32 result, and more ops (``einsum``, ``mv``...) in
-bf16. A fake CUDA tensor cannot enter CUDA autocast on a CPU build (it disables itself), so the
-target's lists are installed over CPU autocast's kernels at the ``AutocastCPU`` dispatch key:
-a fallthrough for every op CPU autocast handles and the target does not, a Python kernel for
-every op of the target's lists (except the lower-precision ops both share, whose CPU kernel
-casts exactly as CUDA's does). Model code, ``torch.autocast('cpu')`` regions and checkpoint's
-save/restore of the autocast state then run unchanged, with the target's dtypes.
-
-The registrations live only inside :func:`target_autocast` (a ``torch.library.Library``
-destroyed on exit), so nothing leaks into the rest of the process. ROCm's autocast registers
-CUDA's lists (HIP builds share the CUDA dispatch key), so ``rocm`` uses them too.
-
-The lists are data, ``autocast_lists.json`` beside this module: one entry per PyTorch version,
-each naming the source it was read from (``aten/src/ATen/autocast_mode.h`` of that version) or
-the entry it is derived from. CPU autocast's own lower-precision kernels are not listed: a
-lower-precision op of the target that CPU autocast registers in this process keeps CPU's
-kernel (:func:`_register`).
+CPU autocast's lists differ from CUDA's (which runs e.g. ``logsumexp``, ``pow`` and the norms in
+float32, ``einsum`` in bf16), and a fake CUDA tensor cannot enter CUDA autocast on a CPU build.
+So inside :func:`target_autocast` the target's lists replace CPU autocast's kernels at the
+``AutocastCPU`` key (a fallthrough for ops only CPU lists, a Python kernel per listed op), and
+model code, autocast regions and checkpoint's autocast state run unchanged with the target's
+dtypes. ROCm registers CUDA's lists. The lists are data, ``autocast_lists.json``: one entry per
+PyTorch version, each naming its ``autocast_mode.h`` source or the entry it derives from.
 """
 
 from __future__ import annotations
@@ -55,8 +43,7 @@ class AutocastLists:
 
 
 def _load_lists() -> dict[str, AutocastLists]:
-    """The versions of ``autocast_lists.json`` (package data): an entry derived from another
-    (``like``) is that entry's lists less its ``remove``."""
+    """The versions of ``autocast_lists.json``; ``like``: another's lists less ``remove``."""
     raw = json.loads(resources.files(__package__).joinpath("autocast_lists.json").read_text())
     out: dict[str, AutocastLists] = {}
     for version, entry in raw["versions"].items():
@@ -117,9 +104,8 @@ def _map_tensors(obj, fn):
 
 @dataclass
 class AutocastEmulation:
-    """How often each op of the target's lists ran inside :func:`target_autocast` (which of
-    the lists a step actually hit), the listed ops this build does not have, and the
-    lower-precision ops both lists share, which CPU autocast's own kernel runs."""
+    """Calls of each listed op, the listed ops this build lacks, and the lower-precision ops
+    both lists share (CPU autocast's own kernel runs them)."""
 
     calls: dict[str, int] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
@@ -232,11 +218,8 @@ def target_autocast(
 
 
 def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
-    # CPU autocast's kernels of the target's lower-precision ops stay: CPU registers these ops
-    # only on its own lower-precision list, and its kernel casts with ``cached_cast`` exactly as
-    # CUDA's does (cache and its clearing included). Python kernels cast the other ops without
-    # the cache (it keeps only float32 leaves that require grad: parameters, which these ops
-    # rarely take).
+    # CPU's kernels of shared lower-precision ops stay: they cast with ``cached_cast`` exactly as
+    # CUDA's do. Python kernels cast without the cache (only parameters would use it).
     cpu_ops = _cpu_autocast_ops()
     cpu_set = set(cpu_ops)
     listed: set[str] = set()

@@ -1,25 +1,14 @@
 """Allocated and reserved per step of a whole bench process, from the storage traces of its
 steps, through the caching-allocator simulator (native and expandable segments).
 
-The process is replayed as :func:`heptstudy.measure.bench.run_bench` runs it on a GPU:
+The process is replayed as :func:`heptstudy.measure.bench.run_bench` runs it on a GPU: every
+batch moved to the device first; per pass (timed, then memory) a fresh model, and once per
+process two cuBLAS workspaces (:data:`CUBLAS_WORKSPACES`); each step's trace between a peak reset
+and a peak read, then its outputs freed, LAMB's state made after step 0 and the gradients freed;
+between the passes the first model and its state freed, the cached segments kept.
 
-1. every batch of the run moved to the device first (in step order, its tensors in key order);
-2. per pass (``passes="both"``: the timed pass, then the memory pass; ``"memory"``: only the
-   latter), a fresh model: its parameters and buffers; then, once per process, two cuBLAS
-   workspaces (:data:`CUBLAS_WORKSPACES`, an assumption: cuBLAS's default on Hopper is
-   ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, 32 MiB, and the cuBLAS and cuBLASLt handles each hold
-   one; they are cached per handle, so they live to the end of the process);
-3. each step: the peaks reset, the step's trace (forward, loss, backward: the meter's window)
-   replayed, the peaks read; then what the step still holds apart from the gradients freed (the
-   outputs are deleted before the update), LAMB's state allocated after step 0's window (and
-   kept), the gradients freed (``zero_grad(set_to_none=True)``);
-4. between the passes the first model, its gradients and its optimizer state freed (``del
-   state``); the cached segments stay (no ``empty_cache``).
-
-The peaks of the memory pass are returned. Blocks a trace frees that were resident when its
-meter started (the batch, the parameters) are left to the process structure above and counted
-in ``ignored_frees``; storages a step adopted (made before it, first seen during it) are
-allocated when its window opens, the best the trace can say.
+The memory pass's peaks are returned. Frees of blocks resident when the meter started are counted
+in ``ignored_frees``; storages a step adopted are allocated when its window opens.
 """
 
 from __future__ import annotations
@@ -33,7 +22,8 @@ from heptstudy.estimate.caching_allocator import AllocatorPeaks, CachingAllocato
 from heptstudy.meters.allocation_trace import StepTrace
 from heptstudy.units import MIB
 
-#: Two cuBLAS workspaces of 32 MiB each: an assumption (see the module docstring).
+#: An assumption: cuBLAS's default on Hopper (``:4096:8``, 32 MiB) for each of the cuBLAS and
+#: cuBLASLt handles, cached to the end of the process.
 CUBLAS_WORKSPACES = (32 * MIB, 32 * MIB)
 
 
@@ -65,11 +55,8 @@ def simulate_bench_process(
     passes: Literal["both", "memory"] = "both",
     optimizer_state: Sequence[int] | None = None,
 ) -> BenchProcessPeaks:
-    """Replay a bench process of ``len(steps)`` steps (step ``i`` runs the trace ``steps[i]``)
-    in both allocator modes. Each step's batch and the parameters are the traces' resident
-    storages (``inputs`` of each step, ``parameters`` of the first); ``optimizer_state`` (LAMB's
-    ``exp_avg``/``exp_avg_sq``) defaults to the first trace's (a fake step whose optimizer was
-    primed lists the state; when it was not, pass it)."""
+    """Replay a bench process whose step ``i`` runs ``steps[i]``, in both allocator modes.
+    ``optimizer_state`` (sizes) defaults to the first trace's resident optimizer state."""
     if not steps:
         raise HeptstudyError(
             "simulate_bench_process needs at least one step trace; got none. Trace the steps "

@@ -2,37 +2,21 @@
 trace of allocations and frees, without a GPU.
 
 It follows ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x, one device, one stream, default
-settings: no ``max_split_size_mb``, no ``roundup_power2_divisions``, no garbage collection, no
-memory fraction, no ``empty_cache``):
+settings, no ``empty_cache``): requests rounded up to 512 B; small (<= 1 MiB) and large pools;
+best fit by size, then lowest address; a block is split when the remainder is >= 512 B (small
+pool, or expandable) or > 1 MiB (large pool, native), else handed out whole and *counted as
+allocated*; a freed block merges with its free neighbours in its segment.
 
-* a request is rounded up to a multiple of 512 B (at least 512 B); zero-byte storages never reach
-  the allocator;
-* requests of at most 1 MiB come from the small pool, the rest from the large pool;
-* best fit: the free block of the pool with the smallest size that fits, then the lowest address;
-* a block larger than the request is split when the remainder is at least 512 B (small pool, and
-  both pools with expandable segments) or more than 1 MiB (large pool, native); otherwise the
-  whole block is handed out and *counted as allocated* (``memory_allocated`` counts block sizes,
-  not requested bytes);
-* a freed block merges with its free neighbours in the same segment only.
+Native mode: a new segment when nothing fits (2 MiB small, 20 MiB for requests under 10 MiB, else
+rounded up to 2 MiB), never released; addresses increase, so "lowest address" is "oldest segment"
+(real placement only matters for ties between equal-sized free blocks).
 
-Native mode (the default): when no free block fits, a new segment is ``cudaMalloc``'d: 2 MiB for
-the small pool, 20 MiB for requests under 10 MiB, else the request rounded up to 2 MiB; segments
-are never released. Segment addresses are handed out in increasing order, so "lowest address" is
-"oldest segment first" (a real ``cudaMalloc`` places them where the driver likes; ties between
-equal-sized free blocks are the only place this matters).
+``expandable_segments``: one segment per pool grown by mapping 2 MiB (small) or 20 MiB (large)
+pages at its end, extending the free block there; best fit prefers any other fitting block to
+that one (``get_free_block``). Nothing is unmapped: reserved = mapped bytes.
 
-``expandable_segments`` mode (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``): one virtually
-contiguous segment per pool that grows by mapping pages at its end, 2 MiB pages for the small pool
-and 20 MiB pages for the large pool (``ExpandableSegment::segment_size_``). A request that no free
-block fits extends the free block at the end of the mapped range (if any) by as many pages as it
-lacks. Best fit counts the free block at the end as its size plus the unmapped space after it, so
-any other fitting block is preferred to it (``get_free_block``). Pages are unmapped only by
-``empty_cache`` or an out-of-memory retry, neither of which is simulated: reserved = mapped bytes.
-
-Not simulated: several streams (``record_stream``), CUDA graphs' private pools, the out-of-memory
-path (freeing cached segments and retrying), allocator settings other than expandable segments,
-and whatever kernels or libraries allocate outside the caching allocator (cuDNN/cuBLAS handles,
-the CUDA context).
+Not simulated: several streams, CUDA graphs' pools, the out-of-memory retry, other settings, and
+memory allocated outside the caching allocator (cuBLAS/cuDNN handles, the CUDA context).
 """
 
 from __future__ import annotations
@@ -91,8 +75,7 @@ class _Block:
 
 @dataclass(frozen=True)
 class AllocatorPeaks:
-    """Bytes held now (at the end of a replay, a step) and the peaks since the last
-    ``reset_peak``."""
+    """Bytes held now and the peaks since the last ``reset_peak``."""
 
     allocated: int
     reserved: int
@@ -110,10 +93,8 @@ class AllocatorPeaks:
 
 
 class CachingAllocator:
-    """One device's caching allocator, driven by ``malloc(block_id, nbytes)`` / ``free(block_id)``.
-
-    ``block_id`` names a live allocation (any hashable int the caller keeps unique while the
-    block is live; it may be reused after its free)."""
+    """One device's caching allocator: ``malloc(block_id, nbytes)`` / ``free(block_id)``, ids
+    unique while live."""
 
     def __init__(self, expandable_segments: bool = False):
         self.expandable_segments = bool(expandable_segments)
@@ -126,8 +107,7 @@ class CachingAllocator:
         # expandable mode: the block at the end of each pool's mapped range, and that end
         self._last: list[_Block | None] = [None, None]
         self._mapped_end = list(_POOL_BASE)
-        #: ``memory_allocated`` (block sizes handed out), ``memory_reserved``, their peaks, and
-        #: the segments (native: ``cudaMalloc``'d; expandable: pools with a mapped segment)
+        #: ``memory_allocated`` (block sizes), ``memory_reserved``, their peaks, segment count
         self.allocated = 0
         self.reserved = 0
         self.peak_allocated = 0

@@ -1,30 +1,19 @@
 """Peak memory of one training step without the hardware: the real model, loss, backward and
-LAMB run on *fake* tensors (``torch._subclasses.fake_tensor.FakeTensorMode``: shapes, dtypes and
-devices, no data) while the storage tracker of :mod:`heptstudy.meters.memory` counts the bytes
-of every tensor storage they would allocate.
+LAMB run on *fake* tensors (``FakeTensorMode``: no data) while the storage tracker of
+:mod:`heptstudy.meters.memory` counts every storage they would allocate.
 
 What differs from a real step, and why:
 
-* Device. For a ``cuda`` or ``rocm`` target (the platform's device) the *target-faithful* step:
-  fake CPU tensors (a fake CUDA tensor cannot enter CUDA autocast on a CPU build, nor on a CUDA
-  build without a GPU) under the target's autocast lists for the PyTorch version
-  (:mod:`~heptstudy.estimate.autocast_policy`), the target's kernel choices where they
-  keep other tensors for backward (:mod:`~heptstudy.estimate.kernel_stand_ins`) and
-  kernel-internal scratch as transients at their op
-  (:mod:`~heptstudy.estimate.kernel_scratch`). Without a target: fake ``cuda`` tensors
-  on a CUDA build, else fake ``cpu`` tensors with the CPU's own autocast and kernels.
-* Attention. The platform's ``attention_backend``. ``fused`` runs the real block-mask
-  construction and stands in for the flex_attention kernel with a function of the same memory
-  footprint (output and log-sum-exp out, q/k/v/out/lse saved, q/k/v gradients back): the fused
-  kernel keeps no score matrix, and CPU flex_attention has no backward. ``plain`` runs the real
-  plain path.
-* Hungarian matching copies the cost matrices to the host, which fake tensors cannot do. Targets
-  are built from the real batch before it is faked (same particles, same shapes); the matching is
-  replaced by a deterministic assignment (query i <-> target i for i < min(queries, particles)),
-  which matches as many pairs as the real assignment, so every loss tensor has its real shape.
-  The cost matrices themselves (small, no-grad temporaries) are not built.
-* Scratch inside native kernels (not composite ones) and workspaces are not seen; the
-  allocator's rounding and caching are the simulator's job (reserved), not this step's.
+* Device. A ``cuda``/``rocm`` target gets the *target-faithful* step: fake CPU tensors (a fake
+  CUDA tensor cannot enter CUDA autocast without a GPU) under the target's autocast lists, kernel
+  stand-ins and kernel scratch (the ``autocast_policy``, ``kernel_stand_ins`` and
+  ``kernel_scratch`` modules). Without a target: fake ``cuda`` on a CUDA build, else ``cpu``.
+* Attention ``fused``: the real block mask and a same-footprint stand-in for the flex_attention
+  kernel (which keeps no score matrix; CPU flex_attention has no backward).
+* Hungarian matching needs a host copy: targets come from the real batch and the matching is
+  query i <-> target i, as many pairs as the real one, so every loss tensor has its real shape.
+* Scratch inside native kernels and workspaces is not seen; the allocator's rounding and caching
+  are the simulator's job.
 """
 
 from __future__ import annotations
@@ -61,8 +50,7 @@ from heptstudy.units import MIB
 
 #: Targets of the fake step: the platform profile's device.
 TARGETS = ("cuda", "rocm", "cpu")
-#: The PyTorch version whose autocast lists a GPU estimate uses when the platform profile names
-#: none: the version of the one GPU measurement (H200 evidence, 2.11.0+cu130).
+#: Autocast lists when the platform names no PyTorch version: the H200 measurement's.
 DEFAULT_TORCH_VERSION = "2.11"
 
 if TYPE_CHECKING:
@@ -83,14 +71,12 @@ class FakeStepEstimate:
     #: ``cuda``/``rocm``: the target-faithful step; ``cpu``: the CPU's kernels.
     target: str = "cpu"
     torch_version: str | None = None
-    #: Which of the target's autocast lists, kernel stand-ins and scratch rules the step hit
-    #: (op -> calls): measured, not assumed.
+    #: The target's autocast lists, kernel stand-ins and scratch rules the step hit (op -> calls).
     autocast_calls: dict[str, int] | None = None
     stand_in_calls: dict[str, int] | None = None
     scratch_ops: dict[str, int] | None = None
     largest_scratch_bytes: int = 0
-    #: ``record_trace`` only: the step's storage allocations and frees, in order, for the
-    #: caching-allocator simulator (heptstudy.estimate.bench_process)
+    #: ``record_trace`` only: the step's allocations and frees, for the allocator simulator
     trace: StepTrace | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -119,8 +105,8 @@ def _deterministic_match(outputs, targets, loss_cfg, prefix=""):
 
 
 def _type_encoder_forward(counts):
-    """``TypeEncoder.forward`` with the per-type hit counts of the real batch: the same tensors
-    (selected rows, their encodings, the scattered output) without a data-dependent shape."""
+    """``TypeEncoder.forward`` with the real batch's per-type counts: the same tensors without a
+    data-dependent shape."""
 
     def forward(self, raw, inputs):
         out = inputs.new_zeros(*inputs.shape[:-1], self.out_dim)
@@ -136,9 +122,7 @@ def _type_encoder_forward(counts):
 
 
 def _fake_substitutions(targets, type_counts):
-    """The stand-ins of a fake-tensor step (:mod:`heptstudy.stand_ins`): the real batch's
-    targets and a deterministic matching (hit model only), the per-type encoding with the real
-    batch's counts, and the same-footprint flex_attention."""
+    """The stand-ins of a fake-tensor step (:mod:`heptstudy.stand_ins`)."""
     return stand_ins.using(
         StandIns(
             targets=targets,
@@ -175,16 +159,12 @@ def estimate_step(
     record_trace: bool = False,
     plan=None,
 ) -> FakeStepEstimate:
-    """Peak allocated bytes of one training step (forward, loss, backward; the optimizer state
-    of an earlier step alive, as in the bench's counted steps) of ``config`` on ``batch`` (a real
-    CPU batch, e.g. from :func:`heptstudy.data.load_events`), on a fake device.
+    """Peak allocated bytes of one training step of ``config`` on ``batch`` (a real CPU batch) on
+    a fake device, with an earlier step's optimizer state alive as in the bench's counted steps.
 
-    ``target`` ``cuda`` or ``rocm``: the target-faithful step on fake CPU tensors, with the
-    target's autocast lists of ``torch_version`` (default :data:`DEFAULT_TORCH_VERSION`), its
-    kernel choices and kernel scratch (:mod:`heptstudy.estimate.autocast_policy`,
-    ``kernel_stand_ins``, ``kernel_scratch``). ``target`` ``cpu`` or None: the CPU's own
-    kernels (``device_type`` then picks the fake device). ``plan``: the checkpoint
-    plan of one step of a model built with ``auto``."""
+    ``target`` ``cuda``/``rocm``: the target-faithful step with the autocast lists of
+    ``torch_version``; ``cpu`` or None: the CPU's kernels on ``device_type``. ``plan``: the
+    checkpoint plan of one step of a model built with ``auto``."""
     if target is not None and target not in TARGETS:
         raise HeptstudyError(
             f"unknown estimate target {target!r}; allowed: {', '.join(TARGETS)} (the platform "
@@ -192,7 +172,7 @@ def estimate_step(
         )
     faithful = target in ("cuda", "rocm")
     if faithful:
-        device_type = "cpu"  # fake CPU tensors under the target's lists (see the module doc)
+        device_type = "cpu"  # see the module doc
     version = torch_version or DEFAULT_TORCH_VERSION
     with contextlib.ExitStack() as stack:
         emulation = kernels = None
@@ -278,13 +258,9 @@ def _fake_step(
 
 
 def fit_batches(lengths, sizes, seed: int, random_at=None) -> list[list[int]]:
-    """Events (sorted indices) of the batches a memory model is fitted on: for each batch size of
-    ``sizes`` in turn a random batch (only at the sizes of ``random_at``, default all) and its
-    longest events, so that the fit spans batch sizes and the whole range of longest padded
-    events. The estimated model (:func:`estimate_memory_model`) takes B/4, B/2 and B events, a
-    random and the longest batch of each; auto's calibration
-    (:func:`heptstudy.estimate.plans.calibrate`) a random and the longest of B and the longest of
-    B/2."""
+    """Events (sorted indices) of the batches a memory model is fitted on: for each of ``sizes`` a
+    random batch (only at the sizes of ``random_at``, default all) and the longest events, so the
+    fit spans batch sizes and the range of longest padded events."""
     lengths = np.asarray(lengths)
     rng = np.random.default_rng(seed)
     order = np.argsort(-lengths, kind="stable")
@@ -304,17 +280,13 @@ def estimate_memory_model(
     progress: bool = False,
     torch_version: str | None = None,
 ):
-    """An *estimated* memory model of ``config`` for a platform of ``device_kind``: fake-device
-    steps on real events of the configured data set (see :func:`fit_batches`), fitted
-    like measurements. GPU platforms (``cuda``, ``rocm``) get the target-faithful step with the
-    autocast lists of ``torch_version`` (the platform's; default :data:`DEFAULT_TORCH_VERSION`).
-    Its ``source_detail`` says so."""
+    """An *estimated* memory model of ``config`` for a ``device_kind`` platform: fake-device steps
+    on real events (:func:`fit_batches`) fitted like measurements; GPU platforms get the
+    target-faithful step with ``torch_version``'s autocast lists."""
     ds = dataset_for(config, "train")
     lengths = ds.lengths()
     points, reserved, expandable = [], [], []
-    # GPU platforms: the target-faithful step, each fake step's allocation trace replayed
-    # through the caching-allocator simulator as a bench process of that batch (allocated and
-    # reserved, both modes)
+    # GPU platforms: each step's allocation trace replayed through the allocator simulator
     gpu = device_kind in ("cuda", "rocm")
     version = (torch_version or DEFAULT_TORCH_VERSION) if gpu else None
     dev = "cpu" if gpu else fake_device_type()

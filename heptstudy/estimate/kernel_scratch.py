@@ -1,18 +1,11 @@
 """Kernel-internal scratch: memory an op's kernel allocates and frees before it returns.
 
-No dispatch-level tracker sees it (not the fake step's, not the GPU run's ``memory_categories``),
-yet the caching allocator does: ``logsumexp``'s composite kernel, for one, allocates a
-temporary the size of its input (``(self - max).exp_()``) before it sums. Two pieces:
-
-* :data:`SCRATCH`: the table the fake step uses, one rule per op: scratch bytes as a multiple of
-  one argument's bytes. The storage tracker adds it as a transient allocation at that op (in the
-  ordered trace, so the allocator replay sees it too).
-* :func:`probe`: finds an op's scratch on small real CPU tensors by following the ATen calls
-  inside its composite kernel (``CompositeExplicitAutograd``, the same code on every device)
-  under a dispatch mode that counts the storages they allocate. The tests check the table's
-  factors against it.
-
-Scratch inside native CUDA kernels (cuBLAS workspaces aside) cannot be found on a CPU.
+No dispatch-level tracker sees it, yet the caching allocator does (``logsumexp``'s composite
+kernel allocates an input-sized ``(self - max).exp_()``). :data:`SCRATCH` is the fake step's
+table (bytes as a multiple of one argument's), added by the tracker as a transient at that op;
+:func:`probe` measures an op's scratch on small real CPU tensors by following the calls inside
+its composite kernel (the same code on every device), and the tests check the table against it.
+Scratch inside native CUDA kernels cannot be found on a CPU.
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ from heptstudy.meters.memory import iter_tensors
 
 @dataclass(frozen=True)
 class ScratchRule:
-    """Scratch of one op: ``factor`` (or ``factor_of(args)``) times the bytes of its
-    ``arg``-th tensor argument."""
+    """``factor`` (or ``factor_of(args)``) times the bytes of the ``arg``-th argument."""
 
     arg: int
     factor: float
@@ -129,8 +121,7 @@ _FOLLOWED = (
 
 
 def _followed_key(op):
-    """The kernel whose own ATen calls the probe follows: the composite one, else the CPU one
-    (an out= variant or a native kernel that calls other ops)."""
+    """The kernel whose own ATen calls the probe follows: the composite one, else the CPU one."""
     for key in _FOLLOWED:
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):
             return key

@@ -1,26 +1,12 @@
 """The target's kernel choices where they keep different tensors for backward than the CPU's.
 
-A fake CPU step decomposes some ops the way the CPU does, and the CPU keeps other tensors for
-backward than the kernel the target runs. Each stand-in reproduces the target kernel's outputs
-and saved tensors (shapes and dtypes; the values are computed too, so a stand-in can be checked
-on real tensors):
-
-* ``rms_norm``: on CUDA (2.11 and later) the fused kernel when input and weight share a dtype,
-  saving the input and one float32 reciprocal RMS per row; the CPU decomposes it op by op and
-  keeps a normalised copy as well.
-* ``dropout``: CUDA runs ``native_dropout`` and keeps a boolean mask; the CPU's ``dropout``
-  keeps a mask in the input's dtype.
-* ``scaled_dot_product_attention``: CUDA's memory-efficient kernel (flash has no arbitrary
-  mask; with no mask it would run flash, which keeps the same output and log-sum-exp) keeps the
-  output and a float32 log-sum-exp, no score matrix; the CPU's math path keeps the scores.
-  CUDA's kernel has only a fake (meta) implementation on a CPU build: this stand-in runs on
-  fake tensors only (which is where the fake step runs it).
-* the fused ``flex_attention`` path (:func:`fused_flex`): output and float32 log-sum-exp kept,
-  scores recomputed in backward.
-
-They are explicit seams, never patches of the model: the first three are kernels registered at
-the ``AutogradCPU`` dispatch key inside :func:`target_kernels` (a ``torch.library.Library``
-destroyed on exit), the last is handed to the model through :mod:`heptstudy.stand_ins`.
+Each stand-in reproduces the target kernel's outputs and saved tensors (values too, so it can be
+checked on real tensors): CUDA's fused ``rms_norm`` (input and a float32 rstd per row; the CPU
+also keeps a normalised copy), ``native_dropout``'s boolean mask (the CPU's is in the input's
+dtype), the memory-efficient ``scaled_dot_product_attention`` (output and log-sum-exp, no
+scores; fake tensors only on a CPU build), and the fused flex_attention (:func:`fused_flex`).
+The first three are registered at ``AutogradCPU`` inside :func:`target_kernels` only; the last
+is handed to the model through :mod:`heptstudy.stand_ins`.
 """
 
 from __future__ import annotations
@@ -78,8 +64,7 @@ def _rms_norm(choices: KernelChoices):
 
     def kernel(x, normalized_shape, weight=None, eps=None):
         if weight is not None and weight.dtype != x.dtype:
-            # mixed dtypes: CUDA composes it from ops, as the CPU does (the
-            # CompositeImplicitAutograd decomposition, recorded by autograd as usual)
+            # mixed dtypes: CUDA composes it from ops, as the CPU does
             return fallback.decompose(x, normalized_shape, weight, eps)
         choices._count("rms_norm")
         dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
@@ -135,8 +120,7 @@ def _sdpa(choices: KernelChoices):
 
 
 class _SameFootprintFlex(torch.autograd.Function):
-    """The fused flex_attention kernel's footprint: out [.., S, dh] and a float32 log-sum-exp
-    [.., S] out, q/k/v/out/lse saved (scores recomputed in backward), dq/dk/dv back."""
+    """The fused flex_attention kernel's footprint: out and float32 lse, both saved with q/k/v."""
 
     @staticmethod
     def forward(ctx, q, k, v):

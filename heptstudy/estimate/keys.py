@@ -22,9 +22,8 @@ SETTINGS = (
     "attention_backend",
     "checkpointing",
 )
-#: Model fields that are key settings of their own (not repeated in ``model``), and the memory
-#: budget and plan order of activation_checkpointing=auto, which choose a plan but do not change
-#: the memory a plan needs.
+#: Model fields that are key settings of their own, or choose auto's plan without changing the
+#: memory a plan needs.
 _IN_SETTINGS = (
     "attention_backend",
     "activation_checkpointing",
@@ -59,8 +58,7 @@ def model_key(config: dict[str, Any], device_kind: str) -> dict[str, Any]:
         "dtype": config["train"]["dtype"],
         "variant": model["variant"],
         "attention_backend": h.get("attention_backend"),
-        # the plan's name; auto's steps run different plans, so its reports hold for no
-        # single plan: a key of its own
+        # the plan's name ("auto" is a key of its own: its steps run different plans)
         "checkpointing": h.get("activation_checkpointing", "off"),
         "model_hash": hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[
             :12
@@ -95,10 +93,8 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def mismatches(have: dict[str, Any], want: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Why a model keyed ``have`` does not hold for a configuration keyed ``want``:
-    ``(differences, assumptions)``. ``differences`` name each differing setting or model field
-    (``"attention_backend: model plain, configured fused"``); empty when the model holds.
-    ``assumptions`` name the model fields the model's configuration does not record (it predates
-    them) that the configuration leaves at their defaults: taken as equal, and said so."""
+    ``(differences, assumptions)``, the latter the fields the model predates that the
+    configuration leaves at their defaults (taken as equal, and said so)."""
     diffs = [
         f"{name}: model {have.get(name)!r}, configured {want.get(name)!r}"
         for name in SETTINGS

@@ -1,27 +1,16 @@
 """The memory model: peak memory of one training step as a function of the batch's shape.
 
-Batches pad every event to the longest one of the batch, so every activation tensor of a step
-has ``B x L`` rows (``B`` events, ``L`` the longest padded event; HEPTv2 attention is bucketed,
-hence linear in ``L``; the decoder's group logits are ``B x queries x L``). Peak *allocated* is
+Batches pad every event to the longest one (``L``), so activations have ``B x L`` rows (bucketed
+attention is linear in ``L``). Peak *allocated* is
 
     allocated = fixed + per_padded_hit * (B * L) + per_event * B + per_mask_entry * (B * L^2)
 
-(the last term: the dense mask a fused-attention block mask may build, ``B x rounds x L x L``
-booleans; fitted on the fused path only). ``fixed``: parameters, gradients, LAMB state;
-``per_padded_hit``: activations and temporaries per padded hit; ``per_event``: per-event tensors.
-Fitted by non-negative least squares in relative terms (each term is memory, never negative).
+(the last term: the dense mask a fused-attention block mask may build; fused path only), fitted
+by non-negative least squares in relative terms (each term is memory, never negative).
 
-Peak *reserved* (the caching allocator's pool; on CPU the resident set) is the allocated peak
-times a measured ratio: the pool a process holds after steps whose longest padded event reached
-``L``. The ratio is not a constant of nature (it depends on the order of allocation sizes a run
-meets), so the model states how well it predicts batch sizes it was not fitted on.
-
-An *estimated* model of a GPU platform (fake steps replayed through the caching-allocator
-simulator) also carries ``reserved_expandable``: the same ratio for the allocator's
-``expandable_segments`` mode, a prediction no GPU has measured.
-
-Validation: leave one batch size out, for allocated and for reserved: each batch size's steps
-predicted by the model fitted on the other batch sizes.
+Peak *reserved* (on CPU the resident set) is allocated times a fitted ratio. The ratio depends on
+the order of allocation sizes a run meets, so the model is validated by leaving one batch size
+out. Estimated GPU models also carry ``reserved_expandable``, a prediction no GPU has measured.
 """
 
 from __future__ import annotations
@@ -40,8 +29,7 @@ from heptstudy.estimate.keys import key_label
 from heptstudy.units import MIB
 
 SCHEMA = "heptstudy.memfit/3"
-#: Earlier schemas still read: /2 lacks the expandable-segments reserved and the code fingerprint
-#: (a stored model without one is refused by heptstudy.fitting.select as made from unknown code).
+#: /2 lacks the expandable-segments reserved and the fingerprint (refused by fitting.select).
 READABLE_SCHEMAS = ("heptstudy.memfit/2", SCHEMA)
 
 
@@ -101,8 +89,7 @@ def _residual_stats(points: list[Point], predicted) -> tuple[float, float]:
 
 
 def fit_allocated(points: list[Point], quadratic: bool = False) -> LinearFit:
-    """Non-negative least squares, each point weighted by 1/peak (small and large batches count
-    alike)."""
+    """Non-negative least squares, each point weighted by 1/peak."""
     from scipy.optimize import nnls
 
     if len({p.padded_batch_hits for p in points}) < 2:
@@ -153,8 +140,7 @@ def fit_reserved(points: list[Point], allocated: LinearFit) -> ReservedFit:
 def _leave_one_batch_size_out(
     alloc: list[Point], reserved: list[Point], quadratic: bool, expandable: list[Point] = ()
 ) -> dict[str, dict[str, Any]]:
-    """Per quantity: one row per batch size predicted by the fit on the others, and the largest
-    error; ``why`` instead when no batch size can be left out."""
+    """Per quantity: one row per batch size predicted by the fit on the others."""
     out: dict[str, dict[str, Any]] = {}
     quantities = [("allocated", alloc), ("reserved", reserved)]
     if expandable:
@@ -233,9 +219,7 @@ class MemoryModel:
         )
 
     def _out_of_range(self) -> list[str]:
-        """Each number that no step's memory can give: every fitted term and residual a finite
-        number >= 0, a reserved ratio >= 1 (the pool holds what is allocated), every point a
-        batch of >= 1 events of >= 1 padded hits with a finite peak >= 0."""
+        """Each number that no step's memory can give (negative, not finite, a ratio below 1)."""
         numbers = [(f"allocated.{k}", v, 0) for k, v in asdict(self.allocated).items()]
         for name in ("reserved", "reserved_expandable"):
             fit = getattr(self, name)

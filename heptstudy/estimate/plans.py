@@ -1,9 +1,6 @@
-"""Memory models of the adaptive-checkpointing plans, calibrated at the start of a run.
-
-The plans and the per-batch choice live in :mod:`heptstudy.model.adaptive_checkpointing`; this
-module estimates each plan's peak on fake tensors (:func:`heptstudy.estimate.fake_step.estimate_step`)
-and fits it like measurements (:func:`heptstudy.estimate.memory_model.fit_points`).
-"""
+"""Memory models of the adaptive-checkpointing plans
+(:mod:`heptstudy.model.adaptive_checkpointing`), estimated on fake tensors and fitted like
+measurements at the start of a run."""
 
 from __future__ import annotations
 
@@ -36,9 +33,8 @@ DEFAULT_MARGIN_FRACTION = 0.1
 def memory_budget_mib(
     config: Config, device: torch.device, platform: PlatformConfig | None = None
 ) -> tuple[float, str]:
-    """The budget in MiB and where it comes from: ``model.heptv2.memory_budget_gib``, else the
-    platform's device memory less the default safety margin, else this GPU's memory less it.
-    A CPU without a platform has no device memory to start from: the key must be set."""
+    """The budget in MiB and its source: ``model.heptv2.memory_budget_gib``, else the platform's
+    or this GPU's memory less the default safety margin."""
     given = config.model.heptv2.memory_budget_gib
     keep = 1.0 - DEFAULT_MARGIN_FRACTION
     margin = f"less a {DEFAULT_MARGIN_FRACTION:.0%} safety margin"
@@ -67,11 +63,8 @@ def calibrate(
     plans: Sequence[Plan] | None = None,
     platform: PlatformConfig | None = None,
 ) -> PlanPredictor:
-    """Fit each candidate plan's memory model (or only ``plans``'s, cheapest first) on
-    fake-tensor steps over ``batches`` (host batches of at least two different shapes). On a GPU
-    (the ``platform``'s device, ``cuda`` for a CUDA device without one) the steps are the
-    target-faithful fake step with the platform's PyTorch version's autocast lists, as the
-    estimated memory models are."""
+    """Fit each candidate plan's memory model (or only ``plans``'s) on fake-tensor steps over
+    ``batches`` (at least two shapes), target-faithful on a GPU as the estimated models are."""
     started = time.perf_counter()
     target = platform.device if platform is not None and platform.device != "cpu" else None
     if device.type == "cuda" and target is None:
@@ -124,9 +117,7 @@ def predictor_for(
     if not config.model.heptv2.adaptive:
         return None
     budget = memory_budget_mib(config, device, platform)
-    # Calibrated in a child process: the fake-tensor steps leave state in the process that made
-    # later real steps of the full-size model about 4x slower on CPU (measured in the reference
-    # study), so none of it may reach the process that trains or measures.
+    # In a child process: fake-tensor steps leave state that made later real CPU steps ~4x slower.
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -137,8 +128,7 @@ def predictor_for(
 
 
 def _calibrate_child(config, device, per_device_batch, budget, platform) -> PlanPredictor:
-    # a random and the longest batch of B events, and the longest of B/2: two batch sizes and
-    # the whole range of longest events, in three fake steps per plan
+    # a random and the longest batch of B events, the longest of B/2: three fake steps per plan
     lengths = dataset_for(config, "train").lengths()
     b = min(per_device_batch, len(lengths))
     sizes = [b, b // 2] if b > 1 else [b]

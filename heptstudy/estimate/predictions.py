@@ -1,17 +1,9 @@
-"""Blind predictions of a GPU study: the estimate of every memory run of a matrix, made on a
-laptop before any GPU measures that code, with the fingerprint of the code it was made from.
+"""Blind predictions of a GPU study: the estimate of every memory run of a matrix, made before
+any GPU measures that code, with the fingerprint of the code it was made from.
 
-For each memory run the run's own request is resolved (platform, batch, checkpointing,
-overrides), the bench's events picked as the bench picks them, each step run as the
-target-faithful fake step (:func:`heptstudy.estimate.fake_step.estimate_step` with the
-platform's device as target) and the whole bench process replayed through the caching-allocator
-simulator: allocated and reserved, native and with expandable segments, maximum over the
-counted steps, as the bench reports them.
-
-Not predicted (and said so in the file): ``checkpointing: auto`` runs (auto chooses a plan per
-step from its own calibration, on the GPU, against the GPU's budget), parity runs (no memory
-figure). Every reader goes through :func:`read_predictions` (values no run can have are
-refused); :func:`stale_parts` tells whether the file is still of the running code and
+Each run's bench events are estimated with the target-faithful fake step and the bench process
+replayed through the allocator simulator. Not predicted: ``auto`` runs (they calibrate on the
+GPU) and parity runs. :func:`stale_parts` tells whether the file is still of the running code,
 :func:`git_age` whether it was committed before a measured commit and not changed since.
 """
 
@@ -86,10 +78,8 @@ def _non_finite(value, field: str):
 
 
 def read_predictions(path: str | os.PathLike | None = None) -> dict:
-    """The blind predictions at ``path`` (default: the committed file), checked: a JSON object
-    of :data:`SCHEMA` with ``runs``, ``not_predicted`` and ``fingerprint`` objects, every run an
-    object whose :data:`FIGURES` are positive MiB with reserved >= allocated, no NaN or
-    Infinity anywhere. :class:`PredictionsError` names the file, the field and the value."""
+    """The blind predictions at ``path`` (default: the committed file), checked against what
+    ``heptstudy study predict`` writes."""
     path = Path(path) if path is not None else resolve_in_repo(PREDICTIONS)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -134,9 +124,8 @@ def read_predictions(path: str | os.PathLike | None = None) -> dict:
 
 @dataclass(frozen=True)
 class GitAge:
-    """Whether a committed file predates measured commits: ``committed`` is the commit that
-    last changed it (None: not committed) and ``problems`` say why it is not shown to predate
-    them (empty: it was committed in or before every measured commit and not changed since)."""
+    """``committed``: the commit that last changed a file (None: not committed); ``problems``:
+    why it is not shown to predate the measured commits (empty: it does)."""
 
     committed: str | None
     committed_date: str | None
@@ -144,8 +133,7 @@ class GitAge:
 
 
 def git_age(path: str | os.PathLike, measured: list[str]) -> GitAge:
-    """:class:`GitAge` of the file at ``path`` against the ``measured`` commits, asked of the
-    git repository that holds the file."""
+    """:class:`GitAge` of the file at ``path`` against the ``measured`` commits."""
     path = real_path(path)
     if repository_of(path) is None:
         return GitAge(
@@ -191,15 +179,13 @@ def git_age(path: str | os.PathLike, measured: list[str]) -> GitAge:
 
 
 def _sha256(path: Path) -> str:
-    """Of the YAML's content, not its bytes: a comment (a profile's note on a prediction, say)
-    changes no prediction."""
+    """Of the YAML's content, not its bytes: a comment changes no prediction."""
     content = yaml.safe_load(path.read_text())
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def _shown(path: Path) -> str:
-    """``path`` relative to the repository when it is inside it (committed files name no
-    machine's folders)."""
+    """``path`` relative to the repository when inside it (no machine's folders committed)."""
     try:
         return str(real_path(path).relative_to(base_dir().resolve()))
     except ValueError:
@@ -232,10 +218,8 @@ def stale_parts(doc: dict, matrix_path: Path) -> list[str]:
 
 
 def predict_run(config, profile, *, batch_size: int, warmup: int, steps: int, passes: str):
-    """The blind prediction of one memory run of ``config`` on ``profile`` (None: the CPU):
-    the bench's events, every step estimated, the bench process replayed."""
-    # the estimator itself is imported only here: readers of the file (the GPU session's
-    # comparison, the tests) do not load it
+    """The blind prediction of one memory run of ``config`` on ``profile`` (None: the CPU)."""
+    # imported here: readers of the file do not load the estimator
     from heptstudy.data import load_events
     from heptstudy.data.batching import event_indices
     from heptstudy.estimate.bench_process import simulate_bench_process

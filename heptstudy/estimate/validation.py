@@ -1,21 +1,11 @@
 """``heptstudy fit validate``: the memory estimator against measured bench memory reports.
 
-Each memory report is estimated on its own events (each step's event indices, read from the data
-given and checked against the hits the report lists) with the code it measured, under the
-estimator that runs now: the fake step (target-faithful on ``cuda``/``rocm``, with the report's
-PyTorch version) and, where the device has a caching allocator, the replay of the whole bench
-process through its simulator (allocated and reserved). The CPU bench's allocated is the
-storage tracker's peak, which the fake step gives; its "reserved" (resident set) is not estimated.
-
-The code a report measured: the commit it records (``environment.git_commit``; not one with
-uncommitted changes, ``git_dirty``), or the one given (``code``: a commit, or ``"running"``).
-When that commit's ``model`` and ``step`` parts (:mod:`~heptstudy.fingerprint`)
-are byte for byte the running code's, the report is estimated here by
-:func:`~heptstudy.estimate.fake_step.estimate_step`. Otherwise the commit's package is copied
-out of git under another name (imports renamed, so that it can share a process with this one)
-and its own model, loss, optimizer, step and fake-tensor stand-ins (found where :data:`WHERE`
-says) run in worker processes under this estimator's autocast lists, kernel stand-ins, scratch,
-tracker and simulator.
+Each report is estimated on its own events with the code it measured (its recorded commit, or
+``code``) under the estimator that runs now: the fake step and, on devices with a caching
+allocator, the whole bench process replayed through the simulator. The CPU's resident set is not
+estimated. When the commit's ``model`` and ``step`` parts are the running code's, the report is
+estimated here; otherwise the commit's package is copied out of git under another name (imports
+renamed, to share a process) and its own pieces (found where :data:`WHERE` says) run in workers.
 """
 
 from __future__ import annotations
@@ -175,9 +165,8 @@ def _piece(package: str, name: str, required: bool = True):
 
 
 def _old_step(package: str, config, batch, target: str, version: str):
-    """The step of ``package`` (an earlier commit's copy) on fake CPU tensors, metered by this
-    tracker, under this estimator's target lists, stand-ins and scratch (as ``estimate_step``
-    runs the running code): (peak bytes, trace, calls)."""
+    """The step of ``package`` (an earlier commit's copy) under this estimator, as
+    ``estimate_step`` runs the running code: (peak bytes, trace, calls)."""
 
     def get(name):
         return _piece(package, name)
@@ -240,8 +229,7 @@ def estimate(job: dict, package: str | None = None, path: str | None = None) -> 
     try:
         return _estimate(job, package, path)
     except Exception as err:
-        # errors for the user, the earlier commit's own too (its classes cannot be unpickled
-        # where a worker's result is read), name the report
+        # name the report (an earlier commit's errors too: they cannot be unpickled here)
         mine = isinstance(err, HeptstudyError)
         if not (mine or package and type(err).__module__.startswith(f"{package}.")):
             raise
@@ -300,9 +288,8 @@ _IMPORT = re.compile(
 
 
 def copy_of_commit(sha: str, dest: Path) -> str:
-    """Write commit ``sha``'s ``heptstudy`` package to ``dest/heptstudy_<sha>`` with its imports
-    renamed to that name, and its ``configs`` to ``dest/configs`` (where its repository-relative
-    lookups find them); returns the package name."""
+    """Write commit ``sha``'s package to ``dest/heptstudy_<sha>`` with its imports renamed, and
+    its ``configs`` to ``dest/configs``; returns the package name."""
     package = f"heptstudy_{sha[:12]}"
     paths = ["heptstudy"] + (["configs"] if git("ls-tree", sha, "configs", cwd=ROOT) else [])
     done = subprocess.run(
@@ -325,8 +312,7 @@ def copy_of_commit(sha: str, dest: Path) -> str:
 
 
 def validate(reports, data_dir, code: str | None = None, progress=print) -> dict:
-    """Measured against estimated for ``reports`` (``(path, BenchReport)`` pairs, each validated
-    by the report schema) on the data in ``data_dir``; returns the JSON document."""
+    """Measured against estimated for ``(path, BenchReport)`` pairs; returns the JSON document."""
     data_dir = real_path(data_dir, "--data-dir")
     if not data_dir.is_dir():
         raise HeptstudyError(

@@ -1,17 +1,9 @@
 """The storage tracker's allocations and frees, in the order they happened: the input of the
 caching-allocator simulator (:mod:`heptstudy.estimate.caching_allocator`).
 
-:class:`TracingMemoryMeter` is the storage-tracker meter of :mod:`heptstudy.meters.memory`
-(same peaks, same categories) that also keeps one :class:`StepTrace` per measured step. A
-storage's allocation is recorded when the tracker first sees it (as an op's output: the op
-allocated it), its free when its weak reference dies (the last tensor on it went away), so the
-order is that of the dispatched ops. Every storage gets its own block id (Python reuses ``id``
-values; block ids are never reused within a trace).
-
-What the trace cannot order: storages first seen as an op's *input* during the step were made
-before it or outside the dispatcher ("adopted"); they are listed apart, and a replay must decide
-where they live. Kernel-internal scratch is in it only where the tracker was given a scratch
-table (the target-faithful fake step): an alloc and a free at that op.
+An allocation is recorded when the tracker first sees a storage as an op's output, its free when
+its weak reference dies; every storage gets its own block id (Python reuses ``id`` values).
+Storages first seen as an op's *input* ("adopted") cannot be ordered and are listed apart.
 """
 
 from __future__ import annotations
@@ -27,14 +19,9 @@ Event = tuple[str, int, int]  # ("alloc" | "free", block_id, nbytes)
 
 @dataclass
 class StepTrace:
-    """One measured step's storages, in order.
-
-    ``resident``: (block_id, nbytes, category) of what was alive when the meter started
-    (parameters and buffers, gradients, optimizer state, the batch as ``inputs``); ``events``:
-    every allocation and free from the start to the stop of the meter; ``adopted``: (block_id,
-    nbytes) of storages made before the step but first seen during it (their frees are in
-    ``events``); ``live_at_end``: block_id -> nbytes of the step's own blocks (and adopted ones)
-    still alive at the stop, of which ``gradient_ids`` are the parameters' gradients."""
+    """One measured step's storages: ``resident`` (block_id, nbytes, category) at the start,
+    ``events`` in order, ``adopted`` (block_id, nbytes; frees in ``events``), ``live_at_end`` of
+    the step's own blocks, of which ``gradient_ids`` are the parameters' gradients."""
 
     resident: list[tuple[int, int, str]] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
@@ -148,8 +135,7 @@ class TracingStorageTracker(StorageTracker):
 
 
 class TracingMemoryMeter(TrackedMemoryMeter):
-    """The storage-tracker meter, keeping the last measured step's :class:`StepTrace` in
-    ``last_trace``."""
+    """The storage-tracker meter, keeping the last step's :class:`StepTrace` in ``last_trace``."""
 
     tracker_class = TracingStorageTracker
     last_trace: StepTrace | None = None

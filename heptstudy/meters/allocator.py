@@ -1,20 +1,12 @@
 """The host memory allocator a CPU measurement runs with: which one, its settings, and applying
 them inside the measuring process.
 
-On CPU, glibc's allocator as it comes hands large freed blocks back to the kernel, so a step
-without checkpointing has the kernel map and zero its activations' pages again on every step
-(``experiments/cpu_allocator/``): the step time then measures page faults, not recomputation.
-A platform profile states the setting its runs need in ``env`` (``local_cpu``: glibc's
-``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``/``MALLOC_TOP_PAD_``). glibc reads those
-variables only when a process starts; every measurement applies the same settings itself, with
-``mallopt`` at the start of the measurement (:func:`apply_allocator`), so that ``heptstudy
-bench``, a notebook and a study run measure the same way whatever environment started them
-(``experiments/allocator_entry_points/``). ``mallopt`` takes a C ``int``: a setting above
-2 GiB - 1 is applied as 2 GiB - 1, and the report records the values applied.
-
-Every report records the allocator, its settings and what was applied
-(:func:`allocator_state`); settings not applied come from ``/proc/self/environ`` (the
-environment at process start, not later changes).
+glibc's allocator as it comes hands large freed blocks back to the kernel, so an uncheckpointed
+CPU step pays page faults for its activations on every step (``experiments/cpu_allocator/``).
+A platform profile's ``env`` states the settings its runs need; glibc reads them only at process
+start, so every measurement applies them itself with ``mallopt`` (:func:`apply_allocator`) and
+the bench, a notebook and a study measure the same way (``experiments/allocator_entry_points/``).
+``mallopt`` takes a C ``int``: larger settings are applied as 2 GiB - 1, as the report records.
 """
 
 from __future__ import annotations
@@ -29,8 +21,7 @@ from heptstudy.errors import HeptstudyError
 from heptstudy.paths import PLATFORM_DIR
 from heptstudy.units import GIB
 
-#: Environment variables that choose or tune the allocator: glibc (``MALLOC_*_``,
-#: ``GLIBC_TUNABLES``), jemalloc (``MALLOC_CONF``), tcmalloc (``TCMALLOC_*``), mimalloc.
+#: Environment variables that choose or tune the allocator (glibc, jemalloc, tcmalloc, mimalloc).
 _PREFIXES = ("MALLOC_", "GLIBC_TUNABLES", "TCMALLOC_", "MIMALLOC_", "JEMALLOC_")
 #: A preloaded allocator library is an allocator setting too.
 _PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
@@ -58,9 +49,7 @@ CPU_PROFILE = "local_cpu"
 
 
 def measurement_allocator(profile, device_type: str) -> dict[str, str] | None:
-    """The allocator settings a measurement applies: its platform profile's (a
-    :class:`~heptstudy.config.PlatformConfig`), else on a CPU the ``local_cpu`` profile's (a
-    CPU step time without them measures page faults), else None."""
+    """The allocator settings of the platform profile, else on a CPU ``local_cpu``'s, else None."""
     if profile is None and device_type == "cpu":
         profile = load_platform(PLATFORM_DIR / f"{CPU_PROFILE}.yaml")
     return (allocator_settings(profile.env) or None) if profile is not None else None
@@ -82,8 +71,7 @@ def start_environment() -> dict[str, str]:
 
 
 def allocator_name(settings: Mapping[str, str]) -> str:
-    """``jemalloc``/``tcmalloc``/``mimalloc`` when preloaded, else the C library's allocator
-    (``glibc 2.36``)."""
+    """The preloaded allocator's name, else the C library's (``glibc 2.36``)."""
     preload = settings.get("LD_PRELOAD", "")
     for lib in _PRELOADED:
         if lib in preload:
@@ -96,8 +84,7 @@ def allocator_name(settings: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class AllocatorState:
-    """The allocator a measurement ran with: its name, its settings (``{}``: the defaults) and
-    the ``mallopt`` values applied in the process (None: nothing applied)."""
+    """An allocator, its settings (``{}``: defaults) and the ``mallopt`` values applied."""
 
     name: str
     settings: dict[str, str] = field(default_factory=dict)
@@ -105,8 +92,7 @@ class AllocatorState:
 
 
 def allocator_in_use() -> AllocatorState:
-    """This process's allocator: its settings from the start environment, with what
-    :func:`apply_allocator` applied in it since (mallopt stays in effect)."""
+    """This process's allocator: start environment plus what :func:`apply_allocator` applied."""
     settings = allocator_settings(start_environment())
     if not _APPLIED:
         return AllocatorState(allocator_name(settings), settings)
@@ -116,11 +102,9 @@ def allocator_in_use() -> AllocatorState:
 
 
 def apply_allocator(settings: Mapping[str, str]) -> AllocatorState:
-    """Apply ``settings`` to this process's allocator now (glibc ``mallopt``; call it at the
-    start of the measurement) and say what it runs with. ``{}``: nothing applied, the allocator
-    as the process was started. A setting the process was started with already (``LD_PRELOAD``
-    of another allocator, say) is in effect; any other that ``mallopt`` cannot make is refused,
-    since the measurement would not be what its platform asks for."""
+    """Apply ``settings`` now with glibc's ``mallopt`` and say what the allocator runs with.
+    Settings the process started with are already in effect; any other ``mallopt`` cannot make
+    is refused, since the measurement would not be what its platform asks for."""
     if not settings:
         return allocator_in_use()
     started = allocator_in_use()
@@ -175,22 +159,14 @@ def _heap_range() -> tuple[int, int] | None:
 
 
 def populate_heap() -> int:
-    """Give the heap at least ``MALLOC_TOP_PAD_`` of free top and map every page of it now: the
-    heap's bytes, or 0 when the allocator runs as it comes (it hands freed memory back, so there
-    is nothing to keep mapped) or this cannot be done (no ``[heap]``, a kernel older than 5.14).
-    Call it between the warm-up and the counted steps.
+    """Give the heap at least ``MALLOC_TOP_PAD_`` of free top and map every page of it now; call
+    it between the warm-up and the counted steps. Returns the heap's bytes, or 0 when the
+    allocator runs as it comes or this cannot be done (no ``[heap]``, kernel older than 5.14).
 
-    With the heap kept and padded, a page the allocator holds is still mapped by the kernel only
-    on its first touch: a counted step that reuses a free chunk the warm-up never wrote, or that
-    reaches above the warm-up's high-water mark into the top pad, pays those faults. How many
-    depends on the heap's layout, which the entry point shapes (a notebook kernel allocates more
-    before the measurement than a bench process) and which varies from run to run: touching a
-    fixed 512 MiB of the pad instead left 9 to 37,000 faults per counted step, mapping the heap
-    as the warm-up left it still up to 74,000 in the uncheckpointed batch-4 step that needs more
-    than the warm-up (``experiments/allocator_entry_points/``). A block of the pad's size,
-    allocated and freed, grows the heap's free top to at least the pad (glibc trims what exceeds
-    the trim threshold back to the pad); ``MADV_POPULATE_WRITE`` then maps the whole heap without
-    writing to it, so live data is untouched."""
+    A kept page is still mapped only on first touch, so a counted step reaching chunks or top pad
+    the warm-up never wrote pays faults, how many depending on the entry point's heap layout
+    (``experiments/allocator_entry_points/``). A pad-sized block, allocated and freed, grows the
+    free top to the pad; ``MADV_POPULATE_WRITE`` then maps the heap without writing to it."""
     state = allocator_in_use()
     if not state.name.startswith("glibc") or not state.settings:
         return 0
@@ -212,8 +188,7 @@ def populate_heap() -> int:
 
 
 def environment_with(settings: Mapping[str, str], base: Mapping[str, str] | None = None):
-    """``base`` (default: this environment) with exactly ``settings`` as allocator variables:
-    other allocator variables are removed, so ``{}`` means the allocator's defaults."""
+    """``base`` (default: this environment) with exactly ``settings`` as allocator variables."""
     base = os.environ if base is None else base
     env = {k: v for k, v in base.items() if not is_allocator_variable(k, v)}
     env.update(settings)
@@ -221,8 +196,7 @@ def environment_with(settings: Mapping[str, str], base: Mapping[str, str] | None
 
 
 def describe_settings(settings: Mapping[str, str]) -> str:
-    """``MALLOC_MMAP_THRESHOLD_=16 GiB, ...`` (byte counts of a GiB or more in GiB), or
-    ``defaults``."""
+    """``MALLOC_MMAP_THRESHOLD_=16 GiB, ...`` (whole GiB in GiB), or ``defaults``."""
     if not settings:
         return "defaults"
     parts = []
@@ -234,8 +208,7 @@ def describe_settings(settings: Mapping[str, str]) -> str:
 
 
 def allocator_label(report) -> str | None:
-    """``glibc 2.36 (defaults)``, ``glibc 2.36 (MALLOC_MMAP_THRESHOLD_=16 GiB, ...)``; None for
-    reports from before the allocator was recorded."""
+    """``glibc 2.36 (defaults)`` or with its settings; None for reports that did not record it."""
     env = report.environment
     name = getattr(env, "allocator", None)
     settings = getattr(env, "allocator_settings", None)

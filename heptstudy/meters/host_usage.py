@@ -1,16 +1,7 @@
-"""What the kernel did for a step: minor and major page faults, system and user CPU time of the
-whole process (all threads), from ``resource.getrusage`` around the step.
+"""Page faults and system/user CPU time of the whole process around a step (``getrusage``).
 
-::
-
-    usage = HostUsage()
-    with usage:
-        train_step(...)
-    usage.minor_page_faults, usage.system_time_s
-
-A step whose system time is a large part of its wall time spends it in the kernel (mapping and
-zeroing pages it freed the step before, with an allocator that returns memory), not computing;
-the study flags such runs. ``None`` everywhere ``resource`` is unavailable (Windows).
+A step with much system time spends it mapping and zeroing pages its allocator returned, not
+computing; the study flags such runs. ``None`` where ``resource`` is unavailable (Windows).
 """
 
 from __future__ import annotations

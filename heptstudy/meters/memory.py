@@ -1,40 +1,17 @@
 """Peak memory of one training step, one interface for every device.
 
-``make_meter(device)`` returns a :class:`MemoryMeter`; wrap exactly the part of the step to be
-measured (forward, loss and backward: the backward must run while the meter is active)::
+``make_meter(device).step(model=..., optimizer=..., baseline_tensors=batch.values())`` wraps the
+forward, loss and backward (or ``start_step`` / ``stop_step() -> StepMemory``). The definitions
+are the protocol's (:data:`heptstudy.measure.report.PROTOCOL`): on CUDA/ROCm the allocator's peak
+statistics; on CPU the peak of live tensor-storage bytes seen by a ``TorchDispatchMode`` and the
+peak resident set (``VmHWM`` after ``clear_refs``).
 
-    meter = make_meter(device)
-    with meter.step(model=model, optimizer=optimizer, baseline_tensors=batch.values()) as m:
-        loss = compute_loss(model(batch), batch)
-        loss.backward()
-    m.result.peak_allocated_bytes
-
-or ``meter.start_step(...)`` / ``meter.stop_step() -> StepMemory``.
-
-The definitions of "allocated" and "reserved" on each device are those of the measurement
-protocol, :data:`heptstudy.measure.report.PROTOCOL` (also rendered into the README). In short: on
-CUDA/ROCm the allocator's peak statistics; on CPU the peak of live tensor-storage bytes seen by a
-``TorchDispatchMode`` (each storage counted once until its weak reference dies, on top of the
-tensors handed to ``start_step``) and the process's peak resident set (``VmHWM`` after
-``clear_refs``).
-
-What the CPU tracker cannot see: scratch memory a kernel allocates internally and frees before it
-returns (e.g. oneDNN or BLAS workspaces, the intermediate buffers of a fused kernel, including a
-higher-order operator such as flex_attention, whose inputs and outputs are counted but whose
-inside runs below the tracker, and ``torch.compile``'d regions, which run compiled under the
-tracker: their outputs are counted when later ops use them), memory that
-is not a tensor storage (Python objects, the allocator's cached free blocks) and tensors created
-before the step that were neither handed to ``start_step`` nor used as an op input during the
-step. It slows the step down (a Python call per op): take times from untracked steps.
-
-With ``track_categories=True`` the meter also attributes the live bytes at the step's peak to
-``parameters`` (parameters and buffers), ``gradients``, ``optimizer_state``, ``activations`` (saved
-for backward, seen through ``torch.autograd.graph.saved_tensors_hooks``), ``inputs`` (other
-tensors handed to ``start_step``, typically the batch) and ``temporaries`` (the rest), and records
-a timeline of live bytes after every op. On CUDA the categories come from the same storage
-tracker running next to the allocator statistics; the peaks stay the allocator's. The tracker
-lets ``torch.compile``'d code run compiled (``ignore_compile_internals``), so that the fused
-attention kernel is the one measured, not flex_attention's unfused fallback.
+The CPU tracker cannot see scratch a kernel frees before returning (BLAS/oneDNN workspaces, the
+inside of flex_attention or of ``torch.compile``'d regions), non-tensor memory, or tensors made
+before the step that were neither handed to ``start_step`` nor used during it. It costs a Python
+call per op: take times from untracked steps. ``track_categories=True`` also attributes the bytes
+at the peak to :data:`CATEGORIES` (saved-for-backward through ``saved_tensors_hooks``) and
+records a timeline of live bytes after every op.
 """
 
 from __future__ import annotations
@@ -92,20 +69,16 @@ class StepMemory:
     allocated_definition: str
     reserved_definition: str
     reserved_unavailable_reason: str | None = None
-    #: Storage tracker only: live bytes known at the start and at the end of the step.
+    #: Storage tracker only. ``adopted_bytes``: storages first seen as an op *input* during the
+    #: step (made before it and not handed to ``start_step``).
     baseline_bytes: int | None = None
     end_allocated_bytes: int | None = None
-    #: Storage tracker only: bytes of storages first seen as an op *input* during the step (made
-    #: before the step, or outside the dispatcher, and not handed to ``start_step``).
     adopted_bytes: int | None = None
     ops_seen: int | None = None
-    #: ``track_categories`` only.
+    #: ``track_categories`` only. Owners in ``by_module_at_peak``: a module (:func:`module_owner`),
+    #: else the step phase that made the storage ("loss", "backward"), else the baseline category.
     categories_at_peak: dict[str, int] | None = None
     categories_at_end: dict[str, int] | None = None
-    #: ``track_categories`` only: live bytes at the peak by owner, then category. Owners: a
-    #: module of the model (:func:`module_owner`; ``INDEX_SUFFIX`` for its integer and bool
-    #: storages), else the step phase that made the storage ("loss", "backward"), else the
-    #: baseline category (parameters, gradients, optimizer state, inputs).
     by_module_at_peak: dict[str, dict[str, int]] | None = None
     timeline: list[tuple[int, int]] | None = None
     marks: list[tuple[int, str]] = field(default_factory=list)
@@ -117,11 +90,6 @@ class StepMemory:
     @property
     def peak_reserved_mib(self) -> float | None:
         return None if self.peak_reserved_bytes is None else self.peak_reserved_bytes / MIB
-
-
-# --------------------------------------------------------------------------------------------
-# Storage tracker (device independent: CPU, CUDA, fake tensors)
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -138,9 +106,8 @@ INDEX_SUFFIX = " [int/bool]"
 
 
 def module_owner(path: str) -> str:
-    """The owner name of the module at ``path`` in the by-module breakdown: the model's top-level
-    child, with the index of a module list ("backbone.3", "decoder.0", "heads"); the model itself
-    is "model"."""
+    """The model's top-level child holding ``path``, with a module list's index ("backbone.3",
+    "heads"); the model itself is "model"."""
     parts = [p for p in path.split(".") if p] if path else []
     if parts and parts[0] == "module":  # DistributedDataParallel keeps the model here
         parts = parts[1:]
@@ -159,11 +126,9 @@ def _storage_of(t: torch.Tensor):
 class StorageTracker(TorchDispatchMode):
     """Live tensor-storage bytes, their peak and (optionally) their categories.
 
-    A dispatch mode: active between :meth:`begin` and :meth:`end` in the thread that called
-    ``begin`` and in the autograd engine's threads that run the backward started from it (the
-    engine carries the dispatch-mode stack into its worker threads; on CPU the backward runs in
-    the calling thread anyway). Storages are keyed by the identity of their Python object, which
-    PyTorch keeps unique and alive for as long as the storage itself lives.
+    Active between :meth:`begin` and :meth:`end`, also in the autograd engine's backward threads
+    (they inherit the dispatch-mode stack). Storages are keyed by the identity of their Python
+    object, which PyTorch keeps unique and alive as long as the storage lives.
     """
 
     # Higher-order operators (flex_attention and its backward) come through __torch_dispatch__
@@ -172,9 +137,8 @@ class StorageTracker(TorchDispatchMode):
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
-        """True: torch.compile'd code (the fused attention kernel) keeps running compiled under
-        the tracker instead of falling back to eager, so a tracked step is the real step; the
-        tracker sees the compiled region's outputs (when later ops use them), not its internals."""
+        """True: compiled code (the fused attention kernel) stays compiled under the tracker, so
+        a tracked step is the real step, not flex_attention's unfused fallback."""
         return True
 
     def __init__(
@@ -184,8 +148,7 @@ class StorageTracker(TorchDispatchMode):
         scratch: Callable[[object, tuple], int] | None = None,
     ):
         super().__init__()
-        #: ``scratch(func, args)``: bytes a kernel allocates and frees inside the op (the
-        #: fake step's kernel-scratch table), counted as a transient at that op.
+        #: ``scratch(func, args)``: bytes a kernel allocates and frees inside the op.
         self.scratch = scratch
         self.track_categories = track_categories
         self._lock = threading.RLock()
@@ -317,8 +280,7 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         live = self._live
-        # Inputs we have never seen were made before the step (and not handed to start_step)
-        # or outside the dispatcher: they are live memory, count them from now on.
+        # Unseen inputs were made before the step or outside the dispatcher: count them now.
         for t in iter_tensors((args, kwargs)):
             storage = _storage_of(t)
             if storage is not None and id(storage) not in live:
@@ -394,9 +356,7 @@ class StorageTracker(TorchDispatchMode):
             self._reclassify(p.grad, "gradients", only_from=("temporaries", "activations"))
 
     def _follow_modules(self, model: torch.nn.Module) -> None:
-        """Global module hooks that keep the running module of ``model`` on a stack, so that a
-        new storage is filed under it (forward hooks also run for a checkpointed layer's
-        recomputation inside backward)."""
+        """Keep the running module on a stack (also during a checkpoint's recomputation)."""
         self._module_names = {id(m): module_owner(path) for path, m in model.named_modules()}
         self._module_stack = []
         hooks = torch.nn.modules.module
@@ -467,11 +427,6 @@ def _flatten_tensors(obj) -> list[torch.Tensor]:
     return [x for x in tree_flatten(obj)[0] if isinstance(x, torch.Tensor)]
 
 
-# --------------------------------------------------------------------------------------------
-# Resident-set peak (CPU "reserved")
-# --------------------------------------------------------------------------------------------
-
-
 class _RssPeak:
     CLEAR_REFS = "/proc/self/clear_refs"
     STATUS = "/proc/self/status"
@@ -501,11 +456,6 @@ class _RssPeak:
             return None
         self.reason = f"no VmHWM line in {self.STATUS}"
         return None
-
-
-# --------------------------------------------------------------------------------------------
-# Meters
-# --------------------------------------------------------------------------------------------
 
 
 class MemoryMeter:
@@ -570,8 +520,7 @@ class _StepHandle:
 
 
 class TrackedMemoryMeter(MemoryMeter):
-    """Storage tracker only (no resident-set or allocator figure): for fake devices
-    (``FakeTensorMode``) and as the base of the CPU meter."""
+    """Storage tracker only: for fake devices and as the base of the CPU meter."""
 
     device_kind = "tracked"
     #: a seam: meters.allocation_trace's meter records the allocation order too

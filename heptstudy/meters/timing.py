@@ -1,23 +1,8 @@
-"""Wall-clock time of training steps, with the device synchronised around the clock.
+"""Wall-clock time of training steps (``time.perf_counter``), the device synchronised before the
+clock starts and before it stops, so the step is charged its own asynchronous kernels only.
 
-::
-
-    timer, times = StepTimer(device), []
-    for batch in batches:            # batches already on the device: loading is not timed
-        with timer.step():
-            train_step(batch)
-        times.append(timer.seconds)
-    summarize(times[warmup:]).mean_s # the first steps (kernel selection, allocator growth, lazy
-                                     # initialisation) are timed but not counted
-
-The clock is ``time.perf_counter``; the device is synchronised before the clock
-starts (so queued work from before the step is not charged to it) and before it stops (so the
-step's asynchronous kernels are).
-
-Inside a timed step a :class:`PhaseClock` splits the time into the phases of
-:data:`STEP_PHASES` without adding any synchronisation: on CPU, where every op has finished when
-it returns, the wall clock at each phase boundary; on CUDA/ROCm, events recorded on the stream at
-each boundary and read once the step timer has synchronised.
+A :class:`PhaseClock` splits a timed step into :data:`STEP_PHASES` without adding any
+synchronisation: the wall clock on CPU, CUDA events read after the step timer's synchronisation.
 """
 
 from __future__ import annotations
@@ -52,8 +37,7 @@ class TimingSummary:
 
 
 class StepTimer:
-    """Times one step at a time; ``seconds`` is the last step's time. Which steps count is the
-    caller's record (the warm-up steps are timed too)."""
+    """Times one step at a time; ``seconds`` is the last step's time."""
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
@@ -109,8 +93,7 @@ class WallPhaseClock(PhaseClock):
 
 
 class CudaPhaseClock(WallPhaseClock):
-    """CUDA/ROCm: an event recorded on the current stream at each boundary; the times are the
-    device's elapsed time between them, read after the step timer's synchronisation."""
+    """CUDA/ROCm: an event recorded on the current stream at each boundary."""
 
     definition = (
         "CUDA events recorded on the stream at the phase boundaries of each timed step, read "
@@ -141,8 +124,7 @@ def _between(stamps, elapsed) -> dict[str, float] | None:
 
 
 def make_phase_clock(device: torch.device | str) -> PhaseClock:
-    """The phase clock of ``device``: wall clock on CPU, CUDA events on CUDA/ROCm; on other
-    devices (asynchronous, no events here) a clock that times nothing."""
+    """The phase clock of ``device`` (one that times nothing on other devices than CPU/CUDA)."""
     device = torch.device(device)
     if device.type == "cpu":
         return WallPhaseClock()

@@ -13,12 +13,9 @@ MASKED = -1.0e30
 
 @dataclass
 class BucketOrder:
-    """The sort of one layer's hashing: for every (event, round, head), the hit index at each
-    sorted position (``order``), plus the valid hit count per event. Sorted sequences are
-    padded to a whole number of buckets; the padding slots repeat the last sorted hit and are
-    never a valid key. Only ``order`` is stored, in 32-bit integers (it lives from the hashing
-    to the end of the layer's backward); its inverse and the flat row tables of the fused path
-    are derived on demand."""
+    """For every (event, round, head), the hit index at each sorted position, padded to whole
+    buckets. Only ``order`` is stored, in int32 (it lives until the layer's backward); the
+    inverse and the fused path's row tables are derived on demand."""
 
     order: torch.Tensor  # [B, C, H, Sp] int32, indices into 0..S-1
     n_valid: torch.Tensor  # [B] long
@@ -36,17 +33,14 @@ class BucketOrder:
 
     @property
     def sort_rows(self) -> torch.Tensor:
-        """``order`` as flat rows of a [B, S, H, dh] tensor viewed as [B*S*H, dh], in the
-        [B, C, H, Sp] layout (long, built on each call: for the fused path, which sorts every
-        round and head at once)."""
+        """``order`` as flat rows of a [B*S*H, dh] view, in the [B, C, H, Sp] layout."""
         B, C, H, Sp = self.order.shape
         b, _, h = _grid(B, C, H, self.order.device)
         return ((b * self.num_hits + self.order.long()) * H + h).reshape(-1)
 
     @property
     def unsort_rows(self) -> torch.Tensor:
-        """The inverse: flat rows of a sorted [B, C, H, Sp, ...] tensor that put it back in hit
-        order, laid out [B, C, S, H] (long, built on each call)."""
+        """The inverse: rows of a sorted [B, C, H, Sp, ...] tensor in hit order [B, C, S, H]."""
         B, C, H, _ = self.order.shape
         b, c, h = _grid(B, C, H, self.order.device)
         rows = ((b * C + c) * H + h) * self.padded_len + self.rank.long()

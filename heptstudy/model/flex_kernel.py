@@ -1,25 +1,15 @@
 """The one call into ``flex_attention``: compiled a bounded number of times, never silently
 unfused, counted.
 
-Why. ``torch.compile(flex_attention, dynamic=False)`` compiles once per new sequence length;
-real batches bring a new padded length almost every step, so after eight lengths dynamo hits its
-recompile limit and flex_attention quietly runs its unfused path, which materialises the whole
-score matrix (on an H200, 2.2 GB became 67-78 GB: ``experiments/h200_2026-11-30/``).
-
-* Shape policy ``dynamic`` (default): a symbolic sequence length and batch, one compile per
-  dtype and grad mode; sequences are padded to at least two 128-row blocks because dynamo
-  specialises sizes of 1. Policy ``ladder``: the sorted sequence is padded to the next size of
-  :data:`LADDER` and each size is compiled statically. Which is faster is a GPU measurement
-  (``scripts/gpu/``).
-* Never unfused without saying so: the recompile limit is a hard error for these calls, a
-  compile failure is reported as such, a ``TorchDispatchMode`` that would make dynamo skip the
-  call is refused before it, and a call that still reached the eager path is refused after it,
-  each as a :class:`FusedAttentionError` naming the way out (``attention_backend=plain``).
-* Counted: :func:`status` gives the calls, compiles and kernel lengths, for every report.
+Why. A static compile per padded length hits dynamo's recompile limit after eight lengths, and
+flex_attention then quietly runs unfused, materialising the whole score matrix (on an H200,
+2.2 GB became 67-78 GB: ``experiments/h200_2026-11-30/``). Shape policy ``dynamic`` (default)
+compiles a symbolic length once per dtype and grad mode; ``ladder`` pads to the next size of
+:data:`LADDER`, each compiled statically. The recompile limit, compile failures, a dispatch mode
+that would make dynamo skip the call and a reached eager path are :class:`FusedAttentionError`.
 
 Compilers: ``inductor`` on CUDA (the fused Triton kernel); ``eager`` on CPU, flex_attention's
-dense reference implementation (inductor's CPU kernel has neither a backward nor the
-log-sum-exp), which has no backward either.
+dense reference implementation (inductor's CPU kernel has no backward nor log-sum-exp).
 """
 
 from __future__ import annotations
@@ -32,7 +22,6 @@ import torch
 
 from heptstudy.errors import HeptstudyError
 
-#: Shape policies: see the module docstring.
 SHAPE_POLICIES = ("dynamic", "ladder")
 
 #: flex_attention's sparse block size; ladder sizes are multiples of it.
@@ -45,8 +34,8 @@ MIN_DYNAMIC_LENGTH = 2 * FLEX_BLOCK
 #: Kernel sequence lengths of the ``ladder`` policy: 128 x ceil(2^(k/4)), up to 2^19 rows.
 LADDER = tuple(sorted({FLEX_BLOCK * math.ceil(2 ** (k / 4)) for k in range(4 * 12 + 1)}))
 
-#: The ``ladder`` policy may need this many static compiles in one process (sizes x dtypes x
-#: grad modes); dynamo's own limit (8) is raised to it for these calls only.
+#: Static compiles the ``ladder`` policy may need (sizes x dtypes x grad modes); dynamo's limit
+#: is raised to it for these calls only.
 LADDER_RECOMPILE_LIMIT = 64
 
 WAY_OUT = (
@@ -55,14 +44,12 @@ WAY_OUT = (
     "attention_backend is plain"
 )
 
-# flex_attention's eager path records this id when it runs unfused ("called without
-# torch.compile"); it is the one marker that cannot be missed when a fallback happens.
+# flex_attention's eager path records this warning id whenever it runs unfused.
 _UNFUSED_WARNING_ID = "flex_attention_performance"
 
 
 class FusedAttentionError(HeptstudyError, RuntimeError):
-    """The fused attention would run (or ran) without its compiled kernel, or failed to
-    compile."""
+    """The fused attention would run (or ran) unfused, or failed to compile."""
 
 
 @dataclass
@@ -79,8 +66,7 @@ _COMPILED: dict[tuple[str, str], object] = {}
 
 
 def set_shape_policy(policy: str) -> None:
-    """Choose ``dynamic`` or ``ladder`` for the rest of the process (the GPU comparison script
-    does; the model uses the default)."""
+    """Choose ``dynamic`` or ``ladder`` for the rest of the process."""
     global _POLICY
     if policy not in SHAPE_POLICIES:
         raise FusedAttentionError(
@@ -115,10 +101,8 @@ def status() -> dict:
 
 
 def attention_status(config=None) -> dict:
-    """:func:`status` plus the bucket attention a run actually used: ``fused`` (the compiled
-    kernel), ``fused-reference`` (flex_attention's dense CPU implementation), ``plain`` (a HEPTv2
-    model that made no fused call) or ``none`` (no HEPTv2 attention ran); ``configured`` is
-    ``model.heptv2.attention_backend`` of ``config``. Counts are for the whole process."""
+    """:func:`status` plus the bucket attention the process actually used (``fused``,
+    ``fused-reference`` on CPU, ``plain`` or ``none``) and the ``configured`` backend."""
     from heptstudy.config import HIT_VARIANT
 
     if _STATS.calls:
@@ -230,9 +214,7 @@ def _mode_blocking_compile():
 
 
 def _no_duck_sizing():
-    """Dynamo gives equal sizes one symbol ("duck sizing") and guards on the equality, so a
-    batch x rounds that happens to equal the number of 128-row blocks would cost a recompile
-    when they differ later; the sizes of this call are independent."""
+    """No "duck sizing": sizes that happen to be equal once would cost a recompile later."""
     from torch.fx.experimental import _config as fx_config
 
     if not hasattr(fx_config, "use_duck_shape"):

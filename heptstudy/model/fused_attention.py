@@ -1,8 +1,5 @@
-"""The fused bucket attention: the HEPTv2 layer's bucket-diagonal softmax attention through
-``flex_attention`` with a sparse block mask. The kernel call itself (compiled a bounded number
-of times, never silently unfused, counted) is :mod:`heptstudy.model.flex_kernel`; on CUDA it is
-the fused Triton kernel, on CPU flex_attention's dense reference implementation (inference
-only)."""
+"""The HEPTv2 layer's bucket-diagonal attention through ``flex_attention`` with a sparse block
+mask; the kernel call itself is :mod:`heptstudy.model.flex_kernel`."""
 
 from __future__ import annotations
 
@@ -41,9 +38,8 @@ def fused_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int):
 
 def _kernel_rows(buckets: BucketOrder, L: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The sort and unsort row indices for a kernel length ``L >= Sp``. Rows past ``Sp`` read
-    hit row 0: as keys they lie past every event's valid count (masked), as queries their
-    outputs are never read back, so they change nothing and get zero gradient. Padding the
-    indices rather than the sorted tensors costs no copy of q, k or v."""
+    hit row 0 (masked as keys, never read back as queries); padding the indices rather than the
+    sorted tensors costs no copy of q, k or v."""
     Sp = buckets.padded_len
     if L == Sp:
         return buckets.sort_rows, buckets.unsort_rows
@@ -55,9 +51,8 @@ def _kernel_rows(buckets: BucketOrder, L: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def bucket_block_mask(n_valid: torch.Tensor, seq_len: int, block_size: int, device):
-    """The block mask of bucket-diagonal attention, built from the bucket geometry directly:
-    each 128-row query block lists the (at most a few) key blocks its buckets touch. Memory is
-    O(seq_len), unlike evaluating the mask densely over seq_len x seq_len."""
+    """The bucket-diagonal block mask built from the bucket geometry: O(seq_len) memory, unlike
+    evaluating the mask densely."""
     from torch.nn.attention.flex_attention import BlockMask
 
     n_blocks = math.ceil(seq_len / FLEX_BLOCK)
@@ -82,8 +77,7 @@ def bucket_block_mask(n_valid: torch.Tensor, seq_len: int, block_size: int, devi
 
 
 def _flex(q, k, v, block_mask):
-    """The kernel seam: ``(out, lse)`` of flex_attention with scale 1. A fake-tensor step
-    (:mod:`heptstudy.stand_ins`) substitutes a same-footprint stand-in here."""
+    """``(out, lse)`` of flex_attention with scale 1, or the fake step's stand-in."""
     stand = stand_ins.active()
     if stand is not None and stand.flex is not None:
         return stand.flex(q, k, v, block_mask)

@@ -1,17 +1,10 @@
-"""The HEPTv2 layer: LSH-bucketed attention over hits in (eta, phi).
-
-Rounds are merged with a softmax over their log-sum-exps: softmax attention over the union of a
-query's buckets *with each key counted once per round that shares a bucket with the query*.
-
-The hashing depends only on hit coordinates and fixed tables, never on the embeddings, so
-:meth:`HEPTv2Layer.forward` hashes when it is not handed an order: a checkpointed layer hashes
-again in its backward instead of keeping its order from the forward to its backward.
+"""The HEPTv2 layer: LSH-bucketed attention over hits in (eta, phi), rounds merged by a softmax
+over their log-sum-exps.
 
 Memory. The plain attention, the SwiGLU feed-forward and the norms are autograd functions that
 keep for backward only what cannot be recomputed cheaply and work in slices of bounded size, so
-the scores and probabilities of every round and head never exist at once. Each function's
-result and gradient are those of the plain PyTorch expression up to rounding, and the same with
-and without activation checkpointing, bit for bit.
+the scores of every round and head never exist at once. Results and gradients equal the plain
+PyTorch expression's up to rounding, and are bit for bit the same with and without checkpointing.
 """
 
 from __future__ import annotations
@@ -25,16 +18,13 @@ from torch import nn
 from heptstudy.config import HEPTv2Config
 from heptstudy.model.activation_checkpointing import recompute_is_lean
 from heptstudy.model.buckets import MASKED, BucketOrder
-
-# the raw hit columns the layer reads (one index in both input layouts)
 from heptstudy.model.encoding import COS_PHI, ETA, SIN_PHI
 
 #: Width of the positional MLP's hidden layer.
 POSITIONAL_HIDDEN = 32
 
-#: Elements of the row slices of :class:`SwiGLU` (rows x 2 x hidden): 8 MiB in float32
-#: whatever the batch, so its hidden-width temporaries, forward and backward, do not grow
-#: with it.
+#: Elements of a :class:`SwiGLU` row slice (rows x 2 x hidden): 8 MiB in float32 whatever the
+#: batch, so its hidden-width temporaries do not grow with it.
 SWIGLU_SLICE_ELEMENTS = 1 << 21
 
 
@@ -46,8 +36,7 @@ def hit_coordinates(features: torch.Tensor) -> torch.Tensor:
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    """The dtype autocast would run a matrix product in (the promoted input dtype without it).
-    The memory-lean functions below run with autocast off and cast explicitly to this."""
+    """The dtype autocast would run a matrix product in (the promoted input dtype without it)."""
     device_type = tensors[0].device.type
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
@@ -58,8 +47,8 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 
 class RMSNorm(nn.Module):
-    """RMS norm that keeps its input and one float per row for backward (``F.rms_norm``, op by
-    op, also keeps the normalised input: a full-width tensor per norm, five per layer)."""
+    """RMS norm keeping its input and one float per row for backward (``F.rms_norm`` also keeps
+    the normalised input: a full-width tensor per norm, five per layer)."""
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -72,8 +61,7 @@ class RMSNorm(nn.Module):
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """``x / rms(x) * weight`` computed in float32 at least and returned in ``x``'s dtype, as
-    ``F.rms_norm`` does."""
+    """``x / rms(x) * weight`` in float32 at least, returned in ``x``'s dtype."""
 
     @staticmethod
     def forward(ctx, x, weight, eps):
@@ -97,9 +85,8 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 class Dropout(nn.Dropout):
-    """Dropout that keeps a boolean mask for backward on every device: ``native_dropout``, the
-    kernel CUDA runs. The CPU's ``F.dropout`` keeps its mask in the input's dtype (four bytes
-    per element in float32, two such masks per layer)."""
+    """Dropout keeping a boolean mask on every device (``native_dropout``, CUDA's kernel); the
+    CPU's ``F.dropout`` keeps its mask in the input's dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
@@ -108,13 +95,10 @@ class Dropout(nn.Dropout):
 
 
 class SwiGLU(nn.Module):
-    """``down(silu(gate) * up)`` with ``gate, up = gate_up(x)``, computed a slice of rows at a
-    time, keeping only ``x`` and the ``gate_up`` product for backward: the activation and the
-    product of the two halves (half the ``gate_up`` width each) are recomputed, slice by
-    slice, in backward. Inside a ``full``-policy checkpointed layer (lean) it keeps only ``x``
-    and its backward also recomputes each slice's ``gate_up`` (the same product of the same
-    rows: the same gradient, bit for bit), so the layer's recomputation never holds the
-    hidden-width product of the whole batch."""
+    """``down(silu(gate) * up)`` with ``gate, up = gate_up(x)``, a slice of rows at a time,
+    keeping ``x`` and the ``gate_up`` product for backward (the rest is recomputed per slice).
+    Inside a ``full``-policy checkpointed layer it keeps only ``x`` and recomputes ``gate_up``
+    per slice (bit for bit the same), so recomputation never holds the whole batch's product."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -219,8 +203,7 @@ class HEPTv2Layer(nn.Module):
         self.mlp = SwiGLU(dim, int(round(dim * cfg.mlp_ratio)))
         self.dropout = Dropout(cfg.dropout)
 
-        # Fixed random tables: drawn from their own generator so they do not depend on (or
-        # disturb) the global RNG, and kept as buffers so the state dict carries them.
+        # Fixed random tables from their own generator (the global RNG untouched), as buffers.
         gen = torch.Generator().manual_seed(cfg.hash_seed * 1000 + layer_index)
         self.register_buffer("hash_directions", torch.randn(cfg.n_hashes, heads, 2, generator=gen))
         self.register_buffer(
@@ -228,9 +211,8 @@ class HEPTv2Layer(nn.Module):
         )
 
     def dense_projections(self) -> tuple[nn.Module, ...]:
-        """The modules whose matrix products the selective checkpointing policy keeps: q/k/v,
-        the attention output and the SwiGLU feed-forward (most of the layer's arithmetic, about
-        1,660 floats per hit). The positional MLP is not among them: nearly free to redo."""
+        """The modules whose products the selective policy keeps (most of the layer's
+        arithmetic); the positional MLP is nearly free to redo."""
         return (self.qkv, self.out, self.mlp)
 
     # -- hashing ---------------------------------------------------------------------------
@@ -245,8 +227,7 @@ class HEPTv2Layer(nn.Module):
         n_valid = mask.sum(dim=1)
         valid_f = mask[:, None, None, :]
 
-        # Equal-count quantile bins need each hit's rank in eta and in phi among its event's
-        # valid hits; padded hits are pushed past every valid one.
+        # Quantile bins from each hit's rank among its event's valid hits; padding ranks last.
         big = torch.finfo(torch.float32).max
         eta = coords[..., 0].masked_fill(~mask, big)
         phi = coords[..., 1].masked_fill(~mask, big)
@@ -275,7 +256,7 @@ class HEPTv2Layer(nn.Module):
         order = order.to(torch.int32)
         Sp = math.ceil(S / self.block_size) * self.block_size
         if Sp > S:
-            # Extra slots are padding; they point at a padded hit (or any hit: they are masked).
+            # Extra slots are padding (masked); any hit will do.
             fill = order[..., -1:].expand(*order.shape[:-1], Sp - S)
             order = torch.cat([order, fill], dim=-1)
         return BucketOrder(order, n_valid, S, Sp)
@@ -288,9 +269,8 @@ class HEPTv2Layer(nn.Module):
         coords: torch.Tensor,
         buckets: BucketOrder | None = None,
     ) -> torch.Tensor:
-        """``buckets``: this layer's :meth:`bucket_order` of ``coords``, hashed here when None
-        (inside a checkpointed layer the hashing is then redone in backward instead of its
-        order being kept from the forward to the layer's backward)."""
+        """``buckets``: this layer's :meth:`bucket_order`, hashed here when None (a checkpointed
+        layer then rehashes in backward instead of keeping its order)."""
         if buckets is None:
             buckets = self.bucket_order(coords, mask)
         x = x + self.pos_embed(coords.to(x.dtype))
@@ -348,26 +328,21 @@ def _ranks(values: torch.Tensor) -> torch.Tensor:
 
 # -- the plain bucket attention ------------------------------------------------------------
 
-#: Elements of one slice's bucket scores (events x heads x sorted positions x block_size): a
-#: slice is as many heads of one hashing round as fit (a divisor of num_heads, at least one).
-#: The scores then take about 32 MiB in float32 whatever the batch (forward holds one such
-#: tensor, backward two), in operations still large enough to run at full speed; this bounds
-#: one layer's working set, which full checkpointing adds to the kept layer inputs.
+#: Elements of one slice's scores (events x heads x sorted positions x block_size), a slice being
+#: as many heads of one round as fit: about 32 MiB in float32 whatever the batch, which bounds a
+#: layer's working set while keeping the operations large enough to run at full speed.
 ATTENTION_SLICE_ELEMENTS = 1 << 23
 
-#: Scores of the buckets computed at once inside a slice (buckets x block_size^2): 8 MiB in
-#: float32, so the scores, probabilities and their gradients of a slice never exist whole.
+#: Scores computed at once inside a slice (buckets x block_size^2): 8 MiB in float32.
 BUCKET_CHUNK_ELEMENTS = 1 << 21
 
 
 def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> torch.Tensor:
-    """Softmax attention inside contiguous buckets of the sorted sequences, rounds merged, in
-    plain PyTorch.
+    """Softmax attention inside contiguous buckets of the sorted sequences, rounds merged.
 
-    ``q``, ``k``, ``v`` are [B, S, H, dh] in hit order (``q`` already carries the
-    1/sqrt(head_dim) scale); returns the merged output [B, S, H, dh] in hit order, equal to
-    :func:`merge_rounds` of the per-round outputs and log-sum-exps. Products run in the autocast
-    dtype (the inputs' without autocast), softmax statistics in float32 at least.
+    ``q`` (already scaled by 1/sqrt(head_dim)), ``k``, ``v``: [B, S, H, dh] in hit order; returns
+    :func:`merge_rounds` of the rounds, [B, S, H, dh] in hit order. Softmax statistics in float32
+    at least.
     """
     dtype = compute_dtype(q, k, v)
     with torch.autocast(device_type=q.device.type, enabled=False):
@@ -379,10 +354,9 @@ def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> to
 class _BucketAttention(torch.autograd.Function):
     """The plain bucket attention, one slice (a hashing round, a group of heads) at a time.
 
-    Forward keeps q, k, v, the merged output O and its log-sum-exp L over every round, and the
-    slices' gather indices. With P = exp(s - L) for every (round, key), backward needs no
-    per-round output: per slice it recomputes the scores s from q and k, then dV = P^T dO,
-    dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K, dK = dS^T Q (the exact gradient).
+    Forward keeps q, k, v, the merged output O, its log-sum-exp L and the gather indices. With
+    P = exp(s - L), backward needs no per-round output: dV = P^T dO, dS = P * (dO V^T -
+    rowsum(dO * O)), dQ = dS K, dK = dS^T Q, the scores s recomputed per slice.
     """
 
     @staticmethod
@@ -403,14 +377,11 @@ class _BucketAttention(torch.autograd.Function):
 
 
 class _Slices:
-    """The slices of one bucket order and their gather indices (int32), built once per call.
+    """The slices (round c, head group j) of one bucket order and their int32 gather indices.
 
-    A slice is (round c, heads g*j .. g*j+g-1). ``sort_index[c, j]`` lists the rows of the head
-    group's table (:meth:`table`: its heads flattened, then one zero row that the padding slots
-    read, so they output nothing read back and carry no gradient) in the slice's sorted layout
-    [B, g, Sp]; ``unsort_index[c, j]`` puts the sorted rows back in hit order [B, S, g];
-    ``key_bias`` is ``MASKED`` on keys that are no valid hit. Only one group's table lives at a
-    time.
+    ``sort_index[c, j]``: rows of group j's :meth:`table` in the sorted layout [B, g, Sp] (the
+    padding slots read the table's zero row); ``unsort_index[c, j]``: back to hit order
+    [B, S, g]; ``key_bias``: ``MASKED`` on keys that are no valid hit.
     """
 
     def __init__(self, order, n_valid, num_hits, block_size, budget, like=None):
@@ -466,8 +437,7 @@ class _Slices:
         return slice(j * self.group, (j + 1) * self.group)
 
     def table(self, tensors: list[torch.Tensor], j: int) -> torch.Tensor:
-        """Head group ``j`` of [B, S, H, w_i] tensors side by side as rows [B*S*g + 1, sum w_i],
-        the last row zero: one gather per slice sorts them all."""
+        """Head group ``j`` of [B, S, H, w_i] tensors as rows [B*S*g + 1, sum w_i], last row 0."""
         B, _, _, _, S, _ = self.shape
         g, hs = self.group, self.heads(j)
         width = sum(t.shape[-1] for t in tensors)
@@ -486,8 +456,7 @@ class _Slices:
         return torch.index_select(sorted_rows, 0, self.unsort_index[c, j], out=out)
 
     def scores(self, qs: torch.Tensor, ks: torch.Tensor, buckets: slice) -> torch.Tensor:
-        """Scores of ``buckets`` (of the slice's) with the invalid keys masked, in one batched
-        product."""
+        """Scores of the slice's ``buckets``, invalid keys masked."""
         return torch.baddbmm(self.key_bias[buckets].to(qs.dtype), qs, ks.transpose(1, 2))
 
     def bucket_chunks(self, buckets: int) -> list[slice]:
@@ -519,8 +488,7 @@ def _attention_forward(q, k, v, slices: _Slices):
     lse = torch.empty(B, S, H, 1, dtype=stats, device=q.device)
     for j in slices.groups:
         qkv = slices.table([q, k, v], j)
-        # The rounds are merged as they come (weights softmax(lse_c), merged log-sum-exp
-        # L = logsumexp(lse_c)), with a running maximum: no round's output waits for the others.
+        # Rounds merged as they come, with a running maximum: no round waits for the others.
         rows = B * S * slices.group
         merged = torch.zeros(rows, dh, dtype=stats, device=q.device)
         total = torch.zeros(rows, dtype=stats, device=q.device)
@@ -543,8 +511,7 @@ def _attention_forward(q, k, v, slices: _Slices):
 
 
 def _slice_forward(qkv: torch.Tensor, slices: _Slices, stats: torch.dtype):
-    """One slice's bucket attention in its sorted order: output and log-sum-exp, a chunk of
-    buckets at a time (each bucket on its own: the same result whatever the chunks)."""
+    """One slice's output and log-sum-exp in sorted order, a chunk of buckets at a time."""
     qs, ks, vs = qkv.unflatten(-1, (3, -1)).unbind(dim=2)
     n, bs, dh = vs.shape
     out = vs.new_empty(n, bs, dh)
@@ -571,12 +538,11 @@ def _attention_backward(d_out, q, k, v, out, lse, slices: _Slices):
     for j in slices.groups:
         tensors = slices.table([q, k, v, d_out], j)
         statistics = slices.table([lse, delta], j)
-        # hit-order rows of the group, plus the zero row's: the padding slots' (zero) gradients
+        # hit-order rows of the group, plus the padding slots' zero row
         grads = q.new_zeros(B * S * slices.group + 1, 3 * dh)
         for c in slices.rounds:
             index = slices.sort_index[c, j]
-            # a chunk of buckets at a time, gathered from the table and added back to the rows
-            # they came from (every hit once per round: the same sums as a whole slice)
+            # chunks of buckets, gradients added back to the rows they came from
             for r in slices.bucket_chunks(index.numel() // bs):
                 rows = index[r.start * bs : r.stop * bs]
                 chunk = _bucket_backward(

@@ -14,12 +14,9 @@ For the trainable parameters ``p`` with gradients ``g``, at step ``t`` of a para
    its ``always_adapt`` is set.
 6. ``p = p - lr u``.
 
-Defaults are particleflow's: betas (0.9, 0.999), eps 1e-6, bias correction on, clipping at 1.0,
-``grad_averaging`` on (the ``1 - b1`` factor). Not offered: particleflow's ``trust_clip``
-(LAMBC, off there) and ``always_adapt`` (off there). The step count lives in each parameter
-group (``group["step"]``), so ``state_dict()`` carries it and a resumed run continues exactly.
-Gradients are read, never rescaled in place. The update runs as whole-group (foreach)
-operations holding one temporary the size of the parameters at a time, without host
+Defaults are particleflow's (``trust_clip`` and ``always_adapt`` are off there, not offered here).
+The step count lives in ``group["step"]``, so ``state_dict()`` carries it. The update runs as
+foreach operations holding one parameter-sized temporary at a time, without host
 synchronisation, so it also runs on fake tensors.
 
 Why not ``pytorch_optimizer.Lamb``: none of its options gives this update. It divides the step
@@ -68,9 +65,8 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     def _clip_scale(self) -> torch.Tensor | None:
-        """Multiplier of every gradient, min(1, max_grad_norm / global norm); None without
-        clipping. A tensor: no host synchronisation, so the step also runs on fake tensors (the
-        fake-device memory estimate)."""
+        """min(1, max_grad_norm / global norm) as a tensor (no host synchronisation); None
+        without clipping."""
         max_norm = self.defaults["max_grad_norm"]
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if max_norm == 0.0 or not grads:
@@ -95,7 +91,6 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
     def _update(self, group: dict, params: list[torch.Tensor], scale: torch.Tensor | None) -> None:
-        # whole-group (foreach) operations: one kernel per operation, not one per parameter
         b1, b2 = group["betas"]
         t, wd = group["step"], group["weight_decay"]
         c1, c2 = (1 - b1**t, 1 - b2**t) if group["bias_correction"] else (1.0, 1.0)

@@ -1,19 +1,11 @@
 """Losses: Hungarian set matching, auxiliary decoder and grouping losses (hit model) and
 element-wise losses (track/cluster model).
 
-* ``ytarget``'s "PDG" column holds the class index (0 = no particle, 1..5 into
-  ``CLASS_PDG_IDS``).
-* Momentum is regressed as ``(log pt, eta, sin phi, cos phi, log E)`` (pt and E floored at
-  ``LOG_FLOOR``) so that every column is O(1).
-* Hit data set: every target particle has one *representative* hit (class > 0) carrying its
-  properties and ``particle_number`` p >= 1; its other hits carry only p.
-* Everything runs in float32 with autocast off (safe under bf16). Only the Hungarian matching
-  leaves the device: one float32 copy of the cost matrices per decoder layer.
-* Every component is a mean over events of a per-event value, so each event weighs the same
-  whatever its size: under DDP (equal per-rank batches) the loss and its gradient equal those
-  of one process on the whole global batch.
-* With ``group_loss="focal"`` the ``group_bce`` component holds the focal loss, so that metric
-  names stay stable.
+Momentum is regressed as ``(log pt, eta, sin phi, cos phi, log E)`` so every column is O(1).
+Everything runs in float32 with autocast off; only the matching leaves the device (one copy of
+the cost matrices per decoder layer). Every component is a mean over events of a per-event value,
+so under DDP (equal per-rank batches) the loss equals one process's on the global batch. With
+``group_loss="focal"`` the ``group_bce`` component holds the focal loss (stable metric names).
 """
 
 from __future__ import annotations
@@ -46,9 +38,6 @@ _BAD_COST = 1e6
 Tensor = torch.Tensor
 
 
-# --------------------------------------------------------------------------- targets
-
-
 def momentum_targets(values: Tensor) -> Tensor:
     """Physical ``(pt, eta, sin phi, cos phi, E)`` [..., 5] -> regression space (float32)."""
     v = values.float()
@@ -72,12 +61,9 @@ def momentum_to_physical(values: Tensor) -> Tensor:
 
 @dataclass
 class EventTargets:
-    """Target particles of one event (all tensors on the batch's device).
-
-    ``cls`` [P] long in 1..5, ``momentum`` [P, 5] float32 in regression space, ``membership``
-    [P, S] bool (hit s belongs to particle p; always False on padded hits), ``valid`` [S] bool,
-    ``particle_number`` [P] long (the data set's particle numbers, ascending).
-    """
+    """Target particles of one event: ``cls`` [P] in 1..5, ``momentum`` [P, 5] in regression
+    space, ``membership`` [P, S] bool (False on padded hits), ``valid`` [S], ``particle_number``
+    [P] ascending."""
 
     cls: Tensor
     momentum: Tensor
@@ -100,12 +86,8 @@ def _check_classes(cls: np.ndarray, what: str) -> None:
 
 
 def targets_from_batch(batch: Mapping[str, Tensor]) -> list[EventTargets]:
-    """Group the valid hits of each event by ``particle_number`` into target particles.
-
-    Class and momentum come from the particle's representative hit (the first valid hit with
-    class > 0 and that particle number). One small host copy (class and particle number
-    columns) is made for the grouping.
-    """
+    """Group the valid hits of each event by ``particle_number`` into target particles; class
+    and momentum from the particle's representative hit (the first valid one with class > 0)."""
     y, mask = batch["ytarget"], batch["mask"].bool()
     device = y.device
     host = y[..., [COL_CLASS, COL_PARTICLE]].detach().float().cpu().numpy()
@@ -133,9 +115,6 @@ def targets_from_batch(batch: Mapping[str, Tensor]) -> list[EventTargets]:
     return out
 
 
-# --------------------------------------------------------------------------- matching
-
-
 def _no_autocast(device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
@@ -147,11 +126,7 @@ def cost_matrix(
     target: EventTargets,
     loss_cfg: LossConfig,
 ) -> Tensor:
-    """Matching cost [Q, P] of one event (float32, no gradient).
-
-    ``cost_class * (1 - p(class)) + cost_momentum * mean L1 + cost_mask * mean BCE over valid
-    hits + cost_dice * (1 - Dice)``: a perfect prediction costs zero.
-    """
+    """Matching cost [Q, P] of one event (float32, no gradient); a perfect prediction costs 0."""
     with torch.no_grad(), _no_autocast(class_logits.device):
         prob = class_logits.float().softmax(-1)[:, target.cls]  # [Q, P]
         c_cls = 1.0 - prob
@@ -187,9 +162,8 @@ def match(
     loss_cfg: LossConfig,
     prefix: str = "",
 ) -> list[tuple[Tensor, Tensor]]:
-    """Match the queries of one decoder layer (``prefix`` "" for the final one, "aux{l}_" for
-    an auxiliary one) to the targets of each event: a list of (query idx, target idx) long
-    tensors on the device. All cost matrices of the layer travel to the host in one copy."""
+    """(query idx, target idx) per event for one decoder layer (``prefix`` "" or "aux{l}_");
+    the layer's cost matrices travel to the host in one copy."""
     cl, mo, gr = (outputs[prefix + k] for k in ("class_logits", "momentum", "group_logits"))
     costs = [cost_matrix(cl[b], mo[b], gr[b], t, loss_cfg) for b, t in enumerate(targets)]
     flat = torch.cat([c.reshape(-1) for c in costs]).cpu().numpy() if costs else np.zeros(0)
@@ -204,14 +178,11 @@ def match(
     return out
 
 
-# --------------------------------------------------------------------------- loss terms
-
-
 def weighted_cross_entropy(
     logits: Tensor, target: Tensor, loss_cfg: LossConfig, valid: Tensor | None = None
 ) -> Tensor:
-    """Class-weighted mean cross-entropy (float32) over the last-but-one dimension, then mean
-    over events. ``logits`` [B, N, C], ``target`` [B, N], ``valid`` [B, N] (default: all)."""
+    """Class-weighted mean cross-entropy per event of ``logits`` [B, N, C], then mean over
+    events."""
     ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none").view(
         target.shape
     )
@@ -224,8 +195,7 @@ def weighted_cross_entropy(
 
 
 def event_mean(values: Tensor, event: Tensor, num_events: int) -> Tensor:
-    """Mean over ``num_events`` events of the per-event mean of ``values`` (zero for an event
-    with no entry); ``event`` gives each value's event index."""
+    """Mean over events of the per-event mean of ``values`` (``event``: each value's event)."""
     sums = torch.zeros(num_events, device=values.device).index_add(0, event, values.float())
     counts = torch.zeros(num_events, device=values.device).index_add(
         0, event, torch.ones_like(values.float())
@@ -254,8 +224,7 @@ def group_dice_loss(logits: Tensor, target: Tensor, valid: Tensor) -> Tensor:
     return 1.0 - (2.0 * (p * t).sum(-1) + DICE_SMOOTH) / (p.sum(-1) + t.sum(-1) + DICE_SMOOTH)
 
 
-#: Elements (matched pairs x hits) of one slice of :func:`matched_group_losses`: its pair-by-hit
-#: temporaries stay below a few times this many floats, whatever the numbers of pairs and hits.
+#: Elements (matched pairs x hits) of one slice of :func:`matched_group_losses`.
 GROUP_SLICE_ELEMENTS = 1 << 22
 
 
@@ -269,20 +238,13 @@ def matched_group_losses(
     kind: str = "bce",
     pairs_per_event: list[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """:func:`group_mask_loss` and :func:`group_dice_loss` of every matched pair [M] each: the
-    logits ``group_logits[pair_event, pair_query]`` against ``membership[pair_target]`` over
-    the valid hits ``valid[pair_event]``.
+    """:func:`group_mask_loss` and :func:`group_dice_loss` [M] of the logits
+    ``group_logits[pair_event, pair_query]`` against ``membership[pair_target]``.
 
-    The same values as gathering the [M, S] rows and calling both functions, without keeping
-    any pair-by-hit tensor for backward (they were the loss's largest saved tensors, several
-    per decoder layer): the rows are gathered and the losses computed a slice of pairs at a
-    time, and recomputed slice by slice in backward. Pairs must be distinct (a matching).
-
-    Logits made by the hit model's heads carry their factors
-    (:func:`heptstudy.model.hit_model.group_factors`); with ``pairs_per_event`` (the pairs are
-    listed event by event) each slice's rows are then computed from the factors, in forward and
-    again in backward, and the gradient goes to the factors directly: neither the [B, Q, S]
-    logits nor a gradient of that shape is kept for backward."""
+    Computed a slice of (distinct) pairs at a time and recomputed in backward, so no pair-by-hit
+    tensor is kept for backward. When the logits carry the heads' factors
+    (:func:`heptstudy.model.hit_model.group_factors`) and ``pairs_per_event`` is given, the rows
+    come from the factors and the gradient goes to them: no [B, Q, S] tensor is kept either."""
     factors = group_factors(group_logits)
     if factors is not None and pairs_per_event is not None:
         query_embed, hit_embed, mask = factors
@@ -360,8 +322,7 @@ def _event_pair_slices(pairs_per_event, hits: int):
 
 
 def _factored_rows(query_embed, hit_embed, mask, pair_query, b, sl):
-    """Logits [m, S] of the pairs in ``sl`` (all of event ``b``), as the heads compute them:
-    query embedding . hit embedding, padded hits at the heads' masked value."""
+    """Logits [m, S] of the pairs in ``sl`` (all of event ``b``), as the heads compute them."""
     queries = query_embed[b].index_select(0, pair_query[sl])
     rows = torch.mm(queries, hit_embed[b].t())
     return rows.masked_fill(~mask[b][None, :], GROUP_MASKED_LOGIT), queries
@@ -471,9 +432,8 @@ def hit_losses(
     batch: Mapping[str, Tensor],
     loss_cfg: LossConfig,
 ) -> dict[str, Tensor]:
-    """Set-matching losses of the hit model, final layer and every auxiliary layer (each with
-    its own matching): "class", "momentum", "group_bce", "group_dice", "aux{l}_class", ...,
-    and "total" = weighted final + ``aux_weight`` x weighted aux layers. All float32 scalars."""
+    """Set-matching losses of the final and every auxiliary layer (each matched on its own),
+    and "total" = weighted final + ``aux_weight`` x weighted aux layers."""
     stand = stand_ins.active()  # a fake-tensor step: no host copy, targets built beforehand
     targets = stand.targets if stand and stand.targets is not None else targets_from_batch(batch)
     matcher = stand.match if stand and stand.match is not None else match
@@ -493,8 +453,7 @@ def hit_losses(
 def element_losses(
     outputs: Mapping[str, Tensor], batch: Mapping[str, Tensor], loss_cfg: LossConfig
 ) -> dict[str, Tensor]:
-    """Track/cluster model: class cross-entropy over valid elements (class 0 "no particle"
-    weighted by ``no_particle_weight``) and momentum L1 where the target class > 0."""
+    """Track/cluster model: class cross-entropy over valid elements, momentum L1 where class > 0."""
     y, mask = batch["ytarget"], batch["mask"].bool()
     with _no_autocast(mask.device):
         cls = torch.where(mask, y[..., COL_CLASS].round().long(), 0)

@@ -1,11 +1,6 @@
-"""The training step: forward, loss, backward, optimizer update, in one function that the
-trainer, the bench, the fake-device estimate, the parity passes and ``explore.ipynb`` all run,
-so that they measure the step that trains.
-
-Phases (:data:`heptstudy.meters.timing.STEP_PHASES`): ``backbone_forward`` (input encoding,
-hashing, backbone), ``decoder_and_heads``, ``loss`` (with the Hungarian matching on the host),
-``backward``, ``optimizer`` (LAMB, scheduler, clearing the gradients). A memory meter measures
-up to the end of backward and gets a mark at the start of every phase.
+"""The training step (forward, loss, backward, update) that the trainer and every measurement
+run, so that they measure the step that trains. A memory meter measures up to the end of
+backward and gets a mark at the start of every phase (:data:`~heptstudy.meters.timing.STEP_PHASES`).
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ Batch = Mapping[str, torch.Tensor]
 
 
 class MemoryMeter(Protocol):
-    """What the step asks of a memory meter (:mod:`heptstudy.meters.memory` holds them; the
-    step sits below the meters, so it names only this)."""
+    """What the step asks of a memory meter (the step sits below :mod:`heptstudy.meters`)."""
 
     def start_step(self, baseline_tensors=(), *, model=None, optimizer=None) -> None: ...
 
@@ -41,9 +35,8 @@ class MemoryMeter(Protocol):
 
 
 class PhaseClock:
-    """Knows which phase of a step is running (``mark`` at each phase start, ``stop`` at the
-    end); this base class times nothing (the timing clocks of :mod:`heptstudy.meters.timing`
-    derive from it). :meth:`seconds` gives the time of each phase."""
+    """Knows which phase of a step is running; times nothing (:mod:`heptstudy.meters.timing`'s
+    clocks do)."""
 
     definition: str | None = None
 
@@ -68,9 +61,8 @@ class StepResult:
 
 
 def fresh_state(config: Config, device: torch.device):
-    """What every training and every measured run starts from: the model seeded with
-    ``train.seed`` on ``device``, LAMB and its schedule, and the random generator seeded again,
-    so that dropout draws the same sequence in training and in every pass of the bench."""
+    """Model, LAMB and schedule seeded with ``train.seed``, the generator seeded again so that
+    dropout draws the same sequence in training and in every pass of the bench."""
     torch.manual_seed(config.train.seed)
     model = build_model(config).to(device)
     optimizer = build_optimizer(model, config.train)
@@ -106,15 +98,11 @@ def run_step(
     plan: Plan | None | list[Plan | None] = None,
     device: torch.device | None = None,
 ) -> StepResult:
-    """One training step of ``model`` on ``batch``, or with gradient accumulation on a sequence
-    of micro-batches (each one's loss weighs 1/n in the gradients; the losses returned are their
-    means). ``device``: move each batch there just before its forward (one micro-batch on the
-    device at a time); None: they are there already. ``optimizer`` None: no update (the parity
-    passes compare gradients). ``dtype``: the autocast dtype, None for float32. ``clock`` times
-    the phases; ``meter`` measures the peak memory up to the end of the last backward.
-    ``plan``: the checkpointing plan chosen for the batch (a list: one per micro-batch) under
-    ``activation_checkpointing=auto`` (forward and backward run under it). ``keep_outputs``:
-    the outputs of the last batch."""
+    """One training step of ``model`` on ``batch``, or on a sequence of micro-batches (gradient
+    accumulation, each loss weighing 1/n; the losses returned are their means). ``device``: move
+    each batch there just before its forward (None: already there). ``optimizer`` None: no update
+    (parity). ``dtype``: the autocast dtype, None for float32. ``plan``: the ``auto`` plan for
+    the batch (a list: one per micro-batch). ``keep_outputs``: the last batch's outputs."""
     batches = [batch] if isinstance(batch, Mapping) else list(batch)
     plans = plan if isinstance(plan, list) else [plan] * len(batches)
     clock = clock if clock is not None else PhaseClock()
@@ -163,8 +151,7 @@ def run_step(
 
 
 def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler) -> None:
-    """Create the optimizer's state as a first step would (one update on zero gradients), for
-    an estimate of a counted step without running a whole warm-up step first."""
+    """Create the optimizer's state as a first step would (one update on zero gradients)."""
     for p in model.parameters():
         if p.requires_grad:
             p.grad = torch.zeros_like(p)

@@ -68,15 +68,11 @@ def train(
     new_run: bool = False,
     plan_predictor: Callable[[Config, torch.device, int], PlanPredictor | None] | None = None,
 ) -> dict[str, Any]:
-    """Train as configured; returns a summary (last step, last metrics, output paths).
+    """Train as configured; returns a summary (last step, last metrics, ``out_dir`` written).
 
-    ``plan_predictor(config, device, per_device_batch)``: the predictor that chooses a
-    checkpoint plan per batch under ``activation_checkpointing=auto`` (the caller's, e.g.
-    :func:`heptstudy.estimate.plans.predictor_for`: the estimate sits above training).
-
-    ``train.out_dir`` must be empty or new unless ``resume`` continues the run there or
-    ``new_run`` asks for a new numbered run beside it (heptstudy.train.out_dir); the folder
-    actually written is the summary's ``out_dir``."""
+    ``plan_predictor``: chooses the plan per batch under ``auto`` (e.g.
+    :func:`heptstudy.estimate.plans.predictor_for`; the estimate sits above training).
+    ``new_run``: a new numbered run beside a non-empty ``train.out_dir``."""
     if config.model.heptv2.adaptive and plan_predictor is None:
         raise HeptstudyError(
             "model.heptv2.activation_checkpointing=auto needs a plan predictor, and train() was "
@@ -170,8 +166,7 @@ def _train_into(
     metrics_path = out / "metrics.jsonl"
 
     def open_run() -> None:
-        # only once a step has succeeded: a run that fails at once (out of memory, bad data)
-        # leaves no half-made folder that would block the retry
+        # only once a step has succeeded: a run failing at once leaves nothing blocking a retry
         for d in (ckpt_dir, pred_dir):
             d.mkdir(parents=True, exist_ok=True)
         run_config = config.model_copy(deep=True)
@@ -254,9 +249,8 @@ def _train_into(
 
 
 def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpoint: Path):
-    """A step's predictions or checkpoint could not be written (full disk, quota, file size
-    limit): the step's predictions go too when its checkpoint is not there, so that nothing
-    blocks a resume from the last checkpoint written."""
+    """A step's predictions or checkpoint could not be written: the step's predictions go too
+    when its checkpoint is not there, so nothing blocks a resume from the last checkpoint."""
     from heptstudy.atomic import WriteFailed
     from heptstudy.train.out_dir import latest_checkpoint
 
@@ -280,8 +274,7 @@ def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpo
 
 def _step(net, batches, optimizer, scheduler, config, dtype, ctx, step, plans):
     micro = [next(batches) for _ in range(config.train.grad_accumulation)]
-    # chosen from the batches' shapes while they are still on the host: a batch no plan fits
-    # stops here, before the step allocates anything
+    # chosen on the host: a batch no plan fits stops before the step allocates anything
     choices = [plans.choose_for(b) if plans is not None else None for b in micro]
     if plans is not None and ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
@@ -315,8 +308,7 @@ def _step(net, batches, optimizer, scheduler, config, dtype, ctx, step, plans):
 
 
 def _plan_fields(choices, ctx) -> dict[str, Any]:
-    """This rank's plan per accumulated batch, the largest predicted peak and, on a GPU, the
-    measured peak of the step (CPU steps are not metered during training)."""
+    """This rank's plan per batch, the largest predicted peak and, on a GPU, the measured peak."""
     if not choices or choices[0] is None:
         return {}
     fields: dict[str, Any] = {
