@@ -30,6 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from heptstudy.atomic import atomic_write_text
+from heptstudy.config import PLAN_AS_OLD_FIELDS
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.autocast_policy import target_autocast
 from heptstudy.estimate.bench_process import simulate_bench_process
@@ -238,12 +239,29 @@ def estimate(job: dict, package: str | None = None, path: str | None = None) -> 
         raise HeptstudyError(f"{job['source']}: {err}") from None
 
 
+def _config_for(package: str, config: dict) -> dict:
+    """``config`` (plan names, as reports are read today) as the code of ``package`` reads it:
+    an earlier commit without plan names takes the fields the plan was spread over."""
+    fields = importlib.import_module(f"{package}.config").HEPTv2Config.model_fields
+    if "activation_checkpointing_policy" not in fields:
+        return config
+    heptv2 = dict(config["model"]["heptv2"])
+    plan = heptv2.pop("activation_checkpointing")
+    if plan not in PLAN_AS_OLD_FIELDS:
+        raise HeptstudyError(
+            f"checkpointing plan {plan!r} did not exist at commit {package.rsplit('_', 1)[-1]}: "
+            "give --code running, or the commit that measured the report"
+        )
+    heptv2.update(PLAN_AS_OLD_FIELDS[plan])
+    return {**config, "model": {**config["model"], "heptv2": heptv2}}
+
+
 def _estimate(job: dict, package: str | None = None, path: str | None = None) -> dict:
     if path and path not in sys.path:
         sys.path.insert(0, path)
     pkg = package or "heptstudy"
     started = time.perf_counter()
-    config = _piece(pkg, "validate")(job["config"], f"{job['source']}'s config")
+    config = _piece(pkg, "validate")(_config_for(pkg, job["config"]), f"{job['source']}'s config")
     load_events = _piece(pkg, "load_events")
     gpu, target, version = job["target"] in CACHING, job["target"], job["torch_version"]
     rows, traces, calls = [], [], {}

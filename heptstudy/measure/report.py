@@ -22,6 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from heptstudy.atomic import atomic_write_text, json_text, write_text_or_keep
+from heptstudy.config import PLAN_AS_OLD_FIELDS
 from heptstudy.errors import HeptstudyError, describe_invalid
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
 from heptstudy.paths import git
@@ -346,10 +347,9 @@ def short_repr(value: Any, limit: int = 80) -> str:
 #: The plan of each checkpointing setting of a report from before the plan's name was the
 #: one value (``enabled``, ``policy``, ``checkpoint_every``; a policy of None is ``full``).
 _PLAN_OF_OLD_SETTING = {
-    (True, "full", 1): "full",
-    (True, "selective", 1): "selective",
-    (True, "full", 2): "every2",
-    (True, "full", 3): "every3",
+    (True, f.get("activation_checkpointing_policy", "full"), f.get("checkpoint_every", 1)): name
+    for name, f in PLAN_AS_OLD_FIELDS.items()
+    if f["activation_checkpointing"] is True
 }
 
 
