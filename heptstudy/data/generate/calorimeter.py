@@ -89,14 +89,12 @@ def _hadron_showers(rng, had, start, energy, axis, barrel, occ: float) -> list[B
     le = np.minimum((depth / 1.0 * ECAL_LAYERS), ECAL_LAYERS - 1).astype(int)
     lh = np.minimum(((depth - 1.0) / 5.5 * HCAL_LAYERS), HCAL_LAYERS - 1).astype(int)
     blocks = []
-    m = in_ecal
-    if m.any():
-        h = calo_block(rng, own[m], axis, barrel, le[m], "ecal", e_hit[m], 25.0, 1)
-        blocks.append((h, own[m]))
-    m = ~in_ecal
-    if m.any():
-        h = calo_block(rng, own[m], axis, barrel, np.maximum(lh[m], 0), "hcal", e_hit[m], 60.0, 1)
-        blocks.append((h, own[m]))
+    for m, calo, layer, spread in ((in_ecal, "ecal", le, 25.0), (~in_ecal, "hcal", lh, 60.0)):
+        if m.any():
+            layer = np.maximum(layer[m], 0)
+            blocks.append(
+                (calo_block(rng, own[m], axis, barrel, layer, calo, e_hit[m], spread, 1), own[m])
+            )
     return blocks
 
 

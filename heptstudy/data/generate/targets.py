@@ -54,20 +54,14 @@ def hit_targets(
     ytarget[ok, 13] = props[owner[ok], 13]
     rep = np.full(len(props), -1, dtype=np.int64)
     hit_idx = np.arange(n_hits)
-    rt = np.hypot(X[:, 6], X[:, 7])
-    sel = ok & is_trk
-    if sel.any():
-        order = np.lexsort((rt[sel], owner[sel]))
-        ow, hi = owner[sel][order], hit_idx[sel][order]
-        first = np.r_[True, ow[1:] != ow[:-1]]
-        rep[ow[first]] = hi[first]
-    sel = ok & ~is_trk
-    if sel.any():
-        order = np.lexsort((-X[sel, 5], owner[sel]))
-        ow, hi = owner[sel][order], hit_idx[sel][order]
-        first = np.r_[True, ow[1:] != ow[:-1]]
-        need = rep[ow[first]] < 0
-        rep[ow[first][need]] = hi[first][need]
+    # innermost tracker hits first, then the most energetic calorimeter hits of the rest
+    for sel, key in ((ok & is_trk, np.hypot(X[:, 6], X[:, 7])), (ok & ~is_trk, -X[:, 5])):
+        if sel.any():
+            order = np.lexsort((key[sel], owner[sel]))
+            ow, hi = owner[sel][order], hit_idx[sel][order]
+            first = np.r_[True, ow[1:] != ow[:-1]]
+            need = rep[ow[first]] < 0
+            rep[ow[first][need]] = hi[first][need]
     reps = np.flatnonzero(rep >= 0)
     ytarget[rep[reps]] = props[reps]
     return ytarget
