@@ -83,17 +83,13 @@ def _save_dense_projections(saved: frozenset[int], ctx, op, *args, **kwargs):
     return torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _selective_context(layer: nn.Module) -> Callable:
-    projections = layer.dense_projections()
-    _track_projections(projections)
-    policy = partial(_save_dense_projections, frozenset(id(m) for m in projections))
-    return partial(torch_checkpoint.create_selective_checkpoint_contexts, policy)
-
-
 def policy_context(policy: str, layer: nn.Module) -> Callable:
     """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for ``policy``."""
     if policy == "full":
         return torch_checkpoint.noop_context_fn
     if policy == "selective":
-        return _selective_context(layer)
+        projections = layer.dense_projections()
+        _track_projections(projections)
+        keep = partial(_save_dense_projections, frozenset(id(m) for m in projections))
+        return partial(torch_checkpoint.create_selective_checkpoint_contexts, keep)
     raise ValueError(f"checkpointing policy {policy!r} is not implemented; use full or selective")

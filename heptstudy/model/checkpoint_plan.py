@@ -151,7 +151,7 @@ def _run(module: nn.Module, *args, slot: Slot, plan: CheckpointPlan):
     if not plan.checkpoints(slot):
         return module(*args)
     return torch_checkpoint.checkpoint(
-        _lean(module) if plan.policy == "full" else module,
+        partial(_lean, module) if plan.policy == "full" else module,
         *args,
         use_reentrant=False,
         preserve_rng_state=True,
@@ -159,12 +159,9 @@ def _run(module: nn.Module, *args, slot: Slot, plan: CheckpointPlan):
     )
 
 
-def _lean(module: nn.Module):
-    def call(*args):
-        with lean_recompute():
-            return module(*args)
-
-    return call
+def _lean(module: nn.Module, *args):
+    with lean_recompute():
+        return module(*args)
 
 
 def checkpoint_slots(model: nn.Module) -> dict[Slot, tuple[nn.ModuleList, int]]:

@@ -13,11 +13,8 @@ MIN_TRACK_HITS = 4  # pf data set: a charged particle with this many tracker hit
 def particle_targets(
     parts: dict[str, np.ndarray], n_trk: np.ndarray, n_cal: np.ndarray, jet_idx: np.ndarray
 ) -> np.ndarray:
-    """Target row [n_particles, Y_WIDTH] of every particle.
-
-    Particles with at least one hit are numbered 1..P in generator order (column 13, 0 for the
-    others); column 10 says whether the particle has a track (``MIN_TRACK_HITS`` tracker hits).
-    """
+    """Target row [n_particles, Y_WIDTH] of every particle; those with a hit are numbered 1..P
+    in generator order (column 13, 0 for the others)."""
     has_hit = (n_trk + n_cal) > 0
     number = np.zeros(len(has_hit), dtype=np.int64)
     number[has_hit] = np.arange(1, has_hit.sum() + 1)
@@ -43,11 +40,7 @@ def hit_targets(
     X: np.ndarray, owner: np.ndarray, is_trk: np.ndarray, props: np.ndarray
 ) -> np.ndarray:
     """Target row [n_hits, Y_WIDTH] of every hit: a hit of a particle carries its
-    particle_number; one representative hit per particle carries all its properties.
-
-    The representative hit is the innermost (smallest transverse radius) tracker hit of a charged
-    particle, otherwise its most energetic calorimeter hit.
-    """
+    particle_number; one representative hit per particle carries all its properties."""
     n_hits = len(X)
     ytarget = np.zeros((n_hits, props.shape[1]))
     ok = owner >= 0
