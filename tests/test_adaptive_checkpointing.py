@@ -10,15 +10,13 @@ from heptstudy.measure.parity import build_seeded
 from heptstudy.meters.memory import make_meter
 from heptstudy.model import example_batch
 from heptstudy.model.adaptive_checkpointing import (
-    FULL,
-    OFF,
     NoPlanFits,
     applied_plan,
     candidate_plans,
     plan_config,
 )
 from heptstudy.model.checkpoint_plan import AUTO as AUTO_PLAN
-from heptstudy.model.checkpoint_plan import unwrapped_name
+from heptstudy.model.checkpoint_plan import FULL, OFF, unwrapped_name
 from heptstudy.train.step import run_step
 from tests.conftest import TINY_MODEL
 

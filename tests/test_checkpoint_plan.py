@@ -22,6 +22,7 @@ from heptstudy.model.checkpoint_plan import (
     apply_plan,
     plan_named,
     plan_of,
+    report_part,
     unwrapped_name,
 )
 from heptstudy.train.step import run_step
@@ -57,12 +58,12 @@ def test_every_name_is_one_plan():
     with pytest.raises(HeptstudyError, match="not a checkpointing plan.*every2"):
         plan_named("every4")
     layers2 = plan_of(_config("model.heptv2.activation_checkpointing=Layers02").model.heptv2)
-    assert (layers2.name, layers2.count, layers2.report_part) == (
+    assert (layers2.name, layers2.count, report_part(layers2.name)) == (
         "layers2",
         2,
         "checkpointed_layers2",
     )
-    assert [p.report_part for p in (OFF, FULL, NAMED["every2"])] == [
+    assert [report_part(p.name) for p in (OFF, FULL, NAMED["every2"])] == [
         "baseline",
         "checkpointed",
         "checkpointed_every2",

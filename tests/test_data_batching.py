@@ -10,15 +10,14 @@ import torch
 from heptstudy.config import load_config
 from heptstudy.data import BatchLoader, collate, load_events, ntest_batches, validation_batches
 from heptstudy.data.features import (
-    ETA,
     NEAREST_CAP,
     POS_X,
     POS_Y,
     TRACKER,
-    hit_phi,
     tracker_neighbourhood,
 )
 from heptstudy.data.generate import generate_datasets
+from heptstudy.data.schema import COS_PHI, ETA, SIN_PHI
 from heptstudy.data.tfds import open_dataset
 
 RADII = [0.05, 0.2]
@@ -31,7 +30,7 @@ def brute_force_neighbourhood(X: np.ndarray, radii) -> np.ndarray:
     out = np.zeros((n, k + 3))
     out[:, -1] = NEAREST_CAP
     trk = np.flatnonzero(X[:, 0] == TRACKER)
-    phi = hit_phi(X)
+    phi = np.arctan2(X[:, SIN_PHI], X[:, COS_PHI])
     rad = np.hypot(X[:, POS_X], X[:, POS_Y]) / 1000.0
     for a in range(n):
         others = trk[trk != a]

@@ -9,7 +9,9 @@ import shutil
 import numpy as np
 import pytest
 
-from heptstudy.data.generate import _event_rng, generate_datasets, simulate_event
+from heptstudy.data.generate import generate_datasets
+from heptstudy.data.generate.event import simulate_event
+from heptstudy.data.generate.writer import _event_rng
 from heptstudy.data.tfds import (
     HIT_FEATURES,
     HITS_NAME,
@@ -118,7 +120,8 @@ def test_events_are_realistic_at_low_occupancy(tiny):
 
 
 def test_atan2_phi_invariant_to_common_positive_factor(tiny):
-    from heptstudy.data.features import hit_phi
+    def hit_phi(X):
+        return np.arctan2(X[:, 3], X[:, 4])
 
     X = open_dataset(tiny, f"{HITS_NAME}:3.2.1", ["1"], "train")[0]["X"]
     trk = X[X[:, 0] == 1]
@@ -306,3 +309,14 @@ def test_missing_shard_is_refused_when_opened(tmp_path):
     ).unlink()
     with pytest.raises(DataError, match=r"lacks 1 of its 2 ArrayRecord files.*00000-of-00002"):
         open_dataset(tmp_path, f"{HITS_NAME}:3.2.1", ["1"], "train")
+
+
+def test_shared_columns_sit_at_the_same_index_in_both_layouts():
+    from heptstudy.data.schema import COS_PHI, ETA, SIN_PHI
+
+    for layout in (HIT_FEATURES, PF_FEATURES):
+        assert (layout.index("eta"), layout.index("sin_phi"), layout.index("cos_phi")) == (
+            ETA,
+            SIN_PHI,
+            COS_PHI,
+        )

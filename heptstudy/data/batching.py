@@ -3,10 +3,7 @@
 A batch is a dict of tensors: ``X`` [B, S, F] and ``ytarget`` [B, S, 14] (zeros on padding),
 ``mask`` [B, S] (True on real hits), ``neighbourhood`` [B, S, K] (only with radii),
 ``event_index``, ``length`` and ``padded_length`` [B]; ``S`` is the largest padded length
-(at least ``pad_to_multiple``).
-
-Fixed evaluation events come from the **test** split: validation uses events ``0..nvalid-1``,
-the held-out test set the next ``ntest``.
+(at least ``pad_to_multiple``). Fixed evaluation events come from the **test** split.
 """
 
 from __future__ import annotations
@@ -112,8 +109,8 @@ def _read(
 ) -> list[dict[str, Any]]:
     """Events ``indices`` of ``ds``, with their neighbourhood block when ``radii`` are given."""
 
-    # the features are computed where the event is read, so that worker threads (the k-d tree
-    # searches and the ArrayRecord reads release the GIL) share that work too
+    # features computed where the event is read: worker threads share that work (the k-d tree
+    # searches and the ArrayRecord reads release the GIL)
     def read(index: int) -> dict[str, Any]:
         ev = ds[index]
         if radii is not None:
@@ -174,11 +171,8 @@ def ntest_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
 
 
 class BatchLoader:
-    """Endless iterator of padded batches for one rank, in sampler order across epochs.
-
-    ``state_dict()`` holds the sampler position after the last batch handed out;
-    ``load_state_dict()`` on a fresh loader continues with the identical batch sequence.
-    """
+    """Endless iterator of padded batches for one rank, in sampler order across epochs;
+    ``load_state_dict()`` on a fresh loader continues with the identical batch sequence."""
 
     def __init__(
         self,
@@ -189,7 +183,6 @@ class BatchLoader:
         per_device_batch: int | None = None,
     ) -> None:
         self.config = config
-        self.split = split
         self.dataset = dataset_for(config, split)
         if per_device_batch is None:
             gbs = config.train.global_batch_size
@@ -211,10 +204,6 @@ class BatchLoader:
         )
         self.radii = neighbourhood_radii(config, self.dataset)
         self.batches_served = 0
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return self.dataset.metadata
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self

@@ -11,8 +11,6 @@ For each hit (tracker or calorimeter) and radii ``r_1 < ... < r_K`` the block ho
 
 The distance is ``sqrt(deta^2 + dphi^2)`` with ``dphi`` wrapped into ``[-pi, pi]`` and phi read
 as ``atan2(sin_phi, cos_phi)`` (a common positive factor on the two columns does not matter).
-The wrap-around is handled by copying the tracker hits within ``NEAREST_CAP`` of the seam to the
-other side and searching plain ``cKDTree`` trees (faster than periodic trees, same answers).
 The pair count grows roughly with the square of the largest radius, which sets the cost.
 
 Default radii are ``[0.02, 0.05]``: a few ECAL cells (an electromagnetic shower core) and a few
@@ -27,17 +25,14 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.spatial import cKDTree
 
+from heptstudy.data.schema import COS_PHI, ETA, SIN_PHI
+
 #: Nearest-tracker-hit distances at or above this are reported as this value; also the largest
 #: allowed radius, since the phi wrap-around copies reach this far past the seam.
 NEAREST_CAP = 1.0
 TWO_PI = 2 * np.pi
 TRACKER = 1  # elemtype of tracker hits
-ETA, SIN_PHI, COS_PHI, POS_X, POS_Y = 2, 3, 4, 6, 7
-
-
-def hit_phi(X: np.ndarray) -> np.ndarray:
-    """phi of every row, ``atan2(sin_phi, cos_phi)``: invariant to a common positive factor."""
-    return np.arctan2(X[:, SIN_PHI], X[:, COS_PHI])
+POS_X, POS_Y = 6, 7
 
 
 def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:

@@ -1,11 +1,9 @@
 """Reading batches ahead of training in a background thread.
 
-Reading, the neighbourhood features and padding take several milliseconds per event on one core
-(``scripts/bench_data.py``); done between two steps they leave the accelerator idle for that
-long.  :class:`PrefetchingLoader` keeps up to ``depth`` batches ready while the current step runs
-(the ArrayRecord reads and k-d tree searches release the GIL).  Its ``state_dict`` is the position
-after the last batch *handed out*, not after the last one read ahead, so a checkpoint taken
-mid-run resumes on exactly the batch the run would have trained on next.
+Reading, the neighbourhood features and padding take milliseconds per event
+(``scripts/bench_data.py``): between two steps they would leave the accelerator idle. The
+``state_dict`` is the position after the last batch *handed out*, not after the last one read
+ahead, so a checkpoint taken mid-run resumes on exactly the batch the run would train on next.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ one event from each shard that still has events, the shards in a random order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -90,25 +90,13 @@ class InterleavedShardSampler:
         self._cache = (epoch, mine)
         return mine
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-        self.position = 0
-
-    def __iter__(self) -> Iterator[int]:
-        """The rest of the current epoch from the current position (advancing it)."""
-        idx = self.epoch_indices(self.epoch)
-        while self.position < len(idx):
-            i = int(idx[self.position])
-            self.position += 1
-            yield i
-
     def take(self, n: int) -> list[int]:
         """The next ``n`` indices, continuing into the following epochs as needed."""
         out: list[int] = []
         while len(out) < n:
             idx = self.epoch_indices(self.epoch)
             if self.position >= len(idx):
-                self.set_epoch(self.epoch + 1)
+                self.epoch, self.position = self.epoch + 1, 0
                 continue
             got = idx[self.position : self.position + n - len(out)]
             out.extend(int(i) for i in got)

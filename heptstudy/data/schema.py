@@ -24,6 +24,9 @@ HIT_FEATURES = (
     "layer",
 )
 
+#: Columns that both layouts hold at the same index (the model's encoding serves both).
+ETA, SIN_PHI, COS_PHI = 2, 3, 4
+
 #: Per-element input features of ``cld_edm_ttbar_pf``: one row layout shared by tracks
 #: (elemtype 1) and calorimeter clusters (elemtype 2); the name is "track name/cluster name".
 PF_FEATURES = (

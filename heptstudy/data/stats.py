@@ -68,15 +68,19 @@ def hits_stats(
     }
 
 
-def write_histogram_png(stats: dict[str, Any], path: str | Path) -> Path:
-    """Histogram of hits per event (total, tracker, calorimeter); 'synthetic' in the title."""
+def write_stats(stats: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
+    """``<dataset>_<split>_stats.json`` and a ``.png`` histogram of hits per event (total, tracker,
+    calorimeter; 'synthetic' in the title) in ``out_dir``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{stats['dataset'].split(':')[0]}_{stats['split']}_stats"
+    js = out / f"{stem}.json"
+    atomic_write_text(js, json.dumps(stats, indent=1) + "\n")
     per = stats["per_event"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     top = max(per["total"]) if per["total"] else 1
@@ -102,17 +106,7 @@ def write_histogram_png(stats: dict[str, Any], path: str | Path) -> Path:
     )
     ax.legend()
     fig.tight_layout()
-    atomic_savefig(fig, path, dpi=120)
+    png = out / f"{stem}.png"
+    atomic_savefig(fig, png, dpi=120)
     plt.close(fig)
-    return path
-
-
-def write_stats(stats: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
-    """``hits_stats_<split>.json`` and ``.png`` in ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"{stats['dataset'].split(':')[0]}_{stats['split']}_stats"
-    js = out / f"{stem}.json"
-    atomic_write_text(js, json.dumps(stats, indent=1) + "\n")
-    png = write_histogram_png(stats, out / f"{stem}.png")
     return js, png

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -45,28 +44,17 @@ def example_batch(
     )
     if len(lengths) != batch_size or min(lengths) < 1:
         raise ValueError(f"hits_per_event must give {batch_size} positive lengths, got {lengths}")
+    from heptstudy.data.batching import collate
+
     rng = np.random.default_rng(seed)
-    mult = config.data.pad_to_multiple
-    S = max(math.ceil(n / mult) * mult for n in lengths)
     hits = config.model.variant == HIT_VARIANT
     nfeat = len(HIT_FEATURES) if hits else len(PF_FEATURES)
-    X = np.zeros((batch_size, S, nfeat), np.float32)
-    y = np.zeros((batch_size, S, len(TARGET_COLUMNS)), np.float32)
-    mask = np.zeros((batch_size, S), bool)
-    for b, n in enumerate(lengths):
-        X[b, :n], y[b, :n] = _random_event(rng, n, nfeat)
-        mask[b, :n] = True
-    batch = {
-        "X": torch.from_numpy(X),
-        "mask": torch.from_numpy(mask),
-        "ytarget": torch.from_numpy(y),
-        "event_index": torch.arange(batch_size),
-        "length": torch.tensor(lengths),
-        "padded_length": torch.tensor([math.ceil(n / mult) * mult for n in lengths]),
-    }
+    events = [_random_event(rng, n, nfeat) for n in lengths]
+    batch = collate(events, config.data.pad_to_multiple)
     width = config.model.tracker_features.num_features
     if hits and width:
-        neigh = rng.random((batch_size, S, width), dtype=np.float32) * mask[..., None]
+        mask = batch["mask"].numpy()
+        neigh = rng.random((*mask.shape, width), dtype=np.float32) * mask[..., None]
         batch["neighbourhood"] = torch.from_numpy(neigh)
     return batch
 
@@ -107,4 +95,4 @@ def _random_event(rng: np.random.Generator, n: int, nfeat: int):
         y[r, _Y["pt"]], y[r, _Y["eta"]] = pt, eta[r]
         y[r, _Y["sin_phi"]], y[r, _Y["cos_phi"]] = np.sin(phi[r]), np.cos(phi[r])
         y[r, _Y["energy"]] = pt * np.cosh(eta[r])
-    return X, y
+    return {"X": X, "ytarget": y}

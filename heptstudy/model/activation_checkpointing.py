@@ -20,29 +20,31 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
 
 
-class _Lean(threading.local):
-    """Whether the running forward is a ``full``-policy checkpointed layer (its first forward,
-    whose saved tensors are dropped, or its recomputation inside backward)."""
+class _ThreadState(threading.local):
+    #: inside a ``full``-policy checkpointed layer (its first forward, whose saved tensors are
+    #: dropped, or its recomputation inside backward)
+    lean: bool = False
+    #: the dense-projection module running (the recomputation inside backward runs the modules
+    #: again, in the thread that runs the backward)
+    projection: nn.Module | None = None
 
-    active: bool = False
 
-
-_LEAN = _Lean()
+_STATE = _ThreadState()
 
 
 @contextmanager
 def lean_recompute() -> Iterator[None]:
-    previous, _LEAN.active = _LEAN.active, True
+    previous, _STATE.lean = _STATE.lean, True
     try:
         yield
     finally:
-        _LEAN.active = previous
+        _STATE.lean = previous
 
 
 def recompute_is_lean() -> bool:
     """True inside a ``full``-policy checkpointed layer: keep only what cannot be recomputed
     from the layer's own inputs slice by slice."""
-    return _LEAN.active
+    return _STATE.lean
 
 
 #: ``selective``: the outputs of these ops are kept for backward when a module of the layer's
@@ -54,23 +56,15 @@ def recompute_is_lean() -> bool:
 SELECTIVE_SAVE_OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
 
 
-class _RunningProjection(threading.local):
-    """The dense-projection module running in this thread, if any (the recomputation inside
-    backward runs the modules again, in the thread that runs the backward)."""
-
-    module: nn.Module | None = None
-
-
-_RUNNING = _RunningProjection()
 _HOOKED_ATTR = "_selective_checkpoint_hooks"
 
 
 def _enter(module: nn.Module, _args) -> None:
-    _RUNNING.module = module
+    _STATE.projection = module
 
 
 def _leave(module: nn.Module, _args, _output) -> None:
-    _RUNNING.module = None
+    _STATE.projection = None
 
 
 def _track_projections(modules: Sequence[nn.Module]) -> None:
@@ -83,17 +77,10 @@ def _track_projections(modules: Sequence[nn.Module]) -> None:
 
 
 def _save_dense_projections(saved: frozenset[int], ctx, op, *args, **kwargs):
-    running = _RUNNING.module
+    running = _STATE.projection
     if op in SELECTIVE_SAVE_OPS and running is not None and id(running) in saved:
         return torch_checkpoint.CheckpointPolicy.MUST_SAVE
     return torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _selective_context(layer: nn.Module) -> Callable:
-    projections = layer.dense_projections()
-    _track_projections(projections)
-    policy = partial(_save_dense_projections, frozenset(id(m) for m in projections))
-    return partial(torch_checkpoint.create_selective_checkpoint_contexts, policy)
 
 
 def policy_context(policy: str, layer: nn.Module) -> Callable:
@@ -101,5 +88,8 @@ def policy_context(policy: str, layer: nn.Module) -> Callable:
     if policy == "full":
         return torch_checkpoint.noop_context_fn
     if policy == "selective":
-        return _selective_context(layer)
+        projections = layer.dense_projections()
+        _track_projections(projections)
+        keep = partial(_save_dense_projections, frozenset(id(m) for m in projections))
+        return partial(torch_checkpoint.create_selective_checkpoint_contexts, keep)
     raise ValueError(f"checkpointing policy {policy!r} is not implemented; use full or selective")

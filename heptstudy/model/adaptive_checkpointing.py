@@ -13,23 +13,16 @@ margin must cover.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from heptstudy.config import Config, count_plan
 from heptstudy.errors import HeptstudyError
-from heptstudy.model.checkpoint_plan import (
-    AUTO,
-    OFF,
-    CheckpointPlan,
-    plan_named,
-    running,
-)
+from heptstudy.model.checkpoint_plan import OFF, CheckpointPlan, plan_named
+from heptstudy.model.checkpoint_plan import applied_plan as applied_plan
 
 #: ``auto``'s plans are values of :mod:`heptstudy.model.checkpoint_plan`.
 Plan = CheckpointPlan
@@ -121,18 +114,15 @@ class PlanPredictor:
     calibration_s: float = 0.0
     order_source: str = ""
 
-    def predict_mib(self, batch_size: int, longest_padded: int) -> dict[str, float]:
-        return {
-            p.name: float(self.models[p.name].predict_allocated_mib(batch_size, longest_padded))
-            for p in self.plans
-        }
-
     def choose(
         self, batch_size: int, longest_padded: int, what: Callable[[], str] | None = None
     ) -> PlanChoice:
         """The cheapest plan whose predicted peak fits; :class:`NoPlanFits` when none does
         (``what`` names the batch in its message, called only then)."""
-        predictions = self.predict_mib(batch_size, longest_padded)
+        predictions = {
+            p.name: float(self.models[p.name].predict_allocated_mib(batch_size, longest_padded))
+            for p in self.plans
+        }
         for plan in self.plans:
             if predictions[plan.name] <= self.budget_mib:
                 return PlanChoice(plan, predictions[plan.name], self.budget_mib, predictions)
@@ -160,20 +150,3 @@ class PlanPredictor:
             f"{': ' + self.order_source if self.order_source else ''}), each with a memory "
             f"model estimated on fake tensors in {self.calibration_s:.1f} s"
         )
-
-
-@contextmanager
-def applied_plan(model: nn.Module, plan: CheckpointPlan | None) -> Iterator[None]:
-    """Run ``model`` under ``plan`` inside the block (forward and backward): one of the prepared
-    plans of a model built with ``auto``. None: as built. Nothing of the model changes."""
-    if plan is None:
-        yield
-        return
-    inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model here
-    if getattr(inner, "checkpoint_plan", None) is not AUTO:
-        raise TypeError(
-            f"{type(inner).__name__} was not built with activation_checkpointing=auto; a plan "
-            "per step needs a model whose layers auto wrapped"
-        )
-    with running(plan):
-        yield

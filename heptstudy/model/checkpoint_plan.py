@@ -8,7 +8,7 @@ names); the model's ``forward`` decides nothing. A wrapped layer checkpoints onl
 with gradients enabled.
 
 ``auto`` (:data:`AUTO`) wraps every layer, and each step runs under the plan chosen for its
-batch (:func:`running`).
+batch (:func:`applied_plan`).
 """
 
 from __future__ import annotations
@@ -51,11 +51,6 @@ class CheckpointPlan:
     every: int = 0  # fixed plans: every k-th layer; 0: none
     count: int | None = None
     order: tuple[Slot, ...] = ()
-
-    @property
-    def report_part(self) -> str:
-        """The report name's part: baseline, checkpointed, checkpointed_every2, auto, ..."""
-        return report_part(self.name)
 
     def checkpoints(self, slot: Slot) -> bool:
         """Whether this plan runs the layer at ``slot`` under checkpoint."""
@@ -122,12 +117,18 @@ _RUNNING: contextvars.ContextVar[CheckpointPlan | None] = contextvars.ContextVar
 
 
 @contextmanager
-def running(plan: CheckpointPlan | None) -> Iterator[None]:
-    """Run the block (forward and backward) under ``plan``, one of ``auto``'s prepared plans;
-    None: as the model was built (a fixed plan)."""
+def applied_plan(model: nn.Module, plan: CheckpointPlan | None) -> Iterator[None]:
+    """Run ``model`` under ``plan`` inside the block (forward and backward): one of the prepared
+    plans of a model built with ``auto``. None: as built. Nothing of the model changes."""
     if plan is None:
         yield
         return
+    inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model here
+    if getattr(inner, "checkpoint_plan", None) is not AUTO:
+        raise TypeError(
+            f"{type(inner).__name__} was not built with activation_checkpointing=auto; a plan "
+            "per step needs a model whose layers auto wrapped"
+        )
     token = _RUNNING.set(plan)
     try:
         yield
@@ -143,14 +144,14 @@ def _run(module: nn.Module, *args, slot: Slot, plan: CheckpointPlan):
         if chosen is None:
             raise HeptstudyError(
                 "model.heptv2.activation_checkpointing=auto: this training step runs without a "
-                "chosen plan; run it under heptstudy.model.checkpoint_plan.running (the trainer "
+                "chosen plan; run it under heptstudy.model.checkpoint_plan.applied_plan (the trainer "
                 "and heptstudy bench do) or set true/false"
             )
         plan = chosen
     if not plan.checkpoints(slot):
         return module(*args)
     return torch_checkpoint.checkpoint(
-        _lean(module) if plan.policy == "full" else module,
+        partial(_lean, module) if plan.policy == "full" else module,
         *args,
         use_reentrant=False,
         preserve_rng_state=True,
@@ -158,12 +159,9 @@ def _run(module: nn.Module, *args, slot: Slot, plan: CheckpointPlan):
     )
 
 
-def _lean(module: nn.Module):
-    def call(*args):
-        with lean_recompute():
-            return module(*args)
-
-    return call
+def _lean(module: nn.Module, *args):
+    with lean_recompute():
+        return module(*args)
 
 
 def checkpoint_slots(model: nn.Module) -> dict[Slot, tuple[nn.ModuleList, int]]:

@@ -8,19 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from heptstudy import stand_ins
-from heptstudy.data.schema import HIT_FEATURES, PF_FEATURES
-
-
-def _shared_column(name: str) -> int:
-    """A raw-feature column that both data sets' layouts hold at the same index (the encoding
-    serves both variants)."""
-    index = HIT_FEATURES.index(name)
-    if PF_FEATURES.index(name) != index:
-        raise RuntimeError(f"column {name!r} differs between HIT_FEATURES and PF_FEATURES")
-    return index
-
-
-ETA, SIN_PHI, COS_PHI = (_shared_column(n) for n in ("eta", "sin_phi", "cos_phi"))
+from heptstudy.data.schema import COS_PHI, ETA, SIN_PHI
 
 
 def normalise_features(x: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,5 @@
-"""The recommended hit model, ``hit_heptv2_grouped_tracker_features``.
-
-Hits (and their tracker-neighbourhood summaries) are encoded per type, refined by the HEPTv2
-backbone, and read out by a global decoder of learned particle queries. Every decoder layer
-predicts, per query, a class (5 particle classes + "no particle"), a momentum and a grouping
-logit for every hit; the last layer's predictions are the output, the earlier ones are
-auxiliary (``aux{l}_*``) for the losses.
-"""
+"""The recommended hit model, ``hit_heptv2_grouped_tracker_features`` (``DESIGN.md``): the last
+decoder layer's predictions are the output, the earlier ones auxiliary (``aux{l}_*``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Will the model itself fit? Its parameters counted on the meta device before it is built.
 
-A configuration such as ``model.heptv2.embedding_dim=1000000`` asks for more parameters than the
-host or the device holds; building it would end in the allocator (a killed process or an
-``std::bad_alloc``) with nothing said. The model is built on the ``meta`` device first (shapes
-only, no memory, well under a second) and its weights, gradients and LAMB's two moments compared
-with the memory available.
+A configuration such as ``model.heptv2.embedding_dim=1000000`` would otherwise end in the
+allocator (a killed process or an ``std::bad_alloc``) with nothing said.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ COPIES = 4
 
 
 class ModelTooLarge(HeptstudyError):
-    """The model's parameters alone do not fit in the memory available."""
+    pass
 
 
 def check_model_fits(config: Config, device: torch.device | str) -> int:

@@ -1,14 +1,9 @@
 """The training recipe's optimizer (LAMB as particleflow runs it) and its cosine schedule.
 
-Optimizer: :class:`heptstudy.train.lamb.Lamb` with ``train.lr``, ``train.weight_decay`` and
-``train.lamb``, over every trainable parameter in one group, as particleflow's ``get_optimizer``
-does (frozen parameters are left out; particleflow keeps them, without gradient or update).
+LAMB takes every trainable parameter in one group, as particleflow's ``get_optimizer`` does
+(frozen parameters are left out; particleflow keeps them, without gradient or update).
 ``train.lamb.weight_decay_on=matrices`` decays only tensors with two or more dimensions; the
 other parameters then take the plain Adam step, without trust ratio.
-
-Schedule: ``lr(k) = lr * (f + (1 - f) * (1 + cos(pi * k / num_steps)) / 2)`` with
-``f = lr_final_fraction`` and k the ``scheduler.step()`` calls, reaching ``lr * f`` at
-``num_steps``; a ``LambdaLR``, so ``state_dict()`` / ``load_state_dict()`` work as usual.
 """
 
 from __future__ import annotations
@@ -22,24 +17,19 @@ from heptstudy.errors import ConfigError
 from heptstudy.train.lamb import Lamb
 
 
-def parameter_groups(model: torch.nn.Module, train_cfg: TrainConfig) -> list[dict]:
-    """The trainable parameters in model order: one decayed group (``weight_decay_on=all``),
-    or a decayed group of tensors with ndim >= 2 and an undecayed one (``matrices``)."""
+def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.optim.Optimizer:
+    """LAMB over the trainable parameters of ``model``, in model order."""
+    if train_cfg.optimizer != "lamb":
+        raise ConfigError(f"train.optimizer={train_cfg.optimizer!r} is not supported; use 'lamb'")
     trainable = [p for p in model.parameters() if p.requires_grad]
     wd = train_cfg.weight_decay
     if train_cfg.lamb.weight_decay_on == "all":
-        return [{"params": trainable, "weight_decay": wd}] if trainable else []
-    decay = [p for p in trainable if p.ndim >= 2]
-    no_decay = [p for p in trainable if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": wd}] if decay else []
-    return groups + ([{"params": no_decay, "weight_decay": 0.0}] if no_decay else [])
-
-
-def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.optim.Optimizer:
-    """LAMB over the trainable parameters of ``model`` (see the module docstring)."""
-    if train_cfg.optimizer != "lamb":
-        raise ConfigError(f"train.optimizer={train_cfg.optimizer!r} is not supported; use 'lamb'")
-    groups = parameter_groups(model, train_cfg)
+        groups = [{"params": trainable, "weight_decay": wd}] if trainable else []
+    else:
+        decay = [p for p in trainable if p.ndim >= 2]
+        no_decay = [p for p in trainable if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": wd}] if decay else []
+        groups += [{"params": no_decay, "weight_decay": 0.0}] if no_decay else []
     if not groups:
         raise ConfigError(
             "the model has no trainable parameters (all have requires_grad=False); "
@@ -64,7 +54,7 @@ def build_scheduler(
     optimizer: torch.optim.Optimizer, train_cfg: TrainConfig
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Cosine decay from ``train.lr`` to ``train.lr * train.lr_final_fraction`` at
-    ``train.num_steps``; call ``scheduler.step()`` once after each ``optimizer.step()``."""
+    ``train.num_steps`` (a ``LambdaLR``); one ``scheduler.step()`` after each optimizer step."""
     num_steps, final = train_cfg.num_steps, train_cfg.lr_final_fraction
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: cosine_factor(step, num_steps, final)

@@ -1,11 +1,8 @@
 """Training-state files (``checkpoints/step_NNNNNN.pt``): written atomically, read as verified data.
 
-A file holds the model, optimizer and scheduler states, the loader's position, the RNG states,
-the step and the configuration, plus ``sha256`` over all of them: bytes overwritten on disk with
-other finite values, which ``torch.load`` reads without complaint, are caught. It is loaded with
-``weights_only=True`` (data, never code) and refused when damaged, incomplete or from an
-incompatible configuration. (This module is about resuming training, not about activation
-checkpointing.)
+The ``sha256`` over all parts catches bytes overwritten on disk with other finite values, which
+``torch.load`` reads without complaint. Loaded with ``weights_only=True`` (data, never code).
+(This module is about resuming training, not about activation checkpointing.)
 """
 
 from __future__ import annotations
@@ -239,14 +236,8 @@ def restore_training_state(state: dict[str, Any], path, *, model, optimizer, sch
 
 
 def _differences(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
-    out = []
-    for key in COMPATIBLE_SECTIONS:
-        a, b = _lookup(saved, key), _lookup(current, key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += [(f"{key}.{k}", x, y) for k, x, y in _flat_diff(a, b)]
-        elif a != b:
-            out.append((key, a, b))
-    return out
+    sections = [({k: _lookup(saved, k)}, {k: _lookup(current, k)}) for k in COMPATIBLE_SECTIONS]
+    return [d for a, b in sections for d in _flat_diff(a, b)]
 
 
 def _flat_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:

@@ -3,6 +3,7 @@ fixed test-split events, plus the predictions behind them."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,9 @@ def validate(model, batches, config: Config, device: torch.device, autocast_dtyp
     was_training = model.training
     model.eval()
     sums: dict[str, float] = {}
-    matched = correct = total = 0
+    correct = total = 0
     rel_pt: list[np.ndarray] = []
-    predictions: dict[str, list[np.ndarray]] = {}
+    predictions: dict[str, list[np.ndarray]] = defaultdict(list)
     for batch in batches:
         batch = {k: v.to(device) for k, v in batch.items()}
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
@@ -35,10 +36,10 @@ def validate(model, batches, config: Config, device: torch.device, autocast_dtyp
         for k, v in losses.items():
             sums[k] = sums.get(k, 0.0) + float(v)
         if config.model.variant == HIT_VARIANT:
-            m, c, t, r = _hit_quality(outputs, batch, config, predictions)
+            c, t, r = _hit_quality(outputs, batch, config, predictions)
         else:
-            m, c, t, r = _element_quality(outputs, batch, predictions)
-        matched, correct, total = matched + m, correct + c, total + t
+            c, t, r = _element_quality(outputs, batch, predictions)
+        correct, total = correct + c, total + t
         rel_pt.append(r)
     model.train(was_training)
     n = max(len(batches), 1)
@@ -65,28 +66,23 @@ def _hit_quality(outputs, batch, config, predictions):
     pairs = match(outputs, targets, config.train.loss)
     pred_cls = outputs["class_logits"].argmax(-1)
     pred_mom = momentum_to_physical(outputs["momentum"])
-    matched = correct = total = 0
+    correct = total = 0
     rel = []
     for b, (t, (qi, ti)) in enumerate(zip(targets, pairs, strict=True)):
         total += t.num_particles
         ok = pred_cls[b, qi] == t.cls[ti]
-        matched += len(qi)
         correct += int(ok.sum())
         true_pt = momentum_to_physical(t.momentum[ti])[:, 0]
         rel.append(((pred_mom[b, qi, 0] - true_pt) / true_pt)[ok].cpu().numpy())
         event = int(batch["event_index"][b])
-        predictions.setdefault("event_index", []).append(np.full(len(qi), event))
-        predictions.setdefault("query", []).append(qi.cpu().numpy())
-        predictions.setdefault("target_particle_number", []).append(
-            t.particle_number[ti].cpu().numpy()
-        )
-        predictions.setdefault("true_class", []).append(t.cls[ti].cpu().numpy())
-        predictions.setdefault("pred_class", []).append(pred_cls[b, qi].cpu().numpy())
-        predictions.setdefault("true_momentum", []).append(
-            momentum_to_physical(t.momentum[ti]).cpu().numpy()
-        )
-        predictions.setdefault("pred_momentum", []).append(pred_mom[b, qi].cpu().numpy())
-    return matched, correct, total, np.concatenate(rel) if rel else np.zeros(0)
+        predictions["event_index"].append(np.full(len(qi), event))
+        predictions["query"].append(qi.cpu().numpy())
+        predictions["target_particle_number"].append(t.particle_number[ti].cpu().numpy())
+        predictions["true_class"].append(t.cls[ti].cpu().numpy())
+        predictions["pred_class"].append(pred_cls[b, qi].cpu().numpy())
+        predictions["true_momentum"].append(momentum_to_physical(t.momentum[ti]).cpu().numpy())
+        predictions["pred_momentum"].append(pred_mom[b, qi].cpu().numpy())
+    return correct, total, np.concatenate(rel) if rel else np.zeros(0)
 
 
 def _element_quality(outputs, batch, predictions):
@@ -99,9 +95,9 @@ def _element_quality(outputs, batch, predictions):
     true_pt = y[..., 2]
     rel = ((pred_mom[..., 0] - true_pt) / true_pt.clamp(min=1e-6))[ok].cpu().numpy()
     b_idx, s_idx = torch.nonzero(mask, as_tuple=True)
-    predictions.setdefault("event_index", []).append(batch["event_index"][b_idx].cpu().numpy())
-    predictions.setdefault("element", []).append(s_idx.cpu().numpy())
-    predictions.setdefault("true_class", []).append(true_cls[mask].cpu().numpy())
-    predictions.setdefault("pred_class", []).append(pred_cls[mask].cpu().numpy())
-    predictions.setdefault("pred_momentum", []).append(pred_mom[mask].cpu().numpy())
-    return int(has.sum()), int(ok.sum()), int(has.sum()), rel
+    predictions["event_index"].append(batch["event_index"][b_idx].cpu().numpy())
+    predictions["element"].append(s_idx.cpu().numpy())
+    predictions["true_class"].append(true_cls[mask].cpu().numpy())
+    predictions["pred_class"].append(pred_cls[mask].cpu().numpy())
+    predictions["pred_momentum"].append(pred_mom[mask].cpu().numpy())
+    return int(ok.sum()), int(has.sum()), rel

@@ -1,9 +1,6 @@
 """The synthetic CLD-like detector: geometry (mm), subdetector and system codes, hit-count
-calibration.
-
-The calibration constants were chosen so that, at ``occupancy_scale=1``, the median event has
-about 900 tracker hits and 8,500 calorimeter hits (the closest published figures are for CLIC
-ttbar at 380 GeV) with a tail past 13,000 hits.
+calibration: at ``occupancy_scale=1`` the median event has about 900 tracker hits and 8,500
+calorimeter hits (as CLIC ttbar at 380 GeV) with a tail past 13,000 hits.
 """
 
 from __future__ import annotations

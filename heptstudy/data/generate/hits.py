@@ -19,11 +19,8 @@ def hits_array(n: int) -> np.ndarray:
 def fill_geometry(
     h: np.ndarray, pos: np.ndarray, energy: np.ndarray, time_ns: np.ndarray, unit_scale: bool
 ) -> None:
-    """Columns et, eta, sin_phi, cos_phi, energy, position, time from positions and energies.
-
-    Tracker hits store (sin, cos) of phi multiplied by the common positive factor
-    rho_T/|pos| = sin(theta) (as the real hit data do), calorimeter hits unit-normalised.
-    """
+    """Columns 1-9 from positions and energies. Tracker hits store (sin, cos) of phi times
+    rho_T/|pos| = sin(theta) (as the real hit data do), calorimeter hits unit-normalised."""
     x, y, z = pos[:, 0], pos[:, 1], pos[:, 2]
     rt = np.hypot(x, y)
     r3 = np.sqrt(rt**2 + z**2)

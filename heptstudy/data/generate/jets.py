@@ -13,11 +13,8 @@ JET_PTMIN = 5.0  # GeV
 
 
 def cluster_jets(p4: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ee_genkt (R=0.4, p=-1) jets of four-vectors (E, px, py, pz) [n, 4] above 5 GeV pT.
-
-    Returns jets [J, 4] as (pt, eta, phi, energy), sorted by energy, and each input's jet index
-    (1-based; 0 = in no jet).  Empty results when fastjet is not installed.
-    """
+    """Jets [J, 4] (pt, eta, phi, energy), sorted by energy, of four-vectors (E, px, py, pz)
+    [n, 4], and each input's jet index (1-based; 0 = in no jet)."""
     assign = np.zeros(len(p4), dtype=np.int64)
     fj = fastjet_module()
     if fj is None or len(p4) == 0:

@@ -13,11 +13,8 @@ MIN_TRACK_HITS = 4  # pf data set: a charged particle with this many tracker hit
 def particle_targets(
     parts: dict[str, np.ndarray], n_trk: np.ndarray, n_cal: np.ndarray, jet_idx: np.ndarray
 ) -> np.ndarray:
-    """Target row [n_particles, Y_WIDTH] of every particle.
-
-    Particles with at least one hit are numbered 1..P in generator order (column 13, 0 for the
-    others); column 10 says whether the particle has a track (``MIN_TRACK_HITS`` tracker hits).
-    """
+    """Target row [n_particles, Y_WIDTH] of every particle; those with a hit are numbered 1..P
+    in generator order (column 13, 0 for the others)."""
     has_hit = (n_trk + n_cal) > 0
     number = np.zeros(len(has_hit), dtype=np.int64)
     number[has_hit] = np.arange(1, has_hit.sum() + 1)
@@ -43,31 +40,21 @@ def hit_targets(
     X: np.ndarray, owner: np.ndarray, is_trk: np.ndarray, props: np.ndarray
 ) -> np.ndarray:
     """Target row [n_hits, Y_WIDTH] of every hit: a hit of a particle carries its
-    particle_number; one representative hit per particle carries all its properties.
-
-    The representative hit is the innermost (smallest transverse radius) tracker hit of a charged
-    particle, otherwise its most energetic calorimeter hit.
-    """
+    particle_number; one representative hit per particle carries all its properties."""
     n_hits = len(X)
     ytarget = np.zeros((n_hits, props.shape[1]))
     ok = owner >= 0
     ytarget[ok, 13] = props[owner[ok], 13]
     rep = np.full(len(props), -1, dtype=np.int64)
     hit_idx = np.arange(n_hits)
-    rt = np.hypot(X[:, 6], X[:, 7])
-    sel = ok & is_trk
-    if sel.any():
-        order = np.lexsort((rt[sel], owner[sel]))
-        ow, hi = owner[sel][order], hit_idx[sel][order]
-        first = np.r_[True, ow[1:] != ow[:-1]]
-        rep[ow[first]] = hi[first]
-    sel = ok & ~is_trk
-    if sel.any():
-        order = np.lexsort((-X[sel, 5], owner[sel]))
-        ow, hi = owner[sel][order], hit_idx[sel][order]
-        first = np.r_[True, ow[1:] != ow[:-1]]
-        need = rep[ow[first]] < 0
-        rep[ow[first][need]] = hi[first][need]
+    # innermost tracker hits first, then the most energetic calorimeter hits of the rest
+    for sel, key in ((ok & is_trk, np.hypot(X[:, 6], X[:, 7])), (ok & ~is_trk, -X[:, 5])):
+        if sel.any():
+            order = np.lexsort((key[sel], owner[sel]))
+            ow, hi = owner[sel][order], hit_idx[sel][order]
+            first = np.r_[True, ow[1:] != ow[:-1]]
+            need = rep[ow[first]] < 0
+            rep[ow[first][need]] = hi[first][need]
     reps = np.flatnonzero(rep >= 0)
     ytarget[rep[reps]] = props[reps]
     return ytarget

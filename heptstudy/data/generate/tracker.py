@@ -59,12 +59,10 @@ def tracker_hits(rng, parts: dict[str, np.ndarray], occ: float):
     blocks.append(
         (pi, pos, DISKS[di, 0], DISKS[di, 1], DISKS[di, 5], s_d[pi, di], zd[0, di] - z0[pi, 0])
     )
-    owner = np.concatenate([b[0] for b in blocks])
-    pos = np.concatenate([b[1] for b in blocks])
-    system = np.concatenate([b[2] for b in blocks])
-    layer = np.concatenate([b[3] for b in blocks])
-    side = np.concatenate([b[4] for b in blocks])
-    path = np.hypot(np.concatenate([b[5] for b in blocks]), np.concatenate([b[6] for b in blocks]))
+    owner, pos, system, layer, side, s_path, z_path = (
+        np.concatenate(c) for c in zip(*blocks, strict=True)
+    )
+    path = np.hypot(s_path, z_path)
     keep = rng.random(len(owner)) < TRACKER_EFFICIENCY * min(occ, 1.0)
     owner, pos, system, layer, side, path = (
         a[keep] for a in (owner, pos, system, layer, side, path)

@@ -114,13 +114,9 @@ def generate_datasets(
     progress: bool = True,
     workers: int | None = None,
 ) -> dict[str, Any]:
-    """Write ``cld_edm_ttbar_hits`` and ``cld_edm_ttbar_pf`` (version 3.2.1) for ``configs``.
-
-    Each event is simulated once (its random stream depends only on seed, config, split and
-    index) and written to both data sets.  ``workers`` processes (default: up to 2) simulate and
-    serialise events; the results do not depend on it.  Returns a summary with the written
-    paths, the event counts and the seconds spent.
-    """
+    """Write ``cld_edm_ttbar_hits`` and ``cld_edm_ttbar_pf`` (version 3.2.1) for ``configs``;
+    ``workers`` processes (default: up to 2) simulate events, the results do not depend on it.
+    Returns a summary with the written paths, the event counts and the seconds spent."""
     from tqdm.auto import tqdm
 
     configs = [str(c) for c in configs]
