@@ -161,15 +161,13 @@ def make(
     *,
     torch_version: str | None = None,
     commit: str | None = None,
-    hashes: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The fingerprint of a model of ``source`` ("measured"/"estimated") keyed ``key``: of the
     running code, or (``commit``) of that commit's code."""
     parts = PARTS_OF[source]
     if commit:
         commit = _git("rev-parse", "--verify", f"{commit}^{{commit}}").decode().strip()
-    if hashes is None:
-        hashes = part_hashes_at(commit, parts) if commit else part_hashes(parts)
+    hashes = part_hashes_at(commit, parts) if commit else part_hashes(parts)
     fp = {
         "schema": SCHEMA,
         "made_from": source,
@@ -216,16 +214,3 @@ def commit_reasons(commit: str, source: str = "measured") -> list[str] | None:
         return None
     now = part_hashes(parts)
     return [f"{PART_WORDS[p]} changed" for p in parts if then[p] != now[p]]
-
-
-__all__ = [
-    "code_state",
-    "commit_reasons",
-    "digest",
-    "PARTS",
-    "REGENERATE",
-    "make",
-    "part_hashes",
-    "part_hashes_at",
-    "stale_reasons",
-]

@@ -43,6 +43,7 @@ from heptstudy.meters.timing import (
     make_phase_clock,
     summarize,
 )
+from heptstudy.model.flex_kernel import attention_status
 from heptstudy.train.model_size import check_model_fits
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import fresh_state, run_step
@@ -148,10 +149,11 @@ def run_bench(
     else:
         report = _memory_report(m, dtype, batches, header)
     report.environment.load_average_1min = rp.host_load()
-    report.environment.attention = rp.attention_info(config)
+    # read after the run: the kernel compiles happen during it
+    report.environment.attention = rp.AttentionInfo(**attention_status(config))
     if announce is not None:
         announce(report)
-    rp.write_report_or_keep(report, output)
+    rp.write_report(report, output, keep=True)
     return report
 
 

@@ -138,13 +138,6 @@ class AttentionInfo(_Strict):
     fused_kernel_lengths: int = 0
 
 
-def attention_info(config) -> AttentionInfo:
-    """The attention block of a report, read after the run (compiles happen during it)."""
-    from heptstudy.model.flex_kernel import attention_status
-
-    return AttentionInfo(**attention_status(config))
-
-
 class Environment(_Strict):
     platform: str | None  # platform profile name, e.g. "lumi_mi250x"; None for ad-hoc runs
     device_kind: Literal["cpu", "cuda", "rocm", "mps", "meta", "other"]
@@ -425,23 +418,18 @@ def validate_report(
         ) from None
 
 
-def _serialise(report: BenchReport, path: str | os.PathLike) -> str:
-    return json_text(report.model_dump(), f"the report {path}")
-
-
-def write_report(report: BenchReport | dict[str, Any], path: str | os.PathLike) -> Path:
-    """Validate, then write atomically (:mod:`heptstudy.atomic`).
-    A failure (invalid report, serialisation, disk) leaves any previous file untouched."""
-    path = Path(path)
+def write_report(
+    report: BenchReport | dict[str, Any], path: str | os.PathLike, *, keep: bool = False
+) -> Path:
+    """Validate, then write atomically (:mod:`heptstudy.atomic`). A failure (invalid report,
+    serialisation, disk) leaves any previous file untouched; with ``keep``, a report the disk
+    refuses is kept elsewhere (a temporary file, or printed as JSON) and
+    :class:`~heptstudy.atomic.WriteFailed` says where."""
     report = validate_report(report, source=str(path), require_version=False)
-    return atomic_write_text(path, _serialise(report, path))
-
-
-def write_report_or_keep(report: BenchReport, path: str | os.PathLike) -> Path:
-    """:func:`write_report`; when the disk refuses, the report is kept elsewhere (a temporary
-    file, or printed as JSON) and :class:`~heptstudy.atomic.WriteFailed` says where."""
-    report = validate_report(report, source=str(path), require_version=False)
-    return write_text_or_keep(path, _serialise(report, path), f"the report {Path(path).name}")
+    text = json_text(report.model_dump(), f"the report {path}")
+    if keep:
+        return write_text_or_keep(path, text, f"the report {Path(path).name}")
+    return atomic_write_text(path, text)
 
 
 def _not_json(path: Path, word: str):
@@ -472,13 +460,6 @@ def read_report(path: str | os.PathLike) -> BenchReport:
 # --------------------------------------------------------------------------------------------
 # Environment
 # --------------------------------------------------------------------------------------------
-
-
-def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
-    """The commit checked out in the repository holding this package (or ``repo_dir``);
-    ``None`` outside a git checkout or without git."""
-    out = git("rev-parse", "HEAD", cwd=repo_dir)
-    return None if out is None else out.strip()
 
 
 def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
@@ -558,7 +539,7 @@ def environment_info(
         dtype=dtype_name,
         threads=torch.get_num_threads(),
         torch_version=torch.__version__,
-        git_commit=git_commit(),
+        git_commit=(git("rev-parse", "HEAD") or "").strip() or None,
         git_dirty=git_dirty(),
         hostname=socket.gethostname(),
         python=sys.version.split()[0],

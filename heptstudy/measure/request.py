@@ -436,17 +436,3 @@ def from_notebook(kind: str, namespace: Mapping[str, Any]) -> MeasurementRequest
     return MeasurementRequest.build(
         kind=kind, **{k: namespace[k] for k in allowed if k in namespace}
     )
-
-
-__all__ = [
-    "DEFAULT_STEPS",
-    "MEMORY",
-    "NOTEBOOK_PARAMETERS",
-    "Measurement",
-    "PARITY",
-    "MeasurementRequest",
-    "RequestError",
-    "check_parameters",
-    "from_notebook",
-    "injected_parameters",
-]
