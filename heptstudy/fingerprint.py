@@ -2,20 +2,10 @@
 
 * :func:`digest`: the hash of a JSON value (a study run's identity, :mod:`heptstudy.study.resume`);
 * :func:`code_state`: the checkout's commit and a hash of its uncommitted changes;
-* :func:`make`, :func:`stale_reasons`: the code fingerprint of a stored memory model.
-
-A code fingerprint holds a sha256 per *part* of the code that decides a step's memory:
-
-* ``model``: the network (every module of ``heptstudy/model/``);
-* ``step``: the training step, its losses and the optimizer (``train/step.py``, ``losses.py``,
-  ``lamb.py``, ``optim.py``, ``precision.py``);
-* ``estimate``: the estimate's own code (fake step, autocast policy, stand-ins, kernel scratch,
-  caching-allocator simulator, the storage tracker and its trace) — estimated models only;
-
-plus the memory model's configuration key (``key.model_hash``) and the PyTorch version. Each
-part's hash covers the paths and contents of its ``.py`` files, so a moved, added or removed file
-changes it as much as an edited one. Read from the installed package (no git needed), or, for
-models measured on a GPU at an older commit, from that commit with ``git show``.
+* :func:`make`, :func:`stale_reasons`: the code fingerprint of a stored memory model: a sha256
+  per part of the code that decides a step's memory (:data:`PARTS`), its configuration key and
+  the PyTorch version. A part's hash covers the paths and contents of its ``.py`` files, so a
+  moved, added or removed file changes it as much as an edited one.
 """
 
 from __future__ import annotations

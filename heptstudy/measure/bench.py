@@ -1,19 +1,11 @@
-"""One :class:`~heptstudy.measure.request.Measurement` (a request resolved once): peak memory and
-step time (or checkpointing parity) of the configured model on real events of a data set,
-written as a self-describing JSON report.
+"""One :class:`~heptstudy.measure.request.Measurement`: peak memory and step time (or
+checkpointing parity) on real events of a data set, written as a self-describing JSON report
+(protocol in :data:`heptstudy.measure.report.PROTOCOL`).
 
-The measurement applies its allocator settings first (:func:`heptstudy.meters.allocator.
-apply_allocator`), in this process, whichever entry point started it.
-
-Protocol in :data:`heptstudy.measure.report.PROTOCOL`. In short: the events of each step are the
-first batches of the interleaved-shard sampler seeded with ``train.seed``, so the same batch size
-gets the same events with checkpointing on and off; every pass starts from a freshly seeded
-model. Pass 1 times the steps and their phases (no tracker); pass 2 runs the same batches with
-the memory meter and then validates on test-split events. Every step is
-:func:`heptstudy.train.step.run_step`.
-
-Before anything is measured the report's folder is checked for writing and the data set for
-enough events, so that a measurement is never run only to be lost.
+Pass 1 times the steps and their phases (no tracker); pass 2 runs the same batches with the
+memory meter, then validates on test-split events; each pass starts from a freshly seeded model.
+The report's folder and the data set's size are checked first, so that a measurement is never
+run only to be lost.
 """
 
 from __future__ import annotations
@@ -77,13 +69,17 @@ def check_writable(path: Path) -> None:
         )
 
 
+def _steps(request) -> int:
+    return 1 if request.kind == PARITY else request.warmup + request.steps
+
+
 def check_enough_events(m: Measurement) -> None:
     """Every step has its own events (none repeated); validation reads test-split events."""
     from heptstudy.data.batching import dataset_for
 
     request, config = m.request, m.config
     train = dataset_for(config, "train")
-    need = request.events_needed()
+    need = request.batch_size * _steps(request)
     if need > len(train):
         steps = (
             "one batch"
@@ -133,10 +129,9 @@ def run_bench(
     if request.deterministic:
         set_deterministic(device)
     synthetic = bool(dataset_for(config, "train").metadata.get("synthetic", False))
-    num = 1 if request.kind == PARITY else request.warmup + request.steps
     batches = [
         to_device(load_events(config, idx, "train"), device)
-        for idx in event_indices(config, request.batch_size, num)
+        for idx in event_indices(config, request.batch_size, _steps(request))
     ]
     header = report_header(m, fresh_process=fresh, synthetic=synthetic, allocator=allocator)
     if request.kind == PARITY:

@@ -325,11 +325,6 @@ class BenchReport(_Strict):
         return self
 
 
-# --------------------------------------------------------------------------------------------
-# Writing and reading
-# --------------------------------------------------------------------------------------------
-
-
 def short_repr(value: Any, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters."""
     text = repr(value)
@@ -347,13 +342,10 @@ _PLAN_OF_OLD_SETTING = {
 
 
 def with_plan_names(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """A report as this heptstudy writes it. Reports written before the plan's name was the
-    one checkpointing value (every report of ``experiments/h200_2026-11-30`` and the CPU
-    reference's) spread a plan over three fields, both in ``checkpointing`` (``enabled``,
-    ``policy``, ``checkpoint_every``) and in ``config.model.heptv2``
-    (``activation_checkpointing`` true/false/auto, ``activation_checkpointing_policy``,
-    ``checkpoint_every``): each pair becomes the plan's name. Any other report is returned
-    as it is."""
+    """A report as this heptstudy writes it: the committed reports of
+    ``experiments/h200_2026-11-30`` and the CPU reference spread a plan over three fields
+    (``enabled``, ``policy``, ``checkpoint_every``), in ``checkpointing`` and in
+    ``config.model.heptv2``; each becomes the plan's name. Any other report is returned as is."""
     block = data.get("checkpointing")
     if not isinstance(block, dict) or "enabled" not in block:
         return data
@@ -387,9 +379,9 @@ def with_plan_names(data: dict[str, Any], source: str) -> dict[str, Any]:
 def validate_report(
     data: BenchReport | dict[str, Any], source: str = "<report>", *, require_version: bool = True
 ) -> BenchReport:
-    """A validated copy of ``data`` (a report, possibly mutated since it was built, or a dict;
-    one from before the plans' names in today's fields, :func:`with_plan_names`).
-    ``require_version=False`` fills in the current ``schema_version`` when a dict has none."""
+    """A validated copy of ``data`` (a report, possibly mutated since it was built, or a dict,
+    read through :func:`with_plan_names`); ``require_version=False`` fills in the current
+    ``schema_version`` when a dict has none."""
     if isinstance(data, BenchReport):
         data = data.model_dump(mode="python")
     if not isinstance(data, dict):
@@ -457,11 +449,6 @@ def read_report(path: str | os.PathLike) -> BenchReport:
     return validate_report(data, source=str(path))
 
 
-# --------------------------------------------------------------------------------------------
-# Environment
-# --------------------------------------------------------------------------------------------
-
-
 def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
     """Whether tracked code differs from the commit; ``None`` when unknown.  Results
     (``experiments/``, ``figures/``) do not count: a study rewrites them as it runs."""
@@ -521,10 +508,9 @@ def environment_info(
     fresh_process: bool | None = None,
     allocator=None,
 ) -> Environment:
-    """The environment block of a report. ``fresh_process`` defaults to
-    :func:`claim_fresh_process` (call this once per measurement); ``allocator``: the
-    :class:`~heptstudy.meters.allocator.AllocatorState` measured with (default: this process's
-    as started)."""
+    """The environment block of a report (call it once per measurement: ``fresh_process``
+    defaults to :func:`claim_fresh_process`); ``allocator``: the
+    :class:`~heptstudy.meters.allocator.AllocatorState` measured with (default: as started)."""
     device = torch.device(device)
     dtype_name = str(dtype).removeprefix("torch.")
     count = torch.cuda.device_count() if device.type == "cuda" else None

@@ -86,6 +86,8 @@ _OWNED_KEYS = {
 }
 
 _NONE_WORDS = ("", "none", "null")
+#: Parameters of a memory measurement only: a parity measurement refuses them.
+_MEMORY_ONLY = ("steps", "warmup", "checkpointing", "passes", "allocator")
 
 
 class RequestError(ConfigError):
@@ -263,11 +265,8 @@ class MeasurementRequest(BaseModel):
     def _kind_and_device_defaults(self) -> MeasurementRequest:
         self._profile = load_platform(self.platform) if self.platform else None
         if self.kind == PARITY:
-            given = [n for n in ("steps", "warmup") if getattr(self, n) is not None] + (
-                ["checkpointing"] if self.checkpointing != "off" else []
-            )
-            given += ["passes"] if self.passes != "both" else []
-            given += ["allocator"] if self.allocator != "platform" else []
+            fields = type(self).model_fields
+            given = [n for n in _MEMORY_ONLY if getattr(self, n) != fields[n].default]
             if given:
                 verb, pronoun = ("does", "it") if len(given) == 1 else ("do", "them")
                 raise ValueError(
@@ -347,11 +346,6 @@ class MeasurementRequest(BaseModel):
             return f"parity{'_deterministic' if self.deterministic else ''}_b{b}"
         return f"{report_part(self.checkpointing)}_b{b}"
 
-    def events_needed(self) -> int:
-        """Training-split events of the measured steps: every step has its own events."""
-        steps = 1 if self.kind == PARITY else self.warmup + self.steps
-        return self.batch_size * steps
-
 
 def _device(profile: PlatformConfig | None) -> torch.device:
     if profile is not None:
@@ -385,9 +379,7 @@ class Measurement:
 NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
     MEMORY: tuple(f for f in MeasurementRequest.model_fields if f not in ("kind", "progress")),
     PARITY: tuple(
-        f
-        for f in MeasurementRequest.model_fields
-        if f not in ("kind", "progress", "checkpointing", "steps", "warmup", "passes", "allocator")
+        f for f in MeasurementRequest.model_fields if f not in ("kind", "progress", *_MEMORY_ONLY)
     ),
 }
 
