@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
 from heptstudy.atomic import atomic_write_text
 from heptstudy.locks import holding
@@ -30,10 +31,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     print()
     print(measured_table(done.results))
-    counts: dict[str, int] = {}
-    for r in done.results:
-        status = "resumed" if r.status == "skipped" else r.status
-        counts[status] = counts.get(status, 0) + 1
+    counts = Counter("resumed" if r.status == "skipped" else r.status for r in done.results)
     print("runs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     if done.superseded:
         print(f"replaced results moved to: {shown(done.superseded)}/")

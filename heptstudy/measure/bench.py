@@ -160,10 +160,8 @@ def report_header(
     allocator=None,
     notes: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The fields every report of the measurement ``m`` starts with (name, environment, data,
-    config, batch size, checkpointing, notes), for the bench and for the study runner's failure
-    reports alike. ``allocator``: the :class:`~heptstudy.meters.allocator.AllocatorState` it
-    ran with."""
+    """The fields every report of ``m`` starts with, for the bench and for the study runner's
+    failure reports alike; ``allocator``: the ``AllocatorState`` it ran with."""
     config = m.config
     return dict(
         name=m.name,
