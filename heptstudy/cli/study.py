@@ -6,6 +6,7 @@ import argparse
 from collections import Counter
 
 from heptstudy.atomic import atomic_write_text
+from heptstudy.cli import whole_number
 from heptstudy.locks import holding
 from heptstudy.measure.report import ReportError, read_report
 from heptstudy.paths import resolve_from_cwd
@@ -95,12 +96,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _jobs(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of processes, 1 or more")
-    return int(text)
-
-
 def _cmd_predict(args: argparse.Namespace) -> int:
     import json
 
@@ -174,7 +169,7 @@ def register_cli(subparsers) -> None:
     )
     predict.add_argument(
         "--jobs",
-        type=_jobs,
+        type=whole_number(1, 2),
         default=1,
         metavar="N",
         help="runs estimated at a time, each in a process of its own (default 1)",
