@@ -358,8 +358,7 @@ def _complete(r: dict) -> dict:
 
 
 def _max(values) -> float | None:
-    vals = [v for v in values if v is not None]
-    return max(vals) if vals else None
+    return max((v for v in values if v is not None), default=None)
 
 
 def _device_memory(device) -> int | None:
