@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 
 from heptstudy.atomic import folder_write_problem
 from heptstudy.committed import refuse_committed
-from heptstudy.data.batching import event_indices, to_device
+from heptstudy.data import load_events, validation_batches
+from heptstudy.data.batching import dataset_for, event_indices, to_device
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.plans import predictor_for
 from heptstudy.measure import report as rp
@@ -75,8 +76,6 @@ def _steps(request) -> int:
 
 def check_enough_events(m: Measurement) -> None:
     """Every step has its own events (none repeated); validation reads test-split events."""
-    from heptstudy.data.batching import dataset_for
-
     request, config = m.request, m.config
     train = dataset_for(config, "train")
     need = request.batch_size * _steps(request)
@@ -110,9 +109,6 @@ def run_bench(
     ``announce`` (e.g. printing the summary) sees the report before it is written, so
     that a write that fails (full disk, quota) loses nothing: the report is then kept
     elsewhere and :class:`~heptstudy.atomic.WriteFailed` says where."""
-    from heptstudy.data import load_events
-    from heptstudy.data.batching import dataset_for
-
     fresh = rp.claim_fresh_process()
     allocator = apply_allocator(m.allocator)  # before the measurement allocates anything
     request, config, device, output = m.request, m.config, m.device, m.report_path
@@ -366,6 +362,4 @@ def _device_memory(device) -> int | None:
 
 
 def _validation(config, batch_size, device):
-    from heptstudy.data import validation_batches
-
     return [to_device(b, device) for b in validation_batches(config, batch_size)]

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from heptstudy.atomic import atomic_write_text, json_text, write_text_or_keep
 from heptstudy.errors import HeptstudyError, describe_invalid
+from heptstudy.meters.allocator import allocator_in_use
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
 from heptstudy.paths import git
 
@@ -514,8 +515,6 @@ def environment_info(
     device = torch.device(device)
     dtype_name = str(dtype).removeprefix("torch.")
     count = torch.cuda.device_count() if device.type == "cuda" else None
-    from heptstudy.meters.allocator import allocator_in_use
-
     allocator = allocator if allocator is not None else allocator_in_use()
     return Environment(
         platform=platform_name,

@@ -54,7 +54,9 @@ from heptstudy.config import (
     parse_plan_name,
 )
 from heptstudy.errors import ConfigError, describe_invalid
+from heptstudy.meters.allocator import measurement_allocator
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_of, report_part
+from heptstudy.paths import PLATFORM_DIR, find_file
 
 #: The allowed values come from the configuration schema itself.
 Variant = ModelConfig.model_fields["variant"].annotation
@@ -139,8 +141,6 @@ def parse_overrides(value: Any) -> list[str]:
 
 def find_platform(value: str) -> str:
     """A platform profile: a YAML path, or a name in ``configs/training/platforms``."""
-    from heptstudy.paths import PLATFORM_DIR, find_file
-
     found = find_file(value, PLATFORM_DIR)
     if found is None:
         names = ", ".join(sorted(p.stem for p in PLATFORM_DIR.glob("*.yaml")))
@@ -298,8 +298,6 @@ class MeasurementRequest(BaseModel):
         profile = self._profile
         device = _device(profile)
         config = self._config(profile)
-        from heptstudy.meters.allocator import measurement_allocator
-
         allocator = (
             {} if self.allocator == "default" else measurement_allocator(profile, device.type) or {}
         )
