@@ -139,15 +139,12 @@ def write_text_or_keep(path: str | os.PathLike, text: str, what: str) -> Path:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f"heptstudy-kept-{name}.", suffix=".txt")
         try:
-            fault = write_fault(tmp)
-            if fault is not None:
-                raise fault
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fd = -1
+                fault = write_fault(tmp)
+                if fault is not None:
+                    raise fault
                 fh.write(text)
         except BaseException:
-            if fd >= 0:
-                os.close(fd)
             Path(tmp).unlink(missing_ok=True)
             raise
         kept = f"it is kept in {tmp}"

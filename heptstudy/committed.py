@@ -78,14 +78,6 @@ def _tracks(repo: Path, path: Path) -> bool:
     return bool(out and out.strip())
 
 
-def committed_name(path: str | os.PathLike) -> str | None:
-    """The reference-study name when ``path`` is (inside) a committed results folder,
-    ``experiments`` or ``figures`` for the top folders, the tracked path for another file git
-    tracks; else None (see :func:`committed_place`)."""
-    place = committed_place(path)
-    return None if place is None else place.name
-
-
 def refuse_committed(path: str | os.PathLike, flag: str, instead: str) -> None:
     """Raise :class:`CommittedFolder` when ``path`` (the value of option ``flag``) lies in
     committed results; ``instead`` says where the user's own results can go."""

@@ -175,7 +175,6 @@ class HEPTv2Config(_Strict):
     memory_budget_gib: float | None = Field(
         None,
         gt=0.0,
-        allow_inf_nan=False,
         description="peak memory one step may use under activation_checkpointing=auto; None: "
         "the platform's device memory less its safety margin",
     )

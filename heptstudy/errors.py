@@ -24,27 +24,26 @@ class DataError(HeptstudyError):
     """A data set is missing, malformed or holds values the study cannot use."""
 
 
+_FULL = "Free space (or raise the quota)"
+_DENIED = "You may not write there: fix the folder's permissions or choose another folder"
+#: What to do after the file system refused, following what it said: a full disk is not a
+#: read-only folder, and neither is a folder where a file should be.
+_ADVICE = {
+    errno.ENOSPC: _FULL,
+    errno.EDQUOT: _FULL,
+    errno.EFBIG: "Raise the file size limit (ulimit -f) or free space",
+    errno.EROFS: "The file system is read-only: choose a folder on a writable one",
+    errno.EACCES: _DENIED,
+    errno.EPERM: _DENIED,
+    errno.EISDIR: "A folder stands where a file is to be written: move it away or choose another path",
+    errno.ENOTDIR: "A file stands where a folder is needed: move it away or choose another path",
+    errno.ELOOP: "The path holds a loop of symbolic links: fix the links or choose another path",
+    errno.ENOENT: "A folder on the way does not exist: create it or choose another path",
+}
+
+
 def os_error_advice(err: OSError) -> str:
-    """What to do after the file system refused, following what it said: a full disk is not a
-    read-only folder, and neither is a folder where a file should be."""
-    code = err.errno
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return "Free space (or raise the quota)"
-    if code == errno.EFBIG:
-        return "Raise the file size limit (ulimit -f) or free space"
-    if code == errno.EROFS:
-        return "The file system is read-only: choose a folder on a writable one"
-    if code in (errno.EACCES, errno.EPERM):
-        return "You may not write there: fix the folder's permissions or choose another folder"
-    if code == errno.EISDIR:
-        return "A folder stands where a file is to be written: move it away or choose another path"
-    if code == errno.ENOTDIR:
-        return "A file stands where a folder is needed: move it away or choose another path"
-    if code == errno.ELOOP:
-        return "The path holds a loop of symbolic links: fix the links or choose another path"
-    if code == errno.ENOENT:
-        return "A folder on the way does not exist: create it or choose another path"
-    return f"Fix what the system reports ({err.strerror or err})"
+    return _ADVICE.get(err.errno) or f"Fix what the system reports ({err.strerror or err})"
 
 
 def describe_invalid(

@@ -2,20 +2,10 @@
 
 * :func:`digest`: the hash of a JSON value (a study run's identity, :mod:`heptstudy.study.resume`);
 * :func:`code_state`: the checkout's commit and a hash of its uncommitted changes;
-* :func:`make`, :func:`stale_reasons`: the code fingerprint of a stored memory model.
-
-A code fingerprint holds a sha256 per *part* of the code that decides a step's memory:
-
-* ``model``: the network (every module of ``heptstudy/model/``);
-* ``step``: the training step, its losses and the optimizer (``train/step.py``, ``losses.py``,
-  ``lamb.py``, ``optim.py``, ``precision.py``);
-* ``estimate``: the estimate's own code (fake step, autocast policy, stand-ins, kernel scratch,
-  caching-allocator simulator, the storage tracker and its trace) — estimated models only;
-
-plus the memory model's configuration key (``key.model_hash``) and the PyTorch version. Each
-part's hash covers the paths and contents of its ``.py`` files, so a moved, added or removed file
-changes it as much as an edited one. Read from the installed package (no git needed), or, for
-models measured on a GPU at an older commit, from that commit with ``git show``.
+* :func:`make`, :func:`stale_reasons`: the code fingerprint of a stored memory model: a sha256
+  per part of the code that decides a step's memory (:data:`PARTS`), its configuration key and
+  the PyTorch version. A part's hash covers the paths and contents of its ``.py`` files, so a
+  moved, added or removed file changes it as much as an edited one.
 """
 
 from __future__ import annotations
@@ -161,15 +151,13 @@ def make(
     *,
     torch_version: str | None = None,
     commit: str | None = None,
-    hashes: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The fingerprint of a model of ``source`` ("measured"/"estimated") keyed ``key``: of the
     running code, or (``commit``) of that commit's code."""
     parts = PARTS_OF[source]
     if commit:
         commit = _git("rev-parse", "--verify", f"{commit}^{{commit}}").decode().strip()
-    if hashes is None:
-        hashes = part_hashes_at(commit, parts) if commit else part_hashes(parts)
+    hashes = part_hashes_at(commit, parts) if commit else part_hashes(parts)
     fp = {
         "schema": SCHEMA,
         "made_from": source,
@@ -216,16 +204,3 @@ def commit_reasons(commit: str, source: str = "measured") -> list[str] | None:
         return None
     now = part_hashes(parts)
     return [f"{PART_WORDS[p]} changed" for p in parts if then[p] != now[p]]
-
-
-__all__ = [
-    "code_state",
-    "commit_reasons",
-    "digest",
-    "PARTS",
-    "REGENERATE",
-    "make",
-    "part_hashes",
-    "part_hashes_at",
-    "stale_reasons",
-]

@@ -158,9 +158,9 @@ def test_status_names_the_backend_used(fresh_dynamo, tiny_overrides):
     assert s["backend_used"] == "fused-reference" and s["configured"] == "plain"
     assert s["fused_compiles"] == 1
     # the block every bench report carries in environment.attention
-    from heptstudy.measure.report import attention_info
+    from heptstudy.measure.report import AttentionInfo
 
-    info = attention_info(cfg)
+    info = AttentionInfo(**flex_kernel.attention_status(cfg))
     assert (info.backend_used, info.fused_calls, info.fused_compiler) == (
         "fused-reference",
         1,

@@ -199,20 +199,21 @@ def test_committed_results_are_refused_by_every_other_command(
 
 def test_data_stats_default_is_a_scratch_folder():
     from heptstudy.cli.data import DEFAULT_STATS_DIR
-    from heptstudy.committed import committed_name
+    from heptstudy.committed import committed_place
 
     assert DEFAULT_STATS_DIR.startswith("experiments/scratch/")
-    assert committed_name(ROOT / DEFAULT_STATS_DIR) is None
+    assert committed_place(ROOT / DEFAULT_STATS_DIR) is None
     ignored = subprocess.run(["git", "check-ignore", "-q", DEFAULT_STATS_DIR], cwd=ROOT)
     assert ignored.returncode == 0
 
 
 def test_a_study_pending_folder_is_not_committed():
     # a reference study measures into experiments/NAME/.pending/ (ignored by git)
-    from heptstudy.committed import committed_name
+    from heptstudy.committed import committed_place
 
-    assert committed_name(ROOT / "experiments/cpu_reference/.pending/baseline_b1.json") is None
-    assert committed_name(ROOT / "experiments/cpu_reference/baseline_b1.json") == "cpu_reference"
+    assert committed_place(ROOT / "experiments/cpu_reference/.pending/baseline_b1.json") is None
+    place = committed_place(ROOT / "experiments/cpu_reference/baseline_b1.json")
+    assert place is not None and place.name == "cpu_reference"
 
 
 # ----------------------------------------------------------------------------- shell text

@@ -201,8 +201,7 @@ def test_environment_helpers():
     assert env.dtype == "bfloat16" and env.threads == torch.get_num_threads()
     assert env.torch_version == torch.__version__
     assert rp.claim_fresh_process() is False  # environment_info above claimed it
-    commit = rp.git_commit()
-    assert commit is None or len(commit) == 40
+    assert env.git_commit is None or len(env.git_commit) == 40
 
 
 def test_git_dirty_counts_code_not_results(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from heptstudy import scenario as sc
-from heptstudy.cli.scenario import main as sc_main
+from heptstudy.cli import main
 from heptstudy.config import HIT_VARIANT, TRACK_CLUSTER_VARIANT
 from heptstudy.errors import ConfigError
 
@@ -93,7 +93,7 @@ def test_recipe_files_hold_the_documented_recipe():
 @pytest.mark.parametrize("platform", CLUSTER_PLATFORMS)
 def test_cli_resolve_prints_the_numbers(platform, capsys):
     exp = _expected(RECIPE, PLATFORMS / f"{platform}.yaml")
-    assert sc_main(["resolve", "--scenario", str(RECIPE), "--platform", platform]) == 0
+    assert main(["scenario", "resolve", "--scenario", str(RECIPE), "--platform", platform]) == 0
     out = capsys.readouterr().out
     for variant in (TRACK_CLUSTER_VARIANT, HIT_VARIANT):
         assert f"variant {variant}" in out
@@ -102,7 +102,10 @@ def test_cli_resolve_prints_the_numbers(platform, capsys):
     assert f"{exp['val_steps'][0]:,}, " in out and f"{exp['val_steps'][-1]:,} (every" in out
     assert "invariants passed" in out
 
-    assert sc_main(["resolve", "--scenario", str(RECIPE), "--platform", platform, "--json"]) == 0
+    assert (
+        main(["scenario", "resolve", "--scenario", str(RECIPE), "--platform", platform, "--json"])
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     for v in data["variants"].values():
         assert v["per_device_batch"] == exp["per_device"]
@@ -113,8 +116,9 @@ def test_cli_resolve_prints_the_numbers(platform, capsys):
 
 
 def test_dry_run_prints_launch_commands(tmp_path, capsys):
-    rc = sc_main(
+    rc = main(
         [
+            "scenario",
             "resolve",
             "--scenario",
             "cld_pf_heptv2_batch512_50k",
@@ -134,8 +138,9 @@ def test_dry_run_prints_launch_commands(tmp_path, capsys):
         assert line.startswith("srun ") and "torchrun --nnodes 1 --nproc-per-node 8 " in line
         assert "-m heptstudy.cli train" in line
         assert _yaml(cfg)["train"]["global_batch_size"] == 384  # the resolved, full config
-    rc = sc_main(
+    rc = main(
         [
+            "scenario",
             "resolve",
             "--scenario",
             "cld_pf_heptv2_batch512_50k",
@@ -297,7 +302,7 @@ def test_rule_variant_and_scenario_exist(tmp_path):
 
 def test_cli_reports_rule_and_exit_code(tmp_path, capsys):
     path = _broken(tmp_path, lambda d: d["shared"]["train"].update(val_freq=3000))
-    assert sc_main(["resolve", "--scenario", str(path), "--platform", "h100"]) == 2
+    assert main(["scenario", "resolve", "--scenario", str(path), "--platform", "h100"]) == 2
     assert "[rule frequencies-divide-steps]" in capsys.readouterr().err
 
 

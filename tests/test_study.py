@@ -9,7 +9,6 @@ import yaml
 
 from heptstudy import plots, study
 from heptstudy.cli import build_parser
-from heptstudy.cli import study as cli_study
 from heptstudy.measure.report import read_report
 from heptstudy.measure.request import MeasurementRequest, RequestError
 from heptstudy.study import StudyError
@@ -432,7 +431,7 @@ def test_statement_names_device_data_and_smoke(tiny_data_dir):
 def test_cli_has_study_commands(capsys):
     parser = build_parser()
     args = parser.parse_args(["study", "run", "--matrix", "m.yaml", "--out", "x", "--force"])
-    assert args.force and args.func is cli_study._cmd_run
+    assert args.force and (args.command, args.study_command) == ("study", "run")
     args = parser.parse_args(
         ["study", "check", "--matrix", str(ROOT / "configs/study/cpu_default.yaml")]
     )

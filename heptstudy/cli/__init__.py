@@ -23,6 +23,26 @@ _AREAS = (
 )
 
 
+def whole_number(minimum: int, example: int):
+    """An argparse type: a whole number >= ``minimum`` (argparse reports anything else)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number; give one of at least {minimum}, e.g. {example}"
+            ) from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{value} is below {minimum}; give a whole number of at least {minimum}, "
+                f"e.g. {example}"
+            )
+        return value
+
+    return parse
+
+
 def add_set_arg(
     parser: argparse.ArgumentParser,
     help: str = "dotted override, e.g. model.heptv2.activation_checkpointing=true (repeatable)",

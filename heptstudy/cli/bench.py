@@ -55,19 +55,6 @@ def _bench_backbone(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_backbone(sub) -> None:
-    from heptstudy.cli import add_config_args
-
-    p = sub.add_parser("backbone", help="forward+backward of the HEPTv2 backbone alone on N hits")
-    p.add_argument("--hits", type=int, default=10000)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: PyTorch's choice)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--output", help="JSON file for the result")
-    add_config_args(p)
-    p.set_defaults(func=_bench_backbone)
-
-
 #: Request fields whose option is not the plain ``--field-name VALUE``.
 _FLAGS: dict[str, tuple[str, dict]] = {
     "kind": (
@@ -85,24 +72,31 @@ _FLAGS: dict[str, tuple[str, dict]] = {
 }
 
 
-def _add_request_options(p: argparse.ArgumentParser) -> None:
-    """One option per request field, with the field's description as help; an option not given
-    is not passed on, so the request's own default applies."""
+def register_cli(sub) -> None:
+    from heptstudy.cli import add_config_args
     from heptstudy.measure.request import MeasurementRequest
 
-    for field, info in MeasurementRequest.model_fields.items():
-        flag, extra = _FLAGS.get(field, (f"--{field.replace('_', '-')}", {}))
-        options = {"help": info.description, **extra}
-        p.add_argument(flag, dest=field, default=argparse.SUPPRESS, **options)
-
-
-def register_cli(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="measure peak memory and step time, or checkpointing parity",
         description="heptstudy bench --batch-size B [...] measures one configuration; "
         "heptstudy bench backbone --hits N times the backbone alone",
     )
-    _add_backbone(p.add_subparsers(dest="bench_command"))
-    _add_request_options(p)
+    b = p.add_subparsers(dest="bench_command").add_parser(
+        "backbone", help="forward+backward of the HEPTv2 backbone alone on N hits"
+    )
+    b.add_argument("--hits", type=int, default=10000)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--threads", type=int, help="torch intra-op threads (default: PyTorch's choice)")
+    b.add_argument("--device", default="cpu")
+    b.add_argument("--output", help="JSON file for the result")
+    add_config_args(b)
+    b.set_defaults(func=_bench_backbone)
+    # one option per request field, its description as help; an option not given is not
+    # passed on, so the request's own default applies
+    for field, info in MeasurementRequest.model_fields.items():
+        flag, extra = _FLAGS.get(field, (f"--{field.replace('_', '-')}", {}))
+        p.add_argument(
+            flag, dest=field, default=argparse.SUPPRESS, **{"help": info.description, **extra}
+        )
     p.set_defaults(func=_bench)

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from heptstudy.atomic import folder_write_problem
+from heptstudy.cli import whole_number
 from heptstudy.committed import refuse_committed
 from heptstudy.data.generate import generate_datasets
 from heptstudy.data.stats import hits_stats, write_stats
@@ -21,26 +22,6 @@ from heptstudy.paths import resolve_in_repo
 
 DEFAULT_DATA_DIR = "data/tfds"
 DEFAULT_STATS_DIR = "experiments/scratch/data_stats"
-
-
-def _at_least(minimum: int, example: int):
-    """An argparse type: a whole number >= ``minimum`` (argparse reports anything else)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a whole number; give one of at least {minimum}, e.g. {example}"
-            ) from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(
-                f"{value} is below {minimum}; give a whole number of at least {minimum}, "
-                f"e.g. {example}"
-            )
-        return value
-
-    return parse
 
 
 def _data_dir(args: argparse.Namespace) -> str:
@@ -105,16 +86,16 @@ def register_cli(subparsers) -> None:
     gen.add_argument(
         "--data-dir", help=f"TFDS data directory (default: the repository's {DEFAULT_DATA_DIR})"
     )
-    gen.add_argument("--events-train", type=_at_least(1, 256), required=True)
-    gen.add_argument("--events-test", type=_at_least(1, 64), required=True)
-    gen.add_argument("--seed", type=_at_least(0, 20261014), required=True)
+    gen.add_argument("--events-train", type=whole_number(1, 256), required=True)
+    gen.add_argument("--events-test", type=whole_number(1, 64), required=True)
+    gen.add_argument("--seed", type=whole_number(0, 20261014), required=True)
     gen.add_argument("--configs", nargs="+", default=["1"], help="builder configs (1..10)")
     gen.add_argument(
         "--occupancy-scale", type=float, default=1.0, help="hit multiplicity factor (1 = CLD-like)"
     )
     gen.add_argument(
         "--workers",
-        type=_at_least(1, 2),
+        type=whole_number(1, 2),
         default=None,
         help="processes simulating events (default: up to 2)",
     )
@@ -128,7 +109,7 @@ def register_cli(subparsers) -> None:
     st.add_argument("--dataset", default="cld_edm_ttbar_hits:3.2.1", help="NAME:VERSION")
     st.add_argument("--configs", nargs="+", default=["1"])
     st.add_argument("--split", default="train")
-    st.add_argument("--pad-to-multiple", type=_at_least(1, 128), default=128)
+    st.add_argument("--pad-to-multiple", type=whole_number(1, 128), default=128)
     st.add_argument(
         "--out", help=f"output directory (default: the repository's {DEFAULT_STATS_DIR})"
     )

@@ -18,14 +18,8 @@ from heptstudy.measure.report import read_report
 def _cmd_fit(args: argparse.Namespace) -> int:
     if args.what == "validate":
         return _cmd_validate(args)
-    missing = [
-        flag
-        for flag, value in (
-            ("--platform", args.platform),
-            ("--per-device-batch", args.per_device_batch),
-        )
-        if value is None
-    ]
+    needed = {"--platform": args.platform, "--per-device-batch": args.per_device_batch}
+    missing = [flag for flag, value in needed.items() if value is None]
     if missing:
         raise HeptstudyError(
             f"heptstudy fit needs {' and '.join(missing)} (e.g. --platform h100 "

@@ -1,5 +1,4 @@
-"""``heptstudy scenario resolve|render``: the scenario subcommands, also runnable alone as
-``python -m heptstudy.scenario resolve|render ...``."""
+"""``heptstudy scenario resolve|render``."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import sys
 from pathlib import Path
 
 from heptstudy.cli import add_set_arg
-from heptstudy.errors import HeptstudyError
 from heptstudy.fitting import fit_warning
 from heptstudy.scenario.model import find_platform, load_scenario
 from heptstudy.scenario.render import render, shell_join
@@ -110,16 +108,3 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     _add_common(w)
     w.add_argument("--out", required=True, type=Path, help="directory for the rendered files")
     w.set_defaults(func=_cmd_render)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m heptstudy.scenario resolve|render ...``: the scenario commands alone, without
-    importing the rest of the package's CLI areas."""
-    parser = argparse.ArgumentParser(prog="heptstudy")
-    register_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["scenario", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return int(args.func(args) or 0)
-    except HeptstudyError as err:
-        print(f"heptstudy: error: {err}", file=sys.stderr)
-        return 2

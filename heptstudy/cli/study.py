@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
 from heptstudy.atomic import atomic_write_text
+from heptstudy.cli import whole_number
 from heptstudy.locks import holding
 from heptstudy.measure.report import ReportError, read_report
 from heptstudy.paths import resolve_from_cwd
@@ -30,10 +32,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     print()
     print(measured_table(done.results))
-    counts: dict[str, int] = {}
-    for r in done.results:
-        status = "resumed" if r.status == "skipped" else r.status
-        counts[status] = counts.get(status, 0) + 1
+    counts = Counter("resumed" if r.status == "skipped" else r.status for r in done.results)
     print("runs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     if done.superseded:
         print(f"replaced results moved to: {shown(done.superseded)}/")
@@ -95,12 +94,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
     for ex in schedule(m.runs):
         print(f"{ex.label:<44} {ex.run.notebook}.ipynb  {ex.parameters}")
     return 0
-
-
-def _jobs(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of processes, 1 or more")
-    return int(text)
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -176,7 +169,7 @@ def register_cli(subparsers) -> None:
     )
     predict.add_argument(
         "--jobs",
-        type=_jobs,
+        type=whole_number(1, 2),
         default=1,
         metavar="N",
         help="runs estimated at a time, each in a process of its own (default 1)",

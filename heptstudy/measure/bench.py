@@ -1,19 +1,11 @@
-"""One :class:`~heptstudy.measure.request.Measurement` (a request resolved once): peak memory and
-step time (or checkpointing parity) of the configured model on real events of a data set,
-written as a self-describing JSON report.
+"""One :class:`~heptstudy.measure.request.Measurement`: peak memory and step time (or
+checkpointing parity) on real events of a data set, written as a self-describing JSON report
+(protocol in :data:`heptstudy.measure.report.PROTOCOL`).
 
-The measurement applies its allocator settings first (:func:`heptstudy.meters.allocator.
-apply_allocator`), in this process, whichever entry point started it.
-
-Protocol in :data:`heptstudy.measure.report.PROTOCOL`. In short: the events of each step are the
-first batches of the interleaved-shard sampler seeded with ``train.seed``, so the same batch size
-gets the same events with checkpointing on and off; every pass starts from a freshly seeded
-model. Pass 1 times the steps and their phases (no tracker); pass 2 runs the same batches with
-the memory meter and then validates on test-split events. Every step is
-:func:`heptstudy.train.step.run_step`.
-
-Before anything is measured the report's folder is checked for writing and the data set for
-enough events, so that a measurement is never run only to be lost.
+Pass 1 times the steps and their phases (no tracker); pass 2 runs the same batches with the
+memory meter, then validates on test-split events; each pass starts from a freshly seeded model.
+The report's folder and the data set's size are checked first, so that a measurement is never
+run only to be lost.
 """
 
 from __future__ import annotations
@@ -27,7 +19,8 @@ from tqdm.auto import tqdm
 
 from heptstudy.atomic import folder_write_problem
 from heptstudy.committed import refuse_committed
-from heptstudy.data.batching import event_indices, to_device
+from heptstudy.data import load_events, validation_batches
+from heptstudy.data.batching import dataset_for, event_indices, to_device
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.plans import predictor_for
 from heptstudy.measure import report as rp
@@ -43,6 +36,7 @@ from heptstudy.meters.timing import (
     make_phase_clock,
     summarize,
 )
+from heptstudy.model.flex_kernel import attention_status
 from heptstudy.train.model_size import check_model_fits
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import fresh_state, run_step
@@ -76,13 +70,15 @@ def check_writable(path: Path) -> None:
         )
 
 
+def _steps(request) -> int:
+    return 1 if request.kind == PARITY else request.warmup + request.steps
+
+
 def check_enough_events(m: Measurement) -> None:
     """Every step has its own events (none repeated); validation reads test-split events."""
-    from heptstudy.data.batching import dataset_for
-
     request, config = m.request, m.config
     train = dataset_for(config, "train")
-    need = request.events_needed()
+    need = request.batch_size * _steps(request)
     if need > len(train):
         steps = (
             "one batch"
@@ -113,9 +109,6 @@ def run_bench(
     ``announce`` (e.g. printing the summary) sees the report before it is written, so
     that a write that fails (full disk, quota) loses nothing: the report is then kept
     elsewhere and :class:`~heptstudy.atomic.WriteFailed` says where."""
-    from heptstudy.data import load_events
-    from heptstudy.data.batching import dataset_for
-
     fresh = rp.claim_fresh_process()
     allocator = apply_allocator(m.allocator)  # before the measurement allocates anything
     request, config, device, output = m.request, m.config, m.device, m.report_path
@@ -132,10 +125,9 @@ def run_bench(
     if request.deterministic:
         set_deterministic(device)
     synthetic = bool(dataset_for(config, "train").metadata.get("synthetic", False))
-    num = 1 if request.kind == PARITY else request.warmup + request.steps
     batches = [
         to_device(load_events(config, idx, "train"), device)
-        for idx in event_indices(config, request.batch_size, num)
+        for idx in event_indices(config, request.batch_size, _steps(request))
     ]
     header = report_header(m, fresh_process=fresh, synthetic=synthetic, allocator=allocator)
     if request.kind == PARITY:
@@ -148,10 +140,11 @@ def run_bench(
     else:
         report = _memory_report(m, dtype, batches, header)
     report.environment.load_average_1min = rp.host_load()
-    report.environment.attention = rp.attention_info(config)
+    # read after the run: the kernel compiles happen during it
+    report.environment.attention = rp.AttentionInfo(**attention_status(config))
     if announce is not None:
         announce(report)
-    rp.write_report_or_keep(report, output)
+    rp.write_report(report, output, keep=True)
     return report
 
 
@@ -163,10 +156,8 @@ def report_header(
     allocator=None,
     notes: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The fields every report of the measurement ``m`` starts with (name, environment, data,
-    config, batch size, checkpointing, notes), for the bench and for the study runner's failure
-    reports alike. ``allocator``: the :class:`~heptstudy.meters.allocator.AllocatorState` it
-    ran with."""
+    """The fields every report of ``m`` starts with, for the bench and for the study runner's
+    failure reports alike; ``allocator``: the ``AllocatorState`` it ran with."""
     config = m.config
     return dict(
         name=m.name,
@@ -363,8 +354,7 @@ def _complete(r: dict) -> dict:
 
 
 def _max(values) -> float | None:
-    vals = [v for v in values if v is not None]
-    return max(vals) if vals else None
+    return max((v for v in values if v is not None), default=None)
 
 
 def _device_memory(device) -> int | None:
@@ -372,6 +362,4 @@ def _device_memory(device) -> int | None:
 
 
 def _validation(config, batch_size, device):
-    from heptstudy.data import validation_batches
-
     return [to_device(b, device) for b in validation_batches(config, batch_size)]

@@ -56,26 +56,24 @@ def _pass(model, batch, config, dtype) -> tuple[dict, dict, dict]:
 
 
 def _compare_tensors(a: dict, b: dict) -> list[TensorComparison]:
-    rows = []
-    for name in a:
-        x, y = a[name].float(), b[name].float()
-        rows.append(
-            TensorComparison(
-                name=name,
-                shape=list(x.shape),
-                equal=bool(torch.equal(a[name], b[name])),
-                max_abs_diff=float((x - y).abs().max()) if x.numel() else 0.0,
-            )
+    return [
+        TensorComparison(
+            name=name,
+            shape=list(a[name].shape),
+            equal=bool(torch.equal(a[name], b[name])),
+            max_abs_diff=float((a[name].float() - b[name].float()).abs().max())
+            if a[name].numel()
+            else 0.0,
         )
-    return rows
+        for name in a
+    ]
 
 
 def _compare_grads(a: dict, b: dict) -> list[GradientComparison]:
     rows = []
     for name in b:
         x, y = a[name].double(), b[name].double()
-        ref = float(y.norm())
-        diff = float((x - y).norm())
+        ref, diff = float(y.norm()), float((x - y).norm())
         rows.append(
             GradientComparison(
                 name=name,

@@ -1,8 +1,7 @@
-"""The README's "Measurement protocol" section, rendered from the one protocol text.
-
-:data:`heptstudy.measure.report.PROTOCOL` is the protocol every report carries; the README shows
-the same text between two markers. ``python -m heptstudy.measure.protocol_readme`` rewrites that
-part of the README; a test fails when the two differ.
+"""The README's "Measurement protocol" section, rendered from the one protocol text
+(:data:`heptstudy.measure.report.PROTOCOL`, which every report carries).
+``python -m heptstudy.measure.protocol_readme`` rewrites that part of the README; a test fails
+when the two differ.
 """
 
 from __future__ import annotations
@@ -33,17 +32,9 @@ def current_block(text: str, path: Path = README) -> str:
     return text[start : stop + len(END)]
 
 
-def render_readme(path: Path = README) -> bool:
-    """Rewrite the protocol section of ``path``; True when it changed."""
-    text = path.read_text()
-    old = current_block(text, path)
-    new = rendered_block()
-    if old == new:
-        return False
-    atomic_write_text(path, text.replace(old, new))
-    return True
-
-
 if __name__ == "__main__":
-    changed = render_readme()
-    print(f"{README}: protocol section {'rewritten' if changed else 'already current'}")
+    text = README.read_text()
+    old, new = current_block(text), rendered_block()
+    if old != new:
+        atomic_write_text(README, text.replace(old, new))
+    print(f"{README}: protocol section {'already current' if old == new else 'rewritten'}")

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from heptstudy.atomic import atomic_write_text, json_text, write_text_or_keep
 from heptstudy.config import PLAN_AS_OLD_FIELDS
 from heptstudy.errors import HeptstudyError, describe_invalid
+from heptstudy.meters.allocator import allocator_in_use
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
 from heptstudy.paths import git
 
@@ -137,13 +138,6 @@ class AttentionInfo(_Strict):
     fused_compiler: str | None = None  # torch.compile backend: inductor (CUDA), eager (CPU)
     fused_shape_policy: str | None = None  # dynamic or ladder
     fused_kernel_lengths: int = 0
-
-
-def attention_info(config) -> AttentionInfo:
-    """The attention block of a report, read after the run (compiles happen during it)."""
-    from heptstudy.model.flex_kernel import attention_status
-
-    return AttentionInfo(**attention_status(config))
 
 
 class Environment(_Strict):
@@ -333,11 +327,6 @@ class BenchReport(_Strict):
         return self
 
 
-# --------------------------------------------------------------------------------------------
-# Writing and reading
-# --------------------------------------------------------------------------------------------
-
-
 def short_repr(value: Any, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters."""
     text = repr(value)
@@ -354,13 +343,10 @@ _PLAN_OF_OLD_SETTING = {
 
 
 def with_plan_names(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """A report as this heptstudy writes it. Reports written before the plan's name was the
-    one checkpointing value (every report of ``experiments/h200_2026-11-30`` and the CPU
-    reference's) spread a plan over three fields, both in ``checkpointing`` (``enabled``,
-    ``policy``, ``checkpoint_every``) and in ``config.model.heptv2``
-    (``activation_checkpointing`` true/false/auto, ``activation_checkpointing_policy``,
-    ``checkpoint_every``): each pair becomes the plan's name. Any other report is returned
-    as it is."""
+    """A report as this heptstudy writes it: the committed reports of
+    ``experiments/h200_2026-11-30`` and the CPU reference spread a plan over three fields
+    (``enabled``, ``policy``, ``checkpoint_every``), in ``checkpointing`` and in
+    ``config.model.heptv2``; each becomes the plan's name. Any other report is returned as is."""
     block = data.get("checkpointing")
     if not isinstance(block, dict) or "enabled" not in block:
         return data
@@ -394,9 +380,9 @@ def with_plan_names(data: dict[str, Any], source: str) -> dict[str, Any]:
 def validate_report(
     data: BenchReport | dict[str, Any], source: str = "<report>", *, require_version: bool = True
 ) -> BenchReport:
-    """A validated copy of ``data`` (a report, possibly mutated since it was built, or a dict;
-    one from before the plans' names in today's fields, :func:`with_plan_names`).
-    ``require_version=False`` fills in the current ``schema_version`` when a dict has none."""
+    """A validated copy of ``data`` (a report, possibly mutated since it was built, or a dict,
+    read through :func:`with_plan_names`); ``require_version=False`` fills in the current
+    ``schema_version`` when a dict has none."""
     if isinstance(data, BenchReport):
         data = data.model_dump(mode="python")
     if not isinstance(data, dict):
@@ -425,23 +411,18 @@ def validate_report(
         ) from None
 
 
-def _serialise(report: BenchReport, path: str | os.PathLike) -> str:
-    return json_text(report.model_dump(), f"the report {path}")
-
-
-def write_report(report: BenchReport | dict[str, Any], path: str | os.PathLike) -> Path:
-    """Validate, then write atomically (:mod:`heptstudy.atomic`).
-    A failure (invalid report, serialisation, disk) leaves any previous file untouched."""
-    path = Path(path)
+def write_report(
+    report: BenchReport | dict[str, Any], path: str | os.PathLike, *, keep: bool = False
+) -> Path:
+    """Validate, then write atomically (:mod:`heptstudy.atomic`). A failure (invalid report,
+    serialisation, disk) leaves any previous file untouched; with ``keep``, a report the disk
+    refuses is kept elsewhere (a temporary file, or printed as JSON) and
+    :class:`~heptstudy.atomic.WriteFailed` says where."""
     report = validate_report(report, source=str(path), require_version=False)
-    return atomic_write_text(path, _serialise(report, path))
-
-
-def write_report_or_keep(report: BenchReport, path: str | os.PathLike) -> Path:
-    """:func:`write_report`; when the disk refuses, the report is kept elsewhere (a temporary
-    file, or printed as JSON) and :class:`~heptstudy.atomic.WriteFailed` says where."""
-    report = validate_report(report, source=str(path), require_version=False)
-    return write_text_or_keep(path, _serialise(report, path), f"the report {Path(path).name}")
+    text = json_text(report.model_dump(), f"the report {path}")
+    if keep:
+        return write_text_or_keep(path, text, f"the report {Path(path).name}")
+    return atomic_write_text(path, text)
 
 
 def _not_json(path: Path, word: str):
@@ -467,18 +448,6 @@ def read_report(path: str | os.PathLike) -> BenchReport:
             "the file may be truncated: regenerate it with `heptstudy bench`"
         ) from None
     return validate_report(data, source=str(path))
-
-
-# --------------------------------------------------------------------------------------------
-# Environment
-# --------------------------------------------------------------------------------------------
-
-
-def git_commit(repo_dir: str | os.PathLike | None = None) -> str | None:
-    """The commit checked out in the repository holding this package (or ``repo_dir``);
-    ``None`` outside a git checkout or without git."""
-    out = git("rev-parse", "HEAD", cwd=repo_dir)
-    return None if out is None else out.strip()
 
 
 def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
@@ -540,15 +509,12 @@ def environment_info(
     fresh_process: bool | None = None,
     allocator=None,
 ) -> Environment:
-    """The environment block of a report. ``fresh_process`` defaults to
-    :func:`claim_fresh_process` (call this once per measurement); ``allocator``: the
-    :class:`~heptstudy.meters.allocator.AllocatorState` measured with (default: this process's
-    as started)."""
+    """The environment block of a report (call it once per measurement: ``fresh_process``
+    defaults to :func:`claim_fresh_process`); ``allocator``: the
+    :class:`~heptstudy.meters.allocator.AllocatorState` measured with (default: as started)."""
     device = torch.device(device)
     dtype_name = str(dtype).removeprefix("torch.")
     count = torch.cuda.device_count() if device.type == "cuda" else None
-    from heptstudy.meters.allocator import allocator_in_use
-
     allocator = allocator if allocator is not None else allocator_in_use()
     return Environment(
         platform=platform_name,
@@ -558,7 +524,7 @@ def environment_info(
         dtype=dtype_name,
         threads=torch.get_num_threads(),
         torch_version=torch.__version__,
-        git_commit=git_commit(),
+        git_commit=(git("rev-parse", "HEAD") or "").strip() or None,
         git_dirty=git_dirty(),
         hostname=socket.gethostname(),
         python=sys.version.split()[0],

@@ -54,7 +54,9 @@ from heptstudy.config import (
     parse_plan_name,
 )
 from heptstudy.errors import ConfigError, describe_invalid
+from heptstudy.meters.allocator import measurement_allocator
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_of, report_part
+from heptstudy.paths import PLATFORM_DIR, find_file
 
 #: The allowed values come from the configuration schema itself.
 Variant = ModelConfig.model_fields["variant"].annotation
@@ -86,6 +88,8 @@ _OWNED_KEYS = {
 }
 
 _NONE_WORDS = ("", "none", "null")
+#: Parameters of a memory measurement only: a parity measurement refuses them.
+_MEMORY_ONLY = ("steps", "warmup", "checkpointing", "passes", "allocator")
 
 
 class RequestError(ConfigError):
@@ -137,8 +141,6 @@ def parse_overrides(value: Any) -> list[str]:
 
 def find_platform(value: str) -> str:
     """A platform profile: a YAML path, or a name in ``configs/training/platforms``."""
-    from heptstudy.paths import PLATFORM_DIR, find_file
-
     found = find_file(value, PLATFORM_DIR)
     if found is None:
         names = ", ".join(sorted(p.stem for p in PLATFORM_DIR.glob("*.yaml")))
@@ -263,11 +265,8 @@ class MeasurementRequest(BaseModel):
     def _kind_and_device_defaults(self) -> MeasurementRequest:
         self._profile = load_platform(self.platform) if self.platform else None
         if self.kind == PARITY:
-            given = [n for n in ("steps", "warmup") if getattr(self, n) is not None] + (
-                ["checkpointing"] if self.checkpointing != "off" else []
-            )
-            given += ["passes"] if self.passes != "both" else []
-            given += ["allocator"] if self.allocator != "platform" else []
+            fields = type(self).model_fields
+            given = [n for n in _MEMORY_ONLY if getattr(self, n) != fields[n].default]
             if given:
                 verb, pronoun = ("does", "it") if len(given) == 1 else ("do", "them")
                 raise ValueError(
@@ -299,8 +298,6 @@ class MeasurementRequest(BaseModel):
         profile = self._profile
         device = _device(profile)
         config = self._config(profile)
-        from heptstudy.meters.allocator import measurement_allocator
-
         allocator = (
             {} if self.allocator == "default" else measurement_allocator(profile, device.type) or {}
         )
@@ -347,11 +344,6 @@ class MeasurementRequest(BaseModel):
             return f"parity{'_deterministic' if self.deterministic else ''}_b{b}"
         return f"{report_part(self.checkpointing)}_b{b}"
 
-    def events_needed(self) -> int:
-        """Training-split events of the measured steps: every step has its own events."""
-        steps = 1 if self.kind == PARITY else self.warmup + self.steps
-        return self.batch_size * steps
-
 
 def _device(profile: PlatformConfig | None) -> torch.device:
     if profile is not None:
@@ -385,9 +377,7 @@ class Measurement:
 NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
     MEMORY: tuple(f for f in MeasurementRequest.model_fields if f not in ("kind", "progress")),
     PARITY: tuple(
-        f
-        for f in MeasurementRequest.model_fields
-        if f not in ("kind", "progress", "checkpointing", "steps", "warmup", "passes", "allocator")
+        f for f in MeasurementRequest.model_fields if f not in ("kind", "progress", *_MEMORY_ONLY)
     ),
 }
 
@@ -436,17 +426,3 @@ def from_notebook(kind: str, namespace: Mapping[str, Any]) -> MeasurementRequest
     return MeasurementRequest.build(
         kind=kind, **{k: namespace[k] for k in allowed if k in namespace}
     )
-
-
-__all__ = [
-    "DEFAULT_STEPS",
-    "MEMORY",
-    "NOTEBOOK_PARAMETERS",
-    "Measurement",
-    "PARITY",
-    "MeasurementRequest",
-    "RequestError",
-    "check_parameters",
-    "from_notebook",
-    "injected_parameters",
-]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from heptstudy.measure.report import BenchReport
+from heptstudy.meters.allocator import allocator_label
 from heptstudy.model.checkpoint_plan import AUTO, OFF
 
 
@@ -55,8 +56,6 @@ def describe(report: BenchReport) -> str:
 
 def _allocator_words(report: BenchReport) -> str:
     """On a CPU, the allocator the process ran with, and what its defaults do to step times."""
-    from heptstudy.meters.allocator import allocator_label
-
     env = report.environment
     if env.device_kind != "cpu" or not env.allocator or report.summary.mean_step_time_s is None:
         return ""

@@ -32,26 +32,15 @@ def launch_command(
     tail = ["--config", str(config_path)] + (["--resume", resume] if resume else [])
     if platform.launcher == "local":
         return [*LOCAL_TRAIN, *tail]
+    sizes = ["--nnodes", str(platform.nodes), "--nproc-per-node", str(platform.devices_per_node)]
     if platform.launcher == "torchrun":
-        return [
-            "torchrun",
-            "--standalone",
-            "--nnodes",
-            str(platform.nodes),
-            "--nproc-per-node",
-            str(platform.devices_per_node),
-            *MODULE_TRAIN,
-            *tail,
-        ]
+        return ["torchrun", "--standalone", *sizes, *MODULE_TRAIN, *tail]
     return [
         "srun",
         "--ntasks-per-node=1",
         f"--cpus-per-task={platform.cpus_per_task}",
         "torchrun",
-        "--nnodes",
-        str(platform.nodes),
-        "--nproc-per-node",
-        str(platform.devices_per_node),
+        *sizes,
         "--rdzv-id",
         Expand("${SLURM_JOB_ID}"),
         "--rdzv-backend",

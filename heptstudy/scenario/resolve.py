@@ -118,25 +118,6 @@ def _steps(freq: int, num_steps: int) -> list[int]:
     return list(range(freq, num_steps + 1, freq))
 
 
-def _variant(name: str, cfg: Config, plat: PlatformConfig, split: TestSplit) -> ResolvedVariant:
-    t, world = cfg.train, plat.world_size
-    return ResolvedVariant(
-        name=name,
-        config=cfg,
-        world_size=world,
-        nodes=plat.nodes,
-        devices_per_node=plat.devices_per_node,
-        per_device_batch=t.global_batch_size // (world * t.grad_accumulation),
-        grad_accumulation=t.grad_accumulation,
-        event_presentations=t.global_batch_size * t.num_steps,
-        val_steps=_steps(t.val_freq, t.num_steps),
-        checkpoint_steps=_steps(t.checkpoint_freq, t.num_steps),
-        dtype=t.dtype,
-        attention_backend=cfg.model.heptv2.attention_backend,
-        test_split=split,
-    )
-
-
 def resolve(
     scenario: str | Path,
     platform: str | Path,
@@ -170,7 +151,24 @@ def resolve(
         rules.check_batch_divides_devices(sc.name, name, cfg, plat)
         rules.check_frequencies_divide_steps(sc.name, name, cfg)
         split = rules.check_eval_within_test_split(sc.name, name, cfg, sc.test_split_events)
-        resolved.append(_variant(name, cfg, plat, split))
+        t = cfg.train
+        resolved.append(
+            ResolvedVariant(
+                name=name,
+                config=cfg,
+                world_size=plat.world_size,
+                nodes=plat.nodes,
+                devices_per_node=plat.devices_per_node,
+                per_device_batch=t.global_batch_size // (plat.world_size * t.grad_accumulation),
+                grad_accumulation=t.grad_accumulation,
+                event_presentations=t.global_batch_size * t.num_steps,
+                val_steps=_steps(t.val_freq, t.num_steps),
+                checkpoint_steps=_steps(t.checkpoint_freq, t.num_steps),
+                dtype=t.dtype,
+                attention_backend=cfg.model.heptv2.attention_backend,
+                test_split=split,
+            )
+        )
     wanted = list(variants) if variants else list(sc.variants)
     return Resolution(
         scenario=sc,
