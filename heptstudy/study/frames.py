@@ -1,5 +1,4 @@
-"""An experiments directory as pandas frames: one row per report, the baseline/checkpointed
-comparison, parity, the steps of one report, the events measured."""
+"""An experiments directory as pandas frames."""
 
 from __future__ import annotations
 
@@ -15,14 +14,12 @@ from heptstudy.model.checkpoint_plan import AUTO, NAMED, OFF
 from heptstudy.study.common import MEMORY, PARITY
 from heptstudy.study.schedule import locate, report_files
 
-#: The checkpointing policies of the study in the order the report shows them.
 POLICY_ORDER = tuple(plan.label for plan in NAMED.values())
 
 
 def policy_label(enabled, policy: str | None, every: int | None) -> str:
-    """The label of a frame row's checkpointing columns (``off``, ``full``, ``selective``,
-    ``every 2``, ``selective every 3``, ``auto``): the plan's label
-    (:attr:`heptstudy.measure.report.BenchReport.plan`) for a row of a report."""
+    """The plan's label (``off``, ``full``, ``every 2``, ...) of a frame row's checkpointing
+    columns."""
     if enabled == "auto" or not enabled:
         return "auto" if enabled == "auto" else "off"
     words = [policy] if policy not in (None, "full") else []
@@ -31,7 +28,6 @@ def policy_label(enabled, policy: str | None, every: int | None) -> str:
 
 
 def policy_labels(df) -> Any:
-    """:func:`policy_label` of every row (``policy_label`` column, else from the policy columns)."""
     import pandas as pd
 
     if "policy_label" in df.columns:
@@ -51,14 +47,13 @@ def policy_labels(df) -> Any:
 
 
 def load_reports(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
-    """Every ``*.json`` report directly in ``experiments_dir`` (sorted by name). Files that are
-    not valid reports are skipped with a warning, so one bad file does not hide the others."""
+    """Every ``*.json`` report directly in ``experiments_dir``; one bad file does not hide the
+    others (skipped with a warning)."""
     return _read_reports(sorted(Path(experiments_dir).glob("*.json")))
 
 
 def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
-    """Every report of a study folder: the first round (as :func:`load_reports`), the repeated
-    rounds (``repeats/``) and the runs with the default allocator (``default_allocator/``)."""
+    """Every report of a study folder: every round and allocator line."""
     return _read_reports(report_files(Path(experiments_dir)))
 
 
@@ -70,7 +65,6 @@ def _read_reports(paths) -> list[tuple[Path, Any]]:
         try:
             found.append((path, read_report(path)))
         except ReportError as err:
-            # a refused report's reason on one line: the file and the fields named
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             warnings.warn(f"skipped {path.name}: {'; '.join(lines[:5])}", stacklevel=3)
     return found
@@ -83,7 +77,7 @@ SYSTEM_TIME_DOMINATES = 0.3
 
 def host_usage_of(report) -> dict[str, float | None]:
     """Per counted step of a memory report: system CPU seconds, minor page faults, and system
-    time as a fraction of the step's wall time (None where the report has no such record)."""
+    time as a fraction of the step's wall time."""
     counted = [st for st in report.steps if st.counted and st.time_s]
     sys_t = [st.system_time_s for st in counted]
     faults = [st.minor_page_faults for st in counted]
@@ -100,8 +94,7 @@ def host_usage_of(report) -> dict[str, float | None]:
 
 
 def reports_frame(reports) -> Any:
-    """One row per report: what ran, where, its status and its summary numbers, the round of
-    the study it belongs to and the allocator line (``platform`` or ``default``)."""
+    """One row per report."""
     import pandas as pd
 
     rows = []
@@ -168,8 +161,7 @@ def reports_frame(reports) -> Any:
 
 
 def memory_frame(df) -> Any:
-    """Successful memory runs of the first round with the platform's allocator, sorted by batch
-    size then checkpointing."""
+    """Successful memory runs of the first round with the platform's allocator."""
     if df.empty:
         return df
     # frames without round or allocator line columns: all their rows
@@ -183,10 +175,8 @@ def memory_frame(df) -> Any:
 
 
 def against_off(df):
-    """For every batch size with a successful first-round memory run without checkpointing
-    (:func:`memory_frame`): ``(batch size, its runs indexed by policy label (the first of
-    each), the off run, the platform line's rows of overhead_frame there indexed by policy)``.
-    What :func:`comparison_frame` and :func:`~heptstudy.study.policies.policy_frame` compare."""
+    """``(batch size, its runs by policy label, the off run, its overhead_frame rows by policy)``
+    for every batch size with a successful first-round off run."""
     mem = memory_frame(df)
     if mem.empty:
         return
@@ -208,7 +198,6 @@ _MEMORY_COLUMNS = (
     "checkpointed_reserved_mib",
     "reserved_reduction_pct",
 )
-#: The time columns of a comparison row: the overhead_frame column each comes from.
 _TIME_COLUMNS = {
     "baseline_step_s": "off_step_s",
     "checkpointed_step_s": "on_step_s",
@@ -221,10 +210,8 @@ _TIME_COLUMNS = {
 
 
 def comparison_frame(df) -> Any:
-    """Per batch size with both a baseline and a checkpointed run of the full policy on every
-    layer (the original measurement; other policies are in :func:`~heptstudy.study.policies.
-    policy_frame`): the memory reduction of checkpointing, and its step-time overhead as the
-    median and range over the study's rounds (:func:`overhead_frame`), in percent."""
+    """Off against full checkpointing (the original measurement) per batch size: the memory
+    reduction and the step-time overhead over the rounds, in percent."""
     import pandas as pd
 
     rows = []
@@ -244,14 +231,9 @@ def comparison_frame(df) -> Any:
 
 
 def overhead_frame(df) -> Any:
-    """The step-time overhead of every checkpointing policy against ``off`` at the same batch
-    size, for each allocator line (``platform``: the platform's allocator settings,
-    ``default``: the allocator as it comes). The study measures compared runs in the same round
-    one after the other (fresh processes), so the overhead is computed per round from the two
-    runs' mean step times, then summarised as the median and the range (min, max) over the
-    rounds both runs have; the step columns are the medians over those rounds. ``flag`` names a
-    side whose system (kernel) CPU time exceeds :data:`SYSTEM_TIME_DOMINATES` of its step in any
-    of those rounds."""
+    """The step-time overhead of every policy against ``off`` at the same batch size, per
+    allocator line. Compared runs of one round ran one after the other, so the overhead is
+    computed per round, then summarised as the median and range over the rounds both have."""
     import statistics
 
     import pandas as pd
@@ -318,7 +300,6 @@ def overhead_frame(df) -> Any:
 
 
 def policy_rank(label: str) -> int:
-    """Where ``label`` comes in :data:`POLICY_ORDER` (labels outside it last)."""
     return POLICY_ORDER.index(label) if label in POLICY_ORDER else len(POLICY_ORDER)
 
 
@@ -345,8 +326,7 @@ def _system_flag(off_pct: float | None, on_pct: float | None) -> str:
 
 
 def dominated_runs(df) -> Any:
-    """Memory runs (every round and allocator line) whose system CPU time exceeds
-    :data:`SYSTEM_TIME_DOMINATES` of their step time."""
+    """Memory runs whose system CPU time exceeds :data:`SYSTEM_TIME_DOMINATES` of their step."""
     if df.empty or "sys_fraction" not in df.columns:
         return df.iloc[0:0]
     frac = df["sys_fraction"]
@@ -362,7 +342,6 @@ def pct_more(base, new):
 
 
 def parity_frame(reports) -> Any:
-    """One row per parity report and comparison (checkpointed vs baseline, repeat vs baseline)."""
     import pandas as pd
 
     rows = []
@@ -393,12 +372,10 @@ def parity_frame(reports) -> Any:
 
 
 def step_frame(report) -> Any:
-    """The per-step table of one memory report."""
     import pandas as pd
 
-    rows = []
-    for st in report.steps:
-        rows.append(
+    return pd.DataFrame(
+        [
             {
                 "step": st.step,
                 "counted": st.counted,
@@ -410,29 +387,24 @@ def step_frame(report) -> Any:
                 "peak_reserved_mib": st.peak_reserved_mib,
                 "loss_total": st.loss.get("total"),
             }
-        )
-    return pd.DataFrame(rows)
+            for st in report.steps
+        ]
+    )
 
 
 def measured_hits(reports) -> list[int]:
-    """Hits of every event used in a counted step of a memory report (repeats included)."""
-    hits: list[int] = []
-    for _, r in reports:
-        if r.kind == MEMORY:
-            for st in r.steps:
-                if st.counted:
-                    hits.extend(st.hits)
-    return hits
+    return [
+        h for _, r in reports if r.kind == MEMORY for st in r.steps if st.counted for h in st.hits
+    ]
 
 
 def hits_stats_for(df, split: str = "train") -> dict[str, Any] | None:
-    """Hits-per-event statistics (:func:`heptstudy.data.stats.hits_stats`) of the data set the
-    memory reports used; ``None`` when it cannot be opened (the reports still say what it was)."""
+    """Hits-per-event statistics of the data set the memory reports used; ``None`` when it
+    cannot be opened."""
     mem = df[df["kind"] == MEMORY] if not df.empty else df
     if mem.empty:
         return None
-    row = mem.iloc[0]
-    name, configs = row["dataset"], ["1"]
+    name, configs = mem.iloc[0]["dataset"], ["1"]
     try:
         configs = list(load_config(overrides=[]).data.configs)
     except Exception:  # noqa: BLE001

@@ -1,11 +1,9 @@
 """The kernels a study starts: local, over Unix sockets.
 
-Papermill's kernels talk to their client over ZeroMQ. jupyter_client's default transport is TCP
-on localhost without encryption, and ipykernel then warns, into every executed notebook's log,
-that code and outputs travel in plain text. A study's kernels never leave the machine, so they
-use the IPC transport instead: Unix sockets in the user's Jupyter runtime folder (mode 0700),
-which only the user can reach, and there is nothing to warn about. The sockets are removed
-with the kernel.
+jupyter_client's default transport is unencrypted TCP on localhost, and ipykernel then warns, into
+every executed notebook's log, that code and outputs travel in plain text. A study's kernels never
+leave the machine, so they use Unix sockets in the user's Jupyter runtime folder (mode 0700)
+instead: nothing to warn about, and nothing in the working directory.
 """
 
 from __future__ import annotations
@@ -20,22 +18,16 @@ from jupyter_core.paths import jupyter_runtime_dir
 
 
 class LocalKernelManager(KernelManager):
-    """A :class:`~jupyter_client.manager.KernelManager` on the IPC transport, its sockets in
-    the Jupyter runtime folder (not in the working directory, the repository)."""
-
     def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("transport", "ipc")
-        if kwargs["transport"] == "ipc" and not kwargs.get("ip"):
-            runtime = Path(jupyter_runtime_dir())
-            runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
-            # socket paths are limited to about 100 bytes: a short name
-            kwargs["ip"] = str(runtime / f"hs-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        super().__init__(**kwargs)
+        runtime = Path(jupyter_runtime_dir())
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # socket paths are limited to about 100 bytes: a short name
+        ip = str(runtime / f"hs-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        super().__init__(transport="ipc", ip=ip, **kwargs)
 
 
 def execute_notebook(input_path: str | os.PathLike, output_path: str | os.PathLike, **kwargs):
-    """:func:`papermill.execute_notebook` with its kernel started by
-    :class:`LocalKernelManager`."""
+    """:func:`papermill.execute_notebook` with its kernel on Unix sockets."""
     import papermill as pm
 
     kwargs.setdefault("kernel_manager_class", LocalKernelManager)
