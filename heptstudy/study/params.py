@@ -1,8 +1,5 @@
-"""The parameters of ``pipeline.ipynb`` (``memory.ipynb`` and ``parity.ipynb`` build a
-:class:`~heptstudy.measure.request.MeasurementRequest`, :func:`heptstudy.measure.request.
-from_notebook`): a short training run and its resume. Papermill's strings parse as in the
-request, and parameters the notebook does not have are refused.
-"""
+"""The parameters of ``pipeline.ipynb``; papermill's strings parse as in the measurement
+request, and parameters the notebook does not have are refused."""
 
 from __future__ import annotations
 
@@ -25,8 +22,6 @@ from heptstudy.measure.request import (
 
 
 class PipelineParameters(BaseModel):
-    """The parameters of ``pipeline.ipynb``: a short training run and its resume."""
-
     model_config = ConfigDict(extra="forbid")
 
     out_dir: OptionalPath = "experiments/pipeline"
@@ -64,8 +59,6 @@ class PipelineParameters(BaseModel):
 
 
 def pipeline_parameters(namespace: Mapping[str, Any]) -> PipelineParameters:
-    """``pipeline.ipynb``'s parameters from the kernel's globals, refusing any papermill
-    injected that the notebook does not have."""
     allowed = tuple(PipelineParameters.model_fields)
     check_parameters(injected_parameters(namespace.get("In")), allowed, "pipeline.ipynb")
     return PipelineParameters.build(**{k: namespace[k] for k in allowed if k in namespace})

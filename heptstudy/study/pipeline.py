@@ -1,9 +1,10 @@
-"""Helpers of ``pipeline.ipynb`` (a short training run and its resume) and ``explore.ipynb``
-(one training step's memory over time)."""
+"""Helpers of ``pipeline.ipynb`` and ``explore.ipynb``."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,6 @@ from heptstudy.train.step import run_step
 def fresh_output_dir(path: str | os.PathLike) -> Path:
     """An empty training output directory: an earlier pipeline run there (recognised by its
     ``config.yaml`` or ``metrics.jsonl``) is removed; anything else is refused."""
-    import shutil
-
     path = Path(path)
     if path.exists() and any(path.iterdir()):
         if not ((path / "config.yaml").exists() or (path / "metrics.jsonl").exists()):
@@ -34,13 +33,10 @@ def fresh_output_dir(path: str | os.PathLike) -> Path:
 
 def read_metrics(path: str | os.PathLike) -> Any:
     """``metrics.jsonl`` of a training run as a DataFrame (train and validation records)."""
-    import json
-
     import pandas as pd
 
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    df = pd.DataFrame(rows)
-    return df.drop(columns=[c for c in ("event_index_by_rank",) if c in df.columns])
+    return pd.DataFrame(rows).drop(columns=["event_index_by_rank"], errors="ignore")
 
 
 def compare_resume(original, resumed) -> Any:
@@ -67,10 +63,8 @@ def compare_resume(original, resumed) -> Any:
 
 
 def step_memory_timeline(config, batch, device=None) -> Any:
-    """Run one training step (:func:`heptstudy.train.step.run_step`) of a freshly seeded model
-    with the storage tracker over forward, loss and backward and return its
-    :class:`~heptstudy.meters.memory.StepMemory` (``.timeline`` of (op index, live bytes),
-    ``.marks`` where each phase starts)."""
+    """The :class:`~heptstudy.meters.memory.StepMemory` (with its timeline) of one training
+    step of a freshly seeded model."""
     import torch
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -12,11 +12,9 @@ from heptstudy.units import MIB
 
 
 def policy_frame(df, min_policies: int = 2) -> Any:
-    """One row per policy for every batch size with a baseline (``off``) and successful memory
-    runs of at least ``min_policies`` checkpointing policies: peaks (first round), the step
-    time (median over the rounds), and the memory cut and step-time overhead of each policy
-    against ``off`` of the same batch size; the overhead as the median and range over the
-    rounds (:func:`~heptstudy.study.frames.overhead_frame`)."""
+    """One row per policy for every batch size with an ``off`` run and at least
+    ``min_policies`` other policies: peaks, step time, and the memory cut and step-time
+    overhead against ``off``."""
     import pandas as pd
 
     columns = [
@@ -70,8 +68,7 @@ def policy_frame(df, min_policies: int = 2) -> Any:
 
 
 def categories_frame(reports) -> Any:
-    """One row per successful memory report with a category breakdown: MiB of each category at
-    the peak of its largest counted step, the peak itself, batch size and policy."""
+    """MiB of each category at the peak of the largest counted step of every memory report."""
     import pandas as pd
 
     rows = []
@@ -102,9 +99,8 @@ def categories_frame(reports) -> Any:
 
 
 def auto_order(policies, batch_size: int) -> list[str]:
-    """The order ``auto`` would try this study's plans in at ``batch_size``
-    (:func:`heptstudy.model.adaptive_checkpointing.order_by_cost` of each plan's measured
-    step-time overhead and peak), as policy labels."""
+    """The order ``auto`` would try this study's plans in at ``batch_size``, from their
+    measured overhead and peak."""
     rows = policies[(policies["batch_size"] == batch_size) & (policies["policy"] != "auto")]
     rows = rows.dropna(subset=["step_time_overhead_pct", "peak_allocated_mib"])
     measured = {

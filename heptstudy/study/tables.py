@@ -1,6 +1,4 @@
-"""The frames of :mod:`heptstudy.study.frames` as the report shows them: named columns, counts
-as integers, paths relative to the repository; :func:`show` renders a table without the pandas
-index."""
+"""The frames of :mod:`heptstudy.study.frames` as the report shows them."""
 
 from __future__ import annotations
 
@@ -41,7 +39,6 @@ _RUN_COLUMNS = {
 
 
 def integer_counts(table) -> Any:
-    """Count columns as pandas' nullable integers (a missing count stays missing)."""
     import pandas as pd
 
     table = table.copy()
@@ -67,9 +64,7 @@ def show(table, precision: int = 1, significant: bool = False) -> Any:
 
 
 def runs_table(df) -> Any:
-    """One row per configuration of the study (the first round, and the default-allocator
-    line): its status and figures, the median step time over its rounds, its system time and
-    page faults, and the machine that measured it."""
+    """One row per configuration of the study, its step time the median over its rounds."""
     import pandas as pd
 
     if df.empty:
@@ -120,8 +115,6 @@ def comparison_table(comp) -> Any:
 
 
 def overhead_table(over) -> Any:
-    """:func:`~heptstudy.study.frames.overhead_frame` as shown: one line per allocator line,
-    batch size and policy, the overhead's median and range over the rounds."""
     names = {
         "allocator_line": "allocator",
         "batch_size": "batch",
@@ -144,7 +137,6 @@ def overhead_table(over) -> Any:
 
 
 def policy_table(policies) -> Any:
-    """:func:`~heptstudy.study.policies.policy_frame` with named columns."""
     names = {
         "batch_size": "batch",
         "policy": "policy",
@@ -163,8 +155,7 @@ def policy_table(policies) -> Any:
 
 
 def _shown(frame, names: dict[str, str]) -> Any:
-    """The columns of ``frame`` named in ``names``, renamed, rounded to 0.1; the flag column
-    only where some row carries a flag."""
+    """The flag column only where some row carries a flag."""
     table = frame[[c for c in names if c in frame.columns]].rename(columns=names)
     if "flag" in table.columns and not table["flag"].fillna("").astype(bool).any():
         table = table.drop(columns="flag")
@@ -172,7 +163,6 @@ def _shown(frame, names: dict[str, str]) -> Any:
 
 
 def categories_table(categories) -> Any:
-    """:func:`~heptstudy.study.policies.categories_frame` with named columns (MiB)."""
     table = categories.drop(columns=["device_kind"]).rename(
         columns={"batch_size": "batch", "peak_mib": "peak [MiB]"}
     )
@@ -180,15 +170,8 @@ def categories_table(categories) -> Any:
 
 
 def predictions_table(predictions) -> Any:
-    """:func:`~heptstudy.study.fits.platform_predictions`'s table as shown: no index column and
-    no absolute path of the producing machine (paths inside the repository made relative)."""
-    roots = {str(ROOT) + "/"}
-
-    def relative(value):
-        if not isinstance(value, str):
-            return value
-        for root in roots:
-            value = value.replace(root, "")
-        return value
-
-    return show(predictions.map(relative), precision=3)
+    """No absolute path of the producing machine: paths inside the repository made relative."""
+    root = str(ROOT) + "/"
+    return show(
+        predictions.map(lambda v: v.replace(root, "") if isinstance(v, str) else v), precision=3
+    )
