@@ -12,7 +12,6 @@ import numpy as np
 from heptstudy.atomic import atomic_savefig
 from heptstudy.measure.summary import PHASE_LABELS
 from heptstudy.model.heptv2 import hit_coordinates
-from heptstudy.study.frames import policy_labels
 from heptstudy.study.policies import auto_order
 from heptstudy.units import MIB
 
@@ -148,7 +147,7 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
     """Peak memory against batch size, off and full checkpointing (other policies have their
     own figure); runs that ran out of memory drawn as crosses at the top of the axis."""
     fig, ax = _ax()
-    mem = mem[policy_labels(mem).isin(["off", "full"])]
+    mem = mem[mem["policy_label"].isin(["off", "full"])]
     for ckpt in (False, True):
         sel = mem[(mem["checkpointing"] == ckpt) & mem[column].notna()].sort_values("batch_size")
         if sel.empty:

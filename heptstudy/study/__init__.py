@@ -22,7 +22,6 @@ from heptstudy.study.frames import (
     memory_frame,
     overhead_frame,
     parity_frame,
-    policy_label,
     reports_frame,
     step_frame,
 )

@@ -17,35 +17,6 @@ from heptstudy.study.schedule import locate, report_files
 POLICY_ORDER = tuple(plan.label for plan in NAMED.values())
 
 
-def policy_label(enabled, policy: str | None, every: int | None) -> str:
-    """The plan's label (``off``, ``full``, ``every 2``, ...) of a frame row's checkpointing
-    columns."""
-    if enabled == "auto" or not enabled:
-        return "auto" if enabled == "auto" else "off"
-    words = [policy] if policy not in (None, "full") else []
-    words += [f"every {int(every)}"] if every and int(every) > 1 else []
-    return " ".join(words) or "full"
-
-
-def policy_labels(df) -> Any:
-    import pandas as pd
-
-    if "policy_label" in df.columns:
-        return df["policy_label"]
-    none = pd.Series([None] * len(df), index=df.index, dtype=object)
-    policy = df["policy"] if "policy" in df.columns else none
-    every = df["checkpoint_every"] if "checkpoint_every" in df.columns else none
-    labels = [
-        policy_label(
-            c if c == "auto" else bool(c),
-            None if pd.isna(p) or p == "none" else p,
-            None if pd.isna(e) else e,
-        )
-        for c, p, e in zip(df["checkpointing"], policy, every, strict=True)
-    ]
-    return pd.Series(labels, index=df.index, dtype=object)
-
-
 def load_reports(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
     """Every ``*.json`` report directly in ``experiments_dir``; one bad file does not hide the
     others (skipped with a warning)."""
@@ -182,7 +153,6 @@ def against_off(df):
         return
     over = overhead_frame(df)
     over = over[over["allocator_line"] == "platform"]
-    mem = mem.assign(policy_label=policy_labels(mem))
     for b, group in mem.groupby("batch_size"):
         runs = group.drop_duplicates("policy_label").set_index("policy_label")
         if "off" in runs.index:
@@ -257,7 +227,6 @@ def overhead_frame(df) -> Any:
         return pd.DataFrame(columns=columns)
     ok = df[(df["kind"] == MEMORY) & (df["status"] == "ok") & df["mean_step_s"].notna()]
     ok = ok.assign(
-        policy_label=policy_labels(ok),
         round=ok["round"] if "round" in ok.columns else 1,
         allocator_line=ok["allocator_line"] if "allocator_line" in ok.columns else "platform",
         sys_fraction=ok["sys_fraction"] if "sys_fraction" in ok.columns else None,
