@@ -12,7 +12,7 @@ import numpy as np
 from heptstudy.atomic import atomic_savefig
 from heptstudy.measure.summary import PHASE_LABELS
 from heptstudy.model.heptv2 import hit_coordinates
-from heptstudy.study.policies import auto_order
+from heptstudy.study.frames import auto_order
 from heptstudy.units import MIB
 
 COLORS = {False: "#1f77b4", True: "#d62728"}  # baseline blue, checkpointed red

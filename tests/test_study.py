@@ -443,7 +443,7 @@ def test_cli_has_study_commands(capsys):
 
 
 def _pipeline_config(**parameters):
-    from heptstudy.study.params import PipelineParameters
+    from heptstudy.study.pipeline import PipelineParameters
 
     return PipelineParameters.build(**parameters).config()
 
@@ -463,7 +463,7 @@ def test_pipeline_config_and_fresh_dir(tmp_path, tiny_data_dir):
         _pipeline_config(numsteps=3)
     with pytest.raises(RequestError, match="parameter checkpointing=1"):
         _pipeline_config(checkpointing=1)
-    from heptstudy.study.params import pipeline_parameters
+    from heptstudy.study.pipeline import pipeline_parameters
 
     injected = "# Parameters\nnumsteps = 3\n"  # papermill's cell for -p numsteps 3
     namespace = {"num_steps": 4, "numsteps": 3, "In": ["", "num_steps = 4", injected, ""]}

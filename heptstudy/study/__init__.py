@@ -13,6 +13,7 @@ from heptstudy.study.fits import (
     platform_predictions,
 )
 from heptstudy.study.frames import (
+    categories_frame,
     comparison_frame,
     hits_stats_for,
     host_usage_of,
@@ -22,6 +23,7 @@ from heptstudy.study.frames import (
     memory_frame,
     overhead_frame,
     parity_frame,
+    policy_frame,
     reports_frame,
     step_frame,
 )
@@ -32,7 +34,6 @@ from heptstudy.study.pipeline import (
     read_metrics,
     step_memory_timeline,
 )
-from heptstudy.study.policies import categories_frame, policy_frame
 from heptstudy.study.runner import run_study
 from heptstudy.study.tables import (
     categories_table,

@@ -14,9 +14,13 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from jupyter_client.manager import KernelManager
+from jupyter_core.paths import jupyter_runtime_dir
 
 from heptstudy.atomic import atomic_path, atomic_write_text
 from heptstudy.data.batching import dataset_for
@@ -28,7 +32,6 @@ from heptstudy.meters.allocator import AllocatorState, allocator_in_use, environ
 from heptstudy.names import inside
 from heptstudy.paths import ROOT
 from heptstudy.study.common import NOTEBOOKS, StudyError
-from heptstudy.study.kernel import execute_notebook
 from heptstudy.study.matrix import Matrix, Run, load_matrix
 from heptstudy.study.outputs import (
     PENDING,
@@ -41,6 +44,26 @@ from heptstudy.study.outputs import (
 )
 from heptstudy.study.resume import fingerprint, resumable, run_identity, stamp
 from heptstudy.study.schedule import DEFAULT, Execution, report_files, schedule
+
+
+# The study's kernels use Unix sockets in the user's Jupyter runtime folder (mode 0700), not
+# jupyter_client's default unencrypted TCP on localhost: they never leave the machine, and
+# ipykernel then has no plain-text warning to write into every executed notebook's log.
+class LocalKernelManager(KernelManager):
+    def __init__(self, **kwargs: Any) -> None:
+        runtime = Path(jupyter_runtime_dir())
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # socket paths are limited to about 100 bytes: a short name
+        ip = str(runtime / f"hs-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        super().__init__(transport="ipc", ip=ip, **kwargs)
+
+
+def execute_notebook(input_path: str | os.PathLike, output_path: str | os.PathLike, **kwargs):
+    """:func:`papermill.execute_notebook` with its kernel on Unix sockets."""
+    import papermill as pm
+
+    kwargs.setdefault("kernel_manager_class", LocalKernelManager)
+    return pm.execute_notebook(str(input_path), str(output_path), **kwargs)
 
 
 @dataclass
