@@ -138,13 +138,12 @@ def memory_frame(df) -> Any:
     """Successful memory runs of the first round with the platform's allocator."""
     if df.empty:
         return df
-    # frames without round or allocator line columns: all their rows
-    keep = (df["kind"] == MEMORY) & (df["status"] == "ok")
-    if "round" in df.columns:
-        keep &= df["round"].fillna(1) == 1
-    if "allocator_line" in df.columns:
-        keep &= df["allocator_line"].fillna("platform") == "platform"
-    ok = df[keep]
+    ok = df[
+        (df["kind"] == MEMORY)
+        & (df["status"] == "ok")
+        & (df["round"] == 1)
+        & (df["allocator_line"] == "platform")
+    ]
     return ok.sort_values(["batch_size", "checkpointing"]).reset_index(drop=True)
 
 
@@ -229,11 +228,6 @@ def overhead_frame(df) -> Any:
     if df.empty or "mean_step_s" not in df.columns:
         return pd.DataFrame(columns=columns)
     ok = df[(df["kind"] == MEMORY) & (df["status"] == "ok") & df["mean_step_s"].notna()]
-    ok = ok.assign(
-        round=ok["round"] if "round" in ok.columns else 1,
-        allocator_line=ok["allocator_line"] if "allocator_line" in ok.columns else "platform",
-        sys_fraction=ok["sys_fraction"] if "sys_fraction" in ok.columns else None,
-    )
     rows = []
     for (line, b), group in ok.groupby(["allocator_line", "batch_size"], sort=True):
         off = group[group["policy_label"] == "off"].drop_duplicates("round").set_index("round")

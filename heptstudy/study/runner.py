@@ -71,12 +71,9 @@ class RunResult:
     name: str
     status: str  # "ok", "oom", "error", "skipped" (resumed: its report has the run's fingerprint)
     report: Path
-    notebook: Path | None
+    label: str
     seconds: float = 0.0
     message: str = ""
-    round: int = 1
-    allocator: str = "platform"
-    label: str = ""
 
 
 @dataclass
@@ -248,12 +245,11 @@ def run_one(
     ex = prep.execution
     final = inside(out, ex.report, f"run {ex.name!r}: report")
     nb_final = inside(out, ex.notebook, f"run {ex.name!r}: executed notebook")
-    result = dict(round=ex.round, allocator=ex.allocator, label=ex.label)
     why = ""
     if final.exists() and not force:
         resume, why = resumable(final, prep.fingerprint, prep.identity)
         if resume:
-            return RunResult(ex.name, "skipped", final, nb_final, message=why, **result)
+            return RunResult(ex.name, "skipped", final, ex.label, message=why)
     elif final.exists():
         why = "--force: measuring again"
     pending, nb_pending = out / PENDING / ex.report, out / PENDING / ex.notebook
@@ -287,7 +283,7 @@ def run_one(
     if nb_pending.exists():
         replace_with_pending(nb_pending, nb_final, superseded)
     message = "; ".join(m for m in (message, note) if m)
-    return RunResult(ex.name, status, final, nb_final, seconds, message, **result)
+    return RunResult(ex.name, status, final, ex.label, seconds, message)
 
 
 def run_study(

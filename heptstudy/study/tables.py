@@ -69,21 +69,19 @@ def runs_table(df) -> Any:
 
     if df.empty:
         return df
-    first = df[df["round"].fillna(1) == 1] if "round" in df.columns else df
-    rows = first.copy()
-    if "round" in df.columns and "mean_step_s" in df.columns:
-        key = ["allocator_line", "name"]
-        timed = df[df["mean_step_s"].notna()].groupby(key)
-        rows = rows.merge(
-            timed["mean_step_s"].median().rename("median_step_s"), on=key, how="left"
-        ).merge(timed["round"].nunique().rename("rounds"), on=key, how="left")
-        rows["mean_step_s"] = rows["median_step_s"].where(
-            rows["median_step_s"].notna(), rows["mean_step_s"]
-        )
-    if "sys_fraction" in rows.columns:
-        rows["sys_pct"] = 100 * pd.to_numeric(rows["sys_fraction"], errors="coerce")
-    order = ("allocator_line", "kind", "batch_size", "checkpointing", "name")
-    rows = rows.sort_values([c for c in order if c in rows.columns]).reset_index(drop=True)
+    key = ["allocator_line", "name"]
+    timed = df[df["mean_step_s"].notna()].groupby(key)
+    rows = (
+        df[df["round"] == 1]
+        .merge(timed["mean_step_s"].median().rename("median_step_s"), on=key, how="left")
+        .merge(timed["round"].nunique().rename("rounds"), on=key, how="left")
+    )
+    rows["mean_step_s"] = rows["median_step_s"].where(
+        rows["median_step_s"].notna(), rows["mean_step_s"]
+    )
+    rows["sys_pct"] = 100 * pd.to_numeric(rows["sys_fraction"], errors="coerce")
+    order = ["allocator_line", "kind", "batch_size", "checkpointing", "name"]
+    rows = rows.sort_values(order).reset_index(drop=True)
     cols = [c for c in _RUN_COLUMNS if c in rows.columns]
     table = rows[cols].rename(columns=_RUN_COLUMNS)
     for col in ("error", "system time [% of step]", "minor page faults/step", "rounds"):
