@@ -162,14 +162,51 @@ def against_off(df):
             yield b, runs, runs.loc["off"], timed
 
 
-_MEMORY_COLUMNS = (
-    "baseline_allocated_mib",
-    "checkpointed_allocated_mib",
-    "allocated_reduction_pct",
-    "baseline_reserved_mib",
-    "checkpointed_reserved_mib",
-    "reserved_reduction_pct",
-)
+#: The columns of each frame and their names in the report's tables.
+COMPARISON_COLUMNS = {
+    "batch_size": "batch",
+    "baseline_allocated_mib": "allocated off [MiB]",
+    "checkpointed_allocated_mib": "allocated on [MiB]",
+    "allocated_reduction_pct": "allocated reduction [%]",
+    "baseline_reserved_mib": "reserved off [MiB]",
+    "checkpointed_reserved_mib": "reserved on [MiB]",
+    "reserved_reduction_pct": "reserved reduction [%]",
+    "baseline_step_s": "step off [s]",
+    "checkpointed_step_s": "step on [s]",
+    "step_time_overhead_pct": "step-time overhead, median [%]",
+    "overhead_min_pct": "overhead min [%]",
+    "overhead_max_pct": "overhead max [%]",
+    "rounds": "rounds",
+    "flag": "flag",
+}
+OVERHEAD_COLUMNS = {
+    "allocator_line": "allocator",
+    "batch_size": "batch",
+    "policy": "policy",
+    "rounds": "rounds",
+    "off_step_s": "step off [s]",
+    "on_step_s": "step on [s]",
+    "overhead_median_pct": "overhead, median [%]",
+    "overhead_min_pct": "min [%]",
+    "overhead_max_pct": "max [%]",
+    "off_sys_pct": "system time off [% of step]",
+    "on_sys_pct": "system time on [% of step]",
+    "flag": "flag",
+}
+POLICY_COLUMNS = {
+    "batch_size": "batch",
+    "policy": "policy",
+    "peak_allocated_mib": "peak allocated [MiB]",
+    "peak_reserved_mib": "peak reserved [MiB]",
+    "mean_step_s": "step [s]",
+    "allocated_cut_pct": "allocated cut vs off [%]",
+    "reserved_cut_pct": "reserved cut vs off [%]",
+    "step_time_overhead_pct": "step-time overhead vs off, median [%]",
+    "overhead_min_pct": "overhead min [%]",
+    "overhead_max_pct": "overhead max [%]",
+    "rounds": "rounds",
+    "flag": "flag",
+}
 _TIME_COLUMNS = {
     "baseline_step_s": "off_step_s",
     "checkpointed_step_s": "on_step_s",
@@ -199,7 +236,7 @@ def comparison_frame(df) -> Any:
             row[f"checkpointed_{peak}_mib"] = ckpt
             row[f"{peak}_reduction_pct"] = pct_less(base, ckpt)
         rows.append({**row, **{k: None if t is None else t[v] for k, v in _TIME_COLUMNS.items()}})
-    return pd.DataFrame(rows, columns=["batch_size", *_MEMORY_COLUMNS, *_TIME_COLUMNS])
+    return pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
 
 
 def overhead_frame(df) -> Any:
@@ -210,21 +247,7 @@ def overhead_frame(df) -> Any:
 
     import pandas as pd
 
-    columns = [
-        "allocator_line",
-        "batch_size",
-        "policy",
-        "rounds",
-        "off_step_s",
-        "on_step_s",
-        "overhead_median_pct",
-        "overhead_min_pct",
-        "overhead_max_pct",
-        "off_sys_pct",
-        "on_sys_pct",
-        "flag",
-        "allocator",
-    ]
+    columns = [*OVERHEAD_COLUMNS, "allocator"]
     if df.empty or "mean_step_s" not in df.columns:
         return pd.DataFrame(columns=columns)
     ok = df[(df["kind"] == MEMORY) & (df["status"] == "ok") & df["mean_step_s"].notna()]
@@ -390,21 +413,7 @@ def policy_frame(df, min_policies: int = 2) -> Any:
     overhead against ``off``."""
     import pandas as pd
 
-    columns = [
-        "batch_size",
-        "policy",
-        "peak_allocated_mib",
-        "peak_reserved_mib",
-        "mean_step_s",
-        "allocated_cut_pct",
-        "reserved_cut_pct",
-        "step_time_overhead_pct",
-        "overhead_min_pct",
-        "overhead_max_pct",
-        "rounds",
-        "flag",
-        "name",
-    ]
+    columns = [*POLICY_COLUMNS, "name"]
     rows = []
     for b, runs, off, timed in against_off(df):
         if len(runs) - 1 < min_policies:

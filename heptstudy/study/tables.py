@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from heptstudy.paths import ROOT
+from heptstudy.study.frames import COMPARISON_COLUMNS, OVERHEAD_COLUMNS, POLICY_COLUMNS
 
 #: Columns that count something: shown as integers, never as ``2.0``.
 _COUNTS = (
@@ -93,41 +94,11 @@ def runs_table(df) -> Any:
 
 
 def comparison_table(comp) -> Any:
-    names = {
-        "batch_size": "batch",
-        "baseline_allocated_mib": "allocated off [MiB]",
-        "checkpointed_allocated_mib": "allocated on [MiB]",
-        "allocated_reduction_pct": "allocated reduction [%]",
-        "baseline_reserved_mib": "reserved off [MiB]",
-        "checkpointed_reserved_mib": "reserved on [MiB]",
-        "reserved_reduction_pct": "reserved reduction [%]",
-        "baseline_step_s": "step off [s]",
-        "checkpointed_step_s": "step on [s]",
-        "step_time_overhead_pct": "step-time overhead, median [%]",
-        "overhead_min_pct": "overhead min [%]",
-        "overhead_max_pct": "overhead max [%]",
-        "rounds": "rounds",
-        "flag": "flag",
-    }
-    return _shown(comp, names)
+    return _shown(comp, COMPARISON_COLUMNS)
 
 
 def overhead_table(over) -> Any:
-    names = {
-        "allocator_line": "allocator",
-        "batch_size": "batch",
-        "policy": "policy",
-        "rounds": "rounds",
-        "off_step_s": "step off [s]",
-        "on_step_s": "step on [s]",
-        "overhead_median_pct": "overhead, median [%]",
-        "overhead_min_pct": "min [%]",
-        "overhead_max_pct": "max [%]",
-        "off_sys_pct": "system time off [% of step]",
-        "on_sys_pct": "system time on [% of step]",
-        "flag": "flag",
-    }
-    table = _shown(over, names)
+    table = _shown(over, OVERHEAD_COLUMNS)
     table["allocator"] = table["allocator"].map(
         {"platform": "platform setting", "default": "default (as it comes)"}
     )
@@ -135,21 +106,7 @@ def overhead_table(over) -> Any:
 
 
 def policy_table(policies) -> Any:
-    names = {
-        "batch_size": "batch",
-        "policy": "policy",
-        "peak_allocated_mib": "peak allocated [MiB]",
-        "peak_reserved_mib": "peak reserved [MiB]",
-        "mean_step_s": "step [s]",
-        "allocated_cut_pct": "allocated cut vs off [%]",
-        "reserved_cut_pct": "reserved cut vs off [%]",
-        "step_time_overhead_pct": "step-time overhead vs off, median [%]",
-        "overhead_min_pct": "overhead min [%]",
-        "overhead_max_pct": "overhead max [%]",
-        "rounds": "rounds",
-        "flag": "flag",
-    }
-    return _shown(policies, names)
+    return _shown(policies, POLICY_COLUMNS)
 
 
 def _shown(frame, names: dict[str, str]) -> Any:
