@@ -39,10 +39,6 @@ class AutoAnswer:
         return asdict(self)
 
 
-def plan_of_report_step(report, step) -> str | None:
-    return step.checkpoint_plan if report.plan is AUTO else report.plan.name
-
-
 def measured_rates(reports) -> tuple[dict[str, float], dict[str, int]]:
     """Median seconds per padded batch hit of the counted steps, per plan, and how many steps
     each comes from."""
@@ -53,7 +49,7 @@ def measured_rates(reports) -> tuple[dict[str, float], dict[str, int]]:
         for st in r.steps:
             if not st.counted or not st.time_s or not st.padded_hits:
                 continue
-            plan = plan_of_report_step(r, st)
+            plan = st.checkpoint_plan if r.plan is AUTO else r.plan.name
             if plan is None:
                 continue
             hits = len(st.padded_hits) * max(st.padded_hits)

@@ -104,20 +104,19 @@ def compare_resume(original, resumed) -> Any:
 
     a = original[original["kind"] == "train"].set_index("step")
     b = resumed[resumed["kind"] == "train"].set_index("step")
-    steps = [s for s in b.index if s in a.index]
     cols = [c for c in b.columns if c.startswith("loss_")]
-    rows = []
-    for s in steps:
-        for c in cols:
-            rows.append(
-                {
-                    "step": s,
-                    "loss": c.removeprefix("loss_"),
-                    "original": a.at[s, c],
-                    "resumed": b.at[s, c],
-                    "equal": bool(a.at[s, c] == b.at[s, c]),
-                }
-            )
+    rows = [
+        {
+            "step": s,
+            "loss": c.removeprefix("loss_"),
+            "original": a.at[s, c],
+            "resumed": b.at[s, c],
+            "equal": bool(a.at[s, c] == b.at[s, c]),
+        }
+        for s in b.index
+        if s in a.index
+        for c in cols
+    ]
     return pd.DataFrame(rows, columns=["step", "loss", "original", "resumed", "equal"])
 
 
