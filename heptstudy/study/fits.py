@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from heptstudy.estimate.keys import checkpointing_words
-from heptstudy.fitting import FitRequest, fit, fit_reports
+from heptstudy.fitting import FitRequest, fit
 from heptstudy.fitting.api import repo_path
 from heptstudy.fitting.plots import fit_figure, fit_table, peak_vs_longest_figure
+from heptstudy.fitting.reports import fit_reports
 from heptstudy.study.common import MEMORY
 
 PLATFORMS = ("h100", "lumi_mi250x")
