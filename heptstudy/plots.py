@@ -4,6 +4,7 @@ mplhep style when it is installed); :func:`save` writes a figure as PNG and PDF.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +121,7 @@ def _memory_by_module(by_module: dict[str, dict[str, int]], title: str, top: int
     rest = owners[top:]
     shown = {o: by_module[o] for o in owners[:top]}
     if rest:
-        merged: dict[str, int] = {}
-        for o in rest:
-            for c, v in by_module[o].items():
-                merged[c] = merged.get(c, 0) + v
-        shown[f"{len(rest)} more"] = merged
+        shown[f"{len(rest)} more"] = sum((Counter(by_module[o]) for o in rest), Counter())
     names = list(shown)[::-1]
     fig, ax = _ax((8.5, 0.35 * len(names) + 1.8))
     left = np.zeros(len(names))

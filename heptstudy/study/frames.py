@@ -387,7 +387,7 @@ def measured_hits(reports) -> list[int]:
     ]
 
 
-def hits_stats_for(df, split: str = "train") -> dict[str, Any] | None:
+def hits_stats_for(df) -> dict[str, Any] | None:
     """Hits-per-event statistics of the data set the memory reports used; ``None`` when it
     cannot be opened."""
     mem = df[df["kind"] == MEMORY] if not df.empty else df
@@ -401,7 +401,7 @@ def hits_stats_for(df, split: str = "train") -> dict[str, Any] | None:
     for _, r in mem.iterrows():
         if r.get("data_dir"):
             try:
-                return hits_stats(r["data_dir"], name, configs, split)
+                return hits_stats(r["data_dir"], name, configs, "train")
             except Exception:  # noqa: BLE001 - data moved or deleted since the run
                 continue
     return None
