@@ -1,11 +1,10 @@
-"""Figures shared by the notebooks (matplotlib, the mplhep style when it is installed).
-
-Every function draws on an ``ax`` it is given (or makes one) and returns the figure, so notebooks
-stay one call per picture; :func:`save` writes a figure as PNG and PDF.
+"""Figures of the notebooks: one call per picture, each returning its figure (matplotlib, the
+mplhep style when it is installed); :func:`save` writes a figure as PNG and PDF.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,7 @@ import numpy as np
 from heptstudy.atomic import atomic_savefig
 from heptstudy.measure.summary import PHASE_LABELS
 from heptstudy.model.heptv2 import hit_coordinates
-from heptstudy.study.frames import policy_labels
-from heptstudy.study.policies import auto_order
+from heptstudy.study.frames import auto_order
 from heptstudy.units import MIB
 
 COLORS = {False: "#1f77b4", True: "#d62728"}  # baseline blue, checkpointed red
@@ -23,7 +21,6 @@ LABELS = {False: "no checkpointing", True: "checkpointing"}
 
 
 def use_style() -> None:
-    """The mplhep ROOT-like style (no experiment label), falling back to matplotlib's."""
     import matplotlib.pyplot as plt
 
     try:
@@ -35,17 +32,13 @@ def use_style() -> None:
         plt.style.use("default")
 
 
-def _ax(ax=None, figsize=(7.5, 5.0)):
+def _ax(figsize=(7.5, 5.0)):
     import matplotlib.pyplot as plt
 
-    if ax is None:
-        fig, ax = plt.subplots(figsize=figsize)
-        return fig, ax
-    return ax.figure, ax
+    return plt.subplots(figsize=figsize)
 
 
 def save(fig, figures_dir: str | Path, name: str) -> list[Path]:
-    """``figures_dir/name.png`` (150 dpi) and ``.pdf``."""
     out = Path(figures_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
@@ -59,7 +52,6 @@ def data_label(synthetic: bool | None) -> str:
 
 
 def _finish(fig, ax, tag: str) -> Any:
-    """``tag`` (what the data is) in the top-left corner, then a tight layout."""
     if tag:
         ax.text(
             0.02, 0.98, tag, transform=ax.transAxes, ha="left", va="top", fontsize=10, color="0.3"
@@ -68,13 +60,7 @@ def _finish(fig, ax, tag: str) -> Any:
     return fig
 
 
-# --------------------------------------------------------------------------------------------
-# One run (memory.ipynb)
-# --------------------------------------------------------------------------------------------
-
-
 def run_steps(steps, title: str = "") -> Any:
-    """Per-step time and peak memory of one run (``study.step_frame``); warm-up steps hatched."""
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -111,14 +97,14 @@ def run_steps(steps, title: str = "") -> Any:
 
 
 def memory_categories(
-    categories: dict[str, int], title: str = "", ax=None, by_module=None, top: int = 14
+    categories: dict[str, int], title: str = "", by_module=None, top: int = 14
 ) -> Any:
     """Live MiB by category at the step's peak (parameters, gradients, activations, ...); with
     ``by_module`` (a report's ``by_module_bytes``) the same bytes by the module, phase or
     baseline that made them, stacked by category, the ``top`` largest owners."""
     if by_module:
         return _memory_by_module(by_module, title, top)
-    fig, ax = _ax(ax, (7.5, 4.0))
+    fig, ax = _ax((7.5, 4.0))
     names = list(categories)
     vals = np.array([categories[n] for n in names], float) / MIB
     ax.barh(names, vals, color="#4c72b0")
@@ -135,13 +121,9 @@ def _memory_by_module(by_module: dict[str, dict[str, int]], title: str, top: int
     rest = owners[top:]
     shown = {o: by_module[o] for o in owners[:top]}
     if rest:
-        merged: dict[str, int] = {}
-        for o in rest:
-            for c, v in by_module[o].items():
-                merged[c] = merged.get(c, 0) + v
-        shown[f"{len(rest)} more"] = merged
+        shown[f"{len(rest)} more"] = sum((Counter(by_module[o]) for o in rest), Counter())
     names = list(shown)[::-1]
-    fig, ax = _ax(None, (8.5, 0.35 * len(names) + 1.8))
+    fig, ax = _ax((8.5, 0.35 * len(names) + 1.8))
     left = np.zeros(len(names))
     for cat, color in CATEGORY_COLORS.items():
         vals = np.array([shown[n].get(cat, 0) for n in names], float) / MIB
@@ -158,18 +140,11 @@ def _memory_by_module(by_module: dict[str, dict[str, int]], title: str, top: int
     return fig
 
 
-# --------------------------------------------------------------------------------------------
-# Aggregate
-# --------------------------------------------------------------------------------------------
-
-
-def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "", ax=None) -> Any:
-    """Peak memory against batch size, with and without checkpointing; runs that ran out of
-    memory drawn as crosses at the top of the axis."""
-    fig, ax = _ax(ax)
-    # The headline lines: off and the default policy (full, every layer); other policies have
-    # their own trade-off figure.
-    mem = mem[policy_labels(mem).isin(["off", "full"])]
+def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> Any:
+    """Peak memory against batch size, off and full checkpointing (other policies have their
+    own figure); runs that ran out of memory drawn as crosses at the top of the axis."""
+    fig, ax = _ax()
+    mem = mem[mem["policy_label"].isin(["off", "full"])]
     for ckpt in (False, True):
         sel = mem[(mem["checkpointing"] == ckpt) & mem[column].notna()].sort_values("batch_size")
         if sel.empty:
@@ -223,11 +198,8 @@ def _set_batch_ticks(ax, *frames) -> None:
         ax.set_xlim(values[0] / 1.5, values[-1] * 1.5)
 
 
-def percent_vs_batch(
-    comp, columns: list[tuple[str, str]], ylabel: str, tag: str = "", ax=None
-) -> Any:
-    """Percent columns of ``study.comparison_frame`` as grouped bars against batch size."""
-    fig, ax = _ax(ax)
+def percent_vs_batch(comp, columns: list[tuple[str, str]], ylabel: str, tag: str = "") -> Any:
+    fig, ax = _ax()
     x = np.arange(len(comp))
     width = 0.8 / max(len(columns), 1)
     for j, (col, label) in enumerate(columns):
@@ -256,10 +228,10 @@ def percent_vs_batch(
     return _finish(fig, ax, tag)
 
 
-def parity_gradients(reports, ax=None) -> Any:
+def parity_gradients(reports) -> Any:
     """Relative L2 difference of every parameter gradient: checkpointed vs baseline against
     repeat vs baseline (points on the diagonal: checkpointing changes no more than a repeat)."""
-    fig, ax = _ax(ax, (6.5, 6.0))
+    fig, ax = _ax((6.5, 6.0))
     lo, hi = np.inf, 0.0
     drawn = False
     for _, r in reports:
@@ -294,10 +266,9 @@ def parity_gradients(reports, ax=None) -> Any:
     return fig
 
 
-def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = None, ax=None) -> Any:
-    """Hits per event of the data set (``heptstudy.data.stats.hits_stats``), with the events
-    of the measured steps on top; 'synthetic' or 'real' in the title."""
-    fig, ax = _ax(ax)
+def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = None) -> Any:
+    """Hits per event of the data set, with the events of the measured steps on top."""
+    fig, ax = _ax()
     if stats is None and not measured:
         ax.text(0.5, 0.5, "data set not available", ha="center", transform=ax.transAxes)
         return fig
@@ -336,14 +307,9 @@ def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = No
     return fig
 
 
-# --------------------------------------------------------------------------------------------
-# Explore
-# --------------------------------------------------------------------------------------------
-
-
-def event_hits(batch, event: int = 0, synthetic: bool | None = None, ax=None) -> Any:
+def event_hits(batch, event: int = 0, synthetic: bool | None = None) -> Any:
     """One event's hits in (eta, phi), coloured by the particle that made them (grey: none)."""
-    fig, ax = _ax(ax, (8, 5.5))
+    fig, ax = _ax((8, 5.5))
     n = int(batch["length"][event])
     coords = hit_coordinates(batch["X"][event : event + 1])[0, :n].cpu().numpy()
     owner = batch["ytarget"][event, :n, 13].cpu().numpy().astype(int)  # particle_number; 0: none
@@ -375,13 +341,12 @@ def lsh_buckets(
     head: int = 0,
     event: int = 0,
     highlight: int = 6,
-    ax=None,
 ) -> Any:
-    """The LSH buckets of one backbone layer (one hashing round and head) on one event: every
-    hit coloured by its bucket; a few buckets drawn large so their shape is visible."""
+    """The LSH buckets of one layer, hashing round and head on one event; a few buckets drawn
+    large so their shape is visible."""
     import torch
 
-    fig, ax = _ax(ax, (8, 5.5))
+    fig, ax = _ax((8, 5.5))
     blk = model.backbone[layer]
     X = batch["X"][event : event + 1]
     mask = batch["mask"][event : event + 1]
@@ -419,10 +384,9 @@ def lsh_buckets(
     return fig
 
 
-def memory_timeline(steps: dict[str, Any], ax=None) -> Any:
-    """Live memory over one training step (op index on x), one line per mode; ``steps`` maps a
-    label (e.g. "no checkpointing") to a ``StepMemory`` with a timeline."""
-    fig, ax = _ax(ax, (10, 5))
+def memory_timeline(steps: dict[str, Any]) -> Any:
+    """Live memory over one training step; ``steps`` maps a label to a ``StepMemory``."""
+    fig, ax = _ax((10, 5))
     for i, (label, mem) in enumerate(steps.items()):
         if not mem.timeline:
             continue
@@ -466,13 +430,11 @@ POLICY_COLORS = {
 }
 
 
-def policy_tradeoff(policies, tag: str = "", ax=None) -> Any:
-    """Peak allocated against mean step time (``study.policy_frame``): one point per
-    checkpointing policy, labelled with its memory cut and step-time overhead against ``off`` of
-    the same batch size; one grey line per batch size through its points, and a dashed arrow
-    through the plans in the order ``auto`` tries them, measured from these points
-    (:func:`heptstudy.study.policies.auto_order`: cheapest first, dominated plans left out)."""
-    fig, ax = _ax(ax, (8.5, 5.5))
+def policy_tradeoff(policies, tag: str = "") -> Any:
+    """Peak allocated against mean step time, one point per policy with its memory cut and
+    overhead against ``off``, and a dashed line through the plans in the order ``auto`` tries
+    them (cheapest first, dominated plans left out)."""
+    fig, ax = _ax((8.5, 5.5))
     for b, group in policies.groupby("batch_size"):
         order = ["off", *auto_order(policies, b)]
         path = group.set_index("policy").reindex(order).dropna(subset=["mean_step_s"])
@@ -531,71 +493,69 @@ CATEGORY_COLORS = {
 }
 
 
-def memory_categories_stacked(categories, tag: str = "", ax=None) -> Any:
-    """Stacked bars of live MiB by category at the step's peak (``study.categories_frame``),
-    one bar per memory report, grouped by batch size (a gap between groups), policies in order."""
-    fig, ax = _ax(ax, (max(7.5, 0.9 * len(categories) + 3), 5.5))
+def memory_categories_stacked(categories, tag: str = "") -> Any:
+    """Live MiB by category at the step's peak, one stacked bar per memory report, a gap
+    between batch sizes."""
+    fig, ax = _ax((max(7.5, 0.9 * len(categories) + 3), 5.5))
     x, pos, last = [], 0.0, None
     for b in categories["batch_size"]:
         if last is not None and b != last:
             pos += 0.6
         x.append(pos)
         pos, last = pos + 1, b
-    x = np.array(x)
-    bottom = np.zeros(len(categories))
-    for cat, color in CATEGORY_COLORS.items():
-        vals = categories[cat].astype(float).to_numpy()
-        ax.bar(x, vals, 0.8, bottom=bottom, color=color, label=cat.replace("_", " "))
-        bottom += vals
-    for xi, top in zip(x, bottom, strict=True):
-        ax.annotate(f"{top:,.0f}", (xi, top), ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(x)
-    ax.set_xticklabels(
-        [
-            f"b{int(b)}\n{p}"
-            for b, p in zip(categories["batch_size"], categories["policy"], strict=True)
-        ],
-        fontsize=9,
-    )
+    layers = [
+        (cat.replace("_", " "), color, categories[cat].astype(float).to_numpy())
+        for cat, color in CATEGORY_COLORS.items()
+    ]
+    ticks = [
+        f"b{int(b)}\n{p}"
+        for b, p in zip(categories["batch_size"], categories["policy"], strict=True)
+    ]
     ax.set_xlabel("batch size and checkpointing policy")
-    ax.set_ylabel("live MiB at the step's peak")
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92), ncol=3, fontsize=9)
-    return _finish(fig, ax, tag)
+    totals = [f"{top:,.0f}" for top in sum(vals for _, _, vals in layers)]
+    return _stacked(fig, ax, np.array(x), layers, totals, ticks, "live MiB at the step's peak", tag)
 
 
 PHASE_COLORS = ("#4c72b0", "#8172b3", "#ccb974", "#c44e52", "#55a868")
 
 
-def step_breakdown_figure(breakdown, tag: str = "", ax=None) -> Any:
-    """Stacked bars of the mean time per step phase (``summary.step_breakdown_frame``): one bar
-    per memory report, labelled with its name; the bar's total is the sum of the phases (the
-    mean step time is printed above it). ``tag`` names the data (synthetic or not)."""
-    fig, ax = _ax(ax, (max(7.5, 0.9 * len(breakdown) + 3), 5.5))
+def step_breakdown_figure(breakdown, tag: str = "") -> Any:
+    """Mean time per step phase, one stacked bar per memory report, its mean step time above."""
+    fig, ax = _ax((max(7.5, 0.9 * len(breakdown) + 3), 5.5))
+    layers = [
+        (label, color, breakdown[label].astype(float).fillna(0.0).to_numpy())
+        for label, color in zip(PHASE_LABELS.values(), PHASE_COLORS, strict=True)
+    ]
+    steps = [f"{step:.3g} s" for step in breakdown["mean_step_s"]]
+    ylabel = "mean time per counted step [s]"
     x = np.arange(len(breakdown))
-    bottom = np.zeros(len(breakdown))
-    for label, color in zip(PHASE_LABELS.values(), PHASE_COLORS, strict=True):
-        vals = breakdown[label].astype(float).fillna(0.0).to_numpy()
+    return _stacked(
+        fig, ax, x, layers, steps, breakdown["name"], ylabel, tag, rotation=30, ha="right"
+    )
+
+
+def _stacked(fig, ax, x, layers, above, ticks, ylabel: str, tag: str, **tick_style) -> Any:
+    """Bars at ``x`` stacked from ``layers`` (label, colour, values), ``above`` written on top."""
+    bottom = np.zeros(len(x))
+    for label, color, vals in layers:
         ax.bar(x, vals, 0.8, bottom=bottom, color=color, label=label)
         bottom += vals
-    for xi, top, step in zip(x, bottom, breakdown["mean_step_s"], strict=True):
-        ax.annotate(f"{step:.3g} s", (xi, top), ha="center", va="bottom", fontsize=9)
+    for xi, top, text in zip(x, bottom, above, strict=True):
+        ax.annotate(text, (xi, top), ha="center", va="bottom", fontsize=9)
     ax.set_xticks(x)
-    ax.set_xticklabels(breakdown["name"], rotation=30, ha="right", fontsize=9)
-    ax.set_ylabel("mean time per counted step [s]")
+    ax.set_xticklabels(ticks, **tick_style, fontsize=9)
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
     ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92), ncol=3, fontsize=9)
     return _finish(fig, ax, tag)
 
 
-def overhead_spread_figure(over, tag: str = "", ax=None) -> Any:
-    """The step-time overhead of each checkpointing policy against ``off``
-    (``study.overhead_frame``): bars at the median over the study's rounds, error bars from the
-    smallest to the largest round; one group per batch size, one bar per policy and allocator
-    line (the allocator as it comes hatched)."""
+def overhead_spread_figure(over, tag: str = "") -> Any:
+    """The step-time overhead of each policy against ``off``: the median over the rounds, error
+    bars from the smallest to the largest; the allocator as it comes hatched."""
     import matplotlib.pyplot as plt
 
-    fig, ax = _ax(ax, (max(7.5, 0.7 * len(over) + 3), 5.0))
+    fig, ax = _ax((max(7.5, 0.7 * len(over) + 3), 5.0))
     rows = over.sort_values(["batch_size", "allocator_line", "policy"], kind="stable")
     series = list(dict.fromkeys(zip(rows["allocator_line"], rows["policy"], strict=True)))
     batches = sorted(rows["batch_size"].unique())

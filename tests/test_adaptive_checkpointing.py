@@ -141,7 +141,7 @@ def test_plan_order_is_configurable_and_checked():
         with pytest.raises(ConfigError, match="auto_plan_order"):
             load_config(overrides=[*AUTO, f"model.heptv2.auto_plan_order={bad}"])
     # the order chooses among plans, it does not change their memory: same model key
-    from heptstudy.fitting import model_key
+    from heptstudy.estimate.keys import model_key
 
     plain = load_config(overrides=AUTO).to_dict()
     assert model_key(order.to_dict(), "cpu") == model_key(plain, "cpu")

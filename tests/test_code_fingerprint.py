@@ -10,8 +10,9 @@ import pytest
 
 from heptstudy import fingerprint as cf
 from heptstudy.estimate.keys import model_key
-from heptstudy.fitting import LinearFit, MemoryModel, ReservedFit, choose_model, evaluate
-from heptstudy.fitting.select import STALE_PREFIX
+from heptstudy.estimate.memory_model import LinearFit, MemoryModel, ReservedFit
+from heptstudy.fitting.predict import evaluate
+from heptstudy.fitting.select import STALE_PREFIX, choose_model
 
 REPO = Path(__file__).resolve().parents[1]
 FITS = REPO / "configs" / "fit"

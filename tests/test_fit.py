@@ -16,23 +16,20 @@ from conftest import TINY_MODEL
 
 from heptstudy.config import load_config
 from heptstudy.data.sampler import InterleavedShardSampler
-from heptstudy.fitting import (
+from heptstudy.estimate.keys import mismatches, model_key
+from heptstudy.estimate.memory_model import (
     FitError,
-    FitRequest,
     LinearFit,
     MemoryModel,
     Point,
     ReservedFit,
-    choose_model,
-    evaluate,
-    fit,
     fit_allocated,
     fit_points,
-    fit_reports,
-    mismatches,
-    model_key,
-    occupancy,
 )
+from heptstudy.fitting import FitRequest, fit, occupancy
+from heptstudy.fitting.predict import evaluate
+from heptstudy.fitting.reports import fit_reports
+from heptstudy.fitting.select import choose_model
 from heptstudy.measure.report import with_plan_names
 
 REPO = Path(__file__).resolve().parents[1]

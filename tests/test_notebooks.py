@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from heptstudy.measure.report import read_report
-from heptstudy.study.kernel import execute_notebook
+from heptstudy.study.runner import execute_notebook
 from tests.conftest import TINY_MODEL
 
 pm = pytest.importorskip("papermill")

@@ -701,7 +701,7 @@ KERNEL_CHECK = textwrap.dedent(
     """
     import sys
     import nbformat, papermill
-    from heptstudy.study.kernel import execute_notebook
+    from heptstudy.study.runner import execute_notebook
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("x = 1")]
     nbformat.write(nb, "in.ipynb")
@@ -713,7 +713,7 @@ KERNEL_CHECK = textwrap.dedent(
 
 @pytest.mark.parametrize("how", ["plain", "study"])
 def test_study_kernels_print_no_unencrypted_tcp_warning(how, tmp_path):
-    """Papermill's own kernel (TCP) warns; the study's (IPC, heptstudy.study.kernel) does not,
+    """Papermill's own kernel (TCP) warns; the study's (IPC, heptstudy.study.runner) does not,
     and leaves no socket file behind."""
     done = subprocess.run(
         [sys.executable, "-c", KERNEL_CHECK, how],

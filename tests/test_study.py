@@ -191,6 +191,7 @@ def test_bad_matrix(tmp_path, runs, match):
 
 
 def _row(name, b, ckpt, alloc, reserved, t, status="ok", kind="memory", policy="full", every=1):
+    label = "auto" if ckpt == "auto" else f"every {every}" if every > 1 else policy
     return {
         "name": name,
         "kind": kind,
@@ -199,6 +200,10 @@ def _row(name, b, ckpt, alloc, reserved, t, status="ok", kind="memory", policy="
         "checkpointing": ckpt,
         "policy": policy if ckpt else "none",
         "checkpoint_every": every if ckpt else None,
+        "policy_label": label if ckpt else "off",
+        "round": 1,
+        "allocator_line": "platform",
+        "sys_fraction": None,
         "peak_allocated_mib": alloc,
         "peak_reserved_mib": reserved,
         "mean_step_s": t,
@@ -225,18 +230,18 @@ def test_comparison_frame():
 
 
 @pytest.mark.parametrize(
-    "enabled,policy,every,label",
+    "plan,on,label",
     [
-        (False, None, None, "off"),
-        (True, "full", 1, "full"),
-        (True, None, None, "full"),  # reports from before the policies
-        (True, "selective", 1, "selective"),
-        (True, "full", 2, "every 2"),
-        (True, "selective", 3, "selective every 3"),
+        ("off", False, "off"),
+        ("full", True, "full"),
+        ("selective", True, "selective"),
+        ("every2", True, "every 2"),
+        ("auto", "auto", "auto"),
     ],
 )
-def test_policy_label(enabled, policy, every, label):
-    assert study.policy_label(enabled, policy, every) == label
+def test_reports_frame_labels_each_plan(plan, on, label):
+    row = study.reports_frame([(Path(f"{plan}.json"), _report(plan, 4, plan))]).iloc[0]
+    assert row["checkpointing"] == on and row["policy_label"] == label
 
 
 def _policies_b4():
@@ -440,7 +445,7 @@ def test_cli_has_study_commands(capsys):
 
 
 def _pipeline_config(**parameters):
-    from heptstudy.study.params import PipelineParameters
+    from heptstudy.study.pipeline import PipelineParameters
 
     return PipelineParameters.build(**parameters).config()
 
@@ -460,7 +465,7 @@ def test_pipeline_config_and_fresh_dir(tmp_path, tiny_data_dir):
         _pipeline_config(numsteps=3)
     with pytest.raises(RequestError, match="parameter checkpointing=1"):
         _pipeline_config(checkpointing=1)
-    from heptstudy.study.params import pipeline_parameters
+    from heptstudy.study.pipeline import pipeline_parameters
 
     injected = "# Parameters\nnumsteps = 3\n"  # papermill's cell for -p numsteps 3
     namespace = {"num_steps": 4, "numsteps": 3, "In": ["", "num_steps = 4", injected, ""]}
@@ -507,7 +512,6 @@ def test_study_matrices_run_auto_where_the_budget_lies_between_off_and_full():
     budget_b16 = cpu[16].resolve().config.model.heptv2.memory_budget_gib * 1024
     assert peak_mib("checkpointed_b16") < budget_b16 < 4 * off_b4
     assert set(gpu) == {48} and gpu[48].resolve().config.model.heptv2.memory_budget_gib is None
-    assert study.policy_label("auto", None, None) == "auto"
 
 
 def test_overhead_figure_draws_the_spread_of_the_rounds():

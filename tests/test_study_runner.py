@@ -80,13 +80,13 @@ def _bytes(folder: Path) -> dict[str, bytes]:
 def test_resume_only_with_the_same_fingerprint(tiny_data_dir, tmp_path, monkeypatch):
     launched = _kernel_in_process(monkeypatch)
     path, out = _matrix(tmp_path, tiny_data_dir, TWO), tmp_path / "study"
-    first = study.run_study(path, out, progress=False, aggregate=False)
+    first = study.run_study(path, out, progress=False, aggregate=False).results
     assert [r.status for r in first] == ["ok", "ok"] and len(launched) == 2
     stamped = read_report(out / "baseline_b2.json")
     assert stamped.fingerprint and stamped.environment.hostname
     # the same study again: resumed, nothing measured, nothing changed
     before = _bytes(out)
-    again = study.run_study(path, out, progress=False, aggregate=False)
+    again = study.run_study(path, out, progress=False, aggregate=False).results
     assert [r.status for r in again] == ["skipped", "skipped"] and len(launched) == 2
     assert "same fingerprint" in again[0].message
     assert _bytes(out) == before
@@ -95,7 +95,7 @@ def test_resume_only_with_the_same_fingerprint(tiny_data_dir, tmp_path, monkeypa
     other = stamped.model_copy(deep=True)
     other.environment.hostname = "another-machine"
     write_report(other, out / "baseline_b2.json")
-    third = study.run_study(path, out, progress=False, aggregate=False)
+    third = study.run_study(path, out, progress=False, aggregate=False).results
     assert [r.status for r in third] == ["ok", "skipped"] and len(launched) == 3
     assert "another-machine" in third[0].message
     assert read_report(out / "baseline_b2.json").environment.hostname != "another-machine"
@@ -115,7 +115,7 @@ def test_changed_matrix_is_measured_again_not_relabelled(tiny_data_dir, tmp_path
         runs=[{**ONE[0], "overrides": ["model.heptv2.width=48"]}],
         name="wider.yaml",
     )
-    results = study.run_study(wider, out, progress=False, aggregate=False)
+    results = study.run_study(wider, out, progress=False, aggregate=False).results
     assert [r.status for r in results] == ["ok"]
     assert "measured with another" in results[0].message and "configuration" in results[0].message
     for name in ("baseline_b2",):
@@ -135,7 +135,7 @@ def test_force_keeps_the_old_results(tiny_data_dir, tmp_path, monkeypatch):
     path, out = _matrix(tmp_path, tiny_data_dir), tmp_path / "study"
     study.run_study(path, out, progress=False, aggregate=False)
     old = _bytes(out)
-    forced = study.run_study(path, out, force=True, progress=False, aggregate=False)
+    forced = study.run_study(path, out, force=True, progress=False, aggregate=False).results
     assert [r.status for r in forced] == ["ok"]
     (stamp,) = (out / "superseded").iterdir()
     for name in ("baseline_b2.json", "notebooks/baseline_b2.ipynb"):
@@ -181,7 +181,7 @@ def test_an_error_report_does_not_block_the_retry(tiny_data_dir, tmp_path, monke
     assert code == 1 and "1 run(s) failed: baseline_b2" in capsys.readouterr().out
     assert read_report(out / "baseline_b2.json").status == "error"
     monkeypatch.setattr(runner, "_papermill", real)
-    retry = study.run_study(path, out, progress=False, aggregate=False)
+    retry = study.run_study(path, out, progress=False, aggregate=False).results
     assert [r.status for r in retry] == ["ok"]
     assert "error: measuring again" in retry[0].message
     assert len(list((out / "superseded").rglob("*.json"))) == 1  # the error report, kept

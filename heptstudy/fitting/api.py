@@ -1,11 +1,6 @@
-"""The fit as a library: a :class:`FitRequest` in, a :class:`FitResult` out.
-
-``heptstudy fit``, the study's report and ``heptstudy scenario resolve`` all call :func:`fit`
-(or :func:`fit_warning`); none of them goes through the command line. Paths in a request (the
-scenario, the platform, the stored fits, the reports) are taken as given when they exist from
-the current folder, else from the repository, so ``configs/...`` means the same wherever the
-command starts.
-"""
+"""The fit as a library: a :class:`FitRequest` in, a :class:`FitResult` out. Paths in a request
+are taken from the current folder when they exist there, else from the repository, so
+``configs/...`` means the same wherever the command starts."""
 
 from __future__ import annotations
 
@@ -38,8 +33,8 @@ FITS_DIR = ROOT / "configs" / "fit"
 
 
 def repo_path(path: str | Path) -> Path:
-    """``path`` as given if it exists from the current folder, else from the repository (if
-    it exists there), else as given (the caller's own lookup then explains what is missing)."""
+    """``path`` as given if it exists, else from the repository if it exists there, else as
+    given (the caller's own lookup then explains what is missing)."""
     p = Path(path).expanduser()
     if p.exists() or p.is_absolute():
         return p
@@ -93,8 +88,6 @@ class FitRequest:
 
 @dataclass
 class FitResult:
-    """The answer, the model it came from, and everything needed to judge it."""
-
     request: FitRequest
     answer: FitAnswer
     model: MemoryModel
@@ -130,9 +123,7 @@ class FitResult:
 
 
 def resolve_config(request: FitRequest):
-    """``(resolution, resolved variant, notes)`` of the request's scenario on its platform
-    (validation/test sizes lowered to 0 when the data set's test split is too small: they do not
-    change the training step)."""
+    """``(resolution, resolved variant, notes)`` of the request's scenario on its platform."""
     over = list(request.overrides)
     # only the fitted variant: the scenario's other models may have no HEPTv2 backbone
     only_fitted = (
@@ -234,7 +225,6 @@ def fit(request: FitRequest) -> FitResult | None:
     if choice.model is None:
         if not request.estimate_if_missing:
             return None
-
         notes.append(
             "estimated now on a fake device (--estimate)"
             if request.estimate
@@ -304,7 +294,6 @@ def fit(request: FitRequest) -> FitResult | None:
 
 
 def _reports_code_note(model: MemoryModel) -> str:
-    """Whether the reports a measured model was just fitted from measured the code that runs."""
     commits = model.provenance.get("git_commits") or []
     if len(commits) != 1:
         return f"the reports name {len(commits)} commits ({', '.join(commits) or 'none'})"
@@ -320,8 +309,7 @@ def _reports_code_note(model: MemoryModel) -> str:
 
 
 def expandable_segments(platform) -> bool:
-    """Whether ``platform``'s environment runs the caching allocator with expandable segments
-    (``PYTORCH_CUDA_ALLOC_CONF``, or ``PYTORCH_HIP_ALLOC_CONF`` on ROCm)."""
+    """Whether ``platform``'s environment runs the caching allocator with expandable segments."""
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         conf = (platform.env or {}).get(name, "")
         settings = {
@@ -334,7 +322,6 @@ def expandable_segments(platform) -> bool:
 
 
 def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
-    """auto's plan fractions, expected step time and budget tail on the training data."""
     import torch
 
     predictor = predictor_for(config, torch.device(platform.device), batch, platform)
@@ -357,10 +344,8 @@ def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
 
 
 def fit_warning(resolution) -> str | None:
-    """One line for ``heptstudy scenario resolve``: a warning when a stored memory model of a
-    resolved variant says its per-device batch will not fit a batch holding the longest event
-    the model was fitted on (``None`` when it fits or no stored model holds: this reads no data
-    and estimates nothing)."""
+    """A warning for ``heptstudy scenario resolve`` when a stored memory model says a variant's
+    per-device batch will not fit with the longest event it was fitted on (reads no data)."""
     warnings = []
     plat = resolution.platform
     margin = DEFAULT_MARGIN_FRACTION * plat.device_memory_gib

@@ -1,13 +1,8 @@
 """What ``activation_checkpointing: auto`` does over a whole data set: which plan each step
-runs, how often a step checkpoints, its expected step time against always-on checkpointing, and
-how likely a step is to exceed the budget.
-
-Each batch runs the cheapest plan whose predicted peak at (``B``, its longest padded event) fits
-the budget (:class:`heptstudy.model.adaptive_checkpointing.PlanPredictor`), so the plan is a
-function of the batch's longest event, whose distribution over the recipe's sampling is
-:func:`heptstudy.fitting.occupancy.batch_longest_cdf`. Step times come only from measured bench
-reports (seconds per padded batch hit, per plan); a plan without a measurement leaves the
-expected time unanswered.
+runs, its expected step time against always-on checkpointing, and how likely a step is to
+exceed the budget. The plan is a function of the batch's longest event, so its distribution
+follows :func:`heptstudy.fitting.occupancy.batch_longest_cdf`. Step times come only from
+measured reports; a plan without a measurement leaves the expected time unanswered.
 """
 
 from __future__ import annotations
@@ -44,15 +39,9 @@ class AutoAnswer:
         return asdict(self)
 
 
-def plan_of_report_step(report, step) -> str | None:
-    """The plan a counted step of a bench report ran (``off``, ``selective``, ``every2``,
-    ``layers2``, ``full``, ...)."""
-    return step.checkpoint_plan if report.plan is AUTO else report.plan.name
-
-
 def measured_rates(reports) -> tuple[dict[str, float], dict[str, int]]:
-    """Median seconds per padded batch hit (``B x longest padded``) of the counted steps of the
-    successful memory reports, per plan, and how many steps each comes from."""
+    """Median seconds per padded batch hit of the counted steps, per plan, and how many steps
+    each comes from."""
     per_plan: dict[str, list[float]] = {}
     for r in reports:
         if r.kind != "memory" or r.status != "ok":
@@ -60,7 +49,7 @@ def measured_rates(reports) -> tuple[dict[str, float], dict[str, int]]:
         for st in r.steps:
             if not st.counted or not st.time_s or not st.padded_hits:
                 continue
-            plan = plan_of_report_step(r, st)
+            plan = st.checkpoint_plan if r.plan is AUTO else r.plan.name
             if plan is None:
                 continue
             hits = len(st.padded_hits) * max(st.padded_hits)
@@ -81,8 +70,6 @@ def evaluate_auto(
     rates: dict[str, float] | None = None,
     rate_sources: dict[str, int] | None = None,
 ) -> AutoAnswer:
-    """The auto answer for batches of ``per_device_batch`` events drawn from ``lengths`` (hits
-    per event of the training split) under ``predictor``'s plans and budget."""
     plen = padded_sizes(lengths, pad_to_multiple)
     b = per_device_batch
     levels = np.unique(plen)
@@ -137,7 +124,6 @@ def evaluate_auto(
 
 
 def auto_words(a: AutoAnswer) -> list[str]:
-    """The auto answer as report lines."""
     plans = ", ".join(f"{n} {f:.1%}" for n, f in a.plan_fractions.items())
     lines = [
         f"activation_checkpointing=auto, budget {a.budget_mib:,.0f} MiB ({a.budget_source}):",

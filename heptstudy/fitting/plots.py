@@ -1,5 +1,4 @@
-"""Figures and tables of memory models and fit answers (matplotlib; nothing is shown or saved
-here)."""
+"""Figures and tables of memory models and fit answers."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from heptstudy.estimate.memory_model import MemoryModel
 
 
 def fit_table(models: list[MemoryModel]) -> list[dict]:
-    """One row per memory model: provenance, coefficients, residuals, held-out errors."""
     return [
         {
             "source": m.source,
@@ -29,13 +27,12 @@ def fit_table(models: list[MemoryModel]) -> list[dict]:
     ]
 
 
-def fit_figure(models: list[MemoryModel], ax=None, synthetic: bool = False):
-    """Peaks against padded batch hits: measured allocated (dots) and reserved (crosses) with
-    the fitted allocated line of each batch size, one colour per model. Returns the figure."""
+def fit_figure(models: list[MemoryModel], synthetic: bool = False):
+    """Measured peaks against padded batch hits with the fitted allocated line of each batch
+    size, one colour per model."""
     import matplotlib.pyplot as plt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8.6, 4.2))
+    _, ax = plt.subplots(figsize=(8.6, 4.2))
     for i, m in enumerate(models):
         color = f"C{i}"
         ck = checkpointing_words(m.key)
@@ -72,10 +69,9 @@ def fit_figure(models: list[MemoryModel], ax=None, synthetic: bool = False):
 
 
 def peak_vs_longest_figure(results: dict, synthetic: bool = False):
-    """One panel per platform (``{name: FitResult}``): predicted peak allocated and reserved
-    of a batch of the answer's size against the longest padded event in it, the device's
-    capacity and usable memory, the measured steps of that batch size, and (right axis) how
-    often a batch's longest event has each length on the data. Returns the figure."""
+    """One panel per platform (``{name: FitResult}``): predicted peaks of a batch against the
+    longest padded event in it, the device's memory, and (right axis) how often a batch's
+    longest event has each length on the data."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(

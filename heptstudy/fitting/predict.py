@@ -1,14 +1,9 @@
 """Will it fit? A memory model applied to every event length a data set holds.
 
-A step's peak on a rank is the memory model at (B, the longest padded event of its batch). A
-step fails when any rank's peak exceeds the usable memory (device memory less the safety
-margin); the first failure ends the run. The *criterion* is the peak reserved when the model
-has one (the allocator's pool, fragmentation included: what the device must hold), else the
-peak allocated; the answer also gives the allocated-only figures, a lower bound on what the
-device must hold. With ``expandable_segments`` (the platform runs the allocator's expandable
-segments) the criterion is the model's reserved for that mode, when it has one. Probabilities
-come from the data set's whole length distribution
-(:mod:`heptstudy.fitting.occupancy`), so the longest event of the data set always counts.
+A step's peak on a rank is the memory model at (B, the longest padded event of its batch); a
+step fails when any rank's peak exceeds the usable memory, and the first failure ends the run.
+The *criterion* is the peak reserved when the model has one (the allocator's pool: what the
+device must hold), else the peak allocated (a lower bound).
 """
 
 from __future__ import annotations
@@ -23,17 +18,12 @@ from heptstudy.estimate.memory_model import MemoryModel
 from heptstudy.fitting import occupancy
 from heptstudy.units import GIB, MIB
 
-#: Quantiles of the per-batch longest padded event reported as typical batches.
 QUANTILES = (0.5, 0.9, 0.99)
-#: Largest per-device batch the search for the largest safe batch tries.
 MAX_BATCH = 4096
 
 
 @dataclass
 class Tail:
-    """One failure criterion applied to the data: which events are too long and how likely a
-    step and the run are to meet one."""
-
     quantity: str  # "reserved", "reserved_expandable" or "allocated"
     events_too_long: int
     longest_fitting_padded: int | None  # longest padded event a batch may hold; None: none
@@ -61,7 +51,6 @@ class FitAnswer:
 
     @property
     def fits(self) -> bool:
-        """Never fails on this data: even the batch holding the longest event fits."""
         return self.criterion.events_too_long == 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,8 +71,6 @@ def gib(mib) -> float | None:
 
 
 def criterion_of(model: MemoryModel, expandable_segments: bool = False) -> str:
-    """The peak a step must keep under the usable memory: reserved (for the allocator mode the
-    platform runs) when the model has it, else allocated."""
     if expandable_segments and model.reserved_expandable is not None:
         return "reserved_expandable"
     return "reserved" if model.reserved is not None else "allocated"
@@ -93,7 +80,7 @@ def largest_safe_batch(
     model: MemoryModel, quantity: str, longest_padded: int, usable_mib: float
 ) -> int | None:
     """Largest batch whose peak at the data's longest padded event fits (the peak grows with the
-    batch size: every term is non-negative); ``None`` when one event does not fit."""
+    batch size); ``None`` when one event does not fit."""
 
     def ok(b: int) -> bool:
         return float(peak_mib(model, quantity, b, longest_padded)) <= usable_mib
@@ -152,8 +139,6 @@ def evaluate(
     pad_to_multiple: int = 1,
     expandable_segments: bool = False,
 ) -> FitAnswer:
-    """The answer for ``per_device_batch`` events per device on the events of ``lengths`` (hits
-    per event of the training split)."""
     plen = padded_sizes(lengths, pad_to_multiple)
     usable_mib = (device_memory_gib - safety_margin_gib) * GIB / MIB
     criterion = criterion_of(model, expandable_segments)

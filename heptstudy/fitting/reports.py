@@ -1,15 +1,10 @@
-"""Bench reports -> measured memory models, one per configuration, and for every report that
-cannot be used, which one and why.
+"""Bench reports -> measured memory models, one per configuration, and the reports that
+cannot be used with why. Every report is validated by the report schema before a field of it
+is used.
 
-Every report is validated by the report schema (:func:`heptstudy.measure.report.validate_report`:
-its version, every field's type and range) before a field of it is used, so that a report of
-another schema version, a wrong-typed field or a negative peak is refused with the file and the
-field, never fitted.
-
-Points: every counted step gives one allocated point at (batch size, its longest padded event).
-Reserved memory is the caching allocator's pool, kept from step to step, so a counted step's
-reserved point sits at the longest padded event of *every step so far* in that process
-(warm-up steps included).
+Every counted step gives one allocated point at (batch size, its longest padded event).
+Reserved memory is the caching allocator's pool, kept from step to step, so a reserved point
+sits at the longest padded event of *every step so far* in that process (warm-up included).
 """
 
 from __future__ import annotations
@@ -27,8 +22,6 @@ from heptstudy.measure.report import ReportError, validate_report
 
 @dataclass
 class Rejected:
-    """A report (or a group of reports) that gave no model, and why."""
-
     path: str
     reason: str
 
@@ -38,8 +31,6 @@ class Rejected:
 
 @dataclass
 class ReportGroup:
-    """The usable steps of the reports of one configuration (one :func:`model_key`)."""
-
     key: dict[str, Any]
     allocated: list[Point] = field(default_factory=list)
     reserved: list[Point] = field(default_factory=list)
@@ -62,8 +53,8 @@ class ReportGroup:
 
 
 def expand_report_paths(paths) -> list[Path]:
-    """Files as given; directories as their ``*.json`` files. A path that does not exist is
-    refused (a mistyped folder must not read as "no usable reports")."""
+    """Files as given, folders as their ``*.json`` files; a missing path is refused (a
+    mistyped folder must not read as "no usable reports")."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -122,7 +113,6 @@ AUTO_REPORT = (
 
 
 def read_groups(paths) -> tuple[list[ReportGroup], list[Rejected]]:
-    """The usable reports among ``paths`` grouped by configuration, and the others with why."""
     groups: dict[str, ReportGroup] = {}
     rejected: list[Rejected] = []
     for path in expand_report_paths(paths):
@@ -156,8 +146,7 @@ def read_groups(paths) -> tuple[list[ReportGroup], list[Rejected]]:
 
 
 def fit_reports(paths) -> tuple[list[MemoryModel], list[Rejected]]:
-    """One measured memory model per configuration among the reports ``paths`` (files or
-    folders); the reports that gave none, and why."""
+    """One measured memory model per configuration, and the reports that gave none with why."""
     groups, rejected = read_groups(paths)
     models = []
     for group in groups:
@@ -183,12 +172,9 @@ def fit_reports(paths) -> tuple[list[MemoryModel], list[Rejected]]:
 def save_measured_models(
     paths, out_dir: str | Path, code_commit: str | None = None
 ) -> tuple[list[Path], list[Rejected]]:
-    """Write one ``LABEL_measured.json`` into ``out_dir`` per configuration of the reports that
-    is validated on a held-out batch size; the others (and unusable reports) with why not.
-
-    Each model carries the fingerprint of the code its reports measured: that of git commit
-    ``code_commit`` when given (reports measured on a copy whose own commit this repository does
-    not hold), else of the one commit the reports name."""
+    """Write ``LABEL_measured.json`` for every configuration validated on a held-out batch size.
+    Each carries the fingerprint of commit ``code_commit`` (reports measured on a copy whose
+    commit this repository does not hold), else of the one commit the reports name."""
     models, rejected = fit_reports(paths)
     written = []
     for m in models:

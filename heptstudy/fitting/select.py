@@ -1,10 +1,7 @@
 """Which memory model answers for a configuration: one measured from the given reports, else a
-stored one (measured before estimated), and for every model not used, why not.
-
-A model holds only for its own key (:mod:`heptstudy.estimate.keys`): a model measured with the
-plain attention says so when the configuration runs the fused one, a CUDA model when the
-platform is ROCm. Models that differ from the configuration only in the device kind or the
-attention backend are kept aside as cross-checks: shown beside the answer, never used for it.
+stored one (measured before estimated), and for every model not used, why not. A model holds only
+for its own key; one that differs only in the device kind or the attention backend is shown beside
+the answer as a cross-check, never used for it.
 """
 
 from __future__ import annotations
@@ -18,8 +15,6 @@ from heptstudy.estimate.memory_model import FitError, MemoryModel
 from heptstudy.fingerprint import REGENERATE, stale_reasons
 from heptstudy.fitting.reports import Rejected, fit_reports
 
-#: A model that differs from the configuration only in these settings is shown beside the
-#: answer as a cross-check (the same network on another device kind or attention backend).
 CROSS_CHECK_SETTINGS = ("device_kind:", "attention_backend:")
 #: How a cross-check measured on older code starts its list of differences.
 STALE_PREFIX = "measured on older code"
@@ -27,8 +22,6 @@ STALE_PREFIX = "measured on older code"
 
 @dataclass
 class Choice:
-    """The model chosen (``None``: none holds), where it came from, and the models not used."""
-
     model: MemoryModel | None = None
     origin: str = ""  # "reports DIR..." or the stored file
     assumptions: list[str] = field(default_factory=list)
@@ -37,13 +30,12 @@ class Choice:
 
 
 def _same(a: MemoryModel, b: MemoryModel) -> bool:
-    """The same fit (a stored model and the reports it was fitted from)."""
     return a.key == b.key and a.source == b.source and a.allocated == b.allocated
 
 
 def _sort_into(choice: Choice, candidates, key: dict[str, Any]) -> list[tuple[str, MemoryModel]]:
-    """Models of ``candidates`` (origin, model) that hold for ``key``; the others go to
-    ``choice.not_used`` (and, when only the device kind differs, to its cross-checks)."""
+    """Models of ``candidates`` that hold for ``key``, best first; the others go to
+    ``choice.not_used`` (and to its cross-checks)."""
     holding = []
     for origin, model in candidates:
         diffs, assumed = mismatches(model.key, key)
@@ -70,16 +62,11 @@ def _report_names(model: MemoryModel) -> str:
 def _of_this_code(
     choice: Choice, stored: list[tuple[str, MemoryModel]], key: dict[str, Any]
 ) -> list[tuple[str, MemoryModel]]:
-    """The stored models made from the code that runs now; the others go to ``choice.not_used``
-    with what changed and how to regenerate them.
+    """The stored models made from the code that runs now; the others go to ``choice.not_used``.
 
-    A model measured on older code is refused too, but kept as a cross-check beside the answer
-    (when its configuration is the same or differs only in the cross-check settings): a GPU
-    measurement of other code says nothing exact about this code (the issue that introduced
-    fingerprints found a stored model 2x off after a memory rework, and nothing said so), yet it
-    is the only GPU evidence a laptop has and it cannot be regenerated without a GPU, so it is
-    shown, labelled, never used. An estimated model is simply refused: regenerating it needs no
-    GPU (scripts/regenerate_fits.sh)."""
+    A measured model of older code is kept as a labelled cross-check: it says nothing exact
+    about this code, yet it is the only GPU evidence a laptop has and cannot be regenerated
+    without a GPU. An estimated one is simply refused: regenerating it needs no GPU."""
     current = []
     for origin, model in stored:
         reasons = stale_reasons(model.fingerprint, model.source, model.key)
@@ -105,11 +92,8 @@ def _of_this_code(
 def choose_model(
     key: dict[str, Any], reports=(), fits_dir: Path | None = None, stored_if_reports_unusable=False
 ) -> Choice:
-    """The model for ``key``: from ``reports`` (files or folders) when given, else (or, with
-    ``stored_if_reports_unusable``, when none of them holds) from ``fits_dir``.
-
-    Raises :class:`FitError` when reports were given, none of them holds for ``key`` and
-    ``stored_if_reports_unusable`` is false: the message lists every report and why."""
+    """The model for ``key``: from ``reports`` when given, else (or, with
+    ``stored_if_reports_unusable``, when none of them holds) from ``fits_dir``."""
     choice = Choice()
     if reports:
         models, rejected = fit_reports(reports)

@@ -42,7 +42,6 @@ def _tail_words(t: Tail, a: FitAnswer) -> str:
 
 
 def answer_words(result) -> str:
-    """The headline: fits or not, on which criterion, with the worst batch's margin."""
     a, plat = result.answer, result.platform
     unit = DEVICE_WORDS.get(plat.device, "device")
     head = f"{a.per_device_batch} events per {plat.name} {unit}"

@@ -9,7 +9,6 @@ from heptstudy.errors import HeptstudyError
 from heptstudy.measure.request import MEMORY, PARITY
 from heptstudy.paths import ROOT
 
-#: Memory measurements of a matrix run ``memory.ipynb``; parity runs ``parity.ipynb``.
 NOTEBOOKS = {MEMORY: "memory.ipynb", PARITY: "parity.ipynb"}
 
 

@@ -1,6 +1,4 @@
-"""The memory model (:mod:`heptstudy.fitting`) in the report: fitted lines over the measured
-points, their held-out validation error for allocated and reserved, and the answer of the fit
-for the recipe's per-device batch on each platform profile. Each part returns ``why`` instead
+"""The memory model (:mod:`heptstudy.fitting`) in the report. Each part returns ``why`` instead
 of its result when it cannot be computed, so the aggregate notebook skips it with a message."""
 
 from __future__ import annotations
@@ -8,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from heptstudy.estimate.keys import checkpointing_words
-from heptstudy.fitting import FitRequest, fit, fit_reports
+from heptstudy.fitting import FitRequest, fit
 from heptstudy.fitting.api import repo_path
 from heptstudy.fitting.plots import fit_figure, fit_table, peak_vs_longest_figure
+from heptstudy.fitting.reports import fit_reports
 from heptstudy.study.common import MEMORY
 
-#: The platform profiles of the recipe's prediction in the report.
 PLATFORMS = ("h100", "lumi_mi250x")
 
 
@@ -22,7 +20,6 @@ def _ok_paths(reports) -> list[str]:
 
 
 def _models(reports) -> tuple[list, list[str]]:
-    """Measured models of the successful memory reports, and why the others gave none."""
     paths = _ok_paths(reports)
     if not paths:
         return [], ["no successful memory reports"]
@@ -31,8 +28,7 @@ def _models(reports) -> tuple[list, list[str]]:
 
 
 def optional_fit_figure(reports, tag: str = "") -> tuple[Any, Any, str]:
-    """The fitted memory lines over the successful memory reports: ``(figure, table, "")``, or
-    ``(None, None, why)`` when there is no fit to draw."""
+    """``(figure, table, "")`` of the fitted memory lines, or ``(None, None, why)``."""
     import pandas as pd
 
     models, why = _models(reports)
@@ -48,9 +44,8 @@ def optional_fit_figure(reports, tag: str = "") -> tuple[Any, Any, str]:
 
 
 def fit_validation(reports) -> tuple[Any, str]:
-    """Leave one batch size out, for peak allocated and peak reserved: for every configuration
-    measured at several batch sizes, each batch size's steps predicted by the model fitted on
-    the others (``(table, "")`` or ``(None, why)``)."""
+    """Leave one batch size out, for peak allocated and reserved: ``(table, "")`` or
+    ``(None, why)``."""
     import pandas as pd
 
     models, why = _models(reports)
@@ -87,10 +82,8 @@ def _data_dir(runs) -> str | None:
 
 
 def _study_fit(runs, reports, **request) -> tuple[Any, str]:
-    """``heptstudy fit`` on the study's data with its successful memory reports, measured or
-    stored (``configs/fit``) models only (estimating one on a fake device takes too long for the
-    report): ``(result, "")``, or ``(None, why)`` when it fails, so the report skips it with its
-    first line. ``request``: the other :class:`~heptstudy.fitting.FitRequest` fields."""
+    """``heptstudy fit`` on the study's data and reports, measured or stored models only
+    (estimating one takes too long for the report): ``(result, "")`` or ``(None, why)``."""
     try:
         return fit(
             FitRequest(
@@ -106,9 +99,8 @@ def _study_fit(runs, reports, **request) -> tuple[Any, str]:
 
 
 def platform_predictions(runs, reports=()) -> tuple[Any, Any, list[str]]:
-    """The fit's answer for the recipe's per-device batch on each platform profile, on the data
-    of the reports (measured or stored models only, see :func:`_study_fit`): ``(figure, table,
-    skipped)``; figure and table ``None`` when no platform could be answered."""
+    """The fit's answer for the recipe's per-device batch on each platform profile:
+    ``(figure, table, skipped)``."""
     import pandas as pd
 
     results, rows, skipped = {}, [], []
@@ -153,11 +145,8 @@ def platform_predictions(runs, reports=()) -> tuple[Any, Any, list[str]]:
 
 
 def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
-    """``heptstudy fit --checkpointing auto`` for each ``auto`` run of the study, at its batch
-    size, budget and platform, on the study's data, with the study's reports as the measured
-    step times: ``(table, skipped)``; the table ``None`` when no auto run could be answered. Next
-    to the prediction, the run's own measured mean step and that of full checkpointing at the
-    same batch size. Calibrates the plans on a fake device (about half a minute each)."""
+    """``heptstudy fit --checkpointing auto`` for each ``auto`` run of the study, next to its
+    measured step time: ``(table, skipped)``. Calibrates on a fake device (about 30 s each)."""
     import pandas as pd
 
     measured = {}

@@ -1,5 +1,4 @@
-"""An experiments directory as pandas frames: one row per report, the baseline/checkpointed
-comparison, parity, the steps of one report, the events measured."""
+"""An experiments directory as pandas frames: runs, comparisons, policies, categories."""
 
 from __future__ import annotations
 
@@ -11,54 +10,24 @@ from heptstudy.config import load_config
 from heptstudy.data.stats import hits_stats
 from heptstudy.measure.report import ReportError, read_report
 from heptstudy.meters.allocator import allocator_label
+from heptstudy.meters.memory import CATEGORIES
+from heptstudy.model.adaptive_checkpointing import order_by_cost
 from heptstudy.model.checkpoint_plan import AUTO, NAMED, OFF
 from heptstudy.study.common import MEMORY, PARITY
 from heptstudy.study.schedule import locate, report_files
+from heptstudy.units import MIB
 
-#: The checkpointing policies of the study in the order the report shows them.
 POLICY_ORDER = tuple(plan.label for plan in NAMED.values())
 
 
-def policy_label(enabled, policy: str | None, every: int | None) -> str:
-    """The label of a frame row's checkpointing columns (``off``, ``full``, ``selective``,
-    ``every 2``, ``selective every 3``, ``auto``): the plan's label
-    (:attr:`heptstudy.measure.report.BenchReport.plan`) for a row of a report."""
-    if enabled == "auto" or not enabled:
-        return "auto" if enabled == "auto" else "off"
-    words = [policy] if policy not in (None, "full") else []
-    words += [f"every {int(every)}"] if every and int(every) > 1 else []
-    return " ".join(words) or "full"
-
-
-def policy_labels(df) -> Any:
-    """:func:`policy_label` of every row (``policy_label`` column, else from the policy columns)."""
-    import pandas as pd
-
-    if "policy_label" in df.columns:
-        return df["policy_label"]
-    none = pd.Series([None] * len(df), index=df.index, dtype=object)
-    policy = df["policy"] if "policy" in df.columns else none
-    every = df["checkpoint_every"] if "checkpoint_every" in df.columns else none
-    labels = [
-        policy_label(
-            c if c == "auto" else bool(c),
-            None if pd.isna(p) or p == "none" else p,
-            None if pd.isna(e) else e,
-        )
-        for c, p, e in zip(df["checkpointing"], policy, every, strict=True)
-    ]
-    return pd.Series(labels, index=df.index, dtype=object)
-
-
 def load_reports(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
-    """Every ``*.json`` report directly in ``experiments_dir`` (sorted by name). Files that are
-    not valid reports are skipped with a warning, so one bad file does not hide the others."""
+    """Every ``*.json`` report directly in ``experiments_dir``; one bad file does not hide the
+    others (skipped with a warning)."""
     return _read_reports(sorted(Path(experiments_dir).glob("*.json")))
 
 
 def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
-    """Every report of a study folder: the first round (as :func:`load_reports`), the repeated
-    rounds (``repeats/``) and the runs with the default allocator (``default_allocator/``)."""
+    """Every report of a study folder: every round and allocator line."""
     return _read_reports(report_files(Path(experiments_dir)))
 
 
@@ -70,7 +39,6 @@ def _read_reports(paths) -> list[tuple[Path, Any]]:
         try:
             found.append((path, read_report(path)))
         except ReportError as err:
-            # a refused report's reason on one line: the file and the fields named
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             warnings.warn(f"skipped {path.name}: {'; '.join(lines[:5])}", stacklevel=3)
     return found
@@ -83,7 +51,7 @@ SYSTEM_TIME_DOMINATES = 0.3
 
 def host_usage_of(report) -> dict[str, float | None]:
     """Per counted step of a memory report: system CPU seconds, minor page faults, and system
-    time as a fraction of the step's wall time (None where the report has no such record)."""
+    time as a fraction of the step's wall time."""
     counted = [st for st in report.steps if st.counted and st.time_s]
     sys_t = [st.system_time_s for st in counted]
     faults = [st.minor_page_faults for st in counted]
@@ -100,8 +68,7 @@ def host_usage_of(report) -> dict[str, float | None]:
 
 
 def reports_frame(reports) -> Any:
-    """One row per report: what ran, where, its status and its summary numbers, the round of
-    the study it belongs to and the allocator line (``platform`` or ``default``)."""
+    """One row per report."""
     import pandas as pd
 
     rows = []
@@ -168,31 +135,26 @@ def reports_frame(reports) -> Any:
 
 
 def memory_frame(df) -> Any:
-    """Successful memory runs of the first round with the platform's allocator, sorted by batch
-    size then checkpointing."""
+    """Successful memory runs of the first round with the platform's allocator."""
     if df.empty:
         return df
-    # frames without round or allocator line columns: all their rows
-    keep = (df["kind"] == MEMORY) & (df["status"] == "ok")
-    if "round" in df.columns:
-        keep &= df["round"].fillna(1) == 1
-    if "allocator_line" in df.columns:
-        keep &= df["allocator_line"].fillna("platform") == "platform"
-    ok = df[keep]
+    ok = df[
+        (df["kind"] == MEMORY)
+        & (df["status"] == "ok")
+        & (df["round"] == 1)
+        & (df["allocator_line"] == "platform")
+    ]
     return ok.sort_values(["batch_size", "checkpointing"]).reset_index(drop=True)
 
 
 def against_off(df):
-    """For every batch size with a successful first-round memory run without checkpointing
-    (:func:`memory_frame`): ``(batch size, its runs indexed by policy label (the first of
-    each), the off run, the platform line's rows of overhead_frame there indexed by policy)``.
-    What :func:`comparison_frame` and :func:`~heptstudy.study.policies.policy_frame` compare."""
+    """``(batch size, its runs by policy label, the off run, its overhead_frame rows by policy)``
+    for every batch size with a successful first-round off run."""
     mem = memory_frame(df)
     if mem.empty:
         return
     over = overhead_frame(df)
     over = over[over["allocator_line"] == "platform"]
-    mem = mem.assign(policy_label=policy_labels(mem))
     for b, group in mem.groupby("batch_size"):
         runs = group.drop_duplicates("policy_label").set_index("policy_label")
         if "off" in runs.index:
@@ -200,15 +162,51 @@ def against_off(df):
             yield b, runs, runs.loc["off"], timed
 
 
-_MEMORY_COLUMNS = (
-    "baseline_allocated_mib",
-    "checkpointed_allocated_mib",
-    "allocated_reduction_pct",
-    "baseline_reserved_mib",
-    "checkpointed_reserved_mib",
-    "reserved_reduction_pct",
-)
-#: The time columns of a comparison row: the overhead_frame column each comes from.
+#: The columns of each frame and their names in the report's tables.
+COMPARISON_COLUMNS = {
+    "batch_size": "batch",
+    "baseline_allocated_mib": "allocated off [MiB]",
+    "checkpointed_allocated_mib": "allocated on [MiB]",
+    "allocated_reduction_pct": "allocated reduction [%]",
+    "baseline_reserved_mib": "reserved off [MiB]",
+    "checkpointed_reserved_mib": "reserved on [MiB]",
+    "reserved_reduction_pct": "reserved reduction [%]",
+    "baseline_step_s": "step off [s]",
+    "checkpointed_step_s": "step on [s]",
+    "step_time_overhead_pct": "step-time overhead, median [%]",
+    "overhead_min_pct": "overhead min [%]",
+    "overhead_max_pct": "overhead max [%]",
+    "rounds": "rounds",
+    "flag": "flag",
+}
+OVERHEAD_COLUMNS = {
+    "allocator_line": "allocator",
+    "batch_size": "batch",
+    "policy": "policy",
+    "rounds": "rounds",
+    "off_step_s": "step off [s]",
+    "on_step_s": "step on [s]",
+    "overhead_median_pct": "overhead, median [%]",
+    "overhead_min_pct": "min [%]",
+    "overhead_max_pct": "max [%]",
+    "off_sys_pct": "system time off [% of step]",
+    "on_sys_pct": "system time on [% of step]",
+    "flag": "flag",
+}
+POLICY_COLUMNS = {
+    "batch_size": "batch",
+    "policy": "policy",
+    "peak_allocated_mib": "peak allocated [MiB]",
+    "peak_reserved_mib": "peak reserved [MiB]",
+    "mean_step_s": "step [s]",
+    "allocated_cut_pct": "allocated cut vs off [%]",
+    "reserved_cut_pct": "reserved cut vs off [%]",
+    "step_time_overhead_pct": "step-time overhead vs off, median [%]",
+    "overhead_min_pct": "overhead min [%]",
+    "overhead_max_pct": "overhead max [%]",
+    "rounds": "rounds",
+    "flag": "flag",
+}
 _TIME_COLUMNS = {
     "baseline_step_s": "off_step_s",
     "checkpointed_step_s": "on_step_s",
@@ -221,10 +219,8 @@ _TIME_COLUMNS = {
 
 
 def comparison_frame(df) -> Any:
-    """Per batch size with both a baseline and a checkpointed run of the full policy on every
-    layer (the original measurement; other policies are in :func:`~heptstudy.study.policies.
-    policy_frame`): the memory reduction of checkpointing, and its step-time overhead as the
-    median and range over the study's rounds (:func:`overhead_frame`), in percent."""
+    """Off against full checkpointing (the original measurement) per batch size: the memory
+    reduction and the step-time overhead over the rounds, in percent."""
     import pandas as pd
 
     rows = []
@@ -240,46 +236,21 @@ def comparison_frame(df) -> Any:
             row[f"checkpointed_{peak}_mib"] = ckpt
             row[f"{peak}_reduction_pct"] = pct_less(base, ckpt)
         rows.append({**row, **{k: None if t is None else t[v] for k, v in _TIME_COLUMNS.items()}})
-    return pd.DataFrame(rows, columns=["batch_size", *_MEMORY_COLUMNS, *_TIME_COLUMNS])
+    return pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
 
 
 def overhead_frame(df) -> Any:
-    """The step-time overhead of every checkpointing policy against ``off`` at the same batch
-    size, for each allocator line (``platform``: the platform's allocator settings,
-    ``default``: the allocator as it comes). The study measures compared runs in the same round
-    one after the other (fresh processes), so the overhead is computed per round from the two
-    runs' mean step times, then summarised as the median and the range (min, max) over the
-    rounds both runs have; the step columns are the medians over those rounds. ``flag`` names a
-    side whose system (kernel) CPU time exceeds :data:`SYSTEM_TIME_DOMINATES` of its step in any
-    of those rounds."""
+    """The step-time overhead of every policy against ``off`` at the same batch size, per
+    allocator line. Compared runs of one round ran one after the other, so the overhead is
+    computed per round, then summarised as the median and range over the rounds both have."""
     import statistics
 
     import pandas as pd
 
-    columns = [
-        "allocator_line",
-        "batch_size",
-        "policy",
-        "rounds",
-        "off_step_s",
-        "on_step_s",
-        "overhead_median_pct",
-        "overhead_min_pct",
-        "overhead_max_pct",
-        "off_sys_pct",
-        "on_sys_pct",
-        "flag",
-        "allocator",
-    ]
+    columns = [*OVERHEAD_COLUMNS, "allocator"]
     if df.empty or "mean_step_s" not in df.columns:
         return pd.DataFrame(columns=columns)
     ok = df[(df["kind"] == MEMORY) & (df["status"] == "ok") & df["mean_step_s"].notna()]
-    ok = ok.assign(
-        policy_label=policy_labels(ok),
-        round=ok["round"] if "round" in ok.columns else 1,
-        allocator_line=ok["allocator_line"] if "allocator_line" in ok.columns else "platform",
-        sys_fraction=ok["sys_fraction"] if "sys_fraction" in ok.columns else None,
-    )
     rows = []
     for (line, b), group in ok.groupby(["allocator_line", "batch_size"], sort=True):
         off = group[group["policy_label"] == "off"].drop_duplicates("round").set_index("round")
@@ -318,7 +289,6 @@ def overhead_frame(df) -> Any:
 
 
 def policy_rank(label: str) -> int:
-    """Where ``label`` comes in :data:`POLICY_ORDER` (labels outside it last)."""
     return POLICY_ORDER.index(label) if label in POLICY_ORDER else len(POLICY_ORDER)
 
 
@@ -345,8 +315,7 @@ def _system_flag(off_pct: float | None, on_pct: float | None) -> str:
 
 
 def dominated_runs(df) -> Any:
-    """Memory runs (every round and allocator line) whose system CPU time exceeds
-    :data:`SYSTEM_TIME_DOMINATES` of their step time."""
+    """Memory runs whose system CPU time exceeds :data:`SYSTEM_TIME_DOMINATES` of their step."""
     if df.empty or "sys_fraction" not in df.columns:
         return df.iloc[0:0]
     frac = df["sys_fraction"]
@@ -362,7 +331,6 @@ def pct_more(base, new):
 
 
 def parity_frame(reports) -> Any:
-    """One row per parity report and comparison (checkpointed vs baseline, repeat vs baseline)."""
     import pandas as pd
 
     rows = []
@@ -393,12 +361,10 @@ def parity_frame(reports) -> Any:
 
 
 def step_frame(report) -> Any:
-    """The per-step table of one memory report."""
     import pandas as pd
 
-    rows = []
-    for st in report.steps:
-        rows.append(
+    return pd.DataFrame(
+        [
             {
                 "step": st.step,
                 "counted": st.counted,
@@ -410,29 +376,24 @@ def step_frame(report) -> Any:
                 "peak_reserved_mib": st.peak_reserved_mib,
                 "loss_total": st.loss.get("total"),
             }
-        )
-    return pd.DataFrame(rows)
+            for st in report.steps
+        ]
+    )
 
 
 def measured_hits(reports) -> list[int]:
-    """Hits of every event used in a counted step of a memory report (repeats included)."""
-    hits: list[int] = []
-    for _, r in reports:
-        if r.kind == MEMORY:
-            for st in r.steps:
-                if st.counted:
-                    hits.extend(st.hits)
-    return hits
+    return [
+        h for _, r in reports if r.kind == MEMORY for st in r.steps if st.counted for h in st.hits
+    ]
 
 
-def hits_stats_for(df, split: str = "train") -> dict[str, Any] | None:
-    """Hits-per-event statistics (:func:`heptstudy.data.stats.hits_stats`) of the data set the
-    memory reports used; ``None`` when it cannot be opened (the reports still say what it was)."""
+def hits_stats_for(df) -> dict[str, Any] | None:
+    """Hits-per-event statistics of the data set the memory reports used; ``None`` when it
+    cannot be opened."""
     mem = df[df["kind"] == MEMORY] if not df.empty else df
     if mem.empty:
         return None
-    row = mem.iloc[0]
-    name, configs = row["dataset"], ["1"]
+    name, configs = mem.iloc[0]["dataset"], ["1"]
     try:
         configs = list(load_config(overrides=[]).data.configs)
     except Exception:  # noqa: BLE001
@@ -440,7 +401,92 @@ def hits_stats_for(df, split: str = "train") -> dict[str, Any] | None:
     for _, r in mem.iterrows():
         if r.get("data_dir"):
             try:
-                return hits_stats(r["data_dir"], name, configs, split)
+                return hits_stats(r["data_dir"], name, configs, "train")
             except Exception:  # noqa: BLE001 - data moved or deleted since the run
                 continue
     return None
+
+
+def policy_frame(df, min_policies: int = 2) -> Any:
+    """One row per policy for every batch size with an ``off`` run and at least
+    ``min_policies`` other policies: peaks, step time, and the memory cut and step-time
+    overhead against ``off``."""
+    import pandas as pd
+
+    columns = [*POLICY_COLUMNS, "name"]
+    rows = []
+    for b, runs, off, timed in against_off(df):
+        if len(runs) - 1 < min_policies:
+            continue
+        for label in sorted(runs.index, key=lambda x: (policy_rank(x), x)):
+            r = runs.loc[label]
+            t = timed.loc[label] if label in timed.index else None
+            step = (
+                t["on_step_s"]
+                if t is not None
+                else (timed["off_step_s"].iloc[0] if label == "off" and len(timed) else None)
+            )
+            zero = 0.0 if label == "off" and step is not None else None
+            rows.append(
+                {
+                    "batch_size": int(b),
+                    "policy": label,
+                    "peak_allocated_mib": r["peak_allocated_mib"],
+                    "peak_reserved_mib": r["peak_reserved_mib"],
+                    "mean_step_s": step if step is not None else r["mean_step_s"],
+                    "allocated_cut_pct": pct_less(
+                        off["peak_allocated_mib"], r["peak_allocated_mib"]
+                    ),
+                    "reserved_cut_pct": pct_less(off["peak_reserved_mib"], r["peak_reserved_mib"]),
+                    "step_time_overhead_pct": t["overhead_median_pct"] if t is not None else zero,
+                    "overhead_min_pct": t["overhead_min_pct"] if t is not None else zero,
+                    "overhead_max_pct": t["overhead_max_pct"] if t is not None else zero,
+                    "rounds": int(t["rounds"]) if t is not None else None,
+                    "flag": t["flag"] if t is not None else "",
+                    "name": r["name"],
+                }
+            )
+    return pd.DataFrame(rows, columns=columns)
+
+
+def categories_frame(reports) -> Any:
+    """MiB of each category at the peak of the largest counted step of every memory report."""
+    import pandas as pd
+
+    rows = []
+    for path, r in reports:
+        if r.kind != MEMORY or r.status != "ok" or not r.memory_categories:
+            continue
+        worst = max(r.memory_categories, key=lambda c: c.peak_bytes)
+        rows.append(
+            {
+                "name": r.name or path.stem,
+                "batch_size": r.batch_size,
+                "policy": r.plan.label,
+                "device_kind": r.environment.device_kind,
+                "peak_mib": worst.peak_bytes / MIB,
+                **{c: worst.at_peak_bytes.get(c, 0) / MIB for c in CATEGORIES},
+            }
+        )
+    columns = ["name", "batch_size", "policy", "device_kind", "peak_mib", *CATEGORIES]
+    frame = pd.DataFrame(rows, columns=columns)
+    if frame.empty:
+        return frame
+    return (
+        frame.assign(_o=frame["policy"].map(policy_rank))
+        .sort_values(["device_kind", "batch_size", "_o", "policy"])
+        .drop(columns="_o")
+        .reset_index(drop=True)
+    )
+
+
+def auto_order(policies, batch_size: int) -> list[str]:
+    """The order ``auto`` would try this study's plans in at ``batch_size``, from their
+    measured overhead and peak."""
+    rows = policies[(policies["batch_size"] == batch_size) & (policies["policy"] != "auto")]
+    rows = rows.dropna(subset=["step_time_overhead_pct", "peak_allocated_mib"])
+    measured = {
+        r["policy"]: (float(r["step_time_overhead_pct"]), float(r["peak_allocated_mib"]))
+        for _, r in rows.iterrows()
+    }
+    return order_by_cost(measured)

@@ -18,7 +18,6 @@ from heptstudy.study.common import MEMORY, NOTEBOOKS, StudyError
 
 # a run takes exactly its notebook's parameters; the runner picks the output itself
 _KEYS = {nb: tuple(k for k in NOTEBOOK_PARAMETERS[nb] if k != "output") for nb in NOTEBOOKS}
-#: Keys of a run that the study runner reads itself (see heptstudy.study.schedule).
 _RUNNER_KEYS = {"notebook", "name", "repeats", "allocator"}
 _RUN_KEYS = {*_RUNNER_KEYS, *(k for keys in _KEYS.values() for k in keys)}
 ALLOCATOR_LINES = ("platform", "default")
@@ -33,8 +32,6 @@ def _overrides(mapping: dict[str, Any], where: str) -> list[str]:
 
 @dataclass
 class Run:
-    """One measurement of a matrix: a notebook and its (validated) parameters."""
-
     name: str
     notebook: str  # "memory" or "parity"
     parameters: dict[str, Any]
@@ -44,8 +41,6 @@ class Run:
     def request(
         self, progress: bool = True, parameters: dict[str, Any] | None = None
     ) -> MeasurementRequest:
-        """The measurement request the run's notebook builds from its parameters (``parameters``:
-        those of one execution of it, default the run's)."""
         given = self.parameters if parameters is None else parameters
         return MeasurementRequest.build(kind=self.notebook, **given, progress=progress)
 
@@ -57,33 +52,12 @@ class Matrix:
     runs: list[Run]
     path: Path
     cell_timeout_s: int | None = None
-    figures_dir: str | None = None
     notes: list[str] = field(default_factory=list)
-    repeats: int = 1
 
 
 def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
-    """Read and check a study matrix: every run's parameters are validated before anything runs.
-
-    Format::
-
-        name: cpu_default
-        description: one paragraph (shown in the report)
-        notes: [lines shown in the report]
-        cell_timeout_s: 3600          # optional, per notebook cell
-        figures_dir: figures/NAME     # optional; default figures/<name of the --out directory>
-        repeats: 3                    # optional: rounds of fresh processes of each memory run
-        defaults: {platform: local_cpu, steps: 2, warmup: 1}   # for every run
-        runs:
-          - {batch_size: 1, checkpointing: false}                  # memory.ipynb
-          - {notebook: parity, batch_size: 1, deterministic: true} # parity.ipynb
-          - {batch_size: 4, checkpointing: selective}              # off, full, selective,
-                                                                   # every2, every3, auto
-          - {batch_size: 16, checkpointing: true, repeats: 1}      # measured once
-          - {batch_size: 4, allocator: default, passes: timing}    # the allocator as it comes
-
-    A run's ``overrides`` are added to those of ``defaults`` (later ones win).
-    """
+    """Read and check a study matrix (see ``configs/study/``): every run's parameters are
+    validated before anything runs. A run's ``overrides`` are added to those of ``defaults``."""
     import yaml
 
     path = Path(path)
@@ -167,9 +141,7 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         runs=runs,
         path=path,
         cell_timeout_s=data.get("cell_timeout_s"),
-        figures_dir=data.get("figures_dir"),
         notes=[str(n) for n in data.get("notes") or []],
-        repeats=repeats,
     )
 
 

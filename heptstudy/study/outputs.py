@@ -1,12 +1,7 @@
-"""Where a study writes, and how it replaces results without losing any.
-
-* A user's study goes to its own folder: ``experiments/local/<host>-<date>`` unless ``--out``
-  names another; its figures go into that folder's ``figures/``.
-* The committed reference studies (``experiments/<name>``, ``figures/<name>``) are written only
-  when asked for by name: ``heptstudy study run --reference <name>`` (``make reference``).
-* Every folder is checked for writability before anything is measured.
-* A replaced result is moved to ``superseded/<time>/`` inside the study folder once its
-  replacement exists; nothing is deleted.
+"""Where a study writes, and how it replaces results without losing any: a user's study goes
+to its own folder, the committed reference studies are written only when asked for by name, and
+a replaced result is moved to ``superseded/<time>/`` once its replacement exists (nothing is
+deleted).
 """
 
 from __future__ import annotations
@@ -25,8 +20,6 @@ from heptstudy.names import is_name
 from heptstudy.paths import ROOT, SymlinkLoop, real_path
 from heptstudy.study.common import StudyError
 
-#: The user's own studies and figures: never committed (see .gitignore).
-LOCAL = Path("experiments/local")
 SUPERSEDED = "superseded"
 PENDING = ".pending"
 
@@ -39,8 +32,7 @@ class StudyFolders:
 
 
 def from_command_line(path: str | os.PathLike, flag: str) -> Path:
-    """``path``, the value of option ``flag``, made absolute: a relative one is taken from the
-    current directory (it is a command-line path)."""
+    """``path``, the value of option ``flag``, taken from the current directory."""
     return real_path(path, flag)
 
 
@@ -50,9 +42,8 @@ def shown(path: str | os.PathLike | None) -> str | None:
     if path is None:
         return None
     p = Path(path)
-    root = ROOT
     try:
-        return str(real_path(root / p).relative_to(root.resolve()))
+        return str(real_path(ROOT / p).relative_to(ROOT.resolve()))
     except (ValueError, OSError, SymlinkLoop):
         return str(p)
 
@@ -61,7 +52,7 @@ def default_study_dir() -> Path:
     """``experiments/local/<host>-<YYYYMMDD>`` in the repository."""
     host = re.sub(r"[^A-Za-z0-9_.-]+", "-", socket.gethostname()) or "host"
     day = datetime.now(timezone.utc).strftime("%Y%m%d")
-    return ROOT / LOCAL / f"{host}-{day}"
+    return ROOT / "experiments" / "local" / f"{host}-{day}"
 
 
 def default_figures(out: Path) -> Path:
@@ -78,8 +69,8 @@ def study_folders(
     figures: str | os.PathLike | None,
     reference: str | None,
 ) -> StudyFolders:
-    """The folders of a study run: a reference study by name, else the user's ``--out`` (by
-    default :func:`default_study_dir`). A committed folder is refused without ``reference``."""
+    """The folders of a study run: a reference study by name, else the user's ``--out``. A
+    committed folder is refused without ``reference``."""
     if reference is not None:
         if not is_name(reference) or reference in LOCAL_FOLDERS:
             raise StudyError(
@@ -91,9 +82,8 @@ def study_folders(
                 f"--reference {reference} writes experiments/{reference} and figures/{reference}; "
                 "leave out --out and --figures"
             )
-        root = ROOT
         return StudyFolders(
-            root / "experiments" / reference, root / "figures" / reference, reference
+            ROOT / "experiments" / reference, ROOT / "figures" / reference, reference
         )
     out_dir = from_command_line(out, "--out") if out is not None else default_study_dir()
     fig_dir = (
@@ -114,8 +104,7 @@ def _own_study(flag: str) -> str:
 def aggregate_folders(
     out: str | os.PathLike, figures: str | os.PathLike | None
 ) -> tuple[Path, Path]:
-    """``study aggregate``'s folders: ``out`` holding the reports and ``figures`` (default
-    :func:`default_figures`); both refused when committed (``--reference`` regenerates those)."""
+    """``study aggregate``'s folders, both refused when committed."""
     out_dir = from_command_line(out, "--out")
     if not out_dir.is_dir():
         raise StudyError(
@@ -141,8 +130,7 @@ def check_writable(*folders: Path) -> None:
 
 
 class Superseded:
-    """``superseded/<time>/`` of a study folder: where replaced results are moved, one folder
-    per study run, created on the first move."""
+    """``superseded/<time>/`` of a study folder, created on the first move."""
 
     def __init__(self, out: Path):
         self.out = out
@@ -151,8 +139,6 @@ class Superseded:
         self.moved: list[Path] = []
 
     def move_aside(self, path: Path) -> None:
-        """Move ``path`` (inside the study folder), if it exists, to the same place under the
-        superseded folder."""
         if path.exists():
             target = self.folder / path.relative_to(self.out)
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,30 @@
-"""Helpers of ``pipeline.ipynb`` (a short training run and its resume) and ``explore.ipynb``
-(one training step's memory over time)."""
+"""Helpers of ``pipeline.ipynb`` and ``explore.ipynb``. The pipeline's parameters parse
+papermill's strings as the measurement request does, and parameters the notebook does not have
+are refused."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+
+from heptstudy.config import Config, load_config, parse_plan_name
 from heptstudy.measure.parity import build_seeded
+from heptstudy.measure.request import (
+    Count,
+    OptionalNumber,
+    OptionalPath,
+    Overrides,
+    RequestError,
+    check_parameters,
+    describe_errors,
+    injected_parameters,
+)
 from heptstudy.meters.memory import make_meter
 from heptstudy.study.common import StudyError
 from heptstudy.train.optim import build_optimizer, build_scheduler
@@ -15,11 +32,52 @@ from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import run_step
 
 
+class PipelineParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    out_dir: OptionalPath = "experiments/pipeline"
+    batch_size: Count = 2
+    num_steps: Count = 4
+    val_freq: Count = 2
+    checkpoint_freq: Count = 2
+    checkpointing: Annotated[str, BeforeValidator(parse_plan_name)] = "full"
+    data_dir: OptionalPath = None
+    seed: OptionalNumber = None
+    overrides: Overrides = []
+
+    @classmethod
+    def build(cls, **values: Any) -> PipelineParameters:
+        try:
+            return cls.model_validate(values)
+        except ValidationError as err:
+            raise RequestError(describe_errors(err, sorted(cls.model_fields))) from None
+
+    def config(self, out_dir: str | None = None) -> Config:
+        train: dict[str, Any] = {
+            "global_batch_size": self.batch_size,
+            "num_steps": self.num_steps,
+            "val_freq": self.val_freq,
+            "checkpoint_freq": self.checkpoint_freq,
+            "out_dir": out_dir or self.out_dir or "experiments/pipeline",
+        }
+        if self.seed is not None:
+            train["seed"] = self.seed
+        data = {"data_dir": self.data_dir} if self.data_dir else {}
+        model = {"heptv2": {"activation_checkpointing": self.checkpointing}}
+        return load_config(
+            base={"model": model, "data": data, "train": train}, overrides=self.overrides
+        )
+
+
+def pipeline_parameters(namespace: Mapping[str, Any]) -> PipelineParameters:
+    allowed = tuple(PipelineParameters.model_fields)
+    check_parameters(injected_parameters(namespace.get("In")), allowed, "pipeline.ipynb")
+    return PipelineParameters.build(**{k: namespace[k] for k in allowed if k in namespace})
+
+
 def fresh_output_dir(path: str | os.PathLike) -> Path:
     """An empty training output directory: an earlier pipeline run there (recognised by its
     ``config.yaml`` or ``metrics.jsonl``) is removed; anything else is refused."""
-    import shutil
-
     path = Path(path)
     if path.exists() and any(path.iterdir()):
         if not ((path / "config.yaml").exists() or (path / "metrics.jsonl").exists()):
@@ -34,13 +92,10 @@ def fresh_output_dir(path: str | os.PathLike) -> Path:
 
 def read_metrics(path: str | os.PathLike) -> Any:
     """``metrics.jsonl`` of a training run as a DataFrame (train and validation records)."""
-    import json
-
     import pandas as pd
 
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    df = pd.DataFrame(rows)
-    return df.drop(columns=[c for c in ("event_index_by_rank",) if c in df.columns])
+    return pd.DataFrame(rows).drop(columns=["event_index_by_rank"], errors="ignore")
 
 
 def compare_resume(original, resumed) -> Any:
@@ -49,28 +104,25 @@ def compare_resume(original, resumed) -> Any:
 
     a = original[original["kind"] == "train"].set_index("step")
     b = resumed[resumed["kind"] == "train"].set_index("step")
-    steps = [s for s in b.index if s in a.index]
     cols = [c for c in b.columns if c.startswith("loss_")]
-    rows = []
-    for s in steps:
-        for c in cols:
-            rows.append(
-                {
-                    "step": s,
-                    "loss": c.removeprefix("loss_"),
-                    "original": a.at[s, c],
-                    "resumed": b.at[s, c],
-                    "equal": bool(a.at[s, c] == b.at[s, c]),
-                }
-            )
+    rows = [
+        {
+            "step": s,
+            "loss": c.removeprefix("loss_"),
+            "original": a.at[s, c],
+            "resumed": b.at[s, c],
+            "equal": bool(a.at[s, c] == b.at[s, c]),
+        }
+        for s in b.index
+        if s in a.index
+        for c in cols
+    ]
     return pd.DataFrame(rows, columns=["step", "loss", "original", "resumed", "equal"])
 
 
 def step_memory_timeline(config, batch, device=None) -> Any:
-    """Run one training step (:func:`heptstudy.train.step.run_step`) of a freshly seeded model
-    with the storage tracker over forward, loss and backward and return its
-    :class:`~heptstudy.meters.memory.StepMemory` (``.timeline`` of (op index, live bytes),
-    ``.marks`` where each phase starts)."""
+    """The :class:`~heptstudy.meters.memory.StepMemory` (with its timeline) of one training
+    step of a freshly seeded model."""
     import torch
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -1,19 +1,10 @@
 """Whether a report in a study folder is the measurement a run of the study would make now.
 
-A study resumes a run (keeps its report instead of measuring again) only when the report carries
-the same fingerprint as the run has now: a hash of
-
-* the machine: host name, device kind and model;
-* the code: commit, and the content of uncommitted changes and new files of the package,
-  notebooks and configurations (experiments and figures excluded); PyTorch and Python;
-* the run: every field of its measurement request except where the report goes, and the
-  configuration it resolves to;
-* the data: name, size and modification time of every file of the data sets it reads;
-* the allocator settings its measurement applies (none: what its process is started with).
-
-The runner writes the fingerprint into a report after checking that the report itself says the
-same about what it measured (:func:`stamp`); a report without a fingerprint (one measured
-elsewhere, or before fingerprints) is never resumed (:func:`resumable`).
+A study resumes a run only when its report carries the run's fingerprint: a hash of the
+machine, the code (commit and uncommitted changes), the request and its configuration, the data
+files and the allocator settings (:func:`run_identity`). The runner stamps it into a report only
+after checking that the report says the same about what it measured (:func:`stamp`); a report
+without one (measured elsewhere) is never resumed.
 """
 
 from __future__ import annotations
@@ -41,7 +32,6 @@ from heptstudy.paths import resolve_in_repo
 
 
 def fingerprint(identity: dict[str, Any]) -> str:
-    """The fingerprint a run of ``identity`` (:func:`run_identity`) stamps into its report."""
     return digest(identity)[:20]
 
 
@@ -68,8 +58,7 @@ def device_identity(kind: str) -> dict[str, Any]:
 
 
 def data_identity(config) -> dict[str, Any]:
-    """Name, size and modification time of every file of the data sets a run reads (every
-    builder config, both splits' folder); a regenerated or replaced data set differs."""
+    """Name, size and modification time of every file of the data sets a run reads."""
     d = config.data
     root = resolve_in_repo(d.data_dir)
     name, version = parse_dataset(d.dataset)
@@ -83,8 +72,6 @@ def data_identity(config) -> dict[str, Any]:
 
 
 def run_identity(m) -> dict[str, Any]:
-    """What a run (its resolved :class:`~heptstudy.measure.request.Measurement`) measures now on
-    this machine (see the module docstring)."""
     fields = m.request.model_dump(mode="json", exclude={"output", "progress"})
     return {
         "machine": device_identity(m.device.type),
@@ -99,8 +86,8 @@ def run_identity(m) -> dict[str, Any]:
 
 
 def mismatches(report, identity: dict[str, Any]) -> list[str]:
-    """What a report says it measured that differs from ``identity`` (empty: it agrees). Only
-    what a report records is compared; a failure report's missing figures are not a mismatch."""
+    """What a report says it measured that differs from ``identity``; a failure report's
+    missing figures are not a mismatch."""
     env = report.environment
     machine = identity["machine"]
     request = identity["request"]
@@ -132,8 +119,7 @@ def mismatches(report, identity: dict[str, Any]) -> list[str]:
 
 
 def resumable(path: Path, fingerprint: str, identity: dict[str, Any]) -> tuple[bool, str]:
-    """Whether the report at ``path`` is this run's result (resume it), and why (not): it
-    holds a result, carries the run's fingerprint and says it measured what the run asks."""
+    """Whether the report at ``path`` is this run's result (resume it), and why (not)."""
     try:
         report = read_report(path)
     except ReportError:
@@ -157,8 +143,7 @@ def resumable(path: Path, fingerprint: str, identity: dict[str, Any]) -> tuple[b
 
 
 def stamp(path: Path, fingerprint: str, identity: dict[str, Any]) -> str:
-    """Write the run's fingerprint into its new report, when the report says it measured what
-    the run asked for; else leave it without one (it will not be resumed) and say why."""
+    """Stamp the run's fingerprint into its new report if the report agrees; else say why."""
     try:
         report = read_report(path)
     except ReportError as err:

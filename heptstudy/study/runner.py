@@ -1,20 +1,10 @@
 """Running a matrix: every measurement its own Papermill execution in a fresh kernel.
 
-:func:`run_study` (``heptstudy study run --matrix FILE``) checks the whole matrix first (every
-run's parameters, its data set and the events it needs, and that every output folder can be
-written) and stops with one message before anything is measured if something is wrong. Then it
-executes ``notebooks/memory.ipynb`` or ``notebooks/parity.ipynb`` once per run and round
-(:mod:`~heptstudy.study.schedule`); the measurement in the kernel applies the allocator settings
-of the run's platform itself (:mod:`heptstudy.meters.allocator`), and a run with ``allocator:
-default`` starts its kernel without any allocator variable; the executed notebooks are kept. A run whose
-report exists is resumed (not measured again) only when the report carries the run's
-fingerprint (:mod:`~heptstudy.study.resume`: same machine, code, request, configuration,
-data and allocator) and holds a result; anything else is measured again, and ``force`` measures
-everything again. A new result is written next to the old one and the old one is moved to
-``superseded/`` only once the new one exists (:mod:`~heptstudy.study.outputs`). A run that runs
-out of memory or whose kernel dies is recorded as a report with status ``oom``/``error``. Then
-``notebooks/aggregate.ipynb`` is executed and rendered with ``jupyter nbconvert --to html
---no-input`` into ``report.html``.
+The whole matrix is checked before anything is measured (parameters, data, events, writable
+folders). A run is resumed only when its report carries the run's fingerprint
+(:mod:`~heptstudy.study.resume`); a new result replaces the old one only once it exists
+(:mod:`~heptstudy.study.outputs`). A run that runs out of memory or whose kernel dies is a
+report with status ``oom``/``error``, not a crash.
 """
 
 from __future__ import annotations
@@ -24,9 +14,13 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from jupyter_client.manager import KernelManager
+from jupyter_core.paths import jupyter_runtime_dir
 
 from heptstudy.atomic import atomic_path, atomic_write_text
 from heptstudy.data.batching import dataset_for
@@ -38,7 +32,6 @@ from heptstudy.meters.allocator import AllocatorState, allocator_in_use, environ
 from heptstudy.names import inside
 from heptstudy.paths import ROOT, real_path
 from heptstudy.study.common import NOTEBOOKS, StudyError
-from heptstudy.study.kernel import execute_notebook
 from heptstudy.study.matrix import Matrix, Run, load_matrix
 from heptstudy.study.outputs import (
     PENDING,
@@ -53,17 +46,34 @@ from heptstudy.study.resume import fingerprint, resumable, run_identity, stamp
 from heptstudy.study.schedule import DEFAULT, Execution, report_files, schedule
 
 
+# The study's kernels use Unix sockets in the user's Jupyter runtime folder (mode 0700), not
+# jupyter_client's default unencrypted TCP on localhost: they never leave the machine, and
+# ipykernel then has no plain-text warning to write into every executed notebook's log.
+class LocalKernelManager(KernelManager):
+    def __init__(self, **kwargs: Any) -> None:
+        runtime = Path(jupyter_runtime_dir())
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # socket paths are limited to about 100 bytes: a short name
+        ip = str(runtime / f"hs-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        super().__init__(transport="ipc", ip=ip, **kwargs)
+
+
+def execute_notebook(input_path: str | os.PathLike, output_path: str | os.PathLike, **kwargs):
+    """:func:`papermill.execute_notebook` with its kernel on Unix sockets."""
+    import papermill as pm
+
+    kwargs.setdefault("kernel_manager_class", LocalKernelManager)
+    return pm.execute_notebook(str(input_path), str(output_path), **kwargs)
+
+
 @dataclass
 class RunResult:
     name: str
     status: str  # "ok", "oom", "error", "skipped" (resumed: its report has the run's fingerprint)
     report: Path
-    notebook: Path | None
+    label: str
     seconds: float = 0.0
     message: str = ""
-    round: int = 1
-    allocator: str = "platform"
-    label: str = ""
 
 
 @dataclass
@@ -74,15 +84,6 @@ class StudyRun:
     results: list[RunResult] = field(default_factory=list)
     report_html: Path | None = None
     superseded: Path | None = None  # the folder replaced results were moved to, if any
-
-    def __iter__(self):  # the results, as run_study returned before
-        return iter(self.results)
-
-    def __len__(self) -> int:
-        return len(self.results)
-
-    def __getitem__(self, i):
-        return self.results[i]
 
 
 def _papermill(
@@ -106,8 +107,7 @@ def _failure_report(
     *,
     measurement=None,
 ) -> tuple[str, str]:
-    """Write a report saying why a run produced none: out of memory, a dead kernel, an error.
-    ``measurement``: the run's resolved measurement (default: resolved from its parameters)."""
+    """Write a report saying why a run produced none: out of memory, a dead kernel, an error."""
     import torch
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -170,8 +170,6 @@ def _failure_report(
 
 @dataclass
 class Prepared:
-    """An execution with what it resolves to on this machine now."""
-
     execution: Execution
     measurement: Any  # heptstudy.measure.request.Measurement
     fingerprint: str
@@ -189,9 +187,8 @@ def _working_directory(folder: Path):
 
 
 def prepare(matrix: Matrix) -> list[Prepared]:
-    """Resolve every execution of the matrix and check what can be checked before measuring:
-    the configuration, the data set and the events each run needs. One :class:`StudyError`
-    names every run that cannot be measured, before anything runs."""
+    """Resolve and check every execution; one :class:`StudyError` names every run that cannot
+    be measured, before anything runs."""
     prepared, problems, checked = [], {}, set()
     for ex in schedule(matrix.runs):
         if ex.name in problems:  # said once, not once per round
@@ -244,17 +241,15 @@ def run_one(
     force: bool = False,
     timeout: int | None = None,
 ) -> RunResult:
-    """One execution: its notebook in a fresh kernel, report and executed notebook written under
-    ``out/.pending`` first and put in place (the old ones moved aside) once they exist."""
+    """One execution, written under ``out/.pending`` first and put in place once it exists."""
     ex = prep.execution
     final = inside(out, ex.report, f"run {ex.name!r}: report")
     nb_final = inside(out, ex.notebook, f"run {ex.name!r}: executed notebook")
-    result = dict(round=ex.round, allocator=ex.allocator, label=ex.label)
     why = ""
     if final.exists() and not force:
         resume, why = resumable(final, prep.fingerprint, prep.identity)
         if resume:
-            return RunResult(ex.name, "skipped", final, nb_final, message=why, **result)
+            return RunResult(ex.name, "skipped", final, ex.label, message=why)
     elif final.exists():
         why = "--force: measuring again"
     pending, nb_pending = out / PENDING / ex.report, out / PENDING / ex.notebook
@@ -288,7 +283,7 @@ def run_one(
     if nb_pending.exists():
         replace_with_pending(nb_pending, nb_final, superseded)
     message = "; ".join(m for m in (message, note) if m)
-    return RunResult(ex.name, status, final, nb_final, seconds, message, **result)
+    return RunResult(ex.name, status, final, ex.label, seconds, message)
 
 
 def run_study(
@@ -302,11 +297,7 @@ def run_study(
     aggregate: bool = True,
     data_dir: str | os.PathLike | None = None,
 ) -> StudyRun:
-    """Every run of the matrix in its rounds, then ``aggregate.ipynb`` and ``report.html``.
-
-    ``out_dir``: the study folder (default ``experiments/local/<host>-<date>``); ``reference``
-    writes the committed reference study of that name instead. ``data_dir`` replaces the
-    matrix's default data directory."""
+    """Every run of the matrix in its rounds, then ``aggregate.ipynb`` and ``report.html``."""
     from tqdm.auto import tqdm
 
     matrix = load_matrix(matrix_path, data_dir=str(data_dir) if data_dir else None)
@@ -351,8 +342,8 @@ def run_study(
 
 
 def _move_aside_foreign(out: Path, prepared: list[Prepared], superseded: Superseded) -> list[str]:
-    """Move the reports (and executed notebooks) of runs this matrix does not have out of the
-    study folder, so that its report shows this matrix only; returns their paths."""
+    """Move the reports of runs this matrix does not have aside, so that the report shows this
+    matrix only; returns their paths."""
     expected = {out / p.execution.report for p in prepared}
     moved = []
     for path in report_files(out):
@@ -366,7 +357,6 @@ def _move_aside_foreign(out: Path, prepared: list[Prepared], superseded: Superse
 
 
 def _remove_empty(folder: Path) -> None:
-    """Remove ``folder`` and the folders inside it when they hold no file."""
     if not folder.is_dir():
         return
     for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
@@ -383,8 +373,7 @@ def aggregate_study(
     matrix: Matrix | None = None,
     timeout: int | None = None,
 ) -> Path:
-    """Execute ``aggregate.ipynb`` on ``out_dir`` (figures to ``figures_dir``) and render
-    ``out_dir/report.html`` without the code cells."""
+    """Execute ``aggregate.ipynb`` on ``out_dir`` and render ``out_dir/report.html``."""
     out, figures = real_path(out_dir, "--out"), real_path(figures_dir, "--figures")
     executed = out / "aggregate.ipynb"
     # relative to the repository (the kernel's working directory), so that the report shows
@@ -405,8 +394,8 @@ def aggregate_study(
 
 
 def _aggregate_outputs(out: Path, figures: Path) -> dict[Path, tuple[int, int]]:
-    """The tables and figures an aggregate writes (``out/*.csv``, ``figures/*.png|pdf``) as
-    they are now: path -> (inode, mtime), to tell afterwards which ones it did not write."""
+    """path -> (inode, mtime) of the tables and figures an aggregate writes, to tell afterwards
+    which ones it did not write again."""
     found = {}
     for folder, patterns in ((out, ("*.csv",)), (figures, ("*.png", "*.pdf"))):
         for pattern in patterns:
@@ -417,9 +406,8 @@ def _aggregate_outputs(out: Path, figures: Path) -> dict[Path, tuple[int, int]]:
 
 
 def _move_aside_unwritten(out: Path, before: dict[Path, tuple[int, int]]) -> None:
-    """Tables and figures of an earlier aggregate that this one did not write again (a run
-    removed from the study, a section now skipped) are moved to ``out/superseded/<time>/``:
-    the report folder then shows this study only, and nothing is deleted."""
+    """Move aside the tables and figures of an earlier aggregate that this one did not write
+    again, so that the folder shows this study only."""
     superseded = Superseded(out)
     stale = []
     for path, seen in before.items():

@@ -1,16 +1,8 @@
 """The order a study measures in: rounds of fresh processes, so that compared runs see the same
-host conditions.
-
-Round 1 runs every run of the matrix once, as its notebook measures it (memory and time). A run
-with ``repeats: N`` (default: the matrix's ``repeats``, else 1) runs again in rounds 2..N,
-timing only (its memory figures do not change from one process to the next). Inside a round the
-runs keep the matrix's order, so the runs compared with one another (off and on at one batch
-size, each policy and off) follow each other; the rounds repeat that, and the report gives the
-median and range over the rounds of each comparison instead of a single pair of means.
-
-A run with ``allocator: default`` is measured with the allocator as it comes (the platform's
-allocator settings removed): the line an unconfigured CPU training would see. Its reports go to
-``default_allocator/``; those of rounds 2..N to ``repeats/`` (``NAME.rN.json``).
+host conditions. Round 1 runs every run once in the matrix's order (compared runs follow each
+other); a run with ``repeats: N`` runs again in rounds 2..N, timing only (its memory figures do
+not change from one process to the next), into ``repeats/NAME.rN.json``. A run with ``allocator:
+default`` (the allocator as it comes) reports into ``default_allocator/``.
 """
 
 from __future__ import annotations
@@ -23,7 +15,6 @@ from typing import Any
 from heptstudy.study.common import MEMORY
 
 PLATFORM, DEFAULT = "platform", "default"
-#: The folder of the runs measured with the default allocator, and of rounds 2..N.
 DEFAULT_ALLOCATOR_DIR = "default_allocator"
 REPEATS_DIR = "repeats"
 _ROUND = re.compile(r"^(?P<name>.+)\.r(?P<round>\d+)$")
@@ -31,8 +22,6 @@ _ROUND = re.compile(r"^(?P<name>.+)\.r(?P<round>\d+)$")
 
 @dataclass(frozen=True)
 class Execution:
-    """One fresh process of a study: a run of the matrix in one round."""
-
     run: Any  # heptstudy.study.matrix.Run
     round: int
 
@@ -46,7 +35,6 @@ class Execution:
 
     @property
     def report(self) -> Path:
-        """The report's path inside the study folder."""
         folder = Path(DEFAULT_ALLOCATOR_DIR) if self.allocator == DEFAULT else Path()
         if self.round == 1:
             return folder / f"{self.name}.json"
@@ -54,12 +42,10 @@ class Execution:
 
     @property
     def notebook(self) -> Path:
-        """The executed notebook's path inside the study folder."""
         return Path("notebooks") / self.report.with_suffix(".ipynb")
 
     @property
     def parameters(self) -> dict[str, Any]:
-        """The notebook parameters: the run's, timing only in rounds after the first."""
         params = dict(self.run.parameters)
         if self.round > 1 and self.run.notebook == MEMORY:
             params["passes"] = "timing"

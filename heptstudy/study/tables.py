@@ -1,12 +1,11 @@
-"""The frames of :mod:`heptstudy.study.frames` as the report shows them: named columns, counts
-as integers, paths relative to the repository; :func:`show` renders a table without the pandas
-index."""
+"""The frames of :mod:`heptstudy.study.frames` as the report shows them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from heptstudy.paths import ROOT
+from heptstudy.study.frames import COMPARISON_COLUMNS, OVERHEAD_COLUMNS, POLICY_COLUMNS
 
 #: Columns that count something: shown as integers, never as ``2.0``.
 _COUNTS = (
@@ -41,7 +40,6 @@ _RUN_COLUMNS = {
 
 
 def integer_counts(table) -> Any:
-    """Count columns as pandas' nullable integers (a missing count stays missing)."""
     import pandas as pd
 
     table = table.copy()
@@ -67,28 +65,24 @@ def show(table, precision: int = 1, significant: bool = False) -> Any:
 
 
 def runs_table(df) -> Any:
-    """One row per configuration of the study (the first round, and the default-allocator
-    line): its status and figures, the median step time over its rounds, its system time and
-    page faults, and the machine that measured it."""
+    """One row per configuration of the study, its step time the median over its rounds."""
     import pandas as pd
 
     if df.empty:
         return df
-    first = df[df["round"].fillna(1) == 1] if "round" in df.columns else df
-    rows = first.copy()
-    if "round" in df.columns and "mean_step_s" in df.columns:
-        key = ["allocator_line", "name"]
-        timed = df[df["mean_step_s"].notna()].groupby(key)
-        rows = rows.merge(
-            timed["mean_step_s"].median().rename("median_step_s"), on=key, how="left"
-        ).merge(timed["round"].nunique().rename("rounds"), on=key, how="left")
-        rows["mean_step_s"] = rows["median_step_s"].where(
-            rows["median_step_s"].notna(), rows["mean_step_s"]
-        )
-    if "sys_fraction" in rows.columns:
-        rows["sys_pct"] = 100 * pd.to_numeric(rows["sys_fraction"], errors="coerce")
-    order = ("allocator_line", "kind", "batch_size", "checkpointing", "name")
-    rows = rows.sort_values([c for c in order if c in rows.columns]).reset_index(drop=True)
+    key = ["allocator_line", "name"]
+    timed = df[df["mean_step_s"].notna()].groupby(key)
+    rows = (
+        df[df["round"] == 1]
+        .merge(timed["mean_step_s"].median().rename("median_step_s"), on=key, how="left")
+        .merge(timed["round"].nunique().rename("rounds"), on=key, how="left")
+    )
+    rows["mean_step_s"] = rows["median_step_s"].where(
+        rows["median_step_s"].notna(), rows["mean_step_s"]
+    )
+    rows["sys_pct"] = 100 * pd.to_numeric(rows["sys_fraction"], errors="coerce")
+    order = ["allocator_line", "kind", "batch_size", "checkpointing", "name"]
+    rows = rows.sort_values(order).reset_index(drop=True)
     cols = [c for c in _RUN_COLUMNS if c in rows.columns]
     table = rows[cols].rename(columns=_RUN_COLUMNS)
     for col in ("error", "system time [% of step]", "minor page faults/step", "rounds"):
@@ -100,43 +94,11 @@ def runs_table(df) -> Any:
 
 
 def comparison_table(comp) -> Any:
-    names = {
-        "batch_size": "batch",
-        "baseline_allocated_mib": "allocated off [MiB]",
-        "checkpointed_allocated_mib": "allocated on [MiB]",
-        "allocated_reduction_pct": "allocated reduction [%]",
-        "baseline_reserved_mib": "reserved off [MiB]",
-        "checkpointed_reserved_mib": "reserved on [MiB]",
-        "reserved_reduction_pct": "reserved reduction [%]",
-        "baseline_step_s": "step off [s]",
-        "checkpointed_step_s": "step on [s]",
-        "step_time_overhead_pct": "step-time overhead, median [%]",
-        "overhead_min_pct": "overhead min [%]",
-        "overhead_max_pct": "overhead max [%]",
-        "rounds": "rounds",
-        "flag": "flag",
-    }
-    return _shown(comp, names)
+    return _shown(comp, COMPARISON_COLUMNS)
 
 
 def overhead_table(over) -> Any:
-    """:func:`~heptstudy.study.frames.overhead_frame` as shown: one line per allocator line,
-    batch size and policy, the overhead's median and range over the rounds."""
-    names = {
-        "allocator_line": "allocator",
-        "batch_size": "batch",
-        "policy": "policy",
-        "rounds": "rounds",
-        "off_step_s": "step off [s]",
-        "on_step_s": "step on [s]",
-        "overhead_median_pct": "overhead, median [%]",
-        "overhead_min_pct": "min [%]",
-        "overhead_max_pct": "max [%]",
-        "off_sys_pct": "system time off [% of step]",
-        "on_sys_pct": "system time on [% of step]",
-        "flag": "flag",
-    }
-    table = _shown(over, names)
+    table = _shown(over, OVERHEAD_COLUMNS)
     table["allocator"] = table["allocator"].map(
         {"platform": "platform setting", "default": "default (as it comes)"}
     )
@@ -144,27 +106,11 @@ def overhead_table(over) -> Any:
 
 
 def policy_table(policies) -> Any:
-    """:func:`~heptstudy.study.policies.policy_frame` with named columns."""
-    names = {
-        "batch_size": "batch",
-        "policy": "policy",
-        "peak_allocated_mib": "peak allocated [MiB]",
-        "peak_reserved_mib": "peak reserved [MiB]",
-        "mean_step_s": "step [s]",
-        "allocated_cut_pct": "allocated cut vs off [%]",
-        "reserved_cut_pct": "reserved cut vs off [%]",
-        "step_time_overhead_pct": "step-time overhead vs off, median [%]",
-        "overhead_min_pct": "overhead min [%]",
-        "overhead_max_pct": "overhead max [%]",
-        "rounds": "rounds",
-        "flag": "flag",
-    }
-    return _shown(policies, names)
+    return _shown(policies, POLICY_COLUMNS)
 
 
 def _shown(frame, names: dict[str, str]) -> Any:
-    """The columns of ``frame`` named in ``names``, renamed, rounded to 0.1; the flag column
-    only where some row carries a flag."""
+    """The flag column only where some row carries a flag."""
     table = frame[[c for c in names if c in frame.columns]].rename(columns=names)
     if "flag" in table.columns and not table["flag"].fillna("").astype(bool).any():
         table = table.drop(columns="flag")
@@ -172,7 +118,6 @@ def _shown(frame, names: dict[str, str]) -> Any:
 
 
 def categories_table(categories) -> Any:
-    """:func:`~heptstudy.study.policies.categories_frame` with named columns (MiB)."""
     table = categories.drop(columns=["device_kind"]).rename(
         columns={"batch_size": "batch", "peak_mib": "peak [MiB]"}
     )
@@ -180,15 +125,8 @@ def categories_table(categories) -> Any:
 
 
 def predictions_table(predictions) -> Any:
-    """:func:`~heptstudy.study.fits.platform_predictions`'s table as shown: no index column and
-    no absolute path of the producing machine (paths inside the repository made relative)."""
-    roots = {str(ROOT) + "/"}
-
-    def relative(value):
-        if not isinstance(value, str):
-            return value
-        for root in roots:
-            value = value.replace(root, "")
-        return value
-
-    return show(predictions.map(relative), precision=3)
+    """No absolute path of the producing machine: paths inside the repository made relative."""
+    root = str(ROOT) + "/"
+    return show(
+        predictions.map(lambda v: v.replace(root, "") if isinstance(v, str) else v), precision=3
+    )

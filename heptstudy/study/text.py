@@ -1,9 +1,5 @@
-"""Plain words for the report: what was measured, where, on which data, and how.
-
-Every text that comes from the user or from a report (matrix name, description and notes, run,
-host, device, platform and data-set names, definitions) goes into the report page through
-:func:`esc`, so that no markup it holds reaches ``report.html`` as markup.
-"""
+"""Plain words for the report. Every text from the user or from a report goes through
+:func:`esc`, so that no markup it holds reaches ``report.html`` as markup."""
 
 from __future__ import annotations
 
@@ -35,13 +31,10 @@ def esc(value: Any) -> str:
 
 
 def heading(title: Any) -> str:
-    """The report's title line."""
     return f"# {esc(title)}\n\n"
 
 
 def study_statement(df, description: str = "", notes: list[str] | tuple[str, ...] = ()) -> str:
-    """Markdown: the device, the data (generated or real), the steps per run, and that these are
-    smoke measurements."""
     if df.empty:
         return "No reports were found in this directory: nothing to summarise."
     lines = []
@@ -86,7 +79,6 @@ def study_statement(df, description: str = "", notes: list[str] | tuple[str, ...
 
 
 def hosts_lines(df) -> list[str]:
-    """The machines that measured the runs (the runs table names each run's)."""
     if "host" not in df or df["host"].dropna().empty:
         return []
     hosts = sorted(set(df["host"].dropna()))
@@ -99,7 +91,6 @@ def hosts_lines(df) -> list[str]:
 
 
 def allocator_lines(df) -> list[str]:
-    """Which host memory allocator the runs were started with, per allocator line."""
     if "allocator" not in df or df["allocator"].dropna().empty:
         return []
     lines = []
@@ -119,7 +110,6 @@ def allocator_lines(df) -> list[str]:
 
 
 def rounds_lines(df) -> list[str]:
-    """How many rounds of fresh processes the step times come from."""
     if "round" not in df or df["round"].dropna().empty:
         return []
     rounds = int(df["round"].max())
@@ -137,7 +127,6 @@ def rounds_lines(df) -> list[str]:
 
 
 def system_time_lines(df) -> list[str]:
-    """A warning naming every run whose system (kernel) CPU time is a large part of its step."""
     bad = dominated_runs(df)
     if bad.empty:
         return []
@@ -162,8 +151,6 @@ def system_time_lines(df) -> list[str]:
 
 
 def busy_host_lines(df) -> list[str]:
-    """A warning naming the runs measured while other work competed for the cores (load average
-    more than one above the run's own threads), or nothing."""
     if "load_average_1min" not in df:
         return []
     load = df["load_average_1min"]
@@ -181,7 +168,6 @@ def busy_host_lines(df) -> list[str]:
 
 
 def figure_tag(df) -> str:
-    """A short label for figures: device, dtype and whether the data are synthetic."""
     if df.empty:
         return ""
     devices = ", ".join(
@@ -204,7 +190,6 @@ def figure_tag(df) -> str:
 
 
 def memory_definitions(reports) -> str:
-    """Markdown: how 'allocated' and 'reserved' were measured on the devices of the reports."""
     seen: dict[tuple, str] = {}
     for _, r in reports:
         s = r.summary
