@@ -144,7 +144,7 @@ def latest_checkpoint(folder: Path) -> Path | None:
 
 
 def config_file_name(run: Path, text: str, resume_step: int | None) -> Path:
-    """``config.yaml``, or a new ``config.resumed_step_NNNNNN[.k].yaml`` when a resume changes it."""
+    """``config.yaml``, or ``config.resumed_step_NNNNNN[.k].yaml`` when a resume changes it."""
     path = run / "config.yaml"
     if resume_step is None or not path.exists() or path.read_text() == text:
         return path
