@@ -1,10 +1,5 @@
-"""Padding events into batches, the training batch loader, and fixed validation/test events.
-
-A batch is a dict of tensors: ``X`` [B, S, F] and ``ytarget`` [B, S, 14] (zeros on padding),
-``mask`` [B, S] (True on real hits), ``neighbourhood`` [B, S, K] (only with radii),
-``event_index``, ``length`` and ``padded_length`` [B]; ``S`` is the largest padded length
-(at least ``pad_to_multiple``). Fixed evaluation events come from the **test** split.
-"""
+"""Padding events into batches (dicts of tensors, zeros on padding, ``mask`` True on real hits),
+the training batch loader, and fixed evaluation events (from the **test** split)."""
 
 from __future__ import annotations
 
@@ -81,10 +76,6 @@ def collate(
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# Config-driven helpers
-
-
 @functools.lru_cache(maxsize=8)
 def _open_cached(
     data_dir: str, dataset: str, configs: tuple[str, ...], split: str
@@ -109,8 +100,7 @@ def _read(
 ) -> list[dict[str, Any]]:
     """Events ``indices`` of ``ds``, with their neighbourhood block when ``radii`` are given."""
 
-    # features computed where the event is read: worker threads share that work (the k-d tree
-    # searches and the ArrayRecord reads release the GIL)
+    # computed in the reader threads: the k-d tree searches release the GIL
     def read(index: int) -> dict[str, Any]:
         ev = ds[index]
         if radii is not None:
@@ -171,8 +161,7 @@ def ntest_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
 
 
 class BatchLoader:
-    """Endless iterator of padded batches for one rank, in sampler order across epochs;
-    ``load_state_dict()`` on a fresh loader continues with the identical batch sequence."""
+    """Endless iterator of padded batches for one rank, exactly resumable."""
 
     def __init__(
         self,

@@ -1,22 +1,7 @@
-"""Tracker-neighbourhood features: summaries of the tracker hits around every hit in (eta, phi).
-
-For each hit (tracker or calorimeter) and radii ``r_1 < ... < r_K`` the block holds
-``K + 3`` columns:
-
-* ``count_k``: number of *other* tracker hits within distance ``r_k``;
-* ``mean_radius``: mean transverse radius (metres) of the other tracker hits within the largest
-  radius (0 when there are none);
-* ``radius_spread``: their standard deviation (metres; 0 when fewer than two);
-* ``nearest``: distance to the nearest other tracker hit, capped at ``NEAREST_CAP``.
-
-The distance is ``sqrt(deta^2 + dphi^2)`` with ``dphi`` wrapped into ``[-pi, pi]`` and phi read
-as ``atan2(sin_phi, cos_phi)`` (a common positive factor on the two columns does not matter).
-The pair count grows roughly with the square of the largest radius, which sets the cost.
-
-Default radii are ``[0.02, 0.05]``: a few ECAL cells (an electromagnetic shower core) and a few
-HCAL cells (the offset between a track's outer hits and its calorimeter entry above ~1 GeV);
-jet-scale activity the backbone's attention sees anyway.
-"""
+"""Tracker-neighbourhood features of every hit in (eta, phi), dphi wrapped: per radius the count
+of *other* tracker hits, then the mean and spread of their transverse radius (metres) within the
+largest radius, and the distance to the nearest one. Default radii ``[0.02, 0.05]``: a few ECAL
+cells (a shower core) and a few HCAL cells (track-to-calorimeter offset above ~1 GeV)."""
 
 from __future__ import annotations
 
@@ -36,7 +21,6 @@ POS_X, POS_Y = 6, 7
 
 
 def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
-    """The ``[N, len(radii) + 3]`` float32 neighbourhood block of the hits ``X [N, 15]``."""
     radii = [float(r) for r in radii]
     if not radii or min(radii) <= 0 or max(radii) > NEAREST_CAP:
         raise ValueError(f"radii must lie in (0, {NEAREST_CAP}], got {radii}")
@@ -55,9 +39,7 @@ def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
     pts[:, 1] = np.mod(np.arctan2(X[:, SIN_PHI], X[:, COS_PHI], dtype=np.float64), TWO_PI)
     pts[pts[:, 1] >= TWO_PI, 1] = 0.0  # mod can round up to exactly 2 pi
 
-    # phi wrap-around: tracker hits within NEAREST_CAP of the seam get a copy shifted by 2 pi, so
-    # plain (non-periodic) trees, quicker to build and query than periodic ones, see every
-    # neighbour; ``owner`` maps each copy back to its tracker hit
+    # seam copies shifted by 2 pi: plain trees are quicker than periodic ones
     tp = pts[trk]
     low, high = tp[:, 1] < NEAREST_CAP, tp[:, 1] > TWO_PI - NEAREST_CAP
     images = np.concatenate([tp, tp[low] + (0.0, TWO_PI), tp[high] - (0.0, TWO_PI)])
@@ -66,8 +48,7 @@ def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
     tree_all = cKDTree(pts, leafsize=64, balanced_tree=False, compact_nodes=False)
     tree_trk = cKDTree(images, leafsize=8)
 
-    # all (hit, tracker hit) pairs within the largest radius, zero distances (and so each tracker
-    # hit with itself) included; self pairs are taken out below by subtraction
+    # self pairs included; taken out below by subtraction
     pairs = tree_trk.sparse_distance_matrix(tree_all, r_hi, output_type="ndarray")
     i, jt, d = pairs["j"], owner[pairs["i"]], pairs["v"]
     del pairs
@@ -92,9 +73,7 @@ def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
     out[:, k] = mean
     out[:, k + 1] = np.sqrt(np.clip(var, 0.0, None)) * (cnt > 1)
 
-    # nearest other tracker hit: from the pairs where there are any (a self pair has i equal to
-    # its tracker hit's row), else a tree query capped at NEAREST_CAP (k=2 for tracker hits,
-    # whose first answer is the hit itself: any other hit at distance 0 would be in the pairs)
+    # nearest: from the pairs where any, else a capped tree query (k=2 skips a tracker hit itself)
     nearest = np.full(n, np.inf)
     d[trk[jt] == i] = np.inf
     np.minimum.at(nearest, i, d)

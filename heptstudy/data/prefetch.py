@@ -1,10 +1,5 @@
-"""Reading batches ahead of training in a background thread.
-
-Reading, the neighbourhood features and padding take milliseconds per event
-(``scripts/bench_data.py``): between two steps they would leave the accelerator idle. The
-``state_dict`` is the position after the last batch *handed out*, not after the last one read
-ahead, so a checkpoint taken mid-run resumes on exactly the batch the run would train on next.
-"""
+"""Reading batches ahead of training in a background thread (milliseconds per event that would
+leave the accelerator idle). ``state_dict`` is after the last batch *handed out*, not read."""
 
 from __future__ import annotations
 
@@ -16,9 +11,7 @@ _POLL_S = 0.1  # how often a blocked producer looks whether it has been closed
 
 
 class PrefetchingLoader:
-    """Wraps a loader with ``__next__`` and ``state_dict`` (a positioned batch loader) and yields
-    the same batches in the same order; ``depth=0`` reads each batch when it is asked for, in the
-    caller's thread.  Close it (or use ``with``) to stop the reader thread."""
+    """The same batches in the same order; ``depth=0`` reads in the caller's thread. Close it."""
 
     def __init__(self, loader: Any, depth: int) -> None:
         if depth < 0:

@@ -1,11 +1,5 @@
-"""Interleaved-shard sampling with a distributed form and an exactly resumable position.
-
-Epoch order (``interleaved_shards``): shuffle within each shard, then, round after round, take
-one event from each shard that still has events, the shards in a random order.
-``sequential`` keeps the global index order. Rank r takes ``order[r::world_size]`` truncated to
-``len(order) // world_size`` events, so every rank sees the same number of batches.
-``state_dict()`` / ``load_state_dict()`` continue with the identical sequence.
-"""
+"""Interleaved-shard sampling (one event per non-empty shard per round, shards shuffled),
+distributed (every rank sees the same number of batches) and exactly resumable."""
 
 from __future__ import annotations
 

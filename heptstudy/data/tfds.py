@@ -1,7 +1,5 @@
-"""TFDS schemas of the CLD ttbar data sets (those of the real ``cld_edm_ttbar_hits``/``_pf``
-3.2.1), the writer and the reader. Reading relies only on the feature dictionary, so the real
-data sets open the same way; neither side needs TensorFlow.
-"""
+"""TFDS schemas of the CLD ttbar data sets (as the real ones, 3.2.1), writer and reader;
+neither side needs TensorFlow."""
 
 from __future__ import annotations
 
@@ -72,12 +70,8 @@ def _refused_writes_as_os_errors(path: Path) -> Iterator[None]:
 
 
 class ArrayRecordDatasetWriter:
-    """Stream examples of one builder config into ArrayRecord shards plus TFDS metadata.
-
-    Not ``download_and_prepare``: past 1 GB it spills its shuffle buffer through TensorFlow.
-    Everything goes to a temporary folder renamed into place at the end, so an interrupted write
-    never looks like a data set.
-    """
+    """Stream examples of one builder config into ArrayRecord shards plus TFDS metadata (not
+    ``download_and_prepare``: past 1 GB it spills its shuffle buffer through TensorFlow)."""
 
     def __init__(
         self,
@@ -283,8 +277,7 @@ def _locate(data_dir: Path, name: str, config: str, version: str) -> Path:
 
 
 class ShardedDataset:
-    """Several builder configs (one shard each) of one data set and split as one sequence:
-    ``ds[i]`` is a dict of numpy arrays plus ``event_index`` (= ``i``)."""
+    """Several builder configs (one shard each) of one data set and split as one sequence."""
 
     def __init__(
         self,
@@ -389,8 +382,7 @@ class ShardedDataset:
 def open_dataset(
     data_dir: str | Path, dataset: str, configs: Sequence[str], split: str
 ) -> ShardedDataset:
-    """Open ``NAME/CONFIG:VERSION`` for every config in ``configs`` (one shard each) and ``split``,
-    generated or real; NaN/inf are reported when read."""
+    """Open ``NAME/CONFIG:VERSION`` for every config in ``configs`` and ``split``."""
     import tensorflow_datasets as tfds
 
     name, version = parse_dataset(dataset)
@@ -477,9 +469,8 @@ def _describe_error(err: Exception) -> str:
 
 
 def _shard_files(split_info, path: Path, name, config, version, split) -> list[tuple[Path, int]]:
-    """The split's ArrayRecord files with their event counts, checked against
-    ``dataset_info.json`` (a file cut at a 64 KiB boundary opens as a valid, shorter file: only
-    the count catches it)."""
+    """The split's files and event counts, checked against ``dataset_info.json`` (a truncated
+    file opens as a valid, shorter one)."""
     from array_record.python.array_record_module import ArrayRecordReader
 
     paths, lengths = split_info.filepaths, split_info.shard_lengths

@@ -33,10 +33,7 @@ def example_batch(
     hits_per_event: int | Sequence[int],
     seed: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """A random but well-formed input batch for the configured model, padded and masked like
-    real batches (each event to a multiple of ``data.pad_to_multiple``, the batch to its
-    longest event). Targets follow the data sets' convention. For tests and quick checks only:
-    measurements read real events from a data set."""
+    """A random, well-formed batch padded and masked like real ones (tests and quick checks)."""
     lengths = (
         [int(hits_per_event)] * batch_size
         if isinstance(hits_per_event, int)

@@ -1,12 +1,6 @@
-"""What a checkpointed layer keeps for backward: the policies of
-:mod:`heptstudy.model.checkpoint_plan`.
-
-``full`` keeps only the layer's inputs and recomputes the whole layer in backward, *lean*: the
-memory-lean functions of the layer (:class:`heptstudy.model.heptv2.SwiGLU`) then keep nothing
-that their own backward can recompute slice by slice, so one layer's recomputation holds no
-hidden-width tensor of the whole batch. ``selective`` keeps the products of the layer's dense
-projections (:data:`SELECTIVE_SAVE_OPS`) and recomputes the rest.
-"""
+"""What a checkpointed layer keeps for backward. ``full``: only its inputs, recomputed *lean*
+(SwiGLU keeps nothing it can recompute by slice, so recomputation holds no hidden-width tensor of
+the batch). ``selective``: the dense projections' products (:data:`SELECTIVE_SAVE_OPS`)."""
 
 from __future__ import annotations
 
@@ -21,11 +15,8 @@ from torch import nn
 
 
 class _ThreadState(threading.local):
-    #: inside a ``full``-policy checkpointed layer (its first forward, whose saved tensors are
-    #: dropped, or its recomputation inside backward)
     lean: bool = False
-    #: the dense-projection module running (the recomputation inside backward runs the modules
-    #: again, in the thread that runs the backward)
+    #: per thread: recomputation runs in the backward's thread
     projection: nn.Module | None = None
 
 
@@ -42,17 +33,12 @@ def lean_recompute() -> Iterator[None]:
 
 
 def recompute_is_lean() -> bool:
-    """True inside a ``full``-policy checkpointed layer: keep only what cannot be recomputed
-    from the layer's own inputs slice by slice."""
+    """True inside a ``full``-policy checkpointed layer."""
     return _STATE.lean
 
 
-#: ``selective``: the outputs of these ops are kept for backward when a module of the layer's
-#: :meth:`~heptstudy.model.heptv2.HEPTv2Layer.dense_projections` runs them (q/k/v, attention
-#: output, SwiGLU gate/up and down: most of the layer's floating-point work, about 1,660 floats
-#: per hit); everything else in the layer is recomputed: the positional MLP (nearly free), the
-#: bucket attention (its scores and probabilities are the bulk of the activation memory, from
-#: small batched products), norms, activations and dropout (replayed with the saved RNG state).
+#: ``selective`` keeps these ops' outputs inside ``dense_projections`` (most of the arithmetic);
+#: the bucket attention (the bulk of the activation memory, cheap to redo) is recomputed.
 SELECTIVE_SAVE_OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
 
 

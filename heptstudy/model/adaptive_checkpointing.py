@@ -1,15 +1,7 @@
-"""Occupancy-adaptive checkpointing (``model.heptv2.activation_checkpointing: auto``).
-
-Checkpointing changes no result, only memory and time, so it can be decided per batch: before a
-step, a memory model per candidate plan predicts the step's peak from the batch's shape (events
-``B``, longest padded event ``L``) and the step runs the cheapest plan that fits the budget.
-When none fits, :class:`NoPlanFits` says so before the step allocates anything.
-
-The memory models are estimated at the start of a run on fake tensors
-(:func:`heptstudy.estimate.plans.calibrate`) and predict peak *allocated* tensor memory; on a
-GPU the caching allocator's pool and kernel workspaces come on top, which the budget's safety
-margin must cover.
-"""
+"""Occupancy-adaptive checkpointing (``auto``): checkpointing changes no result, so each step
+runs the cheapest plan whose predicted peak (a memory model per plan, fitted on fake tensors at
+the start of a run, from the batch's shape) fits the budget. The models predict *allocated*
+memory; the budget's margin must cover the caching allocator's pool and workspaces."""
 
 from __future__ import annotations
 
@@ -24,24 +16,17 @@ from heptstudy.errors import HeptstudyError
 from heptstudy.model.checkpoint_plan import OFF, CheckpointPlan, plan_named
 from heptstudy.model.checkpoint_plan import applied_plan as applied_plan
 
-#: ``auto``'s plans are values of :mod:`heptstudy.model.checkpoint_plan`.
 Plan = CheckpointPlan
 
 
-#: The plans ``auto`` tries after ``off`` when neither the configuration nor the platform
-#: names an order: the first K backbone layers for growing K, then ``full``. Measured on the CPU
-#: reference's batch-4 peak batch (experiments/checkpointing_limit_cpu_b4/layer_order.json):
-#: each further layer saves the same 450.8 MiB, and the layers being alike, costs the same
-#: recomputation, so the plans' cost grows with K.
+#: ``auto``'s order after ``off`` when none is configured: each further layer saves and costs
+#: the same (experiments/checkpointing_limit_cpu_b4/layer_order.json).
 DEFAULT_PLAN_ORDER = ("layers1", "layers2", "layers3", "layers4", "layers5", "full")
 
 
 def order_by_cost(measured: dict[str, tuple[float, float]]) -> list[str]:
-    """The order ``auto`` should try plans in, from their measured ``(cost, peak)`` (cost: the
-    step-time overhead against off, or seconds per padded hit; peak: MiB at the same batch):
-    cheapest first, each plan kept only if its peak lies below that of every cheaper plan. A
-    plan that costs more and saves no more (``selective`` on the CPU reference) leaves the
-    order. ``off`` is always tried first and is not listed."""
+    """``auto``'s order from measured ``(cost, peak)``: cheapest first, a plan kept only if its
+    peak lies below every cheaper plan's. ``off`` (always first) is not listed."""
     order, lowest = [], float("inf")
     for name, (_cost, peak) in sorted(
         ((n, v) for n, v in measured.items() if n != "off"), key=lambda kv: (kv[1][0], kv[1][1])
@@ -53,7 +38,6 @@ def order_by_cost(measured: dict[str, tuple[float, float]]) -> list[str]:
 
 
 def plan_order(heptv2, platform=None) -> tuple[list[str], str]:
-    """The order of the plans after ``off`` and where it comes from."""
     if heptv2.auto_plan_order is not None:
         return list(heptv2.auto_plan_order), "model.heptv2.auto_plan_order"
     if platform is not None and getattr(platform, "auto_plan_order", None):
@@ -62,10 +46,8 @@ def plan_order(heptv2, platform=None) -> tuple[list[str], str]:
 
 
 def candidate_plans(heptv2, platform=None) -> list[CheckpointPlan]:
-    """The plans tried, cheapest first: ``off``, then :func:`plan_order`. A platform's order
-    was measured on its full-size model: of it, a smaller backbone tries the count plans below
-    its number of layers, and ``every2`` and ``every3`` only where they differ from ``full``
-    (the configuration's own order is checked against its backbone when it is validated)."""
+    """``off``, then :func:`plan_order`; a smaller backbone than the platform's measured one
+    skips the count plans it cannot run and ``everyK`` where it equals ``full``."""
     n = heptv2.num_convs
     plans = [OFF]
     for name in plan_order(heptv2, platform)[0]:
@@ -77,9 +59,8 @@ def candidate_plans(heptv2, platform=None) -> list[CheckpointPlan]:
 
 
 def plan_config(config: Config, plan: CheckpointPlan) -> Config:
-    """``config`` running ``plan``: its name as ``model.heptv2.activation_checkpointing``; a
-    count plan keeps ``auto`` (every layer wrapped) and runs under :func:`applied_plan`, as the
-    steps of an ``auto`` run do."""
+    """``config`` running ``plan``; a count plan keeps ``auto`` and runs under
+    :func:`applied_plan`, as an ``auto`` run's steps do."""
     fixed = config.model_copy(deep=True)
     fixed.model.heptv2.activation_checkpointing = "auto" if plan.count else plan.name
     return fixed
@@ -91,22 +72,17 @@ class NoPlanFits(HeptstudyError):
 
 @dataclass(frozen=True)
 class PlanChoice:
-    """The plan a step runs and why: its predicted peak against the budget."""
-
     plan: Plan
     predicted_peak_mib: float
     budget_mib: float
     predictions_mib: dict[str, float]
 
     def fields(self) -> dict[str, Any]:
-        """What a training metric line or bench step record carries."""
         return {"checkpoint_plan": self.plan.name, "predicted_peak_mib": self.predicted_peak_mib}
 
 
 @dataclass
 class PlanPredictor:
-    """Memory models of the candidate plans and the budget they are held to."""
-
     plans: list[Plan]
     models: dict[str, Any]  # plan name -> heptstudy.estimate.memory_model.MemoryModel
     budget_mib: float
@@ -117,8 +93,7 @@ class PlanPredictor:
     def choose(
         self, batch_size: int, longest_padded: int, what: Callable[[], str] | None = None
     ) -> PlanChoice:
-        """The cheapest plan whose predicted peak fits; :class:`NoPlanFits` when none does
-        (``what`` names the batch in its message, called only then)."""
+        """The cheapest plan that fits, else :class:`NoPlanFits` (``what`` names the batch)."""
         predictions = {
             p.name: float(self.models[p.name].predict_allocated_mib(batch_size, longest_padded))
             for p in self.plans
@@ -136,7 +111,7 @@ class PlanPredictor:
         )
 
     def choose_for(self, batch: dict[str, torch.Tensor]) -> PlanChoice:
-        """The plan for ``batch`` (its shape only: on the host, before it is moved)."""
+        """The plan for ``batch``, from its shape (on the host, before it is moved)."""
         b, length = (int(n) for n in batch["X"].shape[:2])
         events = batch.get("event_index")
         # the events are named only in the error: reading them from a device costs a sync

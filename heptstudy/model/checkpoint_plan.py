@@ -1,15 +1,6 @@
-"""Checkpointing plans: one value per plan, applied once to the built model.
-
-A :class:`CheckpointPlan` names which backbone and decoder layers run under
-``torch.utils.checkpoint`` (non-reentrant, RNG state preserved so dropout replays exactly) and
-with which policy. :func:`apply_plan` wraps those layers once with PyTorch's
-``checkpoint_wrapper``, as torchtitan's ``apply_ac`` does (the state dict keeps the unwrapped
-names); the model's ``forward`` decides nothing. A wrapped layer checkpoints only when training
-with gradients enabled.
-
-``auto`` (:data:`AUTO`) wraps every layer, and each step runs under the plan chosen for its
-batch (:func:`applied_plan`).
-"""
+"""Checkpointing plans, applied once to the built model with ``checkpoint_wrapper`` (as
+torchtitan's ``apply_ac``; the state dict keeps the unwrapped names). RNG state is preserved so
+dropout replays exactly. ``auto`` wraps every layer; each step runs under its chosen plan."""
 
 from __future__ import annotations
 
@@ -32,18 +23,13 @@ from heptstudy.config import count_plan, parse_plan_name
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.activation_checkpointing import lean_recompute, policy_context
 
-#: Where a checkpointable layer sits: ("backbone", i) or ("decoder", j).
 Slot = tuple[str, int]
 
 
 @dataclass(frozen=True)
 class CheckpointPlan:
-    """One way of checkpointing the model.
-
-    Fixed plans checkpoint every ``every``-th layer (0, k, 2k, ...) of the backbone and of the
-    decoder. Count plans (``count`` set) checkpoint the first ``count`` layers of ``order``
-    (the backbone's layers first to last, or last to first).
-    """
+    """Fixed plans checkpoint every ``every``-th layer of backbone and decoder; count plans the
+    first ``count`` layers of ``order``."""
 
     name: str  # off, full, selective, every2, every3, auto, layers3, ...
     label: str  # for figures and tables
@@ -53,15 +39,13 @@ class CheckpointPlan:
     order: tuple[Slot, ...] = ()
 
     def checkpoints(self, slot: Slot) -> bool:
-        """Whether this plan runs the layer at ``slot`` under checkpoint."""
         if self.count is not None:
             return slot in self.order[: self.count]
         return self.every > 0 and slot[1] % self.every == 0
 
 
 def report_part(name: str) -> str:
-    """The part of a report's name that names the plan ``name``: ``baseline`` (off),
-    ``checkpointed`` (full), ``auto``, else ``checkpointed_NAME``."""
+    """The part of a report's name that names the plan ``name``."""
     return {"off": "baseline", "full": "checkpointed", "auto": "auto"}.get(
         name, f"checkpointed_{name}"
     )
@@ -74,13 +58,11 @@ EVERY_2 = CheckpointPlan("every2", "every 2", every=2)
 EVERY_3 = CheckpointPlan("every3", "every 3", every=3)
 AUTO = CheckpointPlan("auto", "auto")
 
-#: The plans of :data:`heptstudy.config.FIXED_PLANS` and ``auto``, by name.
 NAMED = {p.name: p for p in (OFF, FULL, SELECTIVE, EVERY_2, EVERY_3, AUTO)}
 
 
 def plan_named(value: Any, num_layers: int | None = None) -> CheckpointPlan:
-    """The plan of a checkpointing value: a plan's name (any case) or true/false. A count plan
-    (``layersK``, ``lastK``) is built for a backbone of ``num_layers`` layers."""
+    """The plan of a checkpointing value (a name or true/false); count plans need ``num_layers``."""
     try:
         name = parse_plan_name(value)
     except ValueError as err:
@@ -105,11 +87,8 @@ def plan_named(value: Any, num_layers: int | None = None) -> CheckpointPlan:
 
 
 def plan_of(heptv2) -> CheckpointPlan:
-    """The plan a ``model.heptv2`` configuration asks for."""
     return plan_named(heptv2.activation_checkpointing, heptv2.num_convs)
 
-
-# -- applying a plan ------------------------------------------------------------------------
 
 _RUNNING: contextvars.ContextVar[CheckpointPlan | None] = contextvars.ContextVar(
     "heptstudy_checkpoint_plan", default=None
@@ -118,8 +97,7 @@ _RUNNING: contextvars.ContextVar[CheckpointPlan | None] = contextvars.ContextVar
 
 @contextmanager
 def applied_plan(model: nn.Module, plan: CheckpointPlan | None) -> Iterator[None]:
-    """Run ``model`` under ``plan`` inside the block (forward and backward): one of the prepared
-    plans of a model built with ``auto``. None: as built. Nothing of the model changes."""
+    """Run a model built with ``auto`` under ``plan`` inside the block (None: as built)."""
     if plan is None:
         yield
         return
@@ -165,7 +143,6 @@ def _lean(module: nn.Module, *args):
 
 
 def checkpoint_slots(model: nn.Module) -> dict[Slot, tuple[nn.ModuleList, int]]:
-    """The checkpointable layers of ``model``: its backbone's and its decoder's."""
     slots = {}
     for group in ("backbone", "decoder"):
         layers = getattr(model, group, None)
@@ -175,12 +152,12 @@ def checkpoint_slots(model: nn.Module) -> dict[Slot, tuple[nn.ModuleList, int]]:
 
 
 def unwrapped_name(name: str) -> str:
-    """A parameter's or module's name as in the unwrapped model (and in the state dict)."""
+    """A name as in the unwrapped model (and the state dict)."""
     return name.replace(_CHECKPOINT_PREFIX, "")
 
 
 def apply_plan(model: nn.Module, plan: CheckpointPlan) -> nn.Module:
-    """Wrap the layers ``plan`` checkpoints (every layer for ``auto``), once, in place."""
+    """Wrap the layers ``plan`` checkpoints (all for ``auto``), once, in place."""
     if getattr(model, "checkpoint_plan", None) is not None:
         raise HeptstudyError(
             f"a checkpoint plan ({model.checkpoint_plan.name}) is already applied to this "

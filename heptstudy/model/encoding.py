@@ -12,9 +12,8 @@ from heptstudy.data.schema import COS_PHI, ETA, SIN_PHI
 
 
 def normalise_features(x: torch.Tensor) -> torch.Tensor:
-    """Signed log1p of every raw feature (energies in GeV and positions in mm span decades)
-    except eta, kept as is, and (sin phi, cos phi), rescaled to unit length because real hit
-    data carry a common positive factor on both."""
+    """Signed log1p of every raw feature except eta and (sin phi, cos phi), rescaled to unit
+    length (real hit data carry a common factor on both)."""
     out = torch.sign(x) * torch.log1p(x.abs())
     norm = torch.sqrt(x[..., SIN_PHI] ** 2 + x[..., COS_PHI] ** 2).clamp(min=1e-12)
     return torch.cat(
@@ -30,15 +29,8 @@ def normalise_features(x: torch.Tensor) -> torch.Tensor:
 
 
 class LeanMLP(nn.Sequential):
-    """``Linear -> GELU -> LayerNorm -> Linear`` that keeps only its input for backward.
-
-    Autograd op by op would keep three hidden-width tensors per row (the first product, its
-    GELU and the normalised result): for the input encoders, run on every hit, that is 6 KiB
-    per hit held from the forward to the end of the backward. Backward recomputes the hidden
-    layer from the input instead, which costs the first product again (narrow: the raw
-    features), the GELU and the norm; the result and the gradients are those of the layers
-    one by one. Same submodules, so the same state-dict keys as the plain ``nn.Sequential``.
-    """
+    """``Linear -> GELU -> LayerNorm -> Linear`` keeping only its input for backward (op by op
+    would keep 6 KiB per hit); same state-dict keys as the plain ``nn.Sequential``."""
 
     def __init__(self, inp: int, hidden: int, out: int):
         super().__init__(
@@ -79,8 +71,6 @@ class _LeanMLPFunction(torch.autograd.Function):
         ]
         with torch.enable_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
             hidden = _hidden(first[0], ctx.eps, *first[1:])
-        # The last layer's backward by hand, in the dtypes autocast ran it in: no need to
-        # repeat its product.
         dt = d_out.dtype
         d_rows = d_out.reshape(-1, d_out.shape[-1])
         h_rows = hidden.detach().reshape(-1, hidden.shape[-1]).to(dt)
@@ -94,8 +84,7 @@ class _LeanMLPFunction(torch.autograd.Function):
 
 
 class TypeEncoder(nn.Module):
-    """Encodes elements of type 1 and type 2 (column 0 of the raw features) with separate MLPs;
-    anything else (padding) encodes to zero."""
+    """Separate MLPs for element types 1 and 2; anything else (padding) encodes to zero."""
 
     def __init__(self, in_dim: int, width: int, out_dim: int):
         super().__init__()

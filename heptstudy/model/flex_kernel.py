@@ -1,16 +1,7 @@
 """The one call into ``flex_attention``: compiled a bounded number of times, never silently
-unfused, counted.
-
-Why. A static compile per padded length hits dynamo's recompile limit after eight lengths, and
-flex_attention then quietly runs unfused, materialising the whole score matrix (on an H200,
-2.2 GB became 67-78 GB: ``experiments/h200_2026-11-30/``). Shape policy ``dynamic`` (default)
-compiles a symbolic length once per dtype and grad mode; ``ladder`` pads to the next size of
-:data:`LADDER`, each compiled statically. The recompile limit, compile failures, a dispatch mode
-that would make dynamo skip the call and a reached eager path are :class:`FusedAttentionError`.
-
-Compilers: ``inductor`` on CUDA (the fused Triton kernel); ``eager`` on CPU, flex_attention's
-dense reference implementation (inductor's CPU kernel has no backward nor log-sum-exp).
-"""
+unfused (past dynamo's recompile limit it quietly materialises the whole score matrix: on an
+H200 2.2 GB became 67-78 GB, ``experiments/h200_2026-11-30/``), counted. ``eager`` on CPU:
+inductor's CPU kernel has no backward nor log-sum-exp."""
 
 from __future__ import annotations
 
@@ -24,18 +15,15 @@ from heptstudy.errors import HeptstudyError
 
 SHAPE_POLICIES = ("dynamic", "ladder")
 
-#: flex_attention's sparse block size; ladder sizes are multiples of it.
 FLEX_BLOCK = 128
 
-#: Shortest kernel length of the ``dynamic`` policy: two blocks, so that no size of the block
-#: mask is 1 (dynamo specialises sizes of 1, which would cost a second compile).
+#: Two blocks: dynamo specialises block-mask sizes of 1, which would cost a second compile.
 MIN_DYNAMIC_LENGTH = 2 * FLEX_BLOCK
 
 #: Kernel sequence lengths of the ``ladder`` policy: 128 x ceil(2^(k/4)), up to 2^19 rows.
 LADDER = tuple(sorted({FLEX_BLOCK * math.ceil(2 ** (k / 4)) for k in range(4 * 12 + 1)}))
 
-#: Static compiles the ``ladder`` policy may need (sizes x dtypes x grad modes); dynamo's limit
-#: is raised to it for these calls only.
+#: Static compiles ``ladder`` may need; dynamo's limit is raised to it for these calls only.
 LADDER_RECOMPILE_LIMIT = 64
 
 WAY_OUT = (
@@ -66,7 +54,6 @@ _COMPILED: dict[tuple[str, str], object] = {}
 
 
 def set_shape_policy(policy: str) -> None:
-    """Choose ``dynamic`` or ``ladder`` for the rest of the process."""
     global _POLICY
     if policy not in SHAPE_POLICIES:
         raise FusedAttentionError(
@@ -77,7 +64,6 @@ def set_shape_policy(policy: str) -> None:
 
 
 def kernel_length(padded_len: int) -> int:
-    """The sequence length the kernel runs on for a sorted length of ``padded_len``."""
     if _POLICY == "dynamic":
         return max(padded_len, MIN_DYNAMIC_LENGTH)
     for size in LADDER:
@@ -90,7 +76,6 @@ def kernel_length(padded_len: int) -> int:
 
 
 def status() -> dict:
-    """What the fused attention did in this process so far."""
     return {
         "fused_calls": _STATS.calls,
         "fused_compiles": _STATS.compiles,
@@ -101,8 +86,7 @@ def status() -> dict:
 
 
 def attention_status(config=None) -> dict:
-    """:func:`status` plus the bucket attention the process actually used (``fused``,
-    ``fused-reference`` on CPU, ``plain`` or ``none``) and the ``configured`` backend."""
+    """:func:`status` plus the bucket attention actually used and the configured backend."""
     from heptstudy.config import HIT_VARIANT
 
     if _STATS.calls:
@@ -116,14 +100,13 @@ def attention_status(config=None) -> dict:
 
 
 def reset_counts() -> None:
-    """Forget the calls and compiles counted so far (compiled code stays cached)."""
+    """Forget the counts (compiled code stays cached)."""
     global _STATS
     _STATS = _Stats()
 
 
 def flex_attention_lse(q, k, v, block_mask):
-    """``flex_attention(q, k, v, block_mask, scale=1)`` through the bounded, checked compile;
-    returns ``(out, lse)``."""
+    """``(out, lse)`` of ``flex_attention(..., scale=1)`` through the checked compile."""
     from torch.nn.attention import flex_attention as fa
 
     compiler = "inductor" if q.device.type == "cuda" else "eager"
@@ -165,7 +148,6 @@ def _compiled(compiler: str):
 
 
 def _cache_entries(fa) -> int:
-    """Compiled variants of flex_attention in this process (one per dynamo compile)."""
     try:
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
@@ -177,7 +159,7 @@ def _cache_entries(fa) -> int:
 
 
 def _refuse_known_fallbacks(fa) -> None:
-    """Causes that would make dynamo skip the call: refuse them before anything runs."""
+    """Refuse what would make dynamo skip the call, before anything runs."""
     if getattr(fa, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", False):
         raise FusedAttentionError(
             "flex_attention's compile is switched off "
@@ -224,8 +206,7 @@ def _no_duck_sizing():
 
 @contextlib.contextmanager
 def _checked(fa, compiler: str):
-    """Recompile limit as a hard error; compile failures and a reached eager path as
-    :class:`FusedAttentionError`; out-of-memory passes through (it is a result)."""
+    """Failures as :class:`FusedAttentionError`; out-of-memory passes through (it is a result)."""
     from torch._dynamo import exc as dynamo_exc
 
     patch = {"fail_on_recompile_limit_hit": True}

@@ -11,14 +11,11 @@ from heptstudy import stand_ins
 from heptstudy.model import flex_kernel
 from heptstudy.model.buckets import MASKED, BucketOrder
 
-#: Sparse block size of flex_attention's block mask.
 FLEX_BLOCK = flex_kernel.FLEX_BLOCK
 
 
 def fused_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int):
-    """The same attention through ``flex_attention`` with a bucket-diagonal block mask (``q``
-    pre-scaled, so the kernel scale is 1). Returns ``out [B,C,S,H,dh]`` and ``lse [B,C,S,H]``
-    in hit order, like the plain path."""
+    """The bucket attention through ``flex_attention``; ``out`` and ``lse`` as the plain path."""
     B, C, H, Sp = buckets.order.shape
     S = buckets.num_hits
     dh = q.shape[-1]

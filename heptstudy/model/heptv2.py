@@ -1,11 +1,6 @@
-"""The HEPTv2 layer: LSH-bucketed attention over hits in (eta, phi), rounds merged by a softmax
-over their log-sum-exps.
-
-Memory. The plain attention, the SwiGLU feed-forward and the norms are autograd functions that
-keep for backward only what cannot be recomputed cheaply and work in slices of bounded size, so
-the scores of every round and head never exist at once. Results and gradients equal the plain
-PyTorch expression's up to rounding, and are bit for bit the same with and without checkpointing.
-"""
+"""The HEPTv2 layer: LSH-bucketed attention over hits in (eta, phi), rounds merged by their
+log-sum-exps. Attention, SwiGLU and norms are autograd functions keeping little for backward and
+working in bounded slices; bit for bit the same with and without checkpointing."""
 
 from __future__ import annotations
 
@@ -20,17 +15,14 @@ from heptstudy.model.activation_checkpointing import recompute_is_lean
 from heptstudy.model.buckets import MASKED, BucketOrder
 from heptstudy.model.encoding import COS_PHI, ETA, SIN_PHI
 
-#: Width of the positional MLP's hidden layer.
 POSITIONAL_HIDDEN = 32
 
-#: Elements of a :class:`SwiGLU` row slice (rows x 2 x hidden): 8 MiB in float32 whatever the
-#: batch, so its hidden-width temporaries do not grow with it.
+#: Elements of a :class:`SwiGLU` row slice: 8 MiB in float32, whatever the batch.
 SWIGLU_SLICE_ELEMENTS = 1 << 21
 
 
 def hit_coordinates(features: torch.Tensor) -> torch.Tensor:
-    """(eta, phi) per hit in float32; phi from atan2, so a common positive factor on
-    (sin phi, cos phi) does not matter."""
+    """(eta, phi) per hit in float32."""
     f = features.float()
     return torch.stack([f[..., ETA], torch.atan2(f[..., SIN_PHI], f[..., COS_PHI])], dim=-1)
 
@@ -47,8 +39,7 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 
 class RMSNorm(nn.Module):
-    """RMS norm keeping its input and one float per row for backward (``F.rms_norm`` also keeps
-    the normalised input: a full-width tensor per norm, five per layer)."""
+    """RMS norm keeping its input and one float per row (``F.rms_norm`` also keeps the output)."""
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -61,8 +52,6 @@ class RMSNorm(nn.Module):
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """``x / rms(x) * weight`` in float32 at least, returned in ``x``'s dtype."""
-
     @staticmethod
     def forward(ctx, x, weight, eps):
         xs = x.to(_stats_dtype(x))
@@ -85,8 +74,7 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 class Dropout(nn.Dropout):
-    """Dropout keeping a boolean mask on every device (``native_dropout``, CUDA's kernel); the
-    CPU's ``F.dropout`` keeps its mask in the input's dtype."""
+    """Dropout keeping a boolean mask on CPU too (``F.dropout`` keeps it in the input's dtype)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
@@ -95,10 +83,8 @@ class Dropout(nn.Dropout):
 
 
 class SwiGLU(nn.Module):
-    """``down(silu(gate) * up)`` with ``gate, up = gate_up(x)``, a slice of rows at a time,
-    keeping ``x`` and the ``gate_up`` product for backward (the rest is recomputed per slice).
-    Inside a ``full``-policy checkpointed layer it keeps only ``x`` and recomputes ``gate_up``
-    per slice (bit for bit the same), so recomputation never holds the whole batch's product."""
+    """``down(silu(gate) * up)`` a slice of rows at a time, keeping ``x`` and ``gate_up(x)``;
+    under ``full`` recomputation only ``x``, so recompute never holds the whole product."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -167,8 +153,7 @@ class _SwiGLUFunction(torch.autograd.Function):
 
 
 def _swiglu_slice_backward(d_out, x, gate_up, weights, weight_grads, d_x) -> None:
-    """One row slice: writes its input gradient into ``d_x`` and adds its weight gradients. A
-    function of its own so that the slice's temporaries are gone before the next slice."""
+    """One row slice (a function so its temporaries are freed before the next slice)."""
     (w_gate_up, w_down), (d_w_gate_up, d_w_down) = weights, weight_grads
     hidden = w_down.shape[1]
     gate, up = gate_up[:, :hidden], gate_up[:, hidden:]
@@ -203,7 +188,7 @@ class HEPTv2Layer(nn.Module):
         self.mlp = SwiGLU(dim, int(round(dim * cfg.mlp_ratio)))
         self.dropout = Dropout(cfg.dropout)
 
-        # Fixed random tables from their own generator (the global RNG untouched), as buffers.
+        # Own generator: the global RNG is untouched.
         gen = torch.Generator().manual_seed(cfg.hash_seed * 1000 + layer_index)
         self.register_buffer("hash_directions", torch.randn(cfg.n_hashes, heads, 2, generator=gen))
         self.register_buffer(
@@ -211,14 +196,12 @@ class HEPTv2Layer(nn.Module):
         )
 
     def dense_projections(self) -> tuple[nn.Module, ...]:
-        """The modules whose products the selective policy keeps (most of the layer's
-        arithmetic); the positional MLP is nearly free to redo."""
+        """The modules whose products the selective policy keeps."""
         return (self.qkv, self.out, self.mlp)
 
-    # -- hashing ---------------------------------------------------------------------------
     @torch.no_grad()
     def bucket_order(self, coords: torch.Tensor, mask: torch.Tensor) -> BucketOrder:
-        """Hash and sort every event's hits, in float32 whatever the autocast dtype."""
+        """Hash and sort every event's hits, in float32."""
         with torch.autocast(device_type=coords.device.type, enabled=False):
             return self._bucket_order(coords.float(), mask)
 
@@ -261,7 +244,6 @@ class HEPTv2Layer(nn.Module):
             order = torch.cat([order, fill], dim=-1)
         return BucketOrder(order, n_valid, S, Sp)
 
-    # -- forward ---------------------------------------------------------------------------
     def forward(
         self,
         x: torch.Tensor,
@@ -269,8 +251,7 @@ class HEPTv2Layer(nn.Module):
         coords: torch.Tensor,
         buckets: BucketOrder | None = None,
     ) -> torch.Tensor:
-        """``buckets``: this layer's :meth:`bucket_order`, hashed here when None (a checkpointed
-        layer then rehashes in backward instead of keeping its order)."""
+        """``buckets`` None: hashed here (a checkpointed layer then rehashes in backward)."""
         if buckets is None:
             buckets = self.bucket_order(coords, mask)
         x = x + self.pos_embed(coords.to(x.dtype))
@@ -301,8 +282,7 @@ class HEPTv2Layer(nn.Module):
 
 
 def merge_rounds(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """Per-round outputs ``out [B,C,S,H,dh]`` and log-sum-exps ``lse [B,C,S,H]`` (hit order)
-    -> the merged output [B,S,H,dh]: each round weighted by the softmax of its log-sum-exp."""
+    """``out [B,C,S,H,dh]``, ``lse [B,C,S,H]`` -> [B,S,H,dh], rounds weighted by softmax(lse)."""
     weights = torch.softmax(lse.to(_stats_dtype(lse)), dim=1).to(out.dtype)
     return (weights.unsqueeze(-1) * out).sum(dim=1)
 
@@ -310,7 +290,6 @@ def merge_rounds(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
 def _region_shapes(
     n_hashes: int, heads: int, num_regions: int, gen: torch.Generator
 ) -> torch.Tensor:
-    """A random (eta regions, phi regions) pair per (round, head), product about num_regions."""
     root = math.sqrt(num_regions)
     lo, hi = max(1, int(root / 2)), max(1, int(root * 2))
     n_eta = torch.randint(lo, hi + 1, (n_hashes, heads), generator=gen)
@@ -319,18 +298,13 @@ def _region_shapes(
 
 
 def _ranks(values: torch.Tensor) -> torch.Tensor:
-    """Rank of each entry along the last dimension (0 = smallest)."""
     order = torch.argsort(values, dim=-1, stable=True)
     ranks = torch.empty_like(order)
     ranks.scatter_(-1, order, torch.arange(values.shape[-1], device=values.device).expand_as(order))
     return ranks
 
 
-# -- the plain bucket attention ------------------------------------------------------------
-
-#: Elements of one slice's scores (events x heads x sorted positions x block_size), a slice being
-#: as many heads of one round as fit: about 32 MiB in float32 whatever the batch, which bounds a
-#: layer's working set while keeping the operations large enough to run at full speed.
+#: Elements of one slice's scores (a round's heads that fit): 32 MiB in float32, whatever the batch.
 ATTENTION_SLICE_ELEMENTS = 1 << 23
 
 #: Scores computed at once inside a slice (buckets x block_size^2): 8 MiB in float32.
@@ -338,12 +312,7 @@ BUCKET_CHUNK_ELEMENTS = 1 << 21
 
 
 def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> torch.Tensor:
-    """Softmax attention inside contiguous buckets of the sorted sequences, rounds merged.
-
-    ``q`` (already scaled by 1/sqrt(head_dim)), ``k``, ``v``: [B, S, H, dh] in hit order; returns
-    :func:`merge_rounds` of the rounds, [B, S, H, dh] in hit order. Softmax statistics in float32
-    at least.
-    """
+    """Softmax attention inside the buckets, rounds merged; ``q`` already scaled, [B, S, H, dh]."""
     dtype = compute_dtype(q, k, v)
     with torch.autocast(device_type=q.device.type, enabled=False):
         return _BucketAttention.apply(
@@ -352,12 +321,8 @@ def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> to
 
 
 class _BucketAttention(torch.autograd.Function):
-    """The plain bucket attention, one slice (a hashing round, a group of heads) at a time.
-
-    Forward keeps q, k, v, the merged output O, its log-sum-exp L and the gather indices. With
-    P = exp(s - L), backward needs no per-round output: dV = P^T dO, dS = P * (dO V^T -
-    rowsum(dO * O)), dQ = dS K, dK = dS^T Q, the scores s recomputed per slice.
-    """
+    """Keeps q, k, v, merged O, its lse L and indices; with P = exp(s - L) backward needs no
+    per-round output: dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), s recomputed."""
 
     @staticmethod
     def forward(ctx, q, k, v, order, n_valid, block_size):
@@ -377,12 +342,8 @@ class _BucketAttention(torch.autograd.Function):
 
 
 class _Slices:
-    """The slices (round c, head group j) of one bucket order and their int32 gather indices.
-
-    ``sort_index[c, j]``: rows of group j's :meth:`table` in the sorted layout [B, g, Sp] (the
-    padding slots read the table's zero row); ``unsort_index[c, j]``: back to hit order
-    [B, S, g]; ``key_bias``: ``MASKED`` on keys that are no valid hit.
-    """
+    """The slices (round c, head group j) of one bucket order and their int32 gather indices
+    (``sort_index`` into :meth:`table`, padding reading its zero row; ``unsort_index`` back)."""
 
     def __init__(self, order, n_valid, num_hits, block_size, budget, like=None):
         B, C, H, Sp = order.shape
@@ -426,7 +387,6 @@ class _Slices:
 
     @property
     def groups(self) -> range:
-        """The head groups j, each run over every round c."""
         return range(self.shape[2] // self.group)
 
     @property
@@ -447,26 +407,21 @@ class _Slices:
         return table
 
     def gather(self, rows: torch.Tensor, c: int, j: int) -> torch.Tensor:
-        """Rows [B*S*g + 1, w] of group j -> the slice's sorted buckets [B*g*nb, bs, w]."""
         bs = self.shape[-1]
         return rows.index_select(0, self.sort_index[c, j]).view(-1, bs, rows.shape[-1])
 
     def to_hit_order(self, sorted_rows: torch.Tensor, c: int, j: int, out=None) -> torch.Tensor:
-        """The slice's sorted rows [B*g*Sp, w] -> hit order [B*S*g, w]."""
         return torch.index_select(sorted_rows, 0, self.unsort_index[c, j], out=out)
 
     def scores(self, qs: torch.Tensor, ks: torch.Tensor, buckets: slice) -> torch.Tensor:
-        """Scores of the slice's ``buckets``, invalid keys masked."""
         return torch.baddbmm(self.key_bias[buckets].to(qs.dtype), qs, ks.transpose(1, 2))
 
     def bucket_chunks(self, buckets: int) -> list[slice]:
-        """The slice's buckets a few at a time (:data:`BUCKET_CHUNK_ELEMENTS` scores each)."""
         bs = self.shape[-1]
         step = max(1, BUCKET_CHUNK_ELEMENTS // (bs * bs))
         return [slice(i, min(i + step, buckets)) for i in range(0, buckets, step)]
 
     def put_heads(self, target: torch.Tensor, j: int, rows: torch.Tensor) -> None:
-        """Write group j's hit-order rows [B*S*g, w] into ``target`` [B, S, H, w]."""
         B, _, _, _, S, _ = self.shape
         target[:, :, self.heads(j)] = rows.reshape(B, S, self.group, -1)
 
@@ -511,7 +466,6 @@ def _attention_forward(q, k, v, slices: _Slices):
 
 
 def _slice_forward(qkv: torch.Tensor, slices: _Slices, stats: torch.dtype):
-    """One slice's output and log-sum-exp in sorted order, a chunk of buckets at a time."""
     qs, ks, vs = qkv.unflatten(-1, (3, -1)).unbind(dim=2)
     n, bs, dh = vs.shape
     out = vs.new_empty(n, bs, dh)
@@ -538,11 +492,9 @@ def _attention_backward(d_out, q, k, v, out, lse, slices: _Slices):
     for j in slices.groups:
         tensors = slices.table([q, k, v, d_out], j)
         statistics = slices.table([lse, delta], j)
-        # hit-order rows of the group, plus the padding slots' zero row
         grads = q.new_zeros(B * S * slices.group + 1, 3 * dh)
         for c in slices.rounds:
             index = slices.sort_index[c, j]
-            # chunks of buckets, gradients added back to the rows they came from
             for r in slices.bucket_chunks(index.numel() // bs):
                 rows = index[r.start * bs : r.stop * bs]
                 chunk = _bucket_backward(
@@ -559,7 +511,6 @@ def _attention_backward(d_out, q, k, v, out, lse, slices: _Slices):
 
 
 def _bucket_backward(tensors: torch.Tensor, statistics: torch.Tensor, key_bias: torch.Tensor):
-    """dQ, dK, dV side by side [n, bs, 3*dh] of n sorted buckets."""
     qs, ks, vs, dos = tensors.unflatten(-1, (4, -1)).unbind(dim=2)
     ls, ds = statistics.unbind(dim=-1)
     scores = torch.baddbmm(key_bias.to(qs.dtype), qs, ks.transpose(1, 2))

@@ -1,28 +1,10 @@
-"""LAMB with the update particleflow trains with (its ``mlpf/optimizers/lamb.py``).
+"""LAMB with particleflow's update (``mlpf/optimizers/lamb.py``): weight decay inside the update
+before the trust ratio (not decoupled), the trust ratio only where weight decay is nonzero.
+Foreach operations, one temporary at a time, no host synchronisation (runs on fake tensors).
 
-For the trainable parameters ``p`` with gradients ``g``, at step ``t`` of a parameter group:
-
-1. Global clipping (``max_grad_norm`` > 0): with ``n`` the L2 norm of all gradients together,
-   every ``g`` is multiplied by ``max_grad_norm / n`` when ``n > max_grad_norm``.
-2. Moments: ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``.
-3. Bias correction (``bias_correction``): ``m^ = m / (1 - b1^t)``, ``v^ = v / (1 - b2^t)``
-   (without it ``m^ = m``, ``v^ = v``).
-4. ``u = m^ / (sqrt(v^) + eps) + weight_decay * p`` (weight decay inside the update, before the
-   trust ratio, as particleflow; not the decoupled ``p <- p (1 - lr wd)``).
-5. Trust ratio, only where ``weight_decay != 0``: ``u = u * |p| / |u|`` (1 where either norm is
-   0). A group without weight decay takes the plain Adam step ``u``, as particleflow does unless
-   its ``always_adapt`` is set.
-6. ``p = p - lr u``.
-
-Defaults are particleflow's (``trust_clip`` and ``always_adapt`` are off there, not offered here).
-The step count lives in ``group["step"]``, so ``state_dict()`` carries it. The update runs as
-foreach operations holding one parameter-sized temporary at a time, without host
-synchronisation, so it also runs on fake tensors.
-
-Why not ``pytorch_optimizer.Lamb``: none of its options gives this update. It divides the step
-*after* the trust ratio by ``1 - b1^t`` (10 times particleflow's step at t = 1), never corrects
-``v``, clamps ``|p|`` at 10, adds eps to ``|u|`` in the ratio and applies the ratio to groups
-without weight decay too.
+Not ``pytorch_optimizer.Lamb``: it divides the step *after* the trust ratio by ``1 - b1^t``
+(10 times particleflow's at t = 1), never corrects ``v``, clamps ``|p|`` at 10, and applies the
+ratio to groups without weight decay too.
 """
 
 from __future__ import annotations
@@ -65,8 +47,7 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     def _clip_scale(self) -> torch.Tensor | None:
-        """min(1, max_grad_norm / global norm) as a tensor (no host synchronisation); None
-        without clipping."""
+        """min(1, max_grad_norm / global norm) as a tensor; None without clipping."""
         max_norm = self.defaults["max_grad_norm"]
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if max_norm == 0.0 or not grads:
@@ -110,7 +91,6 @@ class Lamb(torch.optim.Optimizer):
         torch._foreach_mul_(v, b2)
         torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
         del grads
-        # update = (m / c1) / (sqrt(v / c2) + eps), built in one temporary list
         update = torch._foreach_sqrt(v)
         torch._foreach_mul_(update, 1 / math.sqrt(c2))
         torch._foreach_add_(update, group["eps"])

@@ -1,12 +1,6 @@
-"""Losses: Hungarian set matching, auxiliary decoder and grouping losses (hit model) and
-element-wise losses (track/cluster model).
-
-Momentum is regressed as ``(log pt, eta, sin phi, cos phi, log E)`` so every column is O(1).
-Everything runs in float32 with autocast off; only the matching leaves the device (one copy of
-the cost matrices per decoder layer). Every component is a mean over events of a per-event value,
-so under DDP (equal per-rank batches) the loss equals one process's on the global batch. With
-``group_loss="focal"`` the ``group_bce`` component holds the focal loss (stable metric names).
-"""
+"""Losses: Hungarian set matching with auxiliary and grouping losses (hit model), element-wise
+losses (track/cluster model). Float32, autocast off. Every component is a mean over events of a
+per-event value, so under DDP the loss equals one process's on the global batch."""
 
 from __future__ import annotations
 
@@ -32,14 +26,14 @@ MOMENTUM_COLUMNS = slice(TARGET_COLUMNS.index("pt"), TARGET_COLUMNS.index("energ
 LOG_FLOOR = 1e-3
 FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
 DICE_SMOOTH = 1.0
-#: Cost given to non-finite entries so the matching still runs; the loss then shows the problem.
+#: Cost of non-finite entries: the matching still runs, the loss shows the problem.
 _BAD_COST = 1e6
 
 Tensor = torch.Tensor
 
 
 def momentum_targets(values: Tensor) -> Tensor:
-    """Physical ``(pt, eta, sin phi, cos phi, E)`` [..., 5] -> regression space (float32)."""
+    """``(pt, eta, sin phi, cos phi, E)`` -> ``(log pt, ..., log E)``: every column O(1)."""
     v = values.float()
     return torch.stack(
         (
@@ -54,16 +48,14 @@ def momentum_targets(values: Tensor) -> Tensor:
 
 
 def momentum_to_physical(values: Tensor) -> Tensor:
-    """Inverse of :func:`momentum_targets` (for predictions): ``(pt, eta, sin, cos, E)``."""
+    """Inverse of :func:`momentum_targets`."""
     v = values.float()
     return torch.stack((v[..., 0].exp(), v[..., 1], v[..., 2], v[..., 3], v[..., 4].exp()), -1)
 
 
 @dataclass
 class EventTargets:
-    """Target particles of one event: ``cls`` [P] in 1..5, ``momentum`` [P, 5] in regression
-    space, ``membership`` [P, S] bool (False on padded hits), ``valid`` [S], ``particle_number``
-    [P] ascending."""
+    """Target particles of one event (``membership`` [P, S], False on padded hits)."""
 
     cls: Tensor
     momentum: Tensor
@@ -126,7 +118,7 @@ def cost_matrix(
     target: EventTargets,
     loss_cfg: LossConfig,
 ) -> Tensor:
-    """Matching cost [Q, P] of one event (float32, no gradient); a perfect prediction costs 0."""
+    """Matching cost [Q, P] of one event; a perfect prediction costs 0."""
     with torch.no_grad(), _no_autocast(class_logits.device):
         prob = class_logits.float().softmax(-1)[:, target.cls]  # [Q, P]
         c_cls = 1.0 - prob
@@ -149,7 +141,6 @@ def cost_matrix(
 
 
 def match_event(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Hungarian assignment of a [Q, P] cost: (query indices ascending, target indices)."""
     if c.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     rows, cols = linear_sum_assignment(c.astype(np.float32, copy=False))
@@ -162,8 +153,7 @@ def match(
     loss_cfg: LossConfig,
     prefix: str = "",
 ) -> list[tuple[Tensor, Tensor]]:
-    """(query idx, target idx) per event for one decoder layer (``prefix`` "" or "aux{l}_");
-    the layer's cost matrices travel to the host in one copy."""
+    """(query idx, target idx) per event for one decoder layer; costs reach the host in one copy."""
     cl, mo, gr = (outputs[prefix + k] for k in ("class_logits", "momentum", "group_logits"))
     costs = [cost_matrix(cl[b], mo[b], gr[b], t, loss_cfg) for b, t in enumerate(targets)]
     flat = torch.cat([c.reshape(-1) for c in costs]).cpu().numpy() if costs else np.zeros(0)
@@ -181,8 +171,7 @@ def match(
 def weighted_cross_entropy(
     logits: Tensor, target: Tensor, loss_cfg: LossConfig, valid: Tensor | None = None
 ) -> Tensor:
-    """Class-weighted mean cross-entropy per event of ``logits`` [B, N, C], then mean over
-    events."""
+    """Class-weighted mean cross-entropy per event, then mean over events."""
     ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none").view(
         target.shape
     )
@@ -204,7 +193,7 @@ def event_mean(values: Tensor, event: Tensor, num_events: int) -> Tensor:
 
 
 def group_mask_loss(logits: Tensor, target: Tensor, valid: Tensor, kind: str = "bce") -> Tensor:
-    """Per-row mean over valid hits of BCE (or sigmoid focal loss) [M, S] -> [M]."""
+    """Per-row mean over valid hits of BCE or focal loss (both reported as ``group_bce``)."""
     x, t, v = logits.float(), target.float(), valid.float()
     ce = F.binary_cross_entropy_with_logits(x, t, reduction="none")
     if kind == "focal":
@@ -218,13 +207,11 @@ def group_mask_loss(logits: Tensor, target: Tensor, valid: Tensor, kind: str = "
 
 
 def group_dice_loss(logits: Tensor, target: Tensor, valid: Tensor) -> Tensor:
-    """Per-row ``1 - Dice`` over valid hits [M, S] -> [M]."""
     p = logits.float().sigmoid() * valid
     t = target.float() * valid
     return 1.0 - (2.0 * (p * t).sum(-1) + DICE_SMOOTH) / (p.sum(-1) + t.sum(-1) + DICE_SMOOTH)
 
 
-#: Elements (matched pairs x hits) of one slice of :func:`matched_group_losses`.
 GROUP_SLICE_ELEMENTS = 1 << 22
 
 
@@ -238,13 +225,9 @@ def matched_group_losses(
     kind: str = "bce",
     pairs_per_event: list[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """:func:`group_mask_loss` and :func:`group_dice_loss` [M] of the logits
-    ``group_logits[pair_event, pair_query]`` against ``membership[pair_target]``.
-
-    Computed a slice of (distinct) pairs at a time and recomputed in backward, so no pair-by-hit
-    tensor is kept for backward. When the logits carry the heads' factors
-    (:func:`heptstudy.model.hit_model.group_factors`) and ``pairs_per_event`` is given, the rows
-    come from the factors and the gradient goes to them: no [B, Q, S] tensor is kept either."""
+    """Mask and Dice losses [M] of ``group_logits[pair_event, pair_query]``, a slice of pairs at
+    a time and recomputed in backward: no pair-by-hit tensor is kept. From the heads' factors
+    (when present and ``pairs_per_event`` is given) no [B, Q, S] tensor is kept either."""
     factors = group_factors(group_logits)
     if factors is not None and pairs_per_event is not None:
         query_embed, hit_embed, mask = factors
@@ -270,7 +253,6 @@ def _pair_slices(pairs: int, hits: int) -> list[slice]:
 
 
 def _slice_rows(group_logits, pair_event, pair_query, membership, pair_target, valid, sl):
-    """Logits, targets and valid hits [m, S] of the pairs in slice ``sl``."""
     x = group_logits[pair_event[sl], pair_query[sl]]
     return x, membership[pair_target[sl]], valid[pair_event[sl]]
 
@@ -313,7 +295,7 @@ class _MatchedGroupLosses(torch.autograd.Function):
 
 
 def _event_pair_slices(pairs_per_event, hits: int):
-    """(event, slice of the pair list) for every slice: the pairs of one event at a time."""
+    """(event, slice of the pair list): one event's pairs at a time."""
     start = 0
     for b, n in enumerate(pairs_per_event):
         for sl in _pair_slices(n, hits):
@@ -322,7 +304,7 @@ def _event_pair_slices(pairs_per_event, hits: int):
 
 
 def _factored_rows(query_embed, hit_embed, mask, pair_query, b, sl):
-    """Logits [m, S] of the pairs in ``sl`` (all of event ``b``), as the heads compute them."""
+    """Logits of the pairs in ``sl`` (all of event ``b``), as the heads compute them."""
     queries = query_embed[b].index_select(0, pair_query[sl])
     rows = torch.mm(queries, hit_embed[b].t())
     return rows.masked_fill(~mask[b][None, :], GROUP_MASKED_LOGIT), queries
@@ -419,7 +401,6 @@ def _weighted(losses: Mapping[str, Tensor], loss_cfg: LossConfig) -> Tensor:
 
 
 def aux_prefixes(outputs: Mapping[str, Tensor]) -> list[str]:
-    """``["aux0_", "aux1_", ...]`` for the auxiliary layers present in ``outputs``."""
     out, layer = [], 0
     while f"aux{layer}_class_logits" in outputs:
         out.append(f"aux{layer}_")
@@ -432,8 +413,7 @@ def hit_losses(
     batch: Mapping[str, Tensor],
     loss_cfg: LossConfig,
 ) -> dict[str, Tensor]:
-    """Set-matching losses of the final and every auxiliary layer (each matched on its own),
-    and "total" = weighted final + ``aux_weight`` x weighted aux layers."""
+    """Losses of the final and every auxiliary layer, each matched on its own, and "total"."""
     stand = stand_ins.active()  # a fake-tensor step: no host copy, targets built beforehand
     targets = stand.targets if stand and stand.targets is not None else targets_from_batch(batch)
     matcher = stand.match if stand and stand.match is not None else match
@@ -482,7 +462,6 @@ def compute_losses(
     batch: Mapping[str, Tensor],
     loss_cfg: LossConfig,
 ) -> dict[str, Tensor]:
-    """The loss components of ``model.variant`` (always with a "total")."""
     if variant == HIT_VARIANT:
         return hit_losses(outputs, batch, loss_cfg)
     if variant == TRACK_CLUSTER_VARIANT:

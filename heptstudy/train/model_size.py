@@ -1,8 +1,5 @@
-"""Will the model itself fit? Its parameters counted on the meta device before it is built.
-
-A configuration such as ``model.heptv2.embedding_dim=1000000`` would otherwise end in the
-allocator (a killed process or an ``std::bad_alloc``) with nothing said.
-"""
+"""Will the model itself fit? Counted on the meta device, so a huge configuration is refused
+instead of ending in the allocator with nothing said."""
 
 from __future__ import annotations
 
@@ -22,9 +19,7 @@ class ModelTooLarge(HeptstudyError):
 
 
 def check_model_fits(config: Config, device: torch.device | str) -> int:
-    """Refuse, before anything is built, a model whose parameters, gradients and optimizer
-    state need more memory than ``device`` has available; returns the bytes of its parameters
-    and buffers."""
+    """Refuse a model whose training state exceeds ``device``'s memory; returns its bytes."""
     device = torch.device(device)
     with torch.device("meta"):
         model = build_model(config)

@@ -1,10 +1,5 @@
-"""The training recipe's optimizer (LAMB as particleflow runs it) and its cosine schedule.
-
-LAMB takes every trainable parameter in one group, as particleflow's ``get_optimizer`` does
-(frozen parameters are left out; particleflow keeps them, without gradient or update).
-``train.lamb.weight_decay_on=matrices`` decays only tensors with two or more dimensions; the
-other parameters then take the plain Adam step, without trust ratio.
-"""
+"""The training recipe's optimizer (LAMB, every trainable parameter in one group, as
+particleflow) and its cosine schedule."""
 
 from __future__ import annotations
 
@@ -53,8 +48,7 @@ def cosine_factor(step: int, num_steps: int, final_fraction: float) -> float:
 def build_scheduler(
     optimizer: torch.optim.Optimizer, train_cfg: TrainConfig
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Cosine decay from ``train.lr`` to ``train.lr * train.lr_final_fraction`` at
-    ``train.num_steps`` (a ``LambdaLR``); one ``scheduler.step()`` after each optimizer step."""
+    """Cosine decay to ``train.lr * train.lr_final_fraction`` at ``train.num_steps``."""
     num_steps, final = train_cfg.num_steps, train_cfg.lr_final_fraction
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: cosine_factor(step, num_steps, final)

@@ -1,14 +1,6 @@
-"""Where a training run writes (``train.out_dir``): never over an earlier run.
-
-- An empty or new ``train.out_dir`` takes the run.
-- A non-empty one is refused, unless the user asks
-  - to start a new numbered run (``--new-run``): it goes to ``OUT/run-002`` (then ``run-003``,
-    ...; the run written directly into ``OUT`` counts as the first), or
-  - to resume (``--resume CKPT``): the run continues in the folder that wrote ``CKPT`` when that
-    is ``OUT`` or one of its numbered runs, appending to its metrics. Files of steps after the
-    resumed one (an earlier attempt that got further) would be replaced, so they are refused.
-- A folder that cannot be created or written is refused before anything runs.
-"""
+"""Where a training run writes (``train.out_dir``): never over an earlier run. A non-empty one
+is refused unless ``--new-run`` (``OUT/run-002``, ...) or ``--resume CKPT`` (the folder that
+wrote it; later steps' files there are refused, not replaced)."""
 
 from __future__ import annotations
 
@@ -21,7 +13,6 @@ from heptstudy.locks import LOCK_NAME
 
 RUN_NAME = re.compile(r"^run-(\d{3,})$")
 STEP_FILE = re.compile(r"^step_(\d+)\.(pt|npz)$")
-#: The sub-folders whose step files a resumed run writes again.
 STEP_FOLDERS = ("checkpoints", "predictions")
 
 
@@ -36,8 +27,7 @@ def choose_out_dir(
     resume: str | Path | None = None,
     resume_step: int = 0,
 ) -> Path:
-    """The folder this run writes to (see the module docstring): ``resume`` is the training-state
-    file resumed from, at step ``resume_step``. Raises OutputDirError."""
+    """The folder this run writes to; ``resume`` is the training-state file resumed from."""
     out = Path(out_dir)
     _refuse_unwritable(out)
     files = _files_below(out)
@@ -66,9 +56,8 @@ def choose_out_dir(
 
 
 def recheck_held(out: Path, resume_step: int | None) -> None:
-    """Under the run's lock (:mod:`heptstudy.locks`), what :func:`choose_out_dir` decided
-    still holds: a new run's folder is still empty, a resumed run has no later steps, so a run
-    that wrote there meanwhile is never joined."""
+    """Under the run's lock, what :func:`choose_out_dir` decided still holds (no run that wrote
+    there meanwhile is joined)."""
     if resume_step is not None:
         _refuse_later_steps(out, resume_step)
         return
@@ -94,8 +83,7 @@ def _refuse_unwritable(out: Path) -> None:
             f"train.out_dir={str(out)!r} cannot be created: {str(existing)!r} is a file, not a "
             "folder; choose another train.out_dir (nothing was written)"
         )
-    # a probe file, not os.access: root passes os.access on /proc, read-only mounts and
-    # full quotas, and the run would fail at its first write, after a training step
+    # a probe file: root passes os.access on read-only mounts and full quotas
     problem = folder_write_problem(existing)
     if problem is not None:
         raise OutputDirError(
@@ -156,8 +144,7 @@ def latest_checkpoint(folder: Path) -> Path | None:
 
 
 def config_file_name(run: Path, text: str, resume_step: int | None) -> Path:
-    """``config.yaml`` of the run, or, when a resumed run changes it (a runtime setting such as
-    activation checkpointing), a new ``config.resumed_step_NNNNNN[.k].yaml`` beside it."""
+    """``config.yaml``, or ``config.resumed_step_NNNNNN[.k].yaml`` when a resume changes it."""
     path = run / "config.yaml"
     if resume_step is None or not path.exists() or path.read_text() == text:
         return path

@@ -1,9 +1,5 @@
-"""Training-state files (``checkpoints/step_NNNNNN.pt``): written atomically, read as verified data.
-
-The ``sha256`` over all parts catches bytes overwritten on disk with other finite values, which
-``torch.load`` reads without complaint. Loaded with ``weights_only=True`` (data, never code).
-(This module is about resuming training, not about activation checkpointing.)
-"""
+"""Training-state files (for resuming, not activation checkpointing): written atomically; the
+``sha256`` catches overwritten bytes ``torch.load`` accepts; loaded ``weights_only`` (no code)."""
 
 from __future__ import annotations
 
@@ -24,7 +20,6 @@ from heptstudy.train.out_dir import latest_checkpoint
 FORMAT = "heptstudy.training_state/2"
 #: Written before training-state files carried a digest; they cannot be verified.
 UNVERIFIED_FORMATS = ("heptstudy.checkpoint/1",)
-#: The parts every training-state file holds, with the type each must have.
 PARTS: dict[str, type | tuple[type, ...]] = {
     "step": int,
     "config": dict,
@@ -126,8 +121,7 @@ def save_training_state(
 
 
 def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
-    """Read and verify a training-state file; refuse an unreadable, damaged or incomplete one
-    and one from an incompatible configuration, before anything is written."""
+    """Read and verify a training-state file before anything is written."""
     p = Path(path)
     if p.is_dir():
         latest = latest_checkpoint(p / "checkpoints") or latest_checkpoint(p)
@@ -215,8 +209,7 @@ def _check_parts(p: Path, state: dict) -> None:
 
 
 def restore_training_state(state: dict[str, Any], path, *, model, optimizer, scheduler, loader):
-    """Load a verified state into the run's objects; a part that does not fit them is reported
-    by name (a digest only proves the file is as written, not that it suits this code)."""
+    """Load a verified state into the run's objects; a part that does not fit is named."""
     for name, target in (
         ("model", model),
         ("optimizer", optimizer),

@@ -1,7 +1,4 @@
-"""The training step (forward, loss, backward, update) that the trainer and every measurement
-run, so that they measure the step that trains. A memory meter measures up to the end of
-backward and gets a mark at the start of every phase (:data:`~heptstudy.meters.timing.STEP_PHASES`).
-"""
+"""The training step that the trainer and every measurement run, so they measure what trains."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ class MemoryMeter(Protocol):
 
 
 class PhaseClock:
-    """Knows which phase of a step is running; times nothing (:mod:`heptstudy.meters.timing`'s
-    clocks do)."""
+    """Knows which phase of a step is running; times nothing."""
 
     definition: str | None = None
 
@@ -61,8 +57,7 @@ class StepResult:
 
 
 def fresh_state(config: Config, device: torch.device):
-    """Model, LAMB and schedule seeded with ``train.seed``, the generator seeded again so that
-    dropout draws the same sequence in training and in every pass of the bench."""
+    """Model, LAMB and schedule from ``train.seed``, reseeded: dropout alike in every pass."""
     torch.manual_seed(config.train.seed)
     model = build_model(config).to(device)
     optimizer = build_optimizer(model, config.train)
@@ -98,11 +93,8 @@ def run_step(
     plan: Plan | None | list[Plan | None] = None,
     device: torch.device | None = None,
 ) -> StepResult:
-    """One training step of ``model`` on ``batch``, or on a sequence of micro-batches (gradient
-    accumulation, each loss weighing 1/n; the losses returned are their means). ``device``: move
-    each batch there just before its forward (None: already there). ``optimizer`` None: no update
-    (parity). ``dtype``: the autocast dtype, None for float32. ``plan``: the ``auto`` plan for
-    the batch (a list: one per micro-batch). ``keep_outputs``: the last batch's outputs."""
+    """One training step on ``batch`` or a list of micro-batches (losses weighted 1/n). ``device``
+    None: already there; ``optimizer`` None: no update; ``plan``: per micro-batch under auto."""
     batches = [batch] if isinstance(batch, Mapping) else list(batch)
     plans = plan if isinstance(plan, list) else [plan] * len(batches)
     clock = clock if clock is not None else PhaseClock()

@@ -1,6 +1,4 @@
-"""The training loop, readable top to bottom: set up, (resume), then steps (the measured
-step, :func:`heptstudy.train.step.run_step`, with gradient accumulation), with validation and
-checkpoints at their frequencies."""
+"""The training loop: set up, (resume), then the measured steps with validation and checkpoints."""
 
 from __future__ import annotations
 
@@ -68,11 +66,8 @@ def train(
     new_run: bool = False,
     plan_predictor: Callable[[Config, torch.device, int], PlanPredictor | None] | None = None,
 ) -> dict[str, Any]:
-    """Train as configured; returns a summary (last step, last metrics, ``out_dir`` written).
-
-    ``plan_predictor``: chooses the plan per batch under ``auto`` (e.g.
-    :func:`heptstudy.estimate.plans.predictor_for`; the estimate sits above training).
-    ``new_run``: a new numbered run beside a non-empty ``train.out_dir``."""
+    """Train as configured; returns a summary. ``plan_predictor`` chooses the plan per batch
+    under ``auto`` (passed in: the estimate sits above training)."""
     if config.model.heptv2.adaptive and plan_predictor is None:
         raise HeptstudyError(
             "model.heptv2.activation_checkpointing=auto needs a plan predictor, and train() was "
@@ -249,8 +244,7 @@ def _train_into(
 
 
 def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpoint: Path):
-    """A step's predictions or checkpoint could not be written: the step's predictions go too
-    when its checkpoint is not there, so nothing blocks a resume from the last checkpoint."""
+    """A step's files could not be written: remove its predictions too, so a resume is unblocked."""
     from heptstudy.atomic import WriteFailed
     from heptstudy.train.out_dir import latest_checkpoint
 

@@ -1,9 +1,5 @@
-"""Calorimeter and muon-system hits: electromagnetic showers for photons and electrons, hadronic
-showers (starting point exponential in interaction lengths) for hadrons, one MIP hit per layer
-for muons and for charged hadrons before they shower, a few muon-system hits for muons,
-low-energy background hits (mostly forward); hits snapped to cells (5 mm ECAL, 30 mm HCAL) and
-contributions to the same cell merged into one hit.
-"""
+"""Calorimeter and muon-system hits: showers, MIP hits, muon-system hits and background, snapped
+to cells (5 mm ECAL, 30 mm HCAL), contributions to one cell merged."""
 
 from __future__ import annotations
 
@@ -112,8 +108,7 @@ def _hadron_showers(rng, had, start, energy, axis, barrel, occ: float) -> list[B
 
 
 def _mip_hits(rng, mu, charged_had, start, axis, barrel, thin: float) -> list[Block]:
-    """Muons through everything, charged hadrons through the ECAL layers before their shower
-    starts; one hit per layer (thinned when occupancy < 1)."""
+    """One hit per layer: muons everywhere, charged hadrons before their shower starts."""
     idx = np.arange(len(mu))
     mip_ecal_layers = np.where(
         mu, ECAL_LAYERS, np.where(charged_had, np.minimum(start, 1.0) * ECAL_LAYERS, 0)
@@ -183,8 +178,7 @@ def _background(rng, occ: float) -> list[Block]:
 
 
 def calo_entry(parts: dict[str, np.ndarray], idx: np.ndarray):
-    """Unit shower axis, whether each particle enters the barrel (else an endcap) and whether it
-    reaches the calorimeter at all (charged particles curling up inside do not)."""
+    """Unit shower axis, whether in the barrel, and whether the calorimeter is reached at all."""
     mom = parts["mom"][idx]
     pt = parts["pt"][idx]
     q = parts["charge"][idx]
@@ -212,9 +206,7 @@ def _layer_position(axis, barrel, depth_frac, calo: str):
 
 
 def calo_block(rng, owner, axis, barrel, layer, calo, energy, spread_mm, kind) -> np.ndarray:
-    """Hits of the given owners in ``layer`` of the ``calo`` ("ecal" or "hcal"), spread
-    exponentially around the shower axis by ``spread_mm`` and snapped to cells; ``kind`` 1
-    (hadronic) has a longer time tail."""
+    """Hits of the owners in one layer, spread around the shower axis and snapped to cells."""
     n = len(owner)
     nl = ECAL_LAYERS if calo == "ecal" else HCAL_LAYERS
     frac = (layer + 0.5) / nl
@@ -245,8 +237,7 @@ def calo_block(rng, owner, axis, barrel, layer, calo, energy, spread_mm, kind) -
 
 
 def merge_cells(h: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One hit per calorimeter cell: energies summed, earliest time, features and owner of the
-    most energetic contribution (the cell is identified by subdetector and cell position)."""
+    """One hit per cell: energies summed, earliest time, the rest from the most energetic."""
     if len(h) == 0:
         return h, owner
     key = np.concatenate([h[:, 10:11], np.round(h[:, 6:9], 3)], axis=1)

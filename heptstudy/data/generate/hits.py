@@ -1,8 +1,4 @@
-"""The hit row (the ``X`` features of ``cld_edm_ttbar_hits``) built from positions and energies.
-
-Columns: 0 type (1 tracker, 2 calorimeter), 1 et, 2 eta, 3 sin_phi, 4 cos_phi, 5 energy,
-6-8 position, 9 time, 10 subdetector, 11 calorimeter type, 12 system, 13 side, 14 layer.
-"""
+"""The hit row (``X`` of ``cld_edm_ttbar_hits``, columns in ``schema``) from positions, energies."""
 
 from __future__ import annotations
 

@@ -69,8 +69,7 @@ def _tracks(rng, parts, trk_ids, X, owner, is_trk, n_trk) -> np.ndarray:
 
 
 def _clusters(Xc: np.ndarray, ow: np.ndarray, n_part: int) -> tuple[np.ndarray, np.ndarray]:
-    """Particle ids and rows of the clusters: energy-weighted position and spread of each
-    particle's calorimeter hits ``Xc`` (owners ``ow``), energy per subdetector, hit count."""
+    """Particle ids and rows of the clusters of each particle's calorimeter hits ``Xc``."""
     cl_ids = np.unique(ow)
     clusters = np.zeros((len(cl_ids), X_WIDTH[PF_NAME]))
     if not len(cl_ids):

@@ -114,9 +114,7 @@ def generate_datasets(
     progress: bool = True,
     workers: int | None = None,
 ) -> dict[str, Any]:
-    """Write ``cld_edm_ttbar_hits`` and ``cld_edm_ttbar_pf`` (version 3.2.1) for ``configs``;
-    ``workers`` processes (default: up to 2) simulate events, the results do not depend on it.
-    Returns a summary with the written paths, the event counts and the seconds spent."""
+    """Write both data sets for ``configs``; the result does not depend on ``workers``."""
     from tqdm.auto import tqdm
 
     configs = [str(c) for c in configs]
@@ -135,9 +133,7 @@ def generate_datasets(
         import multiprocessing
 
         pool = multiprocessing.get_context("fork").Pool(workers)
-    # every data set of the generation is finished under its temporary name first and published
-    # only when all are: a failure (a full disk, an interrupt) leaves none of them in place,
-    # so the same command can simply be run again
+    # published only when all are finished: a failure leaves none, so a rerun simply works
     finished: list[ArrayRecordDatasetWriter] = []
     published: list[ArrayRecordDatasetWriter] = []
     try:
