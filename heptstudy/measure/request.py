@@ -290,7 +290,7 @@ class MeasurementRequest(BaseModel):
 
     @property
     def device(self) -> torch.device:
-            return _device(self._profile)
+        return _device(self._profile)
 
     def _config(self, profile: PlatformConfig | None) -> Config:
         train: dict[str, Any] = {"global_batch_size": self.batch_size}
