@@ -130,7 +130,6 @@ class TracingStorageTracker(StorageTracker):
 
 
 class TracingMemoryMeter(TrackedMemoryMeter):
-
     tracker_class = TracingStorageTracker
     last_trace: StepTrace | None = None
 

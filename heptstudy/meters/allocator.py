@@ -77,7 +77,6 @@ def allocator_name(settings: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class AllocatorState:
-
     name: str
     settings: dict[str, str] = field(default_factory=dict)
     applied: dict[str, int] | None = None

@@ -34,7 +34,6 @@ class TimingSummary:
 
 
 class StepTimer:
-
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.seconds: float | None = None
