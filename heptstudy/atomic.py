@@ -1,9 +1,5 @@
-"""Atomic file writes: nothing is lost on a crash.
-
-Every checkpoint, report, configuration and figure is written to a temporary file in the same
-folder and renamed over the target with :func:`os.replace`. A crash or an exception mid-write
-leaves the previous file as it was (or no file at all), never a truncated one, and no temporary
-file behind.
+"""Atomic file writes: a temporary file in the same folder, renamed over the target, so a crash
+mid-write leaves the previous file (or none), never a truncated one.
 """
 
 from __future__ import annotations
@@ -54,9 +50,8 @@ def _fsync(path: Path) -> None:
 
 @contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yield a temporary path next to ``path`` for a writer to fill; on success it replaces
-    ``path``, on any exception it is removed and ``path`` is left untouched. ``suffix`` is for
-    writers that pick the format from the file name."""
+    """A temporary path next to ``path`` that replaces it when the block succeeds; ``suffix``
+    is for writers that pick the format from the file name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Same folder as the target: os.replace is only atomic within one file system.
@@ -109,9 +104,8 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
 
 
 def json_text(value: Any, what: str) -> str:
-    """``value`` as indented JSON text. NaN and the infinities are not JSON (Python's reader
-    takes them, others do not, and no result of this project is one): refused, naming the
-    field, before anything is written."""
+    """``value`` as indented JSON text; NaN and the infinities, which are not JSON, are refused
+    before anything is written."""
     found = _non_finite(value)
     if found is not None:
         raise NotJson(
@@ -127,10 +121,8 @@ class WriteFailed(HeptstudyError):
 
 
 def write_text_or_keep(path: str | os.PathLike, text: str, what: str) -> Path:
-    """:func:`atomic_write_text`; when the disk refuses (full, quota, file size limit, any
-    OSError) the text is kept in a temporary file (the system's temporary folder, often another
-    file system) or, when that fails too, printed to stdout, and :class:`WriteFailed` says where
-    it could not go and where it is."""
+    """:func:`atomic_write_text`; when the disk refuses, the text is kept in a temporary file
+    (often another file system) or printed, and :class:`WriteFailed` says where."""
     try:
         return atomic_write_text(path, text)
     except OSError as exc:
@@ -179,7 +171,6 @@ def free_space_problem(folder: str | os.PathLike, need_bytes: int) -> str | None
 
 
 def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
-    """``fig.savefig(path, **kwargs)``, atomically."""
     path = Path(path)
     if kwargs.get("format") is None:
         # matplotlib takes the format from the file name; the temporary one must not decide it.
@@ -192,9 +183,8 @@ def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
 
 
 def folder_write_problem(folder: str | os.PathLike, *, create: bool = False) -> str | None:
-    """Why files cannot be written into ``folder`` (None when they can), found by writing and
-    removing a probe file in it or in its nearest existing parent; with ``create`` the folder
-    is made first. Each caller words its own refusal, naming its option."""
+    """Why files cannot be written into ``folder`` (None when they can), found by writing a
+    probe file; with ``create`` the folder is made first."""
     folder = Path(folder)
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:

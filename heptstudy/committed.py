@@ -1,14 +1,7 @@
 """Committed results are written only by the commands meant to regenerate them.
 
-The reference studies and their figures (``experiments/<name>``, ``figures/<name>``) are in
-git; ``make reference`` (``heptstudy study run --reference NAME``) regenerates them. Every other
-writer (``study run --out``, ``study aggregate --out/--figures``, ``data stats --out``,
-``bench --output``, ``bench backbone --output``, ``fit --save-model``) asks :func:`refuse_committed`
-before writing, so that no other command can replace a committed file.
-
-What is committed is what git tracks in the repository that holds the path, found from the path
-itself, whichever checkout the package was installed from: a second clone run with the first
-clone's environment protects its own results.
+What is committed is found from the path itself, whichever checkout the package was installed
+from: a second clone run with the first clone's environment protects its own results.
 """
 
 from __future__ import annotations
@@ -37,7 +30,6 @@ class Committed:
 
 
 def repository_of(path: str | os.PathLike) -> Path | None:
-    """The top of the git checkout holding ``path`` (its nearest existing folder), or None."""
     path = Path(path)
     folder = next((p for p in (path, *path.parents) if p.is_dir()), None)
     if folder is None:
@@ -47,12 +39,8 @@ def repository_of(path: str | os.PathLike) -> Path | None:
 
 
 def committed_place(path: str | os.PathLike, what: str = "path") -> Committed | None:
-    """Where ``path`` lies in committed results of the repository holding it, or None.
-
-    Committed: a file or folder holding files that git tracks, and every path inside a reference
-    folder (``experiments/<name>`` or ``figures/<name>`` holding tracked files), unless git
-    ignores ``path`` itself (a study's ``.pending/`` and ``superseded/``); the top folders
-    ``experiments`` and ``figures`` themselves. Outside a git checkout nothing is committed."""
+    """Where ``path`` lies in committed results, or None: tracked files, every path inside a
+    reference folder unless git ignores it (a study's ``.pending/``), the top folders."""
     path = real_path(path, what)
     repo = repository_of(path)
     if repo is None:
@@ -79,8 +67,7 @@ def _tracks(repo: Path, path: Path) -> bool:
 
 
 def refuse_committed(path: str | os.PathLike, flag: str, instead: str) -> None:
-    """Raise :class:`CommittedFolder` when ``path`` (the value of option ``flag``) lies in
-    committed results; ``instead`` says where the user's own results can go."""
+    """Refuse ``path`` in committed results; ``instead`` says where the user's own can go."""
     place = committed_place(path, flag)
     if place is None:
         return

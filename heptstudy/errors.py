@@ -1,7 +1,5 @@
-"""Errors caused by the user's input or environment.
-
-The CLI prints these as one clear message (what was wrong, the value, what is allowed, what to
-do) instead of a traceback; everything else is a bug and keeps its traceback.
+"""Errors caused by the user's input or environment: the CLI prints them as one message instead
+of a traceback; everything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ class DataError(HeptstudyError):
 
 _FULL = "Free space (or raise the quota)"
 _DENIED = "You may not write there: fix the folder's permissions or choose another folder"
-#: What to do after the file system refused, following what it said: a full disk is not a
-#: read-only folder, and neither is a folder where a file should be.
+#: What to do after the file system refused, following what it said.
 _ADVICE = {
     errno.ENOSPC: _FULL,
     errno.EDQUOT: _FULL,
@@ -56,9 +53,8 @@ def describe_invalid(
     show: Callable[[Any], str] = repr,
     list_known: bool = False,
 ) -> str:
-    """A pydantic ``ValidationError`` (anything with its ``errors()``) as one line per error: the
-    ``noun`` (key, field, parameter) and its value and what is allowed; an unknown one with the
-    nearest of ``known``. Under a ``header`` the lines are indented; ``footer`` says what to do."""
+    """A pydantic ``ValidationError`` as one line per error; ``noun``: key, field or parameter;
+    an unknown one is given the nearest of ``known``."""
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])

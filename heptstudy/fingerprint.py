@@ -1,11 +1,6 @@
-"""Fingerprints: which code a result was made from, and in words what changed since.
-
-* :func:`digest`: the hash of a JSON value (a study run's identity, :mod:`heptstudy.study.resume`);
-* :func:`code_state`: the checkout's commit and a hash of its uncommitted changes;
-* :func:`make`, :func:`stale_reasons`: the code fingerprint of a stored memory model: a sha256
-  per part of the code that decides a step's memory (:data:`PARTS`), its configuration key and
-  the PyTorch version. A part's hash covers the paths and contents of its ``.py`` files, so a
-  moved, added or removed file changes it as much as an edited one.
+"""Fingerprints: which code a result was made from, and in words what changed since. A part's
+hash covers the paths and contents of its ``.py`` files, so a moved, added or removed file
+changes it as much as an edited one.
 """
 
 from __future__ import annotations
@@ -26,12 +21,11 @@ SCHEMA = "heptstudy.codefp/1"
 
 
 def canonical(value: Any) -> Any:
-    """JSON's view of ``value`` (tuples as lists, keys as strings), so both sides compare alike."""
+    """JSON's view of ``value``, so both sides compare alike."""
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
 def digest(value: Any) -> str:
-    """The sha256 (hex) of ``value``'s canonical JSON."""
     return hashlib.sha256(json.dumps(canonical(value), sort_keys=True).encode()).hexdigest()
 
 
@@ -40,8 +34,7 @@ _CODE = (":(top)heptstudy", ":(top)notebooks", ":(top)configs", ":(top)pyproject
 
 @lru_cache(maxsize=1)
 def code_state() -> dict[str, Any]:
-    """The commit, and a hash of what differs from it in the package, notebooks and
-    configurations (None when clean)."""
+    """The commit, and a hash of the uncommitted changes (None when clean)."""
     commit = git("rev-parse", "HEAD", cwd=ROOT)
     if commit is None:
         return {"git_commit": None, "changes": None}
@@ -57,8 +50,7 @@ def code_state() -> dict[str, Any]:
     return {"git_commit": commit.strip(), "changes": h.hexdigest()[:20] if changed else None}
 
 
-#: The parts and the files each one covers, from the repository root: a folder (ending in "/")
-#: covers every ``.py`` file below it, sub-folders included.
+#: A folder (ending in "/") covers every ``.py`` file below it.
 PARTS: dict[str, tuple[str, ...]] = {
     "model": ("heptstudy/model/",),
     "step": (
@@ -90,10 +82,8 @@ NOT_ESTIMATE = (
     "heptstudy/estimate/predictions.py",
     "heptstudy/estimate/validation.py",
 )
-#: The parts each kind of model depends on: a measured model does not depend on the estimator.
 PARTS_OF = {"measured": ("model", "step"), "estimated": ("model", "step", "estimate")}
 
-#: The regeneration commands, said whenever a stored model is refused.
 REGENERATE = {
     "estimated": "scripts/regenerate_fits.sh (estimated models: no GPU needed)",
     "measured": (
@@ -123,7 +113,6 @@ def _hash(files: list[str], read: Callable[[str], bytes]) -> str:
 
 
 def part_hashes(parts: Iterable[str] = tuple(PARTS), root: Path = ROOT) -> dict[str, str]:
-    """The parts' hashes of the code under ``root`` (default: the code this process runs)."""
     names = [p.relative_to(root).as_posix() for p in (root / "heptstudy").rglob("*.py")]
     return {p: _hash(_files_of(p, names), lambda n: (root / n).read_bytes()) for p in parts}
 
@@ -140,7 +129,6 @@ def _git(*args: str) -> bytes:
 
 
 def part_hashes_at(commit: str, parts: Iterable[str] = tuple(PARTS)) -> dict[str, str]:
-    """The parts' hashes of the code at git ``commit`` (for models measured on older code)."""
     names = _git("ls-tree", "-r", "--name-only", commit, "heptstudy").decode().split()
     return {p: _hash(_files_of(p, names), lambda n: _git("show", f"{commit}:{n}")) for p in parts}
 
@@ -152,8 +140,8 @@ def make(
     torch_version: str | None = None,
     commit: str | None = None,
 ) -> dict[str, Any]:
-    """The fingerprint of a model of ``source`` ("measured"/"estimated") keyed ``key``: of the
-    running code, or (``commit``) of that commit's code."""
+    """The fingerprint of a ``source`` ("measured"/"estimated") model: of the running code, or
+    of ``commit``'s."""
     parts = PARTS_OF[source]
     if commit:
         commit = _git("rev-parse", "--verify", f"{commit}^{{commit}}").decode().strip()
@@ -175,9 +163,8 @@ def make(
 def stale_reasons(
     fingerprint: dict[str, Any] | None, source: str, key: dict[str, Any]
 ) -> list[str]:
-    """Why a model of ``source`` with ``fingerprint`` is not of the running code (empty: it is).
-    A measured model's PyTorch version is the GPU build it ran on and is not compared with this
-    process's."""
+    """Why a model is not of the running code (empty: it is). A measured model's PyTorch is the
+    GPU build it ran on, not compared with this process's."""
     if not fingerprint or fingerprint.get("schema") != SCHEMA:
         return ["it records no code fingerprint (made before fingerprints were kept)"]
     parts = PARTS_OF.get(source, PARTS_OF["estimated"])
@@ -195,8 +182,8 @@ def stale_reasons(
 
 
 def commit_reasons(commit: str, source: str = "measured") -> list[str] | None:
-    """What changed in the parts a model of ``source`` depends on between git ``commit`` and the
-    code that runs now (empty: nothing); ``None`` when git cannot read that commit here."""
+    """What changed since ``commit`` in the parts a ``source`` model depends on; ``None`` when
+    git cannot read that commit here."""
     parts = PARTS_OF[source]
     try:
         then = part_hashes_at(commit, parts)

@@ -1,12 +1,7 @@
 """A folder held by one run at a time: a lock file for the duration of a training run or a study.
 
-``with holding(folder, "train.out_dir"):`` creates ``folder/.heptstudy.lock`` holding the
-process id, host, start time and command of the holder, and keeps an exclusive ``flock`` on it
-while the block runs. A second run into the same folder is refused with the holder's process id
-and start time. The kernel drops the ``flock`` when its process dies, however it dies, so a lock
-file left by a killed run is recognised (the lock is free although the file is there) and taken
-over with a message naming the run that left it; a lock file whose holder still runs is never
-taken over, and one from another host (a shared file system) is reported, not guessed about.
+The kernel drops the ``flock`` when its process dies, however it dies, so a lock file left by
+a killed run is recognised (free although the file is there) and taken over, saying so.
 """
 
 from __future__ import annotations
@@ -77,11 +72,9 @@ def _refuse_foreign(lock: Path, what: str, why: str) -> NotALock:
 
 
 def _open_locked(lock: Path, what: str) -> tuple[int, dict] | dict:
-    """``(fd, previous contents)`` with the flock held on the file at ``lock``, or the holder's
-    information when another process holds it. Opened without following a link, and only a
-    regular file with one name that is empty or holds a lock's fields is ever written: anything
-    else at that path (a link to a report, a hard link, a folder, another program's file) is
-    refused, never replaced."""
+    """``(fd, previous contents)`` with the flock held, or the holder's information. Anything but
+    a regular single-name file that is empty or holds a lock's fields (a link to a report, a hard
+    link, another program's file) is refused, never followed or replaced."""
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)

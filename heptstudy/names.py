@@ -1,12 +1,9 @@
 """One rule for every name that becomes part of a path, and one check that a path stays inside
 the folder it is written to.
 
-Run, matrix, scenario, variant, platform and report names end up as file and folder names
-(``experiments/NAME/RUN.json``, ``RENDER_DIR/VARIANT.sbatch``). A name is therefore an identifier:
-letters, digits, ``_``, ``-`` and ``.``, not starting with ``.``, with no separator, so that no
-name can reach another folder (``../``), hide a file (``.x``) or carry shell or markup text.
-Every writer also checks the final path with :func:`inside`: a path built from a checked name is
-inside its folder, and a symbolic link or a later edit that breaks this is refused, not followed.
+A name is an identifier so that none can reach another folder (``../``), hide a file (``.x``)
+or carry shell or markup text; :func:`inside` also refuses a symbolic link leading out, not
+following it.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ def is_name(value: object) -> bool:
 
 
 def check_name(value: object, what: str, *, example: str = "baseline_b4") -> str:
-    """``value`` when it follows :data:`NAME_RULE`; else a :class:`NameError_` naming ``what``
-    (e.g. ``"study matrix m.yaml, run 3: name"``), the value, the rule and what to do."""
+    """``value`` when it follows :data:`NAME_RULE`; ``what`` names it in the error."""
     if is_name(value):
         return value  # type: ignore[return-value]
     raise NameError_(
@@ -49,8 +45,7 @@ def check_name(value: object, what: str, *, example: str = "baseline_b4") -> str
 
 
 def inside(folder: str | os.PathLike, path: str | os.PathLike, what: str) -> Path:
-    """``path`` (relative ones taken from ``folder``) when it resolves to a place inside
-    ``folder``; else :class:`OutsideFolder` naming ``what``, both paths and what to do."""
+    """``path`` (relative ones taken from ``folder``) when it resolves inside ``folder``."""
     base = Path(folder).expanduser()
     target = Path(path).expanduser()
     if not target.is_absolute():

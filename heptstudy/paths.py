@@ -1,16 +1,7 @@
-"""Where relative paths point.
-
-* Where results are written is taken from the working directory, like every path a shell
-  command is given: ``train.out_dir`` (YAML, default or ``--set``), ``--output``, ``--out``,
-  ``--figures``, ``--render-dir``, ``--save-model``. ``train.out_dir=runs/a`` and
-  ``--output runs/a.json`` started in the same folder write next to each other. (Notebooks run
-  in the repository root: :func:`heptstudy.study.at_project_root`.)
-* Where input data are read, ``data.data_dir: data/tfds``, means the repository's
-  ``data/tfds`` whether the command runs in the repository root, in ``notebooks/`` or in
-  ``/tmp``: the data set is found, never made up, wherever the command starts. The repository
-  is the folder holding this package and its ``pyproject.toml`` (an editable install, as
-  ``make install`` makes); a copy installed elsewhere has no repository, and its relative paths
-  are taken from the current directory.
+"""Where relative paths point: outputs (``train.out_dir``, ``--output``, ...) from the working
+directory, like every path a shell command is given; input data (``data.data_dir``) from the
+repository, so the data set is found wherever the command starts. A non-editable install has no
+repository and takes these from the working directory too.
 """
 
 from __future__ import annotations
@@ -22,10 +13,8 @@ from pathlib import Path
 
 from heptstudy.errors import HeptstudyError
 
-#: The folder holding this package: the repository for an editable install (``configs/``,
-#: ``notebooks/`` beside the package), the site-packages folder for another install.
+#: The repository for an editable install, the site-packages folder for another.
 ROOT = Path(__file__).resolve().parents[1]
-#: The repository holding this package, or None for a non-editable install.
 REPO_ROOT: Path | None = ROOT if (ROOT / "pyproject.toml").is_file() else None
 
 
@@ -35,14 +24,11 @@ def base_dir() -> Path:
 
 
 def resolve_in_repo(path: str | os.PathLike) -> Path:
-    """``path`` made absolute: ``~`` expanded, a relative path taken from :func:`base_dir`."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else base_dir() / p
 
 
 def resolve_from_cwd(path: str | os.PathLike) -> Path:
-    """``path`` made absolute: ``~`` expanded, a relative path taken from the working
-    directory (where results are written, see the module docstring)."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else Path.cwd() / p
 
@@ -52,9 +38,8 @@ class SymlinkLoop(HeptstudyError):
 
 
 def real_path(path: str | os.PathLike, what: str = "path") -> Path:
-    """``path`` made absolute with its symbolic links followed (:meth:`Path.resolve`, ``~``
-    expanded, a relative path taken from the working directory); a loop of symbolic links is
-    refused as :class:`SymlinkLoop` naming ``what`` (the option, e.g. ``--out``) and the path."""
+    """``path`` made absolute, links followed; a link loop is refused naming ``what`` (e.g.
+    ``--out``)."""
     given = Path(path).expanduser()
     try:
         real = given.resolve()
@@ -72,15 +57,13 @@ def real_path(path: str | os.PathLike, what: str = "path") -> Path:
     ) from None
 
 
-#: The repository's training configurations (beside this package, editable install or not).
 TRAINING_CONFIGS = ROOT / "configs" / "training"
 SCENARIO_DIR = TRAINING_CONFIGS / "scenarios"
 PLATFORM_DIR = TRAINING_CONFIGS / "platforms"
 
 
 def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
-    """A path as given, else for a bare name ``directory/NAME`` or ``directory/NAME.yaml``; None if
-    none exists."""
+    """A path as given, else for a bare name ``directory/NAME`` or ``directory/NAME.yaml``."""
     p = Path(name_or_path)
     if p.is_file():
         return p
@@ -94,8 +77,7 @@ def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
 def git_bytes(
     *args: str, cwd: str | os.PathLike | None = None, timeout: float = 60
 ) -> bytes | None:
-    """The output of ``git ARGS`` in ``cwd`` (default: the folder holding this package), byte for
-    byte; None where git is missing or fails (no checkout, unknown commit)."""
+    """The output of ``git ARGS``; None where git is missing or fails."""
     try:
         res = subprocess.run(
             ["git", *args], cwd=cwd or ROOT, capture_output=True, timeout=timeout, check=False
@@ -106,6 +88,5 @@ def git_bytes(
 
 
 def git(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 60) -> str | None:
-    """:func:`git_bytes` as text."""
     out = git_bytes(*args, cwd=cwd, timeout=timeout)
     return None if out is None else out.decode(errors="replace")

@@ -1,7 +1,6 @@
 """`heptstudy` command line: a thin layer over the package.
 
-Each area of the package contributes its subcommands through a ``register_cli(subparsers)``
-function, listed in ``_AREAS``; the commands call the same functions the notebooks use.
+Each area in ``_AREAS`` adds its subcommands with ``register_cli(subparsers)``.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ import argparse
 
 
 def request_from_args(args: argparse.Namespace):
-    """The :class:`~heptstudy.measure.request.MeasurementRequest` of ``heptstudy bench``'s
-    options: only the options given, so that the request states every default."""
+    """Only the options given, so that the request states every default."""
     from heptstudy.measure.request import MeasurementRequest, RequestError
 
     given = {f: getattr(args, f) for f in MeasurementRequest.model_fields if hasattr(args, f)}

@@ -1,9 +1,7 @@
 """`heptstudy data generate` and `heptstudy data stats`.
 
-Default folders are the repository's (``data/tfds``, ``experiments/scratch/data_stats``), where
-the configuration's ``data.data_dir`` points, wherever the command starts; a folder given on the
-command line is taken as the shell gives it (relative to the current directory). The committed
-statistics (``experiments/data_stats``) are never written by ``data stats``.
+Default folders are the repository's, wherever the command starts; a folder given on the
+command line is taken from the current directory.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ def _data_dir(args: argparse.Namespace) -> str:
 
 
 def _writable_folder(folder: str | Path, option: str) -> Path:
-    """Refuse, before any work, a folder that could not be created or written: a file in its
-    place or above it, or a nearest existing folder that takes no new file. Creates nothing."""
+    """Refuse, before any work, a folder that could not be created or written. Creates nothing."""
     folder = Path(folder)
     problem = folder_write_problem(folder)
     if problem is not None:

@@ -7,9 +7,8 @@ best fit by size, then lowest address; a block is split when the remainder is >=
 pool, or expandable) or > 1 MiB (large pool, native), else handed out whole and *counted as
 allocated*; a freed block merges with its free neighbours in its segment.
 
-Native mode: a new segment when nothing fits (2 MiB small, 20 MiB for requests under 10 MiB, else
-rounded up to 2 MiB), never released; addresses increase, so "lowest address" is "oldest segment"
-(real placement only matters for ties between equal-sized free blocks).
+Native mode: a new segment when nothing fits, never released; addresses increase, so "lowest
+address" is "oldest segment" (real placement only matters for ties between equal free blocks).
 
 ``expandable_segments``: one segment per pool grown by mapping 2 MiB (small) or 20 MiB (large)
 pages at its end, extending the free block there; best fit prefers any other fitting block to
@@ -93,8 +92,7 @@ class AllocatorPeaks:
 
 
 class CachingAllocator:
-    """One device's caching allocator: ``malloc(block_id, nbytes)`` / ``free(block_id)``, ids
-    unique while live."""
+    """One device's caching allocator; block ids are unique while live."""
 
     def __init__(self, expandable_segments: bool = False):
         self.expandable_segments = bool(expandable_segments)
@@ -107,7 +105,6 @@ class CachingAllocator:
         # expandable mode: the block at the end of each pool's mapped range, and that end
         self._last: list[_Block | None] = [None, None]
         self._mapped_end = list(_POOL_BASE)
-        #: ``memory_allocated`` (block sizes), ``memory_reserved``, their peaks, segment count
         self.allocated = 0
         self.reserved = 0
         self.peak_allocated = 0
@@ -124,7 +121,6 @@ class CachingAllocator:
             self.allocated, self.reserved, self.peak_allocated, self.peak_reserved, self.segments
         )
 
-    # -- free-block sets -------------------------------------------------------------------------
     def _insert_free(self, pool: int, b: _Block) -> None:
         b.allocated = False
         insort(self._free_keys[pool], (b.size << _ADDR_BITS) | b.addr)
@@ -152,7 +148,6 @@ class CachingAllocator:
         self._remove_free(pool, b)
         return b
 
-    # -- growing ---------------------------------------------------------------------------------
     def _new_segment(self, pool: int, size: int) -> _Block:
         seg = segment_size(size)
         b = _Block(self._next_addr, seg, None, None)
@@ -187,7 +182,6 @@ class CachingAllocator:
         self.reserved += nbytes
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
-    # -- malloc / free ---------------------------------------------------------------------------
     def malloc(self, block_id: int, nbytes: int) -> None:
         if block_id in self._live or block_id in self._zero:
             raise AllocatorTraceError(
@@ -266,8 +260,7 @@ class CachingAllocator:
 def replay(
     events: Iterable[tuple[str, int, int]], expandable_segments: bool = False
 ) -> AllocatorPeaks:
-    """Run an ordered trace of ``("alloc" | "free", block_id, nbytes)`` through a fresh
-    allocator; the peaks are those of the whole trace."""
+    """The peaks of an ordered ``("alloc" | "free", block_id, nbytes)`` trace."""
     alloc = CachingAllocator(expandable_segments=expandable_segments)
     for kind, block_id, nbytes in events:
         if kind == "alloc":

@@ -2,18 +2,9 @@
 LAMB run on *fake* tensors (``FakeTensorMode``: no data) while the storage tracker of
 :mod:`heptstudy.meters.memory` counts every storage they would allocate.
 
-What differs from a real step, and why:
-
-* Device. A ``cuda``/``rocm`` target gets the *target-faithful* step: fake CPU tensors (a fake
-  CUDA tensor cannot enter CUDA autocast without a GPU) under the target's autocast lists, kernel
-  stand-ins and kernel scratch (the ``autocast_policy``, ``kernel_stand_ins`` and
-  ``kernel_scratch`` modules). Without a target: fake ``cuda`` on a CUDA build, else ``cpu``.
-* Attention ``fused``: the real block mask and a same-footprint stand-in for the flex_attention
-  kernel (which keeps no score matrix; CPU flex_attention has no backward).
-* Hungarian matching needs a host copy: targets come from the real batch and the matching is
-  query i <-> target i, as many pairs as the real one, so every loss tensor has its real shape.
-* Scratch inside native kernels and workspaces is not seen; the allocator's rounding and caching
-  are the simulator's job.
+A ``cuda``/``rocm`` target runs on fake *CPU* tensors (a fake CUDA tensor cannot enter CUDA
+autocast without a GPU) under the target's autocast lists, kernel stand-ins and scratch. The
+Hungarian matching needs a host copy, so it becomes query i <-> target i with as many pairs.
 """
 
 from __future__ import annotations
@@ -48,7 +39,6 @@ from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import prime_optimizer, run_step
 from heptstudy.units import MIB
 
-#: Targets of the fake step: the platform profile's device.
 TARGETS = ("cuda", "rocm", "cpu")
 #: Autocast lists when the platform names no PyTorch version: the H200 measurement's.
 DEFAULT_TORCH_VERSION = "2.11"
@@ -71,12 +61,12 @@ class FakeStepEstimate:
     #: ``cuda``/``rocm``: the target-faithful step; ``cpu``: the CPU's kernels.
     target: str = "cpu"
     torch_version: str | None = None
-    #: The target's autocast lists, kernel stand-ins and scratch rules the step hit (op -> calls).
+    #: op -> calls
     autocast_calls: dict[str, int] | None = None
     stand_in_calls: dict[str, int] | None = None
     scratch_ops: dict[str, int] | None = None
     largest_scratch_bytes: int = 0
-    #: ``record_trace`` only: the step's allocations and frees, for the allocator simulator
+    #: ``record_trace`` only
     trace: StepTrace | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -89,7 +79,6 @@ class FakeStepEstimate:
 
 
 def fake_device_type() -> str:
-    """``cuda`` when this PyTorch build has CUDA (a GPU is not needed), else ``cpu``."""
     return "cuda" if torch.backends.cuda.is_built() else "cpu"
 
 
@@ -105,8 +94,7 @@ def _deterministic_match(outputs, targets, loss_cfg, prefix=""):
 
 
 def _type_encoder_forward(counts):
-    """``TypeEncoder.forward`` with the real batch's per-type counts: the same tensors without a
-    data-dependent shape."""
+    """``TypeEncoder.forward`` without a data-dependent shape."""
 
     def forward(self, raw, inputs):
         out = inputs.new_zeros(*inputs.shape[:-1], self.out_dim)
@@ -122,7 +110,6 @@ def _type_encoder_forward(counts):
 
 
 def _fake_substitutions(targets, type_counts):
-    """The stand-ins of a fake-tensor step (:mod:`heptstudy.stand_ins`)."""
     return stand_ins.using(
         StandIns(
             targets=targets,
@@ -159,12 +146,8 @@ def estimate_step(
     record_trace: bool = False,
     plan=None,
 ) -> FakeStepEstimate:
-    """Peak allocated bytes of one training step of ``config`` on ``batch`` (a real CPU batch) on
-    a fake device, with an earlier step's optimizer state alive as in the bench's counted steps.
-
-    ``target`` ``cuda``/``rocm``: the target-faithful step with the autocast lists of
-    ``torch_version``; ``cpu`` or None: the CPU's kernels on ``device_type``. ``plan``: the
-    checkpoint plan of one step of a model built with ``auto``."""
+    """Peak allocated bytes of one training step on a fake device, optimizer state alive as in
+    the bench's counted steps. ``plan``: one step's plan of a model built with ``auto``."""
     if target is not None and target not in TARGETS:
         raise HeptstudyError(
             f"unknown estimate target {target!r}; allowed: {', '.join(TARGETS)} (the platform "
@@ -229,7 +212,6 @@ def _fake_step(
             scheduler = build_scheduler(optimizer, config.train)
             # LAMB's state exists before every counted bench step
             prime_optimizer(model, optimizer, scheduler)
-            # the bench's step (heptstudy.train.step), the meter over forward, loss, backward
             mem = run_step(
                 model, fbatch, optimizer, scheduler, config, dtype, meter=meter, plan=plan
             ).memory
@@ -258,9 +240,8 @@ def _fake_step(
 
 
 def fit_batches(lengths, sizes, seed: int, random_at=None) -> list[list[int]]:
-    """Events (sorted indices) of the batches a memory model is fitted on: for each of ``sizes`` a
-    random batch (only at the sizes of ``random_at``, default all) and the longest events, so the
-    fit spans batch sizes and the range of longest padded events."""
+    """Sorted event indices per fit batch: for each size a random batch (only at ``random_at``'s
+    sizes, default all) and the longest events, spanning the range of longest padded events."""
     lengths = np.asarray(lengths)
     rng = np.random.default_rng(seed)
     order = np.argsort(-lengths, kind="stable")
@@ -280,13 +261,10 @@ def estimate_memory_model(
     progress: bool = False,
     torch_version: str | None = None,
 ):
-    """An *estimated* memory model of ``config`` for a ``device_kind`` platform: fake-device steps
-    on real events (:func:`fit_batches`) fitted like measurements; GPU platforms get the
-    target-faithful step with ``torch_version``'s autocast lists."""
+    """An *estimated* memory model: fake-device steps on real events fitted like measurements."""
     ds = dataset_for(config, "train")
     lengths = ds.lengths()
     points, reserved, expandable = [], [], []
-    # GPU platforms: each step's allocation trace replayed through the allocator simulator
     gpu = device_kind in ("cuda", "rocm")
     version = (torch_version or DEFAULT_TORCH_VERSION) if gpu else None
     dev = "cpu" if gpu else fake_device_type()

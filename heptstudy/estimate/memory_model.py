@@ -1,16 +1,9 @@
 """The memory model: peak memory of one training step as a function of the batch's shape.
 
-Batches pad every event to the longest one (``L``), so activations have ``B x L`` rows (bucketed
-attention is linear in ``L``). Peak *allocated* is
-
-    allocated = fixed + per_padded_hit * (B * L) + per_event * B + per_mask_entry * (B * L^2)
-
-(the last term: the dense mask a fused-attention block mask may build; fused path only), fitted
-by non-negative least squares in relative terms (each term is memory, never negative).
-
-Peak *reserved* (on CPU the resident set) is allocated times a fitted ratio. The ratio depends on
-the order of allocation sizes a run meets, so the model is validated by leaving one batch size
-out. Estimated GPU models also carry ``reserved_expandable``, a prediction no GPU has measured.
+Batches pad every event to the longest one (``L``), so activations have ``B x L`` rows. The
+``B x L^2`` term (fused path only) is the dense mask a block mask may build; the fit is
+non-negative (each term is memory). Peak *reserved* is allocated times a fitted ratio, which
+depends on the order of allocation sizes a run meets: hence leave-one-batch-size-out validation.
 """
 
 from __future__ import annotations
@@ -53,8 +46,6 @@ class Point:
 
 @dataclass
 class LinearFit:
-    """Peak allocated in MiB: ``fixed + per_padded_hit * B*L + per_event * B + per_mask_entry * B*L^2``."""
-
     fixed_mib: float
     per_padded_hit_mib: float
     per_event_mib: float
@@ -75,8 +66,6 @@ class LinearFit:
 
 @dataclass
 class ReservedFit:
-    """Peak reserved in MiB: ``ratio`` x the allocated model at the same shape."""
-
     ratio: float
     rms_residual_mib: float = 0.0
     max_abs_rel_residual: float = 0.0
@@ -140,7 +129,6 @@ def fit_reserved(points: list[Point], allocated: LinearFit) -> ReservedFit:
 def _leave_one_batch_size_out(
     alloc: list[Point], reserved: list[Point], quadratic: bool, expandable: list[Point] = ()
 ) -> dict[str, dict[str, Any]]:
-    """Per quantity: one row per batch size predicted by the fit on the others."""
     out: dict[str, dict[str, Any]] = {}
     quantities = [("allocated", alloc), ("reserved", reserved)]
     if expandable:
@@ -200,7 +188,6 @@ class MemoryModel:
     #: estimated GPU models: reserved with the allocator's expandable segments (never measured)
     reserved_expandable: ReservedFit | None = None
     reserved_expandable_points: list[Point] = field(default_factory=list)
-    #: what code the model was made from (heptstudy.fingerprint)
     fingerprint: dict[str, Any] | None = None
 
     def predict_allocated_mib(self, batch_size, longest_padded):
@@ -219,7 +206,6 @@ class MemoryModel:
         )
 
     def _out_of_range(self) -> list[str]:
-        """Each number that no step's memory can give (negative, not finite, a ratio below 1)."""
         numbers = [(f"allocated.{k}", v, 0) for k, v in asdict(self.allocated).items()]
         for name in ("reserved", "reserved_expandable"):
             fit = getattr(self, name)

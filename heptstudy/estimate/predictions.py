@@ -1,10 +1,7 @@
 """Blind predictions of a GPU study: the estimate of every memory run of a matrix, made before
 any GPU measures that code, with the fingerprint of the code it was made from.
 
-Each run's bench events are estimated with the target-faithful fake step and the bench process
-replayed through the allocator simulator. Not predicted: ``auto`` runs (they calibrate on the
-GPU) and parity runs. :func:`stale_parts` tells whether the file is still of the running code,
-:func:`git_age` whether it was committed before a measured commit and not changed since.
+Not predicted: ``auto`` runs (they calibrate on the GPU) and parity runs.
 """
 
 from __future__ import annotations
@@ -30,9 +27,8 @@ SCHEMA = "heptstudy.blind_predictions/1"
 PREDICTIONS = "experiments/gpu_blind_predictions/predictions.json"
 #: The data the GPU session carries (scripts/gpu/README.md): generated with this seed and counts.
 DATA = {"events_train": 144, "events_test": 8, "seed": 20261014}
-#: The parts whose change makes the predictions stale (the test enforces them).
+#: Parts whose change makes the predictions stale (a test enforces them).
 ENFORCED_PARTS = ("model", "step")
-#: The one command that regenerates them (with the estimated fits: without ONLY=...).
 REGENERATE = "ONLY=predictions bash scripts/regenerate_fits.sh"
 #: Each allocator mode's (allocated, reserved) figures of a run: MiB, reserved >= allocated.
 FIGURES = (
@@ -42,8 +38,7 @@ FIGURES = (
 
 
 class PredictionsError(HeptstudyError, ValueError):
-    """A blind-predictions file is missing, is not as ``heptstudy study predict`` writes it, or
-    holds a value no run can have."""
+    """A blind-predictions file is missing or not as ``heptstudy study predict`` writes it."""
 
 
 def _refuse(path: Path, field: str, value, allowed: str):
@@ -60,7 +55,7 @@ def _refuse(path: Path, field: str, value, allowed: str):
 
 
 def _non_finite(value, field: str):
-    """The first NaN or Infinity in ``value`` (JSON holds neither), as (field, value)."""
+    """The first NaN or Infinity in ``value`` as (field, value)."""
     if isinstance(value, float) and not math.isfinite(value):
         return field, value
     items = (
@@ -78,8 +73,7 @@ def _non_finite(value, field: str):
 
 
 def read_predictions(path: str | os.PathLike | None = None) -> dict:
-    """The blind predictions at ``path`` (default: the committed file), checked against what
-    ``heptstudy study predict`` writes."""
+    """The blind predictions at ``path`` (default: the committed file), checked."""
     path = Path(path) if path is not None else resolve_in_repo(PREDICTIONS)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -124,8 +118,7 @@ def read_predictions(path: str | os.PathLike | None = None) -> dict:
 
 @dataclass(frozen=True)
 class GitAge:
-    """``committed``: the commit that last changed a file (None: not committed); ``problems``:
-    why it is not shown to predate the measured commits (empty: it does)."""
+    """``problems``: why the file is not shown to predate the measured commits (empty: it is)."""
 
     committed: str | None
     committed_date: str | None
@@ -133,7 +126,6 @@ class GitAge:
 
 
 def git_age(path: str | os.PathLike, measured: list[str]) -> GitAge:
-    """:class:`GitAge` of the file at ``path`` against the ``measured`` commits."""
     path = real_path(path)
     if repository_of(path) is None:
         return GitAge(
@@ -146,7 +138,6 @@ def git_age(path: str | os.PathLike, measured: list[str]) -> GitAge:
             ],
         )
     status = git("status", "--porcelain", "--", path.name, cwd=path.parent)
-    # the commit (sha, ISO date) that last changed the file in the checked-out history
     out = git("log", "-1", "--format=%H %cI", "--", path.name, cwd=path.parent)
     last = out.split() if out and out.strip() else None
     if last is None or (status or "").startswith("??"):
@@ -185,7 +176,7 @@ def _sha256(path: Path) -> str:
 
 
 def _shown(path: Path) -> str:
-    """``path`` relative to the repository when inside it (no machine's folders committed)."""
+    """Relative to the repository when inside it: no machine's folders get committed."""
     try:
         return str(real_path(path).relative_to(base_dir().resolve()))
     except ValueError:
@@ -218,7 +209,7 @@ def stale_parts(doc: dict, matrix_path: Path) -> list[str]:
 
 
 def predict_run(config, profile, *, batch_size: int, warmup: int, steps: int, passes: str):
-    """The blind prediction of one memory run of ``config`` on ``profile`` (None: the CPU)."""
+    """One memory run's prediction; ``profile`` None: the CPU."""
     # imported here: readers of the file do not load the estimator
     from heptstudy.data import load_events
     from heptstudy.data.batching import event_indices

@@ -1,11 +1,8 @@
 """``heptstudy fit validate``: the memory estimator against measured bench memory reports.
 
-Each report is estimated on its own events with the code it measured (its recorded commit, or
-``code``) under the estimator that runs now: the fake step and, on devices with a caching
-allocator, the whole bench process replayed through the simulator. The CPU's resident set is not
-estimated. When the commit's ``model`` and ``step`` parts are the running code's, the report is
-estimated here; otherwise the commit's package is copied out of git under another name (imports
-renamed, to share a process) and its own pieces (found where :data:`WHERE` says) run in workers.
+Each report is estimated on its own events with the code it measured, under the estimator
+that runs now. A commit whose model and step differ from the running code's is copied out of git
+under another name (imports renamed, to share a process); its pieces run in workers.
 """
 
 from __future__ import annotations
@@ -77,7 +74,6 @@ def unusable(report) -> str | None:
 
 
 def _check(report, source: str) -> None:
-    """The values the validation uses, each in the range it can have."""
     s = report.summary
     gpu = report.environment.device_kind in CACHING
     for name in ("max_peak_allocated_mib",) + (("max_peak_reserved_mib",) if gpu else ()):
@@ -143,7 +139,6 @@ def _job(report, source: str, data_dir: Path) -> dict:
 
 
 def _piece(package: str, name: str, required: bool = True):
-    """``name`` from the first module of :data:`WHERE` that has it in ``package``."""
     for module in WHERE[name]:
         try:
             mod = importlib.import_module(f"{package}.{module}")
@@ -166,8 +161,7 @@ def _piece(package: str, name: str, required: bool = True):
 
 
 def _old_step(package: str, config, batch, target: str, version: str):
-    """The step of ``package`` (an earlier commit's copy) under this estimator, as
-    ``estimate_step`` runs the running code: (peak bytes, trace, calls)."""
+    """An earlier commit's step under this estimator: (peak bytes, trace, calls)."""
 
     def get(name):
         return _piece(package, name)
@@ -225,8 +219,7 @@ def _running_step(config, batch, target: str, version: str):
 
 
 def estimate(job: dict, package: str | None = None, path: str | None = None) -> dict:
-    """Estimated peaks of one report's steps (``job`` from :func:`_job`) with the running code
-    (``package`` None) or the copy ``package`` of an earlier commit found in ``path``."""
+    """Estimated peaks of one report's steps, with the running code if ``package`` is None."""
     try:
         return _estimate(job, package, path)
     except Exception as err:
@@ -240,8 +233,7 @@ def estimate(job: dict, package: str | None = None, path: str | None = None) -> 
 
 
 def _config_for(package: str, config: dict) -> dict:
-    """``config`` (plan names, as reports are read today) as the code of ``package`` reads it:
-    an earlier commit without plan names takes the fields the plan was spread over."""
+    """``config`` as the code of ``package`` reads it (old commits: the old plan fields)."""
     fields = importlib.import_module(f"{package}.config").HEPTv2Config.model_fields
     if "activation_checkpointing_policy" not in fields:
         return config
@@ -298,16 +290,15 @@ def _estimate(job: dict, package: str | None = None, path: str | None = None) ->
     return {**out, "steps": rows, "seconds": round(time.perf_counter() - started, 1)}
 
 
-#: An import of the package, or a module of it named in a string (a lazy import): renamed in the
-#: copy of an earlier commit's package. Schema names ("heptstudy.bench/1") are not module names.
+#: An import of the package, or a module of it named in a string (a lazy import); not schema
+#: names ("heptstudy.bench/1").
 _IMPORT = re.compile(
     r"^(\s*(?:from|import)\s+)heptstudy(?=[\s.])|([\"'])heptstudy(?=(?:\.\w+)+\2)", re.M
 )
 
 
 def copy_of_commit(sha: str, dest: Path) -> str:
-    """Write commit ``sha``'s package to ``dest/heptstudy_<sha>`` with its imports renamed, and
-    its ``configs`` to ``dest/configs``; returns the package name."""
+    """Write commit ``sha``'s package, imports renamed, and configs to ``dest``; its name."""
     package = f"heptstudy_{sha[:12]}"
     paths = ["heptstudy"] + (["configs"] if git("ls-tree", sha, "configs", cwd=ROOT) else [])
     done = subprocess.run(
@@ -416,7 +407,6 @@ def _row(report, source: str, sha: str | None, est: dict) -> dict:
 
 
 def table(doc: dict) -> str:
-    """The Markdown table of a validation document."""
 
     def mib(v):
         return "-" if v is None else f"{v:,.0f}"
@@ -441,7 +431,6 @@ def table(doc: dict) -> str:
 
 
 def write_outputs(doc: dict, out_dir: Path) -> list[Path]:
-    """``validation.json`` and ``table.md`` in ``out_dir``, each written atomically."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     return [

@@ -1,11 +1,6 @@
 """One :class:`~heptstudy.measure.request.Measurement`: peak memory and step time (or
-checkpointing parity) on real events of a data set, written as a self-describing JSON report
-(protocol in :data:`heptstudy.measure.report.PROTOCOL`).
-
-Pass 1 times the steps and their phases (no tracker); pass 2 runs the same batches with the
-memory meter, then validates on test-split events; each pass starts from a freshly seeded model.
-The report's folder and the data set's size are checked first, so that a measurement is never
-run only to be lost.
+checkpointing parity) on real events, written as a self-describing JSON report. The report's
+folder and the data set's size are checked first, so a measurement is never run only to be lost.
 """
 
 from __future__ import annotations
@@ -49,8 +44,7 @@ class OutputNotWritable(HeptstudyError):
 
 
 def check_writable(path: Path) -> None:
-    """Create the report's folder and a file in it (removed again), or say why not; a
-    committed results folder is refused (only ``--reference`` studies write there)."""
+    """Create the report's folder and try a file in it; a committed results folder is refused."""
     refuse_committed(
         path,
         "report path (--output / output)",
@@ -105,10 +99,8 @@ def check_enough_events(m: Measurement) -> None:
 def run_bench(
     m: Measurement, announce: Callable[[rp.BenchReport], None] | None = None
 ) -> rp.BenchReport:
-    """Measure the resolved measurement ``m`` and write its report to ``m.report_path``.
-    ``announce`` (e.g. printing the summary) sees the report before it is written, so
-    that a write that fails (full disk, quota) loses nothing: the report is then kept
-    elsewhere and :class:`~heptstudy.atomic.WriteFailed` says where."""
+    """Measure ``m`` and write its report. ``announce`` sees the report before it is written,
+    so a failed write loses nothing (:class:`~heptstudy.atomic.WriteFailed` says where it is)."""
     fresh = rp.claim_fresh_process()
     allocator = apply_allocator(m.allocator)  # before the measurement allocates anything
     request, config, device, output = m.request, m.config, m.device, m.report_path
@@ -156,8 +148,7 @@ def report_header(
     allocator=None,
     notes: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The fields every report of ``m`` starts with, for the bench and for the study runner's
-    failure reports alike; ``allocator``: the ``AllocatorState`` it ran with."""
+    """The fields every report of ``m`` starts with, failure reports of a study included."""
     config = m.config
     return dict(
         name=m.name,

@@ -1,9 +1,5 @@
-"""The JSON report of one measurement run: a versioned, validated schema.
-
-One file per run (``baseline_b4.json``, ``checkpointed_b16.json``, ``parity_b1.json``, ...).
-:func:`write_report` validates and writes atomically; :func:`read_report` validates and says
-which file, which field and what is wrong. Every report carries :data:`PROTOCOL`, the written
-measurement definitions, so a file explains its own numbers.
+"""The JSON report of one measurement run: a versioned, validated schema. Every report
+carries :data:`PROTOCOL`, the written measurement definitions, so a file explains its own numbers.
 """
 
 from __future__ import annotations
@@ -124,12 +120,8 @@ class OomInfo(_Strict):
 
 
 class AttentionInfo(_Strict):
-    """The HEPTv2 bucket attention of a run (:func:`heptstudy.model.flex_kernel.attention_status`).
-
-    ``backend_used``: ``fused`` (the compiled flex_attention kernel), ``fused-reference``
-    (flex_attention's dense CPU implementation), ``plain`` or ``none`` (no HEPTv2 attention ran).
-    The counts are for the whole process: fused calls, dynamo compiles of flex_attention (each
-    with its backward), distinct kernel sequence lengths."""
+    """The HEPTv2 bucket attention of a run (:func:`heptstudy.model.flex_kernel.attention_status`);
+    ``fused-reference`` is flex_attention's dense CPU implementation. Counts are per process."""
 
     backend_used: Literal["fused", "fused-reference", "plain", "none"]
     configured: str | None = None  # model.heptv2.attention_backend
@@ -153,15 +145,10 @@ class Environment(_Strict):
     hostname: str
     python: str
     fresh_process: bool
-    # the host's 1-minute load average when the measurement ended: a run keeps about ``threads``
-    # cores busy, so a clearly higher value means other work competed and times are unreliable
+    # clearly above ``threads`` at the end: other work competed and times are unreliable
     load_average_1min: float | None = None
-    # the bucket attention the run actually used and what compiling it cost (None in reports
-    # from before it was recorded)
     attention: AttentionInfo | None = None
-    # the host memory allocator the measurement ran with (heptstudy.meters.allocator): e.g.
-    # "glibc 2.36", its settings ({}: defaults), and the mallopt values the measuring process
-    # applied at its start (None: none applied; the settings are then the start environment's)
+    # heptstudy.meters.allocator; allocator_applied None: the start environment's settings
     allocator: str | None = None
     allocator_settings: dict[str, str] | None = None
     allocator_applied: dict[str, int] | None = None
@@ -176,9 +163,7 @@ class DataInfo(_Strict):
 
 
 class Checkpointing(_Strict):
-    # the plan measured (model.heptv2.activation_checkpointing): off, full, selective, every2,
-    # every3, layersK, lastK or auto (each step's plan is then in its StepRecord); None in a
-    # parity report, which compares off with full
+    # model.heptv2.activation_checkpointing; None in a parity report (off against full)
     plan: str | None = None
     memory_budget_mib: NonNegative | None = None  # auto only: what each step's plan must fit
 
@@ -193,15 +178,11 @@ class StepRecord(_Strict):
     peak_allocated_mib: NonNegative | None
     peak_reserved_mib: NonNegative | None
     loss: dict[str, float] = Field(default_factory=dict)
-    # activation_checkpointing=auto: the plan this step ran and the peak predicted for it
-    # (heptstudy.model.adaptive_checkpointing), next to the measured peaks above
+    # activation_checkpointing=auto: the plan this step ran and its predicted peak
     checkpoint_plan: str | None = None
     predicted_peak_mib: NonNegative | None = None
-    # seconds per phase of the step (backbone_forward, decoder_and_heads, loss, backward,
-    # optimizer); None in reports from before the breakdown or where it was not measured
     phase_time_s: dict[str, NonNegative] | None = None
-    # what the kernel did during the timed step, whole process (resource.getrusage around it):
-    # page faults, and system and user CPU time in seconds (heptstudy.meters.host_usage)
+    # whole process, around the timed step (heptstudy.meters.host_usage)
     minor_page_faults: Count | None = None
     major_page_faults: Count | None = None
     system_time_s: NonNegative | None = None
@@ -220,7 +201,6 @@ class Summary(_Strict):
     reserved_definition: str | None = None
     reserved_unavailable_reason: str | None = None
     tracked_memory_note: str | None = None
-    # mean seconds per step phase over the counted steps, and how the phases were timed
     mean_phase_time_s: dict[str, NonNegative] | None = None
     phase_time_definition: str | None = None
 
@@ -263,8 +243,7 @@ class Parity(_Strict):
     checkpointed_vs_baseline: ComparisonSet
     repeat_vs_baseline: ComparisonSet
     deterministic: bool
-    #: short loss trajectories of a few optimizer steps per mode, e.g. {"baseline": [...],
-    #: "checkpointed": [...]}
+    #: a few optimizer steps' losses per mode, e.g. {"baseline": [...], "checkpointed": [...]}
     loss_trajectories: dict[str, list[float]] = Field(default_factory=dict)
 
 
@@ -275,8 +254,7 @@ class MemoryCategories(_Strict):
     peak_bytes: Count
     at_peak_bytes: dict[str, Count]
     note: str
-    #: The same bytes by owner, then category (``heptstudy.meters.memory.StepMemory``'s
-    #: ``by_module_at_peak``): which module's storages, which phase's, which baseline's.
+    #: The same bytes by owner, then category (``StepMemory.by_module_at_peak``).
     by_module_bytes: dict[str, dict[str, int]] | None = None
     timeline: list[tuple[int, int]] | None = None  # (op index, live bytes)
     marks: list[tuple[int, str]] = Field(default_factory=list)  # (op index, label)
@@ -304,8 +282,7 @@ class BenchReport(_Strict):
     parity: Parity | None = None
     memory_categories: list[MemoryCategories] | None = None
     notes: list[str] = Field(default_factory=list)
-    # what the study runner measured this run as (heptstudy.study.resume): a study resumes
-    # the run only while the fingerprint of the run is the same
+    # a study resumes the run only while this is unchanged (heptstudy.study.resume)
     fingerprint: str | None = None
 
     @property
@@ -333,8 +310,7 @@ def short_repr(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-#: The plan of each checkpointing setting of a report from before the plan's name was the
-#: one value (``enabled``, ``policy``, ``checkpoint_every``; a policy of None is ``full``).
+#: The plan of each old-style (``enabled``, ``policy``, ``checkpoint_every``) setting.
 _PLAN_OF_OLD_SETTING = {
     (True, f.get("activation_checkpointing_policy", "full"), f.get("checkpoint_every", 1)): name
     for name, f in PLAN_AS_OLD_FIELDS.items()
@@ -343,10 +319,8 @@ _PLAN_OF_OLD_SETTING = {
 
 
 def with_plan_names(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """A report as this heptstudy writes it: the committed reports of
-    ``experiments/h200_2026-11-30`` and the CPU reference spread a plan over three fields
-    (``enabled``, ``policy``, ``checkpoint_every``), in ``checkpointing`` and in
-    ``config.model.heptv2``; each becomes the plan's name. Any other report is returned as is."""
+    """A report as this heptstudy writes it: old reports (``experiments/h200_2026-11-30``, the
+    CPU reference) spread a plan over three fields, which become the plan's name."""
     block = data.get("checkpointing")
     if not isinstance(block, dict) or "enabled" not in block:
         return data
@@ -380,9 +354,8 @@ def with_plan_names(data: dict[str, Any], source: str) -> dict[str, Any]:
 def validate_report(
     data: BenchReport | dict[str, Any], source: str = "<report>", *, require_version: bool = True
 ) -> BenchReport:
-    """A validated copy of ``data`` (a report, possibly mutated since it was built, or a dict,
-    read through :func:`with_plan_names`); ``require_version=False`` fills in the current
-    ``schema_version`` when a dict has none."""
+    """A validated copy of ``data``; ``require_version=False`` fills in a missing
+    ``schema_version``."""
     if isinstance(data, BenchReport):
         data = data.model_dump(mode="python")
     if not isinstance(data, dict):
@@ -414,10 +387,8 @@ def validate_report(
 def write_report(
     report: BenchReport | dict[str, Any], path: str | os.PathLike, *, keep: bool = False
 ) -> Path:
-    """Validate, then write atomically (:mod:`heptstudy.atomic`). A failure (invalid report,
-    serialisation, disk) leaves any previous file untouched; with ``keep``, a report the disk
-    refuses is kept elsewhere (a temporary file, or printed as JSON) and
-    :class:`~heptstudy.atomic.WriteFailed` says where."""
+    """Validate, then write atomically; with ``keep``, a report the disk refuses is kept
+    elsewhere and :class:`~heptstudy.atomic.WriteFailed` says where."""
     report = validate_report(report, source=str(path), require_version=False)
     text = json_text(report.model_dump(), f"the report {path}")
     if keep:
@@ -434,7 +405,6 @@ def _not_json(path: Path, word: str):
 
 
 def read_report(path: str | os.PathLike) -> BenchReport:
-    """Read and validate a report; :class:`ReportError` names the file, the field and the problem."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -451,8 +421,8 @@ def read_report(path: str | os.PathLike) -> BenchReport:
 
 
 def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
-    """Whether tracked code differs from the commit; ``None`` when unknown.  Results
-    (``experiments/``, ``figures/``) do not count: a study rewrites them as it runs."""
+    """Whether tracked code differs from the commit (None: unknown); results do not count: a
+    study rewrites them as it runs."""
     out = git(
         "status",
         "--porcelain",
@@ -470,8 +440,7 @@ _FRESH = {"claimed": False}
 
 
 def claim_fresh_process() -> bool:
-    """True the first time a measurement asks in this process, False afterwards: a
-    measurement that is not the first in its process did not run in a fresh process."""
+    """True the first time a measurement asks in this process, False afterwards."""
     fresh = not _FRESH["claimed"]
     _FRESH["claimed"] = True
     return fresh
@@ -509,9 +478,7 @@ def environment_info(
     fresh_process: bool | None = None,
     allocator=None,
 ) -> Environment:
-    """The environment block of a report (call it once per measurement: ``fresh_process``
-    defaults to :func:`claim_fresh_process`); ``allocator``: the
-    :class:`~heptstudy.meters.allocator.AllocatorState` measured with (default: as started)."""
+    """Call once per measurement: ``fresh_process`` defaults to :func:`claim_fresh_process`."""
     device = torch.device(device)
     dtype_name = str(dtype).removeprefix("torch.")
     count = torch.cuda.device_count() if device.type == "cuda" else None
@@ -536,7 +503,6 @@ def environment_info(
 
 
 def host_load() -> float | None:
-    """The 1-minute load average of the host (None where the OS does not report one)."""
     try:
         return round(os.getloadavg()[0], 2)
     except (AttributeError, OSError):

@@ -1,21 +1,9 @@
 """The one measurement request: what `heptstudy bench`, ``memory.ipynb``, ``parity.ipynb`` and a
 row of a study matrix ask for, validated once, with every default stated here.
 
-::
-
-    request = MeasurementRequest.build(batch_size="4", checkpointing="true")   # strings parse
-    request.checkpointing              # "full": the plan's name; true/false are full/off
-    m = request.resolve()              # the one frozen Measurement, resolved once:
-    m.config, m.plan                   #   validated Config, its checkpoint plan (FULL)
-    m.device, m.profile                #   device, platform profile (or None)
-    m.allocator                        #   allocator settings applied in the measuring process
-    m.name, m.report_path              #   "checkpointed_b4", experiments/scratch/NAME.json
-
-Papermill hands ``-p checkpointing true`` over as the *string* ``"true"``: strings of digits are
-integers, ``true``/``false`` (any case) are booleans, ``none``/empty is None. Booleans are never
-integers and numbers are never booleans. Unknown parameters are refused by name (with the nearest
-known one); papermill itself only warns about them, so :func:`from_notebook` checks the parameters
-papermill injected into the kernel as well.
+Papermill hands ``-p checkpointing true`` over as the *string* ``"true"``, so strings parse;
+booleans are never integers. Papermill only warns about unknown parameters, so
+:func:`from_notebook` refuses them itself.
 """
 
 from __future__ import annotations
@@ -64,12 +52,10 @@ Dtype = TrainConfig.model_fields["dtype"].annotation
 
 MEMORY, PARITY = "memory", "parity"
 
-#: Counted and warm-up steps of a memory measurement that does not give them, by device: the
-#: GPU protocol of the original measurements, and fewer on CPU where one full-size step takes
-#: seconds per event (and every memory run executes its steps twice: timed, then tracked).
+#: Default counted and warm-up steps by device: fewer on CPU, where a step takes seconds per
+#: event and every memory run executes its steps twice.
 DEFAULT_STEPS = {"cpu": {"steps": 2, "warmup": 1}, "cuda": {"steps": 5, "warmup": 2}}
 
-#: Where a request without ``output`` writes its report.
 SCRATCH_DIR = Path("experiments/scratch")
 
 DATASET_OF_VARIANT = {
@@ -101,7 +87,6 @@ def _is_none(value: Any) -> bool:
 
 
 def parse_bool(value: Any) -> bool:
-    """``True``/``False`` (YAML booleans included) or the strings ``true``/``false``, any case."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
@@ -185,7 +170,6 @@ def _owned_keys_refused(items: list[str]) -> list[str]:
     return items
 
 
-# Parameter types: what every entry point may hand over (see the module docstring).
 def _one_of(*choices: str) -> BeforeValidator:
     return BeforeValidator(partial(parse_choice, choices=choices, optional=False))
 
@@ -292,9 +276,7 @@ class MeasurementRequest(BaseModel):
     # ---------------------------------------------------------------- what it resolves to
 
     def resolve(self) -> Measurement:
-        """The measurement this request asks for, resolved once: the platform profile read,
-        the configuration built and validated, the device, allocator, name and report path
-        fixed. Everything downstream reads these and rebuilds nothing."""
+        """Resolved once: everything downstream reads the result and rebuilds nothing."""
         profile = self._profile
         device = _device(profile)
         config = self._config(profile)
@@ -308,12 +290,9 @@ class MeasurementRequest(BaseModel):
 
     @property
     def device(self) -> torch.device:
-        """The platform's device, else CUDA when this PyTorch sees a GPU, else the CPU."""
         return _device(self._profile)
 
     def _config(self, profile: PlatformConfig | None) -> Config:
-        """Defaults, then the request's settings, then the user's overrides (the only part
-        OmegaConf parses)."""
         train: dict[str, Any] = {"global_batch_size": self.batch_size}
         heptv2: dict[str, Any] = {"activation_checkpointing": self.checkpointing}
         model: dict[str, Any] = {"heptv2": heptv2}
@@ -337,8 +316,7 @@ class MeasurementRequest(BaseModel):
 
     @property
     def name(self) -> str:
-        """The report name: ``baseline_b4``, ``checkpointed_b4`` (full), ``checkpointed_selective_b4``,
-        ``checkpointed_every2_b4``, ``auto_b4``; ``parity_b1``, ``parity_deterministic_b1``."""
+        """The report name, e.g. ``checkpointed_every2_b4`` or ``parity_deterministic_b1``."""
         b = self.batch_size
         if self.kind == PARITY:
             return f"parity{'_deterministic' if self.deterministic else ''}_b{b}"
@@ -353,13 +331,11 @@ def _device(profile: PlatformConfig | None) -> torch.device:
 
 @dataclass(frozen=True)
 class Measurement:
-    """A request resolved once (:meth:`MeasurementRequest.resolve`): what bench, the notebooks,
-    the study runner and its failure reports measure and record."""
+    """A request resolved once (:meth:`MeasurementRequest.resolve`)."""
 
     request: MeasurementRequest
     config: Config
-    #: the checkpointing plan the configuration builds (off for a parity measurement, which
-    #: compares off with full itself)
+    #: off for a parity measurement, which compares off with full itself
     plan: CheckpointPlan
     device: torch.device
     profile: PlatformConfig | None
@@ -383,14 +359,12 @@ NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
 
 
 def describe_errors(err: ValidationError, known: list[str]) -> str:
-    """One line per bad parameter: the name, the value, what is allowed."""
     return describe_invalid(err, noun="parameter", known=known, list_known=True)
 
 
 def injected_parameters(history: Any) -> set[str] | None:
-    """The names papermill assigned in the cell it injected just before the running one, read
-    from IPython's input history ``In``; None when the cell before was not papermill's (a run
-    in JupyterLab, or no IPython)."""
+    """The names papermill assigned in the cell before the running one (IPython's ``In``);
+    None when that cell was not papermill's."""
     if not isinstance(history, list) or len(history) < 2:
         return None
     source = history[-2]
@@ -419,8 +393,7 @@ def check_parameters(given: set[str] | None, allowed: tuple[str, ...], where: st
 
 
 def from_notebook(kind: str, namespace: Mapping[str, Any]) -> MeasurementRequest:
-    """The request of ``memory.ipynb`` or ``parity.ipynb`` from the kernel's globals: the
-    notebook's parameters, after refusing any papermill injected that it does not have."""
+    """The request of ``memory.ipynb`` or ``parity.ipynb`` from the kernel's globals."""
     allowed = NOTEBOOK_PARAMETERS[kind]
     check_parameters(injected_parameters(namespace.get("In")), allowed, f"{kind}.ipynb")
     return MeasurementRequest.build(

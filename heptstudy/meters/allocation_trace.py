@@ -1,9 +1,8 @@
 """The storage tracker's allocations and frees, in the order they happened: the input of the
 caching-allocator simulator (:mod:`heptstudy.estimate.caching_allocator`).
 
-An allocation is recorded when the tracker first sees a storage as an op's output, its free when
-its weak reference dies; every storage gets its own block id (Python reuses ``id`` values).
-Storages first seen as an op's *input* ("adopted") cannot be ordered and are listed apart.
+Every storage gets its own block id (Python reuses ``id`` values). Storages first seen as an
+op's *input* ("adopted") cannot be ordered and are listed apart.
 """
 
 from __future__ import annotations
@@ -19,9 +18,7 @@ Event = tuple[str, int, int]  # ("alloc" | "free", block_id, nbytes)
 
 @dataclass
 class StepTrace:
-    """One measured step's storages: ``resident`` (block_id, nbytes, category) at the start,
-    ``events`` in order, ``adopted`` (block_id, nbytes; frees in ``events``), ``live_at_end`` of
-    the step's own blocks, of which ``gradient_ids`` are the parameters' gradients."""
+    """One measured step's storages; ``resident`` were alive at its start."""
 
     resident: list[tuple[int, int, str]] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
@@ -30,7 +27,6 @@ class StepTrace:
     gradient_ids: frozenset[int] = frozenset()
 
     def resident_bytes(self, category: str) -> list[int]:
-        """Sizes of the resident storages of ``category``, in the order they were counted."""
         return [n for _, n, c in self.resident if c == category]
 
 
@@ -74,7 +70,6 @@ class TracingStorageTracker(StorageTracker):
         return entry
 
     def _transient(self, func, nbytes: int) -> None:
-        # a kernel's scratch: allocated on top of the op's inputs and outputs, freed at its end
         super()._transient(func, nbytes)
         if nbytes > 0 and self._tracing:
             block = self._next_block
@@ -135,8 +130,6 @@ class TracingStorageTracker(StorageTracker):
 
 
 class TracingMemoryMeter(TrackedMemoryMeter):
-    """The storage-tracker meter, keeping the last step's :class:`StepTrace` in ``last_trace``."""
-
     tracker_class = TracingStorageTracker
     last_trace: StepTrace | None = None
 

@@ -1,12 +1,9 @@
 """The host memory allocator a CPU measurement runs with: which one, its settings, and applying
 them inside the measuring process.
 
-glibc's allocator as it comes hands large freed blocks back to the kernel, so an uncheckpointed
-CPU step pays page faults for its activations on every step (``experiments/cpu_allocator/``).
-A platform profile's ``env`` states the settings its runs need; glibc reads them only at process
-start, so every measurement applies them itself with ``mallopt`` (:func:`apply_allocator`) and
-the bench, a notebook and a study measure the same way (``experiments/allocator_entry_points/``).
-``mallopt`` takes a C ``int``: larger settings are applied as 2 GiB - 1, as the report records.
+glibc as it comes hands large freed blocks back to the kernel, so an uncheckpointed CPU step
+pays page faults for its activations on every step (``experiments/cpu_allocator/``). glibc reads
+a profile's settings only at process start, so every measurement applies them with ``mallopt``.
 """
 
 from __future__ import annotations
@@ -23,13 +20,12 @@ from heptstudy.units import GIB
 
 #: Environment variables that choose or tune the allocator (glibc, jemalloc, tcmalloc, mimalloc).
 _PREFIXES = ("MALLOC_", "GLIBC_TUNABLES", "TCMALLOC_", "MIMALLOC_", "JEMALLOC_")
-#: A preloaded allocator library is an allocator setting too.
 _PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
 #: glibc's ``mallopt`` parameter (``malloc.h``) of each variable it reads at process start.
 _MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}
 _INT_MAX = 2**31 - 1
-#: What this process has applied so far ({variable: (setting, value applied)}): mallopt cannot be
-#: undone, so a later measurement in the same process runs with it too, and says so.
+#: {variable: (setting, value applied)}: mallopt cannot be undone, so later measurements in
+#: this process run with it too, and say so.
 _APPLIED: dict[str, tuple[str, int]] = {}
 
 
@@ -40,11 +36,9 @@ def is_allocator_variable(name: str, value: str = "") -> bool:
 
 
 def allocator_settings(env: Mapping[str, str]) -> dict[str, str]:
-    """The allocator variables of ``env``, sorted by name."""
     return {k: env[k] for k in sorted(env) if is_allocator_variable(k, env[k])}
 
 
-#: The profile whose allocator settings a CPU measurement without a platform runs with.
 CPU_PROFILE = "local_cpu"
 
 
@@ -56,8 +50,7 @@ def measurement_allocator(profile, device_type: str) -> dict[str, str] | None:
 
 
 def start_environment() -> dict[str, str]:
-    """The environment this process was started with (``/proc/self/environ``), else the current
-    one where ``/proc`` is unavailable."""
+    """The environment this process was started with, else (no ``/proc``) the current one."""
     try:
         raw = open("/proc/self/environ", "rb").read()  # noqa: SIM115 - one read
     except OSError:
@@ -84,8 +77,6 @@ def allocator_name(settings: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class AllocatorState:
-    """An allocator, its settings (``{}``: defaults) and the ``mallopt`` values applied."""
-
     name: str
     settings: dict[str, str] = field(default_factory=dict)
     applied: dict[str, int] | None = None
@@ -102,9 +93,8 @@ def allocator_in_use() -> AllocatorState:
 
 
 def apply_allocator(settings: Mapping[str, str]) -> AllocatorState:
-    """Apply ``settings`` now with glibc's ``mallopt`` and say what the allocator runs with.
-    Settings the process started with are already in effect; any other ``mallopt`` cannot make
-    is refused, since the measurement would not be what its platform asks for."""
+    """Apply ``settings`` now with glibc's ``mallopt``; one it cannot make is refused, since the
+    measurement would not be what its platform asks for."""
     if not settings:
         return allocator_in_use()
     started = allocator_in_use()
@@ -146,7 +136,6 @@ _MADV_POPULATE_WRITE = 23
 
 
 def _heap_range() -> tuple[int, int] | None:
-    """The address range of this process's heap (``[heap]`` in ``/proc/self/maps``), if any."""
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
@@ -159,14 +148,11 @@ def _heap_range() -> tuple[int, int] | None:
 
 
 def populate_heap() -> int:
-    """Give the heap at least ``MALLOC_TOP_PAD_`` of free top and map every page of it now; call
-    it between the warm-up and the counted steps. Returns the heap's bytes, or 0 when the
-    allocator runs as it comes or this cannot be done (no ``[heap]``, kernel older than 5.14).
+    """Grow the heap's free top to ``MALLOC_TOP_PAD_`` and map every page of it; call it between
+    warm-up and counted steps. Returns the heap's bytes, or 0 when not done.
 
-    A kept page is still mapped only on first touch, so a counted step reaching chunks or top pad
-    the warm-up never wrote pays faults, how many depending on the entry point's heap layout
-    (``experiments/allocator_entry_points/``). A pad-sized block, allocated and freed, grows the
-    free top to the pad; ``MADV_POPULATE_WRITE`` then maps the heap without writing to it."""
+    A kept page is mapped only on first touch, so a counted step reaching memory the warm-up
+    never wrote would pay faults (``experiments/allocator_entry_points/``)."""
     state = allocator_in_use()
     if not state.name.startswith("glibc") or not state.settings:
         return 0

@@ -1,7 +1,5 @@
-"""Page faults and system/user CPU time of the whole process around a step (``getrusage``).
-
-A step with much system time spends it mapping and zeroing pages its allocator returned, not
-computing; the study flags such runs. ``None`` where ``resource`` is unavailable (Windows).
+"""Page faults and system/user CPU time of the whole process around a step. A step with much
+system time spends it mapping and zeroing pages its allocator returned; the study flags those.
 """
 
 from __future__ import annotations
@@ -35,5 +33,4 @@ class HostUsage:
         self.user_time_s = end.ru_utime - self._start.ru_utime
 
     def fields(self) -> dict[str, int | float | None]:
-        """The step-record fields of :class:`heptstudy.measure.report.StepRecord`."""
         return asdict(self)

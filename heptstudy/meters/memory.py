@@ -1,17 +1,9 @@
-"""Peak memory of one training step, one interface for every device.
+"""Peak memory of one training step, one interface for every device; the definitions are
+:data:`heptstudy.measure.report.PROTOCOL`'s.
 
-``make_meter(device).step(model=..., optimizer=..., baseline_tensors=batch.values())`` wraps the
-forward, loss and backward (or ``start_step`` / ``stop_step() -> StepMemory``). The definitions
-are the protocol's (:data:`heptstudy.measure.report.PROTOCOL`): on CUDA/ROCm the allocator's peak
-statistics; on CPU the peak of live tensor-storage bytes seen by a ``TorchDispatchMode`` and the
-peak resident set (``VmHWM`` after ``clear_refs``).
-
-The CPU tracker cannot see scratch a kernel frees before returning (BLAS/oneDNN workspaces, the
-inside of flex_attention or of ``torch.compile``'d regions), non-tensor memory, or tensors made
-before the step that were neither handed to ``start_step`` nor used during it. It costs a Python
-call per op: take times from untracked steps. ``track_categories=True`` also attributes the bytes
-at the peak to :data:`CATEGORIES` (saved-for-backward through ``saved_tensors_hooks``) and
-records a timeline of live bytes after every op.
+The CPU tracker cannot see scratch a kernel frees before returning, non-tensor memory, or tensors
+made before the step that were neither handed to ``start_step`` nor used during it. It costs a
+Python call per op: take times from untracked steps.
 """
 
 from __future__ import annotations
@@ -29,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 from heptstudy.errors import HeptstudyError
 from heptstudy.units import MIB
 
-#: The categories of live bytes at a step's peak, in stacking order (reports, tables, figures).
+#: In stacking order (reports, tables, figures).
 CATEGORIES = (
     "parameters",
     "gradients",
@@ -69,14 +61,12 @@ class StepMemory:
     allocated_definition: str
     reserved_definition: str
     reserved_unavailable_reason: str | None = None
-    #: Storage tracker only. ``adopted_bytes``: storages first seen as an op *input* during the
-    #: step (made before it and not handed to ``start_step``).
+    #: Storage tracker only. ``adopted_bytes``: storages first seen as an op *input*.
     baseline_bytes: int | None = None
     end_allocated_bytes: int | None = None
     adopted_bytes: int | None = None
     ops_seen: int | None = None
-    #: ``track_categories`` only. Owners in ``by_module_at_peak``: a module (:func:`module_owner`),
-    #: else the step phase that made the storage ("loss", "backward"), else the baseline category.
+    #: ``track_categories`` only.
     categories_at_peak: dict[str, int] | None = None
     categories_at_end: dict[str, int] | None = None
     by_module_at_peak: dict[str, dict[str, int]] | None = None
@@ -100,8 +90,7 @@ class _Entry:
     ref: weakref.ref
 
 
-#: Suffix of the owner of a storage made as an integer or bool tensor (hash orders, gather
-#: indices, attention masks): they are kept for other reasons than the float activations.
+#: Owner suffix of integer/bool storages: kept for other reasons than float activations.
 INDEX_SUFFIX = " [int/bool]"
 
 
@@ -124,21 +113,16 @@ def _storage_of(t: torch.Tensor):
 
 
 class StorageTracker(TorchDispatchMode):
-    """Live tensor-storage bytes, their peak and (optionally) their categories.
-
-    Active between :meth:`begin` and :meth:`end`, also in the autograd engine's backward threads
-    (they inherit the dispatch-mode stack). Storages are keyed by the identity of their Python
-    object, which PyTorch keeps unique and alive as long as the storage lives.
+    """Live tensor-storage bytes, their peak and (optionally) their categories. Storages are
+    keyed by the identity of their Python object, unique and alive as long as the storage lives.
     """
 
-    # Higher-order operators (flex_attention and its backward) come through __torch_dispatch__
-    # like any op: their inputs and outputs are counted, their internals are a kernel's scratch.
+    # flex_attention's internals count as a kernel's scratch
     supports_higher_order_operators = True
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
-        """True: compiled code (the fused attention kernel) stays compiled under the tracker, so
-        a tracked step is the real step, not flex_attention's unfused fallback."""
+        """Compiled code stays compiled: a tracked step is the real step, not an unfused fallback."""
         return True
 
     def __init__(
@@ -177,7 +161,6 @@ class StorageTracker(TorchDispatchMode):
         self._hooks: list = []
         self._saved_hooks = None
 
-    # -- bookkeeping --------------------------------------------------------------------------
     def _on_free(self, key: int) -> None:
         with self._lock:
             entry = self._live.pop(key, None)
@@ -211,8 +194,7 @@ class StorageTracker(TorchDispatchMode):
             self.owned_bytes[key] = self.owned_bytes.get(key, 0) + delta
 
     def _owner(self, t: torch.Tensor) -> str:
-        """Who makes ``t``: the running module (a checkpointed layer's recomputation included),
-        else the step's phase (the loss, the backward outside any recomputation)."""
+        """The running module (recomputation included), else the step's phase."""
         if not self.track_categories:
             return ""
         owner = self._module_stack[-1] if self._module_stack else self._phase
@@ -276,7 +258,6 @@ class StorageTracker(TorchDispatchMode):
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
             self._snapshot()
 
-    # -- dispatch -----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         live = self._live
@@ -302,7 +283,6 @@ class StorageTracker(TorchDispatchMode):
                 self.timeline.append((self.op_index, self.live_bytes))
         return out
 
-    # -- saved-for-backward and gradient classification ---------------------------------------
     def _pack(self, t: torch.Tensor):
         self._reclassify(t, "activations", only_from=("temporaries",))
         # detach: no reference cycle through the output's own grad_fn; same storage.
@@ -312,7 +292,6 @@ class StorageTracker(TorchDispatchMode):
     def _unpack(t: torch.Tensor):
         return t
 
-    # -- lifecycle ----------------------------------------------------------------------------
     def begin(
         self,
         *,
@@ -374,7 +353,6 @@ class StorageTracker(TorchDispatchMode):
             self._module_stack.pop()
 
     def by_module_at_peak(self) -> dict[str, dict[str, int]]:
-        """Live bytes at the peak by owner (module, phase or baseline category), then category."""
         out: dict[str, dict[str, int]] = {}
         for (owner, category), nbytes in sorted(self.owned_at_peak.items()):
             out.setdefault(owner, {})[category] = nbytes
@@ -403,7 +381,6 @@ class StorageTracker(TorchDispatchMode):
 
 
 def iter_tensors(obj) -> Iterator[torch.Tensor]:
-    """Tensors in an op's arguments or results (tensors, lists, tuples, dicts; nested)."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, (list, tuple)):
@@ -417,7 +394,6 @@ def iter_tensors(obj) -> Iterator[torch.Tensor]:
 
 
 def _flatten_tensors(obj) -> list[torch.Tensor]:
-    """Tensors in ``obj``: a tensor, a dict, or any (nested) iterable; ``None`` skipped."""
     if isinstance(obj, torch.Tensor):
         return [obj]
     if isinstance(obj, dict):
@@ -479,7 +455,6 @@ class MemoryMeter:
             handle.result = self.stop_step()
 
     def mark(self, label: str) -> None:
-        """Mark the current op index in the timeline (e.g. ``"backward"``)."""
         if self.tracker is not None:
             self.tracker.mark(label)
 
@@ -602,7 +577,6 @@ class CudaMemoryMeter(MemoryMeter):
 
 
 def make_meter(device: torch.device | str, track_categories: bool = False) -> MemoryMeter:
-    """The meter for ``device``: CUDA/ROCm allocator statistics, or the CPU storage tracker."""
     device = torch.device(device)
     if device.type == "cuda":
         return CudaMemoryMeter(device, track_categories=track_categories)

@@ -1,8 +1,6 @@
-"""Wall-clock time of training steps (``time.perf_counter``), the device synchronised before the
-clock starts and before it stops, so the step is charged its own asynchronous kernels only.
-
-A :class:`PhaseClock` splits a timed step into :data:`STEP_PHASES` without adding any
-synchronisation: the wall clock on CPU, CUDA events read after the step timer's synchronisation.
+"""Wall-clock time of training steps, the device synchronised before the clock starts and
+before it stops, so the step is charged its own asynchronous kernels only. Phase clocks add no
+synchronisation.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from heptstudy.train.step import PhaseClock
 
 
 def synchronize(device: torch.device | str) -> None:
-    """Wait for all queued work on ``device`` (a no-op on CPU)."""
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -37,8 +34,6 @@ class TimingSummary:
 
 
 class StepTimer:
-    """Times one step at a time; ``seconds`` is the last step's time."""
-
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.seconds: float | None = None
@@ -61,7 +56,6 @@ def summarize(times: list[float]) -> TimingSummary:
     return TimingSummary(mean, std, min(times))
 
 
-#: The phases of one training step, in order (see :mod:`heptstudy.train.step`).
 STEP_PHASES = ("backbone_forward", "decoder_and_heads", "loss", "backward", "optimizer")
 
 
@@ -114,7 +108,6 @@ class CudaPhaseClock(WallPhaseClock):
 
 
 def _between(stamps, elapsed) -> dict[str, float] | None:
-    """Time from each phase's mark to the next mark, summed per phase name."""
     if len(stamps) < 2 or stamps[-1][0] is not None:
         return None
     out: dict[str, float] = {}
@@ -124,7 +117,6 @@ def _between(stamps, elapsed) -> dict[str, float] | None:
 
 
 def make_phase_clock(device: torch.device | str) -> PhaseClock:
-    """The phase clock of ``device`` (one that times nothing on other devices than CPU/CUDA)."""
     device = torch.device(device)
     if device.type == "cpu":
         return WallPhaseClock()

@@ -1,8 +1,6 @@
 """Training scenarios and platform profiles: resolution, invariant checks and launch rendering.
 
-A *scenario* (``configs/training/scenarios/NAME.yaml``) holds the science; a *platform profile*
-(``configs/training/platforms/NAME.yaml``) holds the hardware and runtime. The command line
-(:mod:`heptstudy.cli.scenario`) is not imported here: it sits on top of the library and calls
+The command line (:mod:`heptstudy.cli.scenario`) is not imported here: it calls
 :mod:`heptstudy.fitting`, which resolves scenarios through this package.
 """
 

@@ -1,10 +1,6 @@
 """Scenario files and platform profiles: the schema of a scenario, loading both by name or path.
 
-A *scenario* (``configs/training/scenarios/NAME.yaml``) holds the science: a ``shared`` partial
-configuration, one partial configuration per ``variants`` entry, and optionally
-``test_split_events`` (``{dataset NAME or NAME:VERSION: events}``, a declared number). A *platform
-profile* (``configs/training/platforms/NAME.yaml``, :class:`heptstudy.config.PlatformConfig`)
-holds the hardware and runtime.
+A *scenario* holds the science, a *platform profile* the hardware and runtime.
 """
 
 from __future__ import annotations

@@ -22,8 +22,7 @@ MODULE_TRAIN = ["-m", "heptstudy.cli", "train"]
 
 
 class Expand(str):
-    """A launch-command word the job's shell is meant to expand (``${SLURM_JOB_ID}``): only
-    these are double-quoted; every other word is quoted literally (:func:`shell_join`)."""
+    """A launch-command word the job's shell is meant to expand (``${SLURM_JOB_ID}``)."""
 
 
 def launch_command(
@@ -53,9 +52,8 @@ def launch_command(
 
 
 def shell_join(cmd: Sequence[str]) -> str:
-    """Quote for bash: every word literally (:func:`shlex.quote`), except the :class:`Expand`
-    words of the launch command itself, whose ``${VAR}`` references the job's shell expands
-    (they hold no other shell text)."""
+    """Quote for bash: every word literally, except the :class:`Expand` words of the launch
+    command itself (they hold no other shell text)."""
     return " ".join(f'"{c}"' if isinstance(c, Expand) else shlex.quote(c) for c in cmd)
 
 
@@ -170,9 +168,8 @@ def render(
     resume: str | None = None,
     workdir: str | Path | None = None,
 ) -> tuple[Resolution, list[Path]]:
-    """Resolve, then write per variant ``OUT/VARIANT.yaml`` (the resolved configuration) and a
-    launch script (``VARIANT.sbatch`` for Slurm profiles, ``VARIANT.sh`` otherwise), plus
-    ``OUT/resolution.json`` and ``OUT/launch_scripts.txt`` (the scripts, one a line)."""
+    """Resolve, then write per variant the resolved configuration and a launch script, plus
+    ``resolution.json`` and ``launch_scripts.txt``."""
     res = resolve(scenario, platform, variants, overrides)
     out = real_path(out, "render folder (--out / --render-dir)")
     if not str(out).isprintable():

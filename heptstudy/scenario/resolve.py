@@ -1,14 +1,10 @@
 """Resolution of a scenario on a platform: one validated configuration per variant, the derived
 quantities (world size, per-device batch, validation and checkpoint steps) and their summary.
 
-Resolution layers, per variant: schema defaults <- ``shared`` <- the variant <- ``--set``
-overrides <- the platform's ``dtype`` (``train.dtype``) and ``attention_backend``
-(``model.heptv2.attention_backend``). If the scenario or an override already sets one of those two
-keys to another value, resolution is refused: a profile never silently changes the recipe.  The
-platform's ``data_workers`` fills ``data.num_workers`` only where neither sets it.
-Each variant writes into ``<train.out_dir>/<scenario>/<variant>``: the scenario's
-``train.out_dir`` is a root shared by the variants. Every resolution checks all the rules in
-:data:`heptstudy.scenario.rules.RULES`.
+Layers, per variant: schema defaults <- ``shared`` <- the variant <- ``--set`` overrides <- the
+platform's ``dtype`` and ``attention_backend``, refused where the recipe already sets another
+value: a profile never silently changes the recipe. Each variant writes into
+``<train.out_dir>/<scenario>/<variant>``.
 """
 
 from __future__ import annotations
@@ -125,10 +121,9 @@ def resolve(
     overrides: Iterable[str] = (),
     variant_overrides: Mapping[str, Iterable[str]] | None = None,
 ) -> Resolution:
-    """Resolve every variant of ``scenario`` on ``platform``, check all rules, return the
-    requested ``variants`` (all by default). ``overrides`` apply to every variant,
-    ``variant_overrides`` (variant name -> overrides) to the named variant only, after them:
-    a setting only one model has (``activation_checkpointing=auto`` of the HEPTv2 backbone)."""
+    """Resolve every variant, check all rules, return the requested ``variants`` (default all).
+    ``variant_overrides`` (variant name -> overrides) apply after ``overrides``, to that variant
+    only: for a setting only one model has."""
     sc = load_scenario(scenario)
     plat, plat_path = find_platform(platform)
     rules.check_variants_exist(sc.name, sc.variants, variants or ())
@@ -188,8 +183,7 @@ def _steps_text(steps: list[int], freq: int) -> str:
 
 
 def summary(res: Resolution) -> str:
-    """The resolution as text: the platform, then per variant the derived quantities and where
-    dtype, backend, data and evaluation come from."""
+    """The resolution as text."""
     p = res.platform
     lines = [
         f"scenario {res.scenario.name} ({res.scenario.path})",

@@ -1,11 +1,6 @@
 """The named invariants every scenario resolution checks, and the error that names a broken one.
 
-A scenario that breaks a rule is refused with a :class:`ScenarioError` whose message starts with
-``[rule NAME]``, never "fixed". The test-split size used by ``eval-within-test-split`` is the
-events the data set's files hold (``DATA_DIR/NAME/CONFIG/VERSION/``, summed over
-``data.configs``, each ArrayRecord file's count checked against ``dataset_info.json``) when its
-metadata is there, otherwise the scenario's ``test_split_events`` mapping, which is a declared
-number, not a measured one.
+A scenario that breaks a rule is refused, never "fixed".
 """
 
 from __future__ import annotations
@@ -94,8 +89,7 @@ def check_variants_exist(scenario: str, known: Iterable[str], requested: Iterabl
 def apply_platform(
     recipe: dict[str, Any], platform: PlatformConfig, scenario: str, variant: str
 ) -> None:
-    """Set the platform's keys (:data:`PLATFORM_KEYS`) in ``recipe``; refuse one the recipe
-    already sets to another value (``platform-keeps-recipe``)."""
+    """Set the platform's keys in ``recipe``; refuse one it already sets to another value."""
     for pfield, key in PLATFORM_KEYS.items():
         wanted, given = getattr(platform, pfield), get_dotted(recipe, key)
         if given is not None and given != wanted:
@@ -161,10 +155,9 @@ class TestSplit:
 
 
 def test_split_size(cfg: Config, declared: Mapping[str, int]) -> TestSplit | None:
-    """Events in the test split of ``cfg.data``: when every config has TFDS metadata under
-    ``data.data_dir``, the events its ArrayRecord files hold (each file's count checked against
-    the metadata, which alone could claim any number), else the scenario's declared number,
-    else None."""
+    """Events in the test split: those its files hold when every config has TFDS metadata (each
+    file's count checked, as the metadata alone could claim any number), else the scenario's
+    declared number, else None."""
     d = cfg.data
     infos = [Path(d.data_dir) / d.name / c / d.version / "dataset_info.json" for c in d.configs]
     if all(info.is_file() for info in infos):
