@@ -28,8 +28,7 @@ def fit_table(models: list[MemoryModel]) -> list[dict]:
 
 
 def fit_figure(models: list[MemoryModel], synthetic: bool = False):
-    """Measured peaks against padded batch hits with the fitted allocated line of each batch
-    size, one colour per model."""
+    """Measured peaks against padded batch hits and each batch size's fitted allocated line."""
     import matplotlib.pyplot as plt
 
     _, ax = plt.subplots(figsize=(8.6, 4.2))

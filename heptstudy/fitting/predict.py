@@ -1,10 +1,6 @@
-"""Will it fit? A memory model applied to every event length a data set holds.
-
-A step's peak on a rank is the memory model at (B, the longest padded event of its batch); a
-step fails when any rank's peak exceeds the usable memory, and the first failure ends the run.
-The *criterion* is the peak reserved when the model has one (the allocator's pool: what the
-device must hold), else the peak allocated (a lower bound).
-"""
+"""Will it fit? A memory model applied to every event length a data set holds. The *criterion*
+is the peak reserved when the model has one (what the device must hold), else the peak
+allocated (a lower bound); the first failing step ends the run."""
 
 from __future__ import annotations
 
