@@ -31,8 +31,7 @@ FITS_DIR = ROOT / "configs" / "fit"
 
 
 def repo_path(path: str | Path) -> Path:
-    """``path`` as given if it exists, else from the repository if it exists there, else as
-    given (the caller's own lookup then explains what is missing)."""
+    """``path`` if it exists, else from the repository if it exists there, else as given."""
     p = Path(path).expanduser()
     if p.exists() or p.is_absolute():
         return p
@@ -305,7 +304,6 @@ def _reports_code_note(model: MemoryModel) -> str:
 
 
 def expandable_segments(platform) -> bool:
-    """Whether ``platform``'s environment runs the caching allocator with expandable segments."""
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         conf = (platform.env or {}).get(name, "")
         settings = {

@@ -1,6 +1,5 @@
-"""What ``activation_checkpointing: auto`` does over a whole data set: which plan each step
-runs, its expected step time (from measured reports only) and how likely a step is to exceed
-the budget."""
+"""What ``activation_checkpointing: auto`` does over a data set: the plan each step runs, the
+expected step time (from measured reports only) and P(step exceeds the budget)."""
 
 from __future__ import annotations
 

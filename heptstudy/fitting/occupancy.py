@@ -1,11 +1,6 @@
-"""The occupancy tail: how likely a batch, a step and a whole training run are to meet events
-too long for the memory, from the data set's own distribution of event lengths.
-
-The sampler shuffles every epoch and a step's batches are consecutive events of the epoch
-order, so a batch (a step) is treated as a uniformly random set of ``B`` (``world_size x B``)
-distinct events of the ``N``. Every peak grows with the longest padded event of the batch, so a
-step fails exactly when it holds one of the ``bad`` events too long for the batch size.
-"""
+"""How likely a batch, a step and a training run are to meet events too long for the memory.
+As the sampler shuffles every epoch, a batch (a step) is a uniformly random set of ``B``
+(``world_size x B``) distinct events of the ``N``; it fails when it holds one of the ``bad``."""
 
 from __future__ import annotations
 

@@ -166,9 +166,8 @@ def fit_reports(paths) -> tuple[list[MemoryModel], list[Rejected]]:
 def save_measured_models(
     paths, out_dir: str | Path, code_commit: str | None = None
 ) -> tuple[list[Path], list[Rejected]]:
-    """Write ``LABEL_measured.json`` for every configuration validated on a held-out batch size.
-    Each carries the fingerprint of commit ``code_commit`` (reports measured on a copy whose
-    commit this repository does not hold), else of the one commit the reports name."""
+    """Write ``LABEL_measured.json`` for every configuration validated on a held-out batch size,
+    fingerprinted with ``code_commit``, else with the one commit the reports name."""
     models, rejected = fit_reports(paths)
     written = []
     for m in models:

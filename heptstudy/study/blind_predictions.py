@@ -1,5 +1,4 @@
-"""Blind predictions of a GPU study matrix's memory runs, ``jobs`` processes at a time (each
-run is one Python thread of fake steps)."""
+"""Blind predictions of a GPU study matrix's memory runs, ``jobs`` processes at a time."""
 
 from __future__ import annotations
 

@@ -52,7 +52,6 @@ def device_identity(kind: str) -> dict[str, Any]:
 
 
 def data_identity(config) -> dict[str, Any]:
-    """Name, size and modification time of every file of the data sets a run reads."""
     d = config.data
     root = resolve_in_repo(d.data_dir)
     name, version = parse_dataset(d.dataset)

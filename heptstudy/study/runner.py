@@ -1,5 +1,4 @@
-"""Running a matrix: every measurement its own Papermill execution in a fresh kernel. A run
-that runs out of memory or whose kernel dies is a report with status ``oom``/``error``."""
+"""Running a matrix: every measurement its own Papermill execution in a fresh kernel."""
 
 from __future__ import annotations
 
@@ -359,7 +358,6 @@ def aggregate_study(
     matrix: Matrix | None = None,
     timeout: int | None = None,
 ) -> Path:
-    """Execute ``aggregate.ipynb`` on ``out_dir`` and render ``out_dir/report.html``."""
     out, figures = real_path(out_dir, "--out"), real_path(figures_dir, "--figures")
     executed = out / "aggregate.ipynb"
     # relative paths: the report shows no absolute path of this machine

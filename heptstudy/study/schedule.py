@@ -71,7 +71,6 @@ def locate(relpath: Path) -> tuple[str, str, int]:
 
 
 def report_files(out: Path) -> list[Path]:
-    """Every report of a study folder: round 1, the repeats, the default-allocator runs."""
     found = []
     for folder in (Path(), Path(DEFAULT_ALLOCATOR_DIR)):
         found += sorted((out / folder).glob("*.json"))
