@@ -1,6 +1,4 @@
-"""Figures of the notebooks: one call per picture, each returning its figure (matplotlib, the
-mplhep style when it is installed); :func:`save` writes a figure as PNG and PDF.
-"""
+"""Figures of the notebooks, one call per picture; :func:`save` writes a figure as PNG and PDF."""
 
 from __future__ import annotations
 
@@ -99,9 +97,8 @@ def run_steps(steps, title: str = "") -> Any:
 def memory_categories(
     categories: dict[str, int], title: str = "", by_module=None, top: int = 14
 ) -> Any:
-    """Live MiB by category at the step's peak (parameters, gradients, activations, ...); with
-    ``by_module`` (a report's ``by_module_bytes``) the same bytes by the module, phase or
-    baseline that made them, stacked by category, the ``top`` largest owners."""
+    """Live MiB by category at the step's peak; with ``by_module`` (a report's
+    ``by_module_bytes``) stacked by the module that made them, the ``top`` largest owners."""
     if by_module:
         return _memory_by_module(by_module, title, top)
     fig, ax = _ax((7.5, 4.0))
@@ -342,8 +339,7 @@ def lsh_buckets(
     event: int = 0,
     highlight: int = 6,
 ) -> Any:
-    """The LSH buckets of one layer, hashing round and head on one event; a few buckets drawn
-    large so their shape is visible."""
+    """The LSH buckets of one layer, round and head on one event, a few drawn large (shape)."""
     import torch
 
     fig, ax = _ax((8, 5.5))
@@ -431,9 +427,8 @@ POLICY_COLORS = {
 
 
 def policy_tradeoff(policies, tag: str = "") -> Any:
-    """Peak allocated against mean step time, one point per policy with its memory cut and
-    overhead against ``off``, and a dashed line through the plans in the order ``auto`` tries
-    them (cheapest first, dominated plans left out)."""
+    """Peak allocated against mean step time, one point per policy, and a dashed line through
+    the plans in the order ``auto`` tries them (cheapest first, dominated plans left out)."""
     fig, ax = _ax((8.5, 5.5))
     for b, group in policies.groupby("batch_size"):
         order = ["off", *auto_order(policies, b)]
@@ -494,8 +489,7 @@ CATEGORY_COLORS = {
 
 
 def memory_categories_stacked(categories, tag: str = "") -> Any:
-    """Live MiB by category at the step's peak, one stacked bar per memory report, a gap
-    between batch sizes."""
+    """Live MiB by category at the step's peak, one stacked bar per memory report."""
     fig, ax = _ax((max(7.5, 0.9 * len(categories) + 3), 5.5))
     x, pos, last = [], 0.0, None
     for b in categories["batch_size"]:

@@ -1,6 +1,4 @@
-"""The fit as a library: a :class:`FitRequest` in, a :class:`FitResult` out. Paths in a request
-are taken from the current folder when they exist there, else from the repository, so
-``configs/...`` means the same wherever the command starts."""
+"""The fit as a library: a :class:`FitRequest` in, a :class:`FitResult` out."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ FITS_DIR = ROOT / "configs" / "fit"
 
 
 def repo_path(path: str | Path) -> Path:
-    """``path`` as given if it exists, else from the repository if it exists there, else as
-    given (the caller's own lookup then explains what is missing)."""
+    """``path`` if it exists, else from the repository if it exists there, else as given."""
     p = Path(path).expanduser()
     if p.exists() or p.is_absolute():
         return p
@@ -193,8 +190,7 @@ def _cross_check(
 
 
 def fit(request: FitRequest) -> FitResult | None:
-    """The answer to ``request``; ``None`` only when no model holds and
-    ``request.estimate_if_missing`` is false."""
+    """``None`` only when no model holds and ``request.estimate_if_missing`` is false."""
     res, rv, notes = resolve_config(request)
     platform, config = res.platform, rv.config
     try:
@@ -207,7 +203,6 @@ def fit(request: FitRequest) -> FitResult | None:
         ) from None
     auto_config = config if config.model.heptv2.adaptive else None
     if auto_config is not None:
-        # the memory answer is for always-on (full) checkpointing, auto's last resort
         config = plan_config(auto_config, FULL)
         notes.append(
             "activation_checkpointing=auto: the memory answer below is for full checkpointing "
@@ -309,7 +304,6 @@ def _reports_code_note(model: MemoryModel) -> str:
 
 
 def expandable_segments(platform) -> bool:
-    """Whether ``platform``'s environment runs the caching allocator with expandable segments."""
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         conf = (platform.env or {}).get(name, "")
         settings = {

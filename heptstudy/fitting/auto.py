@@ -1,9 +1,5 @@
-"""What ``activation_checkpointing: auto`` does over a whole data set: which plan each step
-runs, its expected step time against always-on checkpointing, and how likely a step is to
-exceed the budget. The plan is a function of the batch's longest event, so its distribution
-follows :func:`heptstudy.fitting.occupancy.batch_longest_cdf`. Step times come only from
-measured reports; a plan without a measurement leaves the expected time unanswered.
-"""
+"""What ``activation_checkpointing: auto`` does over a data set: the plan each step runs, the
+expected step time (from measured reports only) and P(step exceeds the budget)."""
 
 from __future__ import annotations
 
@@ -40,8 +36,7 @@ class AutoAnswer:
 
 
 def measured_rates(reports) -> tuple[dict[str, float], dict[str, int]]:
-    """Median seconds per padded batch hit of the counted steps, per plan, and how many steps
-    each comes from."""
+    """Median seconds per padded batch hit of the counted steps, and their count, per plan."""
     per_plan: dict[str, list[float]] = {}
     for r in reports:
         if r.kind != "memory" or r.status != "ok":

@@ -1,20 +1,6 @@
-"""The occupancy tail: how likely a batch, a step and a whole training run are to meet events
-too long for the memory, from the data set's own distribution of event lengths.
-
-The sampler (:mod:`heptstudy.data.sampler`) shuffles every epoch; a rank's batch is ``B``
-consecutive events of its slice and a step's ``world_size`` batches are ``world_size x B``
-consecutive events of the epoch order, each slice truncated to ``N // world_size`` events. The
-formulas below treat a batch (a step) as a uniformly random set of ``B`` (``world_size x B``)
-distinct events of the ``N``; every full epoch visits all but ``N mod world_size`` of them.
-
-Every peak grows with the longest padded event of the batch, so a step fails exactly when it
-holds one of the ``n_bad`` events too long for the batch size:
-
-* a batch's longest event is at most ``L`` with probability ``C(n_le(L), B) / C(N, B)``;
-* a step fails with probability ``1 - C(N - n_bad, W B) / C(N, W B)``;
-* a run of ``T = steps x W x B`` events meets none of them with probability
-  ``P(none in a full epoch) ** full_epochs x P(none in the rest)``.
-"""
+"""How likely a batch, a step and a training run are to meet events too long for the memory.
+As the sampler shuffles every epoch, a batch (a step) is a uniformly random set of ``B``
+(``world_size x B``) distinct events of the ``N``; it fails when it holds one of the ``bad``."""
 
 from __future__ import annotations
 

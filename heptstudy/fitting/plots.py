@@ -28,8 +28,7 @@ def fit_table(models: list[MemoryModel]) -> list[dict]:
 
 
 def fit_figure(models: list[MemoryModel], synthetic: bool = False):
-    """Measured peaks against padded batch hits with the fitted allocated line of each batch
-    size, one colour per model."""
+    """Measured peaks against padded batch hits and each batch size's fitted allocated line."""
     import matplotlib.pyplot as plt
 
     _, ax = plt.subplots(figsize=(8.6, 4.2))
@@ -69,9 +68,8 @@ def fit_figure(models: list[MemoryModel], synthetic: bool = False):
 
 
 def peak_vs_longest_figure(results: dict, synthetic: bool = False):
-    """One panel per platform (``{name: FitResult}``): predicted peaks of a batch against the
-    longest padded event in it, the device's memory, and (right axis) how often a batch's
-    longest event has each length on the data."""
+    """One panel per platform (``{name: FitResult}``): predicted peaks against the batch's
+    longest padded event, and (right axis) how often a batch's longest event has each length."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(

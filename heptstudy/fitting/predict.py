@@ -1,10 +1,5 @@
-"""Will it fit? A memory model applied to every event length a data set holds.
-
-A step's peak on a rank is the memory model at (B, the longest padded event of its batch); a
-step fails when any rank's peak exceeds the usable memory, and the first failure ends the run.
-The *criterion* is the peak reserved when the model has one (the allocator's pool: what the
-device must hold), else the peak allocated (a lower bound).
-"""
+"""Will it fit? The *criterion* is the peak reserved when the model has one (what the device
+must hold), else the peak allocated (a lower bound); the first failing step ends the run."""
 
 from __future__ import annotations
 
@@ -79,8 +74,7 @@ def criterion_of(model: MemoryModel, expandable_segments: bool = False) -> str:
 def largest_safe_batch(
     model: MemoryModel, quantity: str, longest_padded: int, usable_mib: float
 ) -> int | None:
-    """Largest batch whose peak at the data's longest padded event fits (the peak grows with the
-    batch size); ``None`` when one event does not fit."""
+    """Largest batch fitting the data's longest padded event; ``None``: one event does not."""
 
     def ok(b: int) -> bool:
         return float(peak_mib(model, quantity, b, longest_padded)) <= usable_mib

@@ -1,11 +1,6 @@
-"""Bench reports -> measured memory models, one per configuration, and the reports that
-cannot be used with why. Every report is validated by the report schema before a field of it
-is used.
-
-Every counted step gives one allocated point at (batch size, its longest padded event).
-Reserved memory is the caching allocator's pool, kept from step to step, so a reserved point
-sits at the longest padded event of *every step so far* in that process (warm-up included).
-"""
+"""Bench reports -> measured memory models, one per configuration. A counted step gives an
+allocated point at (batch size, its longest padded event); the reserved pool is kept from step
+to step, so its point sits at the longest padded event of *every step so far* in the process."""
 
 from __future__ import annotations
 
@@ -105,7 +100,6 @@ def _report_steps(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict
     return config, env, steps
 
 
-#: Why an auto report gives no memory model.
 AUTO_REPORT = (
     "activation_checkpointing=auto: its steps ran different plans, so its peaks hold for no "
     "single configuration (its step times still serve heptstudy fit --checkpointing auto)"
@@ -172,9 +166,8 @@ def fit_reports(paths) -> tuple[list[MemoryModel], list[Rejected]]:
 def save_measured_models(
     paths, out_dir: str | Path, code_commit: str | None = None
 ) -> tuple[list[Path], list[Rejected]]:
-    """Write ``LABEL_measured.json`` for every configuration validated on a held-out batch size.
-    Each carries the fingerprint of commit ``code_commit`` (reports measured on a copy whose
-    commit this repository does not hold), else of the one commit the reports name."""
+    """Write ``LABEL_measured.json`` for every configuration validated on a held-out batch size,
+    fingerprinted with ``code_commit``, else with the one commit the reports name."""
     models, rejected = fit_reports(paths)
     written = []
     for m in models:

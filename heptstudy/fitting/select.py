@@ -1,8 +1,5 @@
-"""Which memory model answers for a configuration: one measured from the given reports, else a
-stored one (measured before estimated), and for every model not used, why not. A model holds only
-for its own key; one that differs only in the device kind or the attention backend is shown beside
-the answer as a cross-check, never used for it.
-"""
+"""Which memory model answers for a configuration, and why the others do not. A model holds only
+for its own key; one differing only in device kind or attention backend is a cross-check."""
 
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ def _same(a: MemoryModel, b: MemoryModel) -> bool:
 
 
 def _sort_into(choice: Choice, candidates, key: dict[str, Any]) -> list[tuple[str, MemoryModel]]:
-    """Models of ``candidates`` that hold for ``key``, best first; the others go to
-    ``choice.not_used`` (and to its cross-checks)."""
+    """Models of ``candidates`` that hold for ``key``, best first; the others are not used."""
     holding = []
     for origin, model in candidates:
         diffs, assumed = mismatches(model.key, key)
@@ -62,11 +58,8 @@ def _report_names(model: MemoryModel) -> str:
 def _of_this_code(
     choice: Choice, stored: list[tuple[str, MemoryModel]], key: dict[str, Any]
 ) -> list[tuple[str, MemoryModel]]:
-    """The stored models made from the code that runs now; the others go to ``choice.not_used``.
-
-    A measured model of older code is kept as a labelled cross-check: it says nothing exact
-    about this code, yet it is the only GPU evidence a laptop has and cannot be regenerated
-    without a GPU. An estimated one is simply refused: regenerating it needs no GPU."""
+    """The stored models of the code that runs now. A measured one of older code stays as a
+    labelled cross-check: the only GPU evidence a laptop has, and regenerating it needs a GPU."""
     current = []
     for origin, model in stored:
         reasons = stale_reasons(model.fingerprint, model.source, model.key)

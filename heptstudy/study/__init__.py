@@ -1,7 +1,4 @@
-"""The notebook-driven study: matrix runner (papermill), aggregation and the HTML report.
-
-The notebooks call it as ``heptstudy.study.X``: the names below are that facade.
-"""
+"""The study as the notebooks call it (``heptstudy.study.X``): runner, frames, tables, text."""
 
 # ruff: noqa: F401 - re-exports for the notebooks
 

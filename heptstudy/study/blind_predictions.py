@@ -1,6 +1,4 @@
-"""Blind predictions of a GPU study matrix: every memory run's own request resolved as a study
-run would resolve it, then estimated by :func:`heptstudy.estimate.predictions.predict_run`,
-``jobs`` runs at a time in processes of their own (each is one Python thread of fake steps)."""
+"""Blind predictions of a GPU study matrix's memory runs, ``jobs`` processes at a time."""
 
 from __future__ import annotations
 
@@ -40,7 +38,6 @@ def _predict(path: Path, data_dir: str | None, name: str) -> dict:
 
 
 def predict_matrix(matrix_path: str, data_dir: str | None, progress=print, jobs: int = 1) -> dict:
-    """Blind predictions for every memory run of the matrix at ``matrix_path``."""
     path = resolve_in_repo(matrix_path)
     matrix = load_matrix(path, data_dir=data_dir)
     todo, skipped, platforms, synthetic = {}, {}, [], None

@@ -17,9 +17,8 @@ class StudyError(HeptstudyError):
 
 
 def at_project_root() -> Path:
-    """In JupyterLab the kernel starts in ``notebooks/``; move to the project root so that the
-    relative paths of the study (``data/tfds``, ``experiments/``, ``figures/``) mean the same as
-    on the command line. Anywhere else the working directory is left alone."""
+    """In JupyterLab the kernel starts in ``notebooks/``: move to the project root, so that the
+    study's relative paths mean the same as on the command line."""
     cwd = Path.cwd().resolve()
     if cwd == ROOT / "notebooks":
         os.chdir(ROOT)

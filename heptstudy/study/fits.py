@@ -44,8 +44,7 @@ def optional_fit_figure(reports, tag: str = "") -> tuple[Any, Any, str]:
 
 
 def fit_validation(reports) -> tuple[Any, str]:
-    """Leave one batch size out, for peak allocated and reserved: ``(table, "")`` or
-    ``(None, why)``."""
+    """Leave one batch size out: ``(table, "")`` or ``(None, why)``."""
     import pandas as pd
 
     models, why = _models(reports)
@@ -99,8 +98,7 @@ def _study_fit(runs, reports, **request) -> tuple[Any, str]:
 
 
 def platform_predictions(runs, reports=()) -> tuple[Any, Any, list[str]]:
-    """The fit's answer for the recipe's per-device batch on each platform profile:
-    ``(figure, table, skipped)``."""
+    """The fit's answer for the recipe's batch on each platform: ``(figure, table, skipped)``."""
     import pandas as pd
 
     results, rows, skipped = {}, [], []

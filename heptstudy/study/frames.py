@@ -21,8 +21,7 @@ POLICY_ORDER = tuple(plan.label for plan in NAMED.values())
 
 
 def load_reports(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
-    """Every ``*.json`` report directly in ``experiments_dir``; one bad file does not hide the
-    others (skipped with a warning)."""
+    """Every ``*.json`` report directly in ``experiments_dir``; a bad file is skipped, warned."""
     return _read_reports(sorted(Path(experiments_dir).glob("*.json")))
 
 
@@ -50,8 +49,7 @@ SYSTEM_TIME_DOMINATES = 0.3
 
 
 def host_usage_of(report) -> dict[str, float | None]:
-    """Per counted step of a memory report: system CPU seconds, minor page faults, and system
-    time as a fraction of the step's wall time."""
+    """System CPU seconds, minor page faults and system-time fraction per counted step."""
     counted = [st for st in report.steps if st.counted and st.time_s]
     sys_t = [st.system_time_s for st in counted]
     faults = [st.minor_page_faults for st in counted]
@@ -68,7 +66,6 @@ def host_usage_of(report) -> dict[str, float | None]:
 
 
 def reports_frame(reports) -> Any:
-    """One row per report."""
     import pandas as pd
 
     rows = []
@@ -87,7 +84,6 @@ def reports_frame(reports) -> Any:
                 "kind": r.kind,
                 "status": r.status,
                 "batch_size": r.batch_size,
-                # the table's columns of the plan: on (or auto), its policy, every k-th layer
                 "checkpointing": on,
                 "policy": (None if plan is AUTO else plan.policy) if on else "none",
                 "checkpoint_every": (plan.every or None) if on is True else None,
@@ -219,8 +215,7 @@ _TIME_COLUMNS = {
 
 
 def comparison_frame(df) -> Any:
-    """Off against full checkpointing (the original measurement) per batch size: the memory
-    reduction and the step-time overhead over the rounds, in percent."""
+    """Off against full checkpointing (the original measurement) per batch size."""
     import pandas as pd
 
     rows = []
@@ -240,9 +235,8 @@ def comparison_frame(df) -> Any:
 
 
 def overhead_frame(df) -> Any:
-    """The step-time overhead of every policy against ``off`` at the same batch size, per
-    allocator line. Compared runs of one round ran one after the other, so the overhead is
-    computed per round, then summarised as the median and range over the rounds both have."""
+    """Step-time overhead of every policy against ``off``: per round, since compared runs of a
+    round ran one after the other, then the median and range over the rounds both have."""
     import statistics
 
     import pandas as pd
@@ -279,7 +273,6 @@ def overhead_frame(df) -> Any:
                     "off_sys_pct": off_sys,
                     "on_sys_pct": on_sys,
                     "flag": _system_flag(off_sys, on_sys),
-                    # the first allocator named on the policy's side
                     "allocator": next(
                         (v for v in on.get("allocator", ()) if isinstance(v, str)), None
                     ),
@@ -388,8 +381,7 @@ def measured_hits(reports) -> list[int]:
 
 
 def hits_stats_for(df) -> dict[str, Any] | None:
-    """Hits-per-event statistics of the data set the memory reports used; ``None`` when it
-    cannot be opened."""
+    """Hits-per-event statistics of the memory reports' data set; ``None`` if it cannot open."""
     mem = df[df["kind"] == MEMORY] if not df.empty else df
     if mem.empty:
         return None
@@ -408,9 +400,7 @@ def hits_stats_for(df) -> dict[str, Any] | None:
 
 
 def policy_frame(df, min_policies: int = 2) -> Any:
-    """One row per policy for every batch size with an ``off`` run and at least
-    ``min_policies`` other policies: peaks, step time, and the memory cut and step-time
-    overhead against ``off``."""
+    """One row per policy for every batch size with ``off`` and ``min_policies`` others."""
     import pandas as pd
 
     columns = [*POLICY_COLUMNS, "name"]
@@ -481,8 +471,7 @@ def categories_frame(reports) -> Any:
 
 
 def auto_order(policies, batch_size: int) -> list[str]:
-    """The order ``auto`` would try this study's plans in at ``batch_size``, from their
-    measured overhead and peak."""
+    """The order ``auto`` would try the measured plans in at ``batch_size``."""
     rows = policies[(policies["batch_size"] == batch_size) & (policies["policy"] != "auto")]
     rows = rows.dropna(subset=["step_time_overhead_pct", "peak_allocated_mib"])
     measured = {

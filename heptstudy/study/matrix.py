@@ -56,8 +56,7 @@ class Matrix:
 
 
 def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
-    """Read and check a study matrix (see ``configs/study/``): every run's parameters are
-    validated before anything runs. A run's ``overrides`` are added to those of ``defaults``."""
+    """Read a study matrix (see ``configs/study/``), every run validated before anything runs."""
     import yaml
 
     path = Path(path)

@@ -1,8 +1,5 @@
-"""Where a study writes, and how it replaces results without losing any: a user's study goes
-to its own folder, the committed reference studies are written only when asked for by name, and
-a replaced result is moved to ``superseded/<time>/`` once its replacement exists (nothing is
-deleted).
-"""
+"""Where a study writes; a replaced result is moved to ``superseded/<time>/`` once its
+replacement exists, so nothing is deleted or lost."""
 
 from __future__ import annotations
 
@@ -37,8 +34,7 @@ def from_command_line(path: str | os.PathLike, flag: str) -> Path:
 
 
 def shown(path: str | os.PathLike | None) -> str | None:
-    """A path as the report shows it: relative to the repository when inside it, so that no
-    absolute path of the producing machine ends up in a report."""
+    """Relative to the repository when inside it: no absolute path of this machine in a report."""
     if path is None:
         return None
     p = Path(path)
@@ -56,8 +52,7 @@ def default_study_dir() -> Path:
 
 
 def default_figures(out: Path) -> Path:
-    """The figures of a study folder: ``figures/<name>`` for a committed reference study,
-    else the folder's own ``figures/``."""
+    """``figures/<name>`` for a committed reference study, else the folder's own ``figures/``."""
     place = committed_place(out)
     if place is not None and place.reference and place.name not in RESULT_TOPS:
         return place.repository / "figures" / place.name
@@ -69,8 +64,7 @@ def study_folders(
     figures: str | os.PathLike | None,
     reference: str | None,
 ) -> StudyFolders:
-    """The folders of a study run: a reference study by name, else the user's ``--out``. A
-    committed folder is refused without ``reference``."""
+    """A reference study by name, else ``--out``; a committed folder needs ``reference``."""
     if reference is not None:
         if not is_name(reference) or reference in LOCAL_FOLDERS:
             raise StudyError(

@@ -1,6 +1,4 @@
-"""Helpers of ``pipeline.ipynb`` and ``explore.ipynb``. The pipeline's parameters parse
-papermill's strings as the measurement request does, and parameters the notebook does not have
-are refused."""
+"""Helpers of ``pipeline.ipynb`` and ``explore.ipynb``."""
 
 from __future__ import annotations
 
@@ -76,8 +74,7 @@ def pipeline_parameters(namespace: Mapping[str, Any]) -> PipelineParameters:
 
 
 def fresh_output_dir(path: str | os.PathLike) -> Path:
-    """An empty training output directory: an earlier pipeline run there (recognised by its
-    ``config.yaml`` or ``metrics.jsonl``) is removed; anything else is refused."""
+    """An empty training output directory: an earlier pipeline run there is removed."""
     path = Path(path)
     if path.exists() and any(path.iterdir()):
         if not ((path / "config.yaml").exists() or (path / "metrics.jsonl").exists()):
@@ -121,8 +118,7 @@ def compare_resume(original, resumed) -> Any:
 
 
 def step_memory_timeline(config, batch, device=None) -> Any:
-    """The :class:`~heptstudy.meters.memory.StepMemory` (with its timeline) of one training
-    step of a freshly seeded model."""
+    """The ``StepMemory`` (with its timeline) of one step of a freshly seeded model."""
     import torch
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -1,11 +1,5 @@
-"""Whether a report in a study folder is the measurement a run of the study would make now.
-
-A study resumes a run only when its report carries the run's fingerprint: a hash of the
-machine, the code (commit and uncommitted changes), the request and its configuration, the data
-files and the allocator settings (:func:`run_identity`). The runner stamps it into a report only
-after checking that the report says the same about what it measured (:func:`stamp`); a report
-without one (measured elsewhere) is never resumed.
-"""
+"""Whether a report in a study folder is the measurement a run of the study would make now:
+only a report stamped with the run's fingerprint is resumed, never one measured elsewhere."""
 
 from __future__ import annotations
 
@@ -58,7 +52,6 @@ def device_identity(kind: str) -> dict[str, Any]:
 
 
 def data_identity(config) -> dict[str, Any]:
-    """Name, size and modification time of every file of the data sets a run reads."""
     d = config.data
     root = resolve_in_repo(d.data_dir)
     name, version = parse_dataset(d.dataset)

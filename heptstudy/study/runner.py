@@ -1,11 +1,4 @@
-"""Running a matrix: every measurement its own Papermill execution in a fresh kernel.
-
-The whole matrix is checked before anything is measured (parameters, data, events, writable
-folders). A run is resumed only when its report carries the run's fingerprint
-(:mod:`~heptstudy.study.resume`); a new result replaces the old one only once it exists
-(:mod:`~heptstudy.study.outputs`). A run that runs out of memory or whose kernel dies is a
-report with status ``oom``/``error``, not a crash.
-"""
+"""Running a matrix: every measurement its own Papermill execution in a fresh kernel."""
 
 from __future__ import annotations
 
@@ -46,9 +39,8 @@ from heptstudy.study.resume import fingerprint, resumable, run_identity, stamp
 from heptstudy.study.schedule import DEFAULT, Execution, report_files, schedule
 
 
-# The study's kernels use Unix sockets in the user's Jupyter runtime folder (mode 0700), not
-# jupyter_client's default unencrypted TCP on localhost: they never leave the machine, and
-# ipykernel then has no plain-text warning to write into every executed notebook's log.
+# Unix sockets in the user's 0700 runtime folder, not unencrypted TCP on localhost: ipykernel
+# then writes no plain-text warning into every executed notebook's log.
 class LocalKernelManager(KernelManager):
     def __init__(self, **kwargs: Any) -> None:
         runtime = Path(jupyter_runtime_dir())
@@ -78,8 +70,6 @@ class RunResult:
 
 @dataclass
 class StudyRun:
-    """What :func:`run_study` did: where, and the result of every execution."""
-
     folders: StudyFolders
     results: list[RunResult] = field(default_factory=list)
     report_html: Path | None = None
@@ -187,16 +177,14 @@ def _working_directory(folder: Path):
 
 
 def prepare(matrix: Matrix) -> list[Prepared]:
-    """Resolve and check every execution; one :class:`StudyError` names every run that cannot
-    be measured, before anything runs."""
+    """Check every execution; one :class:`StudyError` names every run that cannot be measured."""
     prepared, problems, checked = [], {}, set()
     for ex in schedule(matrix.runs):
         if ex.name in problems:  # said once, not once per round
             continue
         try:
-            # resolved where its kernel will resolve it (the kernel starts in the repository):
-            # a working-directory path of the configuration (train.out_dir) is then the same
-            # in the run's identity and in its report, wherever `study run` was started
+            # in the repository, as the kernel resolves it: a relative train.out_dir is then
+            # the same in the run's identity and in its report
             with _working_directory(ROOT):
                 m = ex.run.request(progress=False, parameters=ex.parameters).resolve()
             if ex.name not in checked:
@@ -217,8 +205,7 @@ def prepare(matrix: Matrix) -> list[Prepared]:
 
 @contextlib.contextmanager
 def _kernel_started_with(allocator: dict[str, str] | None):
-    """The environment a notebook kernel starts in (it inherits this process's): exactly the
-    given allocator variables; ``None`` leaves the environment alone."""
+    """Kernels inherit this environment: exactly the given allocator variables (``None``: as is)."""
     if allocator is None:
         yield
         return
@@ -262,8 +249,7 @@ def run_one(
     t0 = time.perf_counter()
     message, failure = why, None
     try:
-        # no allocator variable for ``allocator: default``; otherwise the kernel inherits this
-        # process's environment, since the measurement applies its settings itself
+        # ``allocator: default``: no allocator variable; else the measurement applies its own
         with _kernel_started_with({} if ex.allocator == DEFAULT else None):
             _papermill(notebook, nb_pending, parameters, timeout, ROOT)
     except Exception as err:  # noqa: BLE001 - an OOM or a dead kernel is a result, not a crash
@@ -342,8 +328,7 @@ def run_study(
 
 
 def _move_aside_foreign(out: Path, prepared: list[Prepared], superseded: Superseded) -> list[str]:
-    """Move the reports of runs this matrix does not have aside, so that the report shows this
-    matrix only; returns their paths."""
+    """Move aside the reports of runs not in this matrix (the report shows this matrix only)."""
     expected = {out / p.execution.report for p in prepared}
     moved = []
     for path in report_files(out):
@@ -373,11 +358,9 @@ def aggregate_study(
     matrix: Matrix | None = None,
     timeout: int | None = None,
 ) -> Path:
-    """Execute ``aggregate.ipynb`` on ``out_dir`` and render ``out_dir/report.html``."""
     out, figures = real_path(out_dir, "--out"), real_path(figures_dir, "--figures")
     executed = out / "aggregate.ipynb"
-    # relative to the repository (the kernel's working directory), so that the report shows
-    # no absolute path of this machine
+    # relative paths: the report shows no absolute path of this machine
     parameters = {
         "experiments_dir": shown(out),
         "figures_dir": shown(figures),
@@ -394,8 +377,7 @@ def aggregate_study(
 
 
 def _aggregate_outputs(out: Path, figures: Path) -> dict[Path, tuple[int, int]]:
-    """path -> (inode, mtime) of the tables and figures an aggregate writes, to tell afterwards
-    which ones it did not write again."""
+    """path -> (inode, mtime) of the tables and figures, to tell which were not written again."""
     found = {}
     for folder, patterns in ((out, ("*.csv",)), (figures, ("*.png", "*.pdf"))):
         for pattern in patterns:
@@ -406,8 +388,7 @@ def _aggregate_outputs(out: Path, figures: Path) -> dict[Path, tuple[int, int]]:
 
 
 def _move_aside_unwritten(out: Path, before: dict[Path, tuple[int, int]]) -> None:
-    """Move aside the tables and figures of an earlier aggregate that this one did not write
-    again, so that the folder shows this study only."""
+    """Move aside the tables and figures of an earlier aggregate that this one did not write."""
     superseded = Superseded(out)
     stale = []
     for path, seen in before.items():

@@ -1,9 +1,6 @@
-"""The order a study measures in: rounds of fresh processes, so that compared runs see the same
-host conditions. Round 1 runs every run once in the matrix's order (compared runs follow each
-other); a run with ``repeats: N`` runs again in rounds 2..N, timing only (its memory figures do
-not change from one process to the next), into ``repeats/NAME.rN.json``. A run with ``allocator:
-default`` (the allocator as it comes) reports into ``default_allocator/``.
-"""
+"""The order a study measures in: rounds of fresh processes, compared runs one after the other
+so that they see the same host conditions. Rounds 2..N of ``repeats: N`` time only: memory
+figures do not change from one process to the next."""
 
 from __future__ import annotations
 
@@ -74,7 +71,6 @@ def locate(relpath: Path) -> tuple[str, str, int]:
 
 
 def report_files(out: Path) -> list[Path]:
-    """Every report of a study folder: round 1, the repeats, the default-allocator runs."""
     found = []
     for folder in (Path(), Path(DEFAULT_ALLOCATOR_DIR)):
         found += sorted((out / folder).glob("*.json"))

@@ -50,12 +50,10 @@ def integer_counts(table) -> Any:
 
 
 def show(table, precision: int = 1, significant: bool = False) -> Any:
-    """A table for the report: no index column, counts as integers, floats rounded to
-    ``precision`` decimals (or to ``precision`` significant digits, for differences spanning
-    orders of magnitude), missing values as a dash."""
+    """A table for the report: floats to ``precision`` decimals, or with ``significant`` to
+    ``precision`` significant digits (for differences spanning orders of magnitude)."""
     table = integer_counts(table)
-    # a Styler writes its cells into the page as they are: text is escaped here (run, host and
-    # platform names come from the user and from reports); headers too
+    # a Styler writes cells into the page as they are: user and report text is escaped here
     style = table.style.hide(axis="index").format_index(escape="html", axis=1)
     if significant:
         floats = [c for c in table.columns if table[c].dtype.kind == "f"]

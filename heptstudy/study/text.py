@@ -16,17 +16,14 @@ SMOKE_STATEMENT = (
 )
 
 
-#: Markdown's link and image syntax (``[text](address)``, ``![alt](src)``, ``[text][ref]``):
-#: as character references the text reads the same but can never become a link.
+#: Markdown's link syntax as character references: reads the same, never becomes a link.
 _MARKDOWN_LINK = str.maketrans(
     {"[": "&#91;", "]": "&#93;", "(": "&#40;", ")": "&#41;", "`": "&#96;"}
 )
 
 
 def esc(value: Any) -> str:
-    """``value`` as inert text in Markdown and HTML: ``<``, ``>``, ``&``, quotes, backticks and
-    the brackets of Markdown links escaped, so that no address a user wrote (``javascript:``
-    or any other) becomes a link (names without them are shown unchanged)."""
+    """``value`` as inert text in Markdown and HTML: no address a user wrote becomes a link."""
     return html.escape(str(value)).translate(_MARKDOWN_LINK)
 
 
