@@ -226,7 +226,8 @@ def test_a_stored_memory_model_with_an_impossible_number_is_not_used(tmp_path, f
     import json
 
     from heptstudy import fingerprint
-    from heptstudy.fitting import MemoryModel, choose_model
+    from heptstudy.estimate.memory_model import MemoryModel
+    from heptstudy.fitting.select import choose_model
     from heptstudy.paths import ROOT
 
     fits = tmp_path / "fits"
