@@ -2,7 +2,7 @@
 loses a result, that bad input stops it before anything runs; the allocator and host-usage
 records of a report; the rounds and the overhead over them; the flag on system-time-dominated
 pairs. The kernel launch is replaced by the same measurement run in this process (tiny model);
-the end-to-end study through ``make study`` is in tests/test_notebooks.py."""
+the end-to-end study through ``make study`` is in tests/test_make_study.py."""
 
 from __future__ import annotations
 
