@@ -9,17 +9,17 @@ from heptstudy.atomic import atomic_write_text
 from heptstudy.cli import whole_number
 from heptstudy.locks import holding
 from heptstudy.measure.report import ReportError, read_report
-from heptstudy.paths import resolve_from_cwd
+from heptstudy.paths import real_path, resolve_from_cwd
 from heptstudy.study.blind_predictions import predict_matrix
 from heptstudy.study.frames import host_usage_of
 from heptstudy.study.matrix import load_matrix
-from heptstudy.study.outputs import aggregate_folders, from_command_line, shown
+from heptstudy.study.outputs import aggregate_folders, shown
 from heptstudy.study.runner import aggregate_study, run_study
 from heptstudy.study.schedule import schedule
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    data_dir = str(from_command_line(args.data_dir, "--data-dir")) if args.data_dir else None
+    data_dir = str(real_path(args.data_dir, "--data-dir")) if args.data_dir else None
     done = run_study(
         args.matrix,
         args.out,

@@ -28,11 +28,6 @@ class StudyFolders:
     reference: str | None  # the name of the committed reference study written, if one is
 
 
-def from_command_line(path: str | os.PathLike, flag: str) -> Path:
-    """``path``, the value of option ``flag``, taken from the current directory."""
-    return real_path(path, flag)
-
-
 def shown(path: str | os.PathLike | None) -> str | None:
     """Relative to the repository when inside it: no absolute path of this machine in a report."""
     if path is None:
@@ -79,10 +74,8 @@ def study_folders(
         return StudyFolders(
             ROOT / "experiments" / reference, ROOT / "figures" / reference, reference
         )
-    out_dir = from_command_line(out, "--out") if out is not None else default_study_dir()
-    fig_dir = (
-        from_command_line(figures, "--figures") if figures is not None else out_dir / "figures"
-    )
+    out_dir = real_path(out, "--out") if out is not None else default_study_dir()
+    fig_dir = real_path(figures, "--figures") if figures is not None else out_dir / "figures"
     for flag, path in (("--out", out_dir), ("--figures", fig_dir)):
         refuse_committed(path, flag, _own_study(flag))
     return StudyFolders(out_dir, fig_dir, None)
@@ -99,14 +92,12 @@ def aggregate_folders(
     out: str | os.PathLike, figures: str | os.PathLike | None
 ) -> tuple[Path, Path]:
     """``study aggregate``'s folders, both refused when committed."""
-    out_dir = from_command_line(out, "--out")
+    out_dir = real_path(out, "--out")
     if not out_dir.is_dir():
         raise StudyError(
             f"--out {shown(out_dir)} is not a folder of reports; run `heptstudy study run` first"
         )
-    fig_dir = (
-        from_command_line(figures, "--figures") if figures is not None else default_figures(out_dir)
-    )
+    fig_dir = real_path(figures, "--figures") if figures is not None else default_figures(out_dir)
     refuse_committed(out_dir, "--out", _own_study("--out"))
     refuse_committed(fig_dir, "--figures", _own_study("--figures"))
     return out_dir, fig_dir
