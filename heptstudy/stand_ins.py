@@ -2,6 +2,8 @@
 
 A step on fake tensors cannot copy to the host, take a data-dependent shape or run a kernel
 fake tensors do not implement; the few places that would fail ask :func:`active` for a substitute.
+The sliced loops of the model hand their iterations to :func:`repeated`, so that such a step
+need not run every repeat of a slice whose memory it already knows.
 
 A module global, not a context variable, on purpose: under activation checkpointing the forward
 is replayed inside backward, possibly on another thread, and must see the same substitutes.
@@ -10,20 +12,24 @@ is replayed inside backward, possibly on another thread, and must see the same s
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class StandIns:
     """What a fake-tensor step uses instead of the real thing (``None``: the real thing);
-    ``flex(q, k, v, block_mask)`` returns ``(out, lse)``."""
+    ``flex(q, k, v, block_mask)`` returns ``(out, lse)``; ``repeats(items)`` the iterations of a
+    loop (:func:`repeated`) that the step runs."""
 
     targets: list[Any] | None = None
     match: Callable[..., Any] | None = None
     type_encoding: Callable[..., Any] | None = None
     flex: Callable[..., Any] | None = None
+    repeats: Callable[[list], Iterable] | None = None
 
 
 _ACTIVE: StandIns | None = None
@@ -31,6 +37,15 @@ _ACTIVE: StandIns | None = None
 
 def active() -> StandIns | None:
     return _ACTIVE
+
+
+def repeated(items: list[T]) -> Iterable[T]:
+    """The iterations of a loop whose iterations all run the same shapes (the last may be
+    shorter): ``items`` itself, except in a fake-tensor step, which may skip repeats whose memory
+    is already known."""
+    if _ACTIVE is None or _ACTIVE.repeats is None:
+        return items
+    return _ACTIVE.repeats(items)
 
 
 @contextlib.contextmanager

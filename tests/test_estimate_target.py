@@ -170,3 +170,39 @@ def test_target_faithful_fake_step_runs_the_tiny_model(tiny_data_dir, checkpoint
     assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::dropout", "AutogradCPU")
     with pytest.raises(Exception, match="unknown estimate target 'tpu'"):
         estimate_step(cfg, batch, target="tpu")
+
+
+@pytest.mark.parametrize("checkpointing", ["full", "selective"])
+def test_skipping_repeated_slices_changes_no_figure(tiny_data_dir, monkeypatch, checkpointing):
+    """The fake step skips repeats of the sliced loops; with small slices (many iterations) every
+    figure the estimate gives is the same as with every iteration run."""
+    from heptstudy.data import load_events
+    from heptstudy.estimate.bench_process import simulate_bench_process
+    from heptstudy.estimate.fake_step import estimate_step
+    from heptstudy.model import heptv2
+
+    monkeypatch.setattr(heptv2, "SWIGLU_SLICE_ELEMENTS", 1 << 12)
+    monkeypatch.setattr(heptv2, "ATTENTION_SLICE_ELEMENTS", 1 << 14)
+    monkeypatch.setattr(heptv2, "BUCKET_CHUNK_ELEMENTS", 1 << 11)
+    cfg = load_config(
+        overrides=TINY_MODEL
+        + [
+            f"data.data_dir={tiny_data_dir}",
+            "train.dtype=bfloat16",
+            f"model.heptv2.activation_checkpointing={checkpointing}",
+        ]
+    )
+    batch = load_events(cfg, [0, 5, 9])
+    figures, events = {}, {}
+    for skip in (True, False):
+        est = estimate_step(cfg, batch, target="cuda", record_trace=True, skip_repeats=skip)
+        # a process of two such steps: the second starts from the first's cached blocks
+        sim = simulate_bench_process([est.trace] * 2, warmup=1)
+        figures[skip] = (
+            est.peak_allocated_bytes,
+            [(p.peak_allocated, p.peak_reserved) for p in sim.native + sim.expandable],
+        )
+        events[skip] = len(est.trace.events)
+    assert figures[True] == figures[False]
+    if checkpointing == "full":  # selective keeps each slice's products: no iteration repeats
+        assert events[True] < 0.75 * events[False]

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from heptstudy import stand_ins
 from heptstudy.config import HEPTv2Config
 from heptstudy.model.activation_checkpointing import recompute_is_lean
 from heptstudy.model.buckets import MASKED, BucketOrder
@@ -100,7 +101,7 @@ class SwiGLU(nn.Module):
 
 def _row_slices(rows: int, width: int):
     step = max(1, SWIGLU_SLICE_ELEMENTS // width)
-    return [slice(r, min(r + step, rows)) for r in range(0, rows, step)]
+    return stand_ins.repeated([slice(r, min(r + step, rows)) for r in range(0, rows, step)])
 
 
 def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -386,8 +387,8 @@ class _Slices:
         return slices
 
     @property
-    def groups(self) -> range:
-        return range(self.shape[2] // self.group)
+    def groups(self):
+        return stand_ins.repeated(list(range(self.shape[2] // self.group)))
 
     @property
     def rounds(self) -> range:
@@ -416,10 +417,12 @@ class _Slices:
     def scores(self, qs: torch.Tensor, ks: torch.Tensor, buckets: slice) -> torch.Tensor:
         return torch.baddbmm(self.key_bias[buckets].to(qs.dtype), qs, ks.transpose(1, 2))
 
-    def bucket_chunks(self, buckets: int) -> list[slice]:
+    def bucket_chunks(self, buckets: int):
         bs = self.shape[-1]
         step = max(1, BUCKET_CHUNK_ELEMENTS // (bs * bs))
-        return [slice(i, min(i + step, buckets)) for i in range(0, buckets, step)]
+        return stand_ins.repeated(
+            [slice(i, min(i + step, buckets)) for i in range(0, buckets, step)]
+        )
 
     def put_heads(self, target: torch.Tensor, j: int, rows: torch.Tensor) -> None:
         B, _, _, _, S, _ = self.shape
