@@ -24,19 +24,17 @@ STUDY_EVENTS_TEST ?= 64
 
 .PHONY: install install-validate test study reference reference-b16 study-data lint format clean-venv
 
-# --no-compile: Python compiles the modules it imports on first use, not every file of every
-# package at install (half of the install's time on two cores, most of it for files never run)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile $(TORCH_SPEC)
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev]"
+	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 # what `heptstudy fit validate` needs for reports of earlier commits (their own dependencies)
 install-validate: $(STAMP)
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev,validate]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,validate]"
 
 test: $(STAMP)
 	$(BIN)/ruff check heptstudy tests
