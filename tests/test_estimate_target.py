@@ -143,19 +143,23 @@ def test_tracker_counts_scratch_as_a_transient():
     assert with_scratch.scratch_ops == {"aten.logsumexp.default": 1}
 
 
+def _tiny_bf16_config(data_dir, checkpointing: str):
+    return load_config(
+        overrides=TINY_MODEL
+        + [
+            f"data.data_dir={data_dir}",
+            "train.dtype=bfloat16",
+            f"model.heptv2.activation_checkpointing={checkpointing}",
+        ]
+    )
+
+
 @pytest.mark.parametrize("checkpointing", ["false", "true"])
 def test_target_faithful_fake_step_runs_the_tiny_model(tiny_data_dir, checkpointing):
     from heptstudy.data import load_events
     from heptstudy.estimate.fake_step import estimate_step
 
-    cfg = load_config(
-        overrides=TINY_MODEL
-        + [
-            f"data.data_dir={tiny_data_dir}",
-            "train.dtype=bfloat16",
-            f"model.heptv2.activation_checkpointing={checkpointing}",
-        ]
-    )
+    cfg = _tiny_bf16_config(tiny_data_dir, checkpointing)
     batch = load_events(cfg, [0, 5, 9])
     started = time.perf_counter()
     est = estimate_step(cfg, batch, target="cuda", torch_version="2.11")
@@ -184,14 +188,7 @@ def test_skipping_repeated_slices_changes_no_figure(tiny_data_dir, monkeypatch, 
     monkeypatch.setattr(heptv2, "SWIGLU_SLICE_ELEMENTS", 1 << 12)
     monkeypatch.setattr(heptv2, "ATTENTION_SLICE_ELEMENTS", 1 << 14)
     monkeypatch.setattr(heptv2, "BUCKET_CHUNK_ELEMENTS", 1 << 11)
-    cfg = load_config(
-        overrides=TINY_MODEL
-        + [
-            f"data.data_dir={tiny_data_dir}",
-            "train.dtype=bfloat16",
-            f"model.heptv2.activation_checkpointing={checkpointing}",
-        ]
-    )
+    cfg = _tiny_bf16_config(tiny_data_dir, checkpointing)
     batch = load_events(cfg, [0, 5, 9])
     figures, events = {}, {}
     for skip in (True, False):
