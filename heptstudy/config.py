@@ -304,6 +304,11 @@ class DataConfig(_Strict):
     )
     configs: list[str] = Field(default_factory=lambda: ["1"], min_length=1)
     pad_to_multiple: int = Field(128, ge=1)
+    batching: Literal["padded", "packed"] = Field(
+        "padded",
+        description="padded: every event filled to the batch's longest (the recipe's); packed: "
+        "the batch's events in one stream of hits, each rounded up on its own",
+    )
     sampler: Literal["interleaved_shards", "sequential"] = "interleaved_shards"
     nvalid: int = Field(16, ge=0)
     ntest: int = Field(16, ge=0)
@@ -407,6 +412,16 @@ class Config(_Strict):
                 f"model.heptv2.activation_checkpointing=auto chooses how the HEPTv2 backbone is "
                 f"checkpointed, which model.variant={self.model.variant!r} does not have; use it "
                 f"with {HIT_VARIANT!r} or set true/false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _packed_needs_the_hit_model(self) -> Config:
+        if self.data.batching == "packed" and self.model.variant != HIT_VARIANT:
+            raise ValueError(
+                f"data.batching=packed runs events side by side in one stream, which only "
+                f"{HIT_VARIANT!r} reads event by event; model.variant={self.model.variant!r} "
+                "needs data.batching=padded"
             )
         return self
 

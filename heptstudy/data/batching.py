@@ -1,4 +1,4 @@
-"""Padding events into batches (dicts of tensors, zeros on padding, ``mask`` True on real hits),
+"""Events into batches (dicts of tensors, zeros on padding, ``mask`` True on real hits),
 the training batch loader, and fixed evaluation events (from the **test** split)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from heptstudy.data.features import tracker_neighbourhood
+from heptstudy.data.layout import BATCHINGS, EventLayout
 from heptstudy.data.sampler import InterleavedShardSampler
 from heptstudy.data.tfds import ShardedDataset, open_dataset
 from heptstudy.errors import DataError
@@ -26,37 +27,55 @@ def padded_sizes(lengths, multiple: int) -> np.ndarray:
 def to_device(
     batch: dict[str, torch.Tensor], device, non_blocking: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Every tensor of ``batch`` on ``device``."""
-    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+    """Every tensor of ``batch`` on ``device`` (the layout stays on the host)."""
+    return map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
+
+
+def map_tensors(batch: dict[str, Any], fn) -> dict[str, Any]:
+    """``batch`` with ``fn`` applied to each tensor; other entries (the layout) as they are."""
+    return {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def collate(
     events: Sequence[dict[str, Any]],
     pad_to_multiple: int,
     neighbourhood_radii: Sequence[float] | None = None,
+    batching: str = "padded",
 ) -> dict[str, torch.Tensor]:
-    """Pad ``events`` (dicts with ``X``, ``ytarget`` and optionally ``event_index``) into a batch."""
+    """``events`` (dicts with ``X``, ``ytarget`` and optionally ``event_index``) as one batch:
+    ``padded``, a row per event, each filled to the batch's longest (rounded up to
+    ``pad_to_multiple``); ``packed``, one row of every event, each rounded up on its own. Zeros on
+    padding, ``mask`` True on real hits, ``layout`` says where each event lies."""
     if not events:
         raise DataError("cannot build a batch from zero events; ask for at least one event")
     if pad_to_multiple < 1:
         raise DataError(f"data.pad_to_multiple={pad_to_multiple} must be >= 1 (default 128)")
+    if batching not in BATCHINGS:
+        raise DataError(f"data.batching={batching!r} is not known; use one of {BATCHINGS}")
     lengths = np.array([len(ev["X"]) for ev in events], dtype=np.int64)
-    padded = padded_sizes(lengths, pad_to_multiple)
-    S = max(int(padded.max()), pad_to_multiple)
-    B = len(events)
+    # an event of no hits still gets slots: every event has a non-empty run
+    padded = np.maximum(padded_sizes(lengths, pad_to_multiple), pad_to_multiple)
+    if batching == "packed":
+        layout = EventLayout.packed(lengths.tolist(), padded.tolist())
+    else:
+        layout = EventLayout.padded(lengths.tolist(), int(padded.max()))
+    R, S = layout.rows, layout.row_slots
     F = events[0]["X"].shape[1]
-    X = np.zeros((B, S, F), dtype=np.float32)
-    Y = np.zeros((B, S, events[0]["ytarget"].shape[1]), dtype=np.float32)
-    mask = np.zeros((B, S), dtype=bool)
-    K = len(neighbourhood_radii) + 3 if neighbourhood_radii is not None else 0
-    nb = np.zeros((B, S, K), dtype=np.float32) if K else None
-    for b, ev in enumerate(events):
-        n = lengths[b]
-        X[b, :n] = ev["X"]
-        Y[b, :n] = ev["ytarget"]
-        mask[b, :n] = True
+    X = np.zeros((R, S, F), dtype=np.float32)
+    Y = np.zeros((R, S, events[0]["ytarget"].shape[1]), dtype=np.float32)
+    mask = np.zeros((R, S), dtype=bool)
+    if "neighbourhood" in events[0]:
+        K = events[0]["neighbourhood"].shape[1]
+    else:
+        K = len(neighbourhood_radii) + 3 if neighbourhood_radii is not None else 0
+    nb = np.zeros((R, S, K), dtype=np.float32) if K else None
+    for ev, span in zip(events, layout.spans, strict=True):
+        hits = slice(span.start, span.start + span.hits)
+        X[span.row, hits] = ev["X"]
+        Y[span.row, hits] = ev["ytarget"]
+        mask[span.row, hits] = True
         if nb is not None:
-            nb[b, :n] = (
+            nb[span.row, hits] = (
                 ev["neighbourhood"]
                 if "neighbourhood" in ev
                 else tracker_neighbourhood(ev["X"], neighbourhood_radii)
@@ -70,6 +89,7 @@ def collate(
         ),
         "length": torch.from_numpy(lengths),
         "padded_length": torch.from_numpy(padded),
+        "layout": layout,
     }
     if nb is not None:
         out["neighbourhood"] = torch.from_numpy(nb)
@@ -130,7 +150,7 @@ def load_events(config, indices: Sequence[int], split: str = "train") -> dict[st
     ds = dataset_for(config, split)
     radii = neighbourhood_radii(config, ds)
     events = _read(ds, [int(i) for i in indices], config.data.num_workers, radii)
-    return collate(events, config.data.pad_to_multiple, radii)
+    return collate(events, config.data.pad_to_multiple, radii, config.data.batching)
 
 
 def _fixed_batches(config, start: int, count: int, batch_size: int) -> list[dict]:
@@ -161,7 +181,7 @@ def ntest_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
 
 
 class BatchLoader:
-    """Endless iterator of padded batches for one rank, exactly resumable."""
+    """Endless iterator of batches for one rank, exactly resumable."""
 
     def __init__(
         self,
@@ -200,7 +220,8 @@ class BatchLoader:
     def __next__(self) -> dict[str, torch.Tensor]:
         indices = self.sampler.take(self.batch_size)
         events = _read(self.dataset, indices, self.config.data.num_workers, self.radii)
-        batch = collate(events, self.config.data.pad_to_multiple, self.radii)
+        d = self.config.data
+        batch = collate(events, d.pad_to_multiple, self.radii, d.batching)
         self.batches_served += 1
         return batch
 

@@ -22,7 +22,7 @@ from heptstudy import fingerprint as code_fingerprint
 from heptstudy import stand_ins
 from heptstudy.config import HIT_VARIANT, Config
 from heptstudy.data import load_events
-from heptstudy.data.batching import dataset_for
+from heptstudy.data.batching import dataset_for, map_tensors
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.autocast_policy import UnknownTorchVersion, target_autocast
 from heptstudy.estimate.bench_process import simulate_bench_process
@@ -83,7 +83,7 @@ def fake_device_type() -> str:
     return "cuda" if torch.backends.cuda.is_built() else "cpu"
 
 
-def _deterministic_match(outputs, targets, loss_cfg, prefix=""):
+def _deterministic_match(outputs, batch, targets, loss_cfg, prefix=""):
     cl = outputs[prefix + "class_logits"]
     q = cl.shape[1]
     out = []
@@ -150,10 +150,7 @@ def _fake_targets(targets, mode, device):
 
     return [
         EventTargets(
-            **{
-                f: conv(getattr(t, f))
-                for f in ("cls", "momentum", "membership", "valid", "particle_number")
-            }
+            **{f: conv(getattr(t, f)) for f in ("cls", "momentum", "membership", "particle_number")}
         )
         for t in targets
     ]
@@ -234,7 +231,7 @@ def _fake_step(
         with mode, subs:
             model.to_empty(device=device)
             model.train()
-            fbatch = {k: mode.from_tensor(v).to(device) for k, v in batch.items()}
+            fbatch = map_tensors(batch, lambda t: mode.from_tensor(t).to(device))
             optimizer = build_optimizer(model, config.train)
             scheduler = build_scheduler(optimizer, config.train)
             # LAMB's state exists before every counted bench step

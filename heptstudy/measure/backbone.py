@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from heptstudy.config import Config
+from heptstudy.data.batching import to_device
 from heptstudy.errors import ConfigError
 from heptstudy.meters.memory import make_meter
 from heptstudy.meters.timing import StepTimer
@@ -66,16 +67,16 @@ def run_backbone_bench(
     holder = torch.nn.Module()
     holder.backbone = torch.nn.ModuleList(HEPTv2Layer(cfg, i) for i in range(cfg.num_convs))
     layers = apply_plan(holder, plan_of(cfg)).backbone.to(dev).train()
-    batch = {k: v.to(dev) for k, v in example_batch(config, 1, hits, seed=seed).items()}
-    mask, coords = batch["mask"], hit_coordinates(batch["X"])
+    batch = to_device(example_batch(config, 1, hits, seed=seed), dev)
+    mask, coords, layout = batch["mask"], hit_coordinates(batch["X"]), batch["layout"]
     x = torch.randn(*mask.shape, cfg.embedding_dim, device=dev, requires_grad=True)
     grad = torch.randn_like(x)
 
     def step():
-        orders = [layer.bucket_order(coords, mask) for layer in layers]
+        orders = [layer.bucket_order(coords, mask, layout) for layer in layers]
         out = x
         for layer, order in zip(layers, orders, strict=True):
-            out = layer(out, mask, coords, order)
+            out = layer(out, mask, coords, layout, order)
         out.backward(grad)
         x.grad = None
         layers.zero_grad(set_to_none=True)

@@ -32,8 +32,10 @@ def example_batch(
     batch_size: int,
     hits_per_event: int | Sequence[int],
     seed: int = 0,
+    batching: str | None = None,
 ) -> dict[str, torch.Tensor]:
-    """A random, well-formed batch padded and masked like real ones (tests and quick checks)."""
+    """A random, well-formed batch laid out like real ones (tests and quick checks);
+    ``batching`` None: ``config.data.batching``."""
     lengths = (
         [int(hits_per_event)] * batch_size
         if isinstance(hits_per_event, int)
@@ -47,13 +49,11 @@ def example_batch(
     hits = config.model.variant == HIT_VARIANT
     nfeat = len(HIT_FEATURES) if hits else len(PF_FEATURES)
     events = [_random_event(rng, n, nfeat) for n in lengths]
-    batch = collate(events, config.data.pad_to_multiple)
     width = config.model.tracker_features.num_features
     if hits and width:
-        mask = batch["mask"].numpy()
-        neigh = rng.random((*mask.shape, width), dtype=np.float32) * mask[..., None]
-        batch["neighbourhood"] = torch.from_numpy(neigh)
-    return batch
+        for ev in events:
+            ev["neighbourhood"] = rng.random((len(ev["X"]), width), dtype=np.float32)
+    return collate(events, config.data.pad_to_multiple, batching=batching or config.data.batching)
 
 
 #: Columns of the raw features that ``example_batch`` fills; the hit and the track/cluster

@@ -13,36 +13,51 @@ MASKED = -1.0e30
 
 @dataclass
 class BucketOrder:
-    """For every (event, round, head), the hit index at each sorted position, padded to whole
-    buckets. Only ``order`` is stored, in int32 (it lives until the layer's backward); the
+    """For every (row, round, head), the slot read at each bucket position, every event rounded
+    up to whole buckets of its own. Kept in int32 (it lives until the layer's backward); the
     inverse and the fused path's row tables are derived on demand."""
 
-    order: torch.Tensor  # [B, C, H, Sp] int32, indices into 0..S-1
-    n_valid: torch.Tensor  # [B] long
-    num_hits: int  # S
-    padded_len: int  # Sp, a multiple of block_size
+    order: torch.Tensor  # [R, C, H, Sp] int32, slots 0..S-1 of the row
+    position: torch.Tensor  # [R, S] long: the bucket position of each slot of sorted order
+    valid: torch.Tensor  # [R, Sp] bool: the position holds a real hit
+
+    @property
+    def num_hits(self) -> int:
+        return self.position.shape[1]
+
+    @property
+    def padded_len(self) -> int:
+        return self.order.shape[-1]
+
+    def sorted_slots(self) -> torch.Tensor:
+        """[R, C, H, S]: ``order`` without the fill positions, in sorted order."""
+        R, C, H, _ = self.order.shape
+        return self.order.gather(-1, self.position[:, None, None, :].expand(R, C, H, -1))
+
+    def positions(self) -> torch.Tensor:
+        """``position`` as int32 [R, C, H, S] (a view)."""
+        R, C, H, _ = self.order.shape
+        return self.position.to(torch.int32)[:, None, None, :].expand(R, C, H, -1)
 
     @property
     def rank(self) -> torch.Tensor:
-        """[B, C, H, S] int32: the sorted position of every hit (built on each call)."""
-        B, C, H, _ = self.order.shape
-        S = self.num_hits
-        rank = torch.empty(B, C, H, S, dtype=torch.int32, device=self.order.device)
-        positions = torch.arange(S, dtype=torch.int32, device=self.order.device)
-        return rank.scatter_(-1, self.order[..., :S].long(), positions.expand_as(rank))
+        """[R, C, H, S] int32: the bucket position of every slot (built on each call)."""
+        R, C, H, _ = self.order.shape
+        rank = torch.empty(R, C, H, self.num_hits, dtype=torch.int32, device=self.order.device)
+        return rank.scatter_(-1, self.sorted_slots().long(), self.positions())
 
     @property
     def sort_rows(self) -> torch.Tensor:
-        """``order`` as flat rows of a [B*S*H, dh] view, in the [B, C, H, Sp] layout."""
-        B, C, H, Sp = self.order.shape
-        b, _, h = _grid(B, C, H, self.order.device)
+        """``order`` as flat rows of a [R*S*H, dh] view, in the [R, C, H, Sp] layout."""
+        R, C, H, Sp = self.order.shape
+        b, _, h = _grid(R, C, H, self.order.device)
         return ((b * self.num_hits + self.order.long()) * H + h).reshape(-1)
 
     @property
     def unsort_rows(self) -> torch.Tensor:
-        """The inverse: rows of a sorted [B, C, H, Sp, ...] tensor in hit order [B, C, S, H]."""
-        B, C, H, _ = self.order.shape
-        b, c, h = _grid(B, C, H, self.order.device)
+        """The inverse: rows of a sorted [R, C, H, Sp, ...] tensor in slot order [R, C, S, H]."""
+        R, C, H, _ = self.order.shape
+        b, c, h = _grid(R, C, H, self.order.device)
         rows = ((b * C + c) * H + h) * self.padded_len + self.rank.long()
         return rows.transpose(2, 3).reshape(-1)
 

@@ -24,8 +24,8 @@ def fused_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int):
     qs, ks, vs = (
         t.reshape(-1, dh).index_select(0, sort_rows).view(B * C, H, L, dh) for t in (q, k, v)
     )
-    n_valid = buckets.n_valid.repeat_interleave(C)
-    out, lse = _flex(qs, ks, vs, bucket_block_mask(n_valid, L, block_size, q.device))
+    valid = torch.nn.functional.pad(buckets.valid, (0, L - Sp)).repeat_interleave(C, dim=0)
+    out, lse = _flex(qs, ks, vs, bucket_block_mask(valid, block_size))
     # Queries in buckets with no valid key get lse = -inf; give them a finite, negligible weight.
     lse = torch.nan_to_num(lse.float(), neginf=MASKED)
     out = out.reshape(-1, dh).index_select(0, unsort_rows).view(B, C, S, H, dh)
@@ -47,11 +47,13 @@ def _kernel_rows(buckets: BucketOrder, L: int) -> tuple[torch.Tensor, torch.Tens
     return sort_rows, u + (u // Sp) * (L - Sp)
 
 
-def bucket_block_mask(n_valid: torch.Tensor, seq_len: int, block_size: int, device):
+def bucket_block_mask(valid: torch.Tensor, block_size: int):
     """The bucket-diagonal block mask built from the bucket geometry: O(seq_len) memory, unlike
-    evaluating the mask densely."""
+    evaluating the mask densely. ``valid [rows, seq_len]``: the positions holding a real hit
+    (buckets never straddle two events, so a bucket is also an event's document mask)."""
     from torch.nn.attention.flex_attention import BlockMask
 
+    seq_len, device = valid.shape[1], valid.device
     n_blocks = math.ceil(seq_len / FLEX_BLOCK)
     q_first = torch.arange(n_blocks, device=device) * FLEX_BLOCK
     q_last = torch.clamp(q_first + FLEX_BLOCK, max=seq_len) - 1
@@ -62,7 +64,7 @@ def bucket_block_mask(n_valid: torch.Tensor, seq_len: int, block_size: int, devi
     indices = torch.minimum(kv_lo[:, None] + torch.arange(n_blocks, device=device), kv_hi[:, None])
 
     def same_bucket(b, h, q_idx, kv_idx):
-        return (q_idx // block_size == kv_idx // block_size) & (kv_idx < n_valid[b])
+        return (q_idx // block_size == kv_idx // block_size) & valid[b, kv_idx]
 
     return BlockMask.from_kv_blocks(
         count.to(torch.int32).view(1, 1, n_blocks),

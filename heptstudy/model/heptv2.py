@@ -12,6 +12,7 @@ from torch import nn
 
 from heptstudy import stand_ins
 from heptstudy.config import HEPTv2Config
+from heptstudy.data.layout import EventLayout
 from heptstudy.model.activation_checkpointing import recompute_is_lean
 from heptstudy.model.buckets import MASKED, BucketOrder
 from heptstudy.model.encoding import COS_PHI, ETA, SIN_PHI
@@ -201,60 +202,64 @@ class HEPTv2Layer(nn.Module):
         return (self.qkv, self.out, self.mlp)
 
     @torch.no_grad()
-    def bucket_order(self, coords: torch.Tensor, mask: torch.Tensor) -> BucketOrder:
+    def bucket_order(
+        self, coords: torch.Tensor, mask: torch.Tensor, layout: EventLayout
+    ) -> BucketOrder:
         """Hash and sort every event's hits, in float32."""
         with torch.autocast(device_type=coords.device.type, enabled=False):
-            return self._bucket_order(coords.float(), mask)
+            return self._bucket_order(coords.float(), mask, layout)
 
-    def _bucket_order(self, coords: torch.Tensor, mask: torch.Tensor) -> BucketOrder:
-        B, S, _ = coords.shape
-        n_valid = mask.sum(dim=1)
+    def _bucket_order(
+        self, coords: torch.Tensor, mask: torch.Tensor, layout: EventLayout
+    ) -> BucketOrder:
+        dev = coords.device
+        event = layout.slot_event(dev)  # [R, S]
+        start = layout.slot_start(dev)
+        sort = _event_sort(event, layout.one_event_per_row)
+        n_valid = torch.tensor([s.hits for s in layout.spans], device=dev)[event]
         valid_f = mask[:, None, None, :]
 
         # Quantile bins from each hit's rank among its event's valid hits; padding ranks last.
         big = torch.finfo(torch.float32).max
         eta = coords[..., 0].masked_fill(~mask, big)
         phi = coords[..., 1].masked_fill(~mask, big)
-        eta_rank = _ranks(eta).float()
-        phi_rank = _ranks(phi).float()
-        denom = n_valid.clamp(min=1).float()[:, None]
-        eta_q = (eta_rank / denom)[:, None, None, :]  # [B,1,1,S] in [0,1) for valid hits
+        eta_rank = _ranks(eta, sort).sub_(start).float()
+        phi_rank = _ranks(phi, sort).sub_(start).float()
+        denom = n_valid.clamp(min=1).float()
+        eta_q = (eta_rank / denom)[:, None, None, :]  # [R,1,1,S] in [0,1) for valid hits
         phi_q = (phi_rank / denom)[:, None, None, :]
         n_eta = self.region_shape[..., 0].float()[None, :, :, None]  # [1,C,H,1]
         n_phi = self.region_shape[..., 1].float()[None, :, :, None]
         eta_bin = torch.minimum(torch.floor(eta_q * n_eta), n_eta - 1)
         phi_bin = torch.minimum(torch.floor(phi_q * n_phi), n_phi - 1)
-        region = eta_bin * n_phi + phi_bin  # [B,C,H,S]
+        region = eta_bin * n_phi + phi_bin  # [R,C,H,S]
 
         proj = torch.einsum(
             "bsk,chk->bchs", coords.masked_fill(~mask[..., None], 0.0), self.hash_directions
         )
-        lo = proj.masked_fill(~valid_f, big).amin(dim=-1, keepdim=True)
-        hi = proj.masked_fill(~valid_f, -big).amax(dim=-1, keepdim=True)
+        lo = _event_extreme(proj.masked_fill(~valid_f, big), event, "amin", layout.num_events)
+        hi = _event_extreme(proj.masked_fill(~valid_f, -big), event, "amax", layout.num_events)
         span = (hi - lo).clamp(min=1e-6)
         # Normalised projection lies in [0, 1): adding the region index sorts by region first.
         key = region + (proj - lo) / (span * (1 + 1e-4))
         key = key.masked_fill(~valid_f, float("inf"))
-        order = torch.argsort(key, dim=-1, stable=True)  # [B,C,H,S]
-
-        order = order.to(torch.int32)
-        Sp = math.ceil(S / self.block_size) * self.block_size
-        if Sp > S:
-            # Extra slots are padding (masked); any hit will do.
-            fill = order[..., -1:].expand(*order.shape[:-1], Sp - S)
-            order = torch.cat([order, fill], dim=-1)
-        return BucketOrder(order, n_valid, S, Sp)
+        order = sort(key)  # [R,C,H,S], every event's slots in its own run
+        position, source, valid = layout.bucket_geometry(self.block_size, dev)
+        R, C, H, _ = order.shape
+        order = order.gather(-1, source[:, None, None, :].expand(R, C, H, -1))
+        return BucketOrder(order.to(torch.int32), position, valid)
 
     def forward(
         self,
         x: torch.Tensor,
         mask: torch.Tensor,
         coords: torch.Tensor,
+        layout: EventLayout,
         buckets: BucketOrder | None = None,
     ) -> torch.Tensor:
         """``buckets`` None: hashed here (a checkpointed layer then rehashes in backward)."""
         if buckets is None:
-            buckets = self.bucket_order(coords, mask)
+            buckets = self.bucket_order(coords, mask, layout)
         x = x + self.pos_embed(coords.to(x.dtype))
         attn = self.attention(self.attn_norm(x), buckets)
         x = x + self.dropout(attn)
@@ -298,11 +303,35 @@ def _region_shapes(
     return torch.stack([n_eta, n_phi], dim=-1)
 
 
-def _ranks(values: torch.Tensor) -> torch.Tensor:
-    order = torch.argsort(values, dim=-1, stable=True)
+def _event_sort(event: torch.Tensor, one_event_per_row: bool):
+    """``sort(values)``: the argsort of ``values [R, ..., S]`` by (event, value, slot), stable."""
+
+    def sort(values: torch.Tensor) -> torch.Tensor:
+        order = torch.argsort(values, dim=-1, stable=True)
+        if one_event_per_row:
+            return order  # the event of every slot is its row's: the sort by event is the identity
+        events = event.view(event.shape[0], *[1] * (values.dim() - 2), -1).expand_as(values)
+        by_event = torch.argsort(events.gather(-1, order), dim=-1, stable=True)
+        return order.gather(-1, by_event)
+
+    return sort
+
+
+def _ranks(values: torch.Tensor, sort) -> torch.Tensor:
+    """The position of each slot in its row's sorted order."""
+    order = sort(values)
     ranks = torch.empty_like(order)
     ranks.scatter_(-1, order, torch.arange(values.shape[-1], device=values.device).expand_as(order))
     return ranks
+
+
+def _event_extreme(values: torch.Tensor, event: torch.Tensor, how: str, events: int):
+    """``values [R, C, H, S]`` replaced by their event's minimum or maximum (``how``)."""
+    R, C, H, S = values.shape
+    index = event[:, None, None, :].expand(R, C, H, S)
+    extreme = values.new_zeros(R, C, H, events)
+    extreme.scatter_reduce_(-1, index, values, how, include_self=False)
+    return extreme.gather(-1, index)
 
 
 #: Elements of one slice's scores (a round's heads that fit): 32 MiB in float32, whatever the batch.
@@ -317,7 +346,13 @@ def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> to
     dtype = compute_dtype(q, k, v)
     with torch.autocast(device_type=q.device.type, enabled=False):
         return _BucketAttention.apply(
-            q.to(dtype), k.to(dtype), v.to(dtype), buckets.order, buckets.n_valid, block_size
+            q.to(dtype),
+            k.to(dtype),
+            v.to(dtype),
+            buckets.order,
+            buckets.position,
+            buckets.valid,
+            block_size,
         )
 
 
@@ -326,11 +361,11 @@ class _BucketAttention(torch.autograd.Function):
     per-round output: dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), s recomputed."""
 
     @staticmethod
-    def forward(ctx, q, k, v, order, n_valid, block_size):
-        B, S, H, _ = q.shape
-        fwd = _Slices(order, n_valid, S, block_size, ATTENTION_SLICE_ELEMENTS)
+    def forward(ctx, q, k, v, order, position, valid, block_size):
+        buckets = BucketOrder(order, position, valid)
+        fwd = _Slices(buckets, block_size, ATTENTION_SLICE_ELEMENTS)
         out, lse = _attention_forward(q, k, v, fwd)
-        bwd = _Slices(order, n_valid, S, block_size, ATTENTION_SLICE_ELEMENTS, like=fwd)
+        bwd = _Slices(buckets, block_size, ATTENTION_SLICE_ELEMENTS, like=fwd)
         ctx.slices = bwd.layout()
         ctx.save_for_backward(q, k, v, out, lse, *bwd.tensors())
         return out
@@ -339,35 +374,34 @@ class _BucketAttention(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, out, lse, *indices = ctx.saved_tensors
         slices = _Slices.restore(ctx.slices, indices)
-        return (*_attention_backward(d_out, q, k, v, out, lse, slices), None, None, None)
+        return (*_attention_backward(d_out, q, k, v, out, lse, slices), None, None, None, None)
 
 
 class _Slices:
     """The slices (round c, head group j) of one bucket order and their int32 gather indices
     (``sort_index`` into :meth:`table`, padding reading its zero row; ``unsort_index`` back)."""
 
-    def __init__(self, order, n_valid, num_hits, block_size, budget, like=None):
-        B, C, H, Sp = order.shape
-        self.shape = (B, C, H, Sp, num_hits, block_size)
+    def __init__(self, buckets: BucketOrder, block_size, budget, like=None):
+        B, C, H, Sp = buckets.order.shape
+        self.shape = (B, C, H, Sp, buckets.num_hits, block_size)
         g = _heads_per_slice(H, B * Sp * block_size, budget)
         self.group = g
         if like is not None and like.group == g:
             self.sort_index, self.unsort_index, self.key_bias = like.tensors()
             return
-        S, G, dev = num_hits, H // g, order.device
+        S, G, dev = buckets.num_hits, H // g, buckets.order.device
         b = torch.arange(B, device=dev).view(1, 1, B, 1, 1)
         within = torch.arange(g, device=dev).view(1, 1, 1, g, 1)
-        grouped = order[..., :S].view(B, C, G, g, S).permute(1, 2, 0, 3, 4)  # [C, G, B, g, S]
+        grouped = buckets.sorted_slots().view(B, C, G, g, S).permute(1, 2, 0, 3, 4)  # [C,G,B,g,S]
+        # fill positions read the table's zero row
         sort_index = torch.full((C, G, B, g, Sp), B * S * g, dtype=torch.int32, device=dev)
-        sort_index[..., :S] = (b * S + grouped) * g + within
+        position = buckets.position.view(1, 1, B, 1, S).expand(C, G, B, g, S)
+        sort_index.scatter_(-1, position, ((b * S + grouped) * g + within).to(torch.int32))
         self.sort_index = sort_index.view(C, G, -1)
-        rank = torch.empty(B, C, H, S, dtype=torch.int32, device=dev)
-        positions = torch.arange(S, dtype=torch.int32, device=dev).expand_as(rank)
-        rank.scatter_(-1, order[..., :S].long(), positions)
-        rank = rank.view(B, C, G, g, S).permute(1, 2, 0, 4, 3)  # [C, G, B, S, g]
+        rank = buckets.rank.view(B, C, G, g, S).permute(1, 2, 0, 4, 3)  # [C, G, B, S, g]
         within = within.view(1, 1, 1, 1, g)
         self.unsort_index = ((b * g + within) * Sp + rank).reshape(C, G, -1)
-        padding = torch.arange(Sp, device=dev)[None, :] >= n_valid[:, None]  # [B, Sp]
+        padding = ~buckets.valid  # [B, Sp]
         bias = torch.zeros(B, 1, Sp // block_size, 1, block_size, device=dev)
         bias.masked_fill_(padding.view(B, 1, -1, 1, block_size), MASKED)
         self.key_bias = bias.expand(B, g, -1, 1, block_size).reshape(-1, 1, block_size)

@@ -8,14 +8,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from heptstudy.config import Config
+from heptstudy.data.layout import EventLayout, EventSpan, layout_of
 from heptstudy.data.schema import CLASS_PDG_IDS, HIT_FEATURES
 from heptstudy.model.encoding import LeanMLP, TypeEncoder, normalise_features
 from heptstudy.model.heptv2 import Dropout, HEPTv2Layer, RMSNorm, hit_coordinates
 
 NUM_CLASSES = len(CLASS_PDG_IDS)
-#: The grouping logit of a padded hit.
-GROUP_MASKED_LOGIT = -1.0e4
-_FACTORS = "group_factors"
 MOMENTUM_DIM = 5  # pt, eta, sin phi, cos phi, energy
 
 
@@ -40,15 +38,29 @@ class DecoderLayer(nn.Module):
         return (self.cross_q, self.cross_kv, self.cross_out, self.ffn)
 
     def forward(
-        self, queries: torch.Tensor, memory: torch.Tensor, allowed: torch.Tensor
+        self,
+        queries: torch.Tensor,
+        memory: torch.Tensor,
+        allowed: list[torch.Tensor | None],
+        layout: EventLayout,
     ) -> torch.Tensor:
-        B, Q, D = queries.shape
-        S = memory.shape[1]
-        dh = D // self.heads
-        q = self.cross_q(self.cross_norm(queries)).view(B, Q, self.heads, dh).transpose(1, 2)
-        k, v = self.cross_kv(memory).view(B, S, 2, self.heads, dh).permute(2, 0, 3, 1, 4)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
-        queries = queries + self.dropout(self.cross_out(attn.transpose(1, 2).reshape(B, Q, D)))
+        """``queries [E, Q, D]`` of each event attend to their own event's hits of ``memory``
+        (``[R, S, D]`` rows of slots), as far as ``allowed[e] [Q, hits]`` lets them."""
+        E, Q, D = queries.shape
+        H, dh = self.heads, D // self.heads
+        q = self.cross_q(self.cross_norm(queries)).view(E, Q, H, dh).transpose(1, 2)
+        kv = self.cross_kv(memory)
+        attn = torch.stack(
+            [
+                F.scaled_dot_product_attention(
+                    q[e],
+                    *event_hits(kv, span).view(-1, 2, H, dh).permute(1, 2, 0, 3),
+                    attn_mask=None if allowed[e] is None else allowed[e][None],
+                )
+                for e, span in enumerate(layout.spans)
+            ]
+        )
+        queries = queries + self.dropout(self.cross_out(attn.transpose(1, 2).reshape(E, Q, D)))
         h = self.self_norm(queries)
         queries = queries + self.dropout(self.self_attn(h, h, h, need_weights=False)[0])
         return queries + self.dropout(self.ffn(self.ffn_norm(queries)))
@@ -64,13 +76,11 @@ class PredictionHeads(nn.Module):
         self.momentum = LeanMLP(dim, width, MOMENTUM_DIM)
         self.mask_embed = LeanMLP(dim, width, dim)
 
-    def forward(self, queries: torch.Tensor, hit_embed: torch.Tensor, mask: torch.Tensor):
+    def forward(self, queries: torch.Tensor):
+        """Class logits, momentum and the query embeddings of the grouping logits
+        (:func:`event_group_logits`): the [Q, hits] logits of an event are made where needed."""
         h = self.norm(queries)
-        query_embed = self.mask_embed(h)
-        group = torch.einsum("bqd,bsd->bqs", query_embed, hit_embed)
-        group = group.masked_fill(~mask[:, None, :], GROUP_MASKED_LOGIT)
-        setattr(group, _FACTORS, (query_embed, hit_embed, mask))
-        return self.cls(h), self.momentum(h), group
+        return self.cls(h), self.momentum(h), self.mask_embed(h)
 
 
 class HitModel(nn.Module):
@@ -105,43 +115,59 @@ class HitModel(nn.Module):
             inputs = torch.cat([inputs, batch["neighbourhood"].to(inputs.dtype)], dim=-1)
         return self.input_encoder(raw, inputs)
 
+    def decoder_entry(self) -> nn.Module:
+        """The first module run after the backbone."""
+        return self.backbone_norm
+
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        mask = batch["mask"]
+        """Per decoder layer (``aux{l}_`` before the last): ``class_logits`` and ``momentum``
+        [E, Q, ...] and ``group_embed`` [E, Q, D]; once, ``hit_embed`` [R, S, D]. An event's
+        grouping logits are ``group_embed[e] @ hit_embed`` over its slots
+        (:func:`event_group_logits`)."""
+        mask, layout = batch["mask"], layout_of(batch)
         coords = hit_coordinates(batch["X"])
         x = self.encode(batch) * mask[..., None]
         # each layer hashes the coordinates itself: a checkpointed layer hashes again in
         # backward rather than keeping its bucket order over the whole step
         for layer in self.backbone:
-            x = layer(x, mask, coords)
+            x = layer(x, mask, coords, layout)
         hits = self.backbone_norm(x)
         hit_embed = self.hit_proj(hits)
 
-        B = x.shape[0]
-        queries = self.queries.unsqueeze(0).expand(B, -1, -1)
-        allowed = mask[:, None, :].expand(-1, queries.shape[1], -1)
-        outputs: dict[str, torch.Tensor] = {}
+        queries = self.queries.unsqueeze(0).expand(layout.num_events, -1, -1)
+        allowed: list[torch.Tensor | None] = [None] * layout.num_events  # every hit at first
+        outputs: dict[str, torch.Tensor] = {"hit_embed": hit_embed}
         last = len(self.decoder) - 1
         for i, layer in enumerate(self.decoder):
-            queries = layer(queries, hits, allowed)
-            cls, mom, group = self.heads(queries, hit_embed, mask)
+            queries = layer(queries, hits, allowed, layout)
+            cls, mom, group_embed = self.heads(queries)
             prefix = "" if i == last else f"aux{i}_"
             outputs[prefix + "class_logits"] = cls
             outputs[prefix + "momentum"] = mom
-            outputs[prefix + "group_logits"] = group
-            allowed = _next_attention_mask(group, mask)
+            outputs[prefix + "group_embed"] = group_embed
+            if i < last:
+                allowed = _next_attention_masks(group_embed, hit_embed, layout)
         return outputs
 
 
-def group_factors(group_logits: torch.Tensor):
-    """The factors (query embeddings [B, Q, D], hit embeddings [B, S, D], mask [B, S]) of grouping
-    logits made by :class:`PredictionHeads`, else None: a loss can compute the rows it needs
-    from them instead of keeping the [B, Q, S] logits for backward."""
-    return getattr(group_logits, _FACTORS, None)
+def event_hits(t: torch.Tensor, span: EventSpan) -> torch.Tensor:
+    """The real hits of one event of a [R, S, ...] tensor (a view: they lead its slots)."""
+    return t[span.row, span.start : span.start + span.hits]
 
 
-def _next_attention_mask(group_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Each query attends to the valid hits it currently claims; a query claiming none attends to
-    all valid hits, so attention is never empty."""
-    claimed = (group_logits.detach() > 0) & mask[:, None, :]
-    empty = ~claimed.any(dim=-1, keepdim=True)
-    return claimed | (empty & mask[:, None, :])
+def event_group_logits(
+    group_embed: torch.Tensor, hit_embed: torch.Tensor, span: EventSpan, e: int
+) -> torch.Tensor:
+    """Grouping logits [Q, hits] of event ``e``."""
+    return torch.mm(group_embed[e], event_hits(hit_embed, span).t())
+
+
+@torch.no_grad()
+def _next_attention_masks(group_embed, hit_embed, layout: EventLayout):
+    """Each query attends to the hits it currently claims; a query claiming none attends to all
+    of its event's hits, so attention is never empty."""
+    allowed = []
+    for e, span in enumerate(layout.spans):
+        claimed = event_group_logits(group_embed, hit_embed, span, e) > 0
+        allowed.append(claimed | ~claimed.any(dim=-1, keepdim=True))
+    return allowed

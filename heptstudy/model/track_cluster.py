@@ -54,6 +54,10 @@ class TrackClusterModel(nn.Module):
         if config.model.freeze.input_encoder:
             self.input_encoder.requires_grad_(False)
 
+    def decoder_entry(self) -> nn.Module:
+        """The first module run after the backbone."""
+        return self.norm
+
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         mask = batch["mask"]
         raw = batch["X"]

@@ -14,9 +14,10 @@ from scipy.optimize import linear_sum_assignment
 
 from heptstudy import stand_ins
 from heptstudy.config import HIT_VARIANT, TRACK_CLUSTER_VARIANT, LossConfig
+from heptstudy.data.layout import layout_of
 from heptstudy.data.schema import CLASS_PDG_IDS, TARGET_COLUMNS
 from heptstudy.errors import ConfigError, DataError
-from heptstudy.model.hit_model import GROUP_MASKED_LOGIT, group_factors
+from heptstudy.model.hit_model import event_group_logits, event_hits
 
 NUM_CLASSES = len(CLASS_PDG_IDS)
 COL_CLASS = TARGET_COLUMNS.index("PDG")  # holds the class index
@@ -55,12 +56,11 @@ def momentum_to_physical(values: Tensor) -> Tensor:
 
 @dataclass
 class EventTargets:
-    """Target particles of one event (``membership`` [P, S], False on padded hits)."""
+    """Target particles of one event (``membership`` [P, hits])."""
 
     cls: Tensor
     momentum: Tensor
     membership: Tensor
-    valid: Tensor
     particle_number: Tensor
 
     @property
@@ -87,20 +87,21 @@ def targets_from_batch(batch: Mapping[str, Tensor]) -> list[EventTargets]:
     cls_h = np.rint(host[..., 0]).astype(np.int64)
     pid_h = np.rint(host[..., 1]).astype(np.int64)
     _check_classes(cls_h[valid_h], "targets_from_batch")
-    pid = torch.as_tensor(np.where(valid_h, pid_h, 0), device=device)  # [B, S]
+    pid = torch.as_tensor(pid_h, device=device)
 
     out = []
-    for b in range(y.shape[0]):
-        rep_hits = np.flatnonzero(valid_h[b] & (cls_h[b] > 0) & (pid_h[b] > 0))
-        ids, first = np.unique(pid_h[b, rep_hits], return_index=True)
-        rep = torch.as_tensor(rep_hits[first], device=device, dtype=torch.long)
+    for span in layout_of(batch).spans:
+        hits = slice(span.start, span.start + span.hits)  # real hits lead each event's slots
+        cls_e, pid_e = cls_h[span.row, hits], pid_h[span.row, hits]
+        rep_hits = np.flatnonzero((cls_e > 0) & (pid_e > 0))
+        ids, first = np.unique(pid_e[rep_hits], return_index=True)
+        rep = torch.as_tensor(rep_hits[first] + span.start, device=device, dtype=torch.long)
         ids_t = torch.as_tensor(ids, device=device, dtype=torch.long)
         out.append(
             EventTargets(
-                cls=torch.as_tensor(cls_h[b, rep_hits[first]], device=device, dtype=torch.long),
-                momentum=momentum_targets(y[b, rep][:, MOMENTUM_COLUMNS]),
-                membership=pid[b][None, :] == ids_t[:, None],
-                valid=mask[b],
+                cls=torch.as_tensor(cls_e[rep_hits[first]], device=device, dtype=torch.long),
+                momentum=momentum_targets(y[span.row, rep][:, MOMENTUM_COLUMNS]),
+                membership=pid[span.row, hits][None, :] == ids_t[:, None],
                 particle_number=ids_t,
             )
         )
@@ -118,13 +119,14 @@ def cost_matrix(
     target: EventTargets,
     loss_cfg: LossConfig,
 ) -> Tensor:
-    """Matching cost [Q, P] of one event; a perfect prediction costs 0."""
+    """Matching cost [Q, P] of one event (``group_logits`` [Q, hits]); a perfect prediction
+    costs 0."""
     with torch.no_grad(), _no_autocast(class_logits.device):
         prob = class_logits.float().softmax(-1)[:, target.cls]  # [Q, P]
         c_cls = 1.0 - prob
         c_mom = torch.cdist(momentum.float(), target.momentum, p=1) / momentum.shape[-1]
-        x = group_logits[:, target.valid].float()  # [Q, Sv]
-        t = target.membership[:, target.valid].float()  # [P, Sv]
+        x = group_logits.float()  # [Q, hits]
+        t = target.membership.float()  # [P, hits]
         n = max(x.shape[1], 1)
         c_bce = (F.softplus(-x) @ t.T + F.softplus(x) @ (1.0 - t).T) / n
         p = x.sigmoid()
@@ -149,13 +151,25 @@ def match_event(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def match(
     outputs: Mapping[str, Tensor],
+    batch: Mapping[str, Tensor],
     targets: list[EventTargets],
     loss_cfg: LossConfig,
     prefix: str = "",
 ) -> list[tuple[Tensor, Tensor]]:
     """(query idx, target idx) per event for one decoder layer; costs reach the host in one copy."""
-    cl, mo, gr = (outputs[prefix + k] for k in ("class_logits", "momentum", "group_logits"))
-    costs = [cost_matrix(cl[b], mo[b], gr[b], t, loss_cfg) for b, t in enumerate(targets)]
+    cl, mo, ge = (outputs[prefix + k] for k in ("class_logits", "momentum", "group_embed"))
+    spans = layout_of(batch).spans
+    with torch.no_grad():
+        costs = [
+            cost_matrix(
+                cl[e],
+                mo[e],
+                event_group_logits(ge, outputs["hit_embed"], spans[e], e),
+                t,
+                loss_cfg,
+            )
+            for e, t in enumerate(targets)
+        ]
     flat = torch.cat([c.reshape(-1) for c in costs]).cpu().numpy() if costs else np.zeros(0)
     out, start = [], 0
     for c in costs:
@@ -192,9 +206,9 @@ def event_mean(values: Tensor, event: Tensor, num_events: int) -> Tensor:
     return (sums / counts.clamp(min=1.0)).sum() / num_events
 
 
-def group_mask_loss(logits: Tensor, target: Tensor, valid: Tensor, kind: str = "bce") -> Tensor:
-    """Per-row mean over valid hits of BCE or focal loss (both reported as ``group_bce``)."""
-    x, t, v = logits.float(), target.float(), valid.float()
+def group_mask_loss(logits: Tensor, target: Tensor, kind: str = "bce") -> Tensor:
+    """Per-row mean over an event's hits of BCE or focal loss (both reported as ``group_bce``)."""
+    x, t = logits.float(), target.float()
     ce = F.binary_cross_entropy_with_logits(x, t, reduction="none")
     if kind == "focal":
         p = x.sigmoid()
@@ -203,12 +217,12 @@ def group_mask_loss(logits: Tensor, target: Tensor, valid: Tensor, kind: str = "
         ce = alpha_t * ce * (1.0 - p_t) ** FOCAL_GAMMA
     elif kind != "bce":
         raise ConfigError(f"train.loss.group_loss={kind!r} is not known; use 'bce' or 'focal'")
-    return (ce * v).sum(-1) / v.sum(-1).clamp(min=1.0)
+    return ce.sum(-1) / max(ce.shape[-1], 1)
 
 
-def group_dice_loss(logits: Tensor, target: Tensor, valid: Tensor) -> Tensor:
-    p = logits.float().sigmoid() * valid
-    t = target.float() * valid
+def group_dice_loss(logits: Tensor, target: Tensor) -> Tensor:
+    p = logits.float().sigmoid()
+    t = target.float()
     return 1.0 - (2.0 * (p * t).sum(-1) + DICE_SMOOTH) / (p.sum(-1) + t.sum(-1) + DICE_SMOOTH)
 
 
@@ -216,34 +230,28 @@ GROUP_SLICE_ELEMENTS = 1 << 22
 
 
 def matched_group_losses(
-    group_logits: Tensor,
-    pair_event: Tensor,
+    group_embed: Tensor,
+    hit_embed: Tensor,
+    spans,
     pair_query: Tensor,
-    membership: Tensor,
     pair_target: Tensor,
-    valid: Tensor,
+    memberships: list[Tensor],
+    pairs_per_event: list[int],
     kind: str = "bce",
-    pairs_per_event: list[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Mask and Dice losses [M] of ``group_logits[pair_event, pair_query]``, a slice of pairs at
-    a time and recomputed in backward: no pair-by-hit tensor is kept. From the heads' factors
-    (when present and ``pairs_per_event`` is given) no [B, Q, S] tensor is kept either."""
-    factors = group_factors(group_logits)
-    if factors is not None and pairs_per_event is not None:
-        query_embed, hit_embed, mask = factors
-        return _FactoredGroupLosses.apply(
-            query_embed,
-            hit_embed,
-            mask,
-            pair_query,
-            membership,
-            pair_target,
-            valid,
-            kind,
-            tuple(pairs_per_event),
-        )
-    return _MatchedGroupLosses.apply(
-        group_logits, pair_event, pair_query, membership, pair_target, valid, kind
+    """Mask and Dice losses [M] of the matched pairs (``pair_query``, ``pair_target``: each
+    event's pairs in turn, targets numbered per event) over their event's hits. The logits are
+    made from the heads' factors a slice of one event's pairs at a time and remade in backward:
+    neither a pair-by-hit nor a query-by-hit tensor is kept."""
+    return _FactoredGroupLosses.apply(
+        group_embed,
+        hit_embed,
+        pair_query,
+        pair_target,
+        kind,
+        tuple(spans),
+        tuple(pairs_per_event),
+        tuple(memberships),
     )
 
 
@@ -252,142 +260,96 @@ def _pair_slices(pairs: int, hits: int) -> list[slice]:
     return [slice(i, min(i + step, pairs)) for i in range(0, pairs, step)]
 
 
-def _slice_rows(group_logits, pair_event, pair_query, membership, pair_target, valid, sl):
-    x = group_logits[pair_event[sl], pair_query[sl]]
-    return x, membership[pair_target[sl]], valid[pair_event[sl]]
-
-
-def _slice_losses(x: Tensor, t: Tensor, v: Tensor, kind: str) -> tuple[Tensor, Tensor]:
-    return group_mask_loss(x, t, v, kind), group_dice_loss(x, t, v)
-
-
-class _MatchedGroupLosses(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, group_logits, pair_event, pair_query, membership, pair_target, valid, kind):
-        tensors = (group_logits, pair_event, pair_query, membership, pair_target, valid)
-        M, S = pair_event.shape[0], group_logits.shape[-1]
-        bce = torch.empty(M, dtype=torch.float32, device=group_logits.device)
-        dice = torch.empty_like(bce)
-        for sl in _pair_slices(M, S):
-            bce[sl], dice[sl] = _slice_losses(*_slice_rows(*tensors, sl), kind)
-        ctx.kind = kind
-        ctx.save_for_backward(*tensors)
-        return bce, dice
-
-    @staticmethod
-    def backward(ctx, d_bce, d_dice):
-        tensors = ctx.saved_tensors
-        group_logits, pair_event, pair_query = tensors[:3]
-        d_logits = torch.zeros_like(group_logits)
-        M, S = pair_event.shape[0], group_logits.shape[-1]
-        for sl in _pair_slices(M, S):
-            x, t, v = _slice_rows(*tensors, sl)
-            with torch.enable_grad():
-                x = x.detach().requires_grad_()
-                outs = _slice_losses(x, t, v, ctx.kind)
-            used = [(o, d[sl]) for o, d in zip(outs, (d_bce, d_dice), strict=True) if d is not None]
-            if not used:
-                continue
-            (d_x,) = torch.autograd.grad([o for o, _ in used], x, [d for _, d in used])
-            rows = (pair_event[sl], pair_query[sl])
-            d_logits.index_put_(rows, d_x.to(d_logits.dtype), accumulate=True)
-        return d_logits, None, None, None, None, None, None
-
-
-def _event_pair_slices(pairs_per_event, hits: int):
-    """(event, slice of the pair list): one event's pairs at a time."""
+def _event_pair_slices(spans, pairs_per_event):
+    """(event, its span, slice of the pair list): one event's pairs at a time."""
     start = 0
-    for b, n in enumerate(pairs_per_event):
-        for sl in _pair_slices(n, hits):
-            yield b, slice(start + sl.start, start + sl.stop)
+    for e, (span, n) in enumerate(zip(spans, pairs_per_event, strict=True)):
+        for sl in _pair_slices(n, span.hits):
+            yield e, span, slice(start + sl.start, start + sl.stop)
         start += n
 
 
-def _factored_rows(query_embed, hit_embed, mask, pair_query, b, sl):
-    """Logits of the pairs in ``sl`` (all of event ``b``), as the heads compute them."""
-    queries = query_embed[b].index_select(0, pair_query[sl])
-    rows = torch.mm(queries, hit_embed[b].t())
-    return rows.masked_fill(~mask[b][None, :], GROUP_MASKED_LOGIT), queries
+def _slice_losses(x: Tensor, t: Tensor, kind: str) -> tuple[Tensor, Tensor]:
+    return group_mask_loss(x, t, kind), group_dice_loss(x, t)
 
 
 class _FactoredGroupLosses(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx, query_embed, hit_embed, mask, pair_query, membership, pair_target, valid, kind, counts
-    ):
-        M, S = pair_query.shape[0], hit_embed.shape[1]
+    def forward(ctx, group_embed, hit_embed, pair_query, pair_target, kind, spans, counts, members):
+        M = pair_query.shape[0]
         bce = torch.empty(M, dtype=torch.float32, device=hit_embed.device)
         dice = torch.empty_like(bce)
-        for b, sl in _event_pair_slices(counts, S):
-            x, _ = _factored_rows(query_embed, hit_embed, mask, pair_query, b, sl)
-            bce[sl], dice[sl] = _slice_losses(x, membership[pair_target[sl]], valid[b], kind)
-        ctx.kind, ctx.counts = kind, counts
-        ctx.save_for_backward(
-            query_embed, hit_embed, mask, pair_query, membership, pair_target, valid
-        )
+        for e, span, sl in _event_pair_slices(spans, counts):
+            queries = group_embed[e].index_select(0, pair_query[sl])
+            x = torch.mm(queries, event_hits(hit_embed, span).t())
+            t = members[e].index_select(0, pair_target[sl])
+            bce[sl], dice[sl] = _slice_losses(x, t, kind)
+        ctx.kind, ctx.spans, ctx.counts, ctx.members = kind, spans, counts, members
+        ctx.save_for_backward(group_embed, hit_embed, pair_query, pair_target)
         return bce, dice
 
     @staticmethod
     def backward(ctx, d_bce, d_dice):
-        query_embed, hit_embed, mask, pair_query, membership, pair_target, valid = ctx.saved_tensors
-        d_query = torch.zeros_like(query_embed)
+        group_embed, hit_embed, pair_query, pair_target = ctx.saved_tensors
+        d_query = torch.zeros_like(group_embed)
         d_hit = torch.zeros_like(hit_embed)
-        for b, sl in _event_pair_slices(ctx.counts, hit_embed.shape[1]):
-            x, queries = _factored_rows(query_embed, hit_embed, mask, pair_query, b, sl)
+        for e, span, sl in _event_pair_slices(ctx.spans, ctx.counts):
+            hits = event_hits(hit_embed, span)
+            queries = group_embed[e].index_select(0, pair_query[sl])
             with torch.enable_grad():
-                x = x.detach().requires_grad_()
-                outs = _slice_losses(x, membership[pair_target[sl]], valid[b], ctx.kind)
+                x = torch.mm(queries, hits.t()).requires_grad_()
+                t = ctx.members[e].index_select(0, pair_target[sl])
+                outs = _slice_losses(x, t, ctx.kind)
             used = [(o, d[sl]) for o, d in zip(outs, (d_bce, d_dice), strict=True) if d is not None]
             if not used:
                 continue
             (d_x,) = torch.autograd.grad([o for o, _ in used], x, [d for _, d in used])
-            d_x = d_x.masked_fill_(~mask[b][None, :], 0.0).to(hit_embed.dtype)
-            d_query[b].index_add_(0, pair_query[sl], torch.mm(d_x, hit_embed[b]))
-            d_hit[b].addmm_(d_x.t(), queries)
-        return d_query, d_hit, None, None, None, None, None, None, None
+            d_x = d_x.to(hit_embed.dtype)
+            d_query[e].index_add_(0, pair_query[sl], torch.mm(d_x, hits))
+            event_hits(d_hit, span).addmm_(d_x.t(), queries)
+        return d_query, d_hit, None, None, None, None, None, None
 
 
 def _layer_losses(
     outputs: Mapping[str, Tensor],
+    batch: Mapping[str, Tensor],
     targets: list[EventTargets],
     matches: list[tuple[Tensor, Tensor]],
     loss_cfg: LossConfig,
     prefix: str,
 ) -> dict[str, Tensor]:
-    cl, mo, gr = (outputs[prefix + k] for k in ("class_logits", "momentum", "group_logits"))
-    B, Q, C = cl.shape
+    cl, mo, ge = (outputs[prefix + k] for k in ("class_logits", "momentum", "group_embed"))
+    E, Q, C = cl.shape
     dev = cl.device
     offsets = np.cumsum([0] + [t.num_particles for t in targets])
     all_cls = torch.cat([t.cls for t in targets])
     all_mom = torch.cat([t.momentum for t in targets])
-    all_mem = torch.cat([t.membership for t in targets])
-    valid = torch.stack([t.valid for t in targets])  # [B, S]
-    b_idx = torch.cat([torch.full_like(q, b) for b, (q, _) in enumerate(matches)])
+    e_idx = torch.cat([torch.full_like(q, e) for e, (q, _) in enumerate(matches)])
     q_idx = torch.cat([q for q, _ in matches])
-    t_idx = torch.cat([p + int(offsets[b]) for b, (_, p) in enumerate(matches)])
+    t_idx = torch.cat([p + int(offsets[e]) for e, (_, p) in enumerate(matches)])
 
-    tgt_cls = torch.zeros(B, Q, dtype=torch.long, device=dev)
-    tgt_cls[b_idx, q_idx] = all_cls[t_idx]
+    tgt_cls = torch.zeros(E, Q, dtype=torch.long, device=dev)
+    tgt_cls[e_idx, q_idx] = all_cls[t_idx]
     losses = {"class": weighted_cross_entropy(cl, tgt_cls, loss_cfg)}
 
     if q_idx.numel() == 0:  # nothing matched: zero, but keep the graph connected (DDP)
-        zero = (mo.float().sum() + gr.float().sum()) * 0.0
+        zero = (mo.float().sum() + ge.float().sum() + outputs["hit_embed"].float().sum()) * 0.0
         losses.update(momentum=zero, group_bce=zero, group_dice=zero)
         return losses
-    l1 = (mo[b_idx, q_idx].float() - all_mom[t_idx]).abs().mean(-1)
-    losses["momentum"] = event_mean(l1, b_idx, B)
+    l1 = (mo[e_idx, q_idx].float() - all_mom[t_idx]).abs().mean(-1)
+    losses["momentum"] = event_mean(l1, e_idx, E)
     bce, dice = matched_group_losses(
-        gr,
-        b_idx,
+        ge,
+        outputs["hit_embed"],
+        layout_of(batch).spans,
         q_idx,
-        all_mem,
-        t_idx,
-        valid,
+        torch.cat([p for _, p in matches]),
+        [t.membership for t in targets],
+        [int(q.shape[0]) for q, _ in matches],
         loss_cfg.group_loss,
-        pairs_per_event=[int(q.shape[0]) for q, _ in matches],
     )
-    losses["group_bce"] = event_mean(bce, b_idx, B)
-    losses["group_dice"] = event_mean(dice, b_idx, B)
+    losses["group_bce"] = event_mean(bce, e_idx, E)
+    losses["group_dice"] = event_mean(dice, e_idx, E)
     return losses
 
 
@@ -421,8 +383,8 @@ def hit_losses(
         result: dict[str, Tensor] = {}
         total = None
         for prefix in ["", *aux_prefixes(outputs)]:
-            matches = matcher(outputs, targets, loss_cfg, prefix)
-            layer = _layer_losses(outputs, targets, matches, loss_cfg, prefix)
+            matches = matcher(outputs, batch, targets, loss_cfg, prefix)
+            layer = _layer_losses(outputs, batch, targets, matches, loss_cfg, prefix)
             result.update({prefix + k: v for k, v in layer.items()})
             w = 1.0 if prefix == "" else loss_cfg.aux_weight
             total = w * _weighted(layer, loss_cfg) + (0.0 if total is None else total)

@@ -13,8 +13,6 @@ from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.model import build_model
 from heptstudy.model.adaptive_checkpointing import Plan, applied_plan
-from heptstudy.model.hit_model import HitModel
-from heptstudy.model.track_cluster import TrackClusterModel
 from heptstudy.train.losses import compute_losses
 from heptstudy.train.optim import build_optimizer, build_scheduler
 
@@ -66,19 +64,6 @@ def fresh_state(config: Config, device: torch.device):
     return model, optimizer, scheduler
 
 
-def decoder_entry(model: nn.Module) -> nn.Module:
-    """The first module run after the backbone: where ``decoder_and_heads`` starts."""
-    inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model here
-    if isinstance(inner, HitModel):
-        return inner.backbone_norm
-    if isinstance(inner, TrackClusterModel):
-        return inner.norm
-    raise TypeError(
-        f"no backbone/decoder boundary is known for {type(inner).__name__}; "
-        "add it to heptstudy.train.step.decoder_entry"
-    )
-
-
 def run_step(
     model: nn.Module,
     batch: Batch | Sequence[Batch],
@@ -116,7 +101,8 @@ def run_step(
             meter.start_step(micro.values(), model=model, optimizer=optimizer)
         with applied_plan(model, micro_plan):
             mark("backbone_forward")
-            hook = decoder_entry(model).register_forward_pre_hook(decoder_starts)
+            inner = getattr(model, "module", model)  # DistributedDataParallel keeps it here
+            hook = inner.decoder_entry().register_forward_pre_hook(decoder_starts)
             try:
                 with torch.autocast(micro["X"].device.type, dtype=dtype, enabled=dtype is not None):
                     outputs = model(micro)

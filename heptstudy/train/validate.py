@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from heptstudy.config import HIT_VARIANT, Config
+from heptstudy.data.batching import to_device
 from heptstudy.train.losses import (
     compute_losses,
     match,
@@ -29,7 +30,7 @@ def validate(model, batches, config: Config, device: torch.device, autocast_dtyp
     rel_pt: list[np.ndarray] = []
     predictions: dict[str, list[np.ndarray]] = defaultdict(list)
     for batch in batches:
-        batch = {k: v.to(device) for k, v in batch.items()}
+        batch = to_device(batch, device)
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             outputs = model(batch)
         losses = compute_losses(config.model.variant, outputs, batch, config.train.loss)

@@ -1,0 +1,145 @@
+"""Where the events of a batch lie: rows of hit slots, each event a contiguous run of slots in one
+row with its real hits first. A padded batch is one event per row, every run the batch's longest;
+a packed batch is one row holding every event, each run only as long as its own event needs.
+The model, losses and measurements read events through this, so both batchings share one path."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from heptstudy.errors import DataError
+
+BATCHINGS = ("padded", "packed")
+
+
+@dataclass(frozen=True)
+class EventSpan:
+    row: int
+    start: int
+    slots: int  # real hits first, then padding slots of this event
+    hits: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.slots
+
+
+@dataclass(frozen=True)
+class EventLayout:
+    """Host integers (no device sync, and fake-tensor steps can read them)."""
+
+    rows: int
+    row_slots: int
+    spans: tuple[EventSpan, ...]
+
+    def __post_init__(self) -> None:
+        ends = [0] * self.rows
+        for e, s in enumerate(self.spans):
+            if not 0 <= s.row < self.rows or s.start != ends[s.row] or not 0 <= s.hits <= s.slots:
+                raise DataError(
+                    f"event {e} of the batch lies at row {s.row}, slots {s.start}..{s.stop} "
+                    f"with {s.hits} hits; events must tile rows 0..{self.rows - 1} in order, "
+                    "real hits first (build batches with heptstudy.data.batching.collate)"
+                )
+            ends[s.row] = s.stop
+        if any(end != self.row_slots for end in ends):
+            raise DataError(
+                f"the events of the batch fill rows to {ends} slots, not {self.row_slots} each; "
+                "build batches with heptstudy.data.batching.collate"
+            )
+
+    @classmethod
+    def padded(cls, hits: Sequence[int], row_slots: int) -> EventLayout:
+        spans = tuple(EventSpan(b, 0, row_slots, int(n)) for b, n in enumerate(hits))
+        return cls(len(spans), row_slots, spans)
+
+    @classmethod
+    def packed(cls, hits: Sequence[int], slots: Sequence[int]) -> EventLayout:
+        starts = [0]
+        for n in slots:
+            starts.append(starts[-1] + int(n))
+        spans = tuple(
+            EventSpan(0, start, int(n), int(h))
+            for start, n, h in zip(starts[:-1], slots, hits, strict=True)
+        )
+        return cls(1, starts[-1], spans)
+
+    @property
+    def num_events(self) -> int:
+        return len(self.spans)
+
+    @property
+    def one_event_per_row(self) -> bool:
+        return self.rows == len(self.spans)
+
+    @property
+    def batching(self) -> str:
+        return "padded" if self.one_event_per_row else "packed"
+
+    @property
+    def total_hits(self) -> int:
+        return sum(s.hits for s in self.spans)
+
+    @property
+    def total_slots(self) -> int:
+        return self.rows * self.row_slots
+
+    def slot_event(self, device) -> torch.Tensor:
+        """[rows, row_slots] long: the event each slot belongs to."""
+        counts = torch.tensor([s.slots for s in self.spans], device=device)
+        return torch.repeat_interleave(torch.arange(len(self.spans), device=device), counts).view(
+            self.rows, self.row_slots
+        )
+
+    def slot_start(self, device) -> torch.Tensor:
+        """[rows, row_slots] long: the first slot of each slot's event in its row."""
+        starts = torch.tensor([s.start for s in self.spans], device=device)
+        return starts[self.slot_event(device)]
+
+    def bucket_slots(self, block_size: int) -> list[int]:
+        """Each event's slots rounded up to whole buckets: buckets never straddle two events."""
+        return [-(-s.slots // block_size) * block_size for s in self.spans]
+
+    def bucket_geometry(self, block_size: int, device):
+        """For bucket space (every event rounded up to whole buckets, rows of equal length):
+        ``position [rows, row_slots]``, the bucket position of each slot of sorted order;
+        ``source [rows, Sp]``, the slot each bucket position reads (fill repeats the event's last
+        slot); ``valid [rows, Sp]``, True where a position holds a real hit."""
+        rounded = self.bucket_slots(block_size)
+        row_len = [0] * self.rows
+        bucket_start = []
+        for s, n in zip(self.spans, rounded, strict=True):
+            bucket_start.append(row_len[s.row])
+            row_len[s.row] += n
+        Sp = max(row_len)
+        if any(n != Sp for n in row_len):
+            raise DataError(
+                f"rows of the batch round to {row_len} bucket slots: rows of one batch must "
+                "hold the same events' lengths (padded) or be one row (packed)"
+            )
+        event = self.slot_event(device)
+        shift = torch.tensor(
+            [b - s.start for b, s in zip(bucket_start, self.spans, strict=True)], device=device
+        )
+        slot = torch.arange(self.row_slots, device=device).expand(self.rows, -1)
+        position = slot + shift[event]
+        source = torch.empty(self.rows, Sp, dtype=torch.long, device=device)
+        valid = torch.zeros(self.rows, Sp, dtype=torch.bool, device=device)
+        for s, b, n in zip(self.spans, bucket_start, rounded, strict=True):
+            within = torch.arange(n, device=device)
+            source[s.row, b : b + n] = s.start + within.clamp(max=s.slots - 1)
+            valid[s.row, b : b + s.hits] = True
+        return position, source, valid
+
+
+def layout_of(batch) -> EventLayout:
+    layout = batch.get("layout")
+    if not isinstance(layout, EventLayout):
+        raise DataError(
+            "the batch carries no event layout ('layout'); build batches with "
+            "heptstudy.data.batching.collate or heptstudy.model.example_batch"
+        )
+    return layout
