@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from heptstudy.errors import DataError
@@ -89,15 +90,14 @@ class EventLayout:
 
     def slot_event(self, device) -> torch.Tensor:
         """[rows, row_slots] long: the event each slot belongs to."""
-        counts = torch.tensor([s.slots for s in self.spans], device=device)
-        return torch.repeat_interleave(torch.arange(len(self.spans), device=device), counts).view(
-            self.rows, self.row_slots
-        )
+        # built on the host: a fake-tensor step cannot repeat by counts held in a tensor
+        event = np.repeat(np.arange(len(self.spans)), [s.slots for s in self.spans])
+        return torch.from_numpy(event).view(self.rows, self.row_slots).to(device)
 
     def slot_start(self, device) -> torch.Tensor:
         """[rows, row_slots] long: the first slot of each slot's event in its row."""
-        starts = torch.tensor([s.start for s in self.spans], device=device)
-        return starts[self.slot_event(device)]
+        start = np.repeat([s.start for s in self.spans], [s.slots for s in self.spans])
+        return torch.from_numpy(start).view(self.rows, self.row_slots).to(device)
 
     def bucket_slots(self, block_size: int) -> list[int]:
         """Each event's slots rounded up to whole buckets: buckets never straddle two events."""
@@ -136,10 +136,17 @@ class EventLayout:
 
 
 def layout_of(batch) -> EventLayout:
+    """The batch's layout; a batch without one is read as padded (an event per row), provided
+    each row's real hits lead it."""
     layout = batch.get("layout")
-    if not isinstance(layout, EventLayout):
+    if isinstance(layout, EventLayout):
+        return layout
+    mask = batch["mask"].bool().cpu()
+    hits = mask.sum(dim=1)
+    if not torch.equal(mask, torch.arange(mask.shape[1]) < hits[:, None]):
         raise DataError(
-            "the batch carries no event layout ('layout'); build batches with "
+            "the batch carries no event layout ('layout') and its mask does not put each row's "
+            "hits first, so its events cannot be found; build batches with "
             "heptstudy.data.batching.collate or heptstudy.model.example_batch"
         )
-    return layout
+    return EventLayout.padded(hits.tolist(), mask.shape[1])
