@@ -30,8 +30,8 @@ def fresh_dynamo():
 def _qkv_mask(seq_len, dtype=torch.float32, batch_rounds=2):
     gen = torch.Generator().manual_seed(seq_len)
     q, k, v = (torch.randn(batch_rounds, 1, seq_len, 4, generator=gen, dtype=dtype) for _ in "qkv")
-    n_valid = torch.full((batch_rounds,), seq_len - 7)
-    return q, k, v, bucket_block_mask(n_valid, seq_len, BLOCK, "cpu")
+    valid = (torch.arange(seq_len) < seq_len - 7).expand(batch_rounds, -1)
+    return q, k, v, bucket_block_mask(valid, BLOCK)
 
 
 def _unfused_marker_shown() -> bool:

@@ -42,13 +42,18 @@ def _hit_batch() -> dict[str, torch.Tensor]:
     return {"X": torch.randn(2, S, 15, generator=g), "mask": mask, "ytarget": y}
 
 
+def _identity_hits(dtype=torch.float32) -> torch.Tensor:
+    """Hit embeddings that make an event's grouping logits its query embeddings' first columns."""
+    return torch.eye(S, dtype=dtype).expand(2, S, S).clone().requires_grad_()
+
+
 def _random_outputs(seed: int = 1, num_layers: int = NL) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    out = {}
+    out = {"hit_embed": _identity_hits()}
     for prefix in ["", *[f"aux{i}_" for i in range(num_layers - 1)]]:
         out[prefix + "class_logits"] = torch.randn(2, Q, 6, generator=g).requires_grad_()
         out[prefix + "momentum"] = torch.randn(2, Q, 5, generator=g).requires_grad_()
-        out[prefix + "group_logits"] = torch.randn(2, Q, S, generator=g).requires_grad_()
+        out[prefix + "group_embed"] = torch.randn(2, Q, S, generator=g).requires_grad_()
     return out
 
 
@@ -62,15 +67,21 @@ def _perfect_outputs(batch) -> dict[str, torch.Tensor]:
     cls = torch.zeros(2, Q, 6)
     cls[:, :, 0] = 30.0
     mom = torch.randn(2, Q, 5)
-    grp = torch.full((2, Q, S), -30.0)
+    grp = torch.full((2, Q, S), 7.0)
     for b, t in enumerate(targets):
+        hits = t.membership.shape[1]
+        grp[b, :, :hits] = -30.0
         for j, q in enumerate(PERMS[b]):
             cls[b, q] = 0.0
             cls[b, q, t.cls[j]] = 30.0
             mom[b, q] = t.momentum[j]
-            grp[b, q] = torch.where(t.membership[j], 30.0, -30.0)
-    grp[~batch["mask"][:, None, :].expand(-1, Q, -1)] = 7.0
-    return {"class_logits": cls, "momentum": mom, "group_logits": grp}
+            grp[b, q, :hits] = torch.where(t.membership[j], 30.0, -30.0)
+    return {
+        "class_logits": cls,
+        "momentum": mom,
+        "group_embed": grp,
+        "hit_embed": torch.eye(S).expand(2, S, S),
+    }
 
 
 def test_targets_grouped_by_particle_number():
@@ -79,7 +90,7 @@ def test_targets_grouped_by_particle_number():
     assert t0.particle_number.tolist() == [1, 2, 3]
     assert t0.cls.tolist() == [1, 3, 5]
     assert t0.membership.sum(1).tolist() == [3, 3, 2]  # padded hit 10 (particle 2) ignored
-    assert not t0.membership[:, 9:].any()
+    assert t0.membership.shape == (3, 9)  # over the event's hits only
     # particle 7 has no representative hit: not a target
     assert t1.particle_number.tolist() == [1, 5]
     assert t1.cls.tolist() == [4, 2]
@@ -103,13 +114,15 @@ def test_permuted_targets_cost_zero_and_are_matched_back():
     batch, cfg = _hit_batch(), LossConfig()
     out = _perfect_outputs(batch)
     targets = L.targets_from_batch(batch)
-    matches = L.match(out, targets, cfg)
+    matches = L.match(out, batch, targets, cfg)
     for b, (q, p) in enumerate(matches):
         assert q.tolist() == sorted(PERMS[b].tolist())
         assert np.array_equal(PERMS[b][p.numpy()], q.numpy())  # matched back
+        hits = targets[b].membership.shape[1]
         cost = L.cost_matrix(
-            out["class_logits"][b], out["momentum"][b], out["group_logits"][b], targets[b], cfg
-        )
+            out["class_logits"][b], out["momentum"][b], out["group_embed"][b, :, :hits],
+            targets[b], cfg,
+        )  # fmt: skip
         assert cost.shape == (Q, targets[b].num_particles)
         assert cost[q, p].abs().max() < 1e-6
     losses = L.hit_losses(out, batch, cfg)
@@ -128,7 +141,7 @@ def test_match_event_hand_made_cost():
 def test_unmatched_queries_pushed_to_no_particle():
     batch, cfg = _hit_batch(), LossConfig()
     out = _random_outputs(num_layers=1)
-    matches = L.match(out, L.targets_from_batch(batch), cfg)
+    matches = L.match(out, batch, L.targets_from_batch(batch), cfg)
     L.hit_losses(out, batch, cfg)["class"].backward()
     grad = out["class_logits"].grad
     for b, (q, _) in enumerate(matches):
@@ -143,7 +156,7 @@ def test_unmatched_queries_pushed_to_no_particle():
         loss = L.hit_losses(o, batch, cfg)["class"]
         (g,) = torch.autograd.grad(loss, logits)
         logits = (logits - 20.0 * g).detach().requires_grad_()
-    matches = L.match(dict(out, class_logits=logits), L.targets_from_batch(batch), cfg)
+    matches = L.match(dict(out, class_logits=logits), batch, L.targets_from_batch(batch), cfg)
     pred = logits.argmax(-1)
     for b, (q, _) in enumerate(matches):
         unmatched = sorted(set(range(Q)) - set(q.tolist()))
@@ -169,11 +182,11 @@ def test_components_positive_with_gradients_and_padding_ignored():
     for k, v in out.items():
         assert v.grad is not None and v.grad.abs().sum() > 0, k
     pad = ~batch["mask"]
-    for k in ("group_logits", "aux0_group_logits"):
+    for k in ("group_embed", "aux0_group_embed"):
         assert (out[k].grad.permute(0, 2, 1)[pad] == 0).all()
     # changing padded hits' logits changes nothing
     out2 = {k: v.detach().clone() for k, v in out.items()}
-    out2["group_logits"][pad[:, None, :].expand(-1, Q, -1)] = 100.0
+    out2["group_embed"][pad[:, None, :].expand(-1, Q, -1)] = 100.0
     assert torch.equal(L.hit_losses(out2, batch, cfg)["total"], losses["total"].detach())
 
 
@@ -236,7 +249,7 @@ def test_bf16_autocast_losses_are_float32():
         assert ls[k].dtype == torch.float32
         assert torch.allclose(ls[k], ref[k], rtol=1e-5, atol=1e-6), k
     ls["total"].backward()
-    assert out["group_logits"].grad.dtype == torch.bfloat16
+    assert out["group_embed"].grad.dtype == torch.bfloat16
 
 
 def _element_batch():
@@ -317,7 +330,10 @@ def test_batch_loss_is_mean_of_half_batch_losses_as_ddp_needs():
         torch.manual_seed(0)
         model = build_model(cfg).eval()
         batch = example_batch(cfg, 4, [90, 40, 64, 17], seed=3)
-        halves = [{k: v[s] for k, v in batch.items()} for s in (slice(0, 2), slice(2, 4))]
+        halves = [
+            {k: v[s] for k, v in batch.items() if k != "layout"}  # read as padded rows
+            for s in (slice(0, 2), slice(2, 4))
+        ]
         with torch.no_grad():
             whole = compute_losses(variant, model(batch), batch, cfg.train.loss)
             parts = [compute_losses(variant, model(h), h, cfg.train.loss) for h in halves]
@@ -330,31 +346,39 @@ def test_batch_loss_is_mean_of_half_batch_losses_as_ddp_needs():
 @pytest.mark.parametrize("kind", ["bce", "focal"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sliced_grouping_losses_equal_gathered_rows(monkeypatch, kind, dtype):
-    """The slice-by-slice grouping losses give the values and gradients of gathering every
-    matched row at once, up to rounding (the slices only bound the temporaries)."""
+    """The slice-by-slice grouping losses from the heads' factors give the values and gradients
+    of gathering every matched row of the full logits at once, up to rounding (the slices only
+    bound the temporaries), on a packed layout: two events in one row."""
+    from heptstudy.data.layout import EventLayout
+
     monkeypatch.setattr(L, "GROUP_SLICE_ELEMENTS", 2 * S)  # two pairs per slice
     g = torch.Generator().manual_seed(5)
-    logits = torch.randn(2, Q, S, generator=g).to(dtype)
-    membership = torch.rand(5, S, generator=g) > 0.6
-    valid = torch.rand(2, S, generator=g) > 0.2
-    pair_event = torch.tensor([0, 0, 0, 1, 1])
+    layout = EventLayout.packed([9, 7], [S, S - 2])
+    D = 4
+    group_embed = torch.randn(2, Q, D, generator=g).to(dtype)
+    hit_embed = torch.randn(1, 2 * S - 2, D, generator=g).to(dtype)
+    members = [torch.rand(3, 9, generator=g) > 0.6, torch.rand(2, 7, generator=g) > 0.6]
     pair_query = torch.tensor([4, 0, 2, 5, 1])
-    pair_target = torch.tensor([0, 1, 2, 3, 4])
+    pair_target = torch.tensor([0, 1, 2, 0, 1])
     weights = torch.rand(2, 5, generator=g)
 
     def run(fn):
-        x = logits.clone().requires_grad_()
-        bce, dice = fn(x)
+        ge, he = group_embed.clone().requires_grad_(), hit_embed.clone().requires_grad_()
+        bce, dice = fn(ge, he)
         ((weights[0] * bce).sum() + (weights[1] * dice).sum()).backward()
-        return bce.detach(), dice.detach(), x.grad
+        return bce.detach(), dice.detach(), ge.grad, he.grad
 
-    def gathered(x):
-        rows, t, v = x[pair_event, pair_query], membership[pair_target], valid[pair_event]
-        return L.group_mask_loss(rows, t, v, kind), L.group_dice_loss(rows, t, v)
+    def gathered(ge, he):
+        out = []
+        for e, (span, sl) in enumerate(zip(layout.spans, (slice(0, 3), slice(3, 5)), strict=True)):
+            rows = ge[e, pair_query[sl]] @ he[0, span.start : span.start + span.hits].t()
+            t = members[e][pair_target[sl]]
+            out.append((L.group_mask_loss(rows, t, kind), L.group_dice_loss(rows, t)))
+        return tuple(torch.cat(parts) for parts in zip(*out, strict=True))
 
-    def sliced(x):
+    def sliced(ge, he):
         return L.matched_group_losses(
-            x, pair_event, pair_query, membership, pair_target, valid, kind
+            ge, he, layout.spans, pair_query, pair_target, members, [3, 2], kind
         )
 
     for a, b in zip(run(sliced), run(gathered), strict=True):
@@ -363,12 +387,9 @@ def test_sliced_grouping_losses_equal_gathered_rows(monkeypatch, kind, dtype):
 
 
 def test_unknown_grouping_loss_is_refused():
-    x = torch.zeros(1, 2, 3)
-    idx = torch.zeros(1, dtype=torch.long)
+    x = torch.zeros(2, 3)
     with pytest.raises(ConfigError, match="group_loss='dice2'"):
-        L.matched_group_losses(
-            x, idx, idx, torch.zeros(1, 3, dtype=torch.bool), idx, x[0] > 0, "dice2"
-        )
+        L.group_mask_loss(x, x > 0, "dice2")
 
 
 def test_target_columns_come_from_the_schema():

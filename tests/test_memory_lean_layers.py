@@ -25,7 +25,7 @@ def _reference_attention(q, k, v, buckets, block_size):
             for h in range(H):
                 idx = buckets.order[b, c, h].long()
                 qs, ks, vs = q[b, idx, h], k[b, idx, h], v[b, idx, h]
-                valid = torch.arange(Sp) < buckets.n_valid[b]
+                valid = buckets.valid[b]
                 o_rows, l_rows = [], []
                 for start in range(0, Sp, block_size):
                     blk = slice(start, start + block_size)
@@ -51,7 +51,7 @@ def _layer_and_inputs(tiny_overrides, lengths, block_size=16):
     cfg = load_config(overrides=tiny_overrides + [f"model.heptv2.block_size={block_size}"])
     layer = HEPTv2Layer(cfg.model.heptv2, 0)
     batch = example_batch(cfg, len(lengths), lengths, seed=3)
-    buckets = layer.bucket_order(hit_coordinates(batch["X"]), batch["mask"])
+    buckets = layer.bucket_order(hit_coordinates(batch["X"]), batch["mask"], batch["layout"])
     return layer, batch, buckets
 
 
@@ -242,7 +242,7 @@ def test_layer_keeps_no_bucket_scores_for_backward(tiny_overrides):
     with torch.autograd.graph.saved_tensors_hooks(
         lambda t: shapes.append(t.shape) or t, lambda t: t
     ):
-        layer(x, mask, coords, buckets)
+        layer(x, mask, coords, batch["layout"], buckets)
     assert shapes
     assert not [s for s in shapes if len(s) >= 2 and s[-1] == s[-2] == 24]
 
@@ -259,9 +259,9 @@ def test_checkpointed_layer_releases_its_bucket_order_in_its_backward(tiny_overr
     batch = example_batch(cfg, 2, [40, 30], seed=1)
     mask, coords = batch["mask"], hit_coordinates(batch["X"])
     x = torch.randn(*mask.shape, cfg.model.heptv2.embedding_dim, requires_grad=True)
-    buckets = layer.bucket_order(coords, mask)
+    buckets = layer.bucket_order(coords, mask, batch["layout"])
     order = weakref.ref(buckets.order)
-    out = layer(x, mask, coords, buckets)
+    out = layer(x, mask, coords, batch["layout"], buckets)
     del buckets
     assert order() is not None  # the checkpoint keeps it for the recomputation
     out.sum().backward()

@@ -50,12 +50,12 @@ class DecoderLayer(nn.Module):
         H, dh = self.heads, D // self.heads
         q = self.cross_q(self.cross_norm(queries)).view(E, Q, H, dh).transpose(1, 2)
         kv = self.cross_kv(memory)
-        attn = torch.stack(
+        attn = torch.cat(
             [
                 F.scaled_dot_product_attention(
-                    q[e],
-                    *event_hits(kv, span).view(-1, 2, H, dh).permute(1, 2, 0, 3),
-                    attn_mask=None if allowed[e] is None else allowed[e][None],
+                    q[e : e + 1],
+                    *event_hits(kv, span).view(1, -1, 2, H, dh).permute(2, 0, 3, 1, 4),
+                    attn_mask=None if allowed[e] is None else allowed[e][None, None],
                 )
                 for e, span in enumerate(layout.spans)
             ]

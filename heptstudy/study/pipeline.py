@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from heptstudy.config import Config, load_config, parse_plan_name
+from heptstudy.data.batching import to_device
 from heptstudy.measure.parity import build_seeded
 from heptstudy.measure.request import (
     Count,
@@ -122,7 +123,7 @@ def step_memory_timeline(config, batch, device=None) -> Any:
     import torch
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    batch = {k: v.to(device) for k, v in batch.items()}
+    batch = to_device(batch, device)
     model = build_seeded(config, device)
     model.train()
     optimizer = build_optimizer(model, config.train)

@@ -64,7 +64,7 @@ def _robust_width(x: np.ndarray) -> float | None:
 
 def _hit_quality(outputs, batch, config, predictions):
     targets = targets_from_batch(batch)
-    pairs = match(outputs, targets, config.train.loss)
+    pairs = match(outputs, batch, targets, config.train.loss)
     pred_cls = outputs["class_logits"].argmax(-1)
     pred_mom = momentum_to_physical(outputs["momentum"])
     correct = total = 0

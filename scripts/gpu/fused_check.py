@@ -61,8 +61,8 @@ def kernel(policy: str) -> dict:
             ).requires_grad_(True)
             for _ in range(3)
         )
-        n_valid = torch.full((6,), sorted_len - 50, device=DEV)
-        mask = bucket_block_mask(n_valid, length, 100, DEV)
+        valid = (torch.arange(length, device=DEV) < sorted_len - 50).expand(6, -1)
+        mask = bucket_block_mask(valid, 100)
         _sync()
         if DEV.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
