@@ -37,6 +37,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         overrides=tuple(args.overrides),
         checkpointing=args.checkpointing,
         estimate=args.estimate,
+        batching=args.batching,
     )
     result = fit(request)
     if args.save_model:
@@ -121,6 +122,13 @@ def register_cli(subparsers) -> None:
         default=None,
         help="auto: also answer for activation_checkpointing=auto (plans per step, expected step "
         "time from --reports, P(step exceeds the budget)); default: the recipe's setting",
+    )
+    p.add_argument(
+        "--batching",
+        choices=["padded", "packed"],
+        default=None,
+        help="padded: every event filled to its batch's longest; packed: the batch's events in "
+        "one stream, the answer over the batch's slots in all (default: the recipe's)",
     )
     p.add_argument(
         "--save-model", default=None, help="write the memory model used to this JSON file"

@@ -19,9 +19,10 @@ from heptstudy.errors import DataError
 
 
 def padded_sizes(lengths, multiple: int) -> np.ndarray:
-    """Event lengths rounded up to a multiple of ``multiple`` (int64 array)."""
+    """Event lengths rounded up to a multiple of ``multiple``, at least one (int64 array): an
+    event of no hits still has slots."""
     n = np.asarray(lengths, dtype=np.int64)
-    return -(-n // multiple) * multiple
+    return np.maximum(-(-n // multiple) * multiple, multiple)
 
 
 def to_device(
@@ -53,8 +54,7 @@ def collate(
     if batching not in BATCHINGS:
         raise DataError(f"data.batching={batching!r} is not known; use one of {BATCHINGS}")
     lengths = np.array([len(ev["X"]) for ev in events], dtype=np.int64)
-    # an event of no hits still gets slots: every event has a non-empty run
-    padded = np.maximum(padded_sizes(lengths, pad_to_multiple), pad_to_multiple)
+    padded = padded_sizes(lengths, pad_to_multiple)
     if batching == "packed":
         layout = EventLayout.packed(lengths.tolist(), padded.tolist())
     else:

@@ -135,6 +135,15 @@ class EventLayout:
         return position, source, valid
 
 
+def batch_shape(batch) -> tuple[int, int, int]:
+    """``(events, slots per event, slots)`` of a batch, as memory models read a batch: a padded
+    batch's slots per event is its longest padded event; a packed batch's, its mean (the
+    models' per-hit terms then see the packed batch's real slots)."""
+    layout = layout_of(batch)
+    slots = layout.total_slots
+    return layout.num_events, round(slots / layout.num_events), slots
+
+
 def layout_of(batch) -> EventLayout:
     """The batch's layout; a batch without one is read as padded (an event per row), provided
     each row's real hits lead it."""

@@ -23,6 +23,7 @@ from heptstudy import stand_ins
 from heptstudy.config import HIT_VARIANT, Config
 from heptstudy.data import load_events
 from heptstudy.data.batching import dataset_for, map_tensors
+from heptstudy.data.layout import batch_shape
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.autocast_policy import UnknownTorchVersion, target_autocast
 from heptstudy.estimate.bench_process import simulate_bench_process
@@ -245,12 +246,12 @@ def _fake_step(
             "the model or loss uses an operation fake tensors cannot run (a host copy or a "
             "data-dependent shape): measure on the device instead (heptstudy bench)"
         ) from err
-    B, L = batch["X"].shape[:2]
+    B, L, slots = batch_shape(batch)
     tracker = meter.tracker
     return FakeStepEstimate(
-        batch_size=int(B),
-        longest_padded=int(L),
-        padded_batch_hits=int(B * L),
+        batch_size=B,
+        longest_padded=L,
+        padded_batch_hits=slots,
         peak_allocated_bytes=int(mem.peak_allocated_bytes),
         baseline_bytes=int(mem.baseline_bytes or 0),
         device=f"fake {device_type}",

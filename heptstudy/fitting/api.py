@@ -15,6 +15,7 @@ from heptstudy.estimate.memory_model import FitError, MemoryModel
 from heptstudy.estimate.plans import DEFAULT_MARGIN_FRACTION, predictor_for
 from heptstudy.fingerprint import commit_reasons
 from heptstudy.fitting.auto import evaluate_auto, measured_rates
+from heptstudy.fitting.packed import evaluate_packed
 from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, peak_mib
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
@@ -57,6 +58,7 @@ class FitRequest:
     checkpointing: str | None = None  # "auto": also answer for activation_checkpointing=auto
     stored_if_reports_unusable: bool = False  # else refuse reports that do not hold
     estimate: bool = False  # estimate now on a fake device, whatever is stored (regenerating)
+    batching: str | None = None  # padded | packed; default: the recipe's
 
     def __post_init__(self) -> None:
         b = self.per_device_batch
@@ -122,12 +124,14 @@ class FitResult:
 def resolve_config(request: FitRequest):
     """``(resolution, resolved variant, notes)`` of the request's scenario on its platform."""
     over = list(request.overrides)
-    # only the fitted variant: the scenario's other models may have no HEPTv2 backbone
-    only_fitted = (
-        {request.variant: ["model.heptv2.activation_checkpointing=auto"]}
-        if request.checkpointing == "auto"
-        else None
+    # only the fitted variant: the scenario's other models may have no HEPTv2 backbone, nor
+    # read packed batches
+    fitted = (
+        ["model.heptv2.activation_checkpointing=auto"] if request.checkpointing == "auto" else []
     )
+    if request.batching:
+        fitted.append(f"data.batching={request.batching}")
+    only_fitted = {request.variant: fitted} if fitted else None
     if request.data_dir:
         over.insert(0, f"data.data_dir={real_path(request.data_dir, '--data-dir')}")
     scenario, platform = repo_path(request.scenario), repo_path(request.platform)
@@ -171,7 +175,9 @@ def _cross_check(
     origin: str, model: MemoryModel, differs: list[str], answer: FitAnswer
 ) -> dict[str, Any]:
     """Another device kind's or attention backend's model at the answer's worst batch."""
-    b, longest = answer.per_device_batch, answer.worst_batch["longest_padded"]
+    b = answer.per_device_batch
+    # a packed batch's length per event is its mean slots per event
+    longest = answer.worst_batch["longest_padded"] or answer.worst_batch["padded_batch_hits"] / b
     allocated = gib(model.predict_allocated_mib(b, longest))
     reserved = gib(model.predict_reserved_mib(b, longest))
     return {
@@ -243,7 +249,7 @@ def fit(request: FitRequest) -> FitResult | None:
     ds = dataset_for(config, "train")
     lengths = ds.lengths()
     expandable = expandable_segments(platform)
-    answer = evaluate(
+    answer = (evaluate_packed if config.data.batching == "packed" else evaluate)(
         choice.model,
         lengths,
         batch,

@@ -26,6 +26,8 @@ class Tail:
     p_run_fails: float
     expected_failing_steps: float
     largest_safe_batch: int | None  # never fails on this data; None: not even one event
+    never_fails: bool = True
+    batching: str = "padded"  # packed: longest_fitting_padded is the most slots a batch may hold
 
 
 @dataclass
@@ -44,9 +46,11 @@ class FitAnswer:
     typical_batches: list[dict[str, Any]] = field(default_factory=list)
     curve: dict[str, list] = field(default_factory=dict)  # peaks against batch longest, CDF
 
+    batching: str = "padded"
+
     @property
     def fits(self) -> bool:
-        return self.criterion.events_too_long == 0
+        return self.criterion.never_fails
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "fits": self.fits}
@@ -103,6 +107,7 @@ def _tail(model, quantity, plen, batch, world_size, num_steps, usable_mib) -> Ta
         p_run_fails=occupancy.p_run_fails(len(plen), bad, batch, world_size, num_steps),
         expected_failing_steps=p_step * num_steps,
         largest_safe_batch=largest_safe_batch(model, quantity, int(plen.max()), usable_mib),
+        never_fails=bad == 0,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from heptstudy.fitting.auto import auto_words
+from heptstudy.fitting.packed import SAMPLED_BATCHES
 from heptstudy.fitting.predict import FitAnswer, Tail
 
 DEVICE_WORDS = {"rocm": "GCD", "cuda": "GPU", "cpu": "CPU process"}
@@ -20,7 +21,26 @@ def _pct(p: float) -> str:
     return f"{p:.3%}" if p >= 1e-4 else f"{p:.2e}"
 
 
+def _packed_tail_words(t: Tail, a: FitAnswer) -> str:
+    safe = f"largest per-device batch that never fails on this data: {t.largest_safe_batch}"
+    if t.longest_fitting_padded is None:
+        return f"no batch of {a.per_device_batch} events fits, however short; {safe}"
+    if t.never_fails:
+        return (
+            f"a batch of {a.per_device_batch} may hold up to {t.longest_fitting_padded:,} slots, "
+            f"more than the data's fullest batch; {safe}"
+        )
+    return (
+        f"batches of more than {t.longest_fitting_padded:,} slots overflow; P(a step fails) = "
+        f"{_pct(t.p_step_fails)} (of {a.per_device_batch}-event batches drawn at random); over "
+        f"the recipe's {a.scenario_steps:,} steps P(at least one failure) = "
+        f"{_pct(t.p_run_fails)} ({t.expected_failing_steps:,.1f} failing steps expected); {safe}"
+    )
+
+
 def _tail_words(t: Tail, a: FitAnswer) -> str:
+    if t.batching == "packed":
+        return _packed_tail_words(t, a)
     if t.events_too_long == 0:
         return (
             f"no event of the data is too long for it; largest per-device batch that never fails "
@@ -48,10 +68,13 @@ def answer_words(result) -> str:
     w, crit = a.worst_batch, a.criterion.quantity
     crit_words, field = CRITERION_WORDS[crit]
     peak = w[field]
-    worst = (
-        f"the batch holding the data's longest event ({w['longest_padded']:,} padded hits) needs "
-        f"{peak:.1f} GiB {crit_words} of {a.usable_gib:.1f} GiB usable"
+    holding = (
+        f"the packed batch of the data's {a.per_device_batch} longest events "
+        f"({w['padded_batch_hits']:,} slots)"
+        if a.batching == "packed"
+        else f"the batch holding the data's longest event ({w['longest_padded']:,} padded hits)"
     )
+    worst = f"{holding} needs {peak:.1f} GiB {crit_words} of {a.usable_gib:.1f} GiB usable"
     if crit != "allocated" and plat.device in ("cuda", "rocm"):
         # on a GPU the criterion is the allocator's pool plus the margin kept for the context
         worst += (
@@ -72,7 +95,7 @@ def answer_words(result) -> str:
         text = f"{head}: fits on this data{by}: {worst}."
     else:
         text = f"{head}: does NOT fit on this data{by}: {worst}; {_tail_words(a.criterion, a)}."
-        if crit != "allocated" and a.allocated_only.events_too_long == 0:
+        if crit != "allocated" and a.allocated_only.never_fails:
             text += (
                 f" On peak allocated alone (no allocator overhead, a lower bound) it would fit "
                 f"({w['allocated_gib']:.1f} GiB)."
@@ -115,8 +138,13 @@ def _row(r: dict) -> str:
     reserved = "" if r["reserved_gib"] is None else f", {r['reserved_gib']:.1f} GiB reserved"
     if r.get("reserved_expandable_gib") is not None:
         reserved += f" ({r['reserved_expandable_gib']:.1f} with expandable segments)"
+    size = (
+        f"{r['padded_batch_hits']:>9,} slots packed"
+        if r["longest_padded"] is None
+        else f"longest {r['longest_padded']:>7,} padded hits"
+    )
     return (
-        f"  {r['batch']:<26} longest {r['longest_padded']:>7,} padded hits: "
+        f"  {r['batch']:<26} {size}: "
         f"{r['allocated_gib']:.1f} GiB allocated{reserved}; margin {r['margin_gib']:+.1f} GiB"
     )
 
@@ -187,13 +215,21 @@ def render(result) -> str:
         "",
         "Assumptions:",
         f"  recipe: {rv.name}, global batch {cfg.train.global_batch_size} over {a.world_size} "
-        f"devices, {a.scenario_steps:,} steps, sampler {cfg.data.sampler}, padding to "
+        f"devices, {a.scenario_steps:,} steps, sampler {cfg.data.sampler}, "
+        f"{cfg.data.batching} batches, events padded to "
         f"{cfg.data.pad_to_multiple}, dtype {cfg.train.dtype}, attention "
         f"{cfg.model.heptv2.attention_backend}, checkpointing "
         f"{cfg.model.heptv2.activation_checkpointing}",
         f"  data: {result.data}",
-        "  a step's peak = memory model at (batch size, longest padded event of the batch); a "
-        "batch or step = a uniformly random set of events of an epoch; validation steps not modelled",
+        (
+            "  a step's peak = memory model at (batch size, slots of the batch / batch size); "
+            f"slots per batch from {SAMPLED_BATCHES:,} random batches; "
+            if a.batching == "packed"
+            else "  a step's peak = memory model at (batch size, longest padded event of the "
+            "batch); "
+        )
+        + "a batch or step = a uniformly random set of events of an epoch; validation steps not "
+        "modelled",
         *(f"  {n}" for n in result.notes + mm.notes),
     ]
     if result.auto is not None:

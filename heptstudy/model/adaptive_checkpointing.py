@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from heptstudy.config import Config, count_plan
+from heptstudy.data.layout import batch_shape
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.checkpoint_plan import OFF, CheckpointPlan, plan_named
 from heptstudy.model.checkpoint_plan import applied_plan as applied_plan
@@ -112,7 +113,7 @@ class PlanPredictor:
 
     def choose_for(self, batch: dict[str, torch.Tensor]) -> PlanChoice:
         """The plan for ``batch``, from its shape (on the host, before it is moved)."""
-        b, length = (int(n) for n in batch["X"].shape[:2])
+        b, length, _ = batch_shape(batch)
         events = batch.get("event_index")
         # the events are named only in the error: reading them from a device costs a sync
         what = None if events is None else lambda: f"the batch of events {events.tolist()}"
