@@ -22,7 +22,7 @@ HEPTSTUDY := $(BIN)/python -m heptstudy
 STUDY_EVENTS_TRAIN ?= 256
 STUDY_EVENTS_TEST ?= 64
 
-.PHONY: install install-validate test study reference reference-b16 study-data lint format clean-venv
+.PHONY: install test study reference reference-b16 study-data lint format clean-venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,10 +31,6 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
-
-# what `heptstudy fit validate` needs for reports of earlier commits (their own dependencies)
-install-validate: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[dev,validate]"
 
 test: $(STAMP)
 	$(BIN)/ruff check heptstudy tests
