@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,27 @@ def test_an_event_the_data_does_not_hold_is_refused_naming_the_report(
     rc = main(["fit", "validate", *args])
     err = capsys.readouterr().err
     assert rc == 2 and str(path) in err and "5000" in err and "Traceback" not in err
+
+
+def test_at_commit_runs_that_commits_own_code_from_a_worktree(tmp_path):
+    """scripts/at_commit.sh: the commit's own `heptstudy`, relative report paths naming that
+    commit's files, --data-dir made absolute from where it was started."""
+    (tmp_path / "data").mkdir()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    done = subprocess.run(
+        [str(REPO / "scripts" / "at_commit.sh"), "HEAD", "fit", "validate", "--reports"]
+        + ["experiments/cpu_reference/parity_b1.json", "--data-dir", "data"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"at commit {head[:9]}" in done.stderr
+    assert "parity_b1.json: a parity report" in done.stderr  # read in the worktree, not here
+    worktrees = subprocess.run(
+        ["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert "heptstudy-at-" not in worktrees  # removed at the end
