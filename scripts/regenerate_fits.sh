@@ -9,7 +9,7 @@
 #       the models: fake steps of the current model on a generated 2,000-event set (DATA_DIR,
 #       default data/tfds_fit2000), each step's allocation trace replayed through the
 #       caching-allocator simulator; the predictions: every memory run of configs/study/gpu.yaml
-#       on the GPU session's data (its events and seed: experiments/h200_2026-11-30/session.json;
+#       on the GPU session's data (its events and seed: experiments/h200_2026-11-30/session.yaml;
 #       GPU_DATA, default data/tfds_gpu). Data sets are generated when they are not there. The
 #       three fits and the prediction runs all run at once in processes of their own (JOBS
 #       prediction runs at a time, default: the cores), so that the cores stay busy until the

@@ -63,7 +63,7 @@ def test_stale_predictions_fail_the_check_naming_the_regeneration(tmp_path, caps
 
 
 def test_damaged_session_facts_are_refused(tmp_path):
-    path = tmp_path / "session.json"
+    path = tmp_path / "session.yaml"
     path.write_text(json.dumps({"device_kind": "cuda", "data": {"events_train": 144}}))
     with pytest.raises(HeptstudyError, match="events_test, seed"):
         session_facts(path)

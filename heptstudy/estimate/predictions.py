@@ -26,7 +26,7 @@ from heptstudy.units import MIB
 SCHEMA = "heptstudy.blind_predictions/1"
 PREDICTIONS = "experiments/gpu_blind_predictions/predictions.json"
 #: The GPU session whose events and PyTorch the GPU study repeats (scripts/gpu/README.md).
-SESSION = "experiments/h200_2026-11-30/session.json"
+SESSION = "experiments/h200_2026-11-30/session.yaml"
 #: Parts whose change makes the predictions stale (a test enforces them).
 ENFORCED_PARTS = ("model", "step")
 REGENERATE = "ONLY=predictions bash scripts/regenerate_fits.sh"
@@ -121,8 +121,8 @@ def session_facts(path: str | os.PathLike | None = None) -> dict:
     commits and its data (``events_train``, ``events_test``, ``seed``)."""
     path = resolve_in_repo(path or SESSION)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
         raise HeptstudyError(
             f"{path}: cannot read the GPU session's facts ({exc}); restore the committed file "
             f"(git checkout -- {path})"

@@ -6,7 +6,7 @@ anything: a GPU measures only code whose predictions were made, and committed, f
 
 Of this checkout: made from its model and step code, matrix and platform profiles; every run of
 the matrix predicted or said why not; predicted for the GPU session's device and PyTorch
-(experiments/h200_2026-11-30/session.json). Exit status 0 when they are, 1 when not (what
+(experiments/h200_2026-11-30/session.yaml). Exit status 0 when they are, 1 when not (what
 differs and the command that regenerates them, 7 to 10 minutes on two cores).
 """
 
