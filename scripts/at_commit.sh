@@ -20,12 +20,16 @@
 # `fit validate`. experiments/estimate_validation was made by 60f2c89, whose `fit validate
 # --code 9a5529c` still ran an earlier commit's model and step under its own estimator (9a5529c's
 # LAMB needs pytorch-optimizer). It is reproduced with (data: the current generator gives the
-# same events; 2 to 5 minutes on two cores):
+# same events; 1 to 2.5 minutes on two cores, by its README; checkpointed_b4 alone: 18 s):
 #
 #   .venv/bin/heptstudy data generate --data-dir data/h200 --events-train 144 --events-test 8 \
 #       --seed 20261014
 #   PIP=pytorch-optimizer==4.1.0 scripts/at_commit.sh 60f2c89 fit validate \
 #       --reports experiments/h200_2026-11-30 --data-dir data/h200 --code 9a5529c --out OUT
+#
+# Likewise the README's CPU table (experiments/cpu_reference measured 436d7af, whose own `fit
+# validate` is another tool): scripts/at_commit.sh 60f2c89 fit validate --reports
+# experiments/cpu_reference --data-dir DATA --out OUT, DATA from `make study-data`.
 #
 # The estimator of the running code meets GPU evidence again once a GPU study of the current code
 # is committed (scripts/gpu/): then `heptstudy fit validate --reports THAT_FOLDER` needs no script.
