@@ -27,7 +27,8 @@ SCHEMA = "heptstudy.blind_predictions/1"
 PREDICTIONS = "experiments/gpu_blind_predictions/predictions.json"
 #: The GPU session whose events and PyTorch the GPU study repeats (scripts/gpu/README.md).
 SESSION = "experiments/h200_2026-11-30/session.yaml"
-#: Parts whose change makes the predictions stale (a test enforces them).
+#: Parts whose change makes the predictions stale (`make check-predictions` and
+#: scripts/gpu/run.sh enforce them).
 ENFORCED_PARTS = ("model", "step")
 REGENERATE = "ONLY=predictions bash scripts/regenerate_fits.sh"
 #: Each allocator mode's (allocated, reserved) figures of a run: MiB, reserved >= allocated.
@@ -131,7 +132,7 @@ def session_facts(path: str | os.PathLike | None = None) -> dict:
     keys = ("events_train", "events_test", "seed")
     if not isinstance(data, dict) or not all(type(data.get(k)) is int for k in keys):
         raise HeptstudyError(
-            f"{path}: data is {json.dumps(data)[:80]}; allowed: an object with whole numbers "
+            f"{path}: data is {json.dumps(data, default=str)[:80]}; allowed: an object with whole numbers "
             f"{', '.join(keys)} (the session's `heptstudy data generate` options); restore the "
             f"committed file (git checkout -- {path})"
         )
