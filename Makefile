@@ -22,7 +22,7 @@ HEPTSTUDY := $(BIN)/python -m heptstudy
 STUDY_EVENTS_TRAIN ?= 256
 STUDY_EVENTS_TEST ?= 64
 
-.PHONY: install install-validate test study reference reference-b16 study-data lint format clean-venv
+.PHONY: install test check-predictions study reference reference-b16 study-data lint format clean-venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,13 +32,15 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# what `heptstudy fit validate` needs for reports of earlier commits (their own dependencies)
-install-validate: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[dev,validate]"
-
 test: $(STAMP)
 	$(BIN)/ruff check heptstudy tests
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# Are the committed blind predictions of this code? Not part of `make test`: any model or step edit
+# makes them stale until `ONLY=predictions bash scripts/regenerate_fits.sh` (7 to 10 minutes) is
+# committed. scripts/gpu/run.sh refuses to measure until they are.
+check-predictions: $(STAMP)
+	$(BIN)/python scripts/gpu/check_predictions.py
 
 study-data: $(STAMP)
 	test -f $(DATA_DIR)/cld_edm_ttbar_hits/1/3.2.1/dataset_info.json || \

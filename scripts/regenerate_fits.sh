@@ -2,17 +2,18 @@
 # Regenerate the estimator's stored outputs for the code as it is now (no GPU needed): the three
 # estimated memory models of configs/fit/ (`heptstudy fit` refuses a stored model whose code
 # fingerprint differs from the running code's) and the blind predictions of the GPU study,
-# experiments/gpu_blind_predictions/predictions.json (tests/test_blind_predictions.py fails
-# until they are of this code).
+# experiments/gpu_blind_predictions/predictions.json (`make check-predictions` fails, and
+# scripts/gpu/run.sh refuses to measure, until they are of this code).
 #
 #   bash scripts/regenerate_fits.sh [DATA_DIR]
 #       the models: fake steps of the current model on a generated 2,000-event set (DATA_DIR,
 #       default data/tfds_fit2000), each step's allocation trace replayed through the
 #       caching-allocator simulator; the predictions: every memory run of configs/study/gpu.yaml
-#       on the GPU session's data (144 + 8 events, GPU_DATA, default data/tfds_gpu). Data sets
-#       are generated (seed 20261014) when they are not there. The three fits and the
-#       prediction runs all run at once in processes of their own (JOBS prediction runs at a
-#       time, default: the cores), so that the cores stay busy until the last one ends.
+#       on the GPU session's data (its events and seed: experiments/h200_2026-11-30/session.yaml;
+#       GPU_DATA, default data/tfds_gpu). Data sets are generated when they are not there. The
+#       three fits and the prediction runs all run at once in processes of their own (JOBS
+#       prediction runs at a time, default: the cores), so that the cores stay busy until the
+#       last one ends.
 #       ONLY=fits or ONLY=predictions regenerates one of the two. Logs: a temporary folder,
 #       named at the end.
 #   bash scripts/regenerate_fits.sh --measured REPORTS_DIR [COMMIT]
@@ -60,11 +61,11 @@ esac
 logs=$(mktemp -d /tmp/regenerate_fits.XXXXXX)
 trap 'echo "elapsed $((SECONDS - start)) s (logs: $logs)"' EXIT
 
-# generate DIR TRAIN TEST: the data set, unless it is there
+# generate DIR TRAIN TEST [SEED]: the data set, unless it is there
 generate() {
   [ -f "$1/cld_edm_ttbar_hits/1/3.2.1/dataset_info.json" ] && return
   "$bin/heptstudy" data generate --data-dir "$1" --events-train "$2" --events-test "$3" \
-    --seed 20261014 >"$logs/data_$2.log" 2>&1 \
+    --seed "${4:-20261014}" >"$logs/data_$2.log" 2>&1 \
     || { echo "FAILED: data for $1 ($logs/data_$2.log):" && tail -3 "$logs/data_$2.log" && return 1; }
 }
 
@@ -96,7 +97,12 @@ fits() {
 }
 
 predictions() {
-  generate "$gpu_data" 144 8
+  local session
+  session=$("$bin/python" -c 'from heptstudy.estimate.predictions import session_facts
+d = session_facts()["data"]
+print(d["events_train"], d["events_test"], d["seed"])') || return 1
+  # shellcheck disable=SC2086 # three words: events_train events_test seed
+  generate "$gpu_data" $session
   if "$bin/heptstudy" study predict --matrix configs/study/gpu.yaml --data-dir "$gpu_data" \
     --jobs "$jobs" >"$logs/predictions.log" 2>&1; then
     cat "$logs/predictions.log"

@@ -1,15 +1,21 @@
-"""The committed blind predictions of the GPU study are of the code as it is."""
+"""The blind predictions' machinery: their prediction of a matrix, the check that they are of
+this checkout (scripts/gpu/check_predictions.py, `make check-predictions`, which leaves the
+freshness of the committed file out of the tests) and the GPU session's facts."""
 
+import json
+import runpy
 from pathlib import Path
 
+import pytest
 import yaml
 
+from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.predictions import (
     PREDICTIONS,
     REGENERATE,
     fingerprint,
     read_predictions,
-    stale_parts,
+    session_facts,
 )
 from heptstudy.study.blind_predictions import predict_matrix
 from heptstudy.study.matrix import load_matrix
@@ -17,32 +23,50 @@ from tests.conftest import TINY_MODEL
 
 REPO = Path(__file__).resolve().parents[1]
 MATRIX = REPO / "configs" / "study" / "gpu.yaml"
+CHECK = runpy.run_path(str(REPO / "scripts" / "gpu" / "check_predictions.py"))
 
 
-def test_blind_predictions_are_of_this_code():
+@pytest.fixture
+def fresh():
+    """Predictions of this checkout: every run of the matrix for the GPU session's target."""
+    session = session_facts()
+    version = ".".join(session["torch_version"].split(".")[:2])
+    run = {"target": session["device_kind"], "torch_version": version}
+    names = [r.name for r in load_matrix(MATRIX).runs]
+    return {
+        "runs": {name: dict(run) for name in names[1:]},
+        "not_predicted": {names[0]: "a reason"},
+        "fingerprint": fingerprint(MATRIX, [REPO / "configs/training/platforms/h100.yaml"]),
+    }
+
+
+def test_the_check_names_what_differs_from_this_checkout(fresh):
+    assert CHECK["problems"](fresh, MATRIX, session_facts()) == []
+    fresh["fingerprint"]["code"]["model"] = "0" * 64
+    name, run = next(iter(fresh["runs"].items()))
+    run["torch_version"] = "2.9"
+    del fresh["not_predicted"][next(iter(fresh["not_predicted"]))]
+    found = CHECK["problems"](fresh, MATRIX, session_facts())
+    assert found[0] == "model code changed since they were made"
+    assert "neither predicted nor said why not" in found[1]
+    assert name in found[2] and "2.9" in found[2]
+
+
+def test_stale_predictions_fail_the_check_naming_the_regeneration(tmp_path, capsys):
     doc = read_predictions(REPO / PREDICTIONS)
-    stale = stale_parts(doc, MATRIX)
-    assert not stale, (
-        f"{PREDICTIONS} was made from other code ({', '.join(stale)} changed since): regenerate "
-        f"it with `{REGENERATE}` and commit it before any GPU measures this code"
-    )
+    doc["fingerprint"]["code"]["step"] = "0" * 64
+    path = tmp_path / "predictions.json"
+    path.write_text(json.dumps(doc))
+    assert CHECK["main"](["--predictions", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "step code changed" in err and REGENERATE in err
 
 
-def test_every_memory_run_is_predicted_or_says_why_not():
-    # read_predictions refuses figures no run can have (tests/test_compare_predictions.py)
-    doc = read_predictions(REPO / PREDICTIONS)
-    names = {run.name for run in load_matrix(MATRIX).runs}
-    assert set(doc["runs"]) | set(doc["not_predicted"]) == names
-    for name, run in doc["runs"].items():
-        assert run["target"] == "cuda" and run["torch_version"] == "2.11", name
-
-
-def test_stale_parts_names_a_changed_part():
-    doc = read_predictions(REPO / PREDICTIONS)
-    doc["fingerprint"] = fingerprint(MATRIX, [REPO / "configs/training/platforms/h100.yaml"])
-    assert stale_parts(doc, MATRIX) == []
-    doc["fingerprint"]["code"]["model"] = "0" * 64
-    assert stale_parts(doc, MATRIX) == ["model code"]
+def test_damaged_session_facts_are_refused(tmp_path):
+    path = tmp_path / "session.yaml"
+    path.write_text(json.dumps({"device_kind": "cuda", "data": {"events_train": 144}}))
+    with pytest.raises(HeptstudyError, match="events_test, seed"):
+        session_facts(path)
 
 
 def test_predict_matrix_runs_the_target_faithful_bench_process(tmp_path, tiny_data_dir):

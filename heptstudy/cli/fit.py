@@ -83,8 +83,9 @@ def register_cli(subparsers) -> None:
         "what",
         nargs="?",
         choices=["validate"],
-        help="validate: estimate every memory report of --reports on its own events in "
-        "--data-dir, with the code it measured, and print measured against estimated",
+        help="validate: estimate every memory report of --reports that measured the running "
+        "code, on its own events in --data-dir, and print measured against estimated (reports of "
+        "other code: scripts/at_commit.sh COMMIT fit validate ...)",
     )
     p.add_argument("--platform", help="platform profile (YAML file or name); required to fit")
     p.add_argument("--per-device-batch", type=int, help="events per device; required to fit")
@@ -145,9 +146,10 @@ def register_cli(subparsers) -> None:
     v.add_argument(
         "--code",
         default=None,
-        help="the code the reports measured: a commit (for reports whose own "
-        "environment.git_commit this repository does not hold) or 'running' (reports that stand "
-        "for the running code); default: each report's commit",
+        help="the code the reports measured: 'running' (reports that stand for the running "
+        "code) or a commit (for reports whose own environment.git_commit this repository does "
+        "not hold); default: each report's commit. Reports of a commit whose model or step code "
+        "is not the running code's are skipped",
     )
     v.add_argument("--out", default=None, help="folder for validation.json and table.md")
     p.add_argument("--json", action="store_true", help="machine-readable output")

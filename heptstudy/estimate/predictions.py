@@ -25,9 +25,10 @@ from heptstudy.units import MIB
 
 SCHEMA = "heptstudy.blind_predictions/1"
 PREDICTIONS = "experiments/gpu_blind_predictions/predictions.json"
-#: The data the GPU session carries (scripts/gpu/README.md): generated with this seed and counts.
-DATA = {"events_train": 144, "events_test": 8, "seed": 20261014}
-#: Parts whose change makes the predictions stale (a test enforces them).
+#: The GPU session whose events and PyTorch the GPU study repeats (scripts/gpu/README.md).
+SESSION = "experiments/h200_2026-11-30/session.yaml"
+#: Parts whose change makes the predictions stale (`make check-predictions` and
+#: scripts/gpu/run.sh enforce them).
 ENFORCED_PARTS = ("model", "step")
 REGENERATE = "ONLY=predictions bash scripts/regenerate_fits.sh"
 #: Each allocator mode's (allocated, reserved) figures of a run: MiB, reserved >= allocated.
@@ -113,6 +114,33 @@ def read_predictions(path: str | os.PathLike | None = None) -> dict:
                     f"at least {allocated} ({run[allocated]:,.1f} MiB): the allocator reserves "
                     "what it allocates",
                 )
+    return doc
+
+
+def session_facts(path: str | os.PathLike | None = None) -> dict:
+    """The facts of the GPU session at ``path`` (default :data:`SESSION`): device, PyTorch,
+    commits and its data (``events_train``, ``events_test``, ``seed``)."""
+    path = resolve_in_repo(path or SESSION)
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise HeptstudyError(
+            f"{path}: cannot read the GPU session's facts ({exc}); restore the committed file "
+            f"(git checkout -- {path})"
+        ) from None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    keys = ("events_train", "events_test", "seed")
+    if not isinstance(data, dict) or not all(type(data.get(k)) is int for k in keys):
+        raise HeptstudyError(
+            f"{path}: data is {json.dumps(data, default=str)[:80]}; allowed: an object with whole numbers "
+            f"{', '.join(keys)} (the session's `heptstudy data generate` options); restore the "
+            f"committed file (git checkout -- {path})"
+        )
+    if not isinstance(doc.get("torch_version"), str) or not isinstance(doc.get("device_kind"), str):
+        raise HeptstudyError(
+            f"{path}: torch_version and device_kind must be strings (e.g. '2.11.0+cu130', "
+            f"'cuda'); restore the committed file (git checkout -- {path})"
+        )
     return doc
 
 

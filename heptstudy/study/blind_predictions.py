@@ -79,7 +79,7 @@ def predict_matrix(matrix_path: str, data_dir: str | None, progress=print, jobs:
             "MiB. Made without a GPU, before any GPU measured this code"
         ),
         "matrix": matrix.name,
-        "data": {**predictions.DATA, "synthetic": bool(synthetic)},
+        "data": {**predictions.session_facts()["data"], "synthetic": bool(synthetic)},
         "fingerprint": predictions.fingerprint(path, platforms),
         "regenerate": predictions.REGENERATE,
         "runs": {name: runs[name] for name in todo},

@@ -16,6 +16,8 @@
 # fused_check.json, table.txt, summary.txt, env.txt, logs/, predictions_vs_measured.md/.json
 # (scripts/gpu/compare_predictions.py: the reports against experiments/gpu_blind_predictions/).
 #
+# It refuses to measure when the committed blind predictions are not of this checkout
+# (scripts/gpu/check_predictions.py; CHECK_PREDICTIONS=no skips that for another MATRIX).
 # Settings (environment): OUT (required), GPU_DATA (default data/gpu: tfds/ and wheels/),
 # BUDGET (seconds, default 460), SKIP ("study/NAME fused/NAME ..." already measured),
 # PLATFORM (default h100), MATRIX (default configs/study/gpu.yaml), BENCH_EXTRA (more bench
@@ -49,6 +51,16 @@ unset PYTORCH_CUDA_ALLOC_CONF # the allocator as it comes, except in expandable/
 DATA=$GPU_DATA/tfds
 if [ ! -d "$DATA/cld_edm_ttbar_hits" ]; then
   echo "no cld_edm_ttbar_hits in $DATA: see scripts/gpu/README.md (data)"
+  exit 1
+fi
+# blind: a GPU measures only code whose predictions were committed first (scripts/gpu/README.md);
+# CHECK_PREDICTIONS=no for a session that is not compared with them (another MATRIX)
+if [ "${CHECK_PREDICTIONS:-yes}" = no ]; then
+  echo "predictions not checked (CHECK_PREDICTIONS=no): not a blind comparison" \
+    | tee -a "$OUT/summary.txt"
+elif ! $PY scripts/gpu/check_predictions.py --matrix "$MATRIX" >"$OUT/logs/check.log" 2>&1; then
+  cat "$OUT/logs/check.log"
+  echo "refused: nothing measured (stale blind predictions)"
   exit 1
 fi
 
