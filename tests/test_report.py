@@ -265,13 +265,6 @@ def test_breakdown_and_parity_fields_round_trip(tmp_path):
     assert again.outputs[0].shape == [1, 12, 6] and again.loss_components[0].name == "total"
 
 
-def test_readme_protocol_is_the_reports_protocol():
-    """The README's protocol section is rendered from PROTOCOL, so the two cannot drift."""
-    from heptstudy.measure.protocol_readme import README, current_block, rendered_block
-
-    assert current_block(README.read_text()) == rendered_block()
-
-
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 def test_no_report_holds_nan_or_infinity(tmp_path, value):
     """Not JSON: refused when written, naming the field, and when read from a file."""
