@@ -34,6 +34,7 @@ from heptstudy.config import (
     PLAN_WORDS,
     TRACK_CLUSTER_VARIANT,
     Config,
+    DataConfig,
     ModelConfig,
     PlatformConfig,
     TrainConfig,
@@ -49,6 +50,7 @@ from heptstudy.paths import PLATFORM_DIR, find_file
 #: The allowed values come from the configuration schema itself.
 Variant = ModelConfig.model_fields["variant"].annotation
 Dtype = TrainConfig.model_fields["dtype"].annotation
+Batching = DataConfig.model_fields["batching"].annotation
 
 MEMORY, PARITY = "memory", "parity"
 
@@ -71,6 +73,7 @@ _OWNED_KEYS = {
     "data.data_dir": "data_dir",
     "train.dtype": "dtype",
     "train.seed": "seed",
+    "data.batching": "batching",
 }
 
 _NONE_WORDS = ("", "none", "null")
@@ -197,6 +200,11 @@ class MeasurementRequest(BaseModel):
         MEMORY, description="memory (peak memory and step time) or parity (checkpointing parity)"
     )
     batch_size: Count = Field(1, description="events per step, an integer >= 1")
+    batching: Annotated[Batching, _one_of(*get_args(Batching))] = Field(
+        "padded",
+        description="padded: every event filled to the batch's longest (the recipe's); packed: "
+        "the events in one stream of hits, each rounded up on its own",
+    )
     checkpointing: Annotated[str, BeforeValidator(parse_plan_name)] = Field(
         "off",
         description=f"activation checkpointing plan of the HEPTv2 layers (memory only): "
@@ -297,7 +305,7 @@ class MeasurementRequest(BaseModel):
         heptv2: dict[str, Any] = {"activation_checkpointing": self.checkpointing}
         model: dict[str, Any] = {"heptv2": heptv2}
         # bench validates on batch_size test-split events and keeps no held-out test set
-        data: dict[str, Any] = {"nvalid": self.batch_size, "ntest": 0}
+        data: dict[str, Any] = {"nvalid": self.batch_size, "ntest": 0, "batching": self.batching}
         if profile is not None:
             train["dtype"] = profile.dtype
             heptv2["attention_backend"] = profile.attention_backend
@@ -316,11 +324,13 @@ class MeasurementRequest(BaseModel):
 
     @property
     def name(self) -> str:
-        """The report name, e.g. ``checkpointed_every2_b4`` or ``parity_deterministic_b1``."""
+        """The report name, e.g. ``checkpointed_every2_b4``, ``packed_baseline_b4`` or
+        ``parity_deterministic_b1``."""
         b = self.batch_size
+        packed = "packed_" if self.batching == "packed" else ""
         if self.kind == PARITY:
-            return f"parity{'_deterministic' if self.deterministic else ''}_b{b}"
-        return f"{report_part(self.checkpointing)}_b{b}"
+            return f"{packed}parity{'_deterministic' if self.deterministic else ''}_b{b}"
+        return f"{packed}{report_part(self.checkpointing)}_b{b}"
 
 
 def _device(profile: PlatformConfig | None) -> torch.device:
