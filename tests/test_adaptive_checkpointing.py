@@ -11,7 +11,6 @@ from heptstudy.meters.memory import make_meter
 from heptstudy.model import example_batch
 from heptstudy.model.adaptive_checkpointing import (
     NoPlanFits,
-    applied_plan,
     candidate_plans,
     plan_config,
 )
@@ -98,8 +97,7 @@ def test_auto_step_without_a_plan_is_refused(auto_config):
     batch = example_batch(auto_config, 1, 40)
     with pytest.raises(HeptstudyError, match="without a chosen plan"):
         run_step(model, batch, None, None, auto_config, None)
-    with applied_plan(model, OFF):
-        run_step(model, batch, None, None, auto_config, None)
+    run_step(model, batch, None, None, auto_config, None, plan=OFF)
     # the step's plan was chosen, not written into the model or its configuration
     assert model.checkpoint_plan is AUTO_PLAN
     assert auto_config.model.heptv2.activation_checkpointing == "auto"

@@ -15,7 +15,6 @@ from heptstudy.config import Config, count_plan
 from heptstudy.data.layout import batch_shape
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.checkpoint_plan import OFF, CheckpointPlan, plan_named
-from heptstudy.model.checkpoint_plan import applied_plan as applied_plan
 
 Plan = CheckpointPlan
 
@@ -61,7 +60,7 @@ def candidate_plans(heptv2, platform=None) -> list[CheckpointPlan]:
 
 def plan_config(config: Config, plan: CheckpointPlan) -> Config:
     """``config`` running ``plan``; a count plan keeps ``auto`` and runs under
-    :func:`applied_plan`, as an ``auto`` run's steps do."""
+    the plan passed to the model, as an ``auto`` run's steps do."""
     fixed = config.model_copy(deep=True)
     fixed.model.heptv2.activation_checkpointing = "auto" if plan.count else plan.name
     return fixed

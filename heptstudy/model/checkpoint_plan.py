@@ -4,9 +4,6 @@ dropout replays exactly. ``auto`` wraps every layer; each step runs under its ch
 
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -90,42 +87,36 @@ def plan_of(heptv2) -> CheckpointPlan:
     return plan_named(heptv2.activation_checkpointing, heptv2.num_convs)
 
 
-_RUNNING: contextvars.ContextVar[CheckpointPlan | None] = contextvars.ContextVar(
-    "heptstudy_checkpoint_plan", default=None
-)
-
-
-@contextmanager
-def applied_plan(model: nn.Module, plan: CheckpointPlan | None) -> Iterator[None]:
-    """Run a model built with ``auto`` under ``plan`` inside the block (None: as built)."""
+def running_plan(model: nn.Module, plan: CheckpointPlan | None) -> dict[str, CheckpointPlan]:
+    """The keyword a model's layers take for one step's ``plan`` (None: as built). Only a model
+    built with ``auto`` runs another plan per step."""
     if plan is None:
-        yield
-        return
-    inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model here
-    if getattr(inner, "checkpoint_plan", None) is not AUTO:
-        raise TypeError(
-            f"{type(inner).__name__} was not built with activation_checkpointing=auto; a plan "
+        return {}
+    if getattr(model, "checkpoint_plan", None) is not AUTO:
+        raise HeptstudyError(
+            f"{type(model).__name__} was not built with activation_checkpointing=auto; a plan "
             "per step needs a model whose layers auto wrapped"
         )
-    token = _RUNNING.set(plan)
-    try:
-        yield
-    finally:
-        _RUNNING.reset(token)
+    return {"running_plan": plan}
 
 
-def _run(module: nn.Module, *args, slot: Slot, plan: CheckpointPlan):
+def _run(
+    module: nn.Module,
+    *args,
+    slot: Slot,
+    plan: CheckpointPlan,
+    running_plan: CheckpointPlan | None = None,
+):
     if not (module.training and torch.is_grad_enabled()):
         return module(*args)  # nothing is kept for a backward: no plan to choose
     if plan is AUTO:
-        chosen = _RUNNING.get()
-        if chosen is None:
+        if running_plan is None:
             raise HeptstudyError(
                 "model.heptv2.activation_checkpointing=auto: this training step runs without a "
-                "chosen plan; run it under heptstudy.model.checkpoint_plan.applied_plan (the trainer "
-                "and heptstudy bench do) or set true/false"
+                "chosen plan; pass the step's plan to the model (run_step(plan=...) does, as the "
+                "trainer and heptstudy bench call it) or set true/false"
             )
-        plan = chosen
+        plan = running_plan
     if not plan.checkpoints(slot):
         return module(*args)
     return torch_checkpoint.checkpoint(

@@ -10,6 +10,7 @@ from torch import nn
 from heptstudy.config import Config
 from heptstudy.data.layout import EventLayout, EventSpan, layout_of
 from heptstudy.data.schema import CLASS_PDG_IDS, HIT_FEATURES
+from heptstudy.model.checkpoint_plan import CheckpointPlan
 from heptstudy.model.encoding import LeanMLP, TypeEncoder, normalise_features
 from heptstudy.model.heptv2 import Dropout, HEPTv2Layer, RMSNorm, hit_coordinates
 
@@ -119,8 +120,10 @@ class HitModel(nn.Module):
         """The first module run after the backbone."""
         return self.backbone_norm
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Per decoder layer (``aux{l}_`` before the last): ``class_logits`` and ``momentum``
+    def forward(
+        self, batch: dict[str, torch.Tensor], running_plan: CheckpointPlan | None = None
+    ) -> dict[str, torch.Tensor]:
+        """``running_plan``: this step's plan of a model built with ``auto``. Per decoder layer (``aux{l}_`` before the last): ``class_logits`` and ``momentum``
         [E, Q, ...] and ``group_embed`` [E, Q, D]; once, ``hit_embed`` [R, S, D]. An event's
         grouping logits are ``group_embed[e] @ hit_embed`` over its slots
         (:func:`event_group_logits`)."""
@@ -129,8 +132,9 @@ class HitModel(nn.Module):
         x = self.encode(batch) * mask[..., None]
         # each layer hashes the coordinates itself: a checkpointed layer hashes again in
         # backward rather than keeping its bucket order over the whole step
+        plan = {} if running_plan is None else {"running_plan": running_plan}
         for layer in self.backbone:
-            x = layer(x, mask, coords, layout)
+            x = layer(x, mask, coords, layout, **plan)
         hits = self.backbone_norm(x)
         hit_embed = self.hit_proj(hits)
 
@@ -139,7 +143,7 @@ class HitModel(nn.Module):
         outputs: dict[str, torch.Tensor] = {"hit_embed": hit_embed}
         last = len(self.decoder) - 1
         for i, layer in enumerate(self.decoder):
-            queries = layer(queries, hits, allowed, layout)
+            queries = layer(queries, hits, allowed, layout, **plan)
             cls, mom, group_embed = self.heads(queries)
             prefix = "" if i == last else f"aux{i}_"
             outputs[prefix + "class_logits"] = cls

@@ -12,7 +12,8 @@ from torch import nn
 from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.model import build_model
-from heptstudy.model.adaptive_checkpointing import Plan, applied_plan
+from heptstudy.model.adaptive_checkpointing import Plan
+from heptstudy.model.checkpoint_plan import running_plan
 from heptstudy.train.losses import compute_losses
 from heptstudy.train.optim import build_optimizer, build_scheduler
 
@@ -99,22 +100,21 @@ def run_step(
             micro = to_device(micro, device, non_blocking=True)
         if meter is not None and i == 0:
             meter.start_step(micro.values(), model=model, optimizer=optimizer)
-        with applied_plan(model, micro_plan):
-            mark("backbone_forward")
-            inner = getattr(model, "module", model)  # DistributedDataParallel keeps it here
-            hook = inner.decoder_entry().register_forward_pre_hook(decoder_starts)
-            try:
-                with torch.autocast(micro["X"].device.type, dtype=dtype, enabled=dtype is not None):
-                    outputs = model(micro)
-            finally:
-                hook.remove()
-            mark("loss")
-            losses = compute_losses(config.model.variant, outputs, micro, config.train.loss)
-            kept = {k: v.detach() for k, v in outputs.items()} if keep_outputs else None
-            del outputs  # what backward needs of them is saved; the rest is freed before it
-            mark("backward")
-            total = losses["total"]
-            (total if len(batches) == 1 else total / len(batches)).backward()
+        mark("backbone_forward")
+        inner = getattr(model, "module", model)  # DistributedDataParallel keeps it here
+        hook = inner.decoder_entry().register_forward_pre_hook(decoder_starts)
+        try:
+            with torch.autocast(micro["X"].device.type, dtype=dtype, enabled=dtype is not None):
+                outputs = model(micro, **running_plan(inner, micro_plan))
+        finally:
+            hook.remove()
+        mark("loss")
+        losses = compute_losses(config.model.variant, outputs, micro, config.train.loss)
+        kept = {k: v.detach() for k, v in outputs.items()} if keep_outputs else None
+        del outputs  # what backward needs of them is saved; the rest is freed before it
+        mark("backward")
+        total = losses["total"]
+        (total if len(batches) == 1 else total / len(batches)).backward()
         per_batch.append(losses)
     memory = meter.stop_step() if meter is not None else None
     if optimizer is not None:
