@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from heptstudy.atomic import atomic_savefig
+from heptstudy.data.layout import EventLayout, layout_of
 from heptstudy.measure.summary import PHASE_LABELS
 from heptstudy.model.heptv2 import hit_coordinates
 from heptstudy.study.frames import auto_order
@@ -307,9 +308,10 @@ def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = No
 def event_hits(batch, event: int = 0, synthetic: bool | None = None) -> Any:
     """One event's hits in (eta, phi), coloured by the particle that made them (grey: none)."""
     fig, ax = _ax((8, 5.5))
-    n = int(batch["length"][event])
-    coords = hit_coordinates(batch["X"][event : event + 1])[0, :n].cpu().numpy()
-    owner = batch["ytarget"][event, :n, 13].cpu().numpy().astype(int)  # particle_number; 0: none
+    span = layout_of(batch).spans[event]
+    n, hits = span.hits, slice(span.start, span.start + span.hits)
+    coords = hit_coordinates(batch["X"][span.row, hits]).cpu().numpy()
+    owner = batch["ytarget"][span.row, hits, 13].cpu().numpy().astype(int)  # 0: no particle
     none = owner == 0
     ax.scatter(coords[none, 0], coords[none, 1], s=2, c="0.8", label="no particle", rasterized=True)
     rng = np.random.default_rng(0)
@@ -344,11 +346,15 @@ def lsh_buckets(
 
     fig, ax = _ax((8, 5.5))
     blk = model.backbone[layer]
-    X = batch["X"][event : event + 1]
-    mask = batch["mask"][event : event + 1]
+    span = layout_of(batch).spans[event]
+    slots = slice(span.start, span.stop)
+    X = batch["X"][span.row, slots][None]
+    mask = batch["mask"][span.row, slots][None]
     with torch.no_grad():
-        order = blk.bucket_order(hit_coordinates(X), mask)
-    n = int(batch["length"][event])
+        order = blk.bucket_order(
+            hit_coordinates(X), mask, EventLayout.padded([span.hits], span.slots)
+        )
+    n = span.hits
     rank = order.rank[0, round_, head, :n].cpu().numpy()
     bucket = rank // blk.block_size
     coords = hit_coordinates(X)[0, :n].cpu().numpy()

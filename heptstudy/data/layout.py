@@ -135,13 +135,18 @@ class EventLayout:
         return position, source, valid
 
 
+def slots_per_event(padded_lengths: Sequence[int], batching: str) -> int:
+    """A batch's slots per event as memory models read it: a padded batch's longest padded
+    event; a packed batch's mean (the models' per-hit terms then see its real slots)."""
+    if batching == "packed":
+        return round(sum(padded_lengths) / len(padded_lengths))
+    return max(padded_lengths)
+
+
 def batch_shape(batch) -> tuple[int, int, int]:
-    """``(events, slots per event, slots)`` of a batch, as memory models read a batch: a padded
-    batch's slots per event is its longest padded event; a packed batch's, its mean (the
-    models' per-hit terms then see the packed batch's real slots)."""
+    """``(events, slots per event, slots)`` of a batch (:func:`slots_per_event`)."""
     layout = layout_of(batch)
-    slots = layout.total_slots
-    return layout.num_events, round(slots / layout.num_events), slots
+    return layout.num_events, round(layout.total_slots / layout.num_events), layout.total_slots
 
 
 def layout_of(batch) -> EventLayout:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from heptstudy import fingerprint as code_fingerprint
+from heptstudy.data.layout import slots_per_event
 from heptstudy.estimate.keys import key_label, model_key
 from heptstudy.estimate.memory_model import FitError, MemoryModel, Point, fit_points
 from heptstudy.measure.report import ReportError, validate_report
@@ -123,10 +124,11 @@ def read_groups(paths) -> tuple[list[ReportGroup], list[Rejected]]:
         group.files.append(str(path))
         group.environments.append(env)
         longest_so_far = 0
+        batching = (config.get("data") or {}).get("batching", "padded")
         for s in steps:
             if not s.get("padded_hits"):
                 continue
-            batch, longest = len(s["padded_hits"]), max(s["padded_hits"])
+            batch, longest = len(s["padded_hits"]), slots_per_event(s["padded_hits"], batching)
             longest_so_far = max(longest_so_far, longest)
             if not s.get("counted") or s.get("peak_allocated_mib") is None:
                 continue
