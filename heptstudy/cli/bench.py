@@ -6,18 +6,20 @@ import argparse
 
 
 def request_from_args(args: argparse.Namespace):
-    """Only the options given, so that the request states every default."""
+    """Only the options given, so that the request states every default; a bad value is named
+    by its option."""
     from heptstudy.measure.request import MeasurementRequest, RequestError
 
     given = {f: getattr(args, f) for f in MeasurementRequest.model_fields if hasattr(args, f)}
     try:
-        return MeasurementRequest.build(**given)
+        return MeasurementRequest.build(spell=_as_option, **given)
     except RequestError as err:
-        text = str(err)
-        for field in MeasurementRequest.model_fields:
-            flag = _FLAGS.get(field, (f"--{field.replace('_', '-')}",))[0]
-            text = text.replace(f"parameter {field}=", f"{flag} ")
-        raise RequestError(f"heptstudy bench: {text}") from None
+        raise RequestError(f"heptstudy bench: {err}") from None
+
+
+def _as_option(field: str, value: str) -> str:
+    flag = _FLAGS[field][0] if field in _FLAGS else "--" + field.replace("_", "-")
+    return f"{flag} {value}"
 
 
 def _bench(args: argparse.Namespace) -> int:

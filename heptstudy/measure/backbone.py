@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from heptstudy.atomic import Output
 from heptstudy.config import Config
 from heptstudy.errors import ConfigError
 from heptstudy.meters.memory import make_meter
@@ -16,6 +17,11 @@ from heptstudy.meters.timing import StepTimer
 from heptstudy.model import example_batch
 from heptstudy.model.checkpoint_plan import apply_plan, plan_of
 from heptstudy.model.heptv2 import HEPTv2Layer, hit_coordinates
+from heptstudy.units import refuse_above_memory
+
+SCHEMA = "heptstudy.backbone/1"
+#: ``--output`` replaces only an earlier backbone result.
+RESULT_FILE = Output("heptstudy backbone result", ".json", f'"schema": "{SCHEMA}"'.encode())
 
 
 def check_backbone_request(
@@ -35,7 +41,7 @@ def check_backbone_request(
     if output is not None:
         from heptstudy.measure.bench import check_writable
 
-        check_writable(Path(output))
+        check_writable(Path(output), RESULT_FILE)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
@@ -62,6 +68,12 @@ def run_backbone_bench(
 ) -> dict[str, Any]:
     dev = check_backbone_request(hits, repeats, device)
     cfg = config.model.heptv2
+    # a lower bound: the input, its gradient and one layer's SwiGLU hidden state, in float32
+    refuse_above_memory(
+        4 * hits * (3 * cfg.embedding_dim + 3 * cfg.width),
+        f"the backbone bench on --hits {hits:,} (embedding {cfg.embedding_dim}, width {cfg.width})",
+        "Give fewer --hits",
+    )
     torch.manual_seed(seed)
     holder = torch.nn.Module()
     holder.backbone = torch.nn.ModuleList(HEPTv2Layer(cfg, i) for i in range(cfg.num_convs))
@@ -91,6 +103,7 @@ def run_backbone_bench(
     step()
     mem = meter.stop_step()
     return {
+        "schema": SCHEMA,
         "hits": hits,
         "padded_hits": int(mask.shape[1]),
         "layers": cfg.num_convs,
