@@ -11,6 +11,10 @@ mechanism, each by behaviour.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -104,3 +108,64 @@ def test_data_stats_writes_under_the_working_directory_and_keeps_foreign_files(
     assert code == 2 and "is not a heptstudy data statistics file" in err
     assert js.read_text() == '{"someone": "else"}\n'
     assert js.with_suffix(".png").read_bytes() == png_before
+
+
+def _notebook(path: Path, *cells: str) -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_killed_notebook_run_leaves_the_previous_executed_notebook(tmp_path):
+    slow = _notebook(tmp_path / "slow.ipynb", "print('started')", "import time; time.sleep(60)")
+    out = tmp_path / "aggregate.ipynb"
+    out.write_text("the finished previous notebook")
+    code = (
+        "import sys; from heptstudy.study.runner import execute_notebook; "
+        "execute_notebook(sys.argv[1], sys.argv[2], kernel_name='python3', progress_bar=False)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code, slow, out], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        # papermill has written the first cell's output into its (temporary) notebook
+        while not any(b"started" in p.read_bytes() for p in tmp_path.glob(".aggregate.ipynb.*")):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert out.read_text() == "the finished previous notebook"
+
+
+def test_a_notebook_that_fails_is_put_in_place_whole(tmp_path):
+    from papermill.exceptions import PapermillExecutionError
+
+    from heptstudy.study.runner import execute_notebook
+
+    failing = _notebook(tmp_path / "f.ipynb", "raise ValueError('the reason')")
+    out = tmp_path / "out.ipynb"
+    with pytest.raises(PapermillExecutionError):
+        execute_notebook(failing, out, kernel_name="python3", progress_bar=False)
+    assert "the reason" in out.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.ipynb", "out.ipynb"]
+
+
+def test_the_pipeline_never_clears_a_folder_a_run_holds(tmp_path):
+    from heptstudy.locks import FolderInUse, holding
+    from heptstudy.study.pipeline import fresh_output_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    with holding(run, "train.out_dir"), pytest.raises(FolderInUse, match="in use by another run"):
+        fresh_output_dir(run)
+    assert (run / "metrics.jsonl").read_text() == "{}\n"

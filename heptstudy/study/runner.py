@@ -51,11 +51,22 @@ class LocalKernelManager(KernelManager):
 
 
 def execute_notebook(input_path: str | os.PathLike, output_path: str | os.PathLike, **kwargs):
-    """:func:`papermill.execute_notebook` with its kernel on Unix sockets."""
+    """:func:`papermill.execute_notebook` with its kernel on Unix sockets. Papermill rewrites its
+    output after every cell, so it writes a temporary file that replaces ``output_path`` only
+    once it is whole: a kill or Ctrl-C mid-way leaves the previous notebook. A notebook that
+    ran to a failing cell is whole, and shows the failure: it is put in place, then raised."""
     import papermill as pm
 
     kwargs.setdefault("kernel_manager_class", LocalKernelManager)
-    return pm.execute_notebook(str(input_path), str(output_path), **kwargs)
+    failure = None
+    with atomic_path(output_path, suffix=".ipynb") as tmp:
+        try:
+            return pm.execute_notebook(str(input_path), str(tmp), **kwargs)
+        except Exception as err:
+            if tmp.stat().st_size == 0:  # refused before it wrote anything
+                raise
+            failure = err
+    raise failure
 
 
 @dataclass
