@@ -12,6 +12,7 @@ mechanism, each by behaviour.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -169,3 +170,41 @@ def test_the_pipeline_never_clears_a_folder_a_run_holds(tmp_path):
     with holding(run, "train.out_dir"), pytest.raises(FolderInUse, match="in use by another run"):
         fresh_output_dir(run)
     assert (run / "metrics.jsonl").read_text() == "{}\n"
+
+
+# -------------------------------------------------------------------------------- locks
+
+
+def _generate_argv(data_dir: Path, train: int) -> list[str]:
+    return [
+        *(sys.executable, "-m", "heptstudy", "data", "generate", "--data-dir", str(data_dir)),
+        *("--events-train", str(train), "--events-test", "4", "--seed", "3"),
+        *("--occupancy-scale", "0.03", "--workers", "1", "--no-progress"),
+    ]
+
+
+def test_a_second_generator_into_one_data_directory_is_refused(tmp_path):
+    from heptstudy.data.tfds import open_dataset
+    from heptstudy.locks import LOCK_NAME
+
+    data = tmp_path / "tfds"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(_generate_argv(data, 40), env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (data / LOCK_NAME).exists():
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.05)
+        first.send_signal(signal.SIGSTOP)  # mid-generation, holding the data directory
+        second = subprocess.run(_generate_argv(data, 8), env=env, capture_output=True, text=True)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out, _ = first.communicate(timeout=120)
+    assert second.returncode == 2, second.stderr
+    assert f"pid {first.pid}" in second.stderr and "in use by another run" in second.stderr
+    assert first.returncode == 0 and "wrote 40 train + 4 test" in out
+    for name in ("cld_edm_ttbar_hits", "cld_edm_ttbar_pf"):
+        for split, n in (("train", 40), ("test", 4)):
+            ds = open_dataset(data, f"{name}:3.2.1", ["1"], split)
+            assert len(ds) == n and len(ds.lengths()) == n  # every event reads
+    assert not (data / LOCK_NAME).exists()

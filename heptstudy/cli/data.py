@@ -17,6 +17,7 @@ from heptstudy.committed import refuse_committed
 from heptstudy.data.generate import generate_datasets
 from heptstudy.data.stats import hits_stats, write_stats
 from heptstudy.errors import DataError
+from heptstudy.locks import holding
 from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 
 DEFAULT_DATA_DIR = "data/tfds"
@@ -67,7 +68,8 @@ def _stats(args: argparse.Namespace) -> int:
     stats = hits_stats(
         _data_dir(args), args.dataset, args.configs, args.split, args.pad_to_multiple
     )
-    js, png, replaced = write_stats(stats, out)
+    with holding(out, "statistics folder (--out)"):
+        js, png, replaced = write_stats(stats, out)
     summary = {k: stats[k] for k in ("dataset", "split", "num_events", "synthetic")}
     summary["total"] = stats["total"]
     summary["events_above_tail_threshold"] = stats["events_above_tail_threshold"]

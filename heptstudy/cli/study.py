@@ -7,7 +7,7 @@ from collections import Counter
 
 from heptstudy.atomic import atomic_write_text
 from heptstudy.cli import whole_number
-from heptstudy.locks import holding
+from heptstudy.locks import holding_all
 from heptstudy.measure.report import ReportError, read_report
 from heptstudy.paths import real_path, resolve_from_cwd
 from heptstudy.study.blind_predictions import predict_matrix
@@ -83,7 +83,8 @@ def measured_table(results) -> str:
 
 def _cmd_aggregate(args: argparse.Namespace) -> int:
     out, figures = aggregate_folders(args.out, args.figures)
-    with holding(out, "study folder (--out)"):  # not while a study run writes it
+    # not while a study run writes them
+    with holding_all((out, "study folder (--out)"), (figures, "figures folder (--figures)")):
         html = aggregate_study(out, figures)
     print(f"report: {shown(html)}")
     return 0

@@ -18,7 +18,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 from heptstudy.atomic import atomic_path, atomic_write_text
 from heptstudy.data.batching import dataset_for
 from heptstudy.errors import HeptstudyError
-from heptstudy.locks import holding
+from heptstudy.locks import holding_all
 from heptstudy.measure import report as rp
 from heptstudy.measure.bench import check_enough_events, report_header
 from heptstudy.meters.allocator import AllocatorState, allocator_in_use, environment_with
@@ -303,7 +303,7 @@ def run_study(
     out = folders.out
     check_writable(out, out / "notebooks", out / PENDING, folders.figures)
     # one study at a time in a folder: a second one would move the first one's results aside
-    with holding(out, "study folder (--out)"):
+    with holding_all((out, "study folder (--out)"), (folders.figures, "figures folder")):
         superseded = Superseded(out)
         done = StudyRun(folders)
         foreign = _move_aside_foreign(out, prepared, superseded)
