@@ -11,6 +11,7 @@ mechanism, each by behaviour.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -208,3 +209,44 @@ def test_a_second_generator_into_one_data_directory_is_refused(tmp_path):
             ds = open_dataset(data, f"{name}:3.2.1", ["1"], split)
             assert len(ds) == n and len(ds.lengths()) == n  # every event reads
     assert not (data / LOCK_NAME).exists()
+
+
+# -------------------------------------------------------------------- data sets on open
+
+
+def _copy_of(data_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
+    import shutil
+
+    copy = tmp_path / "tfds"
+    shutil.copytree(data_dir, copy)
+    return copy, copy / "cld_edm_ttbar_hits" / "1" / "3.2.1"
+
+
+@pytest.mark.parametrize(
+    "edit,fragments",
+    [
+        (lambda info, folder: info.update(version="9.9.9"), ["version '9.9.9'", "'3.2.1'"]),
+        (lambda info, folder: info.update(configName="2"), ["config '2'"]),
+        (
+            lambda info, folder: (
+                folder / "cld_edm_ttbar_hits-train.array_record-00001-of-00002"
+            ).write_bytes(b""),
+            ["00001-of-00002", "disagree with the files"],
+        ),
+    ],
+    ids=["version", "config", "unlisted-shard"],
+)
+def test_a_data_set_that_contradicts_its_folder_is_refused(
+    edit, fragments, tiny_data_dir, tmp_path
+):
+    from heptstudy.data.tfds import open_dataset
+    from heptstudy.errors import DataError
+
+    data, folder = _copy_of(tiny_data_dir, tmp_path)
+    meta = folder / "dataset_info.json"
+    info = json.loads(meta.read_text())
+    edit(info, folder)
+    meta.write_text(json.dumps(info))
+    with pytest.raises(DataError) as err:
+        open_dataset(data, "cld_edm_ttbar_hits:3.2.1", ["1"], "train")
+    assert all(f in str(err.value) for f in fragments), err.value
