@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -250,3 +251,34 @@ def test_a_data_set_that_contradicts_its_folder_is_refused(
     with pytest.raises(DataError) as err:
         open_dataset(data, "cld_edm_ttbar_hits:3.2.1", ["1"], "train")
     assert all(f in str(err.value) for f in fragments), err.value
+
+
+def test_bench_names_empty_events_and_measures_nothing(tiny_data_dir, tmp_path, capsys):
+    import numpy as np
+
+    from heptstudy.data.tfds import HITS_NAME, ArrayRecordDatasetWriter, features_dict, open_dataset
+
+    data = tmp_path / "tfds"
+    sources = {
+        s: open_dataset(tiny_data_dir, f"{HITS_NAME}:3.2.1", ["1"], s) for s in ("train", "test")
+    }
+    writer = ArrayRecordDatasetWriter(
+        data, HITS_NAME, "1", {s: len(d) for s, d in sources.items()}, {"synthetic": True}, "t"
+    )
+    for split, ds in sources.items():
+        for i in range(len(ds)):
+            ev = {k: v for k, v in ds[i].items() if k != "event_index"}
+            if split == "train" and i % 2 == 0:  # every other event without hits
+                for key in ("X", "ytarget", "ycand"):
+                    ev[key] = ev[key][:0]
+            writer.add_serialized(split, features_dict(HITS_NAME).serialize_example(ev))
+    writer.finish()
+    writer.publish()
+    report = tmp_path / "r.json"
+    argv = ["bench", "--batch-size", "2", "--passes", "timing", "--steps", "2", "--warmup", "0"]
+    code, _, err = _cli(capsys, *argv, "--data-dir", data, "--output", report, "--no-progress")
+    assert code == 2, err
+    assert "hold no hits" in err
+    assert re.search(rf"{HITS_NAME}/1 train event (\d*[02468]) \(global index \1\)", err), err
+    assert "nothing was measured" in err and not report.exists()
+    assert np.all(open_dataset(data, f"{HITS_NAME}:3.2.1", ["1"], "train").lengths()[1::2] > 0)

@@ -374,6 +374,18 @@ class ShardedDataset:
         names = HIT_FEATURES if self.is_hits else PF_FEATURES
         return names[col] if col < len(names) else f"column {col}"
 
+    def empty_events(self, indices: Sequence[int]) -> list[str]:
+        """The events among ``indices`` that hold no hit (element), each named."""
+        empty = []
+        for index in dict.fromkeys(int(i) for i in indices):
+            if len(self[index]["X"]) == 0:
+                shard, local = self.locate(index)
+                empty.append(
+                    f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
+                    f"index {index})"
+                )
+        return empty
+
     def lengths(self) -> np.ndarray:
         """Number of hits (elements) of every event, in global index order (reads every event)."""
         return np.array([len(self[i]["X"]) for i in range(len(self))], dtype=np.int64)

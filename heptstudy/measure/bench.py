@@ -77,7 +77,8 @@ def _steps(request) -> int:
 
 
 def check_enough_events(m: Measurement) -> None:
-    """Every step has its own events (none repeated); validation reads test-split events."""
+    """Every step has its own events (none repeated, none empty); validation reads test-split
+    events."""
     request, config = m.request, m.config
     train = dataset_for(config, "train")
     need = request.batch_size * _steps(request)
@@ -91,6 +92,15 @@ def check_enough_events(m: Measurement) -> None:
             f"batch_size={request.batch_size} x {steps} needs {need} events of the train split, "
             f"but {train.name} in {config.data.data_dir} holds {len(train)}; lower the batch "
             "size or the steps, or generate more events (heptstudy data generate)"
+        )
+    batches = event_indices(config, request.batch_size, _steps(request))
+    empty = train.empty_events([i for batch in batches for i in batch])
+    if empty:
+        raise HeptstudyError(
+            f"{len(empty)} of the events this measurement would use hold no hits: "
+            f"{'; '.join(empty[:5])}{'; ...' if empty[5:] else ''}. A batch counts them as "
+            "events while they add no work, so nothing was measured. Draw other events with "
+            "another seed (--set train.seed=N), or use a data set without empty events"
         )
     if request.kind != PARITY:
         test = dataset_for(config, "test")
