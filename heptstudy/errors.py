@@ -14,6 +14,11 @@ class HeptstudyError(Exception):
     """Base class of user-facing errors."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, saying what was kept, what was not and the command that goes on. A
+    ``KeyboardInterrupt``, so that no ``except Exception`` swallows it on its way out."""
+
+
 class ConfigError(HeptstudyError, ValueError):
     """A configuration, platform profile or scenario could not be loaded or did not validate."""
 

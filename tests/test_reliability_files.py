@@ -282,3 +282,100 @@ def test_bench_names_empty_events_and_measures_nothing(tiny_data_dir, tmp_path, 
     assert re.search(rf"{HITS_NAME}/1 train event (\d*[02468]) \(global index \1\)", err), err
     assert "nothing was measured" in err and not report.exists()
     assert np.all(open_dataset(data, f"{HITS_NAME}:3.2.1", ["1"], "train").lengths()[1::2] > 0)
+
+
+# ---------------------------------------------------------------------------- interrupts
+
+
+def _interrupt(argv: list[str], started, *, group: bool = True, cwd: Path = ROOT):
+    """Run ``heptstudy ARGV`` in a session of its own, Ctrl-C it (the whole foreground group, or
+    the process alone) once ``started(children)`` says so; return (exit code, stdout, stderr,
+    seconds from the signal to the exit, the children it had)."""
+    import psutil
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "heptstudy", *map(str, argv)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    me = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 240
+    try:
+        while not started(children := me.children(recursive=True)):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT) if group else proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        return proc.returncode, out, err, time.monotonic() - t0, children
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("heptstudy: interrupted:")]
+    assert len(lines) == 1 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["foreground-group", "runner-alone"])
+def test_ctrl_c_stops_a_study_run_and_its_kernel(group, tiny_data_dir, tmp_path):
+    import psutil
+    import yaml
+
+    from tests.conftest import TINY_MODEL
+
+    matrix = tmp_path / "m.yaml"
+    run = {"batch_size": 1, "passes": "timing", "overrides": list(TINY_MODEL)}
+    defaults = {"data_dir": str(tiny_data_dir), "steps": 5, "warmup": 0}
+    matrix.write_text(yaml.safe_dump({"name": "t", "defaults": defaults, "runs": [run]}))
+    out = tmp_path / "study"
+    argv = ["study", "run", "--matrix", matrix, "--out", out, "--no-progress"]
+
+    def kernel_busy(children) -> bool:  # the kernel has started its notebook
+        return bool(children) and any(out.glob(".pending/notebooks/.*.ipynb"))
+
+    code, _, err, seconds, children = _interrupt(argv, kernel_busy, group=group)
+    assert code == 130 and seconds < 20, (code, seconds, err)
+    line = _one_line(err)
+    assert "0 of 1 run(s) are finished" in line and "run the same command again" in line
+    time.sleep(1)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not list(out.glob("*.json")) and not list(out.glob("notebooks/*.ipynb"))
+    assert not (out / ".heptstudy.lock").exists()
+
+
+def test_ctrl_c_during_training_says_how_to_resume(tiny_data_dir, tmp_path):
+    from tests.conftest import tiny_train_overrides
+
+    out = tmp_path / "run"
+    overrides = tiny_train_overrides(tiny_data_dir, out, num_steps=500, checkpoint_freq=2)
+    argv = ["train", "--no-progress", *(a for o in overrides for a in ("--set", o))]
+    code, _, err, seconds, _ = _interrupt(
+        argv, lambda _: (out / "checkpoints" / "step_000002.pt").exists()
+    )
+    assert code == 130 and seconds < 20, (code, seconds, err)
+    line = _one_line(err)
+    resume = re.search(r"--resume (\S+step_\d{6}\.pt)", line)
+    assert resume and Path(resume.group(1)).is_file(), line
+    assert not (out / ".heptstudy.lock").exists()
+
+
+def test_ctrl_c_during_a_bench_writes_nothing(tiny_data_dir, tmp_path):
+    from tests.conftest import TINY_MODEL
+
+    report = tmp_path / "r.json"
+    argv = ["bench", "--batch-size", "1", "--passes", "timing", "--steps", "20", "--warmup", "0"]
+    argv += ["--data-dir", tiny_data_dir, "--output", report, "--no-progress"]
+    argv += [a for o in TINY_MODEL for a in ("--set", o)]
+    code, _, err, seconds, _ = _interrupt(argv, lambda _: time.sleep(8) or True)
+    assert code == 130 and seconds < 20, (code, seconds, err)
+    assert "nothing was measured or written" in _one_line(err)
+    assert list(tmp_path.iterdir()) == []

@@ -56,6 +56,8 @@ def _bench_backbone(args: argparse.Namespace) -> int:
     return 0
 
 
+_NOTHING_MEASURED = "nothing was measured or written; run the same command again"
+
 #: Request fields whose option is not the plain ``--field-name VALUE``.
 _FLAGS: dict[str, tuple[str, dict]] = {
     "kind": (
@@ -92,7 +94,7 @@ def register_cli(sub) -> None:
     b.add_argument("--device", default="cpu")
     b.add_argument("--output", help="JSON file for the result")
     add_config_args(b)
-    b.set_defaults(func=_bench_backbone)
+    b.set_defaults(func=_bench_backbone, interrupted=_NOTHING_MEASURED)
     # one option per request field, its description as help; an option not given is not
     # passed on, so the request's own default applies
     for field, info in MeasurementRequest.model_fields.items():
@@ -100,4 +102,4 @@ def register_cli(sub) -> None:
         p.add_argument(
             flag, dest=field, default=argparse.SUPPRESS, **{"help": info.description, **extra}
         )
-    p.set_defaults(func=_bench)
+    p.set_defaults(func=_bench, interrupted=_NOTHING_MEASURED)

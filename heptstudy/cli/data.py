@@ -102,7 +102,11 @@ def register_cli(subparsers) -> None:
         help="processes simulating events (default: up to 2)",
     )
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
-    gen.set_defaults(func=_generate)
+    gen.set_defaults(
+        func=_generate,
+        interrupted="no data set was put in place and nothing is left half-written; run the "
+        "same command again",
+    )
 
     st = sub.add_parser("stats", help="hits-per-event distribution as JSON and PNG")
     st.add_argument(

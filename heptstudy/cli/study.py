@@ -144,7 +144,7 @@ def register_cli(subparsers) -> None:
     )
     run.add_argument("--no-aggregate", action="store_true", help="only the measurements")
     run.add_argument("--no-progress", action="store_true")
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=_cmd_run, interrupted="nothing was measured; run the same command again")
     agg = sub.add_parser(
         "aggregate", help="aggregate.ipynb and report.html of an experiments directory"
     )
@@ -154,7 +154,11 @@ def register_cli(subparsers) -> None:
         help="figures folder (default: figures/ in the study folder; figures/NAME for the "
         "reference study experiments/NAME)",
     )
-    agg.set_defaults(func=_cmd_aggregate)
+    agg.set_defaults(
+        func=_cmd_aggregate,
+        interrupted="the previous aggregate.ipynb and report.html (if any) are kept as they "
+        "were; run the same command again",
+    )
     predict = sub.add_parser(
         "predict",
         help="blind predictions of a GPU matrix's memory runs, made without a GPU",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -168,7 +169,10 @@ def _generate(
     if workers > 1 and total > 8:
         import multiprocessing
 
-        pool = multiprocessing.get_context("fork").Pool(workers)
+        # Ctrl-C reaches the workers too: the parent alone answers it, once
+        pool = multiprocessing.get_context("fork").Pool(
+            workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+        )
     # published only when all are finished: a failure leaves none, so a rerun simply works
     finished: list[ArrayRecordDatasetWriter] = []
     published: list[ArrayRecordDatasetWriter] = []
@@ -198,6 +202,8 @@ def _generate(
             written[writer.name].append(str(writer.publish()))
             published.append(writer)
     except BaseException as exc:
+        if pool is not None:  # its queued events are no longer wanted
+            pool.terminate()
         for writer in published:
             writer.unpublish()
         for writer in finished:
