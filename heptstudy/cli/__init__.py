@@ -86,6 +86,10 @@ def _interrupted(stop: KeyboardInterrupt, args: argparse.Namespace | None) -> in
     said = str(stop) if isinstance(stop, Interrupted) else getattr(args, "interrupted", None)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cuts no line
     try:
+        from tqdm.std import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):  # the line starts a line of its own
+            bar.close()
         print(f"heptstudy: interrupted: {said or NOTHING_KEPT}", file=sys.stderr, flush=True)
     finally:
         signal.signal(signal.SIGINT, previous)

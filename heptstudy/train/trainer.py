@@ -184,7 +184,7 @@ def _train_into(
     net.train()
     step = start
     with (
-        _interrupt_said(out, lambda: step),
+        _interrupt_said(out, lambda: step, bar),
         PrefetchingLoader(loader, config.data.prefetch_batches) as batches,
     ):
         for step in range(start + 1, tc.num_steps + 1):
@@ -248,13 +248,14 @@ def _train_into(
 
 
 @contextlib.contextmanager
-def _interrupt_said(out: Path, step: Callable[[], int]):
+def _interrupt_said(out: Path, step: Callable[[], int], bar: Any):
     """Ctrl-C during training: one line with the checkpoint kept and the command that goes on."""
     from heptstudy.train.out_dir import latest_checkpoint
 
     try:
         yield
     except KeyboardInterrupt:
+        bar.close()  # the line below starts a line of its own
         now = step()
         # a step's predictions without its checkpoint would block the resume (later steps' files)
         if not (out / "checkpoints" / f"step_{now:06d}.pt").exists():
