@@ -379,3 +379,62 @@ def test_ctrl_c_during_a_bench_writes_nothing(tiny_data_dir, tmp_path):
     assert code == 130 and seconds < 20, (code, seconds, err)
     assert "nothing was measured or written" in _one_line(err)
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------- sizes, wording
+
+
+@pytest.mark.parametrize(
+    "argv,fragments",
+    [
+        (["bench", "backbone", "--hits", "1000000000"], ["--hits 1,000,000,000", "GiB"]),
+        (
+            ["data", "generate", "--events-train", "1", "--events-test", "1", "--seed", "1"]
+            + ["--occupancy-scale", "1e6"],
+            ["--occupancy-scale 1e+06", "GiB"],
+        ),
+    ],
+    ids=["backbone-hits", "occupancy"],
+)
+def test_sizes_beyond_memory_are_refused_before_allocating(argv, fragments, tmp_path, capsys):
+    from heptstudy.units import host_memory_available
+
+    if host_memory_available() is None:
+        pytest.skip("this system does not say how much memory is available")
+    if argv[0] == "data":
+        argv += ["--data-dir", tmp_path / "d"]
+    code, _, err = _cli(capsys, *argv)
+    assert code == 2 and "this host has" in err and "nothing was allocated" in err, err
+    assert all(f in err for f in fragments), err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_one_layer_backbone_has_no_count_plan():
+    from heptstudy.config import load_config
+    from heptstudy.errors import ConfigError
+
+    over = ["model.heptv2.num_convs=1", "model.heptv2.activation_checkpointing=layers1"]
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=over)
+    assert "1 to 0" not in str(err.value) and "use full or off" in str(err.value)
+
+
+def test_fit_names_the_variant_it_answers_for(tmp_path, capsys):
+    code, _, err = _cli(
+        capsys, "fit", "--platform", "local_cpu", "--per-device-batch", "2",
+        "--variant", "hit_heptv2_grouped_tracker_features", "--data-dir", tmp_path / "none",
+    )  # fmt: skip
+    assert code == 2 and "variant hit_heptv2_grouped_tracker_features" in err, err
+    assert "track_cluster_mlpf" not in err
+
+
+@pytest.mark.parametrize("new_run", [False, True], ids=["plain", "new-run"])
+def test_a_data_set_folder_is_not_called_a_training_run(new_run, tiny_data_dir, tmp_path):
+    from heptstudy.train.out_dir import OutputDirError, choose_out_dir
+
+    folder = tiny_data_dir / "cld_edm_ttbar_hits" / "1" / "3.2.1"
+    with pytest.raises(OutputDirError) as err:
+        choose_out_dir(folder, new_run=new_run)
+    assert "a TFDS data set that no training run wrote" in str(err.value)
+    assert "holds an earlier run" not in str(err.value)
+    assert not list(folder.glob("run-*"))
