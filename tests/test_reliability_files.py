@@ -438,3 +438,20 @@ def test_a_data_set_folder_is_not_called_a_training_run(new_run, tiny_data_dir, 
     assert "a TFDS data set that no training run wrote" in str(err.value)
     assert "holds an earlier run" not in str(err.value)
     assert not list(folder.glob("run-*"))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["study", "predict", "--matrix", "m.yaml", "--data-dir", "d", "--out"],
+        ["fit", "--platform", "local_cpu", "--per-device-batch", "2", "--save-model"],
+        ["bench", "backbone", "--hits", "64", "--output"],
+    ],
+    ids=["study-predict", "fit-save-model", "bench-backbone"],
+)
+def test_every_named_json_output_keeps_a_foreign_file(argv, tmp_path, capsys):
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": true}\n')
+    code, _, err = _cli(capsys, *argv, notes)
+    assert code == 2 and "To keep it" in err and "notes.json" in err, err
+    assert notes.read_text() == '{"mine": true}\n'

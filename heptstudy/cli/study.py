@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from heptstudy.atomic import atomic_write_text
+from heptstudy.atomic import Output, atomic_write_text, json_text
 from heptstudy.cli import whole_number
 from heptstudy.locks import holding_all
 from heptstudy.measure.report import ReportError, read_report
@@ -97,12 +97,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_predict(args: argparse.Namespace) -> int:
-    import json
+#: Any version of the blind predictions' schema: ``study predict --out`` replaces only them.
+PREDICTIONS_MARK = b'"schema": "heptstudy.blind_predictions/'
 
-    doc = predict_matrix(args.matrix, args.data_dir, jobs=args.jobs)
+
+def _cmd_predict(args: argparse.Namespace) -> int:
     out = resolve_from_cwd(args.out)
-    atomic_write_text(out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    kind = Output("heptstudy blind predictions file", ".json", PREDICTIONS_MARK)
+    kind.check(out, "--out")  # before the minutes of estimating
+    doc = predict_matrix(args.matrix, args.data_dir, jobs=args.jobs)
+    atomic_write_text(out, json_text(doc, f"the predictions {out}"), kind=kind)
     print(f"wrote {out}")
     return 0
 
