@@ -4,6 +4,7 @@ mid-write leaves the previous file (or none), never a truncated one.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -124,6 +125,14 @@ def atomic_path(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def remove_leftovers(path: str | os.PathLike, suffix: str = ".tmp") -> None:
+    """Remove the temporary files that writes of ``path`` left when their process was killed;
+    only while holding ``path``'s folder, so that no write in progress loses its file."""
+    path = Path(path)
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}{suffix}"):
+        tmp.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from typing import Any
 from jupyter_client.manager import KernelManager
 from jupyter_core.paths import jupyter_runtime_dir
 
-from heptstudy.atomic import atomic_path, atomic_write_text
+from heptstudy.atomic import atomic_path, atomic_write_text, remove_leftovers
 from heptstudy.data.batching import dataset_for
 from heptstudy.errors import HeptstudyError, Interrupted
 from heptstudy.locks import holding_all
@@ -292,6 +292,8 @@ def run_one(
     pending, nb_pending = out / PENDING / ex.report, out / PENDING / ex.notebook
     for stale in (pending, nb_pending):  # left by an interrupted study: kept, not reused
         superseded.move_aside(stale)
+    remove_leftovers(pending)  # half-written by a killed kernel: nothing to keep
+    remove_leftovers(nb_pending, ".ipynb")
     nb_pending.parent.mkdir(parents=True, exist_ok=True)
     pending.parent.mkdir(parents=True, exist_ok=True)
     parameters = {**ex.parameters, "output": shown(pending)}
@@ -434,6 +436,7 @@ def aggregate_study(
         "notes": list(matrix.notes) if matrix else [],
     }
     before = _aggregate_outputs(out, figures)
+    remove_leftovers(executed, ".ipynb")  # of an aggregate that was killed
     notebook = ROOT / "notebooks" / "aggregate.ipynb"
     _papermill(notebook, executed, parameters, timeout, ROOT)
     html = render_html(executed, out / "report.html")
