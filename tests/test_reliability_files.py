@@ -459,3 +459,9 @@ def test_every_named_json_output_keeps_a_foreign_file(argv, tmp_path, capsys):
     code, _, err = _cli(capsys, *argv, notes)
     assert code == 2 and "To keep it" in err and "notes.json" in err, err
     assert notes.read_text() == '{"mine": true}\n'
+
+
+def test_bench_names_a_bad_value_by_its_option(capsys):
+    code, _, err = _cli(capsys, "bench", "--batch-size", "0", "--steps", "x")
+    assert code == 2 and "--batch-size '0' is not allowed" in err and "--steps 'x'" in err, err
+    assert "parameter batch_size" not in err and "parameter steps" not in err

@@ -17,9 +17,13 @@ def request_from_args(args: argparse.Namespace):
         raise RequestError(f"heptstudy bench: {err}") from None
 
 
+def _flag(field: str) -> tuple[str, dict]:
+    """A request field's option and its argparse settings."""
+    return _FLAGS.get(field, ("--" + field.replace("_", "-"), {}))
+
+
 def _as_option(field: str, value: str) -> str:
-    flag = _FLAGS[field][0] if field in _FLAGS else "--" + field.replace("_", "-")
-    return f"{flag} {value}"
+    return f"{_flag(field)[0]} {value}"
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -98,7 +102,7 @@ def register_cli(sub) -> None:
     # one option per request field, its description as help; an option not given is not
     # passed on, so the request's own default applies
     for field, info in MeasurementRequest.model_fields.items():
-        flag, extra = _FLAGS.get(field, (f"--{field.replace('_', '-')}", {}))
+        flag, extra = _flag(field)
         p.add_argument(
             flag, dest=field, default=argparse.SUPPRESS, **{"help": info.description, **extra}
         )
