@@ -4,12 +4,14 @@ mid-write leaves the previous file (or none), never a truncated one.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,11 +50,65 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+class NotOurs(HeptstudyError):
+    """The path to be written holds a file of another kind: it is left as it is."""
+
+
+@dataclass(frozen=True)
+class Output:
+    """A kind of file heptstudy writes where a user names the path: it only ever replaces a file
+    of the same kind, recognised by ``mark`` in the file's first or last 4 KiB."""
+
+    what: str  # e.g. "heptstudy bench report"
+    suffix: str  # e.g. ".json"
+    mark: bytes
+
+    def check(self, path: str | os.PathLike, option: str = "the output") -> bool:
+        """Refuse ``path`` unless it is free or holds this kind; True when it will be replaced."""
+        path = Path(path)
+        keep = (
+            f"nothing was written. To keep it, give {option} another file name ending in "
+            f"{self.suffix}; to replace it, move it away first"
+        )
+        if path.suffix != self.suffix:
+            raise NotOurs(
+                f"{option} {str(path)!r}: a {self.what} is written to a {self.suffix} file, not a "
+                f"{path.suffix or 'suffix-less'} one; nothing was written. Give a name ending in "
+                f"{self.suffix}, e.g. {str(path.with_suffix(self.suffix))!r}"
+            )
+        if not os.path.lexists(path):
+            return False
+        if path.is_symlink() or not path.is_file():
+            kind = "a symbolic link" if path.is_symlink() else "not a regular file"
+            raise NotOurs(f"{option} {str(path)!r} is {kind}, which would be replaced; {keep}")
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(4096)
+                fh.seek(max(0, os.fstat(fh.fileno()).st_size - 4096))
+                head += fh.read()
+        except OSError as exc:
+            raise NotOurs(
+                f"{option} {str(path)!r} exists and cannot be read ({exc.strerror or exc}), so "
+                f"it cannot be told to be a {self.what}; {keep}"
+            ) from None
+        if self.mark not in head:
+            raise NotOurs(
+                f"{option} {str(path)!r} exists ({path.stat().st_size:,} bytes) and is not a "
+                f"{self.what}; heptstudy replaces only its own {self.what}s, so {keep}"
+            )
+        return True
+
+
 @contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
+def atomic_path(
+    path: str | os.PathLike, suffix: str = ".tmp", kind: Output | None = None
+) -> Iterator[Path]:
     """A temporary path next to ``path`` that replaces it when the block succeeds; ``suffix``
-    is for writers that pick the format from the file name."""
+    is for writers that pick the format from the file name. With ``kind``, a file of another
+    kind at ``path`` is refused before anything is written."""
     path = Path(path)
+    if kind is not None:
+        kind.check(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Same folder as the target: os.replace is only atomic within one file system.
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
@@ -71,17 +127,29 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
         raise
 
 
+def remove_leftovers(path: str | os.PathLike, suffix: str = ".tmp") -> None:
+    """Remove the temporary files that writes of ``path`` left when their process was killed;
+    only while holding ``path``'s folder, so that no write in progress loses its file."""
+    path = Path(path)
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}{suffix}"):
+        tmp.unlink(missing_ok=True)
+
+
 @contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
+def atomic_open(
+    path: str | os.PathLike, mode: str = "w", kind: Output | None = None, **kwargs: Any
+) -> Iterator[IO[Any]]:
     """:func:`open` for writing, made atomic: ``path`` changes only if the block completes."""
     if "w" not in mode:
         raise ValueError(f"atomic_open writes a whole new file; mode {mode!r} has no 'w'")
-    with atomic_path(path) as tmp, open(tmp, mode, **kwargs) as fh:
+    with atomic_path(path, kind=kind) as tmp, open(tmp, mode, **kwargs) as fh:
         yield fh
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
-    with atomic_open(path, "w", encoding=encoding) as fh:
+def atomic_write_text(
+    path: str | os.PathLike, text: str, encoding: str = "utf-8", kind: Output | None = None
+) -> Path:
+    with atomic_open(path, "w", kind=kind, encoding=encoding) as fh:
         fh.write(text)
     return Path(path)
 
@@ -120,11 +188,13 @@ class WriteFailed(HeptstudyError):
     """A result could not be written; the message says where it went instead."""
 
 
-def write_text_or_keep(path: str | os.PathLike, text: str, what: str) -> Path:
+def write_text_or_keep(
+    path: str | os.PathLike, text: str, what: str, kind: Output | None = None
+) -> Path:
     """:func:`atomic_write_text`; when the disk refuses, the text is kept in a temporary file
     (often another file system) or printed, and :class:`WriteFailed` says where."""
     try:
-        return atomic_write_text(path, text)
+        return atomic_write_text(path, text, kind=kind)
     except OSError as exc:
         error = exc
     name = Path(path).name or "result"
@@ -170,14 +240,27 @@ def free_space_problem(folder: str | os.PathLike, need_bytes: int) -> str | None
     )
 
 
+def figure_kind(path: Path, fmt: str | None = None) -> Output | None:
+    """What a figure may replace: a figure. matplotlib names itself in every PNG's and PDF's
+    metadata (figures committed before this check carry nothing else), so a photo or a document
+    of the same name is never replaced."""
+    fmt = fmt or path.suffix[1:]
+    return (
+        Output(f"matplotlib {fmt} figure", path.suffix, b"Matplotlib")
+        if fmt in ("png", "pdf")
+        else None
+    )
+
+
 def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
+    """A figure, atomically; an existing file that is not a heptstudy figure is refused."""
     path = Path(path)
     if kwargs.get("format") is None:
         # matplotlib takes the format from the file name; the temporary one must not decide it.
         import matplotlib
 
         kwargs["format"] = path.suffix[1:] or matplotlib.rcParams["savefig.format"]
-    with atomic_path(path, suffix=path.suffix) as tmp:
+    with atomic_path(path, suffix=path.suffix, kind=figure_kind(path, kwargs["format"])) as tmp:
         fig.savefig(tmp, **kwargs)
     return path
 

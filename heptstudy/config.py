@@ -234,10 +234,16 @@ class HEPTv2Config(_Strict):
         for key, name in named:
             count = count_plan(name)
             if count is not None and not 1 <= count[1] < self.num_convs:
+                allowed = (
+                    f"a count plan takes 1 to {self.num_convs - 1} layers (all of them is full): "
+                    "use one of those or full"
+                    if self.num_convs > 1
+                    else "a backbone of one layer has no count plan (its one layer is full): "
+                    "use full or off"
+                )
                 raise ValueError(
                     f"model.heptv2.{key}: {name} checkpoints {count[1]} of the backbone's "
-                    f"{self.num_convs} layers (model.heptv2.num_convs); a count plan takes 1 to "
-                    f"{self.num_convs - 1} layers (all of them is full): use one of those or full"
+                    f"{self.num_convs} layers (model.heptv2.num_convs); {allowed}"
                 )
         return self
 

@@ -14,6 +14,11 @@ class HeptstudyError(Exception):
     """Base class of user-facing errors."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, saying what was kept, what was not and the command that goes on. A
+    ``KeyboardInterrupt``, so that no ``except Exception`` swallows it on its way out."""
+
+
 class ConfigError(HeptstudyError, ValueError):
     """A configuration, platform profile or scenario could not be loaded or did not validate."""
 
@@ -52,13 +57,16 @@ def describe_invalid(
     footer: str = "",
     show: Callable[[Any], str] = repr,
     list_known: bool = False,
+    spell: Callable[[str, str], str] | None = None,
 ) -> str:
     """A pydantic ``ValidationError`` as one line per error; ``noun``: key, field or parameter;
-    an unknown one is given the nearest of ``known``."""
+    an unknown one is given the nearest of ``known``. ``spell(key, value)`` writes a bad value
+    as its user gave it (a command-line option, say); by default ``noun key=value``."""
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
         value = show(e.get("input"))
+        given = spell(key, value) if spell else f"{noun} {key}={value}"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             near = difflib.get_close_matches(key, known, n=1)
@@ -70,7 +78,7 @@ def describe_invalid(
         elif not key or msg.startswith((key.split(".")[-1] + "=", key + ".")):  # names them itself
             lines.append(msg)
         else:
-            lines.append(f"{noun} {key}={value} is not allowed: {msg}")
+            lines.append(f"{given} is not allowed: {msg}")
     if header:
         lines = [header, *(f"  {line}" for line in lines)]
     return "\n".join([*lines, footer] if footer else lines)

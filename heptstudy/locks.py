@@ -1,4 +1,5 @@
-"""A folder held by one run at a time: a lock file for the duration of a training run or a study.
+"""A folder held by one run at a time: a lock file for as long as a command writes into it (a
+training run, a study and its figures, a data generation, data statistics).
 
 The kernel drops the ``flock`` when its process dies, however it dies, so a lock file left by
 a killed run is recognised (free although the file is there) and taken over, saying so.
@@ -165,3 +166,17 @@ def holding(folder: str | os.PathLike, what: str) -> Iterator[Path]:
         if created:  # a run refused before writing leaves no folder behind
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+@contextlib.contextmanager
+def holding_all(*folders: tuple[str | os.PathLike, str]) -> Iterator[None]:
+    """:func:`holding` of every ``(folder, what)``; a folder inside an earlier one is covered by
+    that one's lock already."""
+    with contextlib.ExitStack() as stack:
+        held: list[Path] = []
+        for folder, what in folders:
+            path = Path(folder)
+            if not any(path.is_relative_to(h) for h in held):
+                stack.enter_context(holding(path, what))
+                held.append(path)
+        yield

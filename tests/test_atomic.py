@@ -104,8 +104,8 @@ def test_savefig_failure_keeps_previous_figure(tmp_path):
             raise Boom
 
     target = tmp_path / "line.png"
-    target.write_bytes(b"old figure")
+    target.write_bytes(b"old figure by Matplotlib")
     with pytest.raises(Boom):
         atomic_savefig(BrokenFigure(), target)
-    assert target.read_bytes() == b"old figure"
+    assert target.read_bytes() == b"old figure by Matplotlib"
     assert _leftovers(tmp_path, {"line.png"}) == []

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from heptstudy.config import load_config
-from heptstudy.errors import HeptstudyError, os_error_advice
+from heptstudy.errors import HeptstudyError, Interrupted, os_error_advice
 
 _AREAS = (
     "heptstudy.cli.data",
@@ -77,10 +78,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+#: What Ctrl-C leaves, for a command that does not say more itself (:class:`Interrupted`).
+NOTHING_KEPT = "nothing was written (every result appears only whole); run the same command again"
+
+
+def _interrupted(stop: KeyboardInterrupt, args: argparse.Namespace | None) -> int:
+    said = str(stop) if isinstance(stop, Interrupted) else getattr(args, "interrupted", None)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cuts no line
     try:
+        from tqdm.std import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):  # the line starts a line of its own
+            bar.close()
+        print(f"heptstudy: interrupted: {said or NOTHING_KEPT}", file=sys.stderr, flush=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = None
+    try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
+    except KeyboardInterrupt as stop:
+        return _interrupted(stop, args)
     except HeptstudyError as err:
         print(f"heptstudy: error: {err}", file=sys.stderr)
         return 2

@@ -6,18 +6,24 @@ import argparse
 
 
 def request_from_args(args: argparse.Namespace):
-    """Only the options given, so that the request states every default."""
+    """Only the options given, so that the request states every default; a bad value is named
+    by its option."""
     from heptstudy.measure.request import MeasurementRequest, RequestError
 
     given = {f: getattr(args, f) for f in MeasurementRequest.model_fields if hasattr(args, f)}
     try:
-        return MeasurementRequest.build(**given)
+        return MeasurementRequest.build(spell=_as_option, **given)
     except RequestError as err:
-        text = str(err)
-        for field in MeasurementRequest.model_fields:
-            flag = _FLAGS.get(field, (f"--{field.replace('_', '-')}",))[0]
-            text = text.replace(f"parameter {field}=", f"{flag} ")
-        raise RequestError(f"heptstudy bench: {text}") from None
+        raise RequestError(f"heptstudy bench: {err}") from None
+
+
+def _flag(field: str) -> tuple[str, dict]:
+    """A request field's option and its argparse settings."""
+    return _FLAGS.get(field, ("--" + field.replace("_", "-"), {}))
+
+
+def _as_option(field: str, value: str) -> str:
+    return f"{_flag(field)[0]} {value}"
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -53,6 +59,8 @@ def _bench_backbone(args: argparse.Namespace) -> int:
         print(f"written: {args.output}")
     return 0
 
+
+_NOTHING_MEASURED = "nothing was measured or written; run the same command again"
 
 #: Request fields whose option is not the plain ``--field-name VALUE``.
 _FLAGS: dict[str, tuple[str, dict]] = {
@@ -90,12 +98,12 @@ def register_cli(sub) -> None:
     b.add_argument("--device", default="cpu")
     b.add_argument("--output", help="JSON file for the result")
     add_config_args(b)
-    b.set_defaults(func=_bench_backbone)
+    b.set_defaults(func=_bench_backbone, interrupted=_NOTHING_MEASURED)
     # one option per request field, its description as help; an option not given is not
     # passed on, so the request's own default applies
     for field, info in MeasurementRequest.model_fields.items():
-        flag, extra = _FLAGS.get(field, (f"--{field.replace('_', '-')}", {}))
+        flag, extra = _flag(field)
         p.add_argument(
             flag, dest=field, default=argparse.SUPPRESS, **{"help": info.description, **extra}
         )
-    p.set_defaults(func=_bench)
+    p.set_defaults(func=_bench, interrupted=_NOTHING_MEASURED)

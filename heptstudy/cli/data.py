@@ -1,7 +1,8 @@
 """`heptstudy data generate` and `heptstudy data stats`.
 
-Default folders are the repository's, wherever the command starts; a folder given on the
-command line is taken from the current directory.
+The data directory defaults to the repository's, wherever the command starts; outputs (``data
+stats``) go under the current directory, like every output. A folder given on the command line
+is taken from the current directory.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from heptstudy.committed import refuse_committed
 from heptstudy.data.generate import generate_datasets
 from heptstudy.data.stats import hits_stats, write_stats
 from heptstudy.errors import DataError
-from heptstudy.paths import resolve_in_repo
+from heptstudy.locks import holding
+from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 
 DEFAULT_DATA_DIR = "data/tfds"
 DEFAULT_STATS_DIR = "experiments/scratch/data_stats"
@@ -58,7 +60,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    out = args.out or resolve_in_repo(DEFAULT_STATS_DIR)
+    out = resolve_from_cwd(args.out or DEFAULT_STATS_DIR)
     refuse_committed(
         out, "--out", f"Leave out --out (it goes to {DEFAULT_STATS_DIR}) or give your own folder"
     )
@@ -66,12 +68,15 @@ def _stats(args: argparse.Namespace) -> int:
     stats = hits_stats(
         _data_dir(args), args.dataset, args.configs, args.split, args.pad_to_multiple
     )
-    js, png = write_stats(stats, out)
+    with holding(out, "statistics folder (--out)"):
+        js, png, replaced = write_stats(stats, out)
     summary = {k: stats[k] for k in ("dataset", "split", "num_events", "synthetic")}
     summary["total"] = stats["total"]
     summary["events_above_tail_threshold"] = stats["events_above_tail_threshold"]
     print(json.dumps(summary, indent=1))
     print(f"wrote {js} and {png}")
+    if replaced:
+        print("(they replace the statistics of the same data set and split written earlier)")
     return 0
 
 
@@ -97,7 +102,11 @@ def register_cli(subparsers) -> None:
         help="processes simulating events (default: up to 2)",
     )
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
-    gen.set_defaults(func=_generate)
+    gen.set_defaults(
+        func=_generate,
+        interrupted="no data set was put in place and nothing is left half-written; run the "
+        "same command again",
+    )
 
     st = sub.add_parser("stats", help="hits-per-event distribution as JSON and PNG")
     st.add_argument(
@@ -108,6 +117,6 @@ def register_cli(subparsers) -> None:
     st.add_argument("--split", default="train")
     st.add_argument("--pad-to-multiple", type=whole_number(1, 128), default=128)
     st.add_argument(
-        "--out", help=f"output directory (default: the repository's {DEFAULT_STATS_DIR})"
+        "--out", help=f"output directory (default: {DEFAULT_STATS_DIR} in the current directory)"
     )
     st.set_defaults(func=_stats)

@@ -39,6 +39,10 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         estimate=args.estimate,
         batching=args.batching,
     )
+    if args.save_model:  # refused before the fit, not after it
+        from heptstudy.estimate.memory_model import MODEL_FILE
+
+        MODEL_FILE.check(args.save_model, "--save-model")
     result = fit(request)
     if args.save_model:
         result.model.save(args.save_model)

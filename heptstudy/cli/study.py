@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from heptstudy.atomic import atomic_write_text
+from heptstudy.atomic import Output, atomic_write_text, json_text
 from heptstudy.cli import whole_number
-from heptstudy.locks import holding
+from heptstudy.locks import holding_all
 from heptstudy.measure.report import ReportError, read_report
 from heptstudy.paths import real_path, resolve_from_cwd
 from heptstudy.study.blind_predictions import predict_matrix
@@ -83,7 +83,8 @@ def measured_table(results) -> str:
 
 def _cmd_aggregate(args: argparse.Namespace) -> int:
     out, figures = aggregate_folders(args.out, args.figures)
-    with holding(out, "study folder (--out)"):  # not while a study run writes it
+    # not while a study run writes them
+    with holding_all((out, "study folder (--out)"), (figures, "figures folder (--figures)")):
         html = aggregate_study(out, figures)
     print(f"report: {shown(html)}")
     return 0
@@ -96,12 +97,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_predict(args: argparse.Namespace) -> int:
-    import json
+#: Any version of the blind predictions' schema: ``study predict --out`` replaces only them.
+PREDICTIONS_MARK = b'"schema": "heptstudy.blind_predictions/'
 
-    doc = predict_matrix(args.matrix, args.data_dir, jobs=args.jobs)
+
+def _cmd_predict(args: argparse.Namespace) -> int:
     out = resolve_from_cwd(args.out)
-    atomic_write_text(out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    kind = Output("heptstudy blind predictions file", ".json", PREDICTIONS_MARK)
+    kind.check(out, "--out")  # before the minutes of estimating
+    doc = predict_matrix(args.matrix, args.data_dir, jobs=args.jobs)
+    atomic_write_text(out, json_text(doc, f"the predictions {out}"), kind=kind)
     print(f"wrote {out}")
     return 0
 
@@ -143,7 +148,7 @@ def register_cli(subparsers) -> None:
     )
     run.add_argument("--no-aggregate", action="store_true", help="only the measurements")
     run.add_argument("--no-progress", action="store_true")
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=_cmd_run, interrupted="nothing was measured; run the same command again")
     agg = sub.add_parser(
         "aggregate", help="aggregate.ipynb and report.html of an experiments directory"
     )
@@ -153,7 +158,11 @@ def register_cli(subparsers) -> None:
         help="figures folder (default: figures/ in the study folder; figures/NAME for the "
         "reference study experiments/NAME)",
     )
-    agg.set_defaults(func=_cmd_aggregate)
+    agg.set_defaults(
+        func=_cmd_aggregate,
+        interrupted="the previous aggregate.ipynb and report.html (if any) are kept as they "
+        "were; run the same command again",
+    )
     predict = sub.add_parser(
         "predict",
         help="blind predictions of a GPU matrix's memory runs, made without a GPU",

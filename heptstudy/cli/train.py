@@ -38,4 +38,4 @@ def register_cli(sub) -> None:
         help="train.out_dir already holds a run: start a new one in OUT/run-002 (run-003, ...)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_train)
+    p.set_defaults(func=_train, interrupted="nothing was trained; run the same command again")

@@ -9,13 +9,17 @@ from typing import Any
 
 import numpy as np
 
-from heptstudy.atomic import atomic_savefig, atomic_write_text
+from heptstudy.atomic import Output, atomic_savefig, atomic_write_text, figure_kind
 from heptstudy.data.batching import padded_sizes
 from heptstudy.data.tfds import open_dataset
 
 STATS_SCHEMA = "heptstudy.data_stats/1"
 QUANTILES = (0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99)
 TAIL_THRESHOLD = 13_000
+#: Statistics replace only statistics.
+STATS_FILE = Output(
+    "heptstudy data statistics file", ".json", f'"schema": "{STATS_SCHEMA}"'.encode()
+)
 
 
 def _summary(values: np.ndarray) -> dict[str, Any]:
@@ -68,9 +72,10 @@ def hits_stats(
     }
 
 
-def write_stats(stats: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
+def write_stats(stats: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path, bool]:
     """``<dataset>_<split>_stats.json`` and a ``.png`` histogram of hits per event (total, tracker,
-    calorimeter; 'synthetic' in the title) in ``out_dir``."""
+    calorimeter; 'synthetic' in the title) in ``out_dir``; True when they replace earlier ones.
+    A file of another kind under either name is refused before either is written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,8 +84,10 @@ def write_stats(stats: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{stats['dataset'].split(':')[0]}_{stats['split']}_stats"
-    js = out / f"{stem}.json"
-    atomic_write_text(js, json.dumps(stats, indent=1) + "\n")
+    js, png = out / f"{stem}.json", out / f"{stem}.png"
+    replaced = STATS_FILE.check(js, "--out")
+    figure_kind(png).check(png, "--out")  # both refused before either is written
+    atomic_write_text(js, json.dumps(stats, indent=1) + "\n", kind=STATS_FILE)
     per = stats["per_event"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     top = max(per["total"]) if per["total"] else 1
@@ -106,7 +113,6 @@ def write_stats(stats: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]
     )
     ax.legend()
     fig.tight_layout()
-    png = out / f"{stem}.png"
     atomic_savefig(fig, png, dpi=120)
     plt.close(fig)
-    return js, png
+    return js, png, replaced

@@ -374,6 +374,18 @@ class ShardedDataset:
         names = HIT_FEATURES if self.is_hits else PF_FEATURES
         return names[col] if col < len(names) else f"column {col}"
 
+    def empty_events(self, indices: Sequence[int]) -> list[str]:
+        """The events among ``indices`` that hold no hit (element), each named."""
+        empty = []
+        for index in dict.fromkeys(int(i) for i in indices):
+            if len(self[index]["X"]) == 0:
+                shard, local = self.locate(index)
+                empty.append(
+                    f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
+                    f"index {index})"
+                )
+        return empty
+
     def lengths(self) -> np.ndarray:
         """Number of hits (elements) of every event, in global index order (reads every event)."""
         return np.array([len(self[i]["X"]) for i in range(len(self))], dtype=np.int64)
@@ -405,6 +417,7 @@ def open_dataset(
                 "a TFDS data set"
             ) from None
         info = builder.info
+        _check_against_folder(info, path, name, config, version)
         if split not in info.splits:
             raise DataError(
                 f"split {split!r} not found in {name}/{config}:{version}; available splits: "
@@ -466,6 +479,37 @@ def open_dataset(
 def _describe_error(err: Exception) -> str:
     first = (str(err).splitlines() or [""])[0][:200]
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def _check_against_folder(info, path: Path, name: str, config: str, version: str) -> None:
+    """``dataset_info.json`` describes this folder: its name, config and version are the
+    folder's, and its splits list exactly the ArrayRecord files there."""
+    meta = path / "dataset_info.json"
+    said = {"name": info.name, "config": info.config_name, "version": str(info.version)}
+    folder = {"name": name, "config": config, "version": version}
+    # a writer that does not state a field (no config name, say) is not contradicting the folder
+    wrong = [
+        f"{k} {said[k]!r} (the folder says {folder[k]!r})"
+        for k in said
+        if said[k] and said[k] != folder[k]
+    ]
+    redo = f"regenerate the data set (remove {str(path)!r}, then run `heptstudy data generate`)"
+    if wrong:
+        raise DataError(
+            f"{str(meta)!r} gives {', '.join(wrong)}: it does not describe the folder it is in, "
+            f"so {name}/{config}:{version} was not opened. Copy the data set again as a whole "
+            f"from where it came from, or {redo}"
+        )
+    listed = {Path(str(f)).name for s in info.splits.values() for f in s.filepaths}
+    present = {f.name for f in path.glob(f"{name}-*.array_record-*")}
+    extra = sorted(present - listed)
+    if extra:
+        raise DataError(
+            f"{str(path)!r} holds {len(extra)} ArrayRecord file(s) that no split of "
+            f"{str(meta)!r} lists ({', '.join(extra[:3])}{', ...' if extra[3:] else ''}): its "
+            f"splits ({', '.join(sorted(info.splits))}) disagree with the files, so the data set "
+            f"was not opened. Copy it again as a whole, or {redo}"
+        )
 
 
 def _shard_files(split_info, path: Path, name, config, version, split) -> list[tuple[Path, int]]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from heptstudy.atomic import atomic_write_text, json_text
+from heptstudy.atomic import Output, atomic_write_text, json_text
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.keys import key_label
 from heptstudy.units import MIB
@@ -24,6 +24,8 @@ from heptstudy.units import MIB
 SCHEMA = "heptstudy.memfit/3"
 #: /2 lacks the expandable-segments reserved and the fingerprint (refused by fitting.select).
 READABLE_SCHEMAS = ("heptstudy.memfit/2", SCHEMA)
+#: ``fit --save-model`` replaces only a memory model (of any schema).
+MODEL_FILE = Output("heptstudy memory model", ".json", b'"schema": "heptstudy.memfit/')
 
 
 class FitError(HeptstudyError, ValueError):
@@ -318,7 +320,8 @@ class MemoryModel:
         return model
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_text(path, json_text(self.to_dict(), f"the memory model {path}"))
+        text = json_text(self.to_dict(), f"the memory model {path}")
+        return atomic_write_text(path, text, kind=MODEL_FILE)
 
     @classmethod
     def load(cls, path: str | Path) -> MemoryModel:

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from heptstudy.atomic import Output
 from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.errors import ConfigError
@@ -17,6 +18,11 @@ from heptstudy.meters.timing import StepTimer
 from heptstudy.model import example_batch
 from heptstudy.model.checkpoint_plan import apply_plan, plan_of
 from heptstudy.model.heptv2 import HEPTv2Layer, hit_coordinates
+from heptstudy.units import refuse_above_memory
+
+#: ``--output`` replaces only an earlier backbone result (the committed ones carry no schema
+#: field; this key is theirs alone).
+RESULT_FILE = Output("heptstudy backbone result", ".json", b'"median_s": ')
 
 
 def check_backbone_request(
@@ -36,7 +42,7 @@ def check_backbone_request(
     if output is not None:
         from heptstudy.measure.bench import check_writable
 
-        check_writable(Path(output))
+        check_writable(Path(output), RESULT_FILE)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
@@ -63,6 +69,12 @@ def run_backbone_bench(
 ) -> dict[str, Any]:
     dev = check_backbone_request(hits, repeats, device)
     cfg = config.model.heptv2
+    # a lower bound: the input, its gradient and one layer's SwiGLU hidden state, in float32
+    refuse_above_memory(
+        4 * hits * (3 * cfg.embedding_dim + 3 * cfg.width),
+        f"the backbone bench on --hits {hits:,} (embedding {cfg.embedding_dim}, width {cfg.width})",
+        "Give fewer --hits",
+    )
     torch.manual_seed(seed)
     holder = torch.nn.Module()
     holder.backbone = torch.nn.ModuleList(HEPTv2Layer(cfg, i) for i in range(cfg.num_convs))

@@ -5,6 +5,7 @@ folder and the data set's size are checked first, so a measurement is never run 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from heptstudy.atomic import folder_write_problem
+from heptstudy.atomic import Output, folder_write_problem
 from heptstudy.committed import refuse_committed
 from heptstudy.data import load_events, validation_batches
 from heptstudy.data.batching import dataset_for, event_indices, to_device
@@ -43,8 +44,9 @@ class OutputNotWritable(HeptstudyError):
     """The report could not be written where it was asked to go."""
 
 
-def check_writable(path: Path) -> None:
-    """Create the report's folder and try a file in it; a committed results folder is refused."""
+def check_writable(path: Path, kind: Output = rp.REPORT_FILE) -> None:
+    """Create the report's folder and try a file in it; a committed results folder, and a file
+    that is not a report, are refused."""
     refuse_committed(
         path,
         "report path (--output / output)",
@@ -55,6 +57,12 @@ def check_writable(path: Path) -> None:
         raise OutputNotWritable(
             f"report path {str(path)!r} is a directory; give a file name such as "
             f"{str(path / 'NAME.json')!r}"
+        )
+    if kind.check(path, "--output"):
+        print(
+            f"note: {path} holds an earlier {kind.what}, which this one replaces when it is "
+            "written; copy it elsewhere now to keep it",
+            file=sys.stderr,
         )
     problem = folder_write_problem(path.parent, create=True)
     if problem is not None:
@@ -69,7 +77,8 @@ def _steps(request) -> int:
 
 
 def check_enough_events(m: Measurement) -> None:
-    """Every step has its own events (none repeated); validation reads test-split events."""
+    """Every step has its own events (none repeated, none empty); validation reads test-split
+    events."""
     request, config = m.request, m.config
     train = dataset_for(config, "train")
     need = request.batch_size * _steps(request)
@@ -83,6 +92,15 @@ def check_enough_events(m: Measurement) -> None:
             f"batch_size={request.batch_size} x {steps} needs {need} events of the train split, "
             f"but {train.name} in {config.data.data_dir} holds {len(train)}; lower the batch "
             "size or the steps, or generate more events (heptstudy data generate)"
+        )
+    batches = event_indices(config, request.batch_size, _steps(request))
+    empty = train.empty_events([i for batch in batches for i in batch])
+    if empty:
+        raise HeptstudyError(
+            f"{len(empty)} of the events this measurement would use hold no hits: "
+            f"{'; '.join(empty[:5])}{'; ...' if empty[5:] else ''}. A batch counts them as "
+            "events while they add no work, so nothing was measured. Draw other events with "
+            "another seed (--set train.seed=N), or use a data set without empty events"
         )
     if request.kind != PARITY:
         test = dataset_for(config, "test")

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from heptstudy.atomic import atomic_write_text, json_text, write_text_or_keep
+from heptstudy.atomic import Output, atomic_write_text, json_text, write_text_or_keep
 from heptstudy.config import PLAN_AS_OLD_FIELDS
 from heptstudy.errors import HeptstudyError, describe_invalid
 from heptstudy.meters.allocator import allocator_in_use
@@ -25,6 +25,10 @@ from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
 from heptstudy.paths import git
 
 SCHEMA_VERSION = "heptstudy.bench/1"
+#: A report replaces only a report (the schema is the first line of every one written).
+REPORT_FILE = Output(
+    "heptstudy bench report", ".json", f'"schema_version": "{SCHEMA_VERSION}"'.encode()
+)
 
 PROTOCOL = """\
 heptstudy measurement protocol (schema heptstudy.bench/1)
@@ -392,8 +396,8 @@ def write_report(
     report = validate_report(report, source=str(path), require_version=False)
     text = json_text(report.model_dump(), f"the report {path}")
     if keep:
-        return write_text_or_keep(path, text, f"the report {Path(path).name}")
-    return atomic_write_text(path, text)
+        return write_text_or_keep(path, text, f"the report {Path(path).name}", kind=REPORT_FILE)
+    return atomic_write_text(path, text, kind=REPORT_FILE)
 
 
 def _not_json(path: Path, word: str):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -274,12 +274,15 @@ class MeasurementRequest(BaseModel):
         return self
 
     @classmethod
-    def build(cls, **values: Any) -> MeasurementRequest:
-        """Validate ``values``; a :class:`RequestError` names every bad parameter."""
+    def build(
+        cls, spell: Callable[[str, str], str] | None = None, **values: Any
+    ) -> MeasurementRequest:
+        """Validate ``values``; a :class:`RequestError` names every bad parameter, written by
+        ``spell(field, value)`` as its user gave it (default: ``parameter field=value``)."""
         try:
             return cls.model_validate(values)
         except ValidationError as err:
-            raise RequestError(describe_errors(err, sorted(cls.model_fields))) from None
+            raise RequestError(describe_errors(err, sorted(cls.model_fields), spell)) from None
 
     # ---------------------------------------------------------------- what it resolves to
 
@@ -368,8 +371,10 @@ NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def describe_errors(err: ValidationError, known: list[str]) -> str:
-    return describe_invalid(err, noun="parameter", known=known, list_known=True)
+def describe_errors(
+    err: ValidationError, known: list[str], spell: Callable[[str, str], str] | None = None
+) -> str:
+    return describe_invalid(err, noun="parameter", known=known, list_known=True, spell=spell)
 
 
 def injected_parameters(history: Any) -> set[str] | None:

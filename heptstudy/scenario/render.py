@@ -12,6 +12,7 @@ from pathlib import Path
 from heptstudy.atomic import atomic_write_text, folder_write_problem
 from heptstudy.config import PlatformConfig
 from heptstudy.errors import ConfigError
+from heptstudy.locks import holding
 from heptstudy.names import inside
 from heptstudy.paths import real_path
 from heptstudy.scenario.resolve import Resolution, ResolvedVariant, resolve
@@ -198,8 +199,9 @@ def render(
         texts += [(v.config_path, v.config.to_yaml()), (script, text)]
         scripts.append(script)
     # every script is rendered (and refused) before the first file is written
-    for path, text in texts:
-        atomic_write_text(path, text)
-    atomic_write_text(out / "resolution.json", json.dumps(res.to_dict(), indent=2) + "\n")
-    atomic_write_text(out / "launch_scripts.txt", "".join(f"{s}\n" for s in scripts))
+    with holding(out, "render folder (--out / --render-dir)"):
+        for path, text in texts:
+            atomic_write_text(path, text)
+        atomic_write_text(out / "resolution.json", json.dumps(res.to_dict(), indent=2) + "\n")
+        atomic_write_text(out / "launch_scripts.txt", "".join(f"{s}\n" for s in scripts))
     return res, scripts

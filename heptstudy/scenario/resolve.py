@@ -141,7 +141,9 @@ def resolve(
     rules.check_shared_budget(sc.name, configs)
     resolved = []
     given_data_dir = any(str(o).split("=", 1)[0].strip() == "data.data_dir" for o in shared)
-    for name, cfg in configs.items():
+    wanted = list(variants) if variants else list(sc.variants)
+    # the requested variants first: a refusal names the one asked about when it applies to it
+    for name, cfg in sorted(configs.items(), key=lambda item: item[0] not in wanted):
         rules.check_given_data_dir(sc.name, name, cfg, given_data_dir)
         rules.check_batch_divides_devices(sc.name, name, cfg, plat)
         rules.check_frequencies_divide_steps(sc.name, name, cfg)
@@ -164,7 +166,7 @@ def resolve(
                 test_split=split,
             )
         )
-    wanted = list(variants) if variants else list(sc.variants)
+    resolved.sort(key=lambda v: list(configs).index(v.name))
     return Resolution(
         scenario=sc,
         platform=plat,

@@ -13,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from heptstudy.config import Config, load_config, parse_plan_name
 from heptstudy.data.batching import to_device
+from heptstudy.locks import LOCK_NAME, holding
 from heptstudy.measure.parity import build_seeded
 from heptstudy.measure.request import (
     Count,
@@ -75,15 +76,18 @@ def pipeline_parameters(namespace: Mapping[str, Any]) -> PipelineParameters:
 
 
 def fresh_output_dir(path: str | os.PathLike) -> Path:
-    """An empty training output directory: an earlier pipeline run there is removed."""
+    """An empty training output directory: an earlier pipeline run there is removed, never while
+    a run holds the folder, and never a folder that does not look like a training run's."""
     path = Path(path)
-    if path.exists() and any(path.iterdir()):
-        if not ((path / "config.yaml").exists() or (path / "metrics.jsonl").exists()):
+    with holding(path, "pipeline out_dir"):
+        found = [p for p in path.iterdir() if p.name != LOCK_NAME]
+        if found and not ((path / "config.yaml").exists() or (path / "metrics.jsonl").exists()):
             raise StudyError(
                 f"{path} exists and does not look like a training output directory; "
                 "choose another out_dir or empty it yourself"
             )
-        shutil.rmtree(path)
+        for p in found:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -15,10 +18,10 @@ from typing import Any
 from jupyter_client.manager import KernelManager
 from jupyter_core.paths import jupyter_runtime_dir
 
-from heptstudy.atomic import atomic_path, atomic_write_text
+from heptstudy.atomic import atomic_path, atomic_write_text, remove_leftovers
 from heptstudy.data.batching import dataset_for
-from heptstudy.errors import HeptstudyError
-from heptstudy.locks import holding
+from heptstudy.errors import HeptstudyError, Interrupted
+from heptstudy.locks import holding_all
 from heptstudy.measure import report as rp
 from heptstudy.measure.bench import check_enough_events, report_header
 from heptstudy.meters.allocator import AllocatorState, allocator_in_use, environment_with
@@ -38,6 +41,10 @@ from heptstudy.study.outputs import (
 from heptstudy.study.resume import fingerprint, resumable, run_identity, stamp
 from heptstudy.study.schedule import DEFAULT, Execution, report_files, schedule
 
+#: The kernels this process started, for Ctrl-C to stop (they run in sessions of their own,
+#: so the terminal's Ctrl-C does not reach them).
+_KERNELS: weakref.WeakSet = weakref.WeakSet()
+
 
 # Unix sockets in the user's 0700 runtime folder, not unencrypted TCP on localhost: ipykernel
 # then writes no plain-text warning into every executed notebook's log.
@@ -48,14 +55,57 @@ class LocalKernelManager(KernelManager):
         # socket paths are limited to about 100 bytes: a short name
         ip = str(runtime / f"hs-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         super().__init__(transport="ipc", ip=ip, **kwargs)
+        _KERNELS.add(self)
+
+
+def _stop_kernels(execution: threading.Thread, grace_s: float = 3.0) -> None:
+    """Terminate every kernel with its process group (SIGTERM: no traceback on the terminal,
+    which a kernel still starting up would print for SIGINT; its results are written atomically,
+    so none is left half-written); one still running after ``grace_s`` is killed."""
+    pids = [getattr(km.provisioner, "pid", None) for km in list(_KERNELS)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError, TypeError):
+                os.killpg(pid, sig)
+        execution.join(grace_s)
+        if not execution.is_alive():
+            return
 
 
 def execute_notebook(input_path: str | os.PathLike, output_path: str | os.PathLike, **kwargs):
-    """:func:`papermill.execute_notebook` with its kernel on Unix sockets."""
+    """:func:`papermill.execute_notebook` with its kernel on Unix sockets. Papermill rewrites its
+    output after every cell, so it writes a temporary file that replaces ``output_path`` only
+    once it is whole: a kill or Ctrl-C mid-way leaves the previous notebook. A notebook that
+    ran to a failing cell is whole, and shows the failure: it is put in place, then raised.
+
+    Papermill runs in a thread: its own Ctrl-C handler only schedules the kernel's shutdown and
+    leaves the cell waiting, while here Ctrl-C stops the kernel and ends the call at once."""
     import papermill as pm
 
     kwargs.setdefault("kernel_manager_class", LocalKernelManager)
-    return pm.execute_notebook(str(input_path), str(output_path), **kwargs)
+    done: dict[str, Any] = {}
+
+    def execute(tmp: Path) -> None:
+        try:
+            done["notebook"] = pm.execute_notebook(str(input_path), str(tmp), **kwargs)
+        except BaseException as err:  # noqa: BLE001 - handed to the calling thread
+            done["error"] = err
+
+    with atomic_path(output_path, suffix=".ipynb") as tmp:
+        execution = threading.Thread(target=execute, args=(tmp,), daemon=True)
+        execution.start()
+        try:
+            while execution.is_alive():
+                execution.join(0.2)  # a bare join() would not see Ctrl-C
+        except KeyboardInterrupt:
+            _stop_kernels(execution)
+            raise
+        failure = done.get("error")
+        if failure is None:
+            return done["notebook"]
+        if not isinstance(failure, Exception) or tmp.stat().st_size == 0:
+            raise failure  # refused before it wrote anything
+    raise failure
 
 
 @dataclass
@@ -242,6 +292,8 @@ def run_one(
     pending, nb_pending = out / PENDING / ex.report, out / PENDING / ex.notebook
     for stale in (pending, nb_pending):  # left by an interrupted study: kept, not reused
         superseded.move_aside(stale)
+    remove_leftovers(pending)  # half-written by a killed kernel: nothing to keep
+    remove_leftovers(nb_pending, ".ipynb")
     nb_pending.parent.mkdir(parents=True, exist_ok=True)
     pending.parent.mkdir(parents=True, exist_ok=True)
     parameters = {**ex.parameters, "output": shown(pending)}
@@ -292,7 +344,7 @@ def run_study(
     out = folders.out
     check_writable(out, out / "notebooks", out / PENDING, folders.figures)
     # one study at a time in a folder: a second one would move the first one's results aside
-    with holding(out, "study folder (--out)"):
+    with holding_all((out, "study folder (--out)"), (folders.figures, "figures folder")):
         superseded = Superseded(out)
         done = StudyRun(folders)
         foreign = _move_aside_foreign(out, prepared, superseded)
@@ -311,7 +363,15 @@ def run_study(
         )
         for prep in bar:
             bar.set_postfix_str(prep.execution.label)
-            result = run_one(prep, out, superseded, force=force, timeout=matrix.cell_timeout_s)
+            try:
+                result = run_one(prep, out, superseded, force=force, timeout=matrix.cell_timeout_s)
+            except KeyboardInterrupt:
+                bar.close()
+                raise Interrupted(
+                    f"{len(done.results)} of {len(prepared)} run(s) are finished and kept in "
+                    f"{shown(out)}/; {prep.execution.label} was stopped with its kernel and not "
+                    "kept; run the same command again to go on (finished runs are resumed)"
+                ) from None
             done.results.append(result)
             line = f"{result.label:<44} {result.status:<8}"
             line += f" {result.seconds:7.1f} s" if result.status != "skipped" else ""
@@ -320,9 +380,16 @@ def run_study(
         bar.close()
         _remove_empty(out / PENDING)
         if aggregate:
-            done.report_html = aggregate_study(
-                out, folders.figures, matrix=matrix, timeout=matrix.cell_timeout_s
-            )
+            try:
+                done.report_html = aggregate_study(
+                    out, folders.figures, matrix=matrix, timeout=matrix.cell_timeout_s
+                )
+            except KeyboardInterrupt:
+                raise Interrupted(
+                    f"all {len(prepared)} runs are finished and kept in {shown(out)}/; the "
+                    "report was not remade (the previous aggregate.ipynb and report.html are "
+                    "kept); run the same command again to make it (the runs are resumed)"
+                ) from None
         done.superseded = superseded.folder if superseded.moved else None
         return done
 
@@ -369,6 +436,7 @@ def aggregate_study(
         "notes": list(matrix.notes) if matrix else [],
     }
     before = _aggregate_outputs(out, figures)
+    remove_leftovers(executed, ".ipynb")  # of an aggregate that was killed
     notebook = ROOT / "notebooks" / "aggregate.ipynb"
     _papermill(notebook, executed, parameters, timeout, ROOT)
     html = render_html(executed, out / "report.html")

@@ -33,6 +33,14 @@ def choose_out_dir(
     files = _files_below(out)
     if not files:
         return out
+    shown = ", ".join(str(f.relative_to(out)) for f in files[:3]) + (", ..." if files[3:] else "")
+    if not _holds_runs(out):
+        what = "a TFDS data set" if any(f.name == "dataset_info.json" for f in files) else "files"
+        raise OutputDirError(
+            f"train.out_dir={str(out)!r} holds {what} that no training run wrote ({len(files)} "
+            f"files: {shown}); a run is written only into a new or empty folder or beside earlier "
+            "runs, so nothing was written. Set train.out_dir to a new folder"
+        )
     if new_run:
         return out / f"run-{_next_run_number(out):03d}"
     if resume is not None:
@@ -40,7 +48,6 @@ def choose_out_dir(
         if target is not None:
             _refuse_later_steps(target, resume_step)
             return target
-    shown = ", ".join(str(f.relative_to(out)) for f in files[:3]) + (", ..." if files[3:] else "")
     latest = latest_checkpoint(out / "checkpoints")
     resume_hint = (
         f"To continue that run give --resume {latest}"
@@ -90,6 +97,16 @@ def _refuse_unwritable(out: Path) -> None:
             f"train.out_dir={str(out)!r} cannot be written: {str(existing)!r} takes no new file "
             f"({problem}); choose a train.out_dir you can write to (nothing was written)"
         )
+
+
+def _holds_runs(out: Path) -> bool:
+    """Whether ``out`` is a training run's folder (or holds numbered runs): what a run writes
+    first is its configuration and its metrics."""
+    names = ("metrics.jsonl", "checkpoints", "predictions")
+    return any((out / n).exists() for n in names) or any(
+        RUN_NAME.match(p.name) or p.name.startswith("config") and p.suffix == ".yaml"
+        for p in out.iterdir()
+    )
 
 
 def _files_below(out: Path) -> list[Path]:

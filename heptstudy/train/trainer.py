@@ -19,7 +19,7 @@ from heptstudy.atomic import atomic_open, atomic_write_text, free_space_problem
 from heptstudy.config import Config
 from heptstudy.data import BatchLoader, validation_batches
 from heptstudy.data.prefetch import PrefetchingLoader
-from heptstudy.errors import HeptstudyError, os_error_advice
+from heptstudy.errors import HeptstudyError, Interrupted, os_error_advice
 from heptstudy.locks import holding
 from heptstudy.model.adaptive_checkpointing import PlanPredictor
 from heptstudy.paths import resolve_from_cwd
@@ -182,7 +182,11 @@ def _train_into(
         unit="step",
     )
     net.train()
-    with PrefetchingLoader(loader, config.data.prefetch_batches) as batches:
+    step = start
+    with (
+        _interrupt_said(out, lambda: step, bar),
+        PrefetchingLoader(loader, config.data.prefetch_batches) as batches,
+    ):
         for step in range(start + 1, tc.num_steps + 1):
             t0 = time.perf_counter()
             losses, events, adaptive = _step(
@@ -241,6 +245,30 @@ def _train_into(
         "rank": ctx.rank,
         "world_size": ctx.world_size,
     }
+
+
+@contextlib.contextmanager
+def _interrupt_said(out: Path, step: Callable[[], int], bar: Any):
+    """Ctrl-C during training: one line with the checkpoint kept and the command that goes on."""
+    from heptstudy.train.out_dir import latest_checkpoint
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        bar.close()  # the line below starts a line of its own
+        now = step()
+        # a step's predictions without its checkpoint would block the resume (later steps' files)
+        if not (out / "checkpoints" / f"step_{now:06d}.pt").exists():
+            (out / "predictions" / f"step_{now:06d}.npz").unlink(missing_ok=True)
+        latest = latest_checkpoint(out / "checkpoints")
+        kept = (
+            f"the checkpoint {latest} and the steps up to it are kept; later steps were not. Go "
+            f"on with the same command and --resume {latest}"
+            if latest is not None
+            else "no checkpoint was written yet, so nothing can be resumed. Start again with "
+            "the same command and --new-run (a new numbered run folder beside this one)"
+        )
+        raise Interrupted(f"training stopped during step {now} in {out}: {kept}") from None
 
 
 def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpoint: Path):

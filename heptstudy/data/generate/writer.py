@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from heptstudy.data.generate.detector import (
 from heptstudy.data.generate.event import simulate_event
 from heptstudy.data.generate.jets import fastjet_module
 from heptstudy.data.generate.particles import SQRT_S
+from heptstudy.data.schema import HIT_FEATURES, TARGET_COLUMNS
 from heptstudy.data.tfds import (
     CONFIG_NAMES,
     HITS_NAME,
@@ -30,6 +32,8 @@ from heptstudy.data.tfds import (
     features_dict,
 )
 from heptstudy.errors import DataError, os_error_advice
+from heptstudy.locks import holding
+from heptstudy.units import refuse_above_memory
 
 GENERATOR_VERSION = "1"
 SPLIT_CODE = {"train": 0, "test": 1}
@@ -80,6 +84,19 @@ def _check_arguments(data_dir, events_train, events_test, configs, occupancy_sca
                 )
 
 
+def _check_event_size(occupancy_scale: float, workers: int | None) -> None:
+    """Refuse an occupancy whose median event alone cannot fit in memory, before simulating."""
+    # a lower bound: the background hits of a median event (signal hits come on top), each a row
+    # of X and of the two target tables in float32, one event in flight per worker
+    hits = occupancy_scale * (BKG_TRACKER_MEDIAN + BKG_CALO_MEDIAN)
+    row = 4 * (len(HIT_FEATURES) + 2 * len(TARGET_COLUMNS))
+    refuse_above_memory(
+        int(hits * row * (workers or 1)),
+        f"--occupancy-scale {occupancy_scale:g} (a median event has more than {hits:,.0f} hits)",
+        "Lower --occupancy-scale (1 is the calibrated CLD-like occupancy)",
+    )
+
+
 def _metadata(seed: int, occupancy_scale: float, events_train: int, events_test: int) -> dict:
     return {
         "synthetic": True,
@@ -115,11 +132,31 @@ def generate_datasets(
     workers: int | None = None,
 ) -> dict[str, Any]:
     """Write both data sets for ``configs``; the result does not depend on ``workers``."""
-    from tqdm.auto import tqdm
-
     configs = [str(c) for c in configs]
     data_dir = Path(data_dir)
     _check_arguments(data_dir, events_train, events_test, configs, occupancy_scale)
+    _check_event_size(occupancy_scale, workers)
+    # one generation at a time in a data directory: a second one's clean-up would remove the
+    # first one's unfinished data set; checked again under the lock, which the first may hold
+    with holding(data_dir, "data directory (--data-dir)"):
+        _check_arguments(data_dir, events_train, events_test, configs, occupancy_scale)
+        return _generate(
+            data_dir, events_train, events_test, seed, configs, occupancy_scale, progress, workers
+        )
+
+
+def _generate(
+    data_dir: Path,
+    events_train: int,
+    events_test: int,
+    seed: int,
+    configs: list[str],
+    occupancy_scale: float,
+    progress: bool,
+    workers: int | None,
+) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
     metadata = _metadata(seed, occupancy_scale, events_train, events_test)
     counts = {"train": int(events_train), "test": int(events_test)}
     total = len(configs) * sum(counts.values())
@@ -132,7 +169,10 @@ def generate_datasets(
     if workers > 1 and total > 8:
         import multiprocessing
 
-        pool = multiprocessing.get_context("fork").Pool(workers)
+        # Ctrl-C reaches the workers too: the parent alone answers it, once
+        pool = multiprocessing.get_context("fork").Pool(
+            workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+        )
     # published only when all are finished: a failure leaves none, so a rerun simply works
     finished: list[ArrayRecordDatasetWriter] = []
     published: list[ArrayRecordDatasetWriter] = []
@@ -162,6 +202,8 @@ def generate_datasets(
             written[writer.name].append(str(writer.publish()))
             published.append(writer)
     except BaseException as exc:
+        if pool is not None:  # its queued events are no longer wanted
+            pool.terminate()
         for writer in published:
             writer.unpublish()
         for writer in finished:
