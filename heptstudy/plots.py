@@ -138,27 +138,42 @@ def _memory_by_module(by_module: dict[str, dict[str, int]], title: str, top: int
     return fig
 
 
+#: padded batches drawn solid with dots, packed ones dashed with diamonds
+BATCHING_STYLE = {"padded": ("o-", ""), "packed": ("D--", ", packed")}
+
+
 def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> Any:
-    """Peak memory against batch size, off and full checkpointing (other policies have their
-    own figure); runs that ran out of memory drawn as crosses at the top of the axis."""
+    """Peak memory against batch size, off and full checkpointing, padded and packed batches
+    (other policies have their own figure); runs that ran out of memory drawn as crosses at the
+    top of the axis."""
     fig, ax = _ax()
     mem = mem[mem["policy_label"].isin(["off", "full"])]
-    for ckpt in (False, True):
-        sel = mem[(mem["checkpointing"] == ckpt) & mem[column].notna()].sort_values("batch_size")
-        if sel.empty:
-            continue
-        ax.plot(
-            sel["batch_size"], sel[column], "o-", color=COLORS[ckpt], label=LABELS[ckpt], lw=2, ms=7
-        )
-        for b, v in zip(sel["batch_size"], sel[column], strict=True):
-            ax.annotate(
-                f"{v:,.0f}",
-                (b, v),
-                textcoords="offset points",
-                xytext=(5, 5),
-                fontsize=9,
+    batchings = mem["batching"] if "batching" in mem.columns else None
+    for batching, (style, suffix) in BATCHING_STYLE.items():
+        of_kind = mem if batchings is None else mem[batchings == batching]
+        for ckpt in (False, True):
+            sel = of_kind[(of_kind["checkpointing"] == ckpt) & of_kind[column].notna()]
+            if sel.empty:
+                continue
+            sel = sel.sort_values("batch_size")
+            ax.plot(
+                sel["batch_size"],
+                sel[column],
+                style,
                 color=COLORS[ckpt],
+                label=LABELS[ckpt] + suffix,
+                lw=2,
+                ms=7,
             )
+            for b, v in zip(sel["batch_size"], sel[column], strict=True):
+                ax.annotate(
+                    f"{v:,.0f}",
+                    (b, v),
+                    textcoords="offset points",
+                    xytext=(5, 5 if batching == "padded" else -14),
+                    fontsize=9,
+                    color=COLORS[ckpt],
+                )
     if oom is not None and not oom.empty:
         top = max(ax.get_ylim()[1], 1.0)
         for ckpt in (False, True):
@@ -429,13 +444,38 @@ POLICY_COLORS = {
     "selective": "#2ca02c",
     "every 2": "#ff7f0e",
     "every 3": "#9467bd",
+    "auto": "#8c564b",
 }
 
 
-def policy_tradeoff(policies, tag: str = "") -> Any:
+def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
     """Peak allocated against mean step time, one point per policy, and a dashed line through
-    the plans in the order ``auto`` tries them (cheapest first, dominated plans left out)."""
+    the plans in the order ``auto`` tries them (cheapest first, dominated plans left out);
+    ``packing`` (:func:`heptstudy.study.packing.packing_frame`): the packed batches' points,
+    drawn as diamonds with an arrow from the padded point of the same plan."""
     fig, ax = _ax((8.5, 5.5))
+    for _, row in (packing if packing is not None else []).iterrows():
+        if row["packed_step_s"] is None or row["packed_step_s"] != row["packed_step_s"]:
+            continue
+        pol, colour = row["policy"], POLICY_COLORS.get(row["policy"], "0.3")
+        here = (row["packed_step_s"], row["packed_allocated_mib"])
+        ax.annotate(
+            "",
+            here,
+            (row["padded_step_s"], row["padded_allocated_mib"]),
+            arrowprops=dict(arrowstyle="->", color=colour, lw=1),
+        )
+        ax.plot(*here, "D", ms=9, color=colour, mfc="white", mew=2, zorder=2)
+        ax.annotate(
+            f"{pol}, packed (batch {int(row['batch_size'])})\n"
+            f"x{row['allocated_ratio']:.2f} memory, x{row['step_ratio_median']:.2f} step time",
+            here,
+            textcoords="offset points",
+            xytext=(-7, -26),
+            ha="right",
+            fontsize=9,
+            color=colour,
+        )
     for b, group in policies.groupby("batch_size"):
         order = ["off", *auto_order(policies, b)]
         path = group.set_index("policy").reindex(order).dropna(subset=["mean_step_s"])

@@ -25,6 +25,7 @@ from heptstudy.study.frames import (
     step_frame,
 )
 from heptstudy.study.matrix import Run, load_matrix
+from heptstudy.study.packing import packing_frame, packing_table
 from heptstudy.study.pipeline import (
     compare_resume,
     fresh_output_dir,

@@ -65,6 +65,24 @@ def host_usage_of(report) -> dict[str, float | None]:
     }
 
 
+def batching_of(report) -> str:
+    return (report.config.get("data") or {}).get("batching", "padded")
+
+
+def peak_batch(report, batching: str) -> dict[str, int | None]:
+    """Real hits and slots of the counted step with the highest peak allocated."""
+    counted = [st for st in report.steps if st.counted and st.peak_allocated_mib is not None]
+    if not counted:
+        return {"peak_batch_hits": None, "peak_batch_slots": None}
+    st = max(counted, key=lambda s: s.peak_allocated_mib)
+    slots = (
+        sum(st.padded_hits)
+        if batching == "packed"
+        else len(st.padded_hits) * max(st.padded_hits, default=0)
+    )
+    return {"peak_batch_hits": sum(st.hits), "peak_batch_slots": slots}
+
+
 def reports_frame(reports) -> Any:
     import pandas as pd
 
@@ -72,6 +90,7 @@ def reports_frame(reports) -> Any:
     for path, r in reports:
         s = r.summary
         counted = [st for st in r.steps if st.counted]
+        batching = batching_of(r)
         line, _, round_ = locate(Path(*Path(path).parts[-3:]))
         plan = r.plan
         on = "auto" if plan is AUTO else plan is not OFF
@@ -84,6 +103,8 @@ def reports_frame(reports) -> Any:
                 "kind": r.kind,
                 "status": r.status,
                 "batch_size": r.batch_size,
+                "batching": batching,
+                **peak_batch(r, batching),
                 "checkpointing": on,
                 "policy": (None if plan is AUTO else plan.policy) if on else "none",
                 "checkpoint_every": (plan.every or None) if on is True else None,
@@ -120,6 +141,7 @@ def reports_frame(reports) -> Any:
         "kind",
         "status",
         "batch_size",
+        "batching",
         "checkpointing",
         "policy",
         "checkpoint_every",
@@ -140,13 +162,19 @@ def memory_frame(df) -> Any:
         & (df["round"] == 1)
         & (df["allocator_line"] == "platform")
     ]
-    return ok.sort_values(["batch_size", "checkpointing"]).reset_index(drop=True)
+    return ok.sort_values(["batching", "batch_size", "checkpointing"]).reset_index(drop=True)
+
+
+def padded(df):
+    """The padded batches' runs: checkpointing is compared with ``off`` on the recipe's batches
+    (:mod:`heptstudy.study.packing` compares packed batches with them)."""
+    return df[df["batching"] == "padded"] if "batching" in df.columns else df
 
 
 def against_off(df):
     """``(batch size, its runs by policy label, the off run, its overhead_frame rows by policy)``
-    for every batch size with a successful first-round off run."""
-    mem = memory_frame(df)
+    for every batch size with a successful first-round off run of padded batches."""
+    mem = memory_frame(padded(df))
     if mem.empty:
         return
     over = overhead_frame(df)
@@ -244,6 +272,7 @@ def overhead_frame(df) -> Any:
     columns = [*OVERHEAD_COLUMNS, "allocator"]
     if df.empty or "mean_step_s" not in df.columns:
         return pd.DataFrame(columns=columns)
+    df = padded(df)
     ok = df[(df["kind"] == MEMORY) & (df["status"] == "ok") & df["mean_step_s"].notna()]
     rows = []
     for (line, b), group in ok.groupby(["allocator_line", "batch_size"], sort=True):

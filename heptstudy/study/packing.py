@@ -1,0 +1,84 @@
+"""Packed against padded batches of the same events: memory of the first round, step time per
+round (the compared runs follow one another in every round), as ratios packed / padded."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from heptstudy.study.common import MEMORY
+from heptstudy.study.frames import memory_frame
+from heptstudy.study.tables import integer_counts
+
+PACKING_COLUMNS = {
+    "batch_size": "batch",
+    "policy": "checkpointing",
+    "padded_allocated_mib": "allocated padded [MiB]",
+    "packed_allocated_mib": "allocated packed [MiB]",
+    "allocated_ratio": "allocated packed / padded",
+    "real_hit_share": "real hits / slots of padded's peak batch",
+    "padded_reserved_mib": "reserved padded [MiB]",
+    "packed_reserved_mib": "reserved packed [MiB]",
+    "padded_step_s": "step padded, median [s]",
+    "packed_step_s": "step packed, median [s]",
+    "step_ratio_median": "step packed / padded, median",
+    "step_ratio_min": "min",
+    "step_ratio_max": "max",
+    "rounds": "rounds",
+}
+
+
+def _ratio(a, b) -> float | None:
+    return None if a is None or b is None or not b else float(a) / float(b)
+
+
+def packing_frame(df) -> Any:
+    """One row per (batch size, checkpointing plan) measured both padded and packed."""
+    import pandas as pd
+
+    rows = []
+    mem = memory_frame(df)
+    if mem.empty or "batching" not in mem.columns:
+        return pd.DataFrame(columns=list(PACKING_COLUMNS))
+    timed = df[(df["kind"] == MEMORY) & (df["status"] == "ok") & df["mean_step_s"].notna()]
+    timed = timed[timed["allocator_line"] == "platform"]
+    for (b, label), group in mem.groupby(["batch_size", "policy_label"], sort=True):
+        by = group.drop_duplicates("batching").set_index("batching")
+        if not {"padded", "packed"} <= set(by.index):
+            continue
+        pad, pack = by.loc["padded"], by.loc["packed"]
+        runs = timed[(timed["batch_size"] == b) & (timed["policy_label"] == label)]
+        steps = {
+            k: g.drop_duplicates("round").set_index("round")["mean_step_s"]
+            for k, g in runs.groupby("batching")
+        }
+        paired = sorted(set(steps.get("padded", {}).keys()) & set(steps.get("packed", {}).keys()))
+        ratios = [steps["packed"][k] / steps["padded"][k] for k in paired]
+        rows.append(
+            {
+                "batch_size": int(b),
+                "policy": label,
+                "padded_allocated_mib": pad["peak_allocated_mib"],
+                "packed_allocated_mib": pack["peak_allocated_mib"],
+                "allocated_ratio": _ratio(pack["peak_allocated_mib"], pad["peak_allocated_mib"]),
+                "real_hit_share": _ratio(pad["peak_batch_hits"], pad["peak_batch_slots"]),
+                "padded_reserved_mib": pad["peak_reserved_mib"],
+                "packed_reserved_mib": pack["peak_reserved_mib"],
+                "padded_step_s": (
+                    statistics.median(steps["padded"][k] for k in paired) if paired else None
+                ),
+                "packed_step_s": (
+                    statistics.median(steps["packed"][k] for k in paired) if paired else None
+                ),
+                "step_ratio_median": statistics.median(ratios) if ratios else None,
+                "step_ratio_min": min(ratios, default=None),
+                "step_ratio_max": max(ratios, default=None),
+                "rounds": len(paired),
+            }
+        )
+    return pd.DataFrame(rows, columns=list(PACKING_COLUMNS))
+
+
+def packing_table(packing) -> Any:
+    table = packing[list(PACKING_COLUMNS)].rename(columns=PACKING_COLUMNS)
+    return integer_counts(table.round(3))
