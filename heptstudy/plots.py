@@ -454,7 +454,7 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
     ``packing`` (:func:`heptstudy.study.packing.packing_frame`): the packed batches' points,
     drawn as diamonds with an arrow from the padded point of the same plan."""
     fig, ax = _ax((8.5, 5.5))
-    for _, row in (packing if packing is not None else []).iterrows():
+    for _, row in packing.iterrows() if packing is not None else ():
         if row["packed_step_s"] is None or row["packed_step_s"] != row["packed_step_s"]:
             continue
         pol, colour = row["policy"], POLICY_COLORS.get(row["policy"], "0.3")

@@ -139,12 +139,17 @@ def test_default_matrices_hold_the_original_set():
     cpu_b16 = study.load_matrix(ROOT / "configs" / "study" / "cpu_b16.yaml")
     gpu = study.load_matrix(ROOT / "configs" / "study" / "gpu.yaml")
     cpu_names = {r.name for r in cpu.runs} | {r.name for r in cpu_b16.runs}
-    assert cpu_names == original | policies | {"auto_b4", "auto_b16"}
+    packed = {"packed_baseline_b4", "packed_checkpointed_b4", "packed_auto_b4"}
+    # the CPU keeps the deterministic parity only (the GPU both)
+    assert cpu_names == original - {"parity_b1"} | policies | packed | {"auto_b4", "auto_b16"}
     assert original | policies <= {r.name for r in gpu.runs}
+    assert {f"packed_{p}_b{b}" for p in ("baseline", "checkpointed") for b in (48, 64)} <= {
+        r.name for r in gpu.runs
+    }
     mem = [r for r in gpu.runs if r.notebook == "memory"]
     # batch 48 (the recipe's per-device batch): 2 after 1, the data and time a GPU session has
     steps = {r.name: (r.request().steps, r.request().warmup) for r in mem}
-    assert all(s == ((2, 1) if n.endswith("_b48") else (5, 2)) for n, s in steps.items())
+    assert all(s == ((2, 1) if n.endswith(("_b48", "_b64")) else (5, 2)) for n, s in steps.items())
     policy_keys = ("model.heptv2.memory_budget_gib=",)  # auto's budget, not the model's size
     assert not any(
         o.startswith("model.") and not o.startswith(policy_keys)
@@ -197,6 +202,7 @@ def _row(name, b, ckpt, alloc, reserved, t, status="ok", kind="memory", policy="
         "kind": kind,
         "status": status,
         "batch_size": b,
+        "batching": "padded",
         "checkpointing": ckpt,
         "policy": policy if ckpt else "none",
         "checkpoint_every": every if ckpt else None,
@@ -293,6 +299,30 @@ def test_policy_frame_and_table():
     fig = plots.policy_tradeoff(policies, tag="test")
     labels = [t.get_text() for t in fig.axes[0].texts]
     assert any(t.startswith("selective") and "65% memory cut, +5% step time" in t for t in labels)
+
+
+def test_packing_frame_pairs_the_same_plan_by_round():
+    rows = []
+    for rnd, (pad_t, pack_t) in enumerate([(10.0, 8.0), (11.0, 9.9), (9.0, 7.2)], start=1):
+        for batching, t, alloc in (("padded", pad_t, 1000.0), ("packed", pack_t, 850.0)):
+            row = _row(f"{batching}_b4", 4, False, alloc, alloc * 1.5, t)
+            row.update(round=rnd, batching=batching, peak_batch_hits=800, peak_batch_slots=1000)
+            rows.append(row)
+    frame = study.packing_frame(pd.DataFrame(rows)).iloc[0]
+    assert frame["policy"] == "off" and frame["rounds"] == 3
+    assert frame["allocated_ratio"] == pytest.approx(0.85)
+    assert frame["real_hit_share"] == pytest.approx(0.8)
+    assert frame["step_ratio_median"] == pytest.approx(0.8)  # 0.8, 0.9, 0.8
+    assert (frame["step_ratio_min"], frame["step_ratio_max"]) == pytest.approx((0.8, 0.9))
+    # checkpointing comparisons stay on padded batches
+    assert study.comparison_frame(pd.DataFrame(rows)).empty
+    fig = plots.policy_tradeoff(
+        study.policy_frame(pd.DataFrame(rows), min_policies=0),
+        packing=study.packing_frame(pd.DataFrame(rows)),
+    )
+    assert any(
+        "packed" in t.get_text() and "x0.85 memory" in t.get_text() for t in fig.axes[0].texts
+    )
 
 
 def _report(name, b, plan, categories=None):
@@ -491,7 +521,11 @@ def test_study_matrices_run_auto_where_the_budget_lies_between_off_and_full():
     def autos(name):
         runs = study.load_matrix(ROOT / "configs" / "study" / name).runs
         requests = [r.request() for r in runs]
-        return {q.batch_size: q for q in requests if q.checkpointing == "auto"}
+        return {
+            q.batch_size: q
+            for q in requests
+            if q.checkpointing == "auto" and q.batching == "padded"
+        }
 
     def peak_mib(name):
         return read_report(
