@@ -81,10 +81,6 @@ class EventLayout:
         return "padded" if self.one_event_per_row else "packed"
 
     @property
-    def total_hits(self) -> int:
-        return sum(s.hits for s in self.spans)
-
-    @property
     def total_slots(self) -> int:
         return self.rows * self.row_slots
 
