@@ -29,7 +29,8 @@ def _wait_until(cond, timeout=30.0):
 def _same(a, b):
     assert a.keys() == b.keys()
     for k in a:
-        assert torch.equal(a[k], b[k]), k
+        same = torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+        assert same, k
 
 
 def test_same_batches_and_position_of_consumed_batches(config):
