@@ -2,6 +2,10 @@
 
 import sys
 
-from heptstudy.cli import main
+try:
+    from heptstudy.cli import main
+except KeyboardInterrupt:  # Ctrl-C while the package loads: nothing has started yet
+    print("heptstudy: interrupted: nothing had started", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())
