@@ -353,6 +353,7 @@ def test_ctrl_c_stops_a_study_run_and_its_kernel(group, tiny_data_dir, tmp_path)
     time.sleep(1)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not list(out.glob("*.json")) and not list(out.glob("notebooks/*.ipynb"))
+    assert not [p for p in out.rglob("*") if p.is_file() and p.name != "matrix.yaml"]
     assert not (out / ".heptstudy.lock").exists()
 
 

@@ -367,6 +367,7 @@ def run_study(
                 result = run_one(prep, out, superseded, force=force, timeout=matrix.cell_timeout_s)
             except KeyboardInterrupt:
                 bar.close()
+                _remove_empty(out / PENDING)
                 finished = (
                     f"{len(done.results)} of {len(prepared)} runs finished and are kept in "
                     f"{shown(out)}/"
