@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED = 128 + signal.SIGINT  # the exit status a shell gives a command Ctrl-C ended
 #: What Ctrl-C leaves, for a command that does not say more itself (:class:`Interrupted`).
 NOTHING_KEPT = "nothing was written (every result appears only whole); run the same command again"
 
@@ -93,7 +95,18 @@ def _interrupted(stop: KeyboardInterrupt, args: argparse.Namespace | None) -> in
         print(f"heptstudy: interrupted: {said or NOTHING_KEPT}", file=sys.stderr, flush=True)
     finally:
         signal.signal(signal.SIGINT, previous)
-    return 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
+    return INTERRUPTED
+
+
+def run_command() -> None:
+    """``python -m heptstudy``: :func:`main`, ended the way a shell expects. After Ctrl-C the
+    process ends by SIGINT itself, so that ``make`` and shells see an interrupt, not an error."""
+    code = main()
+    if code == INTERRUPTED:
+        sys.stdout.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -367,10 +367,16 @@ def run_study(
                 result = run_one(prep, out, superseded, force=force, timeout=matrix.cell_timeout_s)
             except KeyboardInterrupt:
                 bar.close()
+                _remove_empty(out / PENDING)
+                finished = (
+                    f"{len(done.results)} of {len(prepared)} runs finished and are kept in "
+                    f"{shown(out)}/"
+                    if done.results
+                    else f"none of the {len(prepared)} runs had finished"
+                )
                 raise Interrupted(
-                    f"{len(done.results)} of {len(prepared)} run(s) are finished and kept in "
-                    f"{shown(out)}/; {prep.execution.label} was stopped with its kernel and not "
-                    "kept; run the same command again to go on (finished runs are resumed)"
+                    f"{finished}; {prep.execution.label} was stopped with its kernel and nothing "
+                    "of it kept; run the same command again to go on (finished runs are resumed)"
                 ) from None
             done.results.append(result)
             line = f"{result.label:<44} {result.status:<8}"

@@ -8,7 +8,7 @@ import torch
 from heptstudy.config import Config
 from heptstudy.errors import HeptstudyError
 from heptstudy.model import build_model
-from heptstudy.units import GIB, MIB
+from heptstudy.units import GIB, MIB, host_memory_available
 
 #: weights, gradients and the optimizer's two moments, each one copy of the parameters
 COPIES = 4
@@ -28,18 +28,10 @@ def check_model_fits(config: Config, device: torch.device | str) -> int:
     nbytes = sum(p.numel() * p.element_size() for p in params)
     nbytes += sum(b.numel() * b.element_size() for b in model.buffers())
     need = COPIES * nbytes
-    free, where = None, "this host"
     if device.type == "cuda":
         free, where = int(torch.cuda.mem_get_info(device)[0]), f"{device} (free device memory)"
     else:
-        try:
-            with open("/proc/meminfo") as fh:
-                for line in fh:
-                    if line.startswith("MemAvailable:"):
-                        free, where = int(line.split()[1]) * 1024, "this host (MemAvailable)"
-                        break
-        except (OSError, ValueError, IndexError):
-            pass
+        free, where = host_memory_available(), "this host (MemAvailable)"
     if free is not None and need > free:
         h = config.model.heptv2
         raise ModelTooLarge(
