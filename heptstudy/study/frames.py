@@ -162,7 +162,8 @@ def memory_frame(df) -> Any:
         & (df["round"] == 1)
         & (df["allocator_line"] == "platform")
     ]
-    return ok.sort_values(["batching", "batch_size", "checkpointing"]).reset_index(drop=True)
+    keys = [k for k in ("batching", "batch_size", "checkpointing") if k in ok.columns]
+    return ok.sort_values(keys).reset_index(drop=True)
 
 
 def padded(df):
