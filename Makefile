@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/ruff check heptstudy tests
+	$(BIN)/ruff check heptstudy tests scripts experiments
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Are the committed blind predictions of this code? Not part of `make test`: any model or step edit
@@ -61,12 +61,12 @@ reference-b16:
 	$(MAKE) reference STUDY_MATRIX=configs/study/cpu_b16.yaml REFERENCE=cpu_reference_b16
 
 lint: $(STAMP)
-	$(BIN)/ruff check heptstudy tests scripts
-	$(BIN)/ruff format --check heptstudy tests scripts
+	$(BIN)/ruff check heptstudy tests scripts experiments
+	$(BIN)/ruff format --check heptstudy tests scripts experiments
 
 format: $(STAMP)
-	$(BIN)/ruff format heptstudy tests scripts
-	$(BIN)/ruff check --fix heptstudy tests scripts
+	$(BIN)/ruff format heptstudy tests scripts experiments
+	$(BIN)/ruff check --fix heptstudy tests scripts experiments
 
 clean-venv:
 	rm -rf $(VENV)

@@ -59,18 +59,6 @@ def count_plan(name: str) -> tuple[bool, int] | None:
     return None if match is None else (match[1] == "last", int(match[2]))
 
 
-#: The fields a plan was spread over before its name was the one value: older reports record
-#: them, and the code of earlier commits (``heptstudy fit validate``) reads only them.
-PLAN_AS_OLD_FIELDS: dict[str, dict[str, Any]] = {
-    "off": {"activation_checkpointing": False},
-    "full": {"activation_checkpointing": True},
-    "selective": {"activation_checkpointing": True, "activation_checkpointing_policy": "selective"},
-    "every2": {"activation_checkpointing": True, "checkpoint_every": 2},
-    "every3": {"activation_checkpointing": True, "checkpoint_every": 3},
-    "auto": {"activation_checkpointing": "auto"},
-}
-
-
 def parse_plan_name(value: Any) -> str:
     """A checkpointing plan's name, as written everywhere (lower case, ``layers03`` as
     ``layers3``); ``True``/``"true"`` is ``full`` and ``False``/``"false"`` (YAML's bare

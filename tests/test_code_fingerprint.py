@@ -13,6 +13,7 @@ from heptstudy.estimate.keys import model_key
 from heptstudy.estimate.memory_model import LinearFit, MemoryModel, ReservedFit
 from heptstudy.fitting.predict import evaluate
 from heptstudy.fitting.select import STALE_PREFIX, choose_model
+from heptstudy.measure.report import read_report
 
 REPO = Path(__file__).resolve().parents[1]
 FITS = REPO / "configs" / "fit"
@@ -65,12 +66,7 @@ def _estimated_model(key, fingerprint) -> MemoryModel:
 
 
 def _key():
-    import json
-
-    from heptstudy.measure.report import with_plan_names
-
-    path = H200 / "checkpointed_b48.json"
-    return model_key(with_plan_names(json.loads(path.read_text()), str(path))["config"], "cuda")
+    return model_key(read_report(H200 / "checkpointed_b48.json").config, "cuda")
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from heptstudy.fitting import FitRequest, fit, occupancy
 from heptstudy.fitting.predict import evaluate
 from heptstudy.fitting.reports import fit_reports
 from heptstudy.fitting.select import choose_model
-from heptstudy.measure.report import with_plan_names
+from heptstudy.measure.report import read_report
 
 REPO = Path(__file__).resolve().parents[1]
 H200 = REPO / "experiments" / "h200_2026-11-30"
@@ -196,8 +196,7 @@ def fresh_fits(tmp_path):
 
 
 def _h200_key(**changes):
-    path = H200 / "checkpointed_b48.json"
-    config = with_plan_names(json.loads(path.read_text()), str(path))["config"]
+    config = read_report(H200 / "checkpointed_b48.json").config
     for dotted, value in changes.items():
         *path, last = dotted.split("__")
         d = config

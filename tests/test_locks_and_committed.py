@@ -120,7 +120,7 @@ def test_aggregate_in_a_second_clone_refuses_that_clones_committed_results(secon
             "study",
             "aggregate",
             "--out",
-            "experiments/cpu_reference_b16",
+            "experiments/cpu_reference",
             "--figures",
             "figures/cpu_reference",
         ],
@@ -131,7 +131,7 @@ def test_aggregate_in_a_second_clone_refuses_that_clones_committed_results(secon
     )
     assert code.returncode == 2, code.stderr
     assert "Traceback" not in code.stderr
-    assert "committed reference folder (cpu_reference_b16)" in code.stderr
+    assert "committed reference folder (cpu_reference)" in code.stderr
     assert f"in the repository {second_clone.resolve()}" in code.stderr
     assert _clone_status(second_clone) == before  # nothing written, nothing left
 

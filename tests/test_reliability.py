@@ -182,7 +182,7 @@ def test_scenario_platform_and_directive_values_are_refused(what, tmp_path):
         ["study", "aggregate", "--out", "experiments/cpu_reference", "--figures", "{tmp}/f"],
         ["data", "stats", "--data-dir", "{data}", "--out", "experiments/data_stats"],
         ["bench", "--output", "experiments/cpu_reference/baseline_b1.json", "--data-dir", "{data}"],
-        ["bench", "backbone", "--hits", "64", "--output", "experiments/backbone/x.json"],
+        ["bench", "backbone", "--hits", "64", "--output", "experiments/data_stats/backbone.json"],
     ],
     ids=["aggregate-figures", "aggregate-out", "data-stats", "bench", "bench-backbone"],
 )

@@ -18,6 +18,7 @@ from heptstudy.measure.report import (
     validate_report,
     write_report,
 )
+from heptstudy.model.checkpoint_plan import report_part
 
 
 def _cmp(name, equal=True, diff=0.0):
@@ -240,10 +241,17 @@ def _committed_reports():
 
 
 @pytest.mark.parametrize("path", _committed_reports(), ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_committed_reports_still_read(path):
-    """Reports from before the step-time breakdown and the typed parity fields stay readable."""
+def test_committed_reports_read_as_written(path):
+    """Every committed report is in the current schema: read as it is on disk, its plan named
+    alike in its checkpointing block, its configuration and its name."""
     report = read_report(path)
-    assert report.kind in ("memory", "parity")
+    plan = report.config["model"]["heptv2"]["activation_checkpointing"]
+    assert report.plan.name == plan
+    if report.kind == "memory":
+        assert report.checkpointing.plan == plan
+        assert report.name == f"{report_part(plan)}_b{report.batch_size}"
+    else:
+        assert report.checkpointing.plan is None and plan == "off"
     if report.summary is not None and report.summary.mean_phase_time_s is None:
         assert all(s.phase_time_s is None for s in report.steps)
 
@@ -290,35 +298,12 @@ def test_no_report_holds_nan_or_infinity(tmp_path, value):
         read_report(tmp_path / "r.json")
 
 
-#: The plan of each checkpointing setting the committed reports from before the plans' names
-#: record: (enabled, policy, checkpoint_every) in their checkpointing block.
-OLD_SETTINGS = {
-    (False, None, None): "off",
-    (True, "full", 1): "full",
-    (True, "selective", 1): "selective",
-    (True, "full", 2): "every2",
-    (True, "full", 3): "every3",
-    ("auto", None, None): "auto",
-}
-
-
-def test_reports_from_before_the_plans_names_read_as_todays():
-    root = Path(__file__).resolve().parent.parent / "experiments"
-    paths = sorted(root.glob("h200_2026-11-30/*.json")) + sorted(root.glob("cpu_reference/*.json"))
-    seen = set()
-    for path in paths:
-        old = json.loads(path.read_text())
-        ck = old["checkpointing"]
-        setting = (ck["enabled"], ck["policy"], ck["checkpoint_every"])
-        report = read_report(path)
-        plan = OLD_SETTINGS[setting] if old["kind"] == "memory" else None
-        assert report.checkpointing.plan == plan, path
-        heptv2 = report.config["model"]["heptv2"]
-        assert heptv2["activation_checkpointing"] == OLD_SETTINGS[setting], path
-        assert "checkpoint_every" not in heptv2 and "activation_checkpointing_policy" not in heptv2
-        assert report.plan.name == OLD_SETTINGS[setting]
-        seen.add(setting)
-    assert seen == set(OLD_SETTINGS)
-    odd = _good(checkpointing={"enabled": True, "policy": "selective", "checkpoint_every": 3})
-    with pytest.raises(ReportError, match="policy 'selective' on every 3 layers is no plan"):
-        validate_report(odd)
+def test_a_report_from_before_the_plans_names_is_refused_naming_its_fields():
+    """A plan spread over enabled, policy and checkpoint_every (reports before the plans had
+    names, experiments/HISTORY.md) is not read as some plan: each field is named."""
+    old = _good(checkpointing={"enabled": True, "policy": "selective", "checkpoint_every": 3})
+    with pytest.raises(ReportError) as err:
+        validate_report(old, "old.json")
+    for field in ("enabled=True", "policy='selective'", "checkpoint_every=3"):
+        assert f"unknown field checkpointing.{field}" in str(err.value)
+    assert str(err.value).startswith("old.json: not a valid heptstudy report")

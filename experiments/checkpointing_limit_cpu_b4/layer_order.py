@@ -19,8 +19,8 @@ from pathlib import Path
 from heptstudy.config import Config
 from heptstudy.data import load_events
 from heptstudy.estimate.fake_step import estimate_step
-from heptstudy.model.adaptive_checkpointing import layer_count_plan, plan_config
-from heptstudy.model.checkpoint_plan import FULL, OFF
+from heptstudy.model.adaptive_checkpointing import plan_config
+from heptstudy.model.checkpoint_plan import FULL, OFF, plan_named
 
 report = json.loads(Path(sys.argv[1]).read_text())
 config = Config.model_validate(report["config"])
@@ -33,7 +33,8 @@ n = config.model.heptv2.num_convs
 TARGETS = sys.argv[4:] or ["cpu"]
 rows = []
 for target in TARGETS:
-    for plan in [OFF, *(layer_count_plan(k, n, last) for k in range(1, n) for last in (False, True)), FULL]:
+    counts = [f"{word}{k}" for k in range(1, n) for word in ("layers", "last")]
+    for plan in [OFF, *(plan_named(name, n) for name in counts), FULL]:
         started = time.perf_counter()
         fixed = plan_config(config, plan)
         est = estimate_step(fixed, batch, "cpu", target=target, plan=plan if plan.count else None)

@@ -1,6 +1,6 @@
 """Print the figures README.md quotes, from the reports of this folder.
 
-    python experiments/checkpointing_limit_cpu_b4/summarize.py
+python experiments/checkpointing_limit_cpu_b4/summarize.py
 """
 
 import json
@@ -62,9 +62,13 @@ def main():
             overheads.append(100 * (f / o - 1))
             print(f"round {r}: off {o:.2f} s, full {f:.2f} s, overhead {overheads[-1]:+.1f}%")
     if overheads:
-        print(f"overhead median {statistics.median(overheads):+.1f}% "
-              f"(range {min(overheads):+.1f} to {max(overheads):+.1f})")
-    auto, off, full = (load(f"auto12_436d7af/{n}_b4.json") for n in ("auto", "baseline", "checkpointed"))
+        print(
+            f"overhead median {statistics.median(overheads):+.1f}% "
+            f"(range {min(overheads):+.1f} to {max(overheads):+.1f})"
+        )
+    auto, off, full = (
+        load(f"auto12_436d7af/{n}_b4.json") for n in ("auto", "baseline", "checkpointed")
+    )
     if auto:
         budget = auto["checkpointing"]["memory_budget_mib"]
         counted = [s for s in auto["steps"] if s["counted"]]
@@ -75,19 +79,25 @@ def main():
             100 * (s["predicted_peak_mib"] / s["peak_allocated_mib"] - 1) for s in auto["steps"]
         ]
         print(f"auto: budget {budget:,.0f} MiB, mean step {mean_step(auto):.2f} s, plans {plans}")
-        print(f"  largest peak {max(s['peak_allocated_mib'] for s in auto['steps']):,.1f} MiB, "
-              f"steps above budget {sum(s['peak_allocated_mib'] > budget for s in auto['steps'])}")
+        print(
+            f"  largest peak {max(s['peak_allocated_mib'] for s in auto['steps']):,.1f} MiB, "
+            f"steps above budget {sum(s['peak_allocated_mib'] > budget for s in auto['steps'])}"
+        )
         print(f"  predicted vs measured: {min(errors):+.2f}% to {max(errors):+.2f}%")
         for s in auto["steps"]:
-            print(f"   step {s['step']}: {s['checkpoint_plan']:8s} longest {max(s['padded_hits'])}"
-                  f" predicted {s['predicted_peak_mib']:,.0f} measured {s['peak_allocated_mib']:,.0f}"
-                  f" time {s['time_s']:.2f}")
+            print(
+                f"   step {s['step']}: {s['checkpoint_plan']:8s} longest {max(s['padded_hits'])}"
+                f" predicted {s['predicted_peak_mib']:,.0f} measured {s['peak_allocated_mib']:,.0f}"
+                f" time {s['time_s']:.2f}"
+            )
         if off and full:
             o, f, a = mean_step(off), mean_step(full), mean_step(auto)
             over = f / o - 1
-            print(f"  off {o:.2f} s, full {f:.2f} s ({100 * over:+.1f}%), auto {a:.2f} s "
-                  f"({100 * (a / o - 1):+.1f}%); bound off x (1 + {100 * over / 2:.1f}%) = "
-                  f"{o * (1 + over / 2):.2f} s")
+            print(
+                f"  off {o:.2f} s, full {f:.2f} s ({100 * over:+.1f}%), auto {a:.2f} s "
+                f"({100 * (a / o - 1):+.1f}%); bound off x (1 + {100 * over / 2:.1f}%) = "
+                f"{o * (1 + over / 2):.2f} s"
+            )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from heptstudy.atomic import Output, atomic_write_text, json_text, write_text_or_keep
-from heptstudy.config import PLAN_AS_OLD_FIELDS
 from heptstudy.errors import HeptstudyError, describe_invalid
 from heptstudy.meters.allocator import allocator_in_use
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
@@ -314,47 +313,6 @@ def short_repr(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-#: The plan of each old-style (``enabled``, ``policy``, ``checkpoint_every``) setting.
-_PLAN_OF_OLD_SETTING = {
-    (True, f.get("activation_checkpointing_policy", "full"), f.get("checkpoint_every", 1)): name
-    for name, f in PLAN_AS_OLD_FIELDS.items()
-    if f["activation_checkpointing"] is True
-}
-
-
-def with_plan_names(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """A report as this heptstudy writes it: old reports (``experiments/h200_2026-11-30``, the
-    CPU reference) spread a plan over three fields, which become the plan's name."""
-    block = data.get("checkpointing")
-    if not isinstance(block, dict) or "enabled" not in block:
-        return data
-    block = dict(block)
-    enabled, policy, every = (block.pop(k, None) for k in ("enabled", "policy", "checkpoint_every"))
-    if enabled == "auto" or not enabled:
-        name = "auto" if enabled == "auto" else "off"
-    else:
-        name = _PLAN_OF_OLD_SETTING.get((True, policy or "full", every or 1))
-        if name is None:
-            raise ReportError(
-                f"{source}: checkpointing policy {policy!r} on every {every} layers is no plan "
-                "of this heptstudy (off, full, selective, every2, every3, auto); measure it again"
-            )
-    if "plan" not in block and data.get("kind") == "memory":
-        block["plan"] = name  # recorded since the plans had names, else the measured setting
-    data = {**data, "checkpointing": block}
-    heptv2 = (data.get("config") or {}).get("model", {}).get("heptv2")
-    if isinstance(heptv2, dict):
-        heptv2 = {
-            k: v
-            for k, v in heptv2.items()
-            if k not in ("activation_checkpointing_policy", "checkpoint_every")
-        }
-        heptv2["activation_checkpointing"] = name
-        model = {**data["config"]["model"], "heptv2": heptv2}
-        data["config"] = {**data["config"], "model": model}
-    return data
-
-
 def validate_report(
     data: BenchReport | dict[str, Any], source: str = "<report>", *, require_version: bool = True
 ) -> BenchReport:
@@ -364,7 +322,6 @@ def validate_report(
         data = data.model_dump(mode="python")
     if not isinstance(data, dict):
         raise ReportError(f"{source}: a report must be a JSON object, got {type(data).__name__}")
-    data = with_plan_names(data, source)
     if not require_version and "schema_version" not in data:
         data = {"schema_version": SCHEMA_VERSION, **data}
     version = data.get("schema_version")
