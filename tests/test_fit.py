@@ -27,6 +27,7 @@ from heptstudy.estimate.memory_model import (
     fit_points,
 )
 from heptstudy.fitting import FitRequest, fit, occupancy
+from heptstudy.fitting.packed import evaluate_packed
 from heptstudy.fitting.predict import evaluate
 from heptstudy.fitting.reports import fit_reports
 from heptstudy.fitting.select import choose_model
@@ -107,6 +108,25 @@ def test_reserved_is_the_criterion_when_modelled():
     assert ans.criterion.p_run_fails == pytest.approx(0.2)  # one step of 2 of the 10 events
     assert ans.criterion.largest_safe_batch == 1  # 1.5 x (500 + 100 b) <= 1000
     assert ans.allocated_only.largest_safe_batch == 5  # 500 + 100 b <= 1000
+
+
+def test_packed_answer_follows_a_batch_of_slots_not_its_longest_event():
+    """Nine events of 10 hits and one of 100, 1 MiB per slot: a padded batch of 2 holding the
+    long event takes 200 slots, a packed one 110, so packing fits where padding does not."""
+    lengths = [10] * 9 + [100]
+    usable = 1150 / MIB_PER_GIB
+    padded = evaluate(_model(1000.0, 1.0), lengths, 2, usable, num_steps=50)
+    packed = evaluate_packed(_model(1000.0, 1.0), lengths, 2, usable, num_steps=50)
+    assert not padded.fits and packed.fits
+    assert packed.worst_batch["padded_batch_hits"] == 110  # the two longest events together
+    assert packed.worst_batch["allocated_gib"] * MIB_PER_GIB == pytest.approx(1110)
+    t = packed.criterion
+    assert t.longest_fitting_padded == 150 and t.p_step_fails == 0.0  # the most slots that fit
+    assert t.largest_safe_batch == 6  # 100 + 5 x 10 = 150 slots fit, 7 events take 160
+    # a tighter device: batches holding the long event (2 of every 10 draws) overflow
+    tight = evaluate_packed(_model(1000.0, 1.0), lengths, 2, 1050 / MIB_PER_GIB, num_steps=1)
+    assert not tight.fits and tight.criterion.p_step_fails == pytest.approx(0.2, abs=0.02)
+    assert [r["padded_batch_hits"] for r in packed.typical_batches] == [20, 110, 110]
 
 
 # --------------------------------------------------------------------------- the memory model
