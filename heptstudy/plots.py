@@ -471,8 +471,7 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
             f"x{row['allocated_ratio']:.2f} memory, x{row['step_ratio_median']:.2f} step time",
             here,
             textcoords="offset points",
-            xytext=(-7, -26),
-            ha="right",
+            xytext=(7, -30),
             fontsize=9,
             color=colour,
         )
