@@ -35,7 +35,7 @@ class BucketOrder:
         return self.order.gather(-1, self.position[:, None, None, :].expand(R, C, H, -1))
 
     def positions(self) -> torch.Tensor:
-        """``position`` as int32 [R, C, H, S] (a view)."""
+        """``position`` as int32, expanded to [R, C, H, S]."""
         R, C, H, _ = self.order.shape
         return self.position.to(torch.int32)[:, None, None, :].expand(R, C, H, -1)
 

@@ -123,10 +123,10 @@ class HitModel(nn.Module):
     def forward(
         self, batch: dict[str, torch.Tensor], running_plan: CheckpointPlan | None = None
     ) -> dict[str, torch.Tensor]:
-        """``running_plan``: this step's plan of a model built with ``auto``. Per decoder layer (``aux{l}_`` before the last): ``class_logits`` and ``momentum``
+        """Per decoder layer (``aux{l}_`` before the last): ``class_logits`` and ``momentum``
         [E, Q, ...] and ``group_embed`` [E, Q, D]; once, ``hit_embed`` [R, S, D]. An event's
-        grouping logits are ``group_embed[e] @ hit_embed`` over its slots
-        (:func:`event_group_logits`)."""
+        grouping logits are ``group_embed[e]`` against its hits' ``hit_embed``
+        (:func:`event_group_logits`). ``running_plan``: this step's plan under ``auto``."""
         mask, layout = batch["mask"], layout_of(batch)
         coords = hit_coordinates(batch["X"])
         x = self.encode(batch) * mask[..., None]
