@@ -114,8 +114,8 @@ def _busy_host(report: BenchReport) -> str | None:
     return (
         f"busy host: the 1-minute load average was {load:.1f} at the end, more than "
         f"{LOAD_MARGIN:.0f} above the {env.threads} threads the measurement used, so other work "
-        "competed for the cores and the step times overstate the cost; measure again on a "
-        "quiet machine"
+        "competed for the cores and the step times overstate the cost (measure again on a "
+        "quiet machine)"
     )
 
 
@@ -136,5 +136,5 @@ def _stalled_steps(report: BenchReport) -> str | None:
     return (
         f"stalled steps: {len(stalled)} of {counted} counted steps waited more than they "
         f"computed ({shown[:300]}): the process was stopped or starved of cores, so the mean "
-        "step time overstates the cost; measure again on a quiet machine"
+        "step time overstates the cost (measure again on a quiet machine)"
     )

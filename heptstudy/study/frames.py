@@ -14,7 +14,7 @@ from heptstudy.meters.allocator import allocator_label
 from heptstudy.meters.memory import CATEGORIES
 from heptstudy.model.adaptive_checkpointing import order_by_cost
 from heptstudy.model.checkpoint_plan import AUTO, NAMED, OFF
-from heptstudy.study.common import MEMORY, PARITY
+from heptstudy.study.common import MEMORY, PARITY, StudyError
 from heptstudy.study.schedule import locate, report_files
 from heptstudy.units import MIB
 
@@ -29,6 +29,25 @@ def load_reports(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
 def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
     """Every report of a study folder: every round and allocator line."""
     return _read_reports(report_files(Path(experiments_dir)))
+
+
+def require_study(folder: Path) -> None:
+    """Refuse a folder holding no report of a study (empty, or other JSON files), before
+    anything is written there."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as skipped:
+        warnings.simplefilter("always")
+        found = load_study(folder)
+    if found:
+        return
+    why = "; ".join(str(w.message) for w in skipped[:3])
+    raise StudyError(
+        f"--out {str(folder)!r} holds no study: "
+        + (f"none of its JSON files is a usable report ({why})" if why else "no report files")
+        + "; nothing was written. Give the folder a `heptstudy study run` wrote (its reports "
+        "are *.json files in it)"
+    )
 
 
 def _read_reports(paths) -> list[tuple[Path, Any]]:
