@@ -251,7 +251,9 @@ def _frames(folder):
         ({"torch_": "2.10"}, "PyTorch versions (2.9 vs 2.10)"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:No artists with labels")  # the figure has no bar to draw
 def test_runs_of_different_setups_are_never_paired(differ, words, tmp_path):
+    from heptstudy.plots import overhead_spread_figure
     from heptstudy.study.frames import comparison_frame, overhead_frame, policy_frame
     from heptstudy.study.tables import comparison_table
 
@@ -276,6 +278,8 @@ def test_runs_of_different_setups_are_never_paired(differ, words, tmp_path):
     assert words in " ".join(comparison_table(comparison_frame(df))["flag"])
     over = overhead_frame(df).iloc[0]
     assert over["rounds"] == 0 and words in over["flag"]
+    texts = [t.get_text() for t in overhead_spread_figure(overhead_frame(df)).axes[0].texts]
+    assert not [t for t in texts if "nan" in t]  # no bar drawn for runs not compared
     assert policy_frame(df, min_policies=1).set_index("policy").loc["full", "flag"].count(words)
 
 
@@ -286,6 +290,7 @@ def test_a_busy_host_and_stalled_steps_are_flagged_in_summary_and_study(tmp_path
     from heptstudy.measure.report_checks import untrusted
     from heptstudy.measure.summary import describe
     from heptstudy.study.frames import comparison_frame
+    from heptstudy.study.tables import runs_table
     from heptstudy.study.text import study_statement
 
     quiet = _report("baseline_b4", "off", steps=((1.0, 200, 1.0), (1.0, 200, 1.9)))
@@ -298,6 +303,7 @@ def test_a_busy_host_and_stalled_steps_are_flagged_in_summary_and_study(tmp_path
     assert why.startswith("stalled steps: 1 of 2") and "step 2: 2.70 s wall, 1.40 s CPU" in why
     assert "not to be trusted: stalled steps" in describe(stopped)
 
+    _write(tmp_path / "none", quiet)
     study = tmp_path / "study"
     _write(study, busy)
     _write(study, stopped)
@@ -307,6 +313,11 @@ def test_a_busy_host_and_stalled_steps_are_flagged_in_summary_and_study(tmp_path
     assert "checkpointed_b4: stalled steps" in text
     flag = comparison_frame(df).iloc[0]["flag"]
     assert "step times not to be trusted (off: busy host; full: stalled steps)" in flag
+    runs = runs_table(df).set_index("run")["step time not to be trusted"]
+    assert runs["baseline_b4"].startswith("busy host") and runs["checkpointed_b4"].startswith(
+        "stalled steps"
+    )
+    assert "step time not to be trusted" not in runs_table(_frames(tmp_path / "none")).columns
 
 
 def test_bench_prints_and_notes_a_busy_host(tmp_path, tiny_data_dir, monkeypatch):
