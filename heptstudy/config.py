@@ -589,7 +589,9 @@ class PlatformConfig(_Strict):
         return self.devices_per_node * self.nodes
 
 
-def _read_yaml(path: str | Path, what: str) -> dict[str, Any]:
+def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
+    """The mapping of a user's YAML file (a configuration, platform, scenario or study matrix),
+    every problem a :class:`ConfigError` naming the file."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{what} file {str(p)!r} is a folder; give the path of a YAML file")
@@ -611,6 +613,18 @@ def _read_yaml(path: str | Path, what: str) -> dict[str, Any]:
         raise ConfigError(
             f"{what} file {str(p)!r} is not text (not UTF-8); give the path of a {what} YAML file"
         ) from None
+    except OSError as err:
+        raise ConfigError(
+            f"{what} file {str(p)!r} cannot be read ({err.strerror or err}); give the path of a "
+            f"{what} YAML file you can read"
+        ) from None
+    loop = _alias_loop(data)
+    if loop is not None:
+        raise ConfigError(
+            f"{what} file {str(p)!r}: {loop or 'the top level'} contains itself through a YAML "
+            "alias (*name inside the &name it refers to), a value without end; write the value "
+            "out, or point the alias at a section that does not hold it"
+        )
     if data is None:
         return {}
     if not isinstance(data, Mapping):
@@ -618,6 +632,30 @@ def _read_yaml(path: str | Path, what: str) -> dict[str, Any]:
             f"{what} file {str(p)!r} must hold a mapping, found {type(data).__name__}"
         )
     return dict(data)
+
+
+def _alias_loop(data: Any) -> str | None:
+    """The dotted key of a mapping or list that holds itself (PyYAML builds one from a recursive
+    alias), else None; each shared value is walked once, so an alias bomb costs no more."""
+    done: set[int] = set()
+    path: dict[int, str] = {}
+    stack: list[tuple[Any, str, bool]] = [(data, "", False)]
+    while stack:
+        node, where, leaving = stack.pop()
+        if leaving:
+            del path[id(node)]
+            done.add(id(node))
+            continue
+        if not isinstance(node, (dict, list)) or id(node) in done:
+            continue
+        if id(node) in path:
+            return path[id(node)]
+        path[id(node)] = where
+        stack.append((node, where, True))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            stack.append((value, f"{where}.{key}" if where else str(key), False))
+    return None
 
 
 def _parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
@@ -713,7 +751,7 @@ def load_config(
     if base:
         layers.append(base)
     if path is not None:
-        layers.append(_read_yaml(path, "configuration"))
+        layers.append(read_yaml(path, "configuration"))
     layers.append(_parse_overrides(overrides))
     try:
         merged = merge(*layers)
@@ -728,7 +766,7 @@ def load_config(
 
 
 def load_platform(path: str | Path) -> PlatformConfig:
-    data = _read_yaml(path, "platform")
+    data = read_yaml(path, "platform")
     if not set(data) & set(PlatformConfig.model_fields):
         # not a profile at all: its keys and values are some other file's content, not shown
         raise ConfigError(

@@ -595,7 +595,9 @@ def overhead_spread_figure(over, tag: str = "") -> Any:
     import matplotlib.pyplot as plt
 
     fig, ax = _ax((max(7.5, 0.7 * len(over) + 3), 5.0))
-    rows = over.sort_values(["batch_size", "allocator_line", "policy"], kind="stable")
+    # a row of runs not compared (different machines, commits or versions) has no overhead
+    rows = over[over["overhead_median_pct"].notna()]
+    rows = rows.sort_values(["batch_size", "allocator_line", "policy"], kind="stable")
     series = list(dict.fromkeys(zip(rows["allocator_line"], rows["policy"], strict=True)))
     batches = sorted(rows["batch_size"].unique())
     width = 0.8 / max(len(series), 1)

@@ -455,12 +455,10 @@ def test_statement_names_device_data_and_smoke(tiny_data_dir):
         assert words in text
     stats = study.hits_stats_for(df)
     assert stats["synthetic"] and stats["num_events"] == 24
-    assert "Busy host" not in text  # no load recorded
-    df["load_average_1min"] = [2.4]
-    assert "Busy host" not in study.study_statement(df)
-    df["load_average_1min"] = [4.5]
+    assert "not to be trusted" not in text  # nothing flagged (tests/test_reliability_reports.py)
+    df["untrusted"] = ["busy host: the 1-minute load average was 4.5"]
     busy = study.study_statement(df)
-    assert "Busy host:** baseline_b1 (4.5)" in busy and "quiet machine" in busy
+    assert "not to be trusted:** baseline_b1: busy host: the 1-minute load average was 4.5" in busy
 
 
 def test_cli_has_study_commands(capsys):

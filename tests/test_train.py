@@ -108,25 +108,52 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
+class _Stopped(Exception):
+    pass
+
+
+def _stopped_after_step_2(config):
+    """A run of ``config`` stopped at step 3, after its step-2 checkpoint."""
+    import heptstudy.train.trainer as trainer
+
+    real = trainer._step
+
+    def step(*args):
+        if args[7] == 3:
+            raise _Stopped
+        return real(*args)
+
+    with pytest.MonkeyPatch.context() as patched, pytest.raises(_Stopped):
+        patched.setattr(trainer, "_step", step)
+        train(config, progress=False)
+
+
 def test_earlier_run_is_kept_new_runs_are_numbered_and_resume_continues(tiny_data_dir, tmp_path):
     out = tmp_path / "run"
-    two = load_config(overrides=tiny_train_overrides(tiny_data_dir, out, num_steps=2))
-    train(two, progress=False)
+    four = load_config(overrides=tiny_train_overrides(tiny_data_dir, out, num_steps=4))
+    _stopped_after_step_2(four)
     first = _snapshot(out)
+    assert "checkpoints/step_000002.pt" in first and "checkpoints/step_000004.pt" not in first
 
     with pytest.raises(HeptstudyError, match="already holds an earlier run.*--new-run"):
-        train(two, progress=False)
+        train(four, progress=False)
     assert _snapshot(out) == first
 
+    two = load_config(overrides=tiny_train_overrides(tiny_data_dir, out, num_steps=2))
     summary = train(two, progress=False, new_run=True)
     assert summary["out_dir"] == str(out / "run-002")
     assert {k: v for k, v in _snapshot(out).items() if not k.startswith("run-002")} == first
     assert (out / "run-002" / "checkpoints" / "step_000002.pt").is_file()
     assert choose_out_dir(out, new_run=True) == out / "run-003"
+    first = _snapshot(out)
 
-    # resuming continues the run in its own folder: nothing earlier replaced, steps appended
-    four = load_config(overrides=tiny_train_overrides(tiny_data_dir, out, num_steps=4))
-    summary = train(four, resume=out / "checkpoints" / "step_000002.pt", progress=False)
+    # resuming continues the run in its own folder: nothing earlier replaced, steps appended; a
+    # setting that trades memory for time may change, and the configuration run is recorded
+    full = load_config(
+        overrides=tiny_train_overrides(tiny_data_dir, out, num_steps=4)
+        + ["model.heptv2.activation_checkpointing=full"]
+    )
+    summary = train(full, resume=out / "checkpoints" / "step_000002.pt", progress=False)
     assert summary["out_dir"] == str(out)
     after = _snapshot(out)
     changed = [k for k, v in first.items() if after[k] != v]
@@ -139,12 +166,48 @@ def test_earlier_run_is_kept_new_runs_are_numbered_and_resume_continues(tiny_dat
     assert [s for kind, s in kinds if kind == "train"] == [1, 2, 3, 4]
     assert ("resume", 2) in kinds
     assert "checkpoints/step_000004.pt" in after
-    # the run's configuration changed (num_steps): the new one is written beside the old one
     assert "config.resumed_step_000002.yaml" in after
+    resumed = (out / "config.resumed_step_000002.yaml").read_text()
+    assert "activation_checkpointing: full" in resumed
 
     with pytest.raises(HeptstudyError, match="would replace files of later steps"):
         train(four, resume=out / "checkpoints" / "step_000002.pt", progress=False)
     assert _snapshot(out) == after
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tiny_data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    base = tiny_train_overrides(tiny_data_dir, out, num_steps=4)
+    _stopped_after_step_2(load_config(overrides=base))
+    return out, base
+
+
+@pytest.mark.parametrize(
+    "override,key,was,now",
+    [
+        ("train.num_steps=6", "train.num_steps", "4", "6"),
+        ("train.lr=0.5", "train.lr", "0.005", "0.5"),
+        ("train.weight_decay=0.2", "train.weight_decay", "0.01", "0.2"),
+        ("train.lr_final_fraction=0.5", "train.lr_final_fraction", "0.1", "0.5"),
+        ("train.loss.momentum_weight=3", "train.loss.momentum_weight", "1.0", "3.0"),
+    ],
+)
+def test_resume_refuses_any_setting_that_changes_the_run(
+    override, key, was, now, stopped_run, tiny_data_dir
+):
+    """A changed schedule, rate or loss weight is named with both values, never applied part
+    way; nothing is written."""
+    out, base = stopped_run
+    before = _snapshot(out)
+    changed = load_config(overrides=[*base, override, "train.val_freq=1"])
+    with pytest.raises(HeptstudyError) as err:
+        train(changed, resume=out / "checkpoints" / "step_000002.pt", progress=False)
+    said = str(err.value)
+    assert f"{key}: checkpoint {was}, now {now}" in said
+    assert "val_freq" not in said  # how often it validates may change
+    assert "--new-run" in said and "nothing was written" in said
+    assert _snapshot(out) == before
 
 
 def test_non_finite_loss_stops_with_step_and_events(tiny_data_dir, tmp_path):

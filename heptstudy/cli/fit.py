@@ -12,7 +12,7 @@ from heptstudy.errors import HeptstudyError
 from heptstudy.fitting.api import DEFAULT_SCENARIO, DEFAULT_VARIANT, FitRequest, fit
 from heptstudy.fitting.reports import expand_report_paths
 from heptstudy.fitting.words import render
-from heptstudy.measure.report import read_report
+from heptstudy.measure.report_checks import checked_report
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
@@ -63,7 +63,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             "folders) and --data-dir DIR (the data they measured), e.g. --reports "
             "experiments/cpu_reference --data-dir data/tfds"
         )
-    reports = [(path, read_report(path)) for path in expand_report_paths(args.reports)]
+    reports = [(path, checked_report(path)) for path in expand_report_paths(args.reports)]
     doc = validation.validate(reports, args.data_dir, args.code, lambda s: print(s, flush=True))
     for s in doc["skipped"]:
         print(f"skipped {s['report']}: {s['reason']}")

@@ -20,7 +20,8 @@ from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, pe
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
 from heptstudy.fitting.words import answer_words
-from heptstudy.measure.report import ReportError, read_report
+from heptstudy.measure.report import ReportError
+from heptstudy.measure.report_checks import checked_report
 from heptstudy.model.adaptive_checkpointing import plan_config
 from heptstudy.model.checkpoint_plan import FULL
 from heptstudy.paths import ROOT, real_path
@@ -328,7 +329,7 @@ def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
     found = []
     for f in expand_report_paths(reports):
         try:
-            found.append(read_report(f))
+            found.append(checked_report(f))
         except ReportError:
             continue  # choose_model already names the reports it cannot use
     rates, used = measured_rates(found)

@@ -14,6 +14,7 @@ from heptstudy.data.layout import slots_per_event
 from heptstudy.estimate.keys import key_label, model_key
 from heptstudy.estimate.memory_model import FitError, MemoryModel, Point, fit_points
 from heptstudy.measure.report import ReportError, validate_report
+from heptstudy.measure.report_checks import check_consistent
 
 
 @dataclass
@@ -76,7 +77,9 @@ def _report_steps(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict
         return f"not a heptstudy bench report (schema_version {schema!r})"
     try:
         # as this heptstudy writes it (the checkpointing plan's name in today's fields)
-        rep = validate_report(rep, source=path.name).model_dump(mode="json")
+        report = validate_report(rep, source=path.name)
+        check_consistent(report, path)
+        rep = report.model_dump(mode="json")
     except ReportError as err:
         return " ".join(str(err).split("\n"))
     if rep.get("kind") != "memory":

@@ -21,6 +21,7 @@ from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.plans import predictor_for
 from heptstudy.measure import report as rp
 from heptstudy.measure.parity import run_parity, set_deterministic
+from heptstudy.measure.report_checks import untrusted
 from heptstudy.measure.request import PARITY, Measurement
 from heptstudy.meters.allocator import apply_allocator, populate_heap
 from heptstudy.meters.host_usage import HostUsage
@@ -150,6 +151,7 @@ def run_bench(
     else:
         report = _memory_report(m, dtype, batches, header)
     report.environment.load_average_1min = rp.host_load()
+    report.notes += untrusted(report)
     # read after the run: the kernel compiles happen during it
     report.environment.attention = rp.AttentionInfo(**attention_status(config))
     if announce is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from heptstudy.measure.report import BenchReport
+from heptstudy.measure.report_checks import untrusted
 from heptstudy.meters.allocator import allocator_label
 from heptstudy.model.checkpoint_plan import AUTO, OFF
 
@@ -51,6 +52,7 @@ def describe(report: BenchReport) -> str:
             f"{PHASE_LABELS.get(k, k)} {v * 1000:,.0f} ms" for k, v in s.mean_phase_time_s.items()
         )
         text += f"\n  of which {parts}"
+    text += "".join(f"\n  not to be trusted: {why}" for why in untrusted(report))
     return text + _allocator_words(report)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heptstudy.config import PlatformConfig, _read_yaml, load_platform
+from heptstudy.config import PlatformConfig, load_platform, read_yaml
 from heptstudy.errors import ConfigError
 from heptstudy.names import check_name
 from heptstudy.paths import PLATFORM_DIR, SCENARIO_DIR, find_file
@@ -48,7 +48,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         return ScenarioError("scenario-exists", f"scenario {str(path)!r}: {problem}")
 
     try:
-        data = _read_yaml(path, "scenario")
+        data = read_yaml(path, "scenario")
     except ConfigError as err:
         raise ScenarioError("scenario-exists", str(err)) from None
     unknown = sorted(set(data) - _SCENARIO_KEYS)

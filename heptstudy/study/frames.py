@@ -8,12 +8,13 @@ from typing import Any
 
 from heptstudy.config import load_config
 from heptstudy.data.stats import hits_stats
-from heptstudy.measure.report import ReportError, read_report
+from heptstudy.measure.report import ReportError
+from heptstudy.measure.report_checks import checked_report, untrusted
 from heptstudy.meters.allocator import allocator_label
 from heptstudy.meters.memory import CATEGORIES
 from heptstudy.model.adaptive_checkpointing import order_by_cost
 from heptstudy.model.checkpoint_plan import AUTO, NAMED, OFF
-from heptstudy.study.common import MEMORY, PARITY
+from heptstudy.study.common import MEMORY, PARITY, StudyError
 from heptstudy.study.schedule import locate, report_files
 from heptstudy.units import MIB
 
@@ -30,13 +31,32 @@ def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
     return _read_reports(report_files(Path(experiments_dir)))
 
 
+def require_study(folder: Path) -> None:
+    """Refuse a folder holding no report of a study (empty, or other JSON files), before
+    anything is written there."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as skipped:
+        warnings.simplefilter("always")
+        found = load_study(folder)
+    if found:
+        return
+    why = "; ".join(str(w.message) for w in skipped[:3])
+    raise StudyError(
+        f"--out {str(folder)!r} holds no study: "
+        + (f"none of its JSON files is a usable report ({why})" if why else "no report files")
+        + "; nothing was written. Give the folder a `heptstudy study run` wrote (its reports "
+        "are *.json files in it)"
+    )
+
+
 def _read_reports(paths) -> list[tuple[Path, Any]]:
     import warnings
 
     found = []
     for path in paths:
         try:
-            found.append((path, read_report(path)))
+            found.append((path, checked_report(path)))
         except ReportError as err:
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             warnings.warn(f"skipped {path.name}: {'; '.join(lines[:5])}", stacklevel=3)
@@ -127,6 +147,8 @@ def reports_frame(reports) -> Any:
                 "threads": r.environment.threads,
                 "load_average_1min": r.environment.load_average_1min,
                 "torch": r.environment.torch_version,
+                "commit": r.environment.git_commit,
+                "untrusted": "; ".join(untrusted(r)),
                 "dataset": r.data.dataset,
                 "data_dir": r.data.data_dir,
                 "synthetic": r.data.synthetic,
@@ -254,12 +276,14 @@ def comparison_frame(df) -> Any:
         full = runs.loc["full"]
         t = timed.loc["full"] if "full" in timed.index else None
         row = {"batch_size": int(b)}
+        apart = setup_difference(off, full)
         for peak in ("allocated", "reserved"):
             base, ckpt = off[f"peak_{peak}_mib"], full[f"peak_{peak}_mib"]
             row[f"baseline_{peak}_mib"] = base
             row[f"checkpointed_{peak}_mib"] = ckpt
-            row[f"{peak}_reduction_pct"] = pct_less(base, ckpt)
-        rows.append({**row, **{k: None if t is None else t[v] for k, v in _TIME_COLUMNS.items()}})
+            row[f"{peak}_reduction_pct"] = None if apart else pct_less(base, ckpt)
+        times = {k: None if t is None else t[v] for k, v in _TIME_COLUMNS.items()}
+        rows.append({**row, **times, "flag": _joined(apart, times["flag"] or "")})
     return pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
 
 
@@ -286,6 +310,19 @@ def overhead_frame(df) -> Any:
             paired = sorted(set(off.index) & set(on.index))
             if not paired:
                 continue
+            apart = {k: setup_difference(off.loc[k], on.loc[k]) for k in paired}
+            paired = [k for k in paired if not apart[k]]
+            if not paired:
+                rows.append(
+                    {
+                        "allocator_line": line,
+                        "batch_size": int(b),
+                        "policy": label,
+                        "rounds": 0,
+                        "flag": next(iter(apart.values())),
+                    }
+                )
+                continue
             pcts = [pct_more(off.at[k, "mean_step_s"], on.at[k, "mean_step_s"]) for k in paired]
             off_sys = _max_pct(off.loc[paired, "sys_fraction"])
             on_sys = _max_pct(on.loc[paired, "sys_fraction"])
@@ -302,13 +339,57 @@ def overhead_frame(df) -> Any:
                     "overhead_max_pct": max(pcts),
                     "off_sys_pct": off_sys,
                     "on_sys_pct": on_sys,
-                    "flag": _system_flag(off_sys, on_sys),
+                    "flag": _joined(
+                        _system_flag(off_sys, on_sys),
+                        _untrusted_flag(
+                            [
+                                ("off", off.loc[paired].get("untrusted", ())),
+                                (label, on.loc[paired].get("untrusted", ())),
+                            ]
+                        ),
+                        *(f"round {k} {why}" for k, why in apart.items() if why),
+                    ),
                     "allocator": next(
                         (v for v in on.get("allocator", ()) if isinstance(v, str)), None
                     ),
                 }
             )
     return pd.DataFrame(rows, columns=columns)
+
+
+#: What two runs must share to be compared: a step time or a peak is a property of all three.
+SAME_SETUP = {"host": "machines", "commit": "commits", "torch": "PyTorch versions"}
+
+
+def setup_difference(a, b) -> str:
+    """Empty when runs ``a`` and ``b`` (rows of :func:`reports_frame`) ran on one machine, commit
+    and PyTorch version; else a flag naming each difference (the pair is then not compared)."""
+    import pandas as pd
+
+    def value(row, col):
+        v = row.get(col) if hasattr(row, "get") else None
+        return None if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v)
+
+    differ = [
+        f"{words} ({value(a, col)} vs {value(b, col)})"
+        for col, words in SAME_SETUP.items()
+        if value(a, col) != value(b, col)
+    ]
+    return f"not compared: measured on different {', '.join(differ)}" if differ else ""
+
+
+def _untrusted_flag(sides) -> str:
+    """The runs of a comparison whose step times say they cannot be trusted (side, reasons)."""
+    said = []
+    for side, rows in sides:
+        reasons = sorted({w.split(":")[0] for r in rows for w in str(r or "").split("; ") if w})
+        if reasons:
+            said.append(f"{side}: {', '.join(reasons)}")
+    return f"step times not to be trusted ({'; '.join(said)})" if said else ""
+
+
+def _joined(*flags: str) -> str:
+    return "; ".join(f for f in flags if f)
 
 
 def policy_rank(label: str) -> int:
@@ -447,6 +528,7 @@ def policy_frame(df, min_policies: int = 2) -> Any:
                 else (timed["off_step_s"].iloc[0] if label == "off" and len(timed) else None)
             )
             zero = 0.0 if label == "off" and step is not None else None
+            apart = setup_difference(off, r)
             rows.append(
                 {
                     "batch_size": int(b),
@@ -454,15 +536,17 @@ def policy_frame(df, min_policies: int = 2) -> Any:
                     "peak_allocated_mib": r["peak_allocated_mib"],
                     "peak_reserved_mib": r["peak_reserved_mib"],
                     "mean_step_s": step if step is not None else r["mean_step_s"],
-                    "allocated_cut_pct": pct_less(
-                        off["peak_allocated_mib"], r["peak_allocated_mib"]
-                    ),
-                    "reserved_cut_pct": pct_less(off["peak_reserved_mib"], r["peak_reserved_mib"]),
+                    "allocated_cut_pct": None
+                    if apart
+                    else pct_less(off["peak_allocated_mib"], r["peak_allocated_mib"]),
+                    "reserved_cut_pct": None
+                    if apart
+                    else pct_less(off["peak_reserved_mib"], r["peak_reserved_mib"]),
                     "step_time_overhead_pct": t["overhead_median_pct"] if t is not None else zero,
                     "overhead_min_pct": t["overhead_min_pct"] if t is not None else zero,
                     "overhead_max_pct": t["overhead_max_pct"] if t is not None else zero,
                     "rounds": int(t["rounds"]) if t is not None else None,
-                    "flag": t["flag"] if t is not None else "",
+                    "flag": _joined(apart, t["flag"] if t is not None else ""),
                     "name": r["name"],
                 }
             )

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heptstudy.errors import HeptstudyError
+from heptstudy.config import read_yaml
+from heptstudy.errors import ConfigError, HeptstudyError
 from heptstudy.measure.request import (
     NOTEBOOK_PARAMETERS,
     MeasurementRequest,
@@ -57,15 +58,11 @@ class Matrix:
 
 def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
     """Read a study matrix (see ``configs/study/``), every run validated before anything runs."""
-    import yaml
-
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise StudyError(f"cannot read the study matrix {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise StudyError(f"study matrix {path} is not valid YAML: {exc}") from None
+        data = read_yaml(path, "study matrix")
+    except ConfigError as err:
+        raise StudyError(str(err)) from None
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not data["runs"]:
         raise StudyError(
             f"study matrix {path}: needs a non-empty 'runs:' list (see configs/study/)"
@@ -139,9 +136,22 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         description=str(data.get("description") or ""),
         runs=runs,
         path=path,
-        cell_timeout_s=data.get("cell_timeout_s"),
+        cell_timeout_s=_cell_timeout(data.get("cell_timeout_s"), f"study matrix {path}"),
         notes=[str(n) for n in data.get("notes") or []],
     )
+
+
+def _cell_timeout(value: Any, where: str) -> int | None:
+    # papermill reads 0 as no limit: null (or no key) is the one way to say so
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise StudyError(
+            f"{where}: cell_timeout_s={value!r} is not allowed: give the seconds one notebook "
+            "cell may run, a whole number >= 1 (for example 3600), or leave the key out (or "
+            "null) for no limit"
+        )
+    return value
 
 
 def _repeats(value: Any, where: str) -> int:

@@ -16,6 +16,7 @@ from heptstudy.committed import LOCAL_FOLDERS, RESULT_TOPS, committed_place, ref
 from heptstudy.names import is_name
 from heptstudy.paths import ROOT, SymlinkLoop, real_path
 from heptstudy.study.common import StudyError
+from heptstudy.study.frames import require_study
 
 SUPERSEDED = "superseded"
 PENDING = ".pending"
@@ -100,6 +101,7 @@ def aggregate_folders(
     fig_dir = real_path(figures, "--figures") if figures is not None else default_figures(out_dir)
     refuse_committed(out_dir, "--out", _own_study("--out"))
     refuse_committed(fig_dir, "--figures", _own_study("--figures"))
+    require_study(out_dir)
     return out_dir, fig_dir
 
 

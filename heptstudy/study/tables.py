@@ -35,6 +35,7 @@ _RUN_COLUMNS = {
     "sys_pct": "system time [% of step]",
     "minor_faults_per_step": "minor page faults/step",
     "host": "measured on",
+    "untrusted": "step time not to be trusted",
     "error": "error",
 }
 
@@ -86,6 +87,9 @@ def runs_table(df) -> Any:
     for col in ("error", "system time [% of step]", "minor page faults/step", "rounds"):
         if col in table.columns and not table[col].notna().any():
             table = table.drop(columns=col)
+    flagged = "step time not to be trusted"
+    if flagged in table.columns and not table[flagged].fillna("").astype(bool).any():
+        table = table.drop(columns=flagged)
     if "allocator" in table.columns and set(table["allocator"].dropna()) <= {"platform"}:
         table = table.drop(columns="allocator")
     return integer_counts(table)

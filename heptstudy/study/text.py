@@ -68,7 +68,7 @@ def study_statement(df, description: str = "", notes: list[str] | tuple[str, ...
     lines += hosts_lines(df)
     lines += allocator_lines(df)
     lines += rounds_lines(df)
-    lines += busy_host_lines(df)
+    lines += untrusted_lines(df)
     lines += system_time_lines(df)
     lines += [f"- {esc(n)}" for n in notes]
     lines += ["", f"**{SMOKE_STATEMENT}**"]
@@ -147,21 +147,19 @@ def system_time_lines(df) -> list[str]:
     ]
 
 
-def busy_host_lines(df) -> list[str]:
-    if "load_average_1min" not in df:
+def untrusted_lines(df) -> list[str]:
+    """Runs whose own report says their step times cannot be trusted
+    (:func:`heptstudy.measure.report_checks.untrusted`: a busy host, stalled steps)."""
+    if "untrusted" not in df:
         return []
-    load = df["load_average_1min"]
-    busy = df[load.notna() & (load > df["threads"] + 1)]
-    if busy.empty:
+    flagged = df[df["untrusted"].fillna("").astype(bool)]
+    if flagged.empty:
         return []
-    runs = ", ".join(
-        f"{esc(r['name'])} ({r['load_average_1min']:.1f})" for r in busy.to_dict("records")
-    )
-    return [
-        f"- **Busy host:** {runs} ended with a load average more than one above their own "
-        "threads: other work competed for the cores, so their step times overstate the cost; "
-        "rerun them on a quiet machine."
-    ]
+    runs = []
+    for r in flagged.to_dict("records"):
+        where = f" (round {int(r['round'])})" if (r.get("round") or 1) > 1 else ""
+        runs.append(f"{esc(r['name'])}{where}: {esc(r['untrusted'])}")
+    return ["- **Step times not to be trusted:** " + "; ".join(runs)]
 
 
 def figure_tag(df) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from heptstudy.atomic import atomic_open
-from heptstudy.config import Config
+from heptstudy.config import Config, as_yaml
 from heptstudy.errors import HeptstudyError
 from heptstudy.train.out_dir import latest_checkpoint
 
@@ -29,23 +29,21 @@ PARTS: dict[str, type | tuple[type, ...]] = {
     "loader": dict,
     "rng": dict,
 }
-#: Sections that must agree between a training state and the run that resumes from it.
-COMPATIBLE_SECTIONS = (
-    "model",
-    "data.dataset",
-    "data.configs",
-    "data.pad_to_multiple",
-    "train.global_batch_size",
-    "train.seed",
-    "train.optimizer",
-    "train.lamb",
-)
-
-#: Settings that change memory or speed, never the weights: a run may change them on resume.
-RUNTIME_KEYS = frozenset(
+#: Settings a resumed run may change: where it reads and writes, how often it validates and saves,
+#: and how it trades memory for time. Every other setting changes what runs (the weights, the
+#: schedule, the batches), so a resume that changes one is refused rather than applied part way.
+RESUMABLE_KEYS = frozenset(
     {
-        "activation_checkpointing",
-        "attention_backend",
+        "model.heptv2.activation_checkpointing",
+        "model.heptv2.memory_budget_gib",
+        "model.heptv2.auto_plan_order",
+        "model.heptv2.attention_backend",
+        "data.data_dir",
+        "data.num_workers",
+        "data.prefetch_batches",
+        "train.out_dir",
+        "train.val_freq",
+        "train.checkpoint_freq",
     }
 )
 
@@ -167,6 +165,18 @@ def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
             "them (the file was changed or damaged after it was written). Resume from another "
             "checkpoint of the run (the previous step_*.pt)",
         )
+    differences = _differences(state["config"], config.to_dict())
+    if differences:
+        listed = "; ".join(
+            f"{k}: checkpoint {as_yaml(a)}, now {as_yaml(b)}" for k, a, b in differences
+        )
+        raise _refused(
+            p,
+            f" was written with other settings than this run's ({listed}). A resume continues "
+            "the run exactly as it was configured (its schedule included); resume without "
+            "changing these settings (the checkpoint's are in its run folder's config.yaml), or "
+            "start a new run (--new-run) to train with the new ones",
+        )
     steps = config.train.num_steps
     if not 1 <= state["step"] <= steps:
         raise _refused(
@@ -174,14 +184,6 @@ def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
             f": its 'step' is {state['step']}, but a checkpoint of this run is written after "
             f"step 1 to {steps} (train.num_steps). It was not written by `heptstudy train` as "
             "it is now: resume from another checkpoint of the run, or start a new run",
-        )
-    differences = _differences(state["config"], config.to_dict())
-    if differences:
-        listed = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, a, b in differences[:8])
-        raise _refused(
-            p,
-            f" comes from an incompatible configuration ({listed}). Resume "
-            "with the configuration it was written with (it is stored in the file's 'config')",
         )
     return state
 
@@ -229,8 +231,7 @@ def restore_training_state(state: dict[str, Any], path, *, model, optimizer, sch
 
 
 def _differences(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
-    sections = [({k: _lookup(saved, k)}, {k: _lookup(current, k)}) for k in COMPATIBLE_SECTIONS]
-    return [d for a, b in sections for d in _flat_diff(a, b)]
+    return [d for d in _flat_diff(saved, current) if d[0] not in RESUMABLE_KEYS]
 
 
 def _flat_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
@@ -239,12 +240,6 @@ def _flat_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]
         x, y = a.get(k), b.get(k)
         if isinstance(x, dict) and isinstance(y, dict):
             out += _flat_diff(x, y, f"{prefix}{k}.")
-        elif x != y and k not in RUNTIME_KEYS:
+        elif x != y:
             out.append((prefix + k, x, y))
     return out
-
-
-def _lookup(d: dict, dotted: str):
-    for part in dotted.split("."):
-        d = d.get(part) if isinstance(d, dict) else None
-    return d

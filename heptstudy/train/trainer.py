@@ -93,8 +93,9 @@ def train(
     if resume_step is not None and resume_step >= tc.num_steps:
         raise HeptstudyError(
             f"--resume {str(resume)!r} is at step {resume_step}, and train.num_steps="
-            f"{tc.num_steps}: there is nothing to train, so nothing was run or written. To "
-            f"train further raise train.num_steps above {resume_step} (with --set)"
+            f"{tc.num_steps}: the run is finished, there is nothing to train, so nothing was "
+            "run or written. A resume keeps the run's schedule: to train longer, start a new run "
+            "(--new-run) with a larger train.num_steps"
         )
 
     def decide() -> Path:
