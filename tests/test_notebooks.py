@@ -9,14 +9,13 @@ import sys
 from pathlib import Path
 
 import nbformat
+import papermill as pm
 import pytest
 import yaml
 
 from heptstudy.measure.report import read_report
 from heptstudy.study.runner import execute_notebook
 from tests.conftest import TINY_MODEL
-
-pm = pytest.importorskip("papermill")
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
