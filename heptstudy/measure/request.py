@@ -95,6 +95,10 @@ def override_list(value: Any) -> list[str]:
             'or one string of them separated by spaces ("train.lr=0.002 model.heptv2.width=256")'
         )
     parse_overrides(items)
+    return list(items)
+
+
+def _owned_keys_refused(items: list[str]) -> list[str]:
     for item in items:
         key = item.split("=", 1)[0].strip()
         if key in _OWNED_KEYS:
@@ -102,7 +106,7 @@ def override_list(value: Any) -> list[str]:
                 f"{item!r} sets a key that has its own parameter: give "
                 f"{_OWNED_KEYS[key]} instead of overriding {key}"
             )
-    return list(items)
+    return items
 
 
 def _platform_path(value: str | None) -> str | None:
@@ -192,7 +196,7 @@ class MeasurementRequest(Parameters):
     seed: int | None = Field(
         None, ge=0, description="initialisation and event-selection seed; None: train.seed"
     )
-    overrides: Overrides = Field(
+    overrides: Annotated[Overrides, AfterValidator(_owned_keys_refused)] = Field(
         default_factory=list, description="dotted configuration overrides KEY=VALUE"
     )
     output: str | None = Field(
