@@ -668,6 +668,8 @@ def test_train_out_dir_and_output_follow_the_working_directory(tmp_path, monkeyp
 
 
 def test_a_smaller_aggregate_moves_the_old_tables_and_figures_aside(tmp_path, monkeypatch):
+    import papermill
+
     from heptstudy.study import runner
 
     out, figures = tmp_path / "study", tmp_path / "study" / "figures"
@@ -675,11 +677,11 @@ def test_a_smaller_aggregate_moves_the_old_tables_and_figures_aside(tmp_path, mo
     for old in (out / "policies.csv", figures / "policy_tradeoff.png", figures / "kept.png"):
         old.write_text("old")
 
-    def fake_aggregate(input_nb, output_nb, parameters, timeout, cwd):
+    def fake_aggregate(input_path, output_path, **_):
         (figures / "kept.png").write_text("new")  # written again by this aggregate
-        Path(output_nb).write_text("{}")
+        Path(output_path).write_text("{}")
 
-    monkeypatch.setattr(runner, "_papermill", fake_aggregate)
+    monkeypatch.setattr(papermill, "execute_notebook", fake_aggregate)
     monkeypatch.setattr(runner, "render_html", lambda nb, html: Path(html))
     runner.aggregate_study(out, figures)
     assert (figures / "kept.png").read_text() == "new"
