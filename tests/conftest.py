@@ -1,3 +1,5 @@
+import contextlib
+import io
 import os
 
 import pytest
@@ -77,3 +79,23 @@ def tiny_train_overrides(data_dir, out_dir, **train):
         "data.ntest=4",
         *(f"train.{k}={v}" for k, v in settings.items()),
     ]
+
+
+def set_options(overrides: list[str]) -> list[str]:
+    """``--set KEY=VALUE`` options giving ``overrides`` on a command line."""
+    return [a for o in overrides for a in ("--set", o)]
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """`heptstudy ARGV` in this process: its exit status, output and error output; a user's
+    mistake never shows a traceback."""
+    from heptstudy.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exit_:  # argparse refuses its own arguments this way
+            code = exit_.code
+    assert "Traceback" not in err.getvalue()
+    return code, out.getvalue(), err.getvalue()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_reliability import _cli, _set
+from tests.conftest import run_cli, set_options
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = str(ROOT / "configs" / "study" / "tiny.yaml")
@@ -42,7 +42,7 @@ def test_a_symbolic_link_loop_is_one_message(argv, flag, given, tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     (tmp_path / "reports").mkdir()
     os.symlink("LOOP", tmp_path / "LOOP")
-    code, _, err = _cli(*argv)
+    code, _, err = run_cli(*argv)
     assert code == 2, err
     assert f"{flag}" in err and f"{given!r} ({tmp_path / given}) is a symbolic-link loop" in err
     assert "fix the links" in err and "choose another path" in err
@@ -74,13 +74,13 @@ def test_a_symbolic_link_loop_is_one_message(argv, flag, given, tmp_path, monkey
     ids=["item-by-position", "item-appended", "list-for-section", "scenario"],
 )
 def test_an_override_that_cannot_be_merged_names_it_and_how_to_write_it(argv, said):
-    code, out, err = _cli(*argv)
+    code, out, err = run_cli(*argv)
     assert code == 2 and said in err, err
     assert not out
 
 
 def test_the_written_form_the_message_advises_is_accepted():
-    code, out, err = _cli("config", "show", *_set(['data.configs=["2"]']))
+    code, out, err = run_cli("config", "show", *set_options(['data.configs=["2"]']))
     assert code == 0, err
     assert "configs:\n  - '2'" in out
 
