@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import torch
 from pydantic import (
@@ -47,6 +47,9 @@ from heptstudy.errors import ConfigError, describe_invalid
 from heptstudy.meters.allocator import measurement_allocator
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_of, report_part
 from heptstudy.scenario import find_platform
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11
 
 #: The allowed values come from the configuration schema itself.
 Variant = ModelConfig.model_fields["variant"].annotation
