@@ -1,6 +1,10 @@
 import contextlib
 import io
 import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -99,3 +103,20 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
             code = exit_.code
     assert "Traceback" not in err.getvalue()
     return code, out.getvalue(), err.getvalue()
+
+
+def heptstudy_under_file_limit(
+    blocks: int, *argv: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`heptstudy ARGV` in a fresh process of this checkout whose files may not grow past
+    ``blocks`` (``ulimit -f``, 1 KiB blocks): a full disk without filling one."""
+    root = Path(__file__).resolve().parent.parent
+    command = f"ulimit -f {blocks}; exec {shlex.join([sys.executable, '-m', 'heptstudy', *argv])}"
+    return subprocess.run(
+        ["bash", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", **(env or {})},
+    )

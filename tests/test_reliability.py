@@ -30,7 +30,13 @@ import yaml
 
 from heptstudy.errors import HeptstudyError
 from heptstudy.stand_ins import failing_writes
-from tests.conftest import TINY_MODEL, run_cli, set_options, tiny_train_overrides
+from tests.conftest import (
+    TINY_MODEL,
+    heptstudy_under_file_limit,
+    run_cli,
+    set_options,
+    tiny_train_overrides,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -477,24 +483,10 @@ def test_bench_on_a_full_disk_keeps_the_measurement(where, tmp_path, tiny_data_d
 
 def test_file_size_limit_in_a_subprocess_keeps_the_result(tmp_path):
     out = tmp_path / "backbone.json"
-    overrides = " ".join(f"--set {o}" for o in TINY_MODEL)
-    command = (
-        f"ulimit -f 0; {sys.executable} -m heptstudy bench backbone --hits 64 --repeats 1 "
-        f"--output {out} {overrides}"
-    )
-    done = subprocess.run(
-        ["bash", "-c", command],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            # torch looks for a temporary folder for its compile cache, which the limit denies
-            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-        },
-    )
+    argv = ["bench", "backbone", "--hits", "64", "--repeats", "1", "--output", str(out)]
+    # torch looks for a temporary folder for its compile cache, which the limit denies
+    cache = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    done = heptstudy_under_file_limit(0, *argv, *set_options(TINY_MODEL), cwd=tmp_path, env=cache)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and str(out) in done.stderr
     assert "File too large" in done.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, set_options
+from tests.conftest import heptstudy_under_file_limit, run_cli, set_options
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = str(ROOT / "configs" / "study" / "tiny.yaml")
@@ -87,19 +87,9 @@ def test_the_written_form_the_message_advises_is_accepted():
 
 def test_data_generate_under_a_file_size_limit_is_one_message_and_leaves_nothing(tmp_path):
     data = tmp_path / "tfds"
-    command = (
-        f"ulimit -f 64; {sys.executable} -m heptstudy data generate --data-dir {data} "
-        "--events-train 8 --events-test 4 --seed 1 --occupancy-scale 0.03 --no-progress "
-        "--workers 1"
-    )
-    done = subprocess.run(
-        ["bash", "-c", command],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
-    )
+    argv = ["data", "generate", "--data-dir", str(data), "--events-train", "8"]
+    argv += ["--events-test", "4", "--seed", "1", "--occupancy-scale", "0.03", "--no-progress"]
+    done = heptstudy_under_file_limit(64, *argv, "--workers", "1", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert f"writing the data sets to {str(data)!r} failed: File too large" in done.stderr
