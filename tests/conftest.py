@@ -85,6 +85,19 @@ def tiny_train_overrides(data_dir, out_dir, **train):
     ]
 
 
+def tiny_request(data_dir, output, *, overrides=(), **values):
+    """A measurement of the tiny model on ``data_dir``, its report at ``output``."""
+    from heptstudy.measure.request import MeasurementRequest
+
+    return MeasurementRequest.build(
+        data_dir=str(data_dir),
+        overrides=[*TINY_MODEL, *overrides],
+        output=str(output),
+        progress=False,
+        **values,
+    )
+
+
 def set_options(overrides: list[str]) -> list[str]:
     """``--set KEY=VALUE`` options giving ``overrides`` on a command line."""
     return [a for o in overrides for a in ("--set", o)]

@@ -25,7 +25,7 @@ from heptstudy.meters import allocator as alloc
 from heptstudy.meters.host_usage import HostUsage
 from heptstudy.study.common import StudyError
 from heptstudy.study.schedule import Execution, locate, schedule
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_MODEL, tiny_request
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -538,17 +538,8 @@ def test_report_tables_read_well(tmp_path):
 def test_report_records_allocator_and_page_faults_of_each_step(tiny_data_dir, tmp_path):
     """Issue 18: allocator, its settings, page faults and system time per counted step."""
     from heptstudy.measure.bench import run_bench
-    from heptstudy.measure.request import MeasurementRequest
 
-    request = MeasurementRequest.build(
-        batch_size=2,
-        steps=1,
-        warmup=1,
-        data_dir=str(tiny_data_dir),
-        overrides=TINY_MODEL,
-        output=str(tmp_path / "r.json"),
-        progress=False,
-    )
+    request = tiny_request(tiny_data_dir, tmp_path / "r.json", batch_size=2, steps=1, warmup=1)
     report = run_bench(request.resolve())
     env = report.environment  # applied in this process: a CPU without a platform is local_cpu
     assert env.allocator.startswith("glibc")
