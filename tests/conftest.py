@@ -48,22 +48,26 @@ def tiny_config():
     return load_config(overrides=TINY_MODEL)
 
 
-@pytest.fixture(scope="session")
-def tiny_data_dir(tmp_path_factory):
-    """A small generated data set (both hits and pf), shared by the tests of a session."""
+def generate_tiny_data(data_dir: Path, events_train: int, events_test: int, seed: int) -> Path:
+    """Small generated data sets (hits and pf, builder config 1) in ``data_dir``."""
     from heptstudy.data.generate import generate_datasets
 
-    data_dir = tmp_path_factory.mktemp("tfds")
     generate_datasets(
         data_dir,
-        events_train=24,
-        events_test=16,
-        seed=7,
+        events_train=events_train,
+        events_test=events_test,
+        seed=seed,
         configs=("1",),
         occupancy_scale=0.03,
         progress=False,
     )
     return data_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory):
+    """A small generated data set (both hits and pf), shared by the tests of a session."""
+    return generate_tiny_data(tmp_path_factory.mktemp("tfds"), 24, 16, seed=7)
 
 
 def tiny_train_overrides(data_dir, out_dir, **train):

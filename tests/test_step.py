@@ -14,7 +14,7 @@ from heptstudy.meters.timing import STEP_PHASES, WallPhaseClock
 from heptstudy.model import example_batch
 from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.step import run_step
-from tests.conftest import tiny_request
+from tests.conftest import generate_tiny_data, tiny_request
 
 
 @pytest.fixture(scope="module")
@@ -170,19 +170,7 @@ def test_read_only_output_folder_is_refused_first(tiny_data_dir, tmp_path, nothi
 
 @pytest.fixture(scope="module")
 def four_events(tmp_path_factory):
-    from heptstudy.data.generate import generate_datasets
-
-    data_dir = tmp_path_factory.mktemp("four")
-    generate_datasets(
-        data_dir,
-        events_train=4,
-        events_test=4,
-        seed=3,
-        configs=("1",),
-        occupancy_scale=0.03,
-        progress=False,
-    )
-    return data_dir
+    return generate_tiny_data(tmp_path_factory.mktemp("four"), 4, 4, seed=3)
 
 
 @pytest.mark.parametrize(
