@@ -17,7 +17,8 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from omegaconf import OmegaConf
@@ -88,6 +89,9 @@ def _scalar_kind(annotation: Any) -> Any:
     origin = get_origin(annotation)
     if origin is Annotated:
         return _scalar_kind(get_args(annotation)[0])
+    if origin in (Union, UnionType):  # optional: X | None
+        kinds = [a for a in get_args(annotation) if a is not type(None)]
+        return _scalar_kind(kinds[0]) if len(kinds) == 1 else None
     if origin in (list, tuple):
         kinds = {_scalar_kind(a) for a in get_args(annotation) if a is not Ellipsis}
         return kinds.pop() if len(kinds) == 1 else None
@@ -102,7 +106,11 @@ def _bool_mixup(kind: Any, value: Any) -> bool:
     return kind is bool and isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-class _Strict(BaseModel):
+class StrictInput(BaseModel):
+    """The schema of user input: the configuration's, and the measurement request's
+    (:mod:`heptstudy.measure.request`). A string given for a number or true/false is read as
+    the VALUE of a ``--set KEY=VALUE`` is."""
+
     # NaN and the infinities are refused: no number of a configuration is meant as one, and
     # every report records its configuration as JSON, which cannot hold them
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -113,16 +121,24 @@ class _Strict(BaseModel):
         # pydantic's lax mode turns true into 1 and 1 into true: a typo, never an intention
         field = cls.model_fields.get(info.field_name or "")
         kind = _scalar_kind(field.annotation) if field else None
-        if kind is None or not _bool_mixup(kind, value):
+        if kind is None:
+            return value
+        if isinstance(value, str):
+            value = parse_value(value)
+        if not _bool_mixup(kind, value):
             return value
         wanted = "true or false" if kind is bool else f"{'a whole' if kind is int else 'a'} number"
+        default = field.get_default(call_default_factory=True)
+        example = (
+            " or null (the default)" if default is None else ", for example the default {default}"
+        )
         raise PydanticCustomError(
             "bool_number_mixup",
-            "takes {wanted}, not {got}; give {wanted}, for example the default {default}",
+            "takes {wanted}, not {got}; give {wanted}" + example,
             {
                 "wanted": wanted,
                 "got": "a number" if kind is bool else "true/false",
-                "default": as_yaml(field.get_default(call_default_factory=True)),
+                "default": as_yaml(default),
             },
         )
 
@@ -144,7 +160,7 @@ def check_plan_order(value: list[str] | None) -> list[str] | None:
     return value if value is None else [parse_plan_name(v) for v in value]
 
 
-class HEPTv2Config(_Strict):
+class HEPTv2Config(StrictInput):
     embedding_dim: int = Field(128, ge=8, description="model dimension of the hit embeddings")
     width: int = Field(512, ge=8, description="hidden width of the input encoders and heads")
     num_convs: int = Field(6, ge=1, description="number of HEPTv2 backbone layers")
@@ -245,14 +261,14 @@ class HEPTv2Config(_Strict):
         return self
 
 
-class DecoderConfig(_Strict):
+class DecoderConfig(StrictInput):
     num_layers: int = Field(4, ge=1)
     num_queries: int = Field(256, ge=1, description="learned particle queries per event")
     num_heads: int = Field(8, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
 
 
-class TrackerFeaturesConfig(_Strict):
+class TrackerFeaturesConfig(StrictInput):
     enabled: bool = True
     # at most 1.0: the phi wrap-around handling of the features reaches that far past the seam
     radii: list[Annotated[float, Field(gt=0.0, le=1.0)]] = Field(
@@ -268,7 +284,7 @@ class TrackerFeaturesConfig(_Strict):
         return len(self.radii) + 3 if self.enabled else 0
 
 
-class TrackClusterConfig(_Strict):
+class TrackClusterConfig(StrictInput):
     num_layers: int = Field(6, ge=1)
     embedding_dim: int = Field(128, ge=8)
     width: int = Field(512, ge=8)
@@ -276,11 +292,11 @@ class TrackClusterConfig(_Strict):
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
 
 
-class FreezeConfig(_Strict):
+class FreezeConfig(StrictInput):
     input_encoder: bool = Field(False, description="freeze the per-type input encoders")
 
 
-class ModelConfig(_Strict):
+class ModelConfig(StrictInput):
     variant: Literal["hit_heptv2_grouped_tracker_features", "track_cluster_mlpf"] = HIT_VARIANT
     heptv2: HEPTv2Config = Field(default_factory=HEPTv2Config)
     decoder: DecoderConfig = Field(default_factory=DecoderConfig)
@@ -289,7 +305,7 @@ class ModelConfig(_Strict):
     freeze: FreezeConfig = Field(default_factory=FreezeConfig)
 
 
-class DataConfig(_Strict):
+class DataConfig(StrictInput):
     data_dir: str = "data/tfds"
     dataset: str = Field(
         "cld_edm_ttbar_hits:3.2.1",
@@ -332,7 +348,7 @@ class DataConfig(_Strict):
         return self.dataset.split(":")[1]
 
 
-class LossConfig(_Strict):
+class LossConfig(StrictInput):
     class_weight: float = Field(1.0, ge=0.0)
     no_particle_weight: float = Field(0.1, ge=0.0, description="CE weight of the 'none' class")
     momentum_weight: float = Field(1.0, ge=0.0)
@@ -346,7 +362,7 @@ class LossConfig(_Strict):
     cost_dice: float = Field(1.0, ge=0.0)
 
 
-class LambConfig(_Strict):
+class LambConfig(StrictInput):
     """LAMB as particleflow's ``mlpf/optimizers/lamb.py`` runs it (see heptstudy.train.lamb)."""
 
     bias_correction: bool = Field(
@@ -365,7 +381,7 @@ class LambConfig(_Strict):
     )
 
 
-class TrainConfig(_Strict):
+class TrainConfig(StrictInput):
     global_batch_size: int = Field(4, ge=1)
     grad_accumulation: int = Field(1, ge=1)
     num_steps: int = Field(100, ge=1)
@@ -383,7 +399,7 @@ class TrainConfig(_Strict):
     loss: LossConfig = Field(default_factory=LossConfig)
 
 
-class Config(_Strict):
+class Config(StrictInput):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -498,7 +514,7 @@ def check_alloc_conf(name: str, setting: str) -> None:
             )
 
 
-class PlatformConfig(_Strict):
+class PlatformConfig(StrictInput):
     """Hardware and runtime settings only; the science lives in the scenario."""
 
     name: str
@@ -658,7 +674,8 @@ def _alias_loop(data: Any) -> str | None:
     return None
 
 
-def _parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings (``--set``, a request's overrides) as nested mappings."""
     items = list(overrides)
     for item in items:
         if "=" not in item or item.startswith("="):
@@ -670,6 +687,15 @@ def _parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
         return OmegaConf.to_container(OmegaConf.from_dotlist(items), resolve=True)  # type: ignore[return-value]
     except OmegaConfBaseException as err:
         raise ConfigError(f"could not parse overrides {items}: {err}") from None
+
+
+def parse_value(text: str) -> Any:
+    """``text`` read as the VALUE of an override ``KEY=VALUE`` (YAML: 4, 0.5, true, null);
+    unreadable text stays as it is, for the schema to refuse."""
+    try:
+        return parse_overrides([f"value={text}"])["value"]
+    except ConfigError:
+        return text
 
 
 def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -752,7 +778,7 @@ def load_config(
         layers.append(base)
     if path is not None:
         layers.append(read_yaml(path, "configuration"))
-    layers.append(_parse_overrides(overrides))
+    layers.append(parse_overrides(overrides))
     try:
         merged = merge(*layers)
     except OmegaConfBaseException as err:

@@ -1,4 +1,10 @@
+import contextlib
+import io
 import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,22 +48,26 @@ def tiny_config():
     return load_config(overrides=TINY_MODEL)
 
 
-@pytest.fixture(scope="session")
-def tiny_data_dir(tmp_path_factory):
-    """A small generated data set (both hits and pf), shared by the tests of a session."""
+def generate_tiny_data(data_dir: Path, events_train: int, events_test: int, seed: int) -> Path:
+    """Small generated data sets (hits and pf, builder config 1) in ``data_dir``."""
     from heptstudy.data.generate import generate_datasets
 
-    data_dir = tmp_path_factory.mktemp("tfds")
     generate_datasets(
         data_dir,
-        events_train=24,
-        events_test=16,
-        seed=7,
+        events_train=events_train,
+        events_test=events_test,
+        seed=seed,
         configs=("1",),
         occupancy_scale=0.03,
         progress=False,
     )
     return data_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory):
+    """A small generated data set (both hits and pf), shared by the tests of a session."""
+    return generate_tiny_data(tmp_path_factory.mktemp("tfds"), 24, 16, seed=7)
 
 
 def tiny_train_overrides(data_dir, out_dir, **train):
@@ -77,3 +87,53 @@ def tiny_train_overrides(data_dir, out_dir, **train):
         "data.ntest=4",
         *(f"train.{k}={v}" for k, v in settings.items()),
     ]
+
+
+def tiny_request(data_dir, output, *, overrides=(), **values):
+    """A measurement of the tiny model on ``data_dir``, its report at ``output``."""
+    from heptstudy.measure.request import MeasurementRequest
+
+    return MeasurementRequest.build(
+        data_dir=str(data_dir),
+        overrides=[*TINY_MODEL, *overrides],
+        output=str(output),
+        progress=False,
+        **values,
+    )
+
+
+def set_options(overrides: list[str]) -> list[str]:
+    """``--set KEY=VALUE`` options giving ``overrides`` on a command line."""
+    return [a for o in overrides for a in ("--set", o)]
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """`heptstudy ARGV` in this process: its exit status, output and error output; a user's
+    mistake never shows a traceback."""
+    from heptstudy.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exit_:  # argparse refuses its own arguments this way
+            code = exit_.code
+    assert "Traceback" not in err.getvalue()
+    return code, out.getvalue(), err.getvalue()
+
+
+def heptstudy_under_file_limit(
+    blocks: int, *argv: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`heptstudy ARGV` in a fresh process of this checkout whose files may not grow past
+    ``blocks`` (``ulimit -f``, 1 KiB blocks): a full disk without filling one."""
+    root = Path(__file__).resolve().parent.parent
+    command = f"ulimit -f {blocks}; exec {shlex.join([sys.executable, '-m', 'heptstudy', *argv])}"
+    return subprocess.run(
+        ["bash", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", **(env or {})},
+    )

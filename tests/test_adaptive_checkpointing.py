@@ -176,14 +176,13 @@ def test_training_records_plan_and_predicted_peak_per_step(tiny_data_dir, tmp_pa
 def test_bench_report_has_plan_and_predicted_peak_next_to_measured(tiny_data_dir, tmp_path):
     from heptstudy.measure import bench
     from heptstudy.measure import report as rp
-    from heptstudy.measure.request import MeasurementRequest
+    from tests.conftest import tiny_request
 
     path = tmp_path / "auto_b2.json"
-    request = MeasurementRequest.build(
-        data_dir=str(tiny_data_dir),
-        overrides=[*TINY_MODEL, "model.heptv2.memory_budget_gib=64"],
-        output=str(path),
-        progress=False,
+    request = tiny_request(
+        tiny_data_dir,
+        path,
+        overrides=["model.heptv2.memory_budget_gib=64"],
         batch_size=2,
         steps=1,
         warmup=1,

@@ -80,7 +80,6 @@ def test_replacing_keeps_the_existing_mode(tmp_path):
 
 
 def test_savefig_writes_a_readable_png_and_pdf(tmp_path):
-    pytest.importorskip("matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from heptstudy.locks import LOCK_NAME, NotALock, holding
-from tests.conftest import tiny_train_overrides
-from tests.test_reliability import _cli, _set
+from tests.conftest import run_cli, set_options, tiny_train_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED_REPORT = ROOT / "experiments" / "cpu_reference" / "baseline_b1.json"
@@ -37,7 +36,9 @@ def test_train_refuses_a_lock_that_is_a_link_and_leaves_its_target_alone(
     out = tmp_path / "t_x"
     out.mkdir()
     (out / LOCK_NAME).symlink_to(decoy)
-    code, _, err = _cli("train", "--no-progress", *_set(tiny_train_overrides(tiny_data_dir, out)))
+    code, _, err = run_cli(
+        "train", "--no-progress", *set_options(tiny_train_overrides(tiny_data_dir, out))
+    )
     assert code == 2
     assert "is a symbolic link" in err and "neither followed nor replaced" in err
     assert "Move it out of the folder" in err

@@ -5,6 +5,7 @@ import torch.utils.checkpoint as tuc
 from heptstudy.config import load_config
 from heptstudy.data.batching import map_tensors
 from heptstudy.data.layout import EventLayout
+from heptstudy.meters.memory import StorageTracker
 from heptstudy.model import build_model, example_batch
 from heptstudy.model.checkpoint_plan import checkpoint_slots, plan_of, unwrapped_name
 from heptstudy.model.heptv2 import hit_coordinates
@@ -234,44 +235,41 @@ def test_bucket_block_mask_lists_every_block_a_bucket_needs(seq_len, block_size)
     assert int(listed.sum(1).max()) <= 2 + FLEX_BLOCK // block_size + 1
 
 
-def test_selective_policy_keeps_the_projections_by_module_not_by_width(tiny_overrides, monkeypatch):
-    """With embedding_dim equal to the positional MLP's hidden width, a policy that recognised
-    the positional MLP by its input width would recompute q/k/v too; choosing by module does
-    not."""
-    from heptstudy.model import activation_checkpointing as ac
+def _bytes_held_after_forward(overrides, checkpointing):
+    """Bytes of the storages a backbone layer's forward touched that are still alive after it
+    (its inputs, parameters and output, and what it keeps for backward): the layer's inputs and
+    output are the same under every policy, so differences are what each policy saves."""
+    model, cfg = _build(overrides, checkpointing)
+    layer = model.backbone[0].train()
+    batch = example_batch(cfg, 2, [40, 30], seed=1)
+    mask, coords = batch["mask"], hit_coordinates(batch["X"])
+    x = torch.randn(*mask.shape, cfg.model.heptv2.embedding_dim, requires_grad=True)
+    buckets = layer.bucket_order(coords, mask, batch["layout"])
+    with StorageTracker() as tracker:
+        out = layer(x, mask, coords, batch["layout"], buckets)
+    held = tracker.live_bytes
+    products = sum(
+        mask.numel() * linear.out_features * out.element_size()
+        for projection in layer.dense_projections()
+        for linear in projection.modules()
+        if isinstance(linear, torch.nn.Linear)
+    )
+    return held, products
+
+
+def test_selective_policy_saves_the_dense_projections_products_by_module_not_by_width(
+    tiny_overrides,
+):
+    """``selective`` keeps one row per hit of every linear map in ``dense_projections()`` and
+    nothing else beyond ``full``. With embedding_dim equal to the positional MLP's hidden width,
+    a policy that recognised the projections by width would also keep the positional MLP's two
+    products."""
     from heptstudy.model.heptv2 import POSITIONAL_HIDDEN
 
     overrides = [o for o in tiny_overrides if not o.startswith("model.heptv2.embedding_dim")]
-    model, cfg = _build(
-        overrides
-        + [
-            f"model.heptv2.embedding_dim={POSITIONAL_HIDDEN}",
-        ],
-        "selective",
-    )
-    layer = model.backbone[0]
-    inside_positional = []
-    layer.pos_embed.register_forward_pre_hook(lambda *_: inside_positional.append(True))
-    layer.pos_embed.register_forward_hook(lambda *_: inside_positional.pop())
-    decisions = []
-    real = ac._save_dense_projections
-
-    def spy(saved, ctx, op, *args, **kwargs):
-        decision = real(saved, ctx, op, *args, **kwargs)
-        if op in ac.SELECTIVE_SAVE_OPS and not ctx.is_recompute:
-            decisions.append((bool(inside_positional), decision))
-        return decision
-
-    monkeypatch.setattr(ac, "_save_dense_projections", spy)
-    batch = example_batch(cfg, 2, [40, 30], seed=1)
-    mask, coords = batch["mask"], hit_coordinates(batch["X"])
-    x = torch.randn(*mask.shape, POSITIONAL_HIDDEN, requires_grad=True)
-    layer.train()
-    out = layer(x, mask, coords, batch["layout"])
-    out.sum().backward()
-    must_save = tuc.CheckpointPolicy.MUST_SAVE
-    positional = [d for inside, d in decisions if inside]
-    projections = [d for inside, d in decisions if not inside]
-    assert len(positional) == 2 and all(d != must_save for d in positional)
-    # q/k/v, the attention output, the SwiGLU gate/up and its down product (one slice here)
-    assert len(projections) == 4 and all(d == must_save for d in projections)
+    overrides += [f"model.heptv2.embedding_dim={POSITIONAL_HIDDEN}"]
+    off, _ = _bytes_held_after_forward(overrides, False)
+    full, _ = _bytes_held_after_forward(overrides, "full")
+    selective, products = _bytes_held_after_forward(overrides, "selective")
+    assert full < selective < off
+    assert selective - full == products

@@ -3,6 +3,7 @@ surface in the training thread, the reader thread stops."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -24,6 +25,10 @@ def _wait_until(cond, timeout=30.0):
     while not cond():
         assert time.monotonic() < end, "timed out waiting for the reader thread"
         time.sleep(0.01)
+
+
+def _threads_started_since(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t not in before and t.is_alive()]
 
 
 def _same(a, b):
@@ -51,9 +56,19 @@ def test_same_batches_and_position_of_consumed_batches(config):
 def test_depth_zero_reads_in_the_callers_thread(config):
     plain = BatchLoader(config, per_device_batch=2)
     loader = BatchLoader(config, per_device_batch=2)
-    with PrefetchingLoader(loader, depth=0) as pf:
-        assert pf._thread is None
+    readers = []
+
+    class Recording:  # the loader, noting which thread reads
+        def __next__(self):
+            readers.append(threading.current_thread())
+            return next(loader)
+
+        def state_dict(self):
+            return loader.state_dict()
+
+    with PrefetchingLoader(Recording(), depth=0) as pf:
         _same(next(pf), next(plain))
+        assert readers == [threading.current_thread()]
         assert loader.batches_served == 1
         assert pf.state_dict() == plain.state_dict()
     with pytest.raises(ValueError, match="depth must be >= 0"):
@@ -75,11 +90,12 @@ class _FailsAt:
 
 
 def test_reader_error_reaches_the_consumer_with_its_message():
+    before = set(threading.enumerate())
     pf = PrefetchingLoader(_FailsAt(3), depth=4)
     assert [next(pf), next(pf)] == [1, 2]
     with pytest.raises(DataError, match="event 3 is broken; regenerate"):
         next(pf)
-    assert not pf._thread.is_alive()
+    assert _threads_started_since(before) == []  # the reader has stopped
     assert pf.state_dict() == {"served": 2}
     with pytest.raises(RuntimeError, match="closed"):
         next(pf)
@@ -98,11 +114,13 @@ class _Endless:
 
 
 def test_close_stops_a_reader_blocked_on_a_full_queue():
+    before = set(threading.enumerate())
     source = _Endless()
     pf = PrefetchingLoader(source, depth=2)
     _wait_until(lambda: source.served >= 3)  # two queued, a third waiting for room
+    assert len(_threads_started_since(before)) == 1  # the reader
     t0 = time.monotonic()
     pf.close()
-    assert not pf._thread.is_alive()
+    assert _threads_started_since(before) == []
     assert time.monotonic() - t0 < 5.0
     assert source.served == 3

@@ -14,9 +14,7 @@ refusal or the correct result, with no committed file changed.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import io
 import json
 import os
 import signal
@@ -30,30 +28,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from heptstudy.cli import main
 from heptstudy.errors import HeptstudyError
 from heptstudy.stand_ins import failing_writes
-from tests.conftest import TINY_MODEL, tiny_train_overrides
+from tests.conftest import (
+    TINY_MODEL,
+    heptstudy_under_file_limit,
+    run_cli,
+    set_options,
+    tiny_train_overrides,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 #: Shell text that would leave a file named PWNED behind if it ever ran.
 HOSTILE = ["$(touch PWNED)", "`touch PWNED`", "a;touch PWNED", "${X}", 'it\'s "q"', "x\ny"]
-
-
-def _set(overrides):
-    return [a for o in overrides for a in ("--set", o)]
-
-
-def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(argv))
-        except SystemExit as exit_:
-            code = exit_.code
-    assert "Traceback" not in err.getvalue()
-    return code, out.getvalue(), err.getvalue()
 
 
 def _git_status() -> str:
@@ -191,7 +179,7 @@ def test_committed_results_are_refused_by_every_other_command(
 ):
     monkeypatch.chdir(ROOT)
     argv = [a.format(tmp=tmp_path, data=tiny_data_dir) for a in argv]
-    code, _, err = _cli(*argv)
+    code, _, err = run_cli(*argv)
     assert code == 2, err
     assert "committed reference folder" in err and "--reference" in err
     assert "nothing was written" in err
@@ -294,7 +282,7 @@ def test_newline_in_render_folder_is_refused(tmp_path):
 
 
 def test_render_into_an_unwritable_folder_is_one_message(tmp_path, capsys):
-    code, _, err = _cli(
+    code, _, err = run_cli(
         "scenario",
         "resolve",
         "--scenario",
@@ -309,7 +297,7 @@ def test_render_into_an_unwritable_folder_is_one_message(tmp_path, capsys):
 
 
 def test_resolve_with_a_missing_data_dir_fails(tmp_path):
-    code, out, err = _cli(
+    code, out, err = run_cli(
         "scenario",
         "resolve",
         "--scenario",
@@ -429,8 +417,8 @@ def test_second_training_into_a_held_out_dir_is_refused(tmp_path, tiny_data_dir)
     out = tmp_path / "run"
     proc = _hold(out)
     try:
-        code, _, err = _cli(
-            "train", "--no-progress", *_set(tiny_train_overrides(tiny_data_dir, out))
+        code, _, err = run_cli(
+            "train", "--no-progress", *set_options(tiny_train_overrides(tiny_data_dir, out))
         )
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -477,7 +465,7 @@ def test_bench_on_a_full_disk_keeps_the_measurement(where, tmp_path, tiny_data_d
     out = tmp_path / "b1.json"
     applies = (lambda p: p == str(out)) if where == "kept-file" else (lambda p: True)
     with failing_writes(ENOSPC, applies):
-        code, said, err = _cli(*_bench_argv(tiny_data_dir, out), *_set(TINY_MODEL))
+        code, said, err = run_cli(*_bench_argv(tiny_data_dir, out), *set_options(TINY_MODEL))
     assert code == 2
     assert "baseline_b1" in said.splitlines()[0]  # the summary, printed before the write
     assert str(out) in err and "No space left on device" in err
@@ -495,24 +483,10 @@ def test_bench_on_a_full_disk_keeps_the_measurement(where, tmp_path, tiny_data_d
 
 def test_file_size_limit_in_a_subprocess_keeps_the_result(tmp_path):
     out = tmp_path / "backbone.json"
-    overrides = " ".join(f"--set {o}" for o in TINY_MODEL)
-    command = (
-        f"ulimit -f 0; {sys.executable} -m heptstudy bench backbone --hits 64 --repeats 1 "
-        f"--output {out} {overrides}"
-    )
-    done = subprocess.run(
-        ["bash", "-c", command],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            # torch looks for a temporary folder for its compile cache, which the limit denies
-            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-        },
-    )
+    argv = ["bench", "backbone", "--hits", "64", "--repeats", "1", "--output", str(out)]
+    # torch looks for a temporary folder for its compile cache, which the limit denies
+    cache = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    done = heptstudy_under_file_limit(0, *argv, *set_options(TINY_MODEL), cwd=tmp_path, env=cache)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and str(out) in done.stderr
     assert "File too large" in done.stderr
@@ -523,7 +497,7 @@ def test_file_size_limit_in_a_subprocess_keeps_the_result(tmp_path):
 def test_any_other_refused_write_is_one_message(tmp_path, tiny_data_dir):
     quota = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), str(tmp_path / "stats"))
     with failing_writes(quota):
-        code, _, err = _cli(
+        code, _, err = run_cli(
             "data", "stats", "--data-dir", str(tiny_data_dir), "--out", str(tmp_path / "stats")
         )
     assert code == 1 and "Disk quota exceeded" in err and str(tmp_path / "stats") in err
@@ -555,10 +529,10 @@ def test_data_generate_finalises_both_data_sets_or_neither(tmp_path):
     argv = ["data", "generate", "--data-dir", str(data), "--events-train", "4"]
     argv += ["--events-test", "2", "--seed", "1", "--occupancy-scale", "0.03", "--no-progress"]
     with failing_writes(ENOSPC, lambda p: "cld_edm_ttbar_pf" in p):
-        code, _, err = _cli(*argv, "--workers", "1")
+        code, _, err = run_cli(*argv, "--workers", "1")
     assert code == 2 and "none of them was put in place" in err
     assert not [p for p in data.rglob("*") if p.is_file()]  # nothing half-written
-    code, _, err = _cli(*argv, "--workers", "1")  # the retry succeeds
+    code, _, err = run_cli(*argv, "--workers", "1")  # the retry succeeds
     assert code == 0, err
     for name in ("cld_edm_ttbar_hits", "cld_edm_ttbar_pf"):
         assert (data / name / "1" / "3.2.1" / "dataset_info.json").is_file()
@@ -571,7 +545,7 @@ def test_data_generate_finalises_both_data_sets_or_neither(tmp_path):
 def good_report(tiny_data_dir, tmp_path_factory) -> str:
     """A bench report of the tiny model, measured once for the reader tests."""
     path = tmp_path_factory.mktemp("good") / "good.json"
-    code, _, err = _cli(*_bench_argv(tiny_data_dir, path), *_set(TINY_MODEL))
+    code, _, err = run_cli(*_bench_argv(tiny_data_dir, path), *set_options(TINY_MODEL))
     assert code == 0, err
     return path.read_text()
 
@@ -614,18 +588,20 @@ def test_every_reader_names_the_file_and_field_it_refuses(edit, fragments, good_
 def test_resume_at_the_end_says_there_is_nothing_to_train(tmp_path, tiny_data_dir):
     out = tmp_path / "run"
     overrides = tiny_train_overrides(tiny_data_dir, out, num_steps=2, val_freq=2)
-    assert _cli("train", "--no-progress", *_set(overrides))[0] == 0
+    assert run_cli("train", "--no-progress", *set_options(overrides))[0] == 0
     before = sorted(p.name for p in out.rglob("*"))
     ckpt = out / "checkpoints" / "step_000002.pt"
-    code, said, err = _cli("train", "--no-progress", *_set(overrides), "--resume", str(ckpt))
+    code, said, err = run_cli(
+        "train", "--no-progress", *set_options(overrides), "--resume", str(ckpt)
+    )
     assert code == 2 and "nothing to train" in err and "train.num_steps" in err
     assert "trained to step" not in said
     assert sorted(p.name for p in out.rglob("*")) == before
 
 
 def test_unwritable_out_dir_is_refused_before_training(tmp_path, tiny_data_dir):
-    code, said, err = _cli(
-        "train", "--no-progress", *_set(tiny_train_overrides(tiny_data_dir, "/proc/nope"))
+    code, said, err = run_cli(
+        "train", "--no-progress", *set_options(tiny_train_overrides(tiny_data_dir, "/proc/nope"))
     )
     assert code == 2 and "/proc/nope" in err and "nothing was written" in err
     assert said == ""
@@ -638,12 +614,12 @@ def test_model_too_large_for_the_host_is_refused_before_building(command, tmp_pa
         argv = [
             "train",
             "--no-progress",
-            *_set(tiny_train_overrides(tiny_data_dir, tmp_path / "run")),
+            *set_options(tiny_train_overrides(tiny_data_dir, tmp_path / "run")),
         ]
     else:
-        argv = [*_bench_argv(tiny_data_dir, tmp_path / "run" / "b1.json"), *_set(TINY_MODEL)]
+        argv = [*_bench_argv(tiny_data_dir, tmp_path / "run" / "b1.json"), *set_options(TINY_MODEL)]
     t0 = time.perf_counter()
-    code, _, err = _cli(*argv, *_set(huge))
+    code, _, err = run_cli(*argv, *set_options(huge))
     assert code == 2, err
     assert "parameters" in err and "GiB available" in err and "embedding_dim=1000000" in err
     assert time.perf_counter() - t0 < 60 and not list(tmp_path.rglob("*.json"))
@@ -668,6 +644,8 @@ def test_train_out_dir_and_output_follow_the_working_directory(tmp_path, monkeyp
 
 
 def test_a_smaller_aggregate_moves_the_old_tables_and_figures_aside(tmp_path, monkeypatch):
+    import papermill
+
     from heptstudy.study import runner
 
     out, figures = tmp_path / "study", tmp_path / "study" / "figures"
@@ -675,11 +653,11 @@ def test_a_smaller_aggregate_moves_the_old_tables_and_figures_aside(tmp_path, mo
     for old in (out / "policies.csv", figures / "policy_tradeoff.png", figures / "kept.png"):
         old.write_text("old")
 
-    def fake_aggregate(input_nb, output_nb, parameters, timeout, cwd):
+    def fake_aggregate(input_path, output_path, **_):
         (figures / "kept.png").write_text("new")  # written again by this aggregate
-        Path(output_nb).write_text("{}")
+        Path(output_path).write_text("{}")
 
-    monkeypatch.setattr(runner, "_papermill", fake_aggregate)
+    monkeypatch.setattr(papermill, "execute_notebook", fake_aggregate)
     monkeypatch.setattr(runner, "render_html", lambda nb, html: Path(html))
     runner.aggregate_study(out, figures)
     assert (figures / "kept.png").read_text() == "new"

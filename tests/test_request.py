@@ -8,6 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from click.testing import CliRunner
+from papermill.cli import papermill
 
 from heptstudy.cli.bench import register_cli, request_from_args
 from heptstudy.config import FIXED_PLANS, HEPTv2Config, load_config, load_platform
@@ -20,9 +22,6 @@ from heptstudy.measure.request import (
 )
 from heptstudy.study import load_matrix
 
-pm_translators = pytest.importorskip("papermill.translators")
-pm_cli = pytest.importorskip("papermill.cli")
-
 ROOT = Path(__file__).resolve().parent.parent
 CPU = DEFAULT_STEPS["cpu"]
 
@@ -33,18 +32,29 @@ def _cli(argv: list[str]) -> MeasurementRequest:
     return request_from_args(parser.parse_args(["bench", *argv]))
 
 
+def _cells(path: Path, tag: str) -> list[str]:
+    nb = nbformat.read(path, as_version=4)
+    return [c.source for c in nb.cells if tag in c.metadata.get("tags", [])]
+
+
 def _parameters_cell(kind: str) -> str:
-    nb = nbformat.read(ROOT / "notebooks" / f"{kind}.ipynb", as_version=4)
-    return next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    (cell,) = _cells(ROOT / "notebooks" / f"{kind}.ipynb", "parameters")
+    return cell
 
 
-def _notebook(kind: str, cli_strings: dict[str, str]) -> MeasurementRequest:
+def _notebook(tmp_path: Path, kind: str, cli_strings: dict[str, str]) -> MeasurementRequest:
     """What the notebook's first cell builds after ``papermill -p NAME VALUE ...``: papermill's
-    own conversion of the strings, its own injected cell, the kernel's input history."""
-    params = {k: pm_cli._resolve_type(v) for k, v in cli_strings.items()}
-    injected = pm_translators.translate_parameters("python3", "python", params, "Parameters")
+    own command line (``--prepare-only``: the parameters injected, no kernel started), then the
+    notebook's cells with the kernel's input history."""
+    out = tmp_path / f"prepared_{kind}.ipynb"
+    args = [str(ROOT / "notebooks" / f"{kind}.ipynb"), str(out), "--prepare-only"]
+    for name, value in cli_strings.items():
+        args += ["-p", name, value]
+    result = CliRunner().invoke(papermill, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (cell,) = _cells(out, "parameters")
+    (injected,) = _cells(out, "injected-parameters")
     namespace: dict = {}
-    cell = _parameters_cell(kind)
     exec(cell, namespace)
     exec(injected, namespace)
     namespace["In"] = ["", cell, injected, "request = from_notebook(...)"]
@@ -116,7 +126,7 @@ CASES = [
 )
 def test_cli_notebook_and_matrix_build_the_same_measurement(tmp_path, kind, argv, strings):
     cli = _cli(argv)
-    notebook = _notebook(kind, strings)
+    notebook = _notebook(tmp_path, kind, strings)
     matrix = _matrix(tmp_path, kind, strings)
     assert cli == notebook == matrix
     resolved = cli.resolve()
@@ -144,7 +154,7 @@ def test_every_fixed_plan_is_listed_here():
 @pytest.mark.parametrize("value", [*PLANS, "true", "false", "FULL"])
 def test_each_checkpointing_value_is_the_same_measurement_everywhere(tmp_path, value):
     cli = _cli(["--batch-size", "4", "--checkpointing", value])
-    notebook = _notebook("memory", {"batch_size": "4", "checkpointing": value})
+    notebook = _notebook(tmp_path, "memory", {"batch_size": "4", "checkpointing": value})
     matrix = _matrix(tmp_path, "memory", {"batch_size": 4, "checkpointing": value})
     m = cli.resolve()
     assert m == notebook.resolve() == matrix.resolve()
@@ -224,10 +234,12 @@ def test_config_is_built_directly(tmp_path):
 @pytest.mark.parametrize(
     "values,words",
     [
-        ({"batch_size": True}, "batch_size=True is not allowed: allowed values are integers >= 1"),
-        ({"steps": False}, "a boolean is not an integer"),
-        ({"seed": True}, "a boolean is not an integer"),
-        ({"batch_size": 2.0}, "integers >= 1"),
+        ({"batch_size": True}, "batch_size=True is not allowed: takes a whole number, not true"),
+        ({"batch_size": "true"}, "batch_size='true' is not allowed: takes a whole number, not"),
+        ({"steps": False}, "steps=False is not allowed: takes a whole number, not true/false"),
+        ({"seed": True}, "give a whole number or null (the default)"),
+        ({"batch_size": 2.5}, "batch_size=2.5 is not allowed"),
+        ({"batch_size": 0}, "batch_size=0 is not allowed: Input should be greater than or equal"),
         (
             {"checkpointing": 1},
             "checkpointing=1 is not allowed: allowed values are off, full, selective, every2, "
@@ -240,12 +252,16 @@ def test_config_is_built_directly(tmp_path):
             "give checkpointing instead of overriding model.heptv2.activation_checkpointing",
         ),
         ({"overrides": ["train.global_batch_size=8"]}, "give batch_size instead"),
-        ({"allocator": "jemalloc"}, "allocator='jemalloc' is not allowed: allowed values are"),
-        ({"deterministic": 0}, "a number is not a boolean"),
+        ({"allocator": "jemalloc"}, "allocator='jemalloc' is not allowed: Input should be 'plat"),
+        ({"deterministic": 0}, "deterministic=0 is not allowed: takes true or false, not a number"),
+        ({"deterministic": "1"}, "takes true or false, not a number"),
+        ({"platform": "h1000"}, "platform='h1000' is not allowed: [rule platform-exists]"),
+        ({"overrides": "train.lr"}, "override 'train.lr' is not of the form KEY=VALUE"),
+        ({"overrides": 5}, "allowed values are a list of KEY=VALUE strings"),
         ({"batchsize": 4}, "unknown parameter batchsize=4; did you mean 'batch_size'?"),
         ({"kind": "parity", "checkpointing": True}, "checkpointing does not apply to a parity"),
         ({"kind": "parity", "allocator": "default"}, "allocator does not apply to a parity"),
-        ({"kind": "timing"}, "allowed values are memory or parity"),
+        ({"kind": "timing"}, "kind='timing' is not allowed: Input should be 'memory' or 'parity'"),
         ({"overrides": ["data.data_dir=/x"]}, "give data_dir instead of overriding data.data_dir"),
     ],
 )
@@ -258,14 +274,14 @@ def test_refusals_name_the_parameter(values, words):
 def test_cli_errors_name_the_option():
     with pytest.raises(RequestError, match=r"--batch-size 'four' is not allowed"):
         _cli(["--batch-size", "four"])
-    with pytest.raises(RequestError, match=r"--steps '0' is not allowed"):
+    with pytest.raises(RequestError, match=r"--steps 0 is not allowed"):
         _cli(["--steps", "0"])
 
 
 @pytest.mark.parametrize("kind", ["memory", "parity"])
-def test_misspelled_notebook_parameter_is_refused(kind):
+def test_misspelled_notebook_parameter_is_refused(tmp_path, kind):
     with pytest.raises(RequestError) as err:
-        _notebook(kind, {"batchsize": "4"})
+        _notebook(tmp_path, kind, {"batchsize": "4"})
     text = str(err.value)
     assert f"{kind}.ipynb has no parameter batchsize (did you mean batch_size?)" in text
     assert "batch_size" in text and "run it again" in text

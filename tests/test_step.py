@@ -9,25 +9,18 @@ import torch
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure import bench
 from heptstudy.measure import report as rp
-from heptstudy.measure.request import MeasurementRequest
 from heptstudy.measure.summary import describe, step_breakdown_frame
 from heptstudy.meters.timing import STEP_PHASES, WallPhaseClock
 from heptstudy.model import example_batch
 from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.step import run_step
-from tests.conftest import TINY_MODEL
-
-
-def _request(data_dir, output, **values):
-    return MeasurementRequest.build(
-        data_dir=str(data_dir), overrides=TINY_MODEL, output=str(output), progress=False, **values
-    )
+from tests.conftest import generate_tiny_data, tiny_request
 
 
 @pytest.fixture(scope="module")
 def bench_report(tiny_data_dir, tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "baseline_b2.json"
-    bench.run_bench(_request(tiny_data_dir, path, batch_size=2, steps=2, warmup=1).resolve())
+    bench.run_bench(tiny_request(tiny_data_dir, path, batch_size=2, steps=2, warmup=1).resolve())
     return rp.read_report(path)
 
 
@@ -146,9 +139,9 @@ def test_output_under_a_file_is_refused_first(tiny_data_dir, tmp_path, nothing_m
     with pytest.raises(
         bench.OutputNotWritable, match="is a file, not a folder; nothing was measured"
     ):
-        bench.run_bench(_request(tiny_data_dir, blocker / "r.json", batch_size=1).resolve())
+        bench.run_bench(tiny_request(tiny_data_dir, blocker / "r.json", batch_size=1).resolve())
     with pytest.raises(bench.OutputNotWritable, match="is a directory"):
-        bench.run_bench(_request(tiny_data_dir, tmp_path, batch_size=1).resolve())
+        bench.run_bench(tiny_request(tiny_data_dir, tmp_path, batch_size=1).resolve())
     assert blocker.read_text() == "x" and sorted(os.listdir(tmp_path)) == ["file.txt"]
 
 
@@ -159,7 +152,7 @@ def test_unwritable_output_folder_is_refused_first(tiny_data_dir, nothing_measur
         bench.OutputNotWritable, match="cannot write the report.*nothing was measured"
     ):
         bench.run_bench(
-            _request(tiny_data_dir, "/proc/self/heptstudy/r.json", batch_size=1).resolve()
+            tiny_request(tiny_data_dir, "/proc/self/heptstudy/r.json", batch_size=1).resolve()
         )
 
 
@@ -170,26 +163,14 @@ def test_read_only_output_folder_is_refused_first(tiny_data_dir, tmp_path, nothi
     folder.chmod(0o500)
     try:
         with pytest.raises(bench.OutputNotWritable, match="Permission denied"):
-            bench.run_bench(_request(tiny_data_dir, folder / "r.json", batch_size=1).resolve())
+            bench.run_bench(tiny_request(tiny_data_dir, folder / "r.json", batch_size=1).resolve())
     finally:
         folder.chmod(0o700)
 
 
 @pytest.fixture(scope="module")
 def four_events(tmp_path_factory):
-    from heptstudy.data.generate import generate_datasets
-
-    data_dir = tmp_path_factory.mktemp("four")
-    generate_datasets(
-        data_dir,
-        events_train=4,
-        events_test=4,
-        seed=3,
-        configs=("1",),
-        occupancy_scale=0.03,
-        progress=False,
-    )
-    return data_dir
+    return generate_tiny_data(tmp_path_factory.mktemp("four"), 4, 4, seed=3)
 
 
 @pytest.mark.parametrize(
@@ -205,7 +186,7 @@ def test_more_events_than_the_split_holds_is_refused(
 ):
     out = tmp_path / "r.json"
     with pytest.raises(HeptstudyError) as err:
-        bench.run_bench(_request(four_events, out, platform="local_cpu", **values).resolve())
+        bench.run_bench(tiny_request(four_events, out, platform="local_cpu", **values).resolve())
     assert words in str(err.value) and "holds 4" in str(err.value)
     assert not out.exists()
 
@@ -223,7 +204,7 @@ def test_describe_reports_without_times_or_measurement(bench_report):
 
 def test_a_batch_16_report_records_batch_16_where_training_would(tiny_data_dir, tmp_path):
     path = tmp_path / "b16.json"
-    m = _request(
+    m = tiny_request(
         tiny_data_dir, path, batch_size=16, checkpointing="every2", steps=1, warmup=0
     ).resolve()
     bench.run_bench(m.request.model_copy(update={"passes": "memory"}).resolve())

@@ -12,40 +12,43 @@ from pathlib import Path
 
 import nbformat
 import pandas as pd
+import papermill
 import pytest
 import yaml
+from nbclient.exceptions import DeadKernelError
+from papermill.exceptions import PapermillExecutionError
 
 from heptstudy import study
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure.report import read_report, write_report
 from heptstudy.meters import allocator as alloc
 from heptstudy.meters.host_usage import HostUsage
-from heptstudy.study import runner
 from heptstudy.study.common import StudyError
 from heptstudy.study.schedule import Execution, locate, schedule
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_MODEL, tiny_request
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _kernel_in_process(monkeypatch):
-    """Replace the notebook kernel by the notebook's own two calls, run here (tiny model)."""
+    """Replace papermill's execution (the kernel) by the notebook's own two calls, run here
+    (tiny model)."""
     from heptstudy.measure.bench import run_bench
     from heptstudy.measure.request import MeasurementRequest
 
     launched = []
 
-    def fake(input_nb, output_nb, parameters, timeout, cwd):
-        kind = "parity" if input_nb.name == "parity.ipynb" else "memory"
+    def kernel(input_path, output_path, parameters, cwd, **_):
+        kind = "parity" if Path(input_path).name == "parity.ipynb" else "memory"
         launched.append(parameters)
         params = {k: v for k, v in parameters.items() if k != "output"}
         output = Path(parameters["output"])
         output = output if output.is_absolute() else Path(cwd) / output
         request = MeasurementRequest.build(kind=kind, output=str(output), progress=False, **params)
         run_bench(request.resolve())
-        nbformat.write(nbformat.v4.new_notebook(), str(output_nb))
+        nbformat.write(nbformat.v4.new_notebook(), str(output_path))
 
-    monkeypatch.setattr(runner, "_papermill", fake)
+    monkeypatch.setattr(papermill, "execute_notebook", kernel)
     return launched
 
 
@@ -163,28 +166,85 @@ def test_input_error_stops_before_anything_runs(tiny_data_dir, tmp_path, monkeyp
     assert _bytes(out) == before
 
 
+def _dying_kernel(monkeypatch, errors: dict[str, BaseException]):
+    """Kernels that fail with ``errors[run name]`` before the notebook writes its report."""
+    launched = []
+
+    def kernel(input_path, output_path, parameters, **_):
+        name = Path(parameters["output"]).stem
+        launched.append(name)
+        raise errors[name]
+
+    monkeypatch.setattr(papermill, "execute_notebook", kernel)
+    return launched
+
+
+def test_failed_runs_leave_reports_that_say_why_and_the_study_goes_on(
+    tiny_data_dir, tmp_path, monkeypatch
+):
+    """A dead kernel and an out-of-memory cell are results: each run gets a report saying so,
+    the next run is still measured, and the study ends with what failed."""
+    oom = PapermillExecutionError(
+        4,
+        1,
+        "run_bench(...)",
+        "OutOfMemoryError",
+        "CUDA out of memory. Tried to allocate 2 GiB",
+        [],
+    )
+    launched = _dying_kernel(
+        monkeypatch, {"baseline_b2": DeadKernelError("Kernel died"), "checkpointed_b2": oom}
+    )
+    path, out = _matrix(tmp_path, tiny_data_dir, TWO), tmp_path / "study"
+    results = study.run_study(path, out, progress=False, aggregate=False).results
+    assert launched == ["baseline_b2", "checkpointed_b2"]
+    assert [r.status for r in results] == ["error", "oom"]
+    dead = read_report(out / "baseline_b2.json")
+    assert dead.status == "error" and "kernel died" in dead.error and dead.data.synthetic
+    assert dead.batch_size == 2 and dead.checkpointing.plan == "off"
+    assert any("did not write a report" in n for n in dead.notes)
+    killed = read_report(out / "checkpointed_b2.json")
+    assert killed.status == "oom" and killed.oom.batch_size == 2
+    assert killed.checkpointing.plan == "full" and "CUDA out of memory" in killed.oom.message
+    assert not (out / ".pending").exists()
+
+
 def test_an_error_report_does_not_block_the_retry(tiny_data_dir, tmp_path, monkeypatch, capsys):
     from heptstudy.cli import main
 
-    _kernel_in_process(monkeypatch)
     path, out = _matrix(tmp_path, tiny_data_dir), tmp_path / "study"
-    real = runner._papermill
-
-    def dies(*args):
-        raise RuntimeError("kernel trouble")
-
-    monkeypatch.setattr(runner, "_papermill", dies)
+    _dying_kernel(monkeypatch, {"baseline_b2": RuntimeError("kernel trouble")})
     code = main(
         ["study", "run", "--matrix", str(path), "--out", str(out), "--no-progress"]
         + ["--no-aggregate"]
     )
     assert code == 1 and "1 run(s) failed: baseline_b2" in capsys.readouterr().out
     assert read_report(out / "baseline_b2.json").status == "error"
-    monkeypatch.setattr(runner, "_papermill", real)
+    _kernel_in_process(monkeypatch)
     retry = study.run_study(path, out, progress=False, aggregate=False).results
     assert [r.status for r in retry] == ["ok"]
     assert "error: measuring again" in retry[0].message
     assert len(list((out / "superseded").rglob("*.json"))) == 1  # the error report, kept
+
+
+def test_a_default_allocator_run_starts_its_kernel_without_allocator_settings(
+    tiny_data_dir, tmp_path, monkeypatch
+):
+    """``allocator: default``: the kernel starts without the allocator variables this process
+    has; other runs' kernels inherit them (their measurement applies the platform's)."""
+    seen = {}
+
+    def kernel(input_path, output_path, parameters, **_):
+        seen[Path(parameters["output"]).parent.name] = os.environ.get("MALLOC_TOP_PAD_")
+
+    monkeypatch.setattr(papermill, "execute_notebook", kernel)
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "1")
+    runs = [ONE[0], {**ONE[0], "allocator": "default"}]
+    study.run_study(
+        _matrix(tmp_path, tiny_data_dir, runs), tmp_path / "s", progress=False, aggregate=False
+    )
+    assert seen == {".pending": "1", "default_allocator": None}
+    assert os.environ["MALLOC_TOP_PAD_"] == "1"  # this process's environment is back
 
 
 def test_where_a_study_writes(tmp_path, monkeypatch):
@@ -284,9 +344,6 @@ def test_allocator_settings_and_the_environment_a_process_starts_with(monkeypatc
         alloc.apply_allocator({"LD_PRELOAD": "/x/libjemalloc.so"})
     with pytest.raises(HeptstudyError, match="is not a byte count"):
         alloc.apply_allocator({"MALLOC_TOP_PAD_": "1G"})
-    with runner._kernel_started_with({"MALLOC_TOP_PAD_": "1"}):
-        assert os.environ["MALLOC_TOP_PAD_"] == "1"
-    assert os.environ.get("MALLOC_TOP_PAD_") != "1"
 
 
 @pytest.mark.parametrize("line", ["platform", "default"])
@@ -481,17 +538,8 @@ def test_report_tables_read_well(tmp_path):
 def test_report_records_allocator_and_page_faults_of_each_step(tiny_data_dir, tmp_path):
     """Issue 18: allocator, its settings, page faults and system time per counted step."""
     from heptstudy.measure.bench import run_bench
-    from heptstudy.measure.request import MeasurementRequest
 
-    request = MeasurementRequest.build(
-        batch_size=2,
-        steps=1,
-        warmup=1,
-        data_dir=str(tiny_data_dir),
-        overrides=TINY_MODEL,
-        output=str(tmp_path / "r.json"),
-        progress=False,
-    )
+    request = tiny_request(tiny_data_dir, tmp_path / "r.json", batch_size=2, steps=1, warmup=1)
     report = run_bench(request.resolve())
     env = report.environment  # applied in this process: a CPU without a platform is local_cpu
     assert env.allocator.startswith("glibc")

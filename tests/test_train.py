@@ -12,10 +12,9 @@ from heptstudy.config import load_config
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure import bench
 from heptstudy.measure import report as rp
-from heptstudy.measure.request import MeasurementRequest
 from heptstudy.train.out_dir import choose_out_dir
 from heptstudy.train.trainer import train
-from tests.conftest import TINY_MODEL, tiny_train_overrides
+from tests.conftest import tiny_request, tiny_train_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,15 +45,8 @@ def test_short_run_lowers_loss_and_writes_everything(tiny_data_dir, tmp_path):
 def test_trainer_and_bench_run_the_same_step(tiny_data_dir, tmp_path):
     """The trainer's first step and the bench's step on the same events, seed and configuration
     (dropout on, so the random sequence counts too): identical losses and gradients."""
-    m = MeasurementRequest.build(
-        data_dir=str(tiny_data_dir),
-        overrides=TINY_MODEL,
-        output=str(tmp_path / "bench.json"),
-        progress=False,
-        batch_size=4,
-        steps=1,
-        warmup=0,
-        passes="timing",
+    m = tiny_request(
+        tiny_data_dir, tmp_path / "bench.json", batch_size=4, steps=1, warmup=0, passes="timing"
     ).resolve()
     config = m.config.model_copy(deep=True)
     config.train.out_dir = str(tmp_path / "train")

@@ -63,8 +63,7 @@ def test_a_training_state_with_an_impossible_step_is_refused(tiny_data_dir, tmp_
     from heptstudy.config import load_config
     from heptstudy.train.state import PARTS, state_digest
     from heptstudy.train.trainer import train
-    from tests.conftest import tiny_train_overrides
-    from tests.test_reliability import _cli, _set
+    from tests.conftest import run_cli, set_options, tiny_train_overrides
 
     first = tmp_path / "first"
     train(
@@ -77,12 +76,12 @@ def test_a_training_state_with_an_impossible_step_is_refused(tiny_data_dir, tmp_
     edited = tmp_path / "edited.pt"
     torch.save(state, edited)
     out = tmp_path / "resumed"
-    code, _, err = _cli(
+    code, _, err = run_cli(
         "train",
         "--no-progress",
         "--resume",
         str(edited),
-        *_set(tiny_train_overrides(tiny_data_dir, out, num_steps=2)),
+        *set_options(tiny_train_overrides(tiny_data_dir, out, num_steps=2)),
     )
     assert code == 2
     assert f"its 'step' is {step}" in err and "step 1 to 2 (train.num_steps)" in err
@@ -106,10 +105,9 @@ def test_a_training_state_with_an_impossible_step_is_refused(tiny_data_dir, tmp_
     ],
 )
 def test_a_plan_or_budget_that_cannot_be_is_refused(override, said):
-    from tests.conftest import TINY_MODEL
-    from tests.test_reliability import _cli, _set
+    from tests.conftest import TINY_MODEL, run_cli, set_options
 
-    code, out, err = _cli("config", "show", *_set([*TINY_MODEL, override]))
+    code, out, err = run_cli("config", "show", *set_options([*TINY_MODEL, override]))
     assert code == 2 and said in err, err
     assert "Infinity" not in out and "NaN" not in out
 
@@ -124,12 +122,12 @@ SECRET_FILES = {
 
 @pytest.mark.parametrize("kind", sorted(SECRET_FILES))
 def test_a_platform_that_is_some_other_file_is_refused_without_showing_it(tmp_path, kind):
-    from tests.test_reliability import _cli
+    from tests.conftest import run_cli
 
     path = tmp_path / kind
     content = SECRET_FILES[kind]
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    code, out, err = _cli("fit", "--platform", str(path), "--per-device-batch", "4")
+    code, out, err = run_cli("fit", "--platform", str(path), "--per-device-batch", "4")
     assert code == 2 and str(path) in err
     assert "SECRET" not in err + out and "alice" not in err + out
 
@@ -191,14 +189,13 @@ def test_a_train_split_of_events_without_hits_is_refused(tiny_data_dir, tmp_path
     from array_record.python.array_record_module import ArrayRecordWriter
 
     from heptstudy.data.tfds import FEATURE_KEYS, HITS_NAME, features_dict, open_dataset
-    from tests.conftest import tiny_train_overrides
-    from tests.test_reliability import _cli, _set
+    from tests.conftest import run_cli, set_options, tiny_train_overrides
 
     data = tmp_path / "data"
     shutil.copytree(tiny_data_dir, data)
     train = open_dataset(data, f"{HITS_NAME}:3.2.1", ["1"], "train")
-    ((path, count),) = train._files[0]
-    events = [{k: train[i][k] for k in FEATURE_KEYS} for i in range(count)]
+    (path,) = data.rglob(f"{HITS_NAME}-train.array_record-*")  # TFDS's name of its one shard
+    events = [{k: train[i][k] for k in FEATURE_KEYS} for i in range(len(train))]
     writer = ArrayRecordWriter(str(path), "group_size:1")
     for ev in events:  # the same events, their hits taken out
         for k in ("X", "ytarget", "ycand"):
@@ -206,7 +203,7 @@ def test_a_train_split_of_events_without_hits_is_refused(tiny_data_dir, tmp_path
         writer.write(features_dict(HITS_NAME).serialize_example(ev))
     writer.close()
     out = tmp_path / "run"
-    code, _, err = _cli("train", "--no-progress", *_set(tiny_train_overrides(data, out)))
+    code, _, err = run_cli("train", "--no-progress", *set_options(tiny_train_overrides(data, out)))
     assert code == 2
     assert f"{HITS_NAME} configs ['1'] train split: every event of the batch" in err
     assert "has 0 hits" in err and str(path.parent) in err and "heptstudy data generate" in err
@@ -281,13 +278,13 @@ H100 = "configs/training/platforms/h100.yaml"
 )
 def test_a_platform_value_the_estimate_does_not_know_is_refused(tmp_path, old, new, said):
     from heptstudy.paths import ROOT
-    from tests.test_reliability import _cli
+    from tests.conftest import run_cli
 
     text = (ROOT / H100).read_text()
     assert old in text
     path = tmp_path / "h100.yaml"
     path.write_text(text.replace(old, new))
-    code, out, err = _cli("fit", "--platform", str(path), "--per-device-batch", "48")
+    code, out, err = run_cli("fit", "--platform", str(path), "--per-device-batch", "48")
     assert code == 2 and str(path) in err and said in err, err
     assert out == ""
 
@@ -313,7 +310,7 @@ def test_a_test_split_size_the_files_do_not_hold_is_refused(tiny_data_dir, tmp_p
     import json
     import shutil
 
-    from tests.test_reliability import _cli
+    from tests.conftest import run_cli
 
     data = tmp_path / "data"
     shutil.copytree(tiny_data_dir, data)
@@ -324,7 +321,7 @@ def test_a_test_split_size_the_files_do_not_hold_is_refused(tiny_data_dir, tmp_p
     info.write_text(json.dumps(meta))
     args = ["--scenario", "cld_pf_default", "--platform", "local_cpu", "--data-dir", str(data)]
     args += ["--set", "data.nvalid=4", "--set", "data.ntest=4"]
-    code, out, err = _cli("scenario", "resolve", *args)
+    code, out, err = run_cli("scenario", "resolve", *args)
     assert code == 2 and out == ""
     assert "cld_edm_ttbar_hits-test.array_record-00000-of-00001' holds 16 events" in err
     assert f"but {str(info)!r} lists 100000 for it (shardLengths of split 'test')" in err

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_reliability import _cli, _set
+from tests.conftest import heptstudy_under_file_limit, run_cli, set_options
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = str(ROOT / "configs" / "study" / "tiny.yaml")
@@ -42,7 +42,7 @@ def test_a_symbolic_link_loop_is_one_message(argv, flag, given, tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     (tmp_path / "reports").mkdir()
     os.symlink("LOOP", tmp_path / "LOOP")
-    code, _, err = _cli(*argv)
+    code, _, err = run_cli(*argv)
     assert code == 2, err
     assert f"{flag}" in err and f"{given!r} ({tmp_path / given}) is a symbolic-link loop" in err
     assert "fix the links" in err and "choose another path" in err
@@ -74,32 +74,22 @@ def test_a_symbolic_link_loop_is_one_message(argv, flag, given, tmp_path, monkey
     ids=["item-by-position", "item-appended", "list-for-section", "scenario"],
 )
 def test_an_override_that_cannot_be_merged_names_it_and_how_to_write_it(argv, said):
-    code, out, err = _cli(*argv)
+    code, out, err = run_cli(*argv)
     assert code == 2 and said in err, err
     assert not out
 
 
 def test_the_written_form_the_message_advises_is_accepted():
-    code, out, err = _cli("config", "show", *_set(['data.configs=["2"]']))
+    code, out, err = run_cli("config", "show", *set_options(['data.configs=["2"]']))
     assert code == 0, err
     assert "configs:\n  - '2'" in out
 
 
 def test_data_generate_under_a_file_size_limit_is_one_message_and_leaves_nothing(tmp_path):
     data = tmp_path / "tfds"
-    command = (
-        f"ulimit -f 64; {sys.executable} -m heptstudy data generate --data-dir {data} "
-        "--events-train 8 --events-test 4 --seed 1 --occupancy-scale 0.03 --no-progress "
-        "--workers 1"
-    )
-    done = subprocess.run(
-        ["bash", "-c", command],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
-    )
+    argv = ["data", "generate", "--data-dir", str(data), "--events-train", "8"]
+    argv += ["--events-test", "4", "--seed", "1", "--occupancy-scale", "0.03", "--no-progress"]
+    done = heptstudy_under_file_limit(64, *argv, "--workers", "1", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert f"writing the data sets to {str(data)!r} failed: File too large" in done.stderr

@@ -8,8 +8,6 @@ added.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -18,11 +16,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from heptstudy.cli import main
 from heptstudy.config import load_config
 from heptstudy.errors import HeptstudyError
 from heptstudy.train.trainer import train
-from tests.conftest import tiny_train_overrides
+from tests.conftest import run_cli, set_options, tiny_train_overrides
 
 HITS = "cld_edm_ttbar_hits"
 SHARD = f"{HITS}-train.array_record-00000-of-00001"
@@ -55,15 +52,8 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 def _cli(*argv: str) -> str:
     """`heptstudy ARGV` in this process: must fail with exit status 2, no traceback."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = main(list(argv))
-        except SystemExit as exit_:  # argparse refuses its own arguments this way
-            code = exit_.code
-    text = err.getvalue()
+    code, _, text = run_cli(*argv)
     assert code == 2, f"exit status {code}: {text}"
-    assert "Traceback" not in text
     return text
 
 
@@ -73,12 +63,8 @@ def _refused(call: Callable[[], object]) -> str:
     return str(err.value)
 
 
-def _set(overrides: list[str]) -> list[str]:
-    return [a for o in overrides for a in ("--set", o)]
-
-
 def _train_cli(ws, out: Path, *extra: str) -> list[str]:
-    return ["train", "--no-progress", *_set(tiny_train_overrides(ws.data, out)), *extra]
+    return ["train", "--no-progress", *set_options(tiny_train_overrides(ws.data, out)), *extra]
 
 
 def _resume(ws, path: Path, *overrides: str) -> Callable[[], str]:
@@ -288,7 +274,7 @@ def case_negative_clip_norm(ws):
 
 def _backbone(*args: str) -> Callable[[], str]:
     tiny = ["model.heptv2.num_convs=1", "model.heptv2.embedding_dim=16", "model.heptv2.num_heads=2"]
-    return lambda: _cli("bench", "backbone", *args, *_set(tiny))
+    return lambda: _cli("bench", "backbone", *args, *set_options(tiny))
 
 
 def case_backbone_zero_hits(ws):

@@ -1,26 +1,26 @@
 """The one measurement request: what `heptstudy bench`, ``memory.ipynb``, ``parity.ipynb`` and a
 row of a study matrix ask for, validated once, with every default stated here.
 
-Papermill hands ``-p checkpointing true`` over as the *string* ``"true"``, so strings parse;
-booleans are never integers. Papermill only warns about unknown parameters, so
-:func:`from_notebook` refuses them itself.
+Its values are read as the configuration reads its own (:class:`heptstudy.config.StrictInput`):
+papermill hands ``-p checkpointing true`` over as the *string* ``"true"``, so a string given for
+a number or true/false is read as the VALUE of a ``--set KEY=VALUE``; booleans are never
+integers. Papermill only warns about unknown parameters, so :func:`from_notebook` refuses them
+itself.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
-import re
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import torch
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -37,15 +37,20 @@ from heptstudy.config import (
     DataConfig,
     ModelConfig,
     PlatformConfig,
+    StrictInput,
     TrainConfig,
     load_config,
     load_platform,
+    parse_overrides,
     parse_plan_name,
 )
 from heptstudy.errors import ConfigError, describe_invalid
 from heptstudy.meters.allocator import measurement_allocator
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_of, report_part
-from heptstudy.paths import PLATFORM_DIR, find_file
+from heptstudy.scenario import find_platform
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11
 
 #: The allowed values come from the configuration schema itself.
 Variant = ModelConfig.model_fields["variant"].annotation
@@ -76,90 +81,27 @@ _OWNED_KEYS = {
     "data.batching": "batching",
 }
 
-_NONE_WORDS = ("", "none", "null")
 #: Parameters of a memory measurement only: a parity measurement refuses them.
 _MEMORY_ONLY = ("steps", "warmup", "checkpointing", "passes", "allocator")
+#: Null as Python and papermill spell it, besides YAML's.
+_NONE_WORDS = ("", "none", "null")
 
 
 class RequestError(ConfigError):
     """A measurement parameter (command-line option, notebook parameter, matrix key) is unusable."""
 
 
-def _is_none(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)
-
-
-def parse_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    why = "; a number is not a boolean" if isinstance(value, (int, float)) else ""
-    raise ValueError(f"allowed values are true or false (any case){why}")
-
-
-def parse_int(value: Any, low: int, optional: bool = False) -> int | None:
-    """An integer ``>= low`` (a string of digits too); None only when ``optional``."""
-    if optional and _is_none(value):
-        return None
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        allowed = f"allowed values are integers >= {low}" + (" or None" if optional else "")
-        raise ValueError(
-            allowed + ("; a boolean is not an integer" if isinstance(value, bool) else "")
-        )
-    return value
-
-
-def parse_overrides(value: Any) -> list[str]:
-    """A list of ``KEY=VALUE`` strings; one string holds several separated by whitespace."""
-    if value is None:
-        return []
-    items = value.split() if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not all(
-        isinstance(i, str) and "=" in i and not i.startswith("=") for i in items
-    ):
+def override_list(value: Any) -> list[str]:
+    """Overrides as a list; one string holds several separated by whitespace (``papermill -p
+    overrides "..."``). Each is read by the configuration's parser."""
+    items = [] if value is None else value.split() if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
         raise ValueError(
             "allowed values are a list of KEY=VALUE strings (-y 'overrides: [train.lr=0.002]') "
             'or one string of them separated by spaces ("train.lr=0.002 model.heptv2.width=256")'
         )
+    parse_overrides(items)
     return list(items)
-
-
-def find_platform(value: str) -> str:
-    """A platform profile: a YAML path, or a name in ``configs/training/platforms``."""
-    found = find_file(value, PLATFORM_DIR)
-    if found is None:
-        names = ", ".join(sorted(p.stem for p in PLATFORM_DIR.glob("*.yaml")))
-        raise ValueError(f"allowed values are a platform YAML path or one of {names}, or None")
-    return str(found)
-
-
-def parse_choice(value: Any, choices: tuple[str, ...], optional: bool = True) -> str | None:
-    if optional and _is_none(value):
-        return None
-    if isinstance(value, str) and value.strip() in choices:
-        return value.strip()
-    if optional:
-        raise ValueError(f"allowed values are {', '.join(choices)} or None (the default)")
-    raise ValueError(f"allowed values are {', '.join(choices[:-1])} or {choices[-1]}")
-
-
-def parse_path(value: Any) -> str | None:
-    if _is_none(value):
-        return None
-    if isinstance(value, (str, Path)):
-        return str(value)
-    raise ValueError("allowed values are a path (a string) or None")
-
-
-def parse_platform(value: Any) -> str | None:
-    if _is_none(value):
-        return None
-    if not isinstance(value, (str, Path)):
-        raise ValueError("allowed values are a platform name or YAML path, or None")
-    return find_platform(str(value))
 
 
 def _owned_keys_refused(items: list[str]) -> list[str]:
@@ -173,51 +115,74 @@ def _owned_keys_refused(items: list[str]) -> list[str]:
     return items
 
 
-def _one_of(*choices: str) -> BeforeValidator:
-    return BeforeValidator(partial(parse_choice, choices=choices, optional=False))
+def _platform_path(value: str | None) -> str | None:
+    return None if value is None else str(find_platform(value)[1])
 
 
-Flag = Annotated[bool, BeforeValidator(parse_bool)]
-Count = Annotated[int, BeforeValidator(partial(parse_int, low=1))]
-OptionalCount = Annotated[int | None, BeforeValidator(partial(parse_int, low=1, optional=True))]
-OptionalNumber = Annotated[int | None, BeforeValidator(partial(parse_int, low=0, optional=True))]
-OptionalPath = Annotated[str | None, BeforeValidator(parse_path)]
-Overrides = Annotated[list[str], BeforeValidator(parse_overrides)]
-OptionalVariant = Annotated[
-    Variant | None, BeforeValidator(partial(parse_choice, choices=get_args(Variant)))
-]
-OptionalDtype = Annotated[
-    Dtype | None, BeforeValidator(partial(parse_choice, choices=get_args(Dtype)))
-]
+class Parameters(StrictInput):
+    """Parameters a user gives: read as the configuration reads its values, and also as Python
+    and papermill write them: None (any case, or an empty string) for null, a path object."""
+
+    model_config = ConfigDict(validate_assignment=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _python_spellings(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            return values
+        fields = cls.model_fields
+        spelled = {}
+        for name, value in values.items():
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            optional = name in fields and fields[name].default is None
+            if optional and isinstance(value, str) and value.strip().lower() in _NONE_WORDS:
+                value = None
+            spelled[name] = value
+        return spelled
+
+    @classmethod
+    def build(cls, spell: Callable[[str, str], str] | None = None, **values: Any) -> Self:
+        """Validate ``values``; a :class:`RequestError` names every bad parameter, written by
+        ``spell(field, value)`` as its user gave it (default: ``parameter field=value``)."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as err:
+            raise RequestError(describe_errors(err, sorted(cls.model_fields), spell)) from None
 
 
-class MeasurementRequest(BaseModel):
+Count = Annotated[int, Field(ge=1)]
+Overrides = Annotated[list[str], BeforeValidator(override_list)]
+PlanName = Annotated[str, BeforeValidator(parse_plan_name)]
+
+
+class MeasurementRequest(Parameters):
     """One measurement: memory and step time (``kind="memory"``) or checkpointing parity."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Annotated[Literal["memory", "parity"], _one_of(MEMORY, PARITY)] = Field(
+    kind: Literal["memory", "parity"] = Field(
         MEMORY, description="memory (peak memory and step time) or parity (checkpointing parity)"
     )
     batch_size: Count = Field(1, description="events per step, an integer >= 1")
-    batching: Annotated[Batching, _one_of(*get_args(Batching))] = Field(
+    batching: Batching = Field(
         "padded",
         description="padded: every event filled to the batch's longest (the recipe's); packed: "
         "the events in one stream of hits, each rounded up on its own",
     )
-    checkpointing: Annotated[str, BeforeValidator(parse_plan_name)] = Field(
+    checkpointing: PlanName = Field(
         "off",
         description=f"activation checkpointing plan of the HEPTv2 layers (memory only): "
         f"{PLAN_WORDS} (a plan per step within model.heptv2.memory_budget_gib); true/false "
         "mean full/off",
     )
-    steps: OptionalCount = Field(
+    steps: int | None = Field(
         None,
+        ge=1,
         description="counted steps (memory only); None: "
         + ", ".join(f"{v['steps']} on {k}" for k, v in DEFAULT_STEPS.items()),
     )
-    warmup: OptionalNumber = Field(
+    warmup: int | None = Field(
         None,
+        ge=0,
         description="uncounted warm-up steps (memory only); None: "
         + ", ".join(f"{v['warmup']} on {k}" for k, v in DEFAULT_STEPS.items()),
     )
@@ -226,30 +191,30 @@ class MeasurementRequest(BaseModel):
         description="memory only: both passes (the timed steps, then the same steps under the "
         "memory meter), timing only (a repeat of a study's step-time comparison), or memory only",
     )
-    deterministic: Flag = Field(False, description="torch.use_deterministic_algorithms(True)")
-    variant: OptionalVariant = Field(None, description="model.variant; None: the recommended model")
-    platform: Annotated[str | None, BeforeValidator(parse_platform)] = Field(
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms(True)")
+    variant: Variant | None = Field(None, description="model.variant; None: the recommended model")
+    platform: Annotated[str | None, AfterValidator(_platform_path)] = Field(
         None, description="platform profile (name or YAML path); None: this machine"
     )
-    allocator: Annotated[Literal["platform", "default"], _one_of("platform", "default")] = Field(
+    allocator: Literal["platform", "default"] = Field(
         "platform",
         description="memory only: platform applies the platform profile's host allocator "
         "settings inside the measuring process at the start of the measurement (on a CPU "
         "without a platform, local_cpu's: glibc keeps freed memory); default: the allocator as "
         "it comes, as an unconfigured training sees it",
     )
-    data_dir: OptionalPath = Field(None, description="TFDS data directory; None: data.data_dir")
-    dtype: OptionalDtype = Field(None, description="float32 or bfloat16; None: platform or config")
-    seed: OptionalNumber = Field(
-        None, description="initialisation and event-selection seed; None: train.seed"
+    data_dir: str | None = Field(None, description="TFDS data directory; None: data.data_dir")
+    dtype: Dtype | None = Field(None, description="float32 or bfloat16; None: platform or config")
+    seed: int | None = Field(
+        None, ge=0, description="initialisation and event-selection seed; None: train.seed"
     )
     overrides: Annotated[Overrides, AfterValidator(_owned_keys_refused)] = Field(
         default_factory=list, description="dotted configuration overrides KEY=VALUE"
     )
-    output: OptionalPath = Field(
+    output: str | None = Field(
         None, description=f"report path; None: {SCRATCH_DIR}/NAME.json (NAME: the report name)"
     )
-    progress: Flag = Field(True, description="progress bar (display only)")
+    progress: bool = Field(True, description="progress bar (display only)")
     #: the platform profile, read once when the request is validated
     _profile: PlatformConfig | None = PrivateAttr(None)
 
@@ -272,17 +237,6 @@ class MeasurementRequest(BaseModel):
         if self.warmup is None:
             self.warmup = defaults["warmup"]
         return self
-
-    @classmethod
-    def build(
-        cls, spell: Callable[[str, str], str] | None = None, **values: Any
-    ) -> MeasurementRequest:
-        """Validate ``values``; a :class:`RequestError` names every bad parameter, written by
-        ``spell(field, value)`` as its user gave it (default: ``parameter field=value``)."""
-        try:
-            return cls.model_validate(values)
-        except ValidationError as err:
-            raise RequestError(describe_errors(err, sorted(cls.model_fields), spell)) from None
 
     # ---------------------------------------------------------------- what it resolves to
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf.errors import OmegaConfBaseException
 
-from heptstudy.config import Config, PlatformConfig, _parse_overrides, merge, validate
+from heptstudy.config import Config, PlatformConfig, merge, parse_overrides, validate
 from heptstudy.errors import ConfigError
 from heptstudy.scenario import rules
 from heptstudy.scenario.model import Scenario, find_platform, load_scenario
@@ -134,7 +134,7 @@ def resolve(
             sc,
             name,
             plat,
-            _parse_overrides(shared + list((variant_overrides or {}).get(name, ()))),
+            parse_overrides(shared + list((variant_overrides or {}).get(name, ()))),
         )
         for name in sc.variants
     }

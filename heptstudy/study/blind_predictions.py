@@ -8,7 +8,6 @@ from pathlib import Path
 
 from heptstudy.data.batching import dataset_for
 from heptstudy.estimate import predictions
-from heptstudy.measure.request import find_platform
 from heptstudy.paths import resolve_in_repo
 from heptstudy.study.matrix import load_matrix
 
@@ -50,7 +49,7 @@ def predict_matrix(matrix_path: str, data_dir: str | None, progress=print, jobs:
         else:
             todo[run.name] = request.batch_size * (request.warmup + request.steps)
             if request.platform:
-                platforms.append(Path(find_platform(request.platform)))
+                platforms.append(Path(request.platform))  # found when the request was validated
             if synthetic is None:
                 config = request.resolve().config
                 synthetic = bool(dataset_for(config, "train").metadata.get("synthetic"))

@@ -9,11 +9,7 @@ from typing import Any
 
 from heptstudy.config import read_yaml
 from heptstudy.errors import ConfigError, HeptstudyError
-from heptstudy.measure.request import (
-    NOTEBOOK_PARAMETERS,
-    MeasurementRequest,
-    parse_overrides,
-)
+from heptstudy.measure.request import NOTEBOOK_PARAMETERS, MeasurementRequest, override_list
 from heptstudy.names import check_name
 from heptstudy.study.common import MEMORY, NOTEBOOKS, StudyError
 
@@ -26,7 +22,7 @@ ALLOCATOR_LINES = ("platform", "default")
 
 def _overrides(mapping: dict[str, Any], where: str) -> list[str]:
     try:
-        return parse_overrides(mapping["overrides"])
+        return override_list(mapping["overrides"])
     except ValueError as err:
         raise StudyError(f"{where}: parameter overrides={mapping['overrides']!r}: {err}") from None
 

@@ -7,22 +7,20 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import Field
 
-from heptstudy.config import Config, load_config, parse_plan_name
+from heptstudy.config import Config, load_config
 from heptstudy.data.batching import to_device
 from heptstudy.locks import LOCK_NAME, holding
 from heptstudy.measure.parity import build_seeded
 from heptstudy.measure.request import (
     Count,
-    OptionalNumber,
-    OptionalPath,
     Overrides,
-    RequestError,
+    Parameters,
+    PlanName,
     check_parameters,
-    describe_errors,
     injected_parameters,
 )
 from heptstudy.meters.memory import make_meter
@@ -32,25 +30,16 @@ from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import run_step
 
 
-class PipelineParameters(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    out_dir: OptionalPath = "experiments/pipeline"
+class PipelineParameters(Parameters):
+    out_dir: str | None = "experiments/pipeline"
     batch_size: Count = 2
     num_steps: Count = 4
     val_freq: Count = 2
     checkpoint_freq: Count = 2
-    checkpointing: Annotated[str, BeforeValidator(parse_plan_name)] = "full"
-    data_dir: OptionalPath = None
-    seed: OptionalNumber = None
+    checkpointing: PlanName = "full"
+    data_dir: str | None = None
+    seed: int | None = Field(None, ge=0)
     overrides: Overrides = []
-
-    @classmethod
-    def build(cls, **values: Any) -> PipelineParameters:
-        try:
-            return cls.model_validate(values)
-        except ValidationError as err:
-            raise RequestError(describe_errors(err, sorted(cls.model_fields))) from None
 
     def config(self, out_dir: str | None = None) -> Config:
         train: dict[str, Any] = {
