@@ -13,8 +13,8 @@ from heptstudy.fitting.predict import (
     QUANTILES,
     FitAnswer,
     Tail,
+    batch_row,
     criterion_of,
-    gib,
     peak_mib,
 )
 from heptstudy.units import GIB, MIB
@@ -78,22 +78,7 @@ def _tail(model, quantity, plen, sampled, batch, world_size, num_steps, usable_m
 
 
 def _row(model, batch: int, slots: int, usable_mib: float, what: str, criterion: str):
-    per_event = slots / batch
-    worst = float(_peak(model, criterion, batch, slots))
-
-    def at(predict):
-        value = predict(batch, per_event)
-        return gib(value)
-
-    return {
-        "batch": what,
-        "longest_padded": None,
-        "padded_batch_hits": int(slots),
-        "allocated_gib": at(model.predict_allocated_mib),
-        "reserved_gib": at(model.predict_reserved_mib),
-        "reserved_expandable_gib": at(model.predict_reserved_expandable_mib),
-        "margin_gib": (usable_mib - worst) * MIB / GIB,
-    }
+    return batch_row(model, batch, slots / batch, usable_mib, what, criterion, slots=slots)
 
 
 def evaluate_packed(

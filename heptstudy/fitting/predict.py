@@ -111,14 +111,13 @@ def _tail(model, quantity, plen, batch, world_size, num_steps, usable_mib) -> Ta
     )
 
 
-def _batch_row(
-    model: MemoryModel, batch: int, longest: int, usable_mib: float, what: str, criterion: str
-):
+def batch_row(model, batch: int, longest, usable_mib: float, what: str, criterion: str, slots=None):
+    """One batch's predicted peaks; a packed batch (``slots``) is as long as its mean slots."""
     worst = float(peak_mib(model, criterion, batch, longest))
     return {
         "batch": what,
-        "longest_padded": int(longest),
-        "padded_batch_hits": int(longest) * batch,
+        "longest_padded": None if slots is not None else int(longest),
+        "padded_batch_hits": int(slots) if slots is not None else int(longest) * batch,
         "allocated_gib": gib(model.predict_allocated_mib(batch, longest)),
         "reserved_gib": gib(model.predict_reserved_mib(batch, longest)),
         "reserved_expandable_gib": gib(model.predict_reserved_expandable_mib(batch, longest)),
@@ -149,7 +148,7 @@ def evaluate(
     cdf = occupancy.batch_longest_cdf(plen, per_device_batch, levels)
     reserved = model.predict_reserved_mib(per_device_batch, levels)
     typical = [
-        _batch_row(
+        batch_row(
             model,
             per_device_batch,
             # the smallest padded length L with P(batch longest <= L) >= q
@@ -171,7 +170,7 @@ def evaluate(
         longest_event_hits=int(np.max(lengths)),
         criterion=tails[criterion],
         allocated_only=tails["allocated"],
-        worst_batch=_batch_row(
+        worst_batch=batch_row(
             model,
             per_device_batch,
             int(plen.max()),
