@@ -171,10 +171,8 @@ def _failure_report(
     elif isinstance(err, (CellTimeoutError, TimeoutError)):
         text = f"a cell ran past the matrix's cell_timeout_s ({type(err).__name__}: {str(err).strip()[:200]})"
     synthetic = False
-    try:
+    with contextlib.suppress(Exception):  # the data set itself may be what failed
         synthetic = bool(dataset_for(m.config, "train").metadata.get("synthetic", False))
-    except Exception:  # noqa: BLE001 - the data set itself may be what failed
-        pass
     # what the kernel's measurement would have applied (it did not get to say itself)
     allocator = AllocatorState(allocator_in_use().name, dict(m.allocator))
     fields: dict[str, Any] = dict(
@@ -193,18 +191,15 @@ def _failure_report(
         ),
     )
     if status == "oom":
+        cuda = m.device.type == "cuda"
+        total = torch.cuda.get_device_properties(m.device).total_memory if cuda else None
         fields["oom"] = rp.OomInfo(
             message=text.splitlines()[0][:500],
             batch_size=m.batch_size,
             padded_hits=[],
-            device_memory_bytes=(
-                torch.cuda.get_device_properties(m.device).total_memory
-                if m.device.type == "cuda"
-                else None
-            ),
+            device_memory_bytes=total,
         )
-    report = rp.BenchReport(**fields)
-    rp.write_report(report, report_path)
+    rp.write_report(rp.BenchReport(**fields), report_path)
     return status, text
 
 
@@ -415,13 +410,10 @@ def _move_aside_foreign(out: Path, prepared: list[Prepared], superseded: Superse
 
 
 def _remove_empty(folder: Path) -> None:
-    if not folder.is_dir():
-        return
-    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
+    subs = sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True)
+    for sub in [*subs, folder] if folder.is_dir() else ():
         with contextlib.suppress(OSError):
             sub.rmdir()
-    with contextlib.suppress(OSError):
-        folder.rmdir()
 
 
 def aggregate_study(
@@ -491,20 +483,8 @@ def render_html(notebook: str | os.PathLike, html: str | os.PathLike) -> Path:
     notebook, html = Path(notebook), Path(html)
     # nbconvert opens the output file itself, so it is pointed at the temporary one.
     with atomic_path(html, suffix=".html") as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "nbconvert",
-            "--to",
-            "html",
-            "--no-input",
-            "--output-dir",
-            str(tmp.parent.resolve()),
-            "--output",
-            tmp.stem,
-            str(notebook),
-        ]
+        cmd = [sys.executable, *"-m jupyter nbconvert --to html --no-input".split()]
+        cmd += ["--output-dir", str(tmp.parent.resolve()), "--output", tmp.stem, str(notebook)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise StudyError(
