@@ -50,13 +50,19 @@ def data_label(synthetic: bool | None) -> str:
     return {True: "synthetic data", False: "real data", None: "data unknown"}[synthetic]
 
 
-def _finish(fig, ax, tag: str) -> Any:
+def _finish(fig, ax, tag: str = "") -> Any:
     if tag:
         ax.text(
             0.02, 0.98, tag, transform=ax.transAxes, ha="left", va="top", fontsize=10, color="0.3"
         )
     fig.tight_layout()
     return fig
+
+
+def _group(n: int) -> list[tuple[float, float]]:
+    """(offset, width) of each of ``n`` bars side by side around a tick."""
+    width = 0.8 / max(n, 1)
+    return [((j - (n - 1) / 2) * width, width) for j in range(n)]
 
 
 def run_steps(steps, title: str = "") -> Any:
@@ -73,12 +79,9 @@ def run_steps(steps, title: str = "") -> Any:
             "memory [MiB]",
         ),
     ):
-        width = 0.8 / len(cols)
-        for j, (col, label) in enumerate(cols):
+        for (col, label), (shift, width) in zip(cols, _group(len(cols)), strict=True):
             y = steps[col].astype(float).to_numpy()
-            bars = ax.bar(
-                x + (j - (len(cols) - 1) / 2) * width, np.nan_to_num(y), width, label=label
-            )
+            bars = ax.bar(x + shift, np.nan_to_num(y), width, label=label)
             for b, c in zip(bars, counted, strict=True):
                 if not c:
                     b.set_hatch("//")
@@ -91,8 +94,7 @@ def run_steps(steps, title: str = "") -> Any:
             ax.legend(loc="upper center", ncol=2)
     if title:
         fig.suptitle(title, fontsize=12)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def memory_categories(
@@ -110,8 +112,7 @@ def memory_categories(
         ax.text(v, i, f" {v:,.1f}", va="center", fontsize=10)
     ax.set_xlabel("live MiB at the step's peak")
     ax.set_title(title, fontsize=12)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def _memory_by_module(by_module: dict[str, dict[str, int]], title: str, top: int) -> Any:
@@ -134,8 +135,7 @@ def _memory_by_module(by_module: dict[str, dict[str, int]], title: str, top: int
     ax.set_xlim(0, left.max() * 1.2 if len(left) else 1)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title, fontsize=12)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 #: padded batches drawn solid with dots, packed ones dashed with diamonds
@@ -214,12 +214,9 @@ def _set_batch_ticks(ax, *frames) -> None:
 def percent_vs_batch(comp, columns: list[tuple[str, str]], ylabel: str, tag: str = "") -> Any:
     fig, ax = _ax()
     x = np.arange(len(comp))
-    width = 0.8 / max(len(columns), 1)
-    for j, (col, label) in enumerate(columns):
+    for (col, label), (shift, width) in zip(columns, _group(len(columns)), strict=True):
         y = comp[col].astype(float).to_numpy()
-        bars = ax.bar(
-            x + (j - (len(columns) - 1) / 2) * width, np.nan_to_num(y), width, label=label
-        )
+        bars = ax.bar(x + shift, np.nan_to_num(y), width, label=label)
         for b, v in zip(bars, y, strict=True):
             if np.isfinite(v):
                 ax.annotate(
@@ -250,18 +247,12 @@ def parity_gradients(reports) -> Any:
     for _, r in reports:
         if r.kind != "parity" or r.status != "ok" or r.parity is None:
             continue
-        c = np.array([g.rel_l2 for g in r.parity.checkpointed_vs_baseline.gradients])
-        rep = np.array([g.rel_l2 for g in r.parity.repeat_vs_baseline.gradients])
-        floor = 1e-12
-        ax.scatter(
-            np.maximum(rep, floor),
-            np.maximum(c, floor),
-            s=14,
-            alpha=0.7,
-            label=f"{r.name} ({len(c)} gradients)",
+        rep, c = (
+            np.maximum([g.rel_l2 for g in pair.gradients], 1e-12)
+            for pair in (r.parity.repeat_vs_baseline, r.parity.checkpointed_vs_baseline)
         )
-        both = np.concatenate([np.maximum(rep, floor), np.maximum(c, floor)])
-        lo, hi = min(lo, both.min()), max(hi, both.max())
+        ax.scatter(rep, c, s=14, alpha=0.7, label=f"{r.name} ({len(c)} gradients)")
+        lo, hi = min(lo, rep.min(), c.min()), max(hi, rep.max(), c.max())
         drawn = True
     if drawn:
         lo, hi = lo / 2, max(hi * 2, lo * 10)
@@ -275,8 +266,7 @@ def parity_gradients(reports) -> Any:
         ax.text(0.5, 0.5, "no parity reports", ha="center", transform=ax.transAxes)
     ax.set_xlabel("repeat vs baseline: gradient rel. L2 (1e-12 = equal)")
     ax.set_ylabel("checkpointed vs baseline: gradient rel. L2")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = None) -> Any:
@@ -316,8 +306,7 @@ def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = No
             f"{stats['dataset']} configs {','.join(stats['configs'])} ({kind})", fontsize=12
         )
     ax.legend(loc="upper right", fontsize=9)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def event_hits(batch, event: int = 0, synthetic: bool | None = None) -> Any:
@@ -343,8 +332,7 @@ def event_hits(batch, event: int = 0, synthetic: bool | None = None) -> Any:
         fontsize=12,
     )
     ax.legend(loc="upper right", markerscale=4, fontsize=9)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def lsh_buckets(
@@ -397,8 +385,7 @@ def lsh_buckets(
         fontsize=12,
     )
     ax.legend(loc="upper right", fontsize=8, ncol=2, markerscale=1)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def memory_timeline(steps: dict[str, Any]) -> Any:
@@ -434,8 +421,7 @@ def memory_timeline(steps: dict[str, Any]) -> Any:
     ax.set_ylabel("live tensor memory [MiB]")
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 POLICY_COLORS = {
