@@ -35,21 +35,10 @@ def launch_command(
     sizes = ["--nnodes", str(platform.nodes), "--nproc-per-node", str(platform.devices_per_node)]
     if platform.launcher == "torchrun":
         return ["torchrun", "--standalone", *sizes, *MODULE_TRAIN, *tail]
-    return [
-        "srun",
-        "--ntasks-per-node=1",
-        f"--cpus-per-task={platform.cpus_per_task}",
-        "torchrun",
-        *sizes,
-        "--rdzv-id",
-        Expand("${SLURM_JOB_ID}"),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        Expand("${MASTER_ADDR}:${MASTER_PORT}"),
-        *MODULE_TRAIN,
-        *tail,
-    ]
+    srun = ["srun", "--ntasks-per-node=1", f"--cpus-per-task={platform.cpus_per_task}"]
+    rdzv = ["--rdzv-id", Expand("${SLURM_JOB_ID}"), "--rdzv-backend", "c10d", "--rdzv-endpoint"]
+    rdzv.append(Expand("${MASTER_ADDR}:${MASTER_PORT}"))
+    return [*srun, "torchrun", *sizes, *rdzv, *MODULE_TRAIN, *tail]
 
 
 def shell_join(cmd: Sequence[str]) -> str:
