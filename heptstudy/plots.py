@@ -336,13 +336,7 @@ def event_hits(batch, event: int = 0, synthetic: bool | None = None) -> Any:
 
 
 def lsh_buckets(
-    model,
-    batch,
-    layer: int = 0,
-    round_: int = 0,
-    head: int = 0,
-    event: int = 0,
-    highlight: int = 6,
+    model, batch, layer: int = 0, round_: int = 0, head: int = 0, event: int = 0, highlight: int = 6
 ) -> Any:
     """The LSH buckets of one layer, round and head on one event, a few drawn large (shape)."""
     import torch

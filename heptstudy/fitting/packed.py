@@ -130,9 +130,6 @@ def evaluate_packed(
             model, per_device_batch, worst, usable_mib, "holding the longest events", criterion
         ),
         typical_batches=typical,
-        curve={
-            "batch_slots": levels.tolist(),
-            "p_batch_slots_at_most": cdf.tolist(),
-        },
+        curve={"batch_slots": levels.tolist(), "p_batch_slots_at_most": cdf.tolist()},
         batching="packed",
     )

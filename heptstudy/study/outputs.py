@@ -55,9 +55,7 @@ def default_figures(out: Path) -> Path:
 
 
 def study_folders(
-    out: str | os.PathLike | None,
-    figures: str | os.PathLike | None,
-    reference: str | None,
+    out: str | os.PathLike | None, figures: str | os.PathLike | None, reference: str | None
 ) -> StudyFolders:
     """A reference study by name, else ``--out``; a committed folder needs ``reference``."""
     if reference is not None:

@@ -15,13 +15,7 @@ import torch
 
 from heptstudy.data.tfds import parse_dataset
 from heptstudy.fingerprint import canonical, code_state, digest
-from heptstudy.measure.report import (
-    ReportError,
-    device_name,
-    read_report,
-    short_repr,
-    write_report,
-)
+from heptstudy.measure.report import ReportError, device_name, read_report, short_repr, write_report
 from heptstudy.paths import resolve_in_repo
 
 

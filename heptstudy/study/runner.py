@@ -141,11 +141,7 @@ def _papermill(
 
 
 def _failure_report(
-    run: Run,
-    report_path: Path,
-    err: BaseException,
-    *,
-    measurement=None,
+    run: Run, report_path: Path, err: BaseException, *, measurement=None
 ) -> tuple[str, str]:
     """Write a report saying why a run produced none: out of memory, a dead kernel, an error."""
     import torch
