@@ -31,8 +31,7 @@ def _data_dir(args: argparse.Namespace) -> str:
 def _writable_folder(folder: str | Path, option: str) -> Path:
     """Refuse, before any work, a folder that could not be created or written. Creates nothing."""
     folder = Path(folder)
-    problem = folder_write_problem(folder)
-    if problem is not None:
+    if (problem := folder_write_problem(folder)) is not None:
         raise DataError(
             f"{option} {str(folder)!r} cannot be written ({problem}); nothing was generated or "
             f"measured. Give {option} a folder you can write to"

@@ -20,8 +20,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     if args.what == "validate":
         return _cmd_validate(args)
     needed = {"--platform": args.platform, "--per-device-batch": args.per_device_batch}
-    missing = [flag for flag, value in needed.items() if value is None]
-    if missing:
+    if missing := [flag for flag, value in needed.items() if value is None]:
         raise HeptstudyError(
             f"heptstudy fit needs {' and '.join(missing)} (e.g. --platform h100 "
             "--per-device-batch 48); `heptstudy fit validate` checks the estimator instead"

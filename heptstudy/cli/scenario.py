@@ -52,8 +52,7 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
     print(summary(res))
-    warning = fit_warning(res)
-    if warning:
+    if warning := fit_warning(res):
         print(f"warning: {warning}", file=sys.stderr)
     if args.dry_run:
         print("dry run: nothing was launched; the launch commands are")

@@ -416,8 +416,7 @@ def open_dataset(
                 f"{sorted(info.splits)}; use one of them"
             )
         feats = info.features
-        missing = [k for k in FEATURE_KEYS if k not in feats]
-        if missing:
+        if missing := [k for k in FEATURE_KEYS if k not in feats]:
             raise DataError(
                 f"{name}/{config}:{version} lacks the features {missing} (it has "
                 f"{sorted(feats)}); the study needs {list(FEATURE_KEYS)}"
@@ -485,8 +484,7 @@ def _check_against_folder(info, path: Path, name: str, config: str, version: str
         )
     listed = {Path(str(f)).name for s in info.splits.values() for f in s.filepaths}
     present = {f.name for f in path.glob(f"{name}-*.array_record-*")}
-    extra = sorted(present - listed)
-    if extra:
+    if extra := sorted(present - listed):
         raise DataError(
             f"{str(path)!r} holds {len(extra)} ArrayRecord file(s) that no split of "
             f"{str(meta)!r} lists ({', '.join(extra[:3])}{', ...' if extra[3:] else ''}): its "
@@ -506,8 +504,7 @@ def _shard_files(split_info, path: Path, name, config, version, split) -> list[t
         "copy it again from where the data set came from, or regenerate synthetic data (remove "
         f"{str(path)!r}, then run `heptstudy data generate`)"
     )
-    missing = [f.name for f, _ in listed if not f.is_file()]
-    if missing:
+    if missing := [f.name for f, _ in listed if not f.is_file()]:
         raise DataError(
             f"{name}/{config}:{version} {split} lacks {len(missing)} of its {len(listed)} "
             f"ArrayRecord files listed in {str(path / 'dataset_info.json')!r}: "

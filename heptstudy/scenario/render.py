@@ -167,8 +167,7 @@ def render(
             f"render folder {str(out)!r} holds a line break or control character; the launch "
             "scripts list it one path a line: choose a plain folder name"
         )
-    problem = folder_write_problem(out, create=True)
-    if problem is not None:
+    if (problem := folder_write_problem(out, create=True)) is not None:
         raise ConfigError(
             f"cannot write the rendered files to {str(out)!r}: {problem}; nothing was rendered. "
             "Choose a writable folder (--out / --render-dir) or fix its permissions"

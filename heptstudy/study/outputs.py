@@ -104,8 +104,7 @@ def aggregate_folders(
 def check_writable(*folders: Path) -> None:
     """Create each folder and a file in it (removed again), or stop before anything runs."""
     for folder in folders:
-        problem = folder_write_problem(folder, create=True)
-        if problem is not None:
+        if (problem := folder_write_problem(folder, create=True)) is not None:
             raise StudyError(
                 f"cannot write to {shown(folder)}: {problem}; nothing was measured. Choose a "
                 "writable folder (--out / --figures) or fix its permissions"

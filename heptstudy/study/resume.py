@@ -137,8 +137,7 @@ def stamp(path: Path, fingerprint: str, identity: dict[str, Any]) -> str:
         return f"report unreadable: {str(err).splitlines()[0]}"
     if report.status == "error":
         return ""
-    differs = mismatches(report, identity)
-    if differs:
+    if differs := mismatches(report, identity):
         return "not resumable, the report differs from the run: " + "; ".join(differs)
     write_report(report.model_copy(update={"fingerprint": fingerprint}), path)
     return ""

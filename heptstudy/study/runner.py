@@ -338,8 +338,7 @@ def run_study(
     with holding_all((out, "study folder (--out)"), (folders.figures, "figures folder")):
         superseded = Superseded(out)
         done = StudyRun(folders)
-        foreign = _move_aside_foreign(out, prepared, superseded)
-        if foreign:
+        if foreign := _move_aside_foreign(out, prepared, superseded):
             print(
                 f"moved {len(foreign)} report(s) of runs not in this matrix to "
                 f"{shown(superseded.folder)}/: {', '.join(foreign)}"
