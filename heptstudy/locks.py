@@ -149,9 +149,7 @@ def holding(folder: str | os.PathLike, what: str) -> Iterator[Path]:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[
-            :300
-        ],
+        "command": " ".join([os.path.basename(a) for a in sys.argv[:1]] + sys.argv[1:])[:300],
     }
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)

@@ -43,17 +43,10 @@ def fit_figure(models: list[MemoryModel], synthetic: bool = False):
             s=14,
             label=f"{m.source} {m.key.get('device_kind')}, checkpointing {ck}: allocated",
         )
-        if m.reserved_points:
-            ax.scatter(
-                [p.padded_batch_hits for p in m.reserved_points],
-                [p.peak_mib for p in m.reserved_points],
-                color=color,
-                marker="x",
-                s=20,
-                label=f"reserved ({m.reserved.ratio:.2f} x allocated)"
-                if m.reserved
-                else "reserved",
-            )
+        if rp := m.reserved_points:
+            ratio = f" ({m.reserved.ratio:.2f} x allocated)" if m.reserved else ""
+            xs, ys = [p.padded_batch_hits for p in rp], [p.peak_mib for p in rp]
+            ax.scatter(xs, ys, color=color, marker="x", s=20, label=f"reserved{ratio}")
         top = max(p.padded_batch_hits for p in pts) * 1.05
         for b in sorted({p.batch_size for p in pts}):
             xs = np.linspace(b, top, 50)
