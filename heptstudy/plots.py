@@ -155,15 +155,9 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
             sel = of_kind[(of_kind["checkpointing"] == ckpt) & of_kind[column].notna()]
             if sel.empty:
                 continue
-            sel = sel.sort_values("batch_size")
+            sel, label = sel.sort_values("batch_size"), LABELS[ckpt] + suffix
             ax.plot(
-                sel["batch_size"],
-                sel[column],
-                style,
-                color=COLORS[ckpt],
-                label=LABELS[ckpt] + suffix,
-                lw=2,
-                ms=7,
+                sel["batch_size"], sel[column], style, color=COLORS[ckpt], label=label, lw=2, ms=7
             )
             for b, v in zip(sel["batch_size"], sel[column], strict=True):
                 ax.annotate(
@@ -179,16 +173,9 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
         for ckpt in (False, True):
             sel = oom[oom["checkpointing"] == ckpt]
             if not sel.empty:
-                ax.plot(
-                    sel["batch_size"],
-                    [top] * len(sel),
-                    "x",
-                    color=COLORS[ckpt],
-                    ms=12,
-                    mew=3,
-                    label=f"{LABELS[ckpt]}: out of memory / failed",
-                    clip_on=False,
-                )
+                label = f"{LABELS[ckpt]}: out of memory / failed"
+                marks = dict(color=COLORS[ckpt], ms=12, mew=3, label=label, clip_on=False)
+                ax.plot(sel["batch_size"], [top] * len(sel), "x", **marks)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size [events]")
     ax.set_ylabel(ylabel)
@@ -460,34 +447,21 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
         order = ["off", *auto_order(policies, b)]
         path = group.set_index("policy").reindex(order).dropna(subset=["mean_step_s"])
         if len(path) > 1:
-            ax.plot(
-                path["mean_step_s"],
-                path["peak_allocated_mib"],
-                "--",
-                color="#c44e52",
-                lw=1.2,
-                zorder=1,
-                label=f"auto's order (batch {int(b)}): {', '.join(order)}",
-            )
+            label = f"auto's order (batch {int(b)}): {', '.join(order)}"
+            xy = path["mean_step_s"], path["peak_allocated_mib"]
+            ax.plot(*xy, "--", color="#c44e52", lw=1.2, zorder=1, label=label)
         g = group.dropna(subset=["mean_step_s", "peak_allocated_mib"]).sort_values("mean_step_s")
         ax.plot(g["mean_step_s"], g["peak_allocated_mib"], "-", color="0.75", lw=1, zorder=1)
         for i, (_, row) in enumerate(g.iterrows()):
-            pol = row["policy"]
-            ax.plot(
-                row["mean_step_s"],
-                row["peak_allocated_mib"],
-                "o",
-                ms=9,
-                color=POLICY_COLORS.get(pol, "0.3"),
-                zorder=2,
-            )
+            pol, here = row["policy"], (row["mean_step_s"], row["peak_allocated_mib"])
+            ax.plot(*here, "o", ms=9, color=POLICY_COLORS.get(pol, "0.3"), zorder=2)
             text = f"{pol} (batch {int(b)})"
             if pol != "off":
                 cut, over = row["allocated_cut_pct"], row["step_time_overhead_pct"]
                 text += f"\n{cut:.0f}% memory cut, {over:+.0f}% step time"
             ax.annotate(
                 text,
-                (row["mean_step_s"], row["peak_allocated_mib"]),
+                here,
                 textcoords="offset points",
                 # neighbours in step time often lie close: their labels alternate above and below
                 xytext=(7, 4) if i % 2 == 0 else (7, -26),
