@@ -266,25 +266,13 @@ def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = No
     top = max(values + list(measured or []) + [1])
     bins = np.linspace(0, top * 1.05 + 1, 50)
     if stats:
-        ax.hist(
-            values,
-            bins=bins,
-            histtype="stepfilled",
-            alpha=0.35,
-            color="#4c72b0",
-            label=f"{stats['split']} split ({stats['num_events']} events)",
-        )
+        label = f"{stats['split']} split ({stats['num_events']} events)"
+        ax.hist(values, bins=bins, histtype="stepfilled", alpha=0.35, color="#4c72b0", label=label)
         med = stats["total"]["quantiles"]["p50"]
         ax.axvline(med, color="k", ls="--", lw=1, label=f"median {med:,.0f}")
     if measured:
-        ax.hist(
-            measured,
-            bins=bins,
-            histtype="step",
-            lw=2,
-            color="#d62728",
-            label=f"events of the counted steps ({len(measured)}, repeats included)",
-        )
+        label = f"events of the counted steps ({len(measured)}, repeats included)"
+        ax.hist(measured, bins=bins, histtype="step", lw=2, color="#d62728", label=label)
     ax.set_xlabel("hits per event")
     ax.set_ylabel("events")
     if stats:
@@ -350,15 +338,8 @@ def lsh_buckets(
     picks = np.linspace(0, nb - 1, min(highlight, nb)).astype(int)
     for k, b in enumerate(picks):
         sel = bucket == b
-        ax.scatter(
-            coords[sel, 0],
-            coords[sel, 1],
-            s=18,
-            color=f"C{k % 10}",
-            edgecolor="k",
-            lw=0.3,
-            label=f"bucket {b}",
-        )
+        xy = coords[sel, 0], coords[sel, 1]
+        ax.scatter(*xy, s=18, color=f"C{k % 10}", edgecolor="k", lw=0.3, label=f"bucket {b}")
     ax.set_xlabel(r"$\eta$")
     ax.set_ylabel(r"$\phi$")
     ax.set_title(
@@ -378,13 +359,8 @@ def memory_timeline(steps: dict[str, Any]) -> Any:
         t = np.array(mem.timeline, dtype=float)
         base = (mem.baseline_bytes or 0) / MIB
         color = list(COLORS.values())[i % 2]
-        ax.plot(
-            t[:, 0],
-            t[:, 1] / MIB,
-            lw=1.2,
-            color=color,
-            label=f"{label}: peak {t[:, 1].max() / MIB:,.0f} MiB",
-        )
+        peak = f"{label}: peak {t[:, 1].max() / MIB:,.0f} MiB"
+        ax.plot(t[:, 0], t[:, 1] / MIB, lw=1.2, color=color, label=peak)
         for op, mark in mem.marks:
             if mark == "backward":
                 ax.axvline(op, color=color, ls=":", lw=1)
@@ -563,16 +539,9 @@ def overhead_spread_figure(over, tag: str = "") -> Any:
         lo = med - part["overhead_min_pct"].astype(float).to_numpy()
         hi = part["overhead_max_pct"].astype(float).to_numpy() - med
         label = policy if line == "platform" else f"{policy} (allocator as it comes)"
-        ax.bar(
-            xs,
-            med,
-            width,
-            yerr=np.vstack([lo, hi]),
-            capsize=3,
-            color=cycle[j % len(cycle)],
-            hatch="//" if line != "platform" else None,
-            label=label,
-        )
+        colour, hatch = cycle[j % len(cycle)], "//" if line != "platform" else None
+        err = np.vstack([lo, hi])
+        ax.bar(xs, med, width, yerr=err, capsize=3, color=colour, hatch=hatch, label=label)
         for x, v, n in zip(xs, med, part["rounds"], strict=True):
             ax.annotate(
                 f"{v:.0f}%\n({int(n)})",
