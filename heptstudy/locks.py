@@ -89,11 +89,8 @@ def _open_locked(lock: Path, what: str) -> tuple[int, dict] | dict:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             os.close(fd)
-            kind = (
-                "is not a regular file"
-                if not stat.S_ISREG(st.st_mode)
-                else (f"is a hard link (one of {st.st_nlink} names of the same file)")
-            )
+            link = f"is a hard link (one of {st.st_nlink} names of the same file)"
+            kind = link if stat.S_ISREG(st.st_mode) else "is not a regular file"
             raise _refuse_foreign(lock, what, kind)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
