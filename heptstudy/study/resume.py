@@ -32,13 +32,8 @@ def device_identity(kind: str) -> dict[str, Any]:
         name = device_name("cpu")
     else:
         try:
-            res = subprocess.run(
-                [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
+            cmd = [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
             name = res.stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             name = None

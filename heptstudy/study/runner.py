@@ -129,15 +129,8 @@ class StudyRun:
 def _papermill(
     input_nb: Path, output_nb: Path, parameters: dict, timeout: int | None, cwd: Path
 ) -> None:
-    execute_notebook(
-        str(input_nb),
-        str(output_nb),
-        parameters=parameters,
-        kernel_name="python3",
-        progress_bar=False,
-        cwd=str(cwd),
-        execution_timeout=timeout,
-    )
+    options = dict(kernel_name="python3", progress_bar=False, execution_timeout=timeout)
+    execute_notebook(str(input_nb), str(output_nb), parameters=parameters, cwd=str(cwd), **options)
 
 
 def _failure_report(
