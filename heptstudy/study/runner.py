@@ -164,21 +164,11 @@ def _failure_report(
         synthetic = bool(dataset_for(m.config, "train").metadata.get("synthetic", False))
     # what the kernel's measurement would have applied (it did not get to say itself)
     allocator = AllocatorState(allocator_in_use().name, dict(m.allocator))
-    fields: dict[str, Any] = dict(
-        kind=m.request.kind,
-        status=status,
-        error=text[:2000],
-        **report_header(
-            m,
-            fresh_process=True,
-            synthetic=synthetic,
-            allocator=allocator,
-            notes=[
-                *notes,
-                f"recorded by heptstudy study run: {run.notebook}.ipynb did not write a report",
-            ],
-        ),
+    notes.append(f"recorded by heptstudy study run: {run.notebook}.ipynb did not write a report")
+    header = report_header(
+        m, fresh_process=True, synthetic=synthetic, allocator=allocator, notes=notes
     )
+    fields: dict[str, Any] = dict(kind=m.request.kind, status=status, error=text[:2000], **header)
     if status == "oom":
         cuda = m.device.type == "cuda"
         total = torch.cuda.get_device_properties(m.device).total_memory if cuda else None
