@@ -16,6 +16,7 @@ from heptstudy.fitting.predict import (
     batch_row,
     criterion_of,
     peak_mib,
+    quantile_batch,
 )
 from heptstudy.units import GIB, MIB
 
@@ -101,15 +102,9 @@ def evaluate_packed(
         q: _tail(model, q, plen, sampled, per_device_batch, world_size, num_steps, usable_mib)
         for q in {criterion, "allocated"}
     }
+    slots = {q: int(np.quantile(sampled, q, method="higher")) for q in QUANTILES}
     typical = [
-        _row(
-            model,
-            per_device_batch,
-            int(np.quantile(sampled, q, method="higher")),
-            usable_mib,
-            "median batch" if q == 0.5 else f"p{round(q * 100)} batch",
-            criterion,
-        )
+        _row(model, per_device_batch, slots[q], usable_mib, quantile_batch(q), criterion)
         for q in QUANTILES
     ]
     worst = int(np.sort(plen)[::-1][:per_device_batch].sum())

@@ -94,6 +94,10 @@ def largest_safe_batch(
     return lo
 
 
+def quantile_batch(q: float) -> str:
+    return "median batch" if q == 0.5 else f"p{round(q * 100)} batch"
+
+
 def _tail(model, quantity, plen, batch, world_size, num_steps, usable_mib) -> Tail:
     peaks = np.asarray(peak_mib(model, quantity, batch, plen), dtype=float)
     bad = int((peaks > usable_mib).sum())
@@ -147,18 +151,14 @@ def evaluate(
     levels = np.unique(plen)
     cdf = occupancy.batch_longest_cdf(plen, per_device_batch, levels)
     reserved = model.predict_reserved_mib(per_device_batch, levels)
+    # the smallest padded length L with P(batch longest <= L) >= q
+    at = np.minimum(np.searchsorted(cdf, np.array(QUANTILES) - 1e-12), len(levels) - 1)
+    longest = dict(zip(QUANTILES, levels[at].astype(int).tolist(), strict=True))
     typical = [
-        batch_row(
-            model,
-            per_device_batch,
-            # the smallest padded length L with P(batch longest <= L) >= q
-            int(levels[min(int(np.searchsorted(cdf, q - 1e-12)), len(levels) - 1)]),
-            usable_mib,
-            "median batch" if q == 0.5 else f"p{round(q * 100)} batch",
-            criterion,
-        )
+        batch_row(model, per_device_batch, longest[q], usable_mib, quantile_batch(q), criterion)
         for q in QUANTILES
     ]
+    what = "holding the longest event"
     return FitAnswer(
         per_device_batch=per_device_batch,
         world_size=world_size,
@@ -171,12 +171,7 @@ def evaluate(
         criterion=tails[criterion],
         allocated_only=tails["allocated"],
         worst_batch=batch_row(
-            model,
-            per_device_batch,
-            int(plen.max()),
-            usable_mib,
-            "holding the longest event",
-            criterion,
+            model, per_device_batch, int(plen.max()), usable_mib, what, criterion
         ),
         typical_batches=typical,
         curve={
