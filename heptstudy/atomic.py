@@ -116,8 +116,7 @@ def atomic_path(
     tmp = Path(name)
     try:
         yield tmp
-        fault = write_fault(str(path))
-        if fault is not None:
+        if (fault := write_fault(str(path))) is not None:
             raise fault
         _fsync(tmp)  # the rename must not reach the disk before the data does
         os.chmod(tmp, _final_mode(path))
@@ -165,8 +164,7 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
     if isinstance(value, (list, tuple)):
         items = enumerate(value)
     for key, item in items or ():
-        found = _non_finite(item, f"{where}.{key}" if where else str(key))
-        if found is not None:
+        if (found := _non_finite(item, f"{where}.{key}" if where else str(key))) is not None:
             return found
     return None
 
@@ -174,8 +172,7 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
 def json_text(value: Any, what: str) -> str:
     """``value`` as indented JSON text; NaN and the infinities, which are not JSON, are refused
     before anything is written."""
-    found = _non_finite(value)
-    if found is not None:
+    if (found := _non_finite(value)) is not None:
         raise NotJson(
             f"{what}: {found[0] or 'the value'} is {found[1]}, which JSON cannot hold; nothing "
             "was written. A result that is not a number is a failed measurement or a value out "
@@ -202,8 +199,7 @@ def write_text_or_keep(
         fd, tmp = tempfile.mkstemp(prefix=f"heptstudy-kept-{name}.", suffix=".txt")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fault = write_fault(tmp)
-                if fault is not None:
+                if (fault := write_fault(tmp)) is not None:
                     raise fault
                 fh.write(text)
         except BaseException:
@@ -224,8 +220,7 @@ def write_text_or_keep(
 def free_space_problem(folder: str | os.PathLike, need_bytes: int) -> str | None:
     """Why ``need_bytes`` will not fit in ``folder`` (its nearest existing parent), or None."""
     folder = Path(folder)
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if existing is None:
+    if (existing := next((p for p in (folder, *folder.parents) if p.exists()), None)) is None:
         return None
     try:
         st = os.statvfs(existing)

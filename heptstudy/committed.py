@@ -42,8 +42,7 @@ def committed_place(path: str | os.PathLike, what: str = "path") -> Committed | 
     """Where ``path`` lies in committed results, or None: tracked files, every path inside a
     reference folder unless git ignores it (a study's ``.pending/``), the top folders."""
     path = real_path(path, what)
-    repo = repository_of(path)
-    if repo is None:
+    if (repo := repository_of(path)) is None:
         return None
     rel = path.relative_to(repo)
     if git("check-ignore", "-q", "--", str(path), cwd=repo) is not None:
@@ -68,8 +67,7 @@ def _tracks(repo: Path, path: Path) -> bool:
 
 def refuse_committed(path: str | os.PathLike, flag: str, instead: str) -> None:
     """Refuse ``path`` in committed results; ``instead`` says where the user's own can go."""
-    place = committed_place(path, flag)
-    if place is None:
+    if (place := committed_place(path, flag)) is None:
         return
     shown = real_path(path).relative_to(place.repository)
     where = f"in the repository {place.repository}"

@@ -89,11 +89,8 @@ def _open_locked(lock: Path, what: str) -> tuple[int, dict] | dict:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             os.close(fd)
-            kind = (
-                "is not a regular file"
-                if not stat.S_ISREG(st.st_mode)
-                else (f"is a hard link (one of {st.st_nlink} names of the same file)")
-            )
+            link = f"is a hard link (one of {st.st_nlink} names of the same file)"
+            kind = link if stat.S_ISREG(st.st_mode) else "is not a regular file"
             raise _refuse_foreign(lock, what, kind)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -149,9 +146,7 @@ def holding(folder: str | os.PathLike, what: str) -> Iterator[Path]:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[
-            :300
-        ],
+        "command": " ".join([os.path.basename(a) for a in sys.argv[:1]] + sys.argv[1:])[:300],
     }
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)

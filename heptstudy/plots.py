@@ -50,13 +50,19 @@ def data_label(synthetic: bool | None) -> str:
     return {True: "synthetic data", False: "real data", None: "data unknown"}[synthetic]
 
 
-def _finish(fig, ax, tag: str) -> Any:
+def _finish(fig, ax, tag: str = "") -> Any:
     if tag:
         ax.text(
             0.02, 0.98, tag, transform=ax.transAxes, ha="left", va="top", fontsize=10, color="0.3"
         )
     fig.tight_layout()
     return fig
+
+
+def _group(n: int) -> list[tuple[float, float]]:
+    """(offset, width) of each of ``n`` bars side by side around a tick."""
+    width = 0.8 / max(n, 1)
+    return [((j - (n - 1) / 2) * width, width) for j in range(n)]
 
 
 def run_steps(steps, title: str = "") -> Any:
@@ -73,12 +79,9 @@ def run_steps(steps, title: str = "") -> Any:
             "memory [MiB]",
         ),
     ):
-        width = 0.8 / len(cols)
-        for j, (col, label) in enumerate(cols):
+        for (col, label), (shift, width) in zip(cols, _group(len(cols)), strict=True):
             y = steps[col].astype(float).to_numpy()
-            bars = ax.bar(
-                x + (j - (len(cols) - 1) / 2) * width, np.nan_to_num(y), width, label=label
-            )
+            bars = ax.bar(x + shift, np.nan_to_num(y), width, label=label)
             for b, c in zip(bars, counted, strict=True):
                 if not c:
                     b.set_hatch("//")
@@ -91,8 +94,7 @@ def run_steps(steps, title: str = "") -> Any:
             ax.legend(loc="upper center", ncol=2)
     if title:
         fig.suptitle(title, fontsize=12)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def memory_categories(
@@ -110,8 +112,7 @@ def memory_categories(
         ax.text(v, i, f" {v:,.1f}", va="center", fontsize=10)
     ax.set_xlabel("live MiB at the step's peak")
     ax.set_title(title, fontsize=12)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def _memory_by_module(by_module: dict[str, dict[str, int]], title: str, top: int) -> Any:
@@ -134,8 +135,7 @@ def _memory_by_module(by_module: dict[str, dict[str, int]], title: str, top: int
     ax.set_xlim(0, left.max() * 1.2 if len(left) else 1)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title, fontsize=12)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 #: padded batches drawn solid with dots, packed ones dashed with diamonds
@@ -155,15 +155,9 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
             sel = of_kind[(of_kind["checkpointing"] == ckpt) & of_kind[column].notna()]
             if sel.empty:
                 continue
-            sel = sel.sort_values("batch_size")
+            sel, label = sel.sort_values("batch_size"), LABELS[ckpt] + suffix
             ax.plot(
-                sel["batch_size"],
-                sel[column],
-                style,
-                color=COLORS[ckpt],
-                label=LABELS[ckpt] + suffix,
-                lw=2,
-                ms=7,
+                sel["batch_size"], sel[column], style, color=COLORS[ckpt], label=label, lw=2, ms=7
             )
             for b, v in zip(sel["batch_size"], sel[column], strict=True):
                 ax.annotate(
@@ -179,16 +173,9 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
         for ckpt in (False, True):
             sel = oom[oom["checkpointing"] == ckpt]
             if not sel.empty:
-                ax.plot(
-                    sel["batch_size"],
-                    [top] * len(sel),
-                    "x",
-                    color=COLORS[ckpt],
-                    ms=12,
-                    mew=3,
-                    label=f"{LABELS[ckpt]}: out of memory / failed",
-                    clip_on=False,
-                )
+                label = f"{LABELS[ckpt]}: out of memory / failed"
+                marks = dict(color=COLORS[ckpt], ms=12, mew=3, label=label, clip_on=False)
+                ax.plot(sel["batch_size"], [top] * len(sel), "x", **marks)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size [events]")
     ax.set_ylabel(ylabel)
@@ -214,12 +201,9 @@ def _set_batch_ticks(ax, *frames) -> None:
 def percent_vs_batch(comp, columns: list[tuple[str, str]], ylabel: str, tag: str = "") -> Any:
     fig, ax = _ax()
     x = np.arange(len(comp))
-    width = 0.8 / max(len(columns), 1)
-    for j, (col, label) in enumerate(columns):
+    for (col, label), (shift, width) in zip(columns, _group(len(columns)), strict=True):
         y = comp[col].astype(float).to_numpy()
-        bars = ax.bar(
-            x + (j - (len(columns) - 1) / 2) * width, np.nan_to_num(y), width, label=label
-        )
+        bars = ax.bar(x + shift, np.nan_to_num(y), width, label=label)
         for b, v in zip(bars, y, strict=True):
             if np.isfinite(v):
                 ax.annotate(
@@ -250,18 +234,12 @@ def parity_gradients(reports) -> Any:
     for _, r in reports:
         if r.kind != "parity" or r.status != "ok" or r.parity is None:
             continue
-        c = np.array([g.rel_l2 for g in r.parity.checkpointed_vs_baseline.gradients])
-        rep = np.array([g.rel_l2 for g in r.parity.repeat_vs_baseline.gradients])
-        floor = 1e-12
-        ax.scatter(
-            np.maximum(rep, floor),
-            np.maximum(c, floor),
-            s=14,
-            alpha=0.7,
-            label=f"{r.name} ({len(c)} gradients)",
+        rep, c = (
+            np.maximum([g.rel_l2 for g in pair.gradients], 1e-12)
+            for pair in (r.parity.repeat_vs_baseline, r.parity.checkpointed_vs_baseline)
         )
-        both = np.concatenate([np.maximum(rep, floor), np.maximum(c, floor)])
-        lo, hi = min(lo, both.min()), max(hi, both.max())
+        ax.scatter(rep, c, s=14, alpha=0.7, label=f"{r.name} ({len(c)} gradients)")
+        lo, hi = min(lo, rep.min(), c.min()), max(hi, rep.max(), c.max())
         drawn = True
     if drawn:
         lo, hi = lo / 2, max(hi * 2, lo * 10)
@@ -275,8 +253,7 @@ def parity_gradients(reports) -> Any:
         ax.text(0.5, 0.5, "no parity reports", ha="center", transform=ax.transAxes)
     ax.set_xlabel("repeat vs baseline: gradient rel. L2 (1e-12 = equal)")
     ax.set_ylabel("checkpointed vs baseline: gradient rel. L2")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = None) -> Any:
@@ -289,25 +266,13 @@ def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = No
     top = max(values + list(measured or []) + [1])
     bins = np.linspace(0, top * 1.05 + 1, 50)
     if stats:
-        ax.hist(
-            values,
-            bins=bins,
-            histtype="stepfilled",
-            alpha=0.35,
-            color="#4c72b0",
-            label=f"{stats['split']} split ({stats['num_events']} events)",
-        )
+        label = f"{stats['split']} split ({stats['num_events']} events)"
+        ax.hist(values, bins=bins, histtype="stepfilled", alpha=0.35, color="#4c72b0", label=label)
         med = stats["total"]["quantiles"]["p50"]
         ax.axvline(med, color="k", ls="--", lw=1, label=f"median {med:,.0f}")
     if measured:
-        ax.hist(
-            measured,
-            bins=bins,
-            histtype="step",
-            lw=2,
-            color="#d62728",
-            label=f"events of the counted steps ({len(measured)}, repeats included)",
-        )
+        label = f"events of the counted steps ({len(measured)}, repeats included)"
+        ax.hist(measured, bins=bins, histtype="step", lw=2, color="#d62728", label=label)
     ax.set_xlabel("hits per event")
     ax.set_ylabel("events")
     if stats:
@@ -316,8 +281,7 @@ def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = No
             f"{stats['dataset']} configs {','.join(stats['configs'])} ({kind})", fontsize=12
         )
     ax.legend(loc="upper right", fontsize=9)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def event_hits(batch, event: int = 0, synthetic: bool | None = None) -> Any:
@@ -343,18 +307,11 @@ def event_hits(batch, event: int = 0, synthetic: bool | None = None) -> Any:
         fontsize=12,
     )
     ax.legend(loc="upper right", markerscale=4, fontsize=9)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def lsh_buckets(
-    model,
-    batch,
-    layer: int = 0,
-    round_: int = 0,
-    head: int = 0,
-    event: int = 0,
-    highlight: int = 6,
+    model, batch, layer: int = 0, round_: int = 0, head: int = 0, event: int = 0, highlight: int = 6
 ) -> Any:
     """The LSH buckets of one layer, round and head on one event, a few drawn large (shape)."""
     import torch
@@ -381,15 +338,8 @@ def lsh_buckets(
     picks = np.linspace(0, nb - 1, min(highlight, nb)).astype(int)
     for k, b in enumerate(picks):
         sel = bucket == b
-        ax.scatter(
-            coords[sel, 0],
-            coords[sel, 1],
-            s=18,
-            color=f"C{k % 10}",
-            edgecolor="k",
-            lw=0.3,
-            label=f"bucket {b}",
-        )
+        xy = coords[sel, 0], coords[sel, 1]
+        ax.scatter(*xy, s=18, color=f"C{k % 10}", edgecolor="k", lw=0.3, label=f"bucket {b}")
     ax.set_xlabel(r"$\eta$")
     ax.set_ylabel(r"$\phi$")
     ax.set_title(
@@ -397,8 +347,7 @@ def lsh_buckets(
         fontsize=12,
     )
     ax.legend(loc="upper right", fontsize=8, ncol=2, markerscale=1)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def memory_timeline(steps: dict[str, Any]) -> Any:
@@ -410,13 +359,8 @@ def memory_timeline(steps: dict[str, Any]) -> Any:
         t = np.array(mem.timeline, dtype=float)
         base = (mem.baseline_bytes or 0) / MIB
         color = list(COLORS.values())[i % 2]
-        ax.plot(
-            t[:, 0],
-            t[:, 1] / MIB,
-            lw=1.2,
-            color=color,
-            label=f"{label}: peak {t[:, 1].max() / MIB:,.0f} MiB",
-        )
+        peak = f"{label}: peak {t[:, 1].max() / MIB:,.0f} MiB"
+        ax.plot(t[:, 0], t[:, 1] / MIB, lw=1.2, color=color, label=peak)
         for op, mark in mem.marks:
             if mark == "backward":
                 ax.axvline(op, color=color, ls=":", lw=1)
@@ -434,8 +378,7 @@ def memory_timeline(steps: dict[str, Any]) -> Any:
     ax.set_ylabel("live tensor memory [MiB]")
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 POLICY_COLORS = {
@@ -479,34 +422,21 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
         order = ["off", *auto_order(policies, b)]
         path = group.set_index("policy").reindex(order).dropna(subset=["mean_step_s"])
         if len(path) > 1:
-            ax.plot(
-                path["mean_step_s"],
-                path["peak_allocated_mib"],
-                "--",
-                color="#c44e52",
-                lw=1.2,
-                zorder=1,
-                label=f"auto's order (batch {int(b)}): {', '.join(order)}",
-            )
+            label = f"auto's order (batch {int(b)}): {', '.join(order)}"
+            xy = path["mean_step_s"], path["peak_allocated_mib"]
+            ax.plot(*xy, "--", color="#c44e52", lw=1.2, zorder=1, label=label)
         g = group.dropna(subset=["mean_step_s", "peak_allocated_mib"]).sort_values("mean_step_s")
         ax.plot(g["mean_step_s"], g["peak_allocated_mib"], "-", color="0.75", lw=1, zorder=1)
         for i, (_, row) in enumerate(g.iterrows()):
-            pol = row["policy"]
-            ax.plot(
-                row["mean_step_s"],
-                row["peak_allocated_mib"],
-                "o",
-                ms=9,
-                color=POLICY_COLORS.get(pol, "0.3"),
-                zorder=2,
-            )
+            pol, here = row["policy"], (row["mean_step_s"], row["peak_allocated_mib"])
+            ax.plot(*here, "o", ms=9, color=POLICY_COLORS.get(pol, "0.3"), zorder=2)
             text = f"{pol} (batch {int(b)})"
             if pol != "off":
                 cut, over = row["allocated_cut_pct"], row["step_time_overhead_pct"]
                 text += f"\n{cut:.0f}% memory cut, {over:+.0f}% step time"
             ax.annotate(
                 text,
-                (row["mean_step_s"], row["peak_allocated_mib"]),
+                here,
                 textcoords="offset points",
                 # neighbours in step time often lie close: their labels alternate above and below
                 xytext=(7, 4) if i % 2 == 0 else (7, -26),
@@ -610,16 +540,9 @@ def overhead_spread_figure(over, tag: str = "") -> Any:
         lo = med - part["overhead_min_pct"].astype(float).to_numpy()
         hi = part["overhead_max_pct"].astype(float).to_numpy() - med
         label = policy if line == "platform" else f"{policy} (allocator as it comes)"
-        ax.bar(
-            xs,
-            med,
-            width,
-            yerr=np.vstack([lo, hi]),
-            capsize=3,
-            color=cycle[j % len(cycle)],
-            hatch="//" if line != "platform" else None,
-            label=label,
-        )
+        colour, hatch = cycle[j % len(cycle)], "//" if line != "platform" else None
+        err = np.vstack([lo, hi])
+        ax.bar(xs, med, width, yerr=err, capsize=3, color=colour, hatch=hatch, label=label)
         for x, v, n in zip(xs, med, part["rounds"], strict=True):
             ax.annotate(
                 f"{v:.0f}%\n({int(n)})",

@@ -1,14 +1,5 @@
-"""``python -m heptstudy.cli ...`` (as torchrun starts ``heptstudy train``): the ``heptstudy`` command."""
+"""``python -m heptstudy.cli ...`` (as torchrun starts ``heptstudy train``): ``python -m heptstudy``."""
 
-import os
-import signal
-import sys
+import runpy
 
-try:
-    from heptstudy.cli import run_command
-except KeyboardInterrupt:  # Ctrl-C while the package loads: nothing has started yet
-    print("heptstudy: interrupted: nothing had started", file=sys.stderr)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # ended by Ctrl-C, as make and shells expect
-    os.kill(os.getpid(), signal.SIGINT)
-
-run_command()
+runpy.run_module("heptstudy.__main__", run_name="__main__")

@@ -31,8 +31,7 @@ def _data_dir(args: argparse.Namespace) -> str:
 def _writable_folder(folder: str | Path, option: str) -> Path:
     """Refuse, before any work, a folder that could not be created or written. Creates nothing."""
     folder = Path(folder)
-    problem = folder_write_problem(folder)
-    if problem is not None:
+    if (problem := folder_write_problem(folder)) is not None:
         raise DataError(
             f"{option} {str(folder)!r} cannot be written ({problem}); nothing was generated or "
             f"measured. Give {option} a folder you can write to"
@@ -85,9 +84,8 @@ def register_cli(subparsers) -> None:
     sub = data.add_subparsers(dest="data_command", required=True)
 
     gen = sub.add_parser("generate", help="write synthetic cld_edm_ttbar_hits and _pf data sets")
-    gen.add_argument(
-        "--data-dir", help=f"TFDS data directory (default: the repository's {DEFAULT_DATA_DIR})"
-    )
+    data_dir = f"TFDS data directory (default: the repository's {DEFAULT_DATA_DIR})"
+    gen.add_argument("--data-dir", help=data_dir)
     gen.add_argument("--events-train", type=whole_number(1, 256), required=True)
     gen.add_argument("--events-test", type=whole_number(1, 64), required=True)
     gen.add_argument("--seed", type=whole_number(0, 20261014), required=True)
@@ -95,12 +93,8 @@ def register_cli(subparsers) -> None:
     gen.add_argument(
         "--occupancy-scale", type=float, default=1.0, help="hit multiplicity factor (1 = CLD-like)"
     )
-    gen.add_argument(
-        "--workers",
-        type=whole_number(1, 2),
-        default=None,
-        help="processes simulating events (default: up to 2)",
-    )
+    workers = "processes simulating events (default: up to 2)"
+    gen.add_argument("--workers", type=whole_number(1, 2), help=workers)
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     gen.set_defaults(
         func=_generate,
@@ -109,9 +103,7 @@ def register_cli(subparsers) -> None:
     )
 
     st = sub.add_parser("stats", help="hits-per-event distribution as JSON and PNG")
-    st.add_argument(
-        "--data-dir", help=f"TFDS data directory (default: the repository's {DEFAULT_DATA_DIR})"
-    )
+    st.add_argument("--data-dir", help=data_dir)
     st.add_argument("--dataset", default="cld_edm_ttbar_hits:3.2.1", help="NAME:VERSION")
     st.add_argument("--configs", nargs="+", default=["1"])
     st.add_argument("--split", default="train")

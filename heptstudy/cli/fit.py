@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 from pathlib import Path
 
 from heptstudy.cli import add_set_arg
@@ -19,26 +20,14 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     if args.what == "validate":
         return _cmd_validate(args)
     needed = {"--platform": args.platform, "--per-device-batch": args.per_device_batch}
-    missing = [flag for flag, value in needed.items() if value is None]
-    if missing:
+    if missing := [flag for flag, value in needed.items() if value is None]:
         raise HeptstudyError(
             f"heptstudy fit needs {' and '.join(missing)} (e.g. --platform h100 "
             "--per-device-batch 48); `heptstudy fit validate` checks the estimator instead"
         )
-    request = FitRequest(
-        platform=args.platform,
-        per_device_batch=args.per_device_batch,
-        scenario=args.scenario,
-        variant=args.variant,
-        data_dir=args.data_dir,
-        reports=tuple(args.reports),
-        fits_dir=args.fits_dir,
-        safety_margin_gib=args.safety_margin_gib,
-        overrides=tuple(args.overrides),
-        checkpointing=args.checkpointing,
-        estimate=args.estimate,
-        batching=args.batching,
-    )
+    # every request field the command line has; FitRequest makes the lists tuples
+    given = {f.name: getattr(args, f.name) for f in fields(FitRequest) if hasattr(args, f.name)}
+    request = FitRequest(**given)
     if args.save_model:  # refused before the fit, not after it
         from heptstudy.estimate.memory_model import MODEL_FILE
 
@@ -101,7 +90,7 @@ def register_cli(subparsers) -> None:
     p.add_argument(
         "--variant", default=DEFAULT_VARIANT, help=f"scenario variant (default {DEFAULT_VARIANT})"
     )
-    p.add_argument("--data-dir", default=None, help="TFDS data directory (default: the scenario's)")
+    p.add_argument("--data-dir", help="TFDS data directory (default: the scenario's)")
     p.add_argument(
         "--reports",
         nargs="*",
@@ -110,34 +99,27 @@ def register_cli(subparsers) -> None:
         "reason for each, when none of them was measured in this configuration",
     )
     p.add_argument(
-        "--fits-dir",
-        default=None,
-        help="stored memory models (default: the repository's configs/fit)",
+        "--fits-dir", help="stored memory models (default: the repository's configs/fit)"
     )
     p.add_argument(
         "--safety-margin-gib",
         type=float,
-        default=None,
         help="memory kept free for the context and kernel workspaces, 0 <= margin < device "
         "memory (default 10%% of the device)",
     )
     p.add_argument(
         "--checkpointing",
         choices=["auto"],
-        default=None,
         help="auto: also answer for activation_checkpointing=auto (plans per step, expected step "
         "time from --reports, P(step exceeds the budget)); default: the recipe's setting",
     )
     p.add_argument(
         "--batching",
         choices=["padded", "packed"],
-        default=None,
         help="padded: every event filled to its batch's longest; packed: the batch's events in "
         "one stream, the answer over the batch's slots in all (default: the recipe's)",
     )
-    p.add_argument(
-        "--save-model", default=None, help="write the memory model used to this JSON file"
-    )
+    p.add_argument("--save-model", help="write the memory model used to this JSON file")
     p.add_argument(
         "--estimate",
         action="store_true",
@@ -149,12 +131,11 @@ def register_cli(subparsers) -> None:
     v = p.add_argument_group("validate")
     v.add_argument(
         "--code",
-        default=None,
         help="the code the reports measured: 'running' (reports that stand for the running "
         "code) or a commit (for reports whose own environment.git_commit this repository does "
         "not hold); default: each report's commit. Reports of a commit whose model or step code "
         "is not the running code's are skipped",
     )
-    v.add_argument("--out", default=None, help="folder for validation.json and table.md")
+    v.add_argument("--out", help="folder for validation.json and table.md")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_fit)

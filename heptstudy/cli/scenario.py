@@ -21,13 +21,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--platform", required=True, help="platform YAML, or a name in configs/training/platforms"
     )
-    p.add_argument(
-        "--variant",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="resolve only this variant (repeatable; all are still checked)",
-    )
+    only = "resolve only this variant (repeatable; all are still checked)"
+    p.add_argument("--variant", action="append", metavar="NAME", help=only)
     add_set_arg(p, help="dotted override applied to every variant, e.g. train.num_steps=4")
     p.add_argument(
         "--data-dir",
@@ -57,8 +52,7 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
         print(json.dumps(res.to_dict(), indent=2))
         return 0
     print(summary(res))
-    warning = fit_warning(res)
-    if warning:
+    if warning := fit_warning(res):
         print(f"warning: {warning}", file=sys.stderr)
     if args.dry_run:
         print("dry run: nothing was launched; the launch commands are")
@@ -88,17 +82,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     sub = sc.add_subparsers(dest="scenario_command", required=True)
     r = sub.add_parser("resolve", help="resolve a scenario on a platform and check its invariants")
     _add_common(r)
-    r.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="also write the resolved configurations and print the exact launch commands",
-    )
-    r.add_argument(
-        "--render-dir",
-        type=Path,
-        default=None,
-        help="where --dry-run writes configurations (default experiments/train/_rendered/SCENARIO/PLATFORM)",
-    )
+    dry = "also write the resolved configurations and print the exact launch commands"
+    r.add_argument("--dry-run", action="store_true", help=dry)
+    where = "where --dry-run writes configurations (default experiments/train/_rendered/SCENARIO/PLATFORM)"
+    r.add_argument("--render-dir", type=Path, help=where)
     r.set_defaults(func=_cmd_resolve)
     w = sub.add_parser(
         "render",

@@ -98,15 +98,8 @@ class InterleavedShardSampler:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "mode": self.mode,
-            "shard_sizes": list(self.shard_sizes),
-        }
+        keys = ("epoch", "position", "seed", "rank", "world_size", "mode")
+        return {**{k: getattr(self, k) for k in keys}, "shard_sizes": list(self.shard_sizes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("seed", "world_size", "mode", "shard_sizes"):

@@ -96,14 +96,8 @@ def write_stats(stats: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path,
         ax.hist(per[key], bins=bins, histtype="step", lw=1.5, label=label)
     med = stats["total"]["quantiles"]["p50"]
     ax.axvline(med, color="k", ls="--", lw=1, label=f"median {med:.0f}")
-    if top > stats["tail_threshold"]:
-        ax.axvline(
-            stats["tail_threshold"],
-            color="grey",
-            ls=":",
-            lw=1,
-            label=f"{stats['tail_threshold']:,}",
-        )
+    if top > (tail := stats["tail_threshold"]):
+        ax.axvline(tail, color="grey", ls=":", lw=1, label=f"{tail:,}")
     ax.set_xlabel(f"{stats['row_kind']} per event")
     ax.set_ylabel("events")
     kind = "synthetic" if stats["synthetic"] else "real"

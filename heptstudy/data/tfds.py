@@ -41,17 +41,19 @@ def features_dict(name: str):
             f"unknown data set name {name!r}; known: {sorted(X_WIDTH)}; "
             "set data.dataset to one of them (NAME:VERSION)"
         )
-    nx = X_WIDTH[name]
     return tfds.features.FeaturesDict(
         {
-            "X": tfds.features.Tensor(shape=(None, nx), dtype=np.float32),
-            "ytarget": tfds.features.Tensor(shape=(None, Y_WIDTH), dtype=np.float32),
-            "ycand": tfds.features.Tensor(shape=(None, Y_WIDTH), dtype=np.float32),
-            "genmet": tfds.features.Scalar(dtype=np.float32),
-            "genjets": tfds.features.Tensor(shape=(None, 4), dtype=np.float32),
-            "targetjets": tfds.features.Tensor(shape=(None, 4), dtype=np.float32),
+            key: tfds.features.Scalar(dtype=np.float32)
+            if width is None
+            else tfds.features.Tensor(shape=(None, width), dtype=np.float32)
+            for key, width in _widths(X_WIDTH[name]).items()
         }
     )
+
+
+def _widths(x_width: int) -> dict[str, int | None]:
+    """Columns per row of every feature (``None``: a scalar)."""
+    return dict(zip(FEATURE_KEYS, (x_width, Y_WIDTH, Y_WIDTH, None, 4, 4), strict=True))
 
 
 _ERRNO_OF = {os.strerror(code): code for code in errno.errorcode}
@@ -100,22 +102,14 @@ class ArrayRecordDatasetWriter:
             shutil.rmtree(self.tmp)
         self.tmp.mkdir(parents=True)
         self.features = features_dict(name)
-        self.metadata = dict(metadata)
-        self.description = description
+        self.metadata, self.description = dict(metadata), description
         self._tfds = tfds
         self._plan = {}
         for split, n in split_sizes.items():
             n_shards = max(1, -(-int(n) // EVENTS_PER_SHARD))
             bounds = np.linspace(0, int(n), n_shards + 1).astype(int)
-            self._plan[split] = {
-                "n": int(n),
-                "bounds": bounds,
-                "count": 0,
-                "writer": None,
-                "path": None,
-                "shard": -1,
-                "bytes": 0,
-            }
+            self._plan[split] = dict(n=int(n), bounds=bounds, count=0, shard=-1, bytes=0)
+            self._plan[split].update(writer=None, path=None)
 
     def _path(self, split: str, shard: int, n_shards: int) -> Path:
         return self.tmp / f"{self.name}-{split}.array_record-{shard:05d}-of-{n_shards:05d}"
@@ -326,12 +320,10 @@ class ShardedDataset:
         except Exception as err:  # the reader's errors have no common type; all mean "unreadable"
             raise self._unreadable(shard, local, err) from None
         ev = {
-            "X": np.asarray(raw["X"], dtype=np.float32).reshape(-1, self.x_width),
-            "ytarget": np.asarray(raw["ytarget"], dtype=np.float32).reshape(-1, Y_WIDTH),
-            "ycand": np.asarray(raw["ycand"], dtype=np.float32).reshape(-1, Y_WIDTH),
-            "genmet": np.asarray(raw["genmet"], dtype=np.float32).reshape(()),
-            "genjets": np.asarray(raw["genjets"], dtype=np.float32).reshape(-1, 4),
-            "targetjets": np.asarray(raw["targetjets"], dtype=np.float32).reshape(-1, 4),
+            key: np.asarray(raw[key], dtype=np.float32).reshape(
+                () if width is None else (-1, width)
+            )
+            for key, width in _widths(self.x_width).items()
         }
         # a finite sum means every entry is finite: only then skip the element-wise look
         for key, what in (("X", "input feature"), ("ytarget", "target")):
@@ -424,8 +416,7 @@ def open_dataset(
                 f"{sorted(info.splits)}; use one of them"
             )
         feats = info.features
-        missing = [k for k in FEATURE_KEYS if k not in feats]
-        if missing:
+        if missing := [k for k in FEATURE_KEYS if k not in feats]:
             raise DataError(
                 f"{name}/{config}:{version} lacks the features {missing} (it has "
                 f"{sorted(feats)}); the study needs {list(FEATURE_KEYS)}"
@@ -457,20 +448,11 @@ def open_dataset(
         files.append(_shard_files(info.splits[split], path, name, config, version, split))
         sources.append(source)
         md = dict(info.metadata or {})
-        md.setdefault("synthetic", False)
-        md["synthetic"] = bool(md["synthetic"])
-        md["config"] = config
-        md["path"] = str(path)
-        metas.append(md)
-    metadata = dict(metas[0])
-    metadata.pop("config", None)
-    metadata.pop("path", None)
-    metadata["synthetic"] = any(m["synthetic"] for m in metas)
-    metadata["name"] = name
-    metadata["version"] = version
-    metadata["configs"] = [str(c) for c in configs]
-    metadata["split"] = split
-    metadata["per_config"] = metas
+        md["synthetic"] = bool(md.get("synthetic", False))
+        metas.append({**md, "config": config, "path": str(path)})
+    metadata = {k: v for k, v in metas[0].items() if k not in ("config", "path")}
+    metadata.update(synthetic=any(m["synthetic"] for m in metas), name=name, version=version)
+    metadata.update(configs=[str(c) for c in configs], split=split, per_config=metas)
     return ShardedDataset(
         sources, [str(c) for c in configs], name, split, metadata, expected, files
     )
@@ -502,8 +484,7 @@ def _check_against_folder(info, path: Path, name: str, config: str, version: str
         )
     listed = {Path(str(f)).name for s in info.splits.values() for f in s.filepaths}
     present = {f.name for f in path.glob(f"{name}-*.array_record-*")}
-    extra = sorted(present - listed)
-    if extra:
+    if extra := sorted(present - listed):
         raise DataError(
             f"{str(path)!r} holds {len(extra)} ArrayRecord file(s) that no split of "
             f"{str(meta)!r} lists ({', '.join(extra[:3])}{', ...' if extra[3:] else ''}): its "
@@ -523,8 +504,7 @@ def _shard_files(split_info, path: Path, name, config, version, split) -> list[t
         "copy it again from where the data set came from, or regenerate synthetic data (remove "
         f"{str(path)!r}, then run `heptstudy data generate`)"
     )
-    missing = [f.name for f, _ in listed if not f.is_file()]
-    if missing:
+    if missing := [f.name for f, _ in listed if not f.is_file()]:
         raise DataError(
             f"{name}/{config}:{version} {split} lacks {len(missing)} of its {len(listed)} "
             f"ArrayRecord files listed in {str(path / 'dataset_info.json')!r}: "

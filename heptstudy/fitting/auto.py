@@ -88,8 +88,7 @@ def evaluate_auto(
     mean_auto = mean_full = None
     why = None
     runs = [n for n in names if fractions[n] > 0]
-    missing = [n for n in runs + ["full"] if n not in rates]
-    if missing:
+    if missing := [n for n in runs + ["full"] if n not in rates]:
         why = (
             "expected step times not available: no measured step time per padded hit for "
             f"plan(s) {', '.join(sorted(set(missing)))} (give bench reports of those plans in "

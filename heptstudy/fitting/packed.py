@@ -13,9 +13,10 @@ from heptstudy.fitting.predict import (
     QUANTILES,
     FitAnswer,
     Tail,
+    batch_row,
     criterion_of,
-    gib,
     peak_mib,
+    quantile_batch,
 )
 from heptstudy.units import GIB, MIB
 
@@ -78,22 +79,7 @@ def _tail(model, quantity, plen, sampled, batch, world_size, num_steps, usable_m
 
 
 def _row(model, batch: int, slots: int, usable_mib: float, what: str, criterion: str):
-    per_event = slots / batch
-    worst = float(_peak(model, criterion, batch, slots))
-
-    def at(predict):
-        value = predict(batch, per_event)
-        return gib(value)
-
-    return {
-        "batch": what,
-        "longest_padded": None,
-        "padded_batch_hits": int(slots),
-        "allocated_gib": at(model.predict_allocated_mib),
-        "reserved_gib": at(model.predict_reserved_mib),
-        "reserved_expandable_gib": at(model.predict_reserved_expandable_mib),
-        "margin_gib": (usable_mib - worst) * MIB / GIB,
-    }
+    return batch_row(model, batch, slots / batch, usable_mib, what, criterion, slots=slots)
 
 
 def evaluate_packed(
@@ -116,15 +102,9 @@ def evaluate_packed(
         q: _tail(model, q, plen, sampled, per_device_batch, world_size, num_steps, usable_mib)
         for q in {criterion, "allocated"}
     }
+    slots = {q: int(np.quantile(sampled, q, method="higher")) for q in QUANTILES}
     typical = [
-        _row(
-            model,
-            per_device_batch,
-            int(np.quantile(sampled, q, method="higher")),
-            usable_mib,
-            "median batch" if q == 0.5 else f"p{round(q * 100)} batch",
-            criterion,
-        )
+        _row(model, per_device_batch, slots[q], usable_mib, quantile_batch(q), criterion)
         for q in QUANTILES
     ]
     worst = int(np.sort(plen)[::-1][:per_device_batch].sum())
@@ -145,9 +125,6 @@ def evaluate_packed(
             model, per_device_batch, worst, usable_mib, "holding the longest events", criterion
         ),
         typical_batches=typical,
-        curve={
-            "batch_slots": levels.tolist(),
-            "p_batch_slots_at_most": cdf.tolist(),
-        },
+        curve={"batch_slots": levels.tolist(), "p_batch_slots_at_most": cdf.tolist()},
         batching="packed",
     )

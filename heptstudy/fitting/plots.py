@@ -36,24 +36,13 @@ def fit_figure(models: list[MemoryModel], synthetic: bool = False):
         color = f"C{i}"
         ck = checkpointing_words(m.key)
         pts = m.allocated_points
-        ax.scatter(
-            [p.padded_batch_hits for p in pts],
-            [p.peak_mib for p in pts],
-            color=color,
-            s=14,
-            label=f"{m.source} {m.key.get('device_kind')}, checkpointing {ck}: allocated",
-        )
-        if m.reserved_points:
-            ax.scatter(
-                [p.padded_batch_hits for p in m.reserved_points],
-                [p.peak_mib for p in m.reserved_points],
-                color=color,
-                marker="x",
-                s=20,
-                label=f"reserved ({m.reserved.ratio:.2f} x allocated)"
-                if m.reserved
-                else "reserved",
-            )
+        label = f"{m.source} {m.key.get('device_kind')}, checkpointing {ck}: allocated"
+        xs, ys = [p.padded_batch_hits for p in pts], [p.peak_mib for p in pts]
+        ax.scatter(xs, ys, color=color, s=14, label=label)
+        if rp := m.reserved_points:
+            ratio = f" ({m.reserved.ratio:.2f} x allocated)" if m.reserved else ""
+            xs, ys = [p.padded_batch_hits for p in rp], [p.peak_mib for p in rp]
+            ax.scatter(xs, ys, color=color, marker="x", s=20, label=f"reserved{ratio}")
         top = max(p.padded_batch_hits for p in pts) * 1.05
         for b in sorted({p.batch_size for p in pts}):
             xs = np.linspace(b, top, 50)
@@ -72,9 +61,7 @@ def peak_vs_longest_figure(results: dict, synthetic: bool = False):
     longest padded event, and (right axis) how often a batch's longest event has each length."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(
-        1, len(results), figsize=(5.2 * len(results), 4.2), squeeze=False, sharey=False
-    )
+    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 4.2), squeeze=False)
     for ax, (name, r) in zip(axes[0], results.items(), strict=True):
         a, c = r.answer, r.answer.curve
         x = np.array(c["longest_padded"])
@@ -83,17 +70,11 @@ def peak_vs_longest_figure(results: dict, synthetic: bool = False):
             ax.plot(x, c["reserved_gib"], color="C1", label="peak reserved")
         measured = [p for p in r.model.allocated_points if p.batch_size == a.per_device_batch]
         if measured:
-            ax.scatter(
-                [p.longest_padded for p in measured],
-                [p.peak_mib / 1024 for p in measured],
-                color="C0",
-                s=16,
-                zorder=3,
-                label=f"{r.model.source} steps of {a.per_device_batch} (allocated)",
-            )
-        ax.axhline(
-            a.device_memory_gib, color="k", lw=1.2, label=f"device {a.device_memory_gib:g} GiB"
-        )
+            label = f"{r.model.source} steps of {a.per_device_batch} (allocated)"
+            xy = [p.longest_padded for p in measured], [p.peak_mib / 1024 for p in measured]
+            ax.scatter(*xy, color="C0", s=16, zorder=3, label=label)
+        device = f"device {a.device_memory_gib:g} GiB"
+        ax.axhline(a.device_memory_gib, color="k", lw=1.2, label=device)
         ax.axhline(a.usable_gib, color="k", ls=":", lw=1, label=f"usable {a.usable_gib:.1f} GiB")
         ax.axvline(x.max(), color="0.5", ls="--", lw=0.8, label="longest event of the data")
         ax.set_xlabel("longest padded event in the batch [hits]")

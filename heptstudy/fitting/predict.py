@@ -94,6 +94,10 @@ def largest_safe_batch(
     return lo
 
 
+def quantile_batch(q: float) -> str:
+    return "median batch" if q == 0.5 else f"p{round(q * 100)} batch"
+
+
 def _tail(model, quantity, plen, batch, world_size, num_steps, usable_mib) -> Tail:
     peaks = np.asarray(peak_mib(model, quantity, batch, plen), dtype=float)
     bad = int((peaks > usable_mib).sum())
@@ -111,14 +115,13 @@ def _tail(model, quantity, plen, batch, world_size, num_steps, usable_mib) -> Ta
     )
 
 
-def _batch_row(
-    model: MemoryModel, batch: int, longest: int, usable_mib: float, what: str, criterion: str
-):
+def batch_row(model, batch: int, longest, usable_mib: float, what: str, criterion: str, slots=None):
+    """One batch's predicted peaks; a packed batch (``slots``) is as long as its mean slots."""
     worst = float(peak_mib(model, criterion, batch, longest))
     return {
         "batch": what,
-        "longest_padded": int(longest),
-        "padded_batch_hits": int(longest) * batch,
+        "longest_padded": None if slots is not None else int(longest),
+        "padded_batch_hits": int(slots) if slots is not None else int(longest) * batch,
         "allocated_gib": gib(model.predict_allocated_mib(batch, longest)),
         "reserved_gib": gib(model.predict_reserved_mib(batch, longest)),
         "reserved_expandable_gib": gib(model.predict_reserved_expandable_mib(batch, longest)),
@@ -148,18 +151,14 @@ def evaluate(
     levels = np.unique(plen)
     cdf = occupancy.batch_longest_cdf(plen, per_device_batch, levels)
     reserved = model.predict_reserved_mib(per_device_batch, levels)
+    # the smallest padded length L with P(batch longest <= L) >= q
+    at = np.minimum(np.searchsorted(cdf, np.array(QUANTILES) - 1e-12), len(levels) - 1)
+    longest = dict(zip(QUANTILES, levels[at].astype(int).tolist(), strict=True))
     typical = [
-        _batch_row(
-            model,
-            per_device_batch,
-            # the smallest padded length L with P(batch longest <= L) >= q
-            int(levels[min(int(np.searchsorted(cdf, q - 1e-12)), len(levels) - 1)]),
-            usable_mib,
-            "median batch" if q == 0.5 else f"p{round(q * 100)} batch",
-            criterion,
-        )
+        batch_row(model, per_device_batch, longest[q], usable_mib, quantile_batch(q), criterion)
         for q in QUANTILES
     ]
+    what = "holding the longest event"
     return FitAnswer(
         per_device_batch=per_device_batch,
         world_size=world_size,
@@ -171,13 +170,8 @@ def evaluate(
         longest_event_hits=int(np.max(lengths)),
         criterion=tails[criterion],
         allocated_only=tails["allocated"],
-        worst_batch=_batch_row(
-            model,
-            per_device_batch,
-            int(plen.max()),
-            usable_mib,
-            "holding the longest event",
-            criterion,
+        worst_batch=batch_row(
+            model, per_device_batch, int(plen.max()), usable_mib, what, criterion
         ),
         typical_batches=typical,
         curve={

@@ -86,11 +86,8 @@ def answer_words(result) -> str:
     worst += f"margin {w['margin_gib']:+.1f} GiB"
     err = result.model.held_out_error(crit) if result.model.source == "measured" else None
     worst += f"; the {crit} model's held-out error is up to {err:.0%})" if err is not None else ")"
-    by = (
-        " by an ESTIMATED model (fake-tensor steps, not measured)"
-        if result.model.source != "measured"
-        else ""
-    )
+    estimated = " by an ESTIMATED model (fake-tensor steps, not measured)"
+    by = estimated if result.model.source != "measured" else ""
     if a.fits:
         text = f"{head}: fits on this data{by}: {worst}."
     else:

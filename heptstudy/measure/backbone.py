@@ -31,9 +31,8 @@ def check_backbone_request(
     """Refuse what cannot be measured, or whose result could not be written, before anything
     runs; returns the device."""
     wanted = {"--hits": 10000, "--repeats": 3, "--threads": 2}
-    for name, value in (("--hits", hits), ("--repeats", repeats), ("--threads", threads)):
-        if name == "--threads" and value is None:
-            continue
+    given = {"--hits": hits, "--repeats": repeats, "--threads": 1 if threads is None else threads}
+    for name, value in given.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(
                 f"{name} {value!r}: the backbone bench needs a whole number of at least 1 "

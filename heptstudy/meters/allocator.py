@@ -163,8 +163,7 @@ def populate_heap() -> int:
         libc.malloc.argtypes = [ctypes.c_size_t]
         libc.free.argtypes = [ctypes.c_void_p]
         libc.free(libc.malloc(min(int(pad), _INT_MAX)))
-    heap = _heap_range()
-    if heap is None:
+    if (heap := _heap_range()) is None:
         return 0
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     start, end = heap

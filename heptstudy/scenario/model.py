@@ -30,8 +30,7 @@ class Scenario:
 
 
 def _find_or_refuse(name_or_path: str | Path, directory: Path, rule: str, what: str) -> Path:
-    path = find_file(name_or_path, directory)
-    if path is None:
+    if (path := find_file(name_or_path, directory)) is None:
         known = sorted(p.stem for p in directory.glob("*.yaml"))
         raise ScenarioError(
             rule,

@@ -35,21 +35,10 @@ def launch_command(
     sizes = ["--nnodes", str(platform.nodes), "--nproc-per-node", str(platform.devices_per_node)]
     if platform.launcher == "torchrun":
         return ["torchrun", "--standalone", *sizes, *MODULE_TRAIN, *tail]
-    return [
-        "srun",
-        "--ntasks-per-node=1",
-        f"--cpus-per-task={platform.cpus_per_task}",
-        "torchrun",
-        *sizes,
-        "--rdzv-id",
-        Expand("${SLURM_JOB_ID}"),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        Expand("${MASTER_ADDR}:${MASTER_PORT}"),
-        *MODULE_TRAIN,
-        *tail,
-    ]
+    srun = ["srun", "--ntasks-per-node=1", f"--cpus-per-task={platform.cpus_per_task}"]
+    rdzv = ["--rdzv-id", Expand("${SLURM_JOB_ID}"), "--rdzv-backend", "c10d", "--rdzv-endpoint"]
+    rdzv.append(Expand("${MASTER_ADDR}:${MASTER_PORT}"))
+    return [*srun, "torchrun", *sizes, *rdzv, *MODULE_TRAIN, *tail]
 
 
 def shell_join(cmd: Sequence[str]) -> str:
@@ -178,8 +167,7 @@ def render(
             f"render folder {str(out)!r} holds a line break or control character; the launch "
             "scripts list it one path a line: choose a plain folder name"
         )
-    problem = folder_write_problem(out, create=True)
-    if problem is not None:
+    if (problem := folder_write_problem(out, create=True)) is not None:
         raise ConfigError(
             f"cannot write the rendered files to {str(out)!r}: {problem}; nothing was rendered. "
             "Choose a writable folder (--out / --render-dir) or fix its permissions"

@@ -131,10 +131,7 @@ def resolve(
     shared = list(overrides)
     configs = {
         name: _resolve_one(
-            sc,
-            name,
-            plat,
-            parse_overrides(shared + list((variant_overrides or {}).get(name, ()))),
+            sc, name, plat, parse_overrides(shared + list((variant_overrides or {}).get(name, ())))
         )
         for name in sc.variants
     }

@@ -28,22 +28,10 @@ RULES: dict[str, str] = {
 }
 
 #: Keys that every variant of a scenario must have equal (the optimisation budget and evaluation).
-BUDGET_KEYS = (
-    "train.global_batch_size",
-    "train.grad_accumulation",
-    "train.num_steps",
-    "train.seed",
-    "train.optimizer",
-    "train.lr",
-    "train.weight_decay",
-    "train.lamb",
-    "train.lr_final_fraction",
-    "train.val_freq",
-    "train.checkpoint_freq",
-    "data.nvalid",
-    "data.ntest",
-    "data.sampler",
-    "data.pad_to_multiple",
+BUDGET_KEYS = tuple(
+    "train.global_batch_size train.grad_accumulation train.num_steps train.seed train.optimizer "
+    "train.lr train.weight_decay train.lamb train.lr_final_fraction train.val_freq "
+    "train.checkpoint_freq data.nvalid data.ntest data.sampler data.pad_to_multiple".split()
 )
 
 #: Platform field -> configuration key it sets at resolution.

@@ -134,12 +134,8 @@ def platform_predictions(runs, reports=()) -> tuple[Any, Any, list[str]]:
         )
     if not results:
         return None, None, skipped
-    synthetic = any(r.synthetic for r in results.values())
-    return (
-        peak_vs_longest_figure(results, synthetic=synthetic),
-        pd.DataFrame(rows).round(3),
-        skipped,
-    )
+    figure = peak_vs_longest_figure(results, synthetic=any(r.synthetic for r in results.values()))
+    return figure, pd.DataFrame(rows).round(3), skipped
 
 
 def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
@@ -164,14 +160,8 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
         order = r.config.get("model", {}).get("heptv2", {}).get("auto_plan_order")
         if order:
             overrides.append(f"model.heptv2.auto_plan_order=[{','.join(order)}]")
-        result, why = _study_fit(
-            runs,
-            reports,
-            platform=platform,
-            per_device_batch=r.batch_size,
-            checkpointing="auto",
-            overrides=tuple(overrides),
-        )
+        request = dict(platform=platform, per_device_batch=r.batch_size, checkpointing="auto")
+        result, why = _study_fit(runs, reports, **request, overrides=tuple(overrides))
         if why:
             skipped.append(f"{r.name}: {why}")
             continue

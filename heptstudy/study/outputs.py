@@ -56,9 +56,7 @@ def default_figures(out: Path) -> Path:
 
 
 def study_folders(
-    out: str | os.PathLike | None,
-    figures: str | os.PathLike | None,
-    reference: str | None,
+    out: str | os.PathLike | None, figures: str | os.PathLike | None, reference: str | None
 ) -> StudyFolders:
     """A reference study by name, else ``--out``; a committed folder needs ``reference``."""
     if reference is not None:
@@ -108,8 +106,7 @@ def aggregate_folders(
 def check_writable(*folders: Path) -> None:
     """Create each folder and a file in it (removed again), or stop before anything runs."""
     for folder in folders:
-        problem = folder_write_problem(folder, create=True)
-        if problem is not None:
+        if (problem := folder_write_problem(folder, create=True)) is not None:
             raise StudyError(
                 f"cannot write to {shown(folder)}: {problem}; nothing was measured. Choose a "
                 "writable folder (--out / --figures) or fix its permissions"

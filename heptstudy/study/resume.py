@@ -15,13 +15,7 @@ import torch
 
 from heptstudy.data.tfds import parse_dataset
 from heptstudy.fingerprint import canonical, code_state, digest
-from heptstudy.measure.report import (
-    ReportError,
-    device_name,
-    read_report,
-    short_repr,
-    write_report,
-)
+from heptstudy.measure.report import ReportError, device_name, read_report, short_repr, write_report
 from heptstudy.paths import resolve_in_repo
 
 
@@ -38,13 +32,8 @@ def device_identity(kind: str) -> dict[str, Any]:
         name = device_name("cpu")
     else:
         try:
-            res = subprocess.run(
-                [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
+            cmd = [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
             name = res.stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             name = None
@@ -143,8 +132,7 @@ def stamp(path: Path, fingerprint: str, identity: dict[str, Any]) -> str:
         return f"report unreadable: {str(err).splitlines()[0]}"
     if report.status == "error":
         return ""
-    differs = mismatches(report, identity)
-    if differs:
+    if differs := mismatches(report, identity):
         return "not resumable, the report differs from the run: " + "; ".join(differs)
     write_report(report.model_copy(update={"fingerprint": fingerprint}), path)
     return ""

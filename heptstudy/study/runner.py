@@ -129,23 +129,12 @@ class StudyRun:
 def _papermill(
     input_nb: Path, output_nb: Path, parameters: dict, timeout: int | None, cwd: Path
 ) -> None:
-    execute_notebook(
-        str(input_nb),
-        str(output_nb),
-        parameters=parameters,
-        kernel_name="python3",
-        progress_bar=False,
-        cwd=str(cwd),
-        execution_timeout=timeout,
-    )
+    options = dict(kernel_name="python3", progress_bar=False, execution_timeout=timeout)
+    execute_notebook(str(input_nb), str(output_nb), parameters=parameters, cwd=str(cwd), **options)
 
 
 def _failure_report(
-    run: Run,
-    report_path: Path,
-    err: BaseException,
-    *,
-    measurement=None,
+    run: Run, report_path: Path, err: BaseException, *, measurement=None
 ) -> tuple[str, str]:
     """Write a report saying why a run produced none: out of memory, a dead kernel, an error."""
     import torch
@@ -171,40 +160,25 @@ def _failure_report(
     elif isinstance(err, (CellTimeoutError, TimeoutError)):
         text = f"a cell ran past the matrix's cell_timeout_s ({type(err).__name__}: {str(err).strip()[:200]})"
     synthetic = False
-    try:
+    with contextlib.suppress(Exception):  # the data set itself may be what failed
         synthetic = bool(dataset_for(m.config, "train").metadata.get("synthetic", False))
-    except Exception:  # noqa: BLE001 - the data set itself may be what failed
-        pass
     # what the kernel's measurement would have applied (it did not get to say itself)
     allocator = AllocatorState(allocator_in_use().name, dict(m.allocator))
-    fields: dict[str, Any] = dict(
-        kind=m.request.kind,
-        status=status,
-        error=text[:2000],
-        **report_header(
-            m,
-            fresh_process=True,
-            synthetic=synthetic,
-            allocator=allocator,
-            notes=[
-                *notes,
-                f"recorded by heptstudy study run: {run.notebook}.ipynb did not write a report",
-            ],
-        ),
+    notes.append(f"recorded by heptstudy study run: {run.notebook}.ipynb did not write a report")
+    header = report_header(
+        m, fresh_process=True, synthetic=synthetic, allocator=allocator, notes=notes
     )
+    fields: dict[str, Any] = dict(kind=m.request.kind, status=status, error=text[:2000], **header)
     if status == "oom":
+        cuda = m.device.type == "cuda"
+        total = torch.cuda.get_device_properties(m.device).total_memory if cuda else None
         fields["oom"] = rp.OomInfo(
             message=text.splitlines()[0][:500],
             batch_size=m.batch_size,
             padded_hits=[],
-            device_memory_bytes=(
-                torch.cuda.get_device_properties(m.device).total_memory
-                if m.device.type == "cuda"
-                else None
-            ),
+            device_memory_bytes=total,
         )
-    report = rp.BenchReport(**fields)
-    rp.write_report(report, report_path)
+    rp.write_report(rp.BenchReport(**fields), report_path)
     return status, text
 
 
@@ -347,8 +321,7 @@ def run_study(
     with holding_all((out, "study folder (--out)"), (folders.figures, "figures folder")):
         superseded = Superseded(out)
         done = StudyRun(folders)
-        foreign = _move_aside_foreign(out, prepared, superseded)
-        if foreign:
+        if foreign := _move_aside_foreign(out, prepared, superseded):
             print(
                 f"moved {len(foreign)} report(s) of runs not in this matrix to "
                 f"{shown(superseded.folder)}/: {', '.join(foreign)}"
@@ -415,13 +388,10 @@ def _move_aside_foreign(out: Path, prepared: list[Prepared], superseded: Superse
 
 
 def _remove_empty(folder: Path) -> None:
-    if not folder.is_dir():
-        return
-    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
+    subs = sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True)
+    for sub in [*subs, folder] if folder.is_dir() else ():
         with contextlib.suppress(OSError):
             sub.rmdir()
-    with contextlib.suppress(OSError):
-        folder.rmdir()
 
 
 def aggregate_study(
@@ -491,20 +461,8 @@ def render_html(notebook: str | os.PathLike, html: str | os.PathLike) -> Path:
     notebook, html = Path(notebook), Path(html)
     # nbconvert opens the output file itself, so it is pointed at the temporary one.
     with atomic_path(html, suffix=".html") as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "nbconvert",
-            "--to",
-            "html",
-            "--no-input",
-            "--output-dir",
-            str(tmp.parent.resolve()),
-            "--output",
-            tmp.stem,
-            str(notebook),
-        ]
+        cmd = [sys.executable, *"-m jupyter nbconvert --to html --no-input".split()]
+        cmd += ["--output-dir", str(tmp.parent.resolve()), "--output", tmp.stem, str(notebook)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise StudyError(

@@ -132,6 +132,8 @@ def generate_datasets(
     workers: int | None = None,
 ) -> dict[str, Any]:
     """Write both data sets for ``configs``; the result does not depend on ``workers``."""
+    from tqdm.auto import tqdm
+
     configs = [str(c) for c in configs]
     data_dir = Path(data_dir)
     _check_arguments(data_dir, events_train, events_test, configs, occupancy_scale)
@@ -140,92 +142,75 @@ def generate_datasets(
     # first one's unfinished data set; checked again under the lock, which the first may hold
     with holding(data_dir, "data directory (--data-dir)"):
         _check_arguments(data_dir, events_train, events_test, configs, occupancy_scale)
-        return _generate(
-            data_dir, events_train, events_test, seed, configs, occupancy_scale, progress, workers
-        )
+        metadata = _metadata(seed, occupancy_scale, events_train, events_test)
+        counts = {"train": int(events_train), "test": int(events_test)}
+        total = len(configs) * sum(counts.values())
+        bar = tqdm(total=total, desc="generating events", unit="ev", disable=not progress)
+        t0 = time.perf_counter()
+        written = {HITS_NAME: [], PF_NAME: []}
+        if workers is None:
+            workers = min(2, os.cpu_count() or 1)
+        pool = None
+        if workers > 1 and total > 8:
+            import multiprocessing
 
-
-def _generate(
-    data_dir: Path,
-    events_train: int,
-    events_test: int,
-    seed: int,
-    configs: list[str],
-    occupancy_scale: float,
-    progress: bool,
-    workers: int | None,
-) -> dict[str, Any]:
-    from tqdm.auto import tqdm
-
-    metadata = _metadata(seed, occupancy_scale, events_train, events_test)
-    counts = {"train": int(events_train), "test": int(events_test)}
-    total = len(configs) * sum(counts.values())
-    bar = tqdm(total=total, desc="generating events", unit="ev", disable=not progress)
-    t0 = time.perf_counter()
-    written = {HITS_NAME: [], PF_NAME: []}
-    if workers is None:
-        workers = min(2, os.cpu_count() or 1)
-    pool = None
-    if workers > 1 and total > 8:
-        import multiprocessing
-
-        # Ctrl-C reaches the workers too: the parent alone answers it, once
-        pool = multiprocessing.get_context("fork").Pool(
-            workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
-        )
-    # published only when all are finished: a failure leaves none, so a rerun simply works
-    finished: list[ArrayRecordDatasetWriter] = []
-    published: list[ArrayRecordDatasetWriter] = []
-    try:
-        for config in configs:
-            md = dict(metadata, config=config)
-            writers = {}
-            for kind, name in (("hits", HITS_NAME), ("pf", PF_NAME)):
-                writers[kind] = ArrayRecordDatasetWriter(
-                    data_dir, name, config, counts, md, DESCRIPTIONS[kind]
-                )
-                finished.append(writers[kind])
-            for split, n in counts.items():
-                jobs = [(seed, config, split, i, occupancy_scale) for i in range(n)]
-                results = (
-                    pool.imap(_serialized_event, jobs, chunksize=4)
-                    if pool
-                    else map(_serialized_event, jobs)
-                )
-                for hits_bytes, pf_bytes in results:
-                    writers["hits"].add_serialized(split, hits_bytes)
-                    writers["pf"].add_serialized(split, pf_bytes)
-                    bar.update(1)
-            for writer in writers.values():
-                writer.finish()
-        for writer in finished:
-            written[writer.name].append(str(writer.publish()))
-            published.append(writer)
-    except BaseException as exc:
-        if pool is not None:  # its queued events are no longer wanted
-            pool.terminate()
-        for writer in published:
-            writer.unpublish()
-        for writer in finished:
-            writer.discard()
-        if isinstance(exc, OSError):
-            raise DataError(
-                f"writing the data sets to {str(data_dir)!r} failed: {exc.strerror or exc}"
-                f"{f' ({exc.filename})' if exc.filename else ''}; none of them was put in place "
-                f"and nothing is left half-written. {os_error_advice(exc)}, and run the same "
-                "command again"
-            ) from None
-        raise
-    finally:
-        bar.close()
-        if pool is not None:
-            pool.close()
-            pool.join()
-    return {
-        "data_dir": str(data_dir),
-        "paths": written,
-        "configs": configs,
-        "events": counts,
-        "seconds": time.perf_counter() - t0,
-        "metadata": metadata,
-    }
+            # Ctrl-C reaches the workers too: the parent alone answers it, once
+            pool = multiprocessing.get_context("fork").Pool(
+                workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+            )
+        # published only when all are finished: a failure leaves none, so a rerun simply works
+        finished: list[ArrayRecordDatasetWriter] = []
+        published: list[ArrayRecordDatasetWriter] = []
+        try:
+            for config in configs:
+                md = dict(metadata, config=config)
+                writers = {}
+                for kind, name in (("hits", HITS_NAME), ("pf", PF_NAME)):
+                    writers[kind] = ArrayRecordDatasetWriter(
+                        data_dir, name, config, counts, md, DESCRIPTIONS[kind]
+                    )
+                    finished.append(writers[kind])
+                for split, n in counts.items():
+                    jobs = [(seed, config, split, i, occupancy_scale) for i in range(n)]
+                    results = (
+                        pool.imap(_serialized_event, jobs, chunksize=4)
+                        if pool
+                        else map(_serialized_event, jobs)
+                    )
+                    for hits_bytes, pf_bytes in results:
+                        writers["hits"].add_serialized(split, hits_bytes)
+                        writers["pf"].add_serialized(split, pf_bytes)
+                        bar.update(1)
+                for writer in writers.values():
+                    writer.finish()
+            for writer in finished:
+                written[writer.name].append(str(writer.publish()))
+                published.append(writer)
+        except BaseException as exc:
+            if pool is not None:  # its queued events are no longer wanted
+                pool.terminate()
+            for writer in published:
+                writer.unpublish()
+            for writer in finished:
+                writer.discard()
+            if isinstance(exc, OSError):
+                raise DataError(
+                    f"writing the data sets to {str(data_dir)!r} failed: {exc.strerror or exc}"
+                    f"{f' ({exc.filename})' if exc.filename else ''}; none of them was put in place "
+                    f"and nothing is left half-written. {os_error_advice(exc)}, and run the same "
+                    "command again"
+                ) from None
+            raise
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.close()
+                pool.join()
+        return {
+            "data_dir": str(data_dir),
+            "paths": written,
+            "configs": configs,
+            "events": counts,
+            "seconds": time.perf_counter() - t0,
+            "metadata": metadata,
+        }
