@@ -397,7 +397,8 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
     ``packing`` (:func:`heptstudy.study.packing.packing_frame`): the packed batches' points,
     drawn as diamonds with an arrow from the padded point of the same plan."""
     fig, ax = _ax((8.5, 5.5))
-    for i, (_, row) in enumerate(packing.iterrows() if packing is not None else ()):
+    packed = packing.sort_values("packed_step_s") if packing is not None else None
+    for i, (_, row) in enumerate(packed.iterrows() if packed is not None else ()):
         if row["packed_step_s"] is None or row["packed_step_s"] != row["packed_step_s"]:
             continue
         pol, colour = row["policy"], POLICY_COLORS.get(row["policy"], "0.3")
@@ -414,7 +415,7 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
             f"x{row['allocated_ratio']:.2f} memory, x{row['step_ratio_median']:.2f} step time",
             here,
             textcoords="offset points",
-            # packed points of plans that stay off lie together: labels alternate below, above
+            # neighbours in step time often lie close: their labels alternate below and above
             xytext=(7, -30) if i % 2 == 0 else (7, 10),
             fontsize=9,
             color=colour,
