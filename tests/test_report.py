@@ -249,7 +249,8 @@ def test_committed_reports_read_as_written(path):
     assert report.plan.name == plan
     if report.kind == "memory":
         assert report.checkpointing.plan == plan
-        assert report.name == f"{report_part(plan)}_b{report.batch_size}"
+        packed = "packed_" if report.config["data"].get("batching") == "packed" else ""
+        assert report.name == f"{packed}{report_part(plan)}_b{report.batch_size}"
     else:
         assert report.checkpointing.plan is None and plan == "off"
     if report.summary is not None and report.summary.mean_phase_time_s is None:
