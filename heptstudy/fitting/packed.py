@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from heptstudy.data.batching import padded_sizes
 from heptstudy.estimate.memory_model import MemoryModel
 from heptstudy.fitting.predict import (
     MAX_BATCH,
@@ -14,7 +13,7 @@ from heptstudy.fitting.predict import (
     FitAnswer,
     Tail,
     batch_row,
-    criterion_of,
+    budget,
     peak_mib,
     quantile_batch,
 )
@@ -94,9 +93,9 @@ def evaluate_packed(
     pad_to_multiple: int = 1,
     expandable_segments: bool = False,
 ) -> FitAnswer:
-    plen = padded_sizes(lengths, pad_to_multiple)
-    usable_mib = (device_memory_gib - safety_margin_gib) * GIB / MIB
-    criterion = criterion_of(model, expandable_segments)
+    plen, usable_mib, criterion = budget(
+        model, lengths, pad_to_multiple, device_memory_gib, safety_margin_gib, expandable_segments
+    )
     sampled = sampled_batch_slots(plen, per_device_batch)
     tails = {
         q: _tail(model, q, plen, sampled, per_device_batch, world_size, num_steps, usable_mib)

@@ -129,6 +129,12 @@ def batch_row(model, batch: int, longest, usable_mib: float, what: str, criterio
     }
 
 
+def budget(model, lengths, pad_to_multiple, device_memory_gib, safety_margin_gib, expandable):
+    """``(slots of each event, usable MiB, criterion)``: what every answer starts from."""
+    usable_mib = (device_memory_gib - safety_margin_gib) * GIB / MIB
+    return padded_sizes(lengths, pad_to_multiple), usable_mib, criterion_of(model, expandable)
+
+
 def evaluate(
     model: MemoryModel,
     lengths,
@@ -141,9 +147,9 @@ def evaluate(
     pad_to_multiple: int = 1,
     expandable_segments: bool = False,
 ) -> FitAnswer:
-    plen = padded_sizes(lengths, pad_to_multiple)
-    usable_mib = (device_memory_gib - safety_margin_gib) * GIB / MIB
-    criterion = criterion_of(model, expandable_segments)
+    plen, usable_mib, criterion = budget(
+        model, lengths, pad_to_multiple, device_memory_gib, safety_margin_gib, expandable_segments
+    )
     tails = {
         q: _tail(model, q, plen, per_device_batch, world_size, num_steps, usable_mib)
         for q in {criterion, "allocated"}
