@@ -77,10 +77,6 @@ class EventLayout:
         return self.rows == len(self.spans)
 
     @property
-    def batching(self) -> str:
-        return "padded" if self.one_event_per_row else "packed"
-
-    @property
     def total_slots(self) -> int:
         return self.rows * self.row_slots
 
