@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from heptstudy.config import load_config
-from heptstudy.data import BatchLoader, collate, load_events, ntest_batches, validation_batches
+from heptstudy.data import BatchLoader, collate, load_events, validation_batches
 from heptstudy.data.features import (
     NEAREST_CAP,
     POS_X,
@@ -229,8 +229,6 @@ def test_load_events_and_fixed_evaluation_events(tiny):
     assert all(_same(b[k], b2[k]) for k in b)
     val = validation_batches(cfg, 2)
     assert [x["event_index"].tolist() for x in val] == [[0, 1], [2]]
-    test = ntest_batches(cfg, 2)
-    assert [x["event_index"].tolist() for x in test] == [[3, 4]]
     too_many = _config(tiny, "data.nvalid=10", "data.ntest=5")
     from heptstudy.errors import DataError
 

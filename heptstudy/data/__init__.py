@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_BATCHING = ("BatchLoader", "collate", "load_events", "ntest_batches", "validation_batches")
+_BATCHING = ("BatchLoader", "collate", "load_events", "validation_batches")
 
 
 def __getattr__(name: str) -> Any:

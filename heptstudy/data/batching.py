@@ -115,10 +115,11 @@ def neighbourhood_radii(config, ds: ShardedDataset) -> list[float] | None:
     return list(tf.radii) if tf.enabled and ds.is_hits else None
 
 
-def _read(
-    ds: ShardedDataset, indices: Sequence[int], workers: int, radii: Sequence[float] | None
-) -> list[dict[str, Any]]:
-    """Events ``indices`` of ``ds``, with their neighbourhood block when ``radii`` are given."""
+def _batch(
+    config, ds: ShardedDataset, indices: Sequence[int], radii: Sequence[float] | None
+) -> dict[str, torch.Tensor]:
+    """Events ``indices`` of ``ds`` collated, with their neighbourhood block when ``radii`` are
+    given."""
 
     # computed in the reader threads: the k-d tree searches release the GIL
     def read(index: int) -> dict[str, Any]:
@@ -127,8 +128,9 @@ def _read(
             ev["neighbourhood"] = tracker_neighbourhood(ev["X"], radii)
         return ev
 
-    if workers > 0 and len(indices) > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+    d = config.data
+    if d.num_workers > 0 and len(indices) > 1:
+        with ThreadPoolExecutor(max_workers=d.num_workers) as pool:
             events = list(pool.map(read, indices))
     else:
         events = [read(i) for i in indices]
@@ -142,18 +144,18 @@ def _read(
             "empty or damaged: regenerate it (`heptstudy data generate`) or point "
             "data.data_dir at one whose events have hits"
         )
-    return events
+    return collate(events, d.pad_to_multiple, radii, d.batching)
 
 
 def load_events(config, indices: Sequence[int], split: str = "train") -> dict[str, torch.Tensor]:
     """One collated batch of exactly the events ``indices`` of ``split`` (global indices)."""
     ds = dataset_for(config, split)
-    radii = neighbourhood_radii(config, ds)
-    events = _read(ds, [int(i) for i in indices], config.data.num_workers, radii)
-    return collate(events, config.data.pad_to_multiple, radii, config.data.batching)
+    return _batch(config, ds, [int(i) for i in indices], neighbourhood_radii(config, ds))
 
 
-def _fixed_batches(config, start: int, count: int, batch_size: int) -> list[dict]:
+def validation_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """Batches of the ``nvalid`` fixed validation events: test-split events ``0..nvalid-1`` (the
+    ``ntest`` events after them are kept apart)."""
     if batch_size < 1:
         raise DataError(f"batch_size={batch_size} must be >= 1")
     ds = dataset_for(config, "test")
@@ -164,20 +166,11 @@ def _fixed_batches(config, start: int, count: int, batch_size: int) -> list[dict
             f"events are needed from the test split, but {ds.name} configs {ds.shard_names} "
             f"hold only {len(ds)}; lower data.nvalid/data.ntest or generate more test events"
         )
-    idx = list(range(start, start + count))
+    n = config.data.nvalid
     return [
-        load_events(config, idx[i : i + batch_size], "test") for i in range(0, len(idx), batch_size)
+        load_events(config, range(i, min(i + batch_size, n)), "test")
+        for i in range(0, n, batch_size)
     ]
-
-
-def validation_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
-    """Batches of the ``nvalid`` fixed validation events: test-split events ``0..nvalid-1``."""
-    return _fixed_batches(config, 0, config.data.nvalid, batch_size)
-
-
-def ntest_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
-    """Batches of the ``ntest`` fixed test events: test-split events ``nvalid..nvalid+ntest-1``."""
-    return _fixed_batches(config, config.data.nvalid, config.data.ntest, batch_size)
 
 
 class BatchLoader:
@@ -218,10 +211,7 @@ class BatchLoader:
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        indices = self.sampler.take(self.batch_size)
-        events = _read(self.dataset, indices, self.config.data.num_workers, self.radii)
-        d = self.config.data
-        batch = collate(events, d.pad_to_multiple, self.radii, d.batching)
+        batch = _batch(self.config, self.dataset, self.sampler.take(self.batch_size), self.radii)
         self.batches_served += 1
         return batch
 

@@ -8,13 +8,14 @@ import errno
 import functools
 import os
 import re
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from heptstudy.data.schema import CLASS_PDG_IDS, HIT_FEATURES, PF_FEATURES, TARGET_COLUMNS
+from heptstudy.data.schema import HIT_FEATURES, PF_FEATURES, TARGET_COLUMNS
 from heptstudy.errors import DataError
 from heptstudy.stand_ins import write_fault
 
@@ -28,7 +29,6 @@ X_WIDTH = {HITS_NAME: len(HIT_FEATURES), PF_NAME: len(PF_FEATURES)}
 Y_WIDTH = len(TARGET_COLUMNS)
 FEATURE_KEYS = ("X", "ytarget", "ycand", "genmet", "genjets", "targetjets")
 EVENTS_PER_SHARD = 256
-assert tuple(CLASS_PDG_IDS) == (0, 211, 130, 22, 11, 13)
 
 
 @functools.cache
@@ -36,11 +36,6 @@ def features_dict(name: str):
     """The TFDS feature dictionary of data set ``name`` (identical to the real data set's)."""
     import tensorflow_datasets as tfds
 
-    if name not in X_WIDTH:
-        raise DataError(
-            f"unknown data set name {name!r}; known: {sorted(X_WIDTH)}; "
-            "set data.dataset to one of them (NAME:VERSION)"
-        )
     return tfds.features.FeaturesDict(
         {
             key: tfds.features.Scalar(dtype=np.float32)
@@ -73,7 +68,8 @@ def _refused_writes_as_os_errors(path: Path) -> Iterator[None]:
 
 class ArrayRecordDatasetWriter:
     """Stream examples of one builder config into ArrayRecord shards plus TFDS metadata (not
-    ``download_and_prepare``: past 1 GB it spills its shuffle buffer through TensorFlow)."""
+    ``download_and_prepare``: past 1 GB it spills its shuffle buffer through TensorFlow). The
+    caller has checked ``config`` and that the data set does not exist yet."""
 
     def __init__(
         self,
@@ -84,35 +80,19 @@ class ArrayRecordDatasetWriter:
         metadata: Mapping[str, Any],
         description: str,
     ) -> None:
-        import tensorflow_datasets as tfds
-
-        if config not in CONFIG_NAMES:
-            raise DataError(f"builder config {config!r} is not one of {list(CONFIG_NAMES)}")
         self.name, self.config = name, config
         self.final = Path(data_dir) / name / config / VERSION
-        if self.final.exists():
-            raise DataError(
-                f"{self.final} already exists; remove it or choose another --data-dir "
-                "(data sets are never silently overwritten)"
-            )
         self.tmp = self.final.parent / f"incomplete.{VERSION}"
         if self.tmp.exists():
-            import shutil
-
             shutil.rmtree(self.tmp)
         self.tmp.mkdir(parents=True)
-        self.features = features_dict(name)
         self.metadata, self.description = dict(metadata), description
-        self._tfds = tfds
         self._plan = {}
         for split, n in split_sizes.items():
             n_shards = max(1, -(-int(n) // EVENTS_PER_SHARD))
             bounds = np.linspace(0, int(n), n_shards + 1).astype(int)
             self._plan[split] = dict(n=int(n), bounds=bounds, count=0, shard=-1, bytes=0)
             self._plan[split].update(writer=None, path=None)
-
-    def _path(self, split: str, shard: int, n_shards: int) -> Path:
-        return self.tmp / f"{self.name}-{split}.array_record-{shard:05d}-of-{n_shards:05d}"
 
     def add_serialized(self, split: str, data: bytes) -> None:
         """Append an example already serialised with :func:`features_dict` ``(name)``."""
@@ -128,7 +108,8 @@ class ArrayRecordDatasetWriter:
         shard = int(np.searchsorted(bounds, i, side="right")) - 1
         if shard != plan["shard"]:
             self._close(plan)
-            plan["path"] = self._path(split, shard, len(bounds) - 1)
+            name = f"{self.name}-{split}.array_record-{shard:05d}-of-{len(bounds) - 1:05d}"
+            plan["path"] = self.tmp / name
             with _refused_writes_as_os_errors(plan["path"]):
                 plan["writer"] = ArrayRecordWriter(str(plan["path"]), "group_size:1")
             plan["shard"] = shard
@@ -146,7 +127,9 @@ class ArrayRecordDatasetWriter:
 
     def finish(self) -> Path:
         """Close the shards and write the metadata, still under the temporary name."""
-        tfds = self._tfds
+        import tensorflow_datasets as tfds
+        from tensorflow_datasets.core import dataset_info as dataset_info_lib
+
         infos = []
         for split, plan in self._plan.items():
             self._close(plan)
@@ -166,8 +149,6 @@ class ArrayRecordDatasetWriter:
                     filename_template=template,
                 )
             )
-        from tensorflow_datasets.core import dataset_info as dataset_info_lib
-
         identity = dataset_info_lib.DatasetIdentity(
             name=self.name,
             version=tfds.core.Version(VERSION),
@@ -179,7 +160,7 @@ class ArrayRecordDatasetWriter:
         info = tfds.core.DatasetInfo(
             builder=identity,
             description=self.description,
-            features=self.features,
+            features=features_dict(self.name),
             metadata=tfds.core.MetadataDict(self.metadata),
             homepage="https://github.com/jpata/particleflow (schema); synthetic events",
         )
@@ -204,8 +185,6 @@ class ArrayRecordDatasetWriter:
 
     def discard(self) -> None:
         """Remove what was written but not published, and the folders left empty."""
-        import shutil
-
         for plan in self._plan.values():
             # a shard left open by the failure being reported: its own error does not matter
             with contextlib.suppress(OSError):
@@ -275,21 +254,14 @@ class ShardedDataset:
 
     def __init__(
         self,
-        sources: Sequence[Any],
-        shard_names: Sequence[str],
-        name: str,
-        split: str,
+        sources: list[Any],
+        files: list[list[tuple[Path, int]]],
         metadata: dict[str, Any],
         x_width: int,
-        files: Sequence[Sequence[tuple[Path, int]]],
     ) -> None:
-        self._sources = list(sources)
-        self._files = [list(f) for f in files]
-        self.shard_names = list(shard_names)
-        self.name = name
-        self.split = split
-        self.metadata = metadata
-        self.x_width = x_width
+        self._sources, self._files, self.metadata, self.x_width = sources, files, metadata, x_width
+        self.name, self.split = metadata["name"], metadata["split"]
+        self.shard_names = metadata["configs"]
         self.shard_sizes = [len(s) for s in self._sources]
         self._offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
 
@@ -315,8 +287,6 @@ class ShardedDataset:
         shard, local = self.locate(index)
         try:
             raw = self._sources[shard][local]
-        except DataError:
-            raise
         except Exception as err:  # the reader's errors have no common type; all mean "unreadable"
             raise self._unreadable(shard, local, err) from None
         ev = {
@@ -325,13 +295,15 @@ class ShardedDataset:
             )
             for key, width in _widths(self.x_width).items()
         }
+        x_names = HIT_FEATURES if self.is_hits else PF_FEATURES
         # a finite sum means every entry is finite: only then skip the element-wise look
         for key, what in (("X", "input feature"), ("ytarget", "target")):
             values = ev[key]
             if np.isfinite(values.sum()) or np.isfinite(values).all():
                 continue
             row, col = np.argwhere(~np.isfinite(values))[0]
-            column = self._x_feature(col) if key == "X" else TARGET_COLUMNS[col]
+            names = x_names if key == "X" else TARGET_COLUMNS
+            column = names[col] if col < len(names) else f"column {col}"
             raise DataError(
                 f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
                 f"index {index}) has a non-finite {what}: {key}[{row}, {col}] = "
@@ -362,10 +334,6 @@ class ShardedDataset:
             f"synthetic data (remove {folder}, then run `heptstudy data generate`)"
         )
 
-    def _x_feature(self, col: int) -> str:
-        names = HIT_FEATURES if self.is_hits else PF_FEATURES
-        return names[col] if col < len(names) else f"column {col}"
-
     def empty_events(self, indices: Sequence[int]) -> list[str]:
         """The events among ``indices`` that hold no hit (element), each named."""
         empty = []
@@ -392,8 +360,6 @@ def open_dataset(
     name, version = parse_dataset(dataset)
     if not configs:
         raise DataError("data.configs is empty; give at least one builder config, e.g. ['1']")
-    if isinstance(configs, str):
-        configs = [configs]
     data_dir = Path(data_dir).expanduser()
     sources, metas, files = [], [], []
     expected = X_WIDTH.get(name)
@@ -404,9 +370,8 @@ def open_dataset(
             builder = tfds.builder(f"{name}/{config}:{version}", data_dir=str(data_dir))
         except Exception as err:  # TFDS raises several types; report them all the same way
             raise DataError(
-                f"TFDS could not open {str(path)!r}: {type(err).__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else ''}; check that the directory holds "
-                "a TFDS data set"
+                f"TFDS could not open {str(path)!r}: {_describe_error(err)}; check that the "
+                "directory holds a TFDS data set"
             ) from None
         info = builder.info
         _check_against_folder(info, path, name, config, version)
@@ -441,8 +406,7 @@ def open_dataset(
         except Exception as err:
             raise DataError(
                 f"{str(path)!r} cannot be read as a random-access data source "
-                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); the "
-                "reader needs ArrayRecord files (file_format array_record): convert the data set "
+                f"({_describe_error(err)}); the reader needs ArrayRecord files (file_format array_record): convert the data set "
                 "with `tfds build --file_format=array_record` or regenerate it"
             ) from None
         files.append(_shard_files(info.splits[split], path, name, config, version, split))
@@ -453,9 +417,7 @@ def open_dataset(
     metadata = {k: v for k, v in metas[0].items() if k not in ("config", "path")}
     metadata.update(synthetic=any(m["synthetic"] for m in metas), name=name, version=version)
     metadata.update(configs=[str(c) for c in configs], split=split, per_config=metas)
-    return ShardedDataset(
-        sources, [str(c) for c in configs], name, split, metadata, expected, files
-    )
+    return ShardedDataset(sources, files, metadata, expected)
 
 
 def _describe_error(err: Exception) -> str:

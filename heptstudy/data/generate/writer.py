@@ -77,7 +77,7 @@ def _check_arguments(data_dir, events_train, events_test, configs, occupancy_sca
         )
     for name in (HITS_NAME, PF_NAME):
         for c in configs:
-            if (data_dir / name / c / VERSION / "dataset_info.json").exists():
+            if (data_dir / name / c / VERSION).exists():
                 raise DataError(
                     f"{data_dir / name / c / VERSION} already exists; remove it or choose another "
                     "--data-dir (data sets are never silently overwritten)"
