@@ -53,7 +53,7 @@ def test_trace_orders_the_steps_storages_and_names_the_gradients():
 
 def test_fake_step_trace_replays_to_the_trackers_peak(tiny_data_dir, tiny_overrides):
     from heptstudy.config import load_config
-    from heptstudy.data import load_events
+    from heptstudy.data.batching import load_events
     from heptstudy.estimate.fake_step import estimate_step
 
     cfg = load_config(overrides=tiny_overrides + [f"data.data_dir={tiny_data_dir}"])

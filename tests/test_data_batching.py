@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from heptstudy.config import load_config
-from heptstudy.data import BatchLoader, collate, load_events, validation_batches
+from heptstudy.data.batching import BatchLoader, collate, load_events, validation_batches
 from heptstudy.data.features import (
     NEAREST_CAP,
     POS_X,

@@ -156,7 +156,7 @@ def _tiny_bf16_config(data_dir, checkpointing: str):
 
 @pytest.mark.parametrize("checkpointing", ["false", "true"])
 def test_target_faithful_fake_step_runs_the_tiny_model(tiny_data_dir, checkpointing):
-    from heptstudy.data import load_events
+    from heptstudy.data.batching import load_events
     from heptstudy.estimate.fake_step import estimate_step
 
     cfg = _tiny_bf16_config(tiny_data_dir, checkpointing)
@@ -180,7 +180,7 @@ def test_target_faithful_fake_step_runs_the_tiny_model(tiny_data_dir, checkpoint
 def test_skipping_repeated_slices_changes_no_figure(tiny_data_dir, monkeypatch, checkpointing):
     """The fake step skips repeats of the sliced loops; with small slices (many iterations) every
     figure the estimate gives is the same as with every iteration run."""
-    from heptstudy.data import load_events
+    from heptstudy.data.batching import load_events
     from heptstudy.estimate.bench_process import simulate_bench_process
     from heptstudy.estimate.fake_step import estimate_step
     from heptstudy.model import heptv2

@@ -292,7 +292,7 @@ def test_bad_requests_are_refused(changes, message):
 
 
 def test_fake_estimate_matches_cpu_live_bytes(tiny_data_dir):
-    from heptstudy.data import load_events
+    from heptstudy.data.batching import load_events
     from heptstudy.estimate.fake_step import estimate_step
     from heptstudy.meters.memory import make_meter
     from heptstudy.model import build_model

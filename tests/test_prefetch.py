@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from heptstudy.config import load_config
-from heptstudy.data import BatchLoader
+from heptstudy.data.batching import BatchLoader
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import DataError
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from heptstudy.config import Config
-from heptstudy.data import load_events
+from heptstudy.data.batching import load_events
 from heptstudy.estimate.fake_step import estimate_step
 from heptstudy.model.adaptive_checkpointing import plan_config
 from heptstudy.model.checkpoint_plan import FULL, OFF, plan_named

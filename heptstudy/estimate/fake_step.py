@@ -21,8 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from heptstudy import fingerprint as code_fingerprint
 from heptstudy import stand_ins
 from heptstudy.config import HIT_VARIANT, Config
-from heptstudy.data import load_events
-from heptstudy.data.batching import dataset_for, map_tensors
+from heptstudy.data.batching import dataset_for, load_events, map_tensors
 from heptstudy.data.layout import batch_shape
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.autocast_policy import UnknownTorchVersion, target_autocast

@@ -10,8 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from heptstudy.config import Config, PlatformConfig
-from heptstudy.data import load_events
-from heptstudy.data.batching import dataset_for
+from heptstudy.data.batching import dataset_for, load_events
 from heptstudy.errors import ConfigError
 from heptstudy.estimate.fake_step import estimate_step, fit_batches
 from heptstudy.estimate.keys import model_key

@@ -239,8 +239,7 @@ def stale_parts(doc: dict, matrix_path: Path) -> list[str]:
 def predict_run(config, profile, *, batch_size: int, warmup: int, steps: int, passes: str):
     """One memory run's prediction; ``profile`` None: the CPU."""
     # imported here: readers of the file do not load the estimator
-    from heptstudy.data import load_events
-    from heptstudy.data.batching import event_indices
+    from heptstudy.data.batching import event_indices, load_events
     from heptstudy.estimate.bench_process import simulate_bench_process
     from heptstudy.estimate.fake_step import DEFAULT_TORCH_VERSION, estimate_step
 

@@ -15,8 +15,13 @@ from tqdm.auto import tqdm
 
 from heptstudy.atomic import Output, folder_write_problem
 from heptstudy.committed import refuse_committed
-from heptstudy.data import load_events, validation_batches
-from heptstudy.data.batching import dataset_for, event_indices, to_device
+from heptstudy.data.batching import (
+    dataset_for,
+    event_indices,
+    load_events,
+    to_device,
+    validation_batches,
+)
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.plans import predictor_for
 from heptstudy.measure import report as rp

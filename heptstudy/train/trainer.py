@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from heptstudy.atomic import atomic_open, atomic_write_text, free_space_problem
 from heptstudy.config import Config
-from heptstudy.data import BatchLoader, validation_batches
+from heptstudy.data.batching import BatchLoader, validation_batches
 from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError, Interrupted, os_error_advice
 from heptstudy.locks import holding
