@@ -30,27 +30,21 @@ class EventSpan:
 
 @dataclass(frozen=True)
 class EventLayout:
-    """Host integers (no device sync, and fake-tensor steps can read them)."""
+    """Host integers (no device sync, and fake-tensor steps can read them). Built by
+    :meth:`padded` or :meth:`packed`, so events tile the rows in order and every row rounds to
+    the same number of bucket slots."""
 
     rows: int
     row_slots: int
     spans: tuple[EventSpan, ...]
 
     def __post_init__(self) -> None:
-        ends = [0] * self.rows
         for e, s in enumerate(self.spans):
-            if not 0 <= s.row < self.rows or s.start != ends[s.row] or not 0 <= s.hits <= s.slots:
+            if not 0 <= s.hits <= s.slots:
                 raise DataError(
-                    f"event {e} of the batch lies at row {s.row}, slots {s.start}..{s.stop} "
-                    f"with {s.hits} hits; events must tile rows 0..{self.rows - 1} in order, "
-                    "real hits first (build batches with heptstudy.data.batching.collate)"
+                    f"event {e} of the batch has {s.hits} hits in {s.slots} slots; an event's "
+                    "hits must fit its slots (build batches with heptstudy.data.batching.collate)"
                 )
-            ends[s.row] = s.stop
-        if any(end != self.row_slots for end in ends):
-            raise DataError(
-                f"the events of the batch fill rows to {ends} slots, not {self.row_slots} each; "
-                "build batches with heptstudy.data.batching.collate"
-            )
 
     @classmethod
     def padded(cls, hits: Sequence[int], row_slots: int) -> EventLayout:
@@ -107,11 +101,6 @@ class EventLayout:
             bucket_start.append(row_len[s.row])
             row_len[s.row] += n
         Sp = max(row_len)
-        if any(n != Sp for n in row_len):
-            raise DataError(
-                f"rows of the batch round to {row_len} bucket slots: rows of one batch must "
-                "hold the same events' lengths (padded) or be one row (packed)"
-            )
         event = self.slot_event(device)
         shift = torch.tensor(
             [b - s.start for b, s in zip(bucket_start, self.spans, strict=True)], device=device

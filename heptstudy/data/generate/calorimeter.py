@@ -7,36 +7,7 @@ import math
 
 import numpy as np
 
-from heptstudy.data.generate.detector import (
-    B_FIELD,
-    BKG_CALO_MEDIAN,
-    BKG_SIGMA,
-    C_MM_PER_NS,
-    ECAL_CELL,
-    ECAL_HALF_Z,
-    ECAL_LAYERS,
-    ECAL_R,
-    ECAL_Z,
-    EM_HITS_PER_GEV,
-    EM_POWER,
-    HAD_HITS_PER_GEV,
-    HAD_POWER,
-    HCAL_CELL,
-    HCAL_LAYERS,
-    HCAL_R,
-    HCAL_Z,
-    MUON_CELL,
-    MUON_LAYERS,
-    MUON_R,
-    SUBDET_ECAL,
-    SUBDET_HCAL,
-    SUBDET_MUON,
-    SYSTEM_ECAL_BARREL,
-    SYSTEM_ECAL_ENDCAP,
-    SYSTEM_HCAL_BARREL,
-    SYSTEM_HCAL_ENDCAP,
-    SYSTEM_MUON,
-)
+from heptstudy.data.generate import detector as det
 from heptstudy.data.generate.hits import fill_geometry, hits_array
 from heptstudy.data.generate.kinematics import orthonormal
 
@@ -74,12 +45,12 @@ def _share(rng, owner: np.ndarray, total: np.ndarray, shape: float = 0.6) -> np.
 
 def _em_showers(rng, em, energy, axis, barrel, occ: float) -> list[Block]:
     """Longitudinal Gamma profile peaking near ln(E) in the ECAL."""
-    n_em = np.where(em, rng.poisson(EM_HITS_PER_GEV * occ * energy**EM_POWER), 0)
+    n_em = np.where(em, rng.poisson(det.EM_HITS_PER_GEV * occ * energy**det.EM_POWER), 0)
     own = np.repeat(np.arange(len(em)), n_em)
     if not len(own):
         return []
     shape = 2.0 + 0.6 * np.log(np.maximum(energy[own], 0.1) / 0.01)
-    layer = np.minimum(rng.gamma(shape, 1.6), ECAL_LAYERS - 1).astype(int)
+    layer = np.minimum(rng.gamma(shape, 1.6), det.ECAL_LAYERS - 1).astype(int)
     edep = energy * np.clip(1 + rng.normal(0, 0.15 / np.sqrt(energy)), 0.3, 2.0)
     e_hit = _share(rng, own, edep)
     return [(calo_block(rng, own, axis, barrel, layer, "ecal", e_hit, 9.0, 0), own)]
@@ -87,7 +58,7 @@ def _em_showers(rng, em, energy, axis, barrel, occ: float) -> list[Block]:
 
 def _hadron_showers(rng, had, start, energy, axis, barrel, occ: float) -> list[Block]:
     """Showers starting at depth ``start`` (lambda); the ECAL is 1 lambda deep, the HCAL 5.5."""
-    n_had = np.where(had, rng.poisson(HAD_HITS_PER_GEV * occ * energy**HAD_POWER), 0)
+    n_had = np.where(had, rng.poisson(det.HAD_HITS_PER_GEV * occ * energy**det.HAD_POWER), 0)
     own = np.repeat(np.arange(len(had)), n_had)
     if not len(own):
         return []
@@ -95,8 +66,8 @@ def _hadron_showers(rng, had, start, energy, axis, barrel, occ: float) -> list[B
     in_ecal = depth < 1.0
     edep = energy * np.clip(0.85 + rng.normal(0, 0.5 / np.sqrt(energy)), 0.1, 1.5)
     e_hit = _share(rng, own, edep)
-    le = np.minimum((depth / 1.0 * ECAL_LAYERS), ECAL_LAYERS - 1).astype(int)
-    lh = np.minimum(((depth - 1.0) / 5.5 * HCAL_LAYERS), HCAL_LAYERS - 1).astype(int)
+    le = np.minimum((depth / 1.0 * det.ECAL_LAYERS), det.ECAL_LAYERS - 1).astype(int)
+    lh = np.minimum(((depth - 1.0) / 5.5 * det.HCAL_LAYERS), det.HCAL_LAYERS - 1).astype(int)
     blocks = []
     for m, calo, layer, spread in ((in_ecal, "ecal", le, 25.0), (~in_ecal, "hcal", lh, 60.0)):
         if m.any():
@@ -111,12 +82,12 @@ def _mip_hits(rng, mu, charged_had, start, axis, barrel, thin: float) -> list[Bl
     """One hit per layer: muons everywhere, charged hadrons before their shower starts."""
     idx = np.arange(len(mu))
     mip_ecal_layers = np.where(
-        mu, ECAL_LAYERS, np.where(charged_had, np.minimum(start, 1.0) * ECAL_LAYERS, 0)
+        mu, det.ECAL_LAYERS, np.where(charged_had, np.minimum(start, 1.0) * det.ECAL_LAYERS, 0)
     ).astype(int)
     blocks = []
     for calo, nl_of, e_mip in (
         ("ecal", mip_ecal_layers, 0.005),
-        ("hcal", np.where(mu, HCAL_LAYERS, 0), 0.025),
+        ("hcal", np.where(mu, det.HCAL_LAYERS, 0), 0.025),
     ):
         own = np.repeat(idx, nl_of)
         if not len(own):
@@ -135,29 +106,29 @@ def _muon_system_hits(rng, selected, axis, thin: float) -> list[Block]:
     m_idx = np.flatnonzero(selected)
     if not len(m_idx):
         return []
-    own = np.repeat(m_idx, MUON_LAYERS)
-    layer = np.tile(np.arange(MUON_LAYERS), len(m_idx))
+    own = np.repeat(m_idx, det.MUON_LAYERS)
+    layer = np.tile(np.arange(det.MUON_LAYERS), len(m_idx))
     keep = rng.random(len(own)) < thin
     own, layer = own[keep], layer[keep]
-    r_l = MUON_R[0] + (layer + 0.5) / MUON_LAYERS * (MUON_R[1] - MUON_R[0])
+    r_l = det.MUON_R[0] + (layer + 0.5) / det.MUON_LAYERS * (det.MUON_R[1] - det.MUON_R[0])
     sin_t = np.hypot(axis[own, 0], axis[own, 1])
     pos = (r_l / np.maximum(sin_t, 0.3))[:, None] * axis[own]
-    pos = np.round(pos / MUON_CELL) * MUON_CELL
+    pos = np.round(pos / det.MUON_CELL) * det.MUON_CELL
     h = hits_array(len(own))
     fill_geometry(
-        h, pos, 0.002 * np.ones(len(own)), np.linalg.norm(pos, axis=1) / C_MM_PER_NS, True
+        h, pos, 0.002 * np.ones(len(own)), np.linalg.norm(pos, axis=1) / det.C_MM_PER_NS, True
     )
     h[:, 0] = 2
-    h[:, 10] = SUBDET_MUON
+    h[:, 10] = det.SUBDET_MUON
     h[:, 11] = 2
-    h[:, 12] = SYSTEM_MUON
+    h[:, 12] = det.SYSTEM_MUON
     h[:, 14] = layer
     return [(h, own)]
 
 
 def _background(rng, occ: float) -> list[Block]:
     """Low-energy hits (gamma gamma -> hadrons, pairs), mostly forward, log-normal count."""
-    n_bkg = rng.poisson(BKG_CALO_MEDIAN * occ * math.exp(rng.normal(0, BKG_SIGMA)))
+    n_bkg = rng.poisson(det.BKG_CALO_MEDIAN * occ * math.exp(rng.normal(0, det.BKG_SIGMA)))
     if not n_bkg:
         return []
     eta = rng.normal(0, 1.9, n_bkg)
@@ -165,11 +136,11 @@ def _background(rng, occ: float) -> list[Block]:
     theta = 2 * np.arctan(np.exp(-eta))
     ax = np.stack([np.sin(theta) * np.cos(phi), np.sin(theta) * np.sin(phi), np.cos(theta)], 1)
     cot = ax[:, 2] / np.maximum(np.hypot(ax[:, 0], ax[:, 1]), 1e-9)
-    bar = np.abs(ECAL_R[0] * cot) < ECAL_HALF_Z
+    bar = np.abs(det.ECAL_R[0] * cot) < det.ECAL_HALF_Z
     hcal = rng.random(n_bkg) < 0.4
     e = rng.exponential(0.004, n_bkg)
     blocks = []
-    for calo, m, nl in (("ecal", ~hcal, ECAL_LAYERS), ("hcal", hcal, HCAL_LAYERS)):
+    for calo, m, nl in (("ecal", ~hcal, det.ECAL_LAYERS), ("hcal", hcal, det.HCAL_LAYERS)):
         if m.any():
             layer = rng.integers(0, nl, m.sum())
             h = calo_block(rng, np.arange(m.sum()), ax[m], bar[m], layer, calo, e[m], 0.0, 3)
@@ -183,9 +154,9 @@ def calo_entry(parts: dict[str, np.ndarray], idx: np.ndarray):
     pt = parts["pt"][idx]
     q = parts["charge"][idx]
     cot = mom[:, 2] / pt
-    barrel = np.abs(ECAL_R[0] * cot) < ECAL_HALF_Z
-    r_entry = np.where(barrel, ECAL_R[0], np.abs(ECAL_Z[0] / np.where(cot == 0, 1e-9, cot)))
-    radius = pt / (0.3 * B_FIELD) * 1000.0
+    barrel = np.abs(det.ECAL_R[0] * cot) < det.ECAL_HALF_Z
+    r_entry = np.where(barrel, det.ECAL_R[0], np.abs(det.ECAL_Z[0] / np.where(cot == 0, 1e-9, cot)))
+    radius = pt / (0.3 * det.B_FIELD) * 1000.0
     bend = np.where(q != 0, np.arcsin(np.clip(r_entry / (2 * radius), 0, 1)), 0.0)
     phi = parts["phi"][idx] - q * bend
     theta = np.arctan2(pt, mom[:, 2])
@@ -196,7 +167,7 @@ def calo_entry(parts: dict[str, np.ndarray], idx: np.ndarray):
 
 def _layer_position(axis, barrel, depth_frac, calo: str):
     """Point on the shower axis at fractional depth (0..1) through the ECAL or HCAL."""
-    (r0, r1), (z0, z1) = (ECAL_R, ECAL_Z) if calo == "ecal" else (HCAL_R, HCAL_Z)
+    (r0, r1), (z0, z1) = (det.ECAL_R, det.ECAL_Z) if calo == "ecal" else (det.HCAL_R, det.HCAL_Z)
     sin_t = np.hypot(axis[:, 0], axis[:, 1])
     cos_t = axis[:, 2]
     r_l = r0 + depth_frac * (r1 - r0)
@@ -208,29 +179,29 @@ def _layer_position(axis, barrel, depth_frac, calo: str):
 def calo_block(rng, owner, axis, barrel, layer, calo, energy, spread_mm, kind) -> np.ndarray:
     """Hits of the owners in one layer, spread around the shower axis and snapped to cells."""
     n = len(owner)
-    nl = ECAL_LAYERS if calo == "ecal" else HCAL_LAYERS
+    nl = det.ECAL_LAYERS if calo == "ecal" else det.HCAL_LAYERS
     frac = (layer + 0.5) / nl
     centre = _layer_position(axis[owner], barrel[owner], frac, calo)
     e1, e2 = orthonormal(axis[owner])
     rad = rng.exponential(1.0, n) * spread_mm
     ang = rng.uniform(-np.pi, np.pi, n)
     pos = centre + (rad * np.cos(ang))[:, None] * e1 + (rad * np.sin(ang))[:, None] * e2
-    cell = ECAL_CELL if calo == "ecal" else HCAL_CELL
+    cell = det.ECAL_CELL if calo == "ecal" else det.HCAL_CELL
     pos = np.round(pos / cell) * cell + cell / 2
     r3 = np.linalg.norm(pos, axis=1)
-    t = r3 / C_MM_PER_NS + rng.exponential(0.3 if kind != 1 else 2.0, n)
+    t = r3 / det.C_MM_PER_NS + rng.exponential(0.3 if kind != 1 else 2.0, n)
     h = hits_array(n)
     fill_geometry(h, pos, energy, t, unit_scale=True)
     h[:, 0] = 2
     is_barrel = barrel[owner]
     if calo == "ecal":
-        h[:, 10] = SUBDET_ECAL
+        h[:, 10] = det.SUBDET_ECAL
         h[:, 11] = 0
-        h[:, 12] = np.where(is_barrel, SYSTEM_ECAL_BARREL, SYSTEM_ECAL_ENDCAP)
+        h[:, 12] = np.where(is_barrel, det.SYSTEM_ECAL_BARREL, det.SYSTEM_ECAL_ENDCAP)
     else:
-        h[:, 10] = SUBDET_HCAL
+        h[:, 10] = det.SUBDET_HCAL
         h[:, 11] = 1
-        h[:, 12] = np.where(is_barrel, SYSTEM_HCAL_BARREL, SYSTEM_HCAL_ENDCAP)
+        h[:, 12] = np.where(is_barrel, det.SYSTEM_HCAL_BARREL, det.SYSTEM_HCAL_ENDCAP)
     h[:, 13] = np.where(is_barrel, 0, np.sign(pos[:, 2]))
     h[:, 14] = layer
     return h
