@@ -9,7 +9,7 @@ import numpy as np
 
 from heptstudy.data.generate import detector as det
 from heptstudy.data.generate.hits import fill_geometry, hits_array
-from heptstudy.data.generate.kinematics import orthonormal
+from heptstudy.data.generate.particles import orthonormal
 
 Block = tuple[np.ndarray, np.ndarray]  # hits, owner particle index (-1: none)
 
