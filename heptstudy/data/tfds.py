@@ -406,8 +406,9 @@ def open_dataset(
         except Exception as err:
             raise DataError(
                 f"{str(path)!r} cannot be read as a random-access data source "
-                f"({_describe_error(err)}); the reader needs ArrayRecord files (file_format array_record): convert the data set "
-                "with `tfds build --file_format=array_record` or regenerate it"
+                f"({_describe_error(err)}); the reader needs ArrayRecord files (file_format "
+                "array_record): convert the data set with `tfds build --file_format=array_record` "
+                "or regenerate it"
             ) from None
         files.append(_shard_files(info.splits[split], path, name, config, version, split))
         sources.append(source)
@@ -473,7 +474,7 @@ def _shard_files(split_info, path: Path, name, config, version, split) -> list[t
             f"{', '.join(missing[:3])}{', ...' if missing[3:] else ''}; {redo}"
         )
     for file, expected in listed:
-        reader, found = None, -1
+        found = -1
         try:
             reader = ArrayRecordReader(str(file), "readahead_buffer_size:0")
             found = reader.num_records()

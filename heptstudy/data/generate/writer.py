@@ -12,13 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from heptstudy.data.generate.detector import (
-    B_FIELD,
-    BKG_CALO_MEDIAN,
-    BKG_TRACKER_MEDIAN,
-    EM_HITS_PER_GEV,
-    HAD_HITS_PER_GEV,
-)
+from heptstudy.data.generate import detector as det
 from heptstudy.data.generate.event import simulate_event
 from heptstudy.data.generate.jets import fastjet_module
 from heptstudy.data.generate.particles import SQRT_S
@@ -70,8 +64,7 @@ def _check_arguments(data_dir, events_train, events_test, configs, occupancy_sca
             f"occupancy_scale={occupancy_scale!r} must be a positive finite number "
             "(1.0 = the calibrated CLD-like occupancy; tests use ~0.03)"
         )
-    bad = [c for c in configs if c not in CONFIG_NAMES]
-    if bad or not configs:
+    if not configs or any(c not in CONFIG_NAMES for c in configs):
         raise DataError(
             f"configs={configs!r}: allowed builder configs are {list(CONFIG_NAMES)}; pass e.g. --configs 1 2"
         )
@@ -88,7 +81,7 @@ def _check_event_size(occupancy_scale: float, workers: int | None) -> None:
     """Refuse an occupancy whose median event alone cannot fit in memory, before simulating."""
     # a lower bound: the background hits of a median event (signal hits come on top), each a row
     # of X and of the two target tables in float32, one event in flight per worker
-    hits = occupancy_scale * (BKG_TRACKER_MEDIAN + BKG_CALO_MEDIAN)
+    hits = occupancy_scale * (det.BKG_TRACKER_MEDIAN + det.BKG_CALO_MEDIAN)
     row = 4 * (len(HIT_FEATURES) + 2 * len(TARGET_COLUMNS))
     refuse_above_memory(
         int(hits * row * (workers or 1)),
@@ -108,15 +101,15 @@ def _metadata(seed: int, occupancy_scale: float, events_train: int, events_test:
         "events_train": int(events_train),
         "events_test": int(events_test),
         "sqrt_s_gev": SQRT_S,
-        "b_field_t": B_FIELD,
+        "b_field_t": det.B_FIELD,
         "jets": "fastjet ee_genkt R=0.4 p=-1, pT > 5 GeV, (pt, eta, phi, energy)"
         if fastjet_module() is not None
         else "empty: fastjet is not installed",
         "calibration": {
-            "em_hits_per_gev": EM_HITS_PER_GEV,
-            "had_hits_per_gev": HAD_HITS_PER_GEV,
-            "bkg_tracker_median": BKG_TRACKER_MEDIAN,
-            "bkg_calo_median": BKG_CALO_MEDIAN,
+            "em_hits_per_gev": det.EM_HITS_PER_GEV,
+            "had_hits_per_gev": det.HAD_HITS_PER_GEV,
+            "bkg_tracker_median": det.BKG_TRACKER_MEDIAN,
+            "bkg_calo_median": det.BKG_CALO_MEDIAN,
         },
     }
 
