@@ -8,7 +8,6 @@ import math
 import numpy as np
 
 from heptstudy.data.generate import detector as det
-from heptstudy.data.generate.hits import fill_geometry, hits_array
 from heptstudy.data.generate.particles import orthonormal
 
 Block = tuple[np.ndarray, np.ndarray]  # hits, owner particle index (-1: none)
@@ -30,7 +29,7 @@ def calo_hits(rng, parts: dict[str, np.ndarray], occ: float) -> Block:
     blocks += _muon_system_hits(rng, mu & (energy > 3.0), axis, thin)
     blocks += _background(rng, occ)
     if not blocks:
-        return hits_array(0), np.zeros(0, dtype=np.int64)
+        return det.hits_array(0), np.zeros(0, dtype=np.int64)
     return merge_cells(
         np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks])
     )
@@ -114,8 +113,8 @@ def _muon_system_hits(rng, selected, axis, thin: float) -> list[Block]:
     sin_t = np.hypot(axis[own, 0], axis[own, 1])
     pos = (r_l / np.maximum(sin_t, 0.3))[:, None] * axis[own]
     pos = np.round(pos / det.MUON_CELL) * det.MUON_CELL
-    h = hits_array(len(own))
-    fill_geometry(
+    h = det.hits_array(len(own))
+    det.fill_geometry(
         h, pos, 0.002 * np.ones(len(own)), np.linalg.norm(pos, axis=1) / det.C_MM_PER_NS, True
     )
     h[:, 0] = 2
@@ -190,8 +189,8 @@ def calo_block(rng, owner, axis, barrel, layer, calo, energy, spread_mm, kind) -
     pos = np.round(pos / cell) * cell + cell / 2
     r3 = np.linalg.norm(pos, axis=1)
     t = r3 / det.C_MM_PER_NS + rng.exponential(0.3 if kind != 1 else 2.0, n)
-    h = hits_array(n)
-    fill_geometry(h, pos, energy, t, unit_scale=True)
+    h = det.hits_array(n)
+    det.fill_geometry(h, pos, energy, t, unit_scale=True)
     h[:, 0] = 2
     is_barrel = barrel[owner]
     if calo == "ecal":

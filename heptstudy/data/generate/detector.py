@@ -1,6 +1,7 @@
 """The synthetic CLD-like detector: geometry (mm), subdetector and system codes, hit-count
-calibration: at ``occupancy_scale=1`` the median event has about 900 tracker hits and 8,500
-calorimeter hits (as CLIC ttbar at 380 GeV) with a tail past 13,000 hits.
+calibration (at ``occupancy_scale=1`` the median event has about 900 tracker hits and 8,500
+calorimeter hits, as CLIC ttbar at 380 GeV, with a tail past 13,000 hits), and the hit row
+(``X`` of ``cld_edm_ttbar_hits``, columns in ``schema``).
 """
 
 from __future__ import annotations
@@ -68,3 +69,29 @@ BKG_TRACKER_MEDIAN = 390.0  # beam-induced tracker hits (log-normal per event)
 BKG_CALO_MEDIAN = 1700.0  # low-energy calorimeter hits (log-normal per event)
 BKG_SIGMA = 0.6
 TRACKER_EFFICIENCY = 0.97
+
+HIT_COLS = 15
+
+
+def hits_array(n: int) -> np.ndarray:
+    """``n`` empty hit rows."""
+    return np.zeros((n, HIT_COLS), dtype=np.float64)
+
+
+def fill_geometry(
+    h: np.ndarray, pos: np.ndarray, energy: np.ndarray, time_ns: np.ndarray, unit_scale: bool
+) -> None:
+    """Columns 1-9 from positions and energies. Tracker hits store (sin, cos) of phi times
+    rho_T/|pos| = sin(theta) (as the real hit data do), calorimeter hits unit-normalised."""
+    x, y, z = pos[:, 0], pos[:, 1], pos[:, 2]
+    rt = np.hypot(x, y)
+    r3 = np.sqrt(rt**2 + z**2)
+    rt_safe = np.maximum(rt, 1e-6)
+    h[:, 1] = energy * rt / np.maximum(r3, 1e-6)
+    h[:, 2] = np.arcsinh(z / rt_safe)
+    norm = rt_safe if unit_scale else np.maximum(r3, 1e-6)
+    h[:, 3] = y / norm
+    h[:, 4] = x / norm
+    h[:, 5] = energy
+    h[:, 6:9] = pos
+    h[:, 9] = time_ns

@@ -17,8 +17,9 @@ from heptstudy.data.generate.detector import (
     DISKS,
     SUBDET_TRACKER,
     TRACKER_EFFICIENCY,
+    fill_geometry,
+    hits_array,
 )
-from heptstudy.data.generate.hits import fill_geometry, hits_array
 
 
 def tracker_hits(rng, parts: dict[str, np.ndarray], occ: float):
