@@ -49,8 +49,6 @@ def collate(
     padding, ``mask`` True on real hits, ``layout`` says where each event lies."""
     if not events:
         raise DataError("cannot build a batch from zero events; ask for at least one event")
-    if pad_to_multiple < 1:
-        raise DataError(f"data.pad_to_multiple={pad_to_multiple} must be >= 1 (default 128)")
     if batching not in BATCHINGS:
         raise DataError(f"data.batching={batching!r} is not known; use one of {BATCHINGS}")
     lengths = np.array([len(ev["X"]) for ev in events], dtype=np.int64)

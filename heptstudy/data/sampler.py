@@ -103,11 +103,7 @@ class InterleavedShardSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("seed", "world_size", "mode", "shard_sizes"):
-            mine = getattr(self, key)
-            theirs = state.get(key)
-            if key == "shard_sizes":
-                theirs = [int(s) for s in theirs] if theirs is not None else None
-            if theirs != mine:
+            if (theirs := state.get(key)) != (mine := getattr(self, key)):
                 raise DataError(
                     f"sampler state has {key}={theirs!r} but this run has {key}={mine!r}; a run "
                     "can only resume with the same data set, seed, sampler and world size: "

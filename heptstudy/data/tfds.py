@@ -98,25 +98,22 @@ class ArrayRecordDatasetWriter:
         """Append an example already serialised with :func:`features_dict` ``(name)``."""
         from array_record.python.array_record_module import ArrayRecordWriter
 
-        plan = self._plan[split]
-        i = plan["count"]
-        if i >= plan["n"]:
+        plan, bounds = self._plan[split], self._plan[split]["bounds"]
+        if plan["count"] >= plan["n"]:
             raise DataError(
                 f"more than the announced {plan['n']} events written to split {split!r}"
             )
-        bounds = plan["bounds"]
-        shard = int(np.searchsorted(bounds, i, side="right")) - 1
-        if shard != plan["shard"]:
+        if plan["count"] == bounds[plan["shard"] + 1]:  # the first event of the next shard
             self._close(plan)
-            name = f"{self.name}-{split}.array_record-{shard:05d}-of-{len(bounds) - 1:05d}"
+            plan["shard"] += 1
+            name = f"{self.name}-{split}.array_record-{plan['shard']:05d}-of-{len(bounds) - 1:05d}"
             plan["path"] = self.tmp / name
             with _refused_writes_as_os_errors(plan["path"]):
                 plan["writer"] = ArrayRecordWriter(str(plan["path"]), "group_size:1")
-            plan["shard"] = shard
         with _refused_writes_as_os_errors(plan["path"]):
             plan["writer"].write(data)
         plan["bytes"] += len(data)
-        plan["count"] = i + 1
+        plan["count"] += 1
 
     @staticmethod
     def _close(plan: dict[str, Any]) -> None:

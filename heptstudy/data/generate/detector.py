@@ -70,12 +70,10 @@ BKG_CALO_MEDIAN = 1700.0  # low-energy calorimeter hits (log-normal per event)
 BKG_SIGMA = 0.6
 TRACKER_EFFICIENCY = 0.97
 
-HIT_COLS = 15
-
 
 def hits_array(n: int) -> np.ndarray:
-    """``n`` empty hit rows."""
-    return np.zeros((n, HIT_COLS), dtype=np.float64)
+    """``n`` empty hit rows (the 15 columns of ``schema.HIT_FEATURES``)."""
+    return np.zeros((n, 15), dtype=np.float64)
 
 
 def fill_geometry(
