@@ -64,7 +64,7 @@ def _stage_split(config, n_batches: int, batch: int) -> dict[str, float]:
             ms["features"] += time.process_time() - c
             events.append(ev)
         c = time.process_time()
-        collate(events, config.data.pad_to_multiple, loader.radii)
+        collate(events, config.data.pad_to_multiple)
         ms["collate"] += time.process_time() - c
         n += len(events)
     return {f"{k}_ms_per_event": 1e3 * v / n for k, v in ms.items()}

@@ -77,7 +77,10 @@ def _same(a, b) -> bool:
 def test_collate_padding_and_mask(tiny):
     ds = open_dataset(tiny, "cld_edm_ttbar_hits:3.2.1", ["1", "2"], "train")
     evs = [ds[i] for i in (0, 10, 4)]
-    b = collate(evs, 32, RADII)
+    assert "neighbourhood" not in collate(evs, 32)
+    for ev in evs:
+        ev["neighbourhood"] = tracker_neighbourhood(ev["X"], RADII)
+    b = collate(evs, 32)
     lengths = [len(e["X"]) for e in evs]
     padded = [-(-n // 32) * 32 for n in lengths]
     S = max(padded)
@@ -97,7 +100,6 @@ def test_collate_padding_and_mask(tiny):
         np.testing.assert_allclose(
             b["neighbourhood"][k, :n].numpy(), tracker_neighbourhood(ev["X"], RADII)
         )
-    assert "neighbourhood" not in collate(evs, 32)
 
 
 def test_collate_exact_multiple_and_pf(tiny):
@@ -225,6 +227,12 @@ def test_load_events_and_fixed_evaluation_events(tiny):
     cfg = _config(tiny)
     b = load_events(cfg, [5, 1, 16], "train")
     assert b["event_index"].tolist() == [5, 1, 16]
+    ds = open_dataset(tiny, "cld_edm_ttbar_hits:3.2.1", ["1", "2"], "train")
+    radii = cfg.model.tracker_features.radii
+    for k, i in enumerate([5, 1, 16]):  # the batch carries each event's tracker neighbourhood
+        n = len(ds[i]["X"])
+        want = tracker_neighbourhood(ds[i]["X"], radii)
+        np.testing.assert_array_equal(b["neighbourhood"][k, :n].numpy(), want)
     b2 = load_events(cfg, [5, 1, 16], "train")
     assert all(_same(b[k], b2[k]) for k in b)
     val = validation_batches(cfg, 2)

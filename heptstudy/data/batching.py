@@ -38,12 +38,10 @@ def map_tensors(batch: dict[str, Any], fn) -> dict[str, Any]:
 
 
 def collate(
-    events: Sequence[dict[str, Any]],
-    pad_to_multiple: int,
-    neighbourhood_radii: Sequence[float] | None = None,
-    batching: str = "padded",
+    events: Sequence[dict[str, Any]], pad_to_multiple: int, batching: str = "padded"
 ) -> dict[str, torch.Tensor]:
-    """``events`` (dicts with ``X``, ``ytarget`` and optionally ``event_index``) as one batch:
+    """``events`` (dicts with ``X``, ``ytarget``, optionally ``event_index`` and
+    ``neighbourhood``, the latter on all or none) as one batch:
     ``padded``, a row per event, each filled to the batch's longest (rounded up to
     ``pad_to_multiple``); ``packed``, one row of every event, each rounded up on its own. Zeros on
     padding, ``mask`` True on real hits, ``layout`` says where each event lies."""
@@ -62,22 +60,16 @@ def collate(
     X = np.zeros((R, S, F), dtype=np.float32)
     Y = np.zeros((R, S, events[0]["ytarget"].shape[1]), dtype=np.float32)
     mask = np.zeros((R, S), dtype=bool)
+    nb = None
     if "neighbourhood" in events[0]:
-        K = events[0]["neighbourhood"].shape[1]
-    else:
-        K = len(neighbourhood_radii) + 3 if neighbourhood_radii is not None else 0
-    nb = np.zeros((R, S, K), dtype=np.float32) if K else None
+        nb = np.zeros((R, S, events[0]["neighbourhood"].shape[1]), dtype=np.float32)
     for ev, span in zip(events, layout.spans, strict=True):
         hits = slice(span.start, span.start + span.hits)
         X[span.row, hits] = ev["X"]
         Y[span.row, hits] = ev["ytarget"]
         mask[span.row, hits] = True
         if nb is not None:
-            nb[span.row, hits] = (
-                ev["neighbourhood"]
-                if "neighbourhood" in ev
-                else tracker_neighbourhood(ev["X"], neighbourhood_radii)
-            )
+            nb[span.row, hits] = ev["neighbourhood"]
     out = {
         "X": torch.from_numpy(X),
         "mask": torch.from_numpy(mask),
@@ -142,7 +134,7 @@ def _batch(
             "empty or damaged: regenerate it (`heptstudy data generate`) or point "
             "data.data_dir at one whose events have hits"
         )
-    return collate(events, d.pad_to_multiple, radii, d.batching)
+    return collate(events, d.pad_to_multiple, d.batching)
 
 
 def load_events(config, indices: Sequence[int], split: str = "train") -> dict[str, torch.Tensor]:
