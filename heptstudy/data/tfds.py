@@ -192,11 +192,8 @@ class ArrayRecordDatasetWriter:
                 folder.rmdir()  # only when empty
 
 
-_DATASET_RE = re.compile(r"^([a-z0-9_]+):(\d+\.\d+\.\d+)$")
-
-
 def parse_dataset(dataset: str) -> tuple[str, str]:
-    m = _DATASET_RE.match(dataset or "")
+    m = re.match(r"([a-z0-9_]+):(\d+\.\d+\.\d+)$", dataset or "")
     if not m:
         raise DataError(
             f"data.dataset={dataset!r} is not of the form NAME:VERSION "

@@ -1,20 +1,26 @@
 """One simulated event -> the ``hits`` and ``pf`` examples (TFDS feature dicts). Truth targets:
 the properties of each particle that left a hit (``ytarget`` row layout) and which hit carries
 them. The ``pf`` example: tracks (charged particles with a track) then clusters (calorimeter hits
-grouped by particle), with element-wise targets."""
+grouped by particle), with element-wise targets. Jets: fastjet ee_genkt (R=0.4, p=-1) above 5 GeV
+pT, empty when fastjet is missing."""
 
 from __future__ import annotations
+
+import functools
+import os
+import sys
 
 import numpy as np
 
 from heptstudy.data.generate.calorimeter import calo_hits
 from heptstudy.data.generate.detector import B_FIELD
-from heptstudy.data.generate.jets import cluster_jets
 from heptstudy.data.generate.particles import generate_particles
 from heptstudy.data.generate.tracker import tracker_background, tracker_hits
 from heptstudy.data.tfds import PF_NAME, X_WIDTH, Y_WIDTH
 
 MIN_TRACK_HITS = 4  # pf data set: a charged particle with this many tracker hits has a track
+JET_R = 0.4
+JET_PTMIN = 5.0  # GeV
 
 
 def particle_targets(
@@ -214,3 +220,45 @@ def _clusters(Xc: np.ndarray, ow: np.ndarray, n_part: int) -> tuple[np.ndarray, 
     clusters[:, 13] = cnt[cl_ids]
     clusters[:, 14:17] = np.sqrt(var[cl_ids])
     return cl_ids, clusters
+
+
+def cluster_jets(p4: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Jets [J, 4] (pt, eta, phi, energy), sorted by energy, of four-vectors (E, px, py, pz)
+    [n, 4], and each input's jet index (1-based; 0 = in no jet)."""
+    assign = np.zeros(len(p4), dtype=np.int64)
+    fj = fastjet_module()
+    if fj is None or len(p4) == 0:
+        return np.zeros((0, 4), np.float32), assign
+    pjs = []
+    for i, (e, px, py, pz) in enumerate(p4):
+        pj = fj.PseudoJet(float(px), float(py), float(pz), float(e))
+        pj.set_user_index(i)
+        pjs.append(pj)
+    cs = fj.ClusterSequence(pjs, fj.JetDefinition(fj.ee_genkt_algorithm, JET_R, -1.0))
+    jets = fj.sorted_by_E(cs.inclusive_jets(JET_PTMIN))
+    out = np.zeros((len(jets), 4), np.float32)
+    for j, jet in enumerate(jets):
+        out[j] = (jet.pt(), jet.eta(), jet.phi_std(), jet.E())
+        for c in jet.constituents():
+            assign[c.user_index()] = j + 1
+    return out, assign
+
+
+@functools.cache
+def fastjet_module():
+    """The fastjet module, or None; its banner (printed by C++ on first use) is swallowed."""
+    try:
+        import fastjet
+    except ImportError:
+        return None
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            jd = fastjet.JetDefinition(fastjet.ee_genkt_algorithm, JET_R, -1.0)
+            fastjet.ClusterSequence([fastjet.PseudoJet(1.0, 0.0, 0.0, 1.0)], jd).inclusive_jets(0.0)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    return fastjet

@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 
 from heptstudy.data.generate import detector as det
-from heptstudy.data.generate.event import simulate_event
-from heptstudy.data.generate.jets import fastjet_module
+from heptstudy.data.generate.event import fastjet_module, simulate_event
 from heptstudy.data.generate.particles import SQRT_S
 from heptstudy.data.schema import HIT_FEATURES, TARGET_COLUMNS
 from heptstudy.data.tfds import (
