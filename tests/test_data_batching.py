@@ -183,13 +183,13 @@ def test_neighbourhood_brute_force_near_phi_wrap():
 
 def test_batch_loader_resume_and_epochs(tiny):
     cfg = _config(tiny)
-    a = BatchLoader(cfg)
+    a = BatchLoader(cfg, per_device_batch=4)
     assert a.batch_size == 4 and len(a.dataset) == 18
     for _ in range(3):
         next(a)
     state = a.state_dict()
     want = [next(a) for _ in range(6)]  # runs into the next epochs
-    b = BatchLoader(cfg)
+    b = BatchLoader(cfg, per_device_batch=4)
     b.load_state_dict(state)
     for w in want:
         g = next(b)
@@ -198,15 +198,15 @@ def test_batch_loader_resume_and_epochs(tiny):
             assert _same(g[k], w[k]), k
     assert "neighbourhood" in want[0]
     # every event once per epoch: the first 4 batches + 2 events cover the 18 events
-    c = BatchLoader(cfg)
+    c = BatchLoader(cfg, per_device_batch=4)
     seen = torch.cat([next(c)["event_index"] for _ in range(5)]).tolist()
     assert sorted(seen[:18]) == list(range(18))
 
 
 def test_batch_loader_ranks_disjoint(tiny):
     cfg = _config(tiny, "data.sampler=interleaved_shards")
-    r0 = BatchLoader(cfg, rank=0, world_size=2)
-    r1 = BatchLoader(cfg, rank=1, world_size=2)
+    r0 = BatchLoader(cfg, rank=0, world_size=2, per_device_batch=2)
+    r1 = BatchLoader(cfg, rank=1, world_size=2, per_device_batch=2)
     assert r0.batch_size == 2
     e0 = torch.cat([next(r0)["event_index"] for _ in range(4)]).tolist()
     e1 = torch.cat([next(r1)["event_index"] for _ in range(4)]).tolist()
@@ -214,10 +214,11 @@ def test_batch_loader_ranks_disjoint(tiny):
 
 
 def test_tracker_features_switch_and_pf(tiny):
-    off = BatchLoader(_config(tiny, "model.tracker_features.enabled=false"))
+    off = BatchLoader(_config(tiny, "model.tracker_features.enabled=false"), per_device_batch=4)
     assert "neighbourhood" not in next(off)
     pf = BatchLoader(
-        _config(tiny, "model.variant=track_cluster_mlpf", "data.dataset=cld_edm_ttbar_pf:3.2.1")
+        _config(tiny, "model.variant=track_cluster_mlpf", "data.dataset=cld_edm_ttbar_pf:3.2.1"),
+        per_device_batch=4,
     )
     b = next(pf)
     assert "neighbourhood" not in b and b["X"].shape[2] == 17

@@ -172,18 +172,11 @@ class BatchLoader:
         split: str = "train",
         rank: int = 0,
         world_size: int = 1,
-        per_device_batch: int | None = None,
+        *,
+        per_device_batch: int,
     ) -> None:
         self.config = config
         self.dataset = dataset_for(config, split)
-        if per_device_batch is None:
-            gbs = config.train.global_batch_size
-            if gbs % world_size:
-                raise DataError(
-                    f"train.global_batch_size={gbs} is not divisible by world_size={world_size}; "
-                    "choose a multiple of the number of devices or pass per_device_batch"
-                )
-            per_device_batch = gbs // world_size
         if per_device_batch < 1:
             raise DataError(f"per_device_batch={per_device_batch} must be >= 1")
         self.batch_size = int(per_device_batch)
