@@ -98,7 +98,8 @@ class ArrayRecordDatasetWriter:
         """Append an example already serialised with :func:`features_dict` ``(name)``."""
         from array_record.python.array_record_module import ArrayRecordWriter
 
-        plan, bounds = self._plan[split], self._plan[split]["bounds"]
+        plan = self._plan[split]
+        bounds = plan["bounds"]
         if plan["count"] >= plan["n"]:
             raise DataError(
                 f"more than the announced {plan['n']} events written to split {split!r}"
