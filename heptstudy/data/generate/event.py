@@ -191,16 +191,11 @@ def _clusters(Xc: np.ndarray, ow: np.ndarray, n_part: int) -> tuple[np.ndarray, 
         [np.bincount(ow, weights=w * Xc[:, 6 + k], minlength=n_part) for k in range(3)], 1
     )
     mean /= np.maximum(esum, 1e-12)[:, None]
-    var = (
-        np.stack(
-            [
-                np.bincount(ow, weights=w * (Xc[:, 6 + k] - mean[ow, k]) ** 2, minlength=n_part)
-                for k in range(3)
-            ],
-            1,
-        )
-        / np.maximum(esum, 1e-12)[:, None]
-    )
+    sq = [
+        np.bincount(ow, weights=w * (Xc[:, 6 + k] - mean[ow, k]) ** 2, minlength=n_part)
+        for k in range(3)
+    ]
+    var = np.stack(sq, 1) / np.maximum(esum, 1e-12)[:, None]
     e_sub = [np.bincount(ow, weights=w * (Xc[:, 10] == s), minlength=n_part) for s in (1, 2, 3)]
     m = mean[cl_ids]
     rt = np.hypot(m[:, 0], m[:, 1])
