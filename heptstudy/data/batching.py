@@ -146,8 +146,6 @@ def load_events(config, indices: Sequence[int], split: str = "train") -> dict[st
 def validation_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
     """Batches of the ``nvalid`` fixed validation events: test-split events ``0..nvalid-1`` (the
     ``ntest`` events after them are kept apart)."""
-    if batch_size < 1:
-        raise DataError(f"batch_size={batch_size} must be >= 1")
     ds = dataset_for(config, "test")
     need = config.data.nvalid + config.data.ntest
     if need > len(ds):
@@ -177,8 +175,6 @@ class BatchLoader:
     ) -> None:
         self.config = config
         self.dataset = dataset_for(config, split)
-        if per_device_batch < 1:
-            raise DataError(f"per_device_batch={per_device_batch} must be >= 1")
         self.batch_size = int(per_device_batch)
         self.sampler = InterleavedShardSampler(
             self.dataset.shard_sizes,

@@ -247,13 +247,8 @@ def _locate(data_dir: Path, name: str, config: str, version: str) -> Path:
 class ShardedDataset:
     """Several builder configs (one shard each) of one data set and split as one sequence."""
 
-    def __init__(
-        self,
-        sources: list[Any],
-        files: list[list[tuple[Path, int]]],
-        metadata: dict[str, Any],
-        x_width: int,
-    ) -> None:
+    def __init__(self, sources: list, files: list, metadata: dict[str, Any], x_width: int) -> None:
+        # files: per config, the (path, events) of its ArrayRecord files, to name an unreadable one
         self._sources, self._files, self.metadata, self.x_width = sources, files, metadata, x_width
         self.name, self.split = metadata["name"], metadata["split"]
         self.shard_names = metadata["configs"]
