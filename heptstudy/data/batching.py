@@ -86,11 +86,7 @@ def collate(
     return out
 
 
-@functools.lru_cache(maxsize=8)
-def _open_cached(
-    data_dir: str, dataset: str, configs: tuple[str, ...], split: str
-) -> ShardedDataset:
-    return open_dataset(data_dir, dataset, list(configs), split)
+_open_cached = functools.lru_cache(maxsize=8)(open_dataset)
 
 
 def dataset_for(config, split: str) -> ShardedDataset:

@@ -348,8 +348,6 @@ def open_dataset(
     import tensorflow_datasets as tfds
 
     name, version = parse_dataset(dataset)
-    if not configs:
-        raise DataError("data.configs is empty; give at least one builder config, e.g. ['1']")
     data_dir = Path(data_dir).expanduser()
     sources, metas, files = [], [], []
     expected = X_WIDTH.get(name)
