@@ -1,11 +1,7 @@
 """The one measurement request: what `heptstudy bench`, ``memory.ipynb``, ``parity.ipynb`` and a
-row of a study matrix ask for, validated once, with every default stated here.
-
-Its values are read as the configuration reads its own (:class:`heptstudy.config.StrictInput`):
-papermill hands ``-p checkpointing true`` over as the *string* ``"true"``, so a string given for
-a number or true/false is read as the VALUE of a ``--set KEY=VALUE``; booleans are never
-integers. Papermill only warns about unknown parameters, so :func:`from_notebook` refuses them
-itself.
+row of a study matrix ask for, validated once, with every default stated here. Papermill hands
+``-p checkpointing true`` over as the *string* ``"true"``: values are read as the configuration
+reads its own (:class:`heptstudy.config.StrictInput`).
 """
 
 from __future__ import annotations
@@ -148,7 +144,15 @@ class Parameters(StrictInput):
         try:
             return cls.model_validate(values)
         except ValidationError as err:
-            raise RequestError(describe_errors(err, sorted(cls.model_fields), spell)) from None
+            raise RequestError(
+                describe_invalid(
+                    err,
+                    noun="parameter",
+                    known=sorted(cls.model_fields),
+                    list_known=True,
+                    spell=spell,
+                )
+            ) from None
 
 
 Count = Annotated[int, Field(ge=1)]
@@ -242,8 +246,7 @@ class MeasurementRequest(Parameters):
 
     def resolve(self) -> Measurement:
         """Resolved once: everything downstream reads the result and rebuilds nothing."""
-        profile = self._profile
-        device = _device(profile)
+        profile, device = self._profile, self.device
         config = self._config(profile)
         allocator = (
             {} if self.allocator == "default" else measurement_allocator(profile, device.type) or {}
@@ -255,7 +258,9 @@ class MeasurementRequest(Parameters):
 
     @property
     def device(self) -> torch.device:
-        return _device(self._profile)
+        if self._profile is not None:
+            return torch.device("cpu" if self._profile.device == "cpu" else "cuda")
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def _config(self, profile: PlatformConfig | None) -> Config:
         train: dict[str, Any] = {"global_batch_size": self.batch_size}
@@ -290,12 +295,6 @@ class MeasurementRequest(Parameters):
         return f"{packed}{report_part(self.checkpointing)}_b{b}"
 
 
-def _device(profile: PlatformConfig | None) -> torch.device:
-    if profile is not None:
-        return torch.device("cpu" if profile.device == "cpu" else "cuda")
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 @dataclass(frozen=True)
 class Measurement:
     """A request resolved once (:meth:`MeasurementRequest.resolve`)."""
@@ -323,12 +322,6 @@ NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
         f for f in MeasurementRequest.model_fields if f not in ("kind", "progress", *_MEMORY_ONLY)
     ),
 }
-
-
-def describe_errors(
-    err: ValidationError, known: list[str], spell: Callable[[str, str], str] | None = None
-) -> str:
-    return describe_invalid(err, noun="parameter", known=known, list_known=True, spell=spell)
 
 
 def injected_parameters(history: Any) -> set[str] | None:
