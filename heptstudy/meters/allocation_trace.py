@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from heptstudy.meters.memory import StorageTracker, TrackedMemoryMeter, _storage_of, iter_tensors
+from heptstudy.meters.memory import StorageTracker, TrackedMemoryMeter, _storage_of
 
 Event = tuple[str, int, int]  # ("alloc" | "free", block_id, nbytes)
 
@@ -85,21 +85,14 @@ class TracingStorageTracker(StorageTracker):
             if entry is not None and block is not None and self._tracing:
                 self.trace.events.append(("free", block, entry.nbytes))
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # adopt unseen inputs here, so that they are not recorded as this op's allocations
-        live = self._live
-        for t in iter_tensors((args, kwargs or {})):
-            storage = _storage_of(t)
-            if storage is not None and id(storage) not in live:
-                with self._lock:
-                    before = self.live_bytes
-                    self._adopting = True
-                    try:
-                        self._register(storage, "temporaries", self._owner(t))
-                    finally:
-                        self._adopting = False
-                    self.adopted_bytes += self.live_bytes - before
-        return super().__torch_dispatch__(func, types, args, kwargs)
+    def _adopt(self, storage, t: torch.Tensor) -> None:
+        # listed apart, not recorded as this op's allocations
+        with self._lock:
+            self._adopting = True
+            try:
+                super()._adopt(storage, t)
+            finally:
+                self._adopting = False
 
     def begin(self, *, baseline_tensors=(), model=None, optimizer=None) -> None:
         super().begin(baseline_tensors=baseline_tensors, model=model, optimizer=optimizer)

@@ -260,14 +260,10 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         live = self._live
-        # Unseen inputs were made before the step or outside the dispatcher: count them now.
         for t in iter_tensors((args, kwargs)):
             storage = _storage_of(t)
             if storage is not None and id(storage) not in live:
-                with self._lock:
-                    before = self.live_bytes
-                    self._register(storage, "temporaries", self._owner(t))
-                    self.adopted_bytes += self.live_bytes - before
+                self._adopt(storage, t)
         out = func(*args, **kwargs)
         with self._lock:
             for t in iter_tensors(out):
@@ -281,6 +277,13 @@ class StorageTracker(TorchDispatchMode):
             if self.track_categories:
                 self.timeline.append((self.op_index, self.live_bytes))
         return out
+
+    def _adopt(self, storage, t: torch.Tensor) -> None:
+        """Count an unseen input: made before the step or outside the dispatcher."""
+        with self._lock:
+            before = self.live_bytes
+            self._register(storage, "temporaries", self._owner(t))
+            self.adopted_bytes += self.live_bytes - before
 
     def _pack(self, t: torch.Tensor):
         self._reclassify(t, "activations", only_from=("temporaries",))
@@ -406,14 +409,18 @@ _CLEAR_REFS = "/proc/self/clear_refs"
 _STATUS = "/proc/self/status"
 
 
-class MemoryMeter:
-    """Measure the peak memory of a step: ``start_step``, then ``stop_step``."""
+class TrackedMemoryMeter:
+    """Measure the peak memory of a step (``start_step``, then ``stop_step``) with the storage
+    tracker only: for fake devices, and the base of the CPU and CUDA meters."""
 
     device_kind = "tracked"
+    #: a seam: meters.allocation_trace's meter records the allocation order too
+    tracker_class = StorageTracker
 
-    def __init__(self, device: torch.device, *, track_categories: bool = False):
+    def __init__(self, device, *, track_categories=False, scratch=None):
         self.device = torch.device(device)
         self.track_categories = track_categories
+        self.scratch = scratch  # see StorageTracker
         self.tracker: StorageTracker | None = None
 
     def mark(self, label: str) -> None:
@@ -448,17 +455,6 @@ class MemoryMeter:
             fields["timeline"] = list(tr.timeline)
         tr.release()
         return fields
-
-
-class TrackedMemoryMeter(MemoryMeter):
-    """Storage tracker only: for fake devices and as the base of the CPU meter."""
-
-    #: a seam: meters.allocation_trace's meter records the allocation order too
-    tracker_class = StorageTracker
-
-    def __init__(self, device, *, track_categories=False, scratch=None):
-        super().__init__(device, track_categories=track_categories)
-        self.scratch = scratch  # see StorageTracker
 
     def start_step(self, baseline_tensors=(), *, model=None, optimizer=None) -> None:
         if self.tracker is not None and self.tracker._active:
@@ -511,7 +507,7 @@ class CpuMemoryMeter(TrackedMemoryMeter):
         return None, f"no VmHWM line in {_STATUS}"
 
 
-class CudaMemoryMeter(MemoryMeter):
+class CudaMemoryMeter(TrackedMemoryMeter):
     """CUDA and ROCm (HIP builds use the same ``torch.cuda`` API)."""
 
     def __init__(self, device, *, track_categories=False):
@@ -546,7 +542,7 @@ class CudaMemoryMeter(MemoryMeter):
         return self._result(allocated, reserved, **fields)
 
 
-def make_meter(device: torch.device | str, track_categories: bool = False) -> MemoryMeter:
+def make_meter(device: torch.device | str, track_categories: bool = False) -> TrackedMemoryMeter:
     device = torch.device(device)
     if device.type == "cuda":
         return CudaMemoryMeter(device, track_categories=track_categories)
