@@ -236,13 +236,9 @@ class MeasurementRequest(Parameters):
                 )
             return self
         defaults = DEFAULT_STEPS[self.device.type]
-        if self.steps is None:
-            self.steps = defaults["steps"]
-        if self.warmup is None:
-            self.warmup = defaults["warmup"]
+        self.steps = defaults["steps"] if self.steps is None else self.steps
+        self.warmup = defaults["warmup"] if self.warmup is None else self.warmup
         return self
-
-    # ---------------------------------------------------------------- what it resolves to
 
     def resolve(self) -> Measurement:
         """Resolved once: everything downstream reads the result and rebuilds nothing."""

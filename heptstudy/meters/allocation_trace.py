@@ -7,6 +7,7 @@ op's *input* ("adopted") cannot be ordered and are listed apart.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -37,16 +38,10 @@ class TracingStorageTracker(StorageTracker):
         super()._reset()
         self.trace = StepTrace()
         self._block_of: dict[int, int] = {}
-        self._next_block = 0
+        self._blocks = itertools.count()
         self._tracing = False
         self._adopting = False
         self._params: list[torch.Tensor] = []
-
-    def _new_block(self, key: int) -> int:
-        block = self._next_block
-        self._next_block += 1
-        self._block_of[key] = block
-        return block
 
     def _register(self, storage, category: str, owner: str = ""):
         key = id(storage)
@@ -54,7 +49,7 @@ class TracingStorageTracker(StorageTracker):
         old_nbytes = None if known is None else known.nbytes
         entry = super()._register(storage, category, owner)
         if known is None:
-            block = self._new_block(key)
+            self._block_of[key] = block = next(self._blocks)
             if not self._tracing:
                 self.trace.resident.append((block, entry.nbytes, category))
             elif self._adopting:
@@ -64,7 +59,7 @@ class TracingStorageTracker(StorageTracker):
         elif old_nbytes != entry.nbytes and self._tracing:
             # resize_ (or an out= that grew): a new block, the data copied, the old one freed
             old = self._block_of[key]
-            block = self._new_block(key)
+            self._block_of[key] = block = next(self._blocks)
             self.trace.events.append(("alloc", block, entry.nbytes))
             self.trace.events.append(("free", old, old_nbytes))
         return entry
@@ -72,8 +67,7 @@ class TracingStorageTracker(StorageTracker):
     def _transient(self, func, nbytes: int) -> None:
         super()._transient(func, nbytes)
         if nbytes > 0 and self._tracing:
-            block = self._next_block
-            self._next_block += 1
+            block = next(self._blocks)
             self.trace.events.append(("alloc", block, nbytes))
             self.trace.events.append(("free", block, nbytes))
 
