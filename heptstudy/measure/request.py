@@ -7,10 +7,10 @@ reads its own (:class:`heptstudy.config.StrictInput`).
 from __future__ import annotations
 
 import ast
-import difflib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -338,12 +338,11 @@ def injected_parameters(history: Any) -> set[str] | None:
 def check_parameters(given: set[str] | None, allowed: tuple[str, ...], where: str) -> None:
     """Refuse parameters a notebook does not have: papermill only warns and runs on with the
     defaults, which measures something else than was asked."""
-    unknown = sorted((given or set()) - set(allowed))
-    if unknown:
-        hints = []
-        for name in unknown:
-            near = difflib.get_close_matches(name, allowed, n=1)
-            hints.append(f"{name}" + (f" (did you mean {near[0]}?)" if near else ""))
+    hints = [
+        name + "".join(f" (did you mean {near}?)" for near in get_close_matches(name, allowed, n=1))
+        for name in sorted((given or set()) - set(allowed))
+    ]
+    if hints:
         raise RequestError(
             f"{where} has no parameter {', '.join(hints)}; its parameters are "
             f"{', '.join(allowed)}. Fix the -p/-y name and run it again"

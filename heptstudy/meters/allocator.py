@@ -187,8 +187,6 @@ def describe_settings(settings: Mapping[str, str]) -> str:
 def allocator_label(report) -> str | None:
     """``glibc 2.36 (defaults)`` or with its settings; None for reports that did not record it."""
     env = report.environment
-    name = getattr(env, "allocator", None)
-    settings = getattr(env, "allocator_settings", None)
-    if name is None and settings is None:
+    if env.allocator is None and env.allocator_settings is None:
         return None
-    return f"{name or 'allocator'} ({describe_settings(settings or {})})"
+    return f"{env.allocator or 'allocator'} ({describe_settings(env.allocator_settings or {})})"
