@@ -403,15 +403,6 @@ def claim_fresh_process() -> bool:
     return fresh
 
 
-def device_kind(device: torch.device | str) -> str:
-    device = torch.device(device)
-    if device.type == "cuda":
-        return "rocm" if torch.version.hip else "cuda"
-    if device.type in ("cpu", "mps", "meta"):
-        return device.type
-    return "other"
-
-
 def device_name(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type == "cuda":
@@ -437,10 +428,11 @@ def environment_info(
 ) -> Environment:
     """Call once per measurement: ``fresh_process`` defaults to :func:`claim_fresh_process`."""
     device = torch.device(device)
+    gpu_kind = "rocm" if torch.version.hip else "cuda"
     allocator = allocator if allocator is not None else allocator_in_use()
     return Environment(
         platform=platform_name,
-        device_kind=device_kind(device),
+        device_kind=gpu_kind if device.type == "cuda" else device.type,
         device_name=device_name(device),
         device_count=torch.cuda.device_count() if device.type == "cuda" else None,
         dtype=str(dtype).removeprefix("torch."),
