@@ -4,6 +4,7 @@ carries :data:`PROTOCOL`, the written measurement definitions, so a file explain
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -393,14 +394,12 @@ def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
     return None if out is None else bool(out.strip())
 
 
-_FRESH = {"claimed": False}
+_CLAIMS = itertools.count()
 
 
 def claim_fresh_process() -> bool:
     """True the first time a measurement asks in this process, False afterwards."""
-    fresh = not _FRESH["claimed"]
-    _FRESH["claimed"] = True
-    return fresh
+    return next(_CLAIMS) == 0
 
 
 def device_name(device: torch.device | str) -> str:
