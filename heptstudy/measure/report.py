@@ -314,7 +314,6 @@ def short_repr(value: Any, limit: int = 80) -> str:
 
 
 def validate_report(data: BenchReport | dict[str, Any], source: str = "<report>") -> BenchReport:
-    """A validated copy of ``data``."""
     if isinstance(data, BenchReport):
         data = data.model_dump(mode="python")
     if not isinstance(data, dict):

@@ -25,7 +25,6 @@ STALL_MIN_S = 0.05
 
 
 def checked_report(path: str | os.PathLike) -> BenchReport:
-    """:func:`~heptstudy.measure.report.read_report`, then :func:`check_consistent`."""
     report = read_report(path)
     check_consistent(report, Path(path))
     return report
