@@ -121,7 +121,6 @@ class TracingMemoryMeter(TrackedMemoryMeter):
     last_trace: StepTrace | None = None
 
     def stop_step(self):
-        tracker = self.tracker
         result = super().stop_step()
-        self.last_trace = tracker.trace
+        self.last_trace = self.tracker.trace  # the meter keeps its tracker after the step
         return result
