@@ -1,5 +1,7 @@
+import contextlib
 import gc
 import time
+import types
 import warnings
 
 import pytest
@@ -11,7 +13,8 @@ from heptstudy.meters.memory import (
     CATEGORIES,
     MemoryMeterError,
     TrackedMemoryMeter,
-    live_bytes_of,
+    _flatten_tensors,
+    _storage_of,
     make_meter,
 )
 from heptstudy.meters.timing import StepTimer, TimingSummary, summarize
@@ -20,11 +23,28 @@ from heptstudy.model import build_model, example_batch
 MIB = 2**20
 
 
+@contextlib.contextmanager
+def measured(meter, baseline_tensors=(), *, model=None, optimizer=None):
+    """One measured step around the block; ``.result`` is its StepMemory afterwards."""
+    handle = types.SimpleNamespace(result=None)
+    meter.start_step(baseline_tensors, model=model, optimizer=optimizer)
+    try:
+        yield handle
+    finally:
+        handle.result = meter.stop_step()
+
+
+def live_bytes_of(tensors):
+    """Bytes of the distinct storages behind ``tensors`` (views and shared storages once)."""
+    storages = {id(s): s for t in _flatten_tensors(tensors) if (s := _storage_of(t)) is not None}
+    return sum(int(s.nbytes()) for s in storages.values())
+
+
 def test_known_allocation_sequence_gives_exact_bytes():
     meter = make_meter("cpu")
     kept = torch.zeros(MIB // 4)  # 1 MiB alive before the step, handed over as baseline
     shared = kept.view(4, -1)  # a view: same storage, counted once
-    with meter.step(baseline_tensors=[kept, shared, None]) as m:
+    with measured(meter, baseline_tensors=[kept, shared, None]) as m:
         a = torch.empty(MIB // 4)  # +1 MiB  -> 2 MiB
         b = torch.empty(MIB // 2)  # +2 MiB  -> 4 MiB (peak)
         del a  # -1 MiB  -> 3 MiB
@@ -47,7 +67,7 @@ def test_known_allocation_sequence_gives_exact_bytes():
 def test_peak_inside_an_expression_and_unknown_inputs_are_adopted():
     meter = make_meter("cpu")
     x = torch.ones(MIB // 4)  # 1 MiB, not handed over: adopted when first used
-    with meter.step() as m:
+    with measured(meter) as m:
         y = (x * 2) + 1  # x*2 (1 MiB) is alive while +1 makes another 1 MiB, then freed
     assert m.result.adopted_bytes == MIB
     assert m.result.peak_allocated_bytes == 3 * MIB
@@ -97,7 +117,7 @@ def test_frozen_model_train_step_with_categories(tiny_overrides):
     batch = example_batch(cfg, 2, [60, 33], seed=3)
     meter = make_meter("cpu", track_categories=True)
     # First step: gradients are created inside the measured step.
-    with meter.step(batch, model=model, optimizer=opt) as m:
+    with measured(meter, batch, model=model, optimizer=opt) as m:
         _loss(model(batch)).backward()
     opt.step()
     assert all(p.grad is None for p in frozen)
@@ -109,7 +129,7 @@ def test_frozen_model_train_step_with_categories(tiny_overrides):
     assert end["gradients"] == grad_bytes and end["activations"] == 0
     # Second step (forward, loss, backward): gradients and optimizer state exist beforehand.
     opt.zero_grad(set_to_none=False)
-    with meter.step(batch, model=model, optimizer=opt) as m:
+    with measured(meter, batch, model=model, optimizer=opt) as m:
         loss = _loss(model(batch))
         meter.mark("backward")
         loss.backward()
@@ -137,7 +157,7 @@ def test_meter_changes_no_result(tiny_overrides):
         model.zero_grad(set_to_none=True)
         torch.manual_seed(7)
         ctx = (
-            meter.step(batch, model=model)
+            measured(meter, batch, model=model)
             if meter
             else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
         )
@@ -173,7 +193,7 @@ def _measure_wide(checkpointing):
     model = _Wide(checkpointing=checkpointing)
     x = torch.randn(512, 64)
     meter = make_meter("cpu", track_categories=True)
-    with meter.step([x], model=model) as m:
+    with measured(meter, [x], model=model) as m:
         loss = model(x).square().mean()
         meter.mark("backward")
         loss.backward()
@@ -205,7 +225,7 @@ def test_real_model_checkpointing_lowers_the_peak(tiny_overrides):
         model.train()
         batch = example_batch(cfg, 2, 120, seed=2)
         meter = make_meter("cpu")
-        with meter.step(batch, model=model) as m:
+        with measured(meter, batch, model=model) as m:
             _loss(model(batch)).backward()
         peaks[ck] = m.result.peak_allocated_bytes
     assert peaks[True] < 0.8 * peaks[False]
@@ -224,7 +244,7 @@ def test_tracker_runs_a_compiled_fused_forward(tiny_overrides):
         untracked = model(batch)
     calls = flex_kernel.status()["fused_calls"]
     meter = make_meter("cpu", track_categories=True)
-    with torch.no_grad(), meter.step(batch.values(), model=model) as m:
+    with torch.no_grad(), measured(meter, batch.values(), model=model) as m:
         tracked = model(batch)
     r = m.result
     assert flex_kernel.status()["fused_calls"] == calls + cfg.model.heptv2.num_convs
@@ -241,7 +261,7 @@ def test_tracker_counts_the_outputs_of_a_higher_order_operator():
     q = torch.randn(2, 2, 256, 8)
     mask = bucket_block_mask(torch.arange(256) < torch.tensor([[250], [100]]), 16)
     meter = make_meter("cpu")
-    with warnings.catch_warnings(), meter.step([q, mask.kv_indices]) as m:
+    with warnings.catch_warnings(), measured(meter, [q, mask.kv_indices]) as m:
         # the unfused path is the point here; flex_attention warns about it once per process
         warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
         out, aux = fa.flex_attention(q, q, q, block_mask=mask, return_aux=fa.AuxRequest(lse=True))
@@ -257,7 +277,7 @@ def test_fake_tensors_are_tracked_like_real_ones():
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 8))
         x = torch.randn(100, 32)
-        with meter.step([x], model=model) as m:
+        with measured(meter, [x], model=model) as m:
             model(x).sum().backward()
         return m.result
 
@@ -279,7 +299,7 @@ def test_missing_proc_gives_no_reserved_and_a_reason(monkeypatch):
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", no_proc)
-    with make_meter("cpu").step() as m:
+    with measured(make_meter("cpu")) as m:
         torch.empty(10)
     assert m.result.peak_reserved_bytes is None
     assert "clear_refs" in m.result.reserved_unavailable_reason

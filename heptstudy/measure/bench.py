@@ -197,20 +197,23 @@ def report_header(
     )
 
 
-def _step_record(i, warmup, batch) -> dict[str, Any]:
-    return dict(
-        step=i,
-        counted=i >= warmup,
-        event_indices=batch["event_index"].tolist(),
-        hits=batch["length"].tolist(),
-        padded_hits=batch["padded_length"].tolist(),
-    )
-
-
 def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
     request, config, device = m.request, m.config, m.device
     warmup = request.warmup
-    records = [_step_record(i, warmup, b) for i, b in enumerate(batches)]
+    records = [
+        {
+            "step": i,
+            "counted": i >= warmup,
+            "event_indices": b["event_index"].tolist(),
+            "hits": b["length"].tolist(),
+            "padded_hits": b["padded_length"].tolist(),
+            "time_s": None,
+            "peak_allocated_mib": None,
+            "peak_reserved_mib": None,
+            "loss": {},
+        }
+        for i, b in enumerate(batches)
+    ]
     # activation_checkpointing=auto: every step's plan chosen before any model exists
     plans = predictor_for(config, device, request.batch_size, m.profile)
     choices = [plans.choose_for(b) if plans is not None else None for b in batches]
@@ -287,9 +290,10 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
                         )
                 bar.update(1)
             where, clock = "validation", None
-            validation, _ = validate(
-                state[0], _validation(config, request.batch_size, device), config, device, dtype
-            )
+            held_out = [
+                to_device(b, device) for b in validation_batches(config, request.batch_size)
+            ]
+            validation, _ = validate(state[0], held_out, config, device, dtype)
     except torch.OutOfMemoryError as err:
         bar.close()
         batch = batches[step]
@@ -297,7 +301,7 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
         return rp.BenchReport(
             kind="memory",
             status="oom",
-            steps=[rp.StepRecord(**_complete(r)) for r in records[:step]],
+            steps=[rp.StepRecord(**r) for r in records[:step]],
             oom=rp.OomInfo(
                 message=str(err).splitlines()[0],
                 step=step,
@@ -305,21 +309,23 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
                 batch_size=request.batch_size,
                 padded_hits=batch["padded_length"].tolist(),
                 padded_batch_hits=int(batch["X"].shape[0] * batch["X"].shape[1]),
-                device_memory_bytes=_device_memory(device),
+                device_memory_bytes=torch.cuda.get_device_properties(device).total_memory
+                if device.type == "cuda"
+                else None,
             ),
             **header,
         )
     bar.close()
     counted = [r for r in records if r["counted"]]
-    timed = summarize([r["time_s"] for r in counted if r.get("time_s") is not None])
+    timed = summarize([r["time_s"] for r in counted if r["time_s"] is not None])
     summary = rp.Summary(
         counted_steps=len(counted),
         warmup_steps=warmup,
         mean_step_time_s=timed.mean_s,
         std_step_time_s=timed.std_s,
         min_step_time_s=timed.min_s,
-        max_peak_allocated_mib=_max(r.get("peak_allocated_mib") for r in counted),
-        max_peak_reserved_mib=_max(r.get("peak_reserved_mib") for r in counted),
+        max_peak_allocated_mib=_max(r["peak_allocated_mib"] for r in counted),
+        max_peak_reserved_mib=_max(r["peak_reserved_mib"] for r in counted),
         allocated_definition=mem.allocated_definition if mem else None,
         reserved_definition=mem.reserved_definition if mem else None,
         reserved_unavailable_reason=mem.reserved_unavailable_reason if mem else None,
@@ -330,7 +336,7 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
     return rp.BenchReport(
         kind="memory",
         status="ok",
-        steps=[rp.StepRecord(**_complete(r)) for r in records],
+        steps=[rp.StepRecord(**r) for r in records],
         summary=summary,
         validation={k: float(v) for k, v in validation.items() if v is not None}
         if memory
@@ -365,17 +371,5 @@ _CATEGORY_NOTE = (
 )
 
 
-def _complete(r: dict) -> dict:
-    return {"time_s": None, "peak_allocated_mib": None, "peak_reserved_mib": None, "loss": {}, **r}
-
-
 def _max(values) -> float | None:
     return max((v for v in values if v is not None), default=None)
-
-
-def _device_memory(device) -> int | None:
-    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-
-
-def _validation(config, batch_size, device):
-    return [to_device(b, device) for b in validation_batches(config, batch_size)]

@@ -111,7 +111,6 @@ def _comparison(outputs, losses, grads, reference) -> ComparisonSet:
 def run_parity(
     config: Config, batch: dict, device: torch.device, dtype=None, trajectory_steps: int = 3
 ) -> Parity:
-    """The parity section of a report (see module docstring)."""
     base_cfg, ckpt_cfg = with_checkpointing(config, False), with_checkpointing(config, True)
     baseline = build_seeded(base_cfg, device)
     checkpointed = build_seeded(ckpt_cfg, device)

@@ -4,6 +4,7 @@ carries :data:`PROTOCOL`, the written measurement definitions, so a file explain
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -308,22 +309,15 @@ class BenchReport(_Strict):
 
 
 def short_repr(value: Any, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def validate_report(
-    data: BenchReport | dict[str, Any], source: str = "<report>", *, require_version: bool = True
-) -> BenchReport:
-    """A validated copy of ``data``; ``require_version=False`` fills in a missing
-    ``schema_version``."""
+def validate_report(data: BenchReport | dict[str, Any], source: str = "<report>") -> BenchReport:
     if isinstance(data, BenchReport):
         data = data.model_dump(mode="python")
     if not isinstance(data, dict):
         raise ReportError(f"{source}: a report must be a JSON object, got {type(data).__name__}")
-    if not require_version and "schema_version" not in data:
-        data = {"schema_version": SCHEMA_VERSION, **data}
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         what = "is missing" if "schema_version" not in data else f"is {version!r}"
@@ -350,7 +344,9 @@ def write_report(
 ) -> Path:
     """Validate, then write atomically; with ``keep``, a report the disk refuses is kept
     elsewhere and :class:`~heptstudy.atomic.WriteFailed` says where."""
-    report = validate_report(report, source=str(path), require_version=False)
+    if isinstance(report, dict):  # one written here may leave the version out
+        report = {"schema_version": SCHEMA_VERSION, **report}
+    report = validate_report(report, source=str(path))
     text = json_text(report.model_dump(), f"the report {path}")
     if keep:
         return write_text_or_keep(path, text, f"the report {Path(path).name}", kind=REPORT_FILE)
@@ -397,23 +393,12 @@ def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
     return None if out is None else bool(out.strip())
 
 
-_FRESH = {"claimed": False}
+_CLAIMS = itertools.count()
 
 
 def claim_fresh_process() -> bool:
     """True the first time a measurement asks in this process, False afterwards."""
-    fresh = not _FRESH["claimed"]
-    _FRESH["claimed"] = True
-    return fresh
-
-
-def device_kind(device: torch.device | str) -> str:
-    device = torch.device(device)
-    if device.type == "cuda":
-        return "rocm" if torch.version.hip else "cuda"
-    if device.type in ("cpu", "mps", "meta"):
-        return device.type
-    return "other"
+    return next(_CLAIMS) == 0
 
 
 def device_name(device: torch.device | str) -> str:
@@ -441,15 +426,14 @@ def environment_info(
 ) -> Environment:
     """Call once per measurement: ``fresh_process`` defaults to :func:`claim_fresh_process`."""
     device = torch.device(device)
-    dtype_name = str(dtype).removeprefix("torch.")
-    count = torch.cuda.device_count() if device.type == "cuda" else None
+    gpu_kind = "rocm" if torch.version.hip else "cuda"
     allocator = allocator if allocator is not None else allocator_in_use()
     return Environment(
         platform=platform_name,
-        device_kind=device_kind(device),
+        device_kind=gpu_kind if device.type == "cuda" else device.type,
         device_name=device_name(device),
-        device_count=count,
-        dtype=dtype_name,
+        device_count=torch.cuda.device_count() if device.type == "cuda" else None,
+        dtype=str(dtype).removeprefix("torch."),
         threads=torch.get_num_threads(),
         torch_version=torch.__version__,
         git_commit=(git("rev-parse", "HEAD") or "").strip() or None,

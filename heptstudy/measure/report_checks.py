@@ -25,7 +25,6 @@ STALL_MIN_S = 0.05
 
 
 def checked_report(path: str | os.PathLike) -> BenchReport:
-    """:func:`~heptstudy.measure.report.read_report`, then :func:`check_consistent`."""
     report = read_report(path)
     check_consistent(report, Path(path))
     return report
@@ -103,38 +102,30 @@ def untrusted(report: BenchReport) -> list[str]:
     """Why the step times of ``report`` cannot be trusted, in words; empty when nothing says so."""
     if report.kind != "memory" or report.summary is None or report.summary.mean_step_time_s is None:
         return []
-    return [why for why in (_busy_host(report), _stalled_steps(report)) if why]
-
-
-def _busy_host(report: BenchReport) -> str | None:
-    env = report.environment
+    why, env = [], report.environment
     load = env.load_average_1min
-    if load is None or load <= env.threads + LOAD_MARGIN:
-        return None
-    return (
-        f"busy host: the 1-minute load average was {load:.1f} at the end, more than "
-        f"{LOAD_MARGIN:.0f} above the {env.threads} threads the measurement used, so other work "
-        "competed for the cores and the step times overstate the cost (measure again on a "
-        "quiet machine)"
-    )
-
-
-def _stalled_steps(report: BenchReport) -> str | None:
-    if report.environment.device_kind != "cpu":
-        return None
+    if load is not None and load > env.threads + LOAD_MARGIN:
+        why.append(
+            f"busy host: the 1-minute load average was {load:.1f} at the end, more than "
+            f"{LOAD_MARGIN:.0f} above the {env.threads} threads the measurement used, so other "
+            "work competed for the cores and the step times overstate the cost (measure again "
+            "on a quiet machine)"
+        )
     stalled = []
-    for st in report.steps:
+    for st in report.steps if env.device_kind == "cpu" else ():
         if not st.counted or st.time_s is None or st.user_time_s is None:
             continue
         cpu = st.user_time_s + (st.system_time_s or 0.0)
         if st.time_s - cpu > max(STALL_SHARE * st.time_s, STALL_MIN_S):
             stalled.append((st.step, st.time_s, cpu))
-    if not stalled:
-        return None
-    shown = ", ".join(f"step {i}: {wall:.2f} s wall, {cpu:.2f} s CPU" for i, wall, cpu in stalled)
-    counted = sum(st.counted for st in report.steps)
-    return (
-        f"stalled steps: {len(stalled)} of {counted} counted steps waited more than they "
-        f"computed ({shown[:300]}): the process was stopped or starved of cores, so the mean "
-        "step time overstates the cost (measure again on a quiet machine)"
-    )
+    if stalled:
+        shown = ", ".join(
+            f"step {i}: {wall:.2f} s wall, {cpu:.2f} s CPU" for i, wall, cpu in stalled
+        )
+        counted = sum(st.counted for st in report.steps)
+        why.append(
+            f"stalled steps: {len(stalled)} of {counted} counted steps waited more than they "
+            f"computed ({shown[:300]}): the process was stopped or starved of cores, so the mean "
+            "step time overstates the cost (measure again on a quiet machine)"
+        )
+    return why

@@ -1,20 +1,16 @@
 """The one measurement request: what `heptstudy bench`, ``memory.ipynb``, ``parity.ipynb`` and a
-row of a study matrix ask for, validated once, with every default stated here.
-
-Its values are read as the configuration reads its own (:class:`heptstudy.config.StrictInput`):
-papermill hands ``-p checkpointing true`` over as the *string* ``"true"``, so a string given for
-a number or true/false is read as the VALUE of a ``--set KEY=VALUE``; booleans are never
-integers. Papermill only warns about unknown parameters, so :func:`from_notebook` refuses them
-itself.
+row of a study matrix ask for, validated once, with every default stated here. Papermill hands
+``-p checkpointing true`` over as the *string* ``"true"``: values are read as the configuration
+reads its own (:class:`heptstudy.config.StrictInput`).
 """
 
 from __future__ import annotations
 
 import ast
-import difflib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -148,7 +144,15 @@ class Parameters(StrictInput):
         try:
             return cls.model_validate(values)
         except ValidationError as err:
-            raise RequestError(describe_errors(err, sorted(cls.model_fields), spell)) from None
+            raise RequestError(
+                describe_invalid(
+                    err,
+                    noun="parameter",
+                    known=sorted(cls.model_fields),
+                    list_known=True,
+                    spell=spell,
+                )
+            ) from None
 
 
 Count = Annotated[int, Field(ge=1)]
@@ -232,18 +236,13 @@ class MeasurementRequest(Parameters):
                 )
             return self
         defaults = DEFAULT_STEPS[self.device.type]
-        if self.steps is None:
-            self.steps = defaults["steps"]
-        if self.warmup is None:
-            self.warmup = defaults["warmup"]
+        self.steps = defaults["steps"] if self.steps is None else self.steps
+        self.warmup = defaults["warmup"] if self.warmup is None else self.warmup
         return self
-
-    # ---------------------------------------------------------------- what it resolves to
 
     def resolve(self) -> Measurement:
         """Resolved once: everything downstream reads the result and rebuilds nothing."""
-        profile = self._profile
-        device = _device(profile)
+        profile, device = self._profile, self.device
         config = self._config(profile)
         allocator = (
             {} if self.allocator == "default" else measurement_allocator(profile, device.type) or {}
@@ -255,7 +254,9 @@ class MeasurementRequest(Parameters):
 
     @property
     def device(self) -> torch.device:
-        return _device(self._profile)
+        if self._profile is not None:
+            return torch.device("cpu" if self._profile.device == "cpu" else "cuda")
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def _config(self, profile: PlatformConfig | None) -> Config:
         train: dict[str, Any] = {"global_batch_size": self.batch_size}
@@ -290,12 +291,6 @@ class MeasurementRequest(Parameters):
         return f"{packed}{report_part(self.checkpointing)}_b{b}"
 
 
-def _device(profile: PlatformConfig | None) -> torch.device:
-    if profile is not None:
-        return torch.device("cpu" if profile.device == "cpu" else "cuda")
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 @dataclass(frozen=True)
 class Measurement:
     """A request resolved once (:meth:`MeasurementRequest.resolve`)."""
@@ -325,12 +320,6 @@ NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def describe_errors(
-    err: ValidationError, known: list[str], spell: Callable[[str, str], str] | None = None
-) -> str:
-    return describe_invalid(err, noun="parameter", known=known, list_known=True, spell=spell)
-
-
 def injected_parameters(history: Any) -> set[str] | None:
     """The names papermill assigned in the cell before the running one (IPython's ``In``);
     None when that cell was not papermill's."""
@@ -349,12 +338,11 @@ def injected_parameters(history: Any) -> set[str] | None:
 def check_parameters(given: set[str] | None, allowed: tuple[str, ...], where: str) -> None:
     """Refuse parameters a notebook does not have: papermill only warns and runs on with the
     defaults, which measures something else than was asked."""
-    unknown = sorted((given or set()) - set(allowed))
-    if unknown:
-        hints = []
-        for name in unknown:
-            near = difflib.get_close_matches(name, allowed, n=1)
-            hints.append(f"{name}" + (f" (did you mean {near[0]}?)" if near else ""))
+    hints = [
+        name + "".join(f" (did you mean {near}?)" for near in get_close_matches(name, allowed, n=1))
+        for name in sorted((given or set()) - set(allowed))
+    ]
+    if hints:
         raise RequestError(
             f"{where} has no parameter {', '.join(hints)}; its parameters are "
             f"{', '.join(allowed)}. Fix the -p/-y name and run it again"

@@ -53,20 +53,15 @@ def describe(report: BenchReport) -> str:
         )
         text += f"\n  of which {parts}"
     text += "".join(f"\n  not to be trusted: {why}" for why in untrusted(report))
-    return text + _allocator_words(report)
-
-
-def _allocator_words(report: BenchReport) -> str:
-    """On a CPU, the allocator the process ran with, and what its defaults do to step times."""
+    # on a CPU, the allocator the process ran with, and what its defaults do to step times
     env = report.environment
-    if env.device_kind != "cpu" or not env.allocator or report.summary.mean_step_time_s is None:
-        return ""
-    text = f"\n  allocator: {allocator_label(report)}"
-    if not env.allocator_settings:
-        text += (
-            ": freed memory goes back to the kernel, so these step times include its page "
-            "faults (a measurement with allocator: platform applies local_cpu's setting)"
-        )
+    if env.device_kind == "cpu" and env.allocator and s.mean_step_time_s is not None:
+        text += f"\n  allocator: {allocator_label(report)}"
+        if not env.allocator_settings:
+            text += (
+                ": freed memory goes back to the kernel, so these step times include its page "
+                "faults (a measurement with allocator: platform applies local_cpu's setting)"
+            )
     return text
 
 

@@ -7,11 +7,12 @@ op's *input* ("adopted") cannot be ordered and are listed apart.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
 
-from heptstudy.meters.memory import StorageTracker, TrackedMemoryMeter, _storage_of, iter_tensors
+from heptstudy.meters.memory import StorageTracker, TrackedMemoryMeter, _storage_of
 
 Event = tuple[str, int, int]  # ("alloc" | "free", block_id, nbytes)
 
@@ -37,16 +38,10 @@ class TracingStorageTracker(StorageTracker):
         super()._reset()
         self.trace = StepTrace()
         self._block_of: dict[int, int] = {}
-        self._next_block = 0
+        self._blocks = itertools.count()
         self._tracing = False
         self._adopting = False
         self._params: list[torch.Tensor] = []
-
-    def _new_block(self, key: int) -> int:
-        block = self._next_block
-        self._next_block += 1
-        self._block_of[key] = block
-        return block
 
     def _register(self, storage, category: str, owner: str = ""):
         key = id(storage)
@@ -54,7 +49,7 @@ class TracingStorageTracker(StorageTracker):
         old_nbytes = None if known is None else known.nbytes
         entry = super()._register(storage, category, owner)
         if known is None:
-            block = self._new_block(key)
+            self._block_of[key] = block = next(self._blocks)
             if not self._tracing:
                 self.trace.resident.append((block, entry.nbytes, category))
             elif self._adopting:
@@ -64,7 +59,7 @@ class TracingStorageTracker(StorageTracker):
         elif old_nbytes != entry.nbytes and self._tracing:
             # resize_ (or an out= that grew): a new block, the data copied, the old one freed
             old = self._block_of[key]
-            block = self._new_block(key)
+            self._block_of[key] = block = next(self._blocks)
             self.trace.events.append(("alloc", block, entry.nbytes))
             self.trace.events.append(("free", old, old_nbytes))
         return entry
@@ -72,8 +67,7 @@ class TracingStorageTracker(StorageTracker):
     def _transient(self, func, nbytes: int) -> None:
         super()._transient(func, nbytes)
         if nbytes > 0 and self._tracing:
-            block = self._next_block
-            self._next_block += 1
+            block = next(self._blocks)
             self.trace.events.append(("alloc", block, nbytes))
             self.trace.events.append(("free", block, nbytes))
 
@@ -85,21 +79,14 @@ class TracingStorageTracker(StorageTracker):
             if entry is not None and block is not None and self._tracing:
                 self.trace.events.append(("free", block, entry.nbytes))
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # adopt unseen inputs here, so that they are not recorded as this op's allocations
-        live = self._live
-        for t in iter_tensors((args, kwargs or {})):
-            storage = _storage_of(t)
-            if storage is not None and id(storage) not in live:
-                with self._lock:
-                    before = self.live_bytes
-                    self._adopting = True
-                    try:
-                        self._register(storage, "temporaries", self._owner(t))
-                    finally:
-                        self._adopting = False
-                    self.adopted_bytes += self.live_bytes - before
-        return super().__torch_dispatch__(func, types, args, kwargs)
+    def _adopt(self, storage, t: torch.Tensor) -> None:
+        # listed apart, not recorded as this op's allocations
+        with self._lock:
+            self._adopting = True
+            try:
+                super()._adopt(storage, t)
+            finally:
+                self._adopting = False
 
     def begin(self, *, baseline_tensors=(), model=None, optimizer=None) -> None:
         super().begin(baseline_tensors=baseline_tensors, model=model, optimizer=optimizer)
@@ -134,7 +121,6 @@ class TracingMemoryMeter(TrackedMemoryMeter):
     last_trace: StepTrace | None = None
 
     def stop_step(self):
-        tracker = self.tracker
         result = super().stop_step()
-        self.last_trace = tracker.trace
+        self.last_trace = self.tracker.trace  # the meter keeps its tracker after the step
         return result

@@ -39,13 +39,10 @@ def allocator_settings(env: Mapping[str, str]) -> dict[str, str]:
     return {k: env[k] for k in sorted(env) if is_allocator_variable(k, env[k])}
 
 
-CPU_PROFILE = "local_cpu"
-
-
 def measurement_allocator(profile, device_type: str) -> dict[str, str] | None:
     """The allocator settings of the platform profile, else on a CPU ``local_cpu``'s, else None."""
     if profile is None and device_type == "cpu":
-        profile = load_platform(PLATFORM_DIR / f"{CPU_PROFILE}.yaml")
+        profile = load_platform(PLATFORM_DIR / "local_cpu.yaml")
     return (allocator_settings(profile.env) or None) if profile is not None else None
 
 
@@ -135,18 +132,6 @@ def apply_allocator(settings: Mapping[str, str]) -> AllocatorState:
 _MADV_POPULATE_WRITE = 23
 
 
-def _heap_range() -> tuple[int, int] | None:
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                if line.rstrip().endswith("[heap]"):
-                    start, end = line.split()[0].split("-")
-                    return int(start, 16), int(end, 16)
-    except OSError:
-        pass
-    return None
-
-
 def populate_heap() -> int:
     """Grow the heap's free top to ``MALLOC_TOP_PAD_`` and map every page of it; call it between
     warm-up and counted steps. Returns the heap's bytes, or 0 when not done.
@@ -163,10 +148,17 @@ def populate_heap() -> int:
         libc.malloc.argtypes = [ctypes.c_size_t]
         libc.free.argtypes = [ctypes.c_void_p]
         libc.free(libc.malloc(min(int(pad), _INT_MAX)))
-    if (heap := _heap_range()) is None:
+    try:
+        with open("/proc/self/maps") as maps:
+            heap = next(
+                (line.split()[0] for line in maps if line.rstrip().endswith("[heap]")), None
+            )
+    except OSError:
         return 0
+    if heap is None:
+        return 0
+    start, end = (int(a, 16) for a in heap.split("-"))
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    start, end = heap
     if libc.madvise(start, end - start, _MADV_POPULATE_WRITE) != 0:
         return 0
     return end - start
@@ -195,8 +187,6 @@ def describe_settings(settings: Mapping[str, str]) -> str:
 def allocator_label(report) -> str | None:
     """``glibc 2.36 (defaults)`` or with its settings; None for reports that did not record it."""
     env = report.environment
-    name = getattr(env, "allocator", None)
-    settings = getattr(env, "allocator_settings", None)
-    if name is None and settings is None:
+    if env.allocator is None and env.allocator_settings is None:
         return None
-    return f"{name or 'allocator'} ({describe_settings(settings or {})})"
+    return f"{env.allocator or 'allocator'} ({describe_settings(env.allocator_settings or {})})"

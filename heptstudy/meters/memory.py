@@ -8,7 +8,6 @@ Python call per op: take times from untracked steps.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -261,14 +260,10 @@ class StorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         live = self._live
-        # Unseen inputs were made before the step or outside the dispatcher: count them now.
         for t in iter_tensors((args, kwargs)):
             storage = _storage_of(t)
             if storage is not None and id(storage) not in live:
-                with self._lock:
-                    before = self.live_bytes
-                    self._register(storage, "temporaries", self._owner(t))
-                    self.adopted_bytes += self.live_bytes - before
+                self._adopt(storage, t)
         out = func(*args, **kwargs)
         with self._lock:
             for t in iter_tensors(out):
@@ -282,6 +277,13 @@ class StorageTracker(TorchDispatchMode):
             if self.track_categories:
                 self.timeline.append((self.op_index, self.live_bytes))
         return out
+
+    def _adopt(self, storage, t: torch.Tensor) -> None:
+        """Count an unseen input: made before the step or outside the dispatcher."""
+        with self._lock:
+            before = self.live_bytes
+            self._register(storage, "temporaries", self._owner(t))
+            self.adopted_bytes += self.live_bytes - before
 
     def _pack(self, t: torch.Tensor):
         self._reclassify(t, "activations", only_from=("temporaries",))
@@ -403,63 +405,30 @@ def _flatten_tensors(obj) -> list[torch.Tensor]:
     return [x for x in tree_flatten(obj)[0] if isinstance(x, torch.Tensor)]
 
 
-class _RssPeak:
-    CLEAR_REFS = "/proc/self/clear_refs"
-    STATUS = "/proc/self/status"
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-
-    def start(self) -> None:
-        self.reason = None
-        try:
-            with open(self.CLEAR_REFS, "w") as f:
-                f.write("5")
-        except OSError as exc:
-            self.reason = f"could not reset the resident-set peak ({self.CLEAR_REFS}: {exc})"
-
-    def stop(self) -> int | None:
-        if self.reason is not None:
-            return None
-        try:
-            with open(self.STATUS) as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        value, unit = line.split()[1:3]
-                        return int(value) * {"kB": 1024, "mB": MIB}.get(unit, 1024)
-        except (OSError, ValueError, IndexError) as exc:
-            self.reason = f"could not read VmHWM from {self.STATUS}: {exc}"
-            return None
-        self.reason = f"no VmHWM line in {self.STATUS}"
-        return None
+_CLEAR_REFS = "/proc/self/clear_refs"
+_STATUS = "/proc/self/status"
 
 
-class MemoryMeter:
-    """Measure the peak memory of a step: ``start_step`` / ``stop_step`` or ``with step()``."""
+class TrackedMemoryMeter:
+    """Measure the peak memory of a step (``start_step``, then ``stop_step``) with the storage
+    tracker only: for fake devices, and the base of the CPU and CUDA meters."""
 
     device_kind = "tracked"
+    #: a seam: meters.allocation_trace's meter records the allocation order too
+    tracker_class = StorageTracker
 
-    def __init__(self, device: torch.device, *, track_categories: bool = False):
+    def __init__(self, device, *, track_categories=False, scratch=None):
         self.device = torch.device(device)
         self.track_categories = track_categories
+        self.scratch = scratch  # see StorageTracker
         self.tracker: StorageTracker | None = None
-        self.last: StepMemory | None = None
-
-    @contextlib.contextmanager
-    def step(self, baseline_tensors=(), *, model=None, optimizer=None) -> Iterator[_StepHandle]:
-        handle = _StepHandle()
-        self.start_step(baseline_tensors, model=model, optimizer=optimizer)
-        try:
-            yield handle
-        finally:
-            handle.result = self.stop_step()
 
     def mark(self, label: str) -> None:
         if self.tracker is not None:
             self.tracker.mark(label)
 
     def _result(self, allocated, reserved, reason=None, **fields) -> StepMemory:
-        self.last = StepMemory(
+        return StepMemory(
             device_kind=self.device_kind,
             peak_allocated_bytes=allocated,
             peak_reserved_bytes=reserved,
@@ -468,7 +437,6 @@ class MemoryMeter:
             reserved_unavailable_reason=reason,
             **fields,
         )
-        return self.last
 
     def _tracker_fields(self) -> dict:
         tr = self.tracker
@@ -487,23 +455,6 @@ class MemoryMeter:
             fields["timeline"] = list(tr.timeline)
         tr.release()
         return fields
-
-
-@dataclass
-class _StepHandle:
-    result: StepMemory | None = None
-
-
-class TrackedMemoryMeter(MemoryMeter):
-    """Storage tracker only: for fake devices and as the base of the CPU meter."""
-
-    device_kind = "tracked"
-    #: a seam: meters.allocation_trace's meter records the allocation order too
-    tracker_class = StorageTracker
-
-    def __init__(self, device, *, track_categories=False, scratch=None):
-        super().__init__(device, track_categories=track_categories)
-        self.scratch = scratch  # see StorageTracker
 
     def start_step(self, baseline_tensors=(), *, model=None, optimizer=None) -> None:
         if self.tracker is not None and self.tracker._active:
@@ -530,18 +481,33 @@ class TrackedMemoryMeter(MemoryMeter):
 
 
 class CpuMemoryMeter(TrackedMemoryMeter):
+    """Adds the peak resident set of the whole process over the step."""
+
     device_kind = "cpu"
 
     def _start_extra(self) -> None:
-        self._rss = _RssPeak()
-        self._rss.start()
+        self._rss_reason = None
+        try:
+            with open(_CLEAR_REFS, "w") as f:
+                f.write("5")
+        except OSError as exc:
+            self._rss_reason = f"could not reset the resident-set peak ({_CLEAR_REFS}: {exc})"
 
     def _stop_extra(self) -> tuple[int | None, str | None]:
-        value = self._rss.stop()
-        return value, self._rss.reason
+        if self._rss_reason is not None:
+            return None, self._rss_reason
+        try:
+            with open(_STATUS) as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        value, unit = line.split()[1:3]
+                        return int(value) * {"kB": 1024, "mB": MIB}.get(unit, 1024), None
+        except (OSError, ValueError, IndexError) as exc:
+            return None, f"could not read VmHWM from {_STATUS}: {exc}"
+        return None, f"no VmHWM line in {_STATUS}"
 
 
-class CudaMemoryMeter(MemoryMeter):
+class CudaMemoryMeter(TrackedMemoryMeter):
     """CUDA and ROCm (HIP builds use the same ``torch.cuda`` API)."""
 
     def __init__(self, device, *, track_categories=False):
@@ -576,27 +542,13 @@ class CudaMemoryMeter(MemoryMeter):
         return self._result(allocated, reserved, **fields)
 
 
-def make_meter(device: torch.device | str, track_categories: bool = False) -> MemoryMeter:
+def make_meter(device: torch.device | str, track_categories: bool = False) -> TrackedMemoryMeter:
     device = torch.device(device)
     if device.type == "cuda":
         return CudaMemoryMeter(device, track_categories=track_categories)
     if device.type == "cpu":
         return CpuMemoryMeter(device, track_categories=track_categories)
-    if device.type == "meta":
-        return TrackedMemoryMeter(device, track_categories=track_categories)
     raise HeptstudyError(
-        f"no memory meter for device type {device.type!r}; supported: cuda (also ROCm), cpu, "
-        "meta (storage tracker only). Run the measurement on one of these devices."
+        f"no memory meter for device type {device.type!r}; supported: cuda (also ROCm) and cpu. "
+        "Run the measurement on one of these devices."
     )
-
-
-def live_bytes_of(tensors: Iterable[torch.Tensor | None]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views and shared storages once)."""
-    seen: dict[int, int] = {}
-    keep = []
-    for t in _flatten_tensors(tensors):
-        storage = _storage_of(t)
-        if storage is not None:
-            keep.append(storage)
-            seen.setdefault(id(storage), int(storage.nbytes()))
-    return sum(seen.values())
