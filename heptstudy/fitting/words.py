@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from heptstudy.fitting.auto import auto_words
-from heptstudy.fitting.packed import SAMPLED_BATCHES
-from heptstudy.fitting.predict import FitAnswer, Tail
+from heptstudy.fitting.predict import SAMPLED_BATCHES, FitAnswer, Tail
 
 DEVICE_WORDS = {"rocm": "GCD", "cuda": "GPU", "cpu": "CPU process"}
 #: The criterion's peak in words and the worst-batch field that holds it.
