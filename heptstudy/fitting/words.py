@@ -20,43 +20,40 @@ def _pct(p: float) -> str:
     return f"{p:.3%}" if p >= 1e-4 else f"{p:.2e}"
 
 
-def _packed_tail_words(t: Tail, a: FitAnswer) -> str:
-    safe = f"largest per-device batch that never fails on this data: {t.largest_safe_batch}"
-    if t.longest_fitting_padded is None:
-        return f"no batch of {a.per_device_batch} events fits, however short; {safe}"
-    if t.never_fails:
-        return (
-            f"a batch of {a.per_device_batch} may hold up to {t.longest_fitting_padded:,} slots, "
-            f"more than the data's fullest batch; {safe}"
-        )
-    return (
-        f"batches of more than {t.longest_fitting_padded:,} slots overflow; P(a step fails) = "
-        f"{_pct(t.p_step_fails)} (of {a.per_device_batch}-event batches drawn at random); over "
-        f"the recipe's {a.scenario_steps:,} steps P(at least one failure) = "
-        f"{_pct(t.p_run_fails)} ({t.expected_failing_steps:,.1f} failing steps expected); {safe}"
-    )
-
-
 def _tail_words(t: Tail, a: FitAnswer) -> str:
+    safe = f"largest per-device batch that never fails on this data: {t.largest_safe_batch}"
     if t.batching == "packed":
-        return _packed_tail_words(t, a)
-    if t.events_too_long == 0:
-        return (
-            f"no event of the data is too long for it; largest per-device batch that never fails "
-            f"on this data: {t.largest_safe_batch}"
+        if t.longest_fitting_padded is None:
+            return f"no batch of {a.per_device_batch} events fits, however short; {safe}"
+        if t.never_fails:
+            return (
+                f"a batch of {a.per_device_batch} may hold up to {t.longest_fitting_padded:,} "
+                f"slots, more than the data's fullest batch; {safe}"
+            )
+        fails = (
+            f"batches of more than {t.longest_fitting_padded:,} slots overflow; P(a step fails) = "
+            f"{_pct(t.p_step_fails)} (of {a.per_device_batch}-event batches drawn at random)"
         )
-    limit = (
-        f"longer than {t.longest_fitting_padded:,} padded hits"
-        if t.longest_fitting_padded
-        else "of any length"
-    )
+    elif t.events_too_long == 0:
+        return f"no event of the data is too long for it; {safe}"
+    else:
+        limit = (
+            f"longer than {t.longest_fitting_padded:,} padded hits"
+            if t.longest_fitting_padded
+            else "of any length"
+        )
+        overflow = (
+            "overflows any batch holding it"
+            if t.events_too_long == 1
+            else "overflow any batch holding them"
+        )
+        fails = (
+            f"{t.events_too_long:,} of {a.num_events:,} events ({limit}) {overflow}; "
+            f"P(a step fails) = {_pct(t.p_step_fails)}"
+        )
     return (
-        f"{t.events_too_long:,} of {a.num_events:,} events ({limit}) "
-        f"{'overflows any batch holding it' if t.events_too_long == 1 else 'overflow any batch holding them'}; "
-        f"P(a step fails) = {_pct(t.p_step_fails)}; over the recipe's "
-        f"{a.scenario_steps:,} steps P(at least one failure) = {_pct(t.p_run_fails)} "
-        f"({t.expected_failing_steps:,.1f} failing steps expected); largest per-device batch "
-        f"that never fails on this data: {t.largest_safe_batch}"
+        f"{fails}; over the recipe's {a.scenario_steps:,} steps P(at least one failure) = "
+        f"{_pct(t.p_run_fails)} ({t.expected_failing_steps:,.1f} failing steps expected); {safe}"
     )
 
 
