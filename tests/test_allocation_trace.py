@@ -61,7 +61,6 @@ def test_fake_step_trace_replays_to_the_trackers_peak(tiny_data_dir, tiny_overri
     assert est.trace is not None and est.trace.events
     assert _running_peak(est.trace) == est.peak_allocated_bytes
     assert est.trace.gradient_ids and est.trace.resident_bytes("optimizer_state")
-    assert "trace" not in est.to_dict()
     peaks = simulate_bench_process([est.trace] * 3)
     for mode in ("native", "expandable"):
         # the simulator counts rounded blocks and the process's other pieces (workspaces, all

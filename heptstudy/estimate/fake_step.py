@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -56,10 +56,6 @@ class FakeStepEstimate:
     padded_batch_hits: int
     peak_allocated_bytes: int
     baseline_bytes: int
-    device: str
-    dtype: str
-    attention_backend: str
-    categories_at_peak: dict[str, int] | None = None
     #: ``cuda``/``rocm``: the target-faithful step; ``cpu``: the CPU's kernels.
     target: str = "cpu"
     torch_version: str | None = None
@@ -67,17 +63,12 @@ class FakeStepEstimate:
     autocast_calls: dict[str, int] | None = None
     stand_in_calls: dict[str, int] | None = None
     scratch_ops: dict[str, int] | None = None
-    largest_scratch_bytes: int = 0
     #: ``record_trace`` only
     trace: StepTrace | None = field(default=None, repr=False, compare=False)
 
     @property
     def peak_allocated_mib(self) -> float:
         return self.peak_allocated_bytes / MIB
-
-    def to_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trace"}
-        return {**out, "peak_allocated_mib": self.peak_allocated_mib}
 
 
 def fake_device_type() -> str:
@@ -161,7 +152,6 @@ def estimate_step(
     config: Config,
     batch: dict[str, torch.Tensor],
     device_type: str | None = None,
-    track_categories: bool = False,
     *,
     target: str | None = None,
     torch_version: str | None = None,
@@ -193,7 +183,6 @@ def estimate_step(
             config,
             batch,
             device_type or fake_device_type(),
-            track_categories,
             scratch_bytes if faithful else None,
             record_trace,
             plan,
@@ -209,7 +198,7 @@ def estimate_step(
 
 
 def _fake_step(
-    config, batch, device_type, track_categories, scratch, record_trace, plan, skip_repeats
+    config, batch, device_type, scratch, record_trace, plan, skip_repeats
 ) -> FakeStepEstimate:
     device = torch.device(device_type)
     dtype = autocast_dtype(config, device)
@@ -226,7 +215,7 @@ def _fake_step(
         _fake_targets(real_targets, mode, device_type) if real_targets is not None else None
     )
     meter_class = TracingMemoryMeter if record_trace else TrackedMemoryMeter
-    meter = meter_class(device, track_categories=track_categories, scratch=scratch)
+    meter = meter_class(device, scratch=scratch)
     subs = _fake_substitutions(fake_targets, type_counts, meter, skip_repeats)
     try:
         with mode, subs:
@@ -247,19 +236,13 @@ def _fake_step(
             "data-dependent shape): measure on the device instead (heptstudy bench)"
         ) from err
     B, L, slots = batch_shape(batch)
-    tracker = meter.tracker
     return FakeStepEstimate(
         batch_size=B,
         longest_padded=L,
         padded_batch_hits=slots,
         peak_allocated_bytes=int(mem.peak_allocated_bytes),
         baseline_bytes=int(mem.baseline_bytes or 0),
-        device=f"fake {device_type}",
-        dtype=config.train.dtype,
-        attention_backend=config.model.heptv2.attention_backend,
-        categories_at_peak=mem.categories_at_peak,
-        scratch_ops=dict(sorted(tracker.scratch_ops.items())),
-        largest_scratch_bytes=int(tracker.scratch_bytes),
+        scratch_ops=dict(sorted(meter.tracker.scratch_ops.items())),
         trace=meter.last_trace if record_trace else None,
     )
 
