@@ -165,7 +165,7 @@ def estimate_step(
                 emulation = stack.enter_context(target_autocast(target, version))
             except UnknownTorchVersion as err:
                 raise HeptstudyError(str(err)) from None
-            kernels = stack.enter_context(target_kernels(target))
+            kernels = stack.enter_context(target_kernels())
         device = torch.device(device_type)
         dtype = autocast_dtype(config, device)
         hits = config.model.variant == HIT_VARIANT
