@@ -6,11 +6,11 @@ from heptstudy.fitting.auto import auto_words
 from heptstudy.fitting.predict import SAMPLED_BATCHES, FitAnswer, Tail
 
 DEVICE_WORDS = {"rocm": "GCD", "cuda": "GPU", "cpu": "CPU process"}
-#: The criterion's peak in words and the worst-batch field that holds it.
+#: The criterion's peak in words (a batch row holds it as ``QUANTITY_gib``).
 CRITERION_WORDS = {
-    "allocated": ("allocated", "allocated_gib"),
-    "reserved": ("reserved", "reserved_gib"),
-    "reserved_expandable": ("reserved (expandable segments)", "reserved_expandable_gib"),
+    "allocated": "allocated",
+    "reserved": "reserved",
+    "reserved_expandable": "reserved (expandable segments)",
 }
 
 
@@ -62,8 +62,7 @@ def answer_words(result) -> str:
     unit = DEVICE_WORDS.get(plat.device, "device")
     head = f"{a.per_device_batch} events per {plat.name} {unit}"
     w, crit = a.worst_batch, a.criterion.quantity
-    crit_words, field = CRITERION_WORDS[crit]
-    peak = w[field]
+    crit_words, peak = CRITERION_WORDS[crit], w[f"{crit}_gib"]
     holding = (
         f"the packed batch of the data's {a.per_device_batch} longest events "
         f"({w['padded_batch_hits']:,} slots)"
@@ -182,7 +181,7 @@ def render(result) -> str:
     )
     lines += [
         f"Device: {a.device_memory_gib:g} GiB; safety margin {a.safety_margin_gib:g} GiB; usable "
-        f"{a.usable_gib:.1f} GiB. Criterion: peak {CRITERION_WORDS[a.criterion.quantity][0]}"
+        f"{a.usable_gib:.1f} GiB. Criterion: peak {CRITERION_WORDS[a.criterion.quantity]}"
         + (
             " (the allocator's pool, fragmentation included) + the safety margin"
             if a.criterion.quantity != "allocated"
@@ -191,7 +190,7 @@ def render(result) -> str:
         f"Batches of {a.per_device_batch} on this data ({a.world_size} ranks per step):",
         *(_row(r) for r in a.typical_batches),
         _row(a.worst_batch),
-        f"Tail on peak {CRITERION_WORDS[a.criterion.quantity][0]}: {_tail_words(a.criterion, a)}",
+        f"Tail on peak {CRITERION_WORDS[a.criterion.quantity]}: {_tail_words(a.criterion, a)}",
     ]
     if a.criterion.quantity != "allocated":
         lines.append(f"Tail on peak allocated alone: {_tail_words(a.allocated_only, a)}")
