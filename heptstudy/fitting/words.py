@@ -100,15 +100,13 @@ def answer_words(result) -> str:
         )
     for c in [c for c in result.cross_checks if c["source"] == "measured"][:1]:
         if c.get("stale"):
-            text += (
-                f" NOT USED: the MEASURED model, {c['stale']}, gives this batch {_peaks(c)}, "
-                f"which would {'fit' if c['fits'] else 'NOT fit'}."
-            )
+            which = f"NOT USED: the MEASURED model, {c['stale']},"
         elif c["fits"] != a.fits:
-            text += (
-                f" NOT SHOWN: the MEASURED model of the same network with {_settings(c)} gives "
-                f"this batch {_peaks(c)}, which would {'fit' if c['fits'] else 'NOT fit'}."
-            )
+            which = f"NOT SHOWN: the MEASURED model of the same network with {_settings(c)}"
+        else:
+            continue
+        fits = "fit" if c["fits"] else "NOT fit"
+        text += f" {which} gives this batch {_peaks(c)}, which would {fits}."
     return text
 
 
