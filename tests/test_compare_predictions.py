@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from heptstudy.estimate import predictions
-from heptstudy.estimate.predictions import PredictionsError, git_age, read_predictions
+from heptstudy.estimate.predictions import PredictionsError, read_predictions
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu" / "compare_predictions.py"
@@ -148,6 +148,7 @@ def test_predictions_changed_after_the_measured_commit_are_not_blind(tmp_path, c
 
 
 def test_git_age_of_an_uncommitted_file_and_an_unknown_commit(tmp_path, committed):
+    git_age = runpy.run_path(str(SCRIPT))["git_age"]
     path, made = committed
     assert git_age(path, [made]).problems == []
     assert "is not in this repository" in git_age(path, ["0" * 40]).problems[0]

@@ -2,16 +2,19 @@
 kernel choices, kernel scratch, and the fake step that uses them."""
 
 import time
+import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from heptstudy.config import load_config
 from heptstudy.estimate.autocast_policy import lists_for, target_autocast
-from heptstudy.estimate.kernel_scratch import SCRATCH, probe, scratch_bytes
+from heptstudy.estimate.kernel_scratch import SCRATCH, scratch_bytes
 from heptstudy.estimate.kernel_stand_ins import target_kernels
+from heptstudy.meters.memory import iter_tensors
 from tests.conftest import TINY_MODEL
 
 BF16 = torch.bfloat16
@@ -89,7 +92,7 @@ def test_kernel_stand_ins_keep_the_targets_tensors():
     w = torch.randn(8, requires_grad=True)
     ref = F.rms_norm(x, (8,), w, 1e-6)
     ref_grads = torch.autograd.grad(ref.square().sum(), (x, w))
-    with target_kernels("cuda") as kernels:
+    with target_kernels() as kernels:
         y = F.rms_norm(x, (8,), w, 1e-6)
         saved = list(y.grad_fn.saved_tensors)
         grads = torch.autograd.grad(y.square().sum(), (x, w))
@@ -113,6 +116,86 @@ def test_kernel_stand_ins_keep_the_targets_tensors():
     assert q.grad.shape == q.shape
     assert kernels.calls == {"rms_norm": 1, "dropout": 1, "scaled_dot_product_attention": 1}
     assert type(F.dropout(x, 0.1, True).grad_fn).__name__ == "MulBackward0"  # gone again
+
+
+# ---- a probe of an op's scratch: the storages its composite kernel allocates (tests only)
+
+
+class _Probe(TorchDispatchMode):
+    """Counts the storages allocated inside one op's composite kernel."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+        self.inside = False
+        self.live = 0
+        self.peak = 0
+        self.seen: dict[int, int] = {}
+        self.outside: set[int] = set()  # storages of the arguments: not the kernel's
+
+    def _free(self, key: int) -> None:
+        self.live -= self.seen.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is self.op and not self.inside:
+            self.inside = True
+            try:
+                if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _CEA):
+                    raise ValueError(
+                        f"{func} has no composite kernel to follow (CompositeExplicitAutograd): "
+                        "its scratch, if any, is inside a native kernel, which a CPU probe "
+                        "cannot see"
+                    )
+                with self:  # the kernel's own ATen calls come back through this mode
+                    return func._op_dk(_CEA, *args, **kwargs)
+            finally:
+                self.inside = False
+        key = _followed_key(func) if self.inside else None
+        if key is not None:
+            with self:  # follow nested kernels (e.g. an op into its out= variant)
+                out = func._op_dk(key, *args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+        if self.inside:
+            for t in iter_tensors(out):
+                s = t.untyped_storage()
+                key = id(s)
+                if key not in self.seen and key not in self.outside:
+                    self.seen[key] = s.nbytes()
+                    self.live += s.nbytes()
+                    weakref.finalize(s, self._free, key)
+            self.peak = max(self.peak, self.live)
+        return out
+
+
+_CEA = torch._C.DispatchKey.CompositeExplicitAutograd
+_FOLLOWED = (
+    _CEA,
+    torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional,
+    torch._C.DispatchKey.CPU,
+)
+
+
+def _followed_key(op):
+    """The kernel whose own ATen calls the probe follows: the composite one, else the CPU one."""
+    for key in _FOLLOWED:
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):
+            return key
+    return None
+
+
+def probe(op, *args, **kwargs) -> int:
+    """Peak bytes allocated inside ``op``'s composite kernel beyond its result, on these (small,
+    real CPU) arguments."""
+    p = _Probe(op)
+    p.outside = {id(t.untyped_storage()) for t in iter_tensors([*args, *kwargs.values()])}
+    with p:
+        out = op(*args, **kwargs)
+    kept = 0
+    for t in iter_tensors(out):
+        kept += p.seen.get(id(t.untyped_storage()), 0)
+    return max(0, p.peak - kept)
 
 
 def test_scratch_probe_finds_logsumexps_temporary():

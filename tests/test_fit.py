@@ -27,7 +27,6 @@ from heptstudy.estimate.memory_model import (
     fit_points,
 )
 from heptstudy.fitting import FitRequest, fit, occupancy
-from heptstudy.fitting.packed import evaluate_packed
 from heptstudy.fitting.predict import evaluate
 from heptstudy.fitting.reports import fit_reports
 from heptstudy.fitting.select import choose_model
@@ -116,7 +115,7 @@ def test_packed_answer_follows_a_batch_of_slots_not_its_longest_event():
     lengths = [10] * 9 + [100]
     usable = 1150 / MIB_PER_GIB
     padded = evaluate(_model(1000.0, 1.0), lengths, 2, usable, num_steps=50)
-    packed = evaluate_packed(_model(1000.0, 1.0), lengths, 2, usable, num_steps=50)
+    packed = evaluate(_model(1000.0, 1.0), lengths, 2, usable, num_steps=50, batching="packed")
     assert not padded.fits and packed.fits
     assert packed.worst_batch["padded_batch_hits"] == 110  # the two longest events together
     assert packed.worst_batch["allocated_gib"] * MIB_PER_GIB == pytest.approx(1110)
@@ -124,7 +123,9 @@ def test_packed_answer_follows_a_batch_of_slots_not_its_longest_event():
     assert t.longest_fitting_padded == 150 and t.p_step_fails == 0.0  # the most slots that fit
     assert t.largest_safe_batch == 6  # 100 + 5 x 10 = 150 slots fit, 7 events take 160
     # a tighter device: batches holding the long event (2 of every 10 draws) overflow
-    tight = evaluate_packed(_model(1000.0, 1.0), lengths, 2, 1050 / MIB_PER_GIB, num_steps=1)
+    tight = evaluate(
+        _model(1000.0, 1.0), lengths, 2, 1050 / MIB_PER_GIB, num_steps=1, batching="packed"
+    )
     assert not tight.fits and tight.criterion.p_step_fails == pytest.approx(0.2, abs=0.02)
     assert [r["padded_batch_hits"] for r in packed.typical_batches] == [20, 110, 110]
 

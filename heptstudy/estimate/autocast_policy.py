@@ -17,6 +17,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import reduce
 from importlib import resources
 
 import torch
@@ -121,7 +122,6 @@ def _dtype_slot(op: torch._ops.OpOverload) -> tuple[int | None, bool]:
 
 
 def _kernel(emu: AutocastEmulation, name: str, policy: str, op, redispatch=None):
-    lower = policy == "lower_precision"
     dtype_index, dtype_kwarg = _dtype_slot(op) if policy == "fp32_set_opt_dtype" else (None, False)
     defaults = [a.default_value if a.has_default_value() else None for a in op._schema.arguments]
 
@@ -130,24 +130,18 @@ def _kernel(emu: AutocastEmulation, name: str, policy: str, op, redispatch=None)
         with torch._C._ExcludeDispatchKeyGuard(
             torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
         ):
-            if lower:
-                to = torch.get_autocast_dtype("cpu")
-                args, kwargs = _cast_all((args, kwargs), lambda t: t.dtype != to, to)
-                return op(*args, **kwargs)
-            if policy == "fp32":
-                args, kwargs = _cast_all(
-                    (args, kwargs), lambda t: t.dtype != torch.float32, torch.float32
-                )
-                return op(*args, **kwargs)
-            if policy == "promote":
-                floats = [
-                    t.dtype for t in iter_tensors((args, list(kwargs.values()))) if _eligible(t)
-                ]
-                if len(set(floats)) > 1:
-                    widest = floats[0]
-                    for d in floats[1:]:
-                        widest = torch.promote_types(widest, d)
-                    args, kwargs = _cast_all((args, kwargs), lambda t: t.dtype != widest, widest)
+            if policy in ("lower_precision", "fp32", "promote"):
+                if policy == "promote":  # to the widest floating dtype, when they differ
+                    floats = [
+                        t.dtype for t in iter_tensors((args, list(kwargs.values()))) if _eligible(t)
+                    ]
+                    to = reduce(torch.promote_types, floats) if len(set(floats)) > 1 else None
+                elif policy == "fp32":
+                    to = torch.float32
+                else:
+                    to = torch.get_autocast_dtype("cpu")
+                if to is not None:
+                    args, kwargs = _cast_all(args, kwargs, to)
                 return op(*args, **kwargs)
             first = next(iter_tensors(args), None)
             if first is None or not _eligible(first):
@@ -169,11 +163,10 @@ def _kernel(emu: AutocastEmulation, name: str, policy: str, op, redispatch=None)
     return kernel
 
 
-def _cast_all(args_kwargs, needs, dtype):
+def _cast_all(args, kwargs, dtype):
     def cast(t):
-        return t.to(dtype) if _eligible(t) and needs(t) else t
+        return t.to(dtype) if _eligible(t) and t.dtype != dtype else t
 
-    args, kwargs = args_kwargs
     return _map_tensors(tuple(args), cast), {k: _map_tensors(v, cast) for k, v in kwargs.items()}
 
 
@@ -229,28 +222,24 @@ def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
             if op is None:
                 emu.missing.append(name)
                 continue
-            if policy == "lower_precision" and op._schema.name + _suffix(op) in cpu_set:
+            qualified = _qualified(op)
+            listed.add(qualified)
+            if policy == "lower_precision" and qualified in cpu_set:
                 emu.kept_cpu.append(name)
-                listed.add(op._schema.name + _suffix(op))
                 continue
-            lib.impl(
-                op._schema.name[len("aten::") :] + _suffix(op),
-                _kernel(emu, name, policy, op),
-                AUTOCAST_KEY,
-            )
-            listed.add(op._schema.name + _suffix(op))
+            lib.impl(qualified[len("aten::") :], _kernel(emu, name, policy, op), AUTOCAST_KEY)
     for name, target_name in lists.fp32_append_dtype.items():
         op, redispatch = _overload(name), _overload(target_name)
         if op is None or redispatch is None:
             emu.missing.append(name)
             continue
-        kernel = _kernel(emu, name, "fp32_append_dtype", op, redispatch)
-        lib.impl(name, kernel, AUTOCAST_KEY)
-        listed.add(op._schema.name + _suffix(op))
+        lib.impl(name, _kernel(emu, name, "fp32_append_dtype", op, redispatch), AUTOCAST_KEY)
+        listed.add(_qualified(op))
     for qualified in cpu_ops:
         if qualified not in listed:
             lib.impl(qualified[len("aten::") :], torch.library.fallthrough_kernel, AUTOCAST_KEY)
 
 
-def _suffix(op: torch._ops.OpOverload) -> str:
-    return "" if op._overloadname == "default" else f".{op._overloadname}"
+def _qualified(op: torch._ops.OpOverload) -> str:
+    """``aten::name`` or ``aten::name.overload``."""
+    return op._schema.name + ("" if op._overloadname == "default" else f".{op._overloadname}")

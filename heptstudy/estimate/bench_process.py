@@ -62,13 +62,6 @@ def simulate_bench_process(
             "simulate_bench_process needs at least one step trace; got none. Trace the steps "
             "with heptstudy.meters.allocation_trace.TracingMemoryMeter first"
         )
-    if passes not in ("both", "memory"):
-        raise HeptstudyError(
-            f"passes={passes!r} for the simulated bench process; allowed: 'both' (timed pass, "
-            "then memory pass, as the bench runs by default) or 'memory'"
-        )
-    if warmup < 0:
-        raise HeptstudyError(f"warmup={warmup}; it must be >= 0 (the bench's default is 2)")
     if optimizer_state is None:
         optimizer_state = steps[0].resident_bytes("optimizer_state")
     runs = {}

@@ -21,7 +21,6 @@ memory allocated outside the caching allocator (cuBLAS/cuDNN handles, the CUDA c
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from heptstudy.errors import HeptstudyError
@@ -255,20 +254,3 @@ class CachingAllocator:
             if self._last[pool] is nxt:
                 self._last[pool] = b
         self._insert_free(pool, b)
-
-
-def replay(
-    events: Iterable[tuple[str, int, int]], expandable_segments: bool = False
-) -> AllocatorPeaks:
-    """The peaks of an ordered ``("alloc" | "free", block_id, nbytes)`` trace."""
-    alloc = CachingAllocator(expandable_segments=expandable_segments)
-    for kind, block_id, nbytes in events:
-        if kind == "alloc":
-            alloc.malloc(block_id, nbytes)
-        elif kind == "free":
-            alloc.free(block_id)
-        else:
-            raise AllocatorTraceError(
-                f"trace event kind {kind!r} (block {block_id!r}); allowed: 'alloc', 'free'"
-            )
-    return alloc.peaks()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -55,10 +55,6 @@ class FakeStepEstimate:
     padded_batch_hits: int
     peak_allocated_bytes: int
     baseline_bytes: int
-    device: str
-    dtype: str
-    attention_backend: str
-    categories_at_peak: dict[str, int] | None = None
     #: ``cuda``/``rocm``: the target-faithful step; ``cpu``: the CPU's kernels.
     target: str = "cpu"
     torch_version: str | None = None
@@ -66,17 +62,12 @@ class FakeStepEstimate:
     autocast_calls: dict[str, int] | None = None
     stand_in_calls: dict[str, int] | None = None
     scratch_ops: dict[str, int] | None = None
-    largest_scratch_bytes: int = 0
     #: ``record_trace`` only
     trace: StepTrace | None = field(default=None, repr=False, compare=False)
 
     @property
     def peak_allocated_mib(self) -> float:
         return self.peak_allocated_bytes / MIB
-
-    def to_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trace"}
-        return {**out, "peak_allocated_mib": self.peak_allocated_mib}
 
 
 def fake_device_type() -> str:
@@ -132,18 +123,6 @@ def _skipping_repeats(meter):
     return repeats
 
 
-def _fake_substitutions(targets, type_counts, meter, skip_repeats: bool):
-    return stand_ins.using(
-        StandIns(
-            targets=targets,
-            match=_deterministic_match if targets is not None else None,
-            type_encoding=_type_encoder_forward(type_counts),
-            flex=fused_flex,
-            repeats=_skipping_repeats(meter) if skip_repeats else None,
-        )
-    )
-
-
 def _fake_targets(targets, mode, device):
     def conv(t):
         return mode.from_tensor(t).to(device) if device != "cpu" else mode.from_tensor(t)
@@ -160,7 +139,6 @@ def estimate_step(
     config: Config,
     batch: dict[str, torch.Tensor],
     device_type: str | None = None,
-    track_categories: bool = False,
     *,
     target: str | None = None,
     torch_version: str | None = None,
@@ -177,90 +155,74 @@ def estimate_step(
             "profile's device)"
         )
     faithful = target in ("cuda", "rocm")
-    if faithful:
-        device_type = "cpu"  # see the module doc
+    # a faithful target runs on fake CPU tensors (see the module doc)
+    device_type = "cpu" if faithful else device_type or fake_device_type()
     version = torch_version or DEFAULT_TORCH_VERSION
     with contextlib.ExitStack() as stack:
-        emulation = kernels = None
         if faithful:
             try:
                 emulation = stack.enter_context(target_autocast(target, version))
             except UnknownTorchVersion as err:
                 raise HeptstudyError(str(err)) from None
-            kernels = stack.enter_context(target_kernels(target))
-        est = _fake_step(
-            config,
-            batch,
-            device_type or fake_device_type(),
-            track_categories,
-            scratch_bytes if faithful else None,
-            record_trace,
-            plan,
-            skip_repeats,
+            kernels = stack.enter_context(target_kernels())
+        device = torch.device(device_type)
+        dtype = autocast_dtype(config, device)
+        hits = config.model.variant == HIT_VARIANT
+        real_targets = targets_from_batch(batch) if "ytarget" in batch and hits else None
+        torch.manual_seed(config.train.seed)
+        with torch.device("meta"):
+            model = build_model(config)
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+        codes = batch["X"][..., 0]
+        type_counts = {c: int((codes == c).sum()) for c in (1, 2)}
+        fake_targets = (
+            _fake_targets(real_targets, mode, device_type) if real_targets is not None else None
         )
-    if faithful:
-        est.target, est.torch_version = target, version
-        est.autocast_calls = dict(sorted(emulation.calls.items()))
-        est.stand_in_calls = dict(sorted(kernels.calls.items()))
-    else:
-        est.target = target or "cpu"
-    return est
-
-
-def _fake_step(
-    config, batch, device_type, track_categories, scratch, record_trace, plan, skip_repeats
-) -> FakeStepEstimate:
-    device = torch.device(device_type)
-    dtype = autocast_dtype(config, device)
-    hits = config.model.variant == HIT_VARIANT
-    real_targets = targets_from_batch(batch) if "ytarget" in batch and hits else None
-    torch.manual_seed(config.train.seed)
-    with torch.device("meta"):
-        model = build_model(config)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-
-    codes = batch["X"][..., 0]
-    type_counts = {c: int((codes == c).sum()) for c in (1, 2)}
-    fake_targets = (
-        _fake_targets(real_targets, mode, device_type) if real_targets is not None else None
-    )
-    meter_class = TracingMemoryMeter if record_trace else TrackedMemoryMeter
-    meter = meter_class(device, track_categories=track_categories, scratch=scratch)
-    subs = _fake_substitutions(fake_targets, type_counts, meter, skip_repeats)
-    try:
-        with mode, subs:
-            model.to_empty(device=device)
-            model.train()
-            fbatch = map_tensors(batch, lambda t: mode.from_tensor(t).to(device))
-            optimizer = build_optimizer(model, config.train)
-            scheduler = build_scheduler(optimizer, config.train)
-            # LAMB's state exists before every counted bench step
-            prime_optimizer(model, optimizer, scheduler)
-            mem = run_step(
-                model, fbatch, optimizer, scheduler, config, dtype, meter=meter, plan=plan
-            ).memory
-    except (RuntimeError, NotImplementedError) as err:
-        raise HeptstudyError(
-            f"the fake-device step failed on {device_type} ({type(err).__name__}: {str(err).splitlines()[0]}); "
-            "the model or loss uses an operation fake tensors cannot run (a host copy or a "
-            "data-dependent shape): measure on the device instead (heptstudy bench)"
-        ) from err
-    B, L, slots = batch_shape(batch)
-    tracker = meter.tracker
-    return FakeStepEstimate(
-        batch_size=B,
-        longest_padded=L,
-        padded_batch_hits=slots,
-        peak_allocated_bytes=int(mem.peak_allocated_bytes),
-        baseline_bytes=int(mem.baseline_bytes or 0),
-        device=f"fake {device_type}",
-        dtype=config.train.dtype,
-        attention_backend=config.model.heptv2.attention_backend,
-        categories_at_peak=mem.categories_at_peak,
-        scratch_ops=dict(sorted(tracker.scratch_ops.items())),
-        largest_scratch_bytes=int(tracker.scratch_bytes),
-        trace=meter.last_trace if record_trace else None,
-    )
+        meter_class = TracingMemoryMeter if record_trace else TrackedMemoryMeter
+        meter = meter_class(device, scratch=scratch_bytes if faithful else None)
+        subs = stand_ins.using(
+            StandIns(
+                targets=fake_targets,
+                match=_deterministic_match if fake_targets is not None else None,
+                type_encoding=_type_encoder_forward(type_counts),
+                flex=fused_flex,
+                repeats=_skipping_repeats(meter) if skip_repeats else None,
+            )
+        )
+        try:
+            with mode, subs:
+                model.to_empty(device=device)
+                model.train()
+                fbatch = map_tensors(batch, lambda t: mode.from_tensor(t).to(device))
+                optimizer = build_optimizer(model, config.train)
+                scheduler = build_scheduler(optimizer, config.train)
+                # LAMB's state exists before every counted bench step
+                prime_optimizer(model, optimizer, scheduler)
+                mem = run_step(
+                    model, fbatch, optimizer, scheduler, config, dtype, meter=meter, plan=plan
+                ).memory
+        except (RuntimeError, NotImplementedError) as err:
+            raise HeptstudyError(
+                f"the fake-device step failed on {device_type} ({type(err).__name__}: "
+                f"{str(err).splitlines()[0]}); the model or loss uses an operation fake tensors "
+                "cannot run (a host copy or a data-dependent shape): measure on the device "
+                "instead (heptstudy bench)"
+            ) from err
+        B, L, slots = batch_shape(batch)
+        return FakeStepEstimate(
+            batch_size=B,
+            longest_padded=L,
+            padded_batch_hits=slots,
+            peak_allocated_bytes=int(mem.peak_allocated_bytes),
+            baseline_bytes=int(mem.baseline_bytes or 0),
+            target=target or "cpu",
+            torch_version=version if faithful else None,
+            autocast_calls=dict(sorted(emulation.calls.items())) if faithful else None,
+            stand_in_calls=dict(sorted(kernels.calls.items())) if faithful else None,
+            scratch_ops=dict(sorted(meter.tracker.scratch_ops.items())),
+            trace=meter.last_trace if record_trace else None,
+        )
 
 
 def fit_batches(lengths, sizes, seed: int, random_at=None) -> list[list[int]]:
@@ -282,7 +244,6 @@ def estimate_memory_model(
     config: Config,
     per_device_batch: int,
     device_kind: str,
-    progress: bool = False,
     torch_version: str | None = None,
 ):
     """An *estimated* memory model: fake-device steps on real events fitted like measurements."""
@@ -313,8 +274,6 @@ def estimate_memory_model(
             )
         else:
             points.append(Point(*shape, est.peak_allocated_mib, what))
-        if progress:
-            print(f"  estimated B={shape[0]} L={shape[1]}: {points[-1].peak_mib / 1024:.2f} GiB")
     key = model_key(config.to_dict(), device_kind)
     peaks = (
         "peak allocated and reserved from the caching-allocator simulator (native and "

@@ -141,24 +141,19 @@ def fused_flex(q, k, v, block_mask):
     return _SameFootprintFlex.apply(q, k, v)
 
 
-#: The stand-ins installed for a GPU target (``cpu`` runs the CPU's own kernels).
+#: The stand-ins installed for a GPU target.
 _KERNELS = {"rms_norm": _rms_norm, "dropout": _dropout, "scaled_dot_product_attention": _sdpa}
 
 _INSTALLED = threading.Lock()
 
 
 @contextlib.contextmanager
-def target_kernels(target: str = "cuda") -> Iterator[KernelChoices]:
-    """Inside the block, CPU tensors run ``target``'s kernel choices (:data:`_KERNELS`);
-    ``cpu`` installs nothing. Not re-entrant."""
-    if target not in ("cuda", "rocm", "cpu"):
-        raise ValueError(f"no kernel choices for target {target!r}; allowed: cuda, rocm, cpu")
-    choices = KernelChoices()
-    if target == "cpu":
-        yield choices
-        return
+def target_kernels() -> Iterator[KernelChoices]:
+    """Inside the block, CPU tensors run the GPU targets' (cuda, rocm) kernel choices
+    (:data:`_KERNELS`). Not re-entrant."""
     if not _INSTALLED.acquire(blocking=False):
         raise RuntimeError("target kernel stand-ins are already installed in this process")
+    choices = KernelChoices()
     lib = torch.library.Library("aten", "IMPL")
     try:
         for name, make in _KERNELS.items():

@@ -15,13 +15,7 @@ from heptstudy.config import ModelConfig
 from heptstudy.model.checkpoint_plan import plan_named
 
 #: Key fields compared one by one, in the order a mismatch is explained.
-SETTINGS = (
-    "device_kind",
-    "dtype",
-    "variant",
-    "attention_backend",
-    "checkpointing",
-)
+SETTINGS = ("device_kind", "dtype", "variant", "attention_backend", "checkpointing")
 #: Model fields that are key settings of their own, or choose auto's plan without changing the
 #: memory a plan needs.
 _IN_SETTINGS = (
@@ -53,6 +47,7 @@ def model_key(config: dict[str, Any], device_kind: str) -> dict[str, Any]:
     model = config["model"]
     h = model.get("heptv2") or {}
     sections = _model_sections(model)
+    digest = hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()
     return {
         "device_kind": device_kind,
         "dtype": config["train"]["dtype"],
@@ -60,9 +55,7 @@ def model_key(config: dict[str, Any], device_kind: str) -> dict[str, Any]:
         "attention_backend": h.get("attention_backend"),
         # the plan's name ("auto" is a key of its own: its steps run different plans)
         "checkpointing": h.get("activation_checkpointing", "off"),
-        "model_hash": hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[
-            :12
-        ],
+        "model_hash": digest[:12],
         "model": sections,
     }
 

@@ -15,7 +15,6 @@ from heptstudy.estimate.memory_model import FitError, MemoryModel
 from heptstudy.estimate.plans import DEFAULT_MARGIN_FRACTION, predictor_for
 from heptstudy.fingerprint import commit_reasons
 from heptstudy.fitting.auto import evaluate_auto, measured_rates
-from heptstudy.fitting.packed import evaluate_packed
 from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, peak_mib
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
@@ -250,7 +249,7 @@ def fit(request: FitRequest) -> FitResult | None:
     ds = dataset_for(config, "train")
     lengths = ds.lengths()
     expandable = expandable_segments(platform)
-    answer = (evaluate_packed if config.data.batching == "packed" else evaluate)(
+    answer = evaluate(
         choice.model,
         lengths,
         batch,
@@ -260,6 +259,7 @@ def fit(request: FitRequest) -> FitResult | None:
         num_steps=config.train.num_steps,
         pad_to_multiple=config.data.pad_to_multiple,
         expandable_segments=expandable,
+        batching=config.data.batching,
     )
     if expandable:
         notes.append(

@@ -13,7 +13,7 @@ from heptstudy import fingerprint as code_fingerprint
 from heptstudy.data.layout import slots_per_event
 from heptstudy.estimate.keys import key_label, model_key
 from heptstudy.estimate.memory_model import FitError, MemoryModel, Point, fit_points
-from heptstudy.measure.report import ReportError, validate_report
+from heptstudy.measure.report import BenchReport, ReportError, validate_report
 from heptstudy.measure.report_checks import check_consistent
 
 
@@ -66,8 +66,8 @@ def expand_report_paths(paths) -> list[Path]:
     return out
 
 
-def _report_steps(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict]] | str:
-    """``(config, environment, steps)`` of a usable memory report, else why it is not usable."""
+def _memory_report(path: Path) -> BenchReport | str:
+    """The usable memory report at ``path``, as this heptstudy reads it, else why not."""
     try:
         rep = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -79,29 +79,20 @@ def _report_steps(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict
         # as this heptstudy writes it (the checkpointing plan's name in today's fields)
         report = validate_report(rep, source=path.name)
         check_consistent(report, path)
-        rep = report.model_dump(mode="json")
     except ReportError as err:
         return " ".join(str(err).split("\n"))
-    if rep.get("kind") != "memory":
-        return f"a {rep.get('kind')!r} report: only memory reports hold per-step peaks"
-    if rep.get("status") != "ok":
-        error = str(rep.get("error") or "").strip().splitlines()
-        return f"status {rep.get('status')!r}" + (f" ({error[0][:200]})" if error else "")
-    env, config, steps = rep.get("environment"), rep.get("config"), rep.get("steps")
-    if not isinstance(env, dict) or not env.get("device_kind"):
-        return "no environment.device_kind: the device the report was measured on is unknown"
-    if not isinstance(config, dict) or "model" not in config or "train" not in config:
+    if report.kind != "memory":
+        return f"a {report.kind!r} report: only memory reports hold per-step peaks"
+    if report.status != "ok":
+        error = str(report.error or "").strip().splitlines()
+        return f"status {report.status!r}" + (f" ({error[0][:200]})" if error else "")
+    if "model" not in report.config or "train" not in report.config:
         return "no resolved configuration (config.model, config.train)"
-    counted = [
-        s
-        for s in steps or []
-        if s.get("counted") and s.get("peak_allocated_mib") is not None and s.get("padded_hits")
-    ]
-    if not counted:
+    if not any(
+        s.counted and s.peak_allocated_mib is not None and s.padded_hits for s in report.steps
+    ):
         return "no counted step with a peak allocated and its padded hits"
-    data = rep.get("data") or {}
-    env = {**env, "created_at": rep.get("created_at"), "synthetic": data.get("synthetic")}
-    return config, env, steps
+    return report
 
 
 AUTO_REPORT = (
@@ -114,32 +105,34 @@ def read_groups(paths) -> tuple[list[ReportGroup], list[Rejected]]:
     groups: dict[str, ReportGroup] = {}
     rejected: list[Rejected] = []
     for path in expand_report_paths(paths):
-        got = _report_steps(path)
-        if isinstance(got, str):
-            rejected.append(Rejected(str(path), got))
+        report = _memory_report(path)
+        if isinstance(report, str):
+            rejected.append(Rejected(str(path), report))
             continue
-        config, env, steps = got
-        key = model_key(config, str(env["device_kind"]))
+        key = model_key(report.config, report.environment.device_kind)
         if key["checkpointing"] == "auto":
             rejected.append(Rejected(str(path), AUTO_REPORT))
             continue
         group = groups.setdefault(key_label(key), ReportGroup(key))
         group.files.append(str(path))
-        group.environments.append(env)
+        env = report.environment.model_dump(mode="json")
+        group.environments.append(
+            {**env, "created_at": report.created_at, "synthetic": report.data.synthetic}
+        )
         longest_so_far = 0
-        batching = (config.get("data") or {}).get("batching", "padded")
-        for s in steps:
-            if not s.get("padded_hits"):
+        batching = (report.config.get("data") or {}).get("batching", "padded")
+        for s in report.steps:
+            if not s.padded_hits:
                 continue
-            batch, longest = len(s["padded_hits"]), slots_per_event(s["padded_hits"], batching)
+            batch, longest = len(s.padded_hits), slots_per_event(s.padded_hits, batching)
             longest_so_far = max(longest_so_far, longest)
-            if not s.get("counted") or s.get("peak_allocated_mib") is None:
+            if not s.counted or s.peak_allocated_mib is None:
                 continue
-            where = f"{path.name}#step{s.get('step')}"
-            group.allocated.append(Point(batch, longest, float(s["peak_allocated_mib"]), where))
-            if s.get("peak_reserved_mib") is not None:
+            where = f"{path.name}#step{s.step}"
+            group.allocated.append(Point(batch, longest, float(s.peak_allocated_mib), where))
+            if s.peak_reserved_mib is not None:
                 group.reserved.append(
-                    Point(batch, longest_so_far, float(s["peak_reserved_mib"]), where)
+                    Point(batch, longest_so_far, float(s.peak_reserved_mib), where)
                 )
     return list(groups.values()), rejected
 

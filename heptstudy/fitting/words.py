@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from heptstudy.fitting.auto import auto_words
-from heptstudy.fitting.packed import SAMPLED_BATCHES
-from heptstudy.fitting.predict import FitAnswer, Tail
+from heptstudy.fitting.predict import SAMPLED_BATCHES, FitAnswer, Tail
 
 DEVICE_WORDS = {"rocm": "GCD", "cuda": "GPU", "cpu": "CPU process"}
-#: The criterion's peak in words and the worst-batch field that holds it.
+#: The criterion's peak in words (a batch row holds it as ``QUANTITY_gib``).
 CRITERION_WORDS = {
-    "allocated": ("allocated", "allocated_gib"),
-    "reserved": ("reserved", "reserved_gib"),
-    "reserved_expandable": ("reserved (expandable segments)", "reserved_expandable_gib"),
+    "allocated": "allocated",
+    "reserved": "reserved",
+    "reserved_expandable": "reserved (expandable segments)",
 }
 
 
@@ -21,43 +20,40 @@ def _pct(p: float) -> str:
     return f"{p:.3%}" if p >= 1e-4 else f"{p:.2e}"
 
 
-def _packed_tail_words(t: Tail, a: FitAnswer) -> str:
-    safe = f"largest per-device batch that never fails on this data: {t.largest_safe_batch}"
-    if t.longest_fitting_padded is None:
-        return f"no batch of {a.per_device_batch} events fits, however short; {safe}"
-    if t.never_fails:
-        return (
-            f"a batch of {a.per_device_batch} may hold up to {t.longest_fitting_padded:,} slots, "
-            f"more than the data's fullest batch; {safe}"
-        )
-    return (
-        f"batches of more than {t.longest_fitting_padded:,} slots overflow; P(a step fails) = "
-        f"{_pct(t.p_step_fails)} (of {a.per_device_batch}-event batches drawn at random); over "
-        f"the recipe's {a.scenario_steps:,} steps P(at least one failure) = "
-        f"{_pct(t.p_run_fails)} ({t.expected_failing_steps:,.1f} failing steps expected); {safe}"
-    )
-
-
 def _tail_words(t: Tail, a: FitAnswer) -> str:
+    safe = f"largest per-device batch that never fails on this data: {t.largest_safe_batch}"
     if t.batching == "packed":
-        return _packed_tail_words(t, a)
-    if t.events_too_long == 0:
-        return (
-            f"no event of the data is too long for it; largest per-device batch that never fails "
-            f"on this data: {t.largest_safe_batch}"
+        if t.longest_fitting_padded is None:
+            return f"no batch of {a.per_device_batch} events fits, however short; {safe}"
+        if t.never_fails:
+            return (
+                f"a batch of {a.per_device_batch} may hold up to {t.longest_fitting_padded:,} "
+                f"slots, more than the data's fullest batch; {safe}"
+            )
+        fails = (
+            f"batches of more than {t.longest_fitting_padded:,} slots overflow; P(a step fails) = "
+            f"{_pct(t.p_step_fails)} (of {a.per_device_batch}-event batches drawn at random)"
         )
-    limit = (
-        f"longer than {t.longest_fitting_padded:,} padded hits"
-        if t.longest_fitting_padded
-        else "of any length"
-    )
+    elif t.events_too_long == 0:
+        return f"no event of the data is too long for it; {safe}"
+    else:
+        limit = (
+            f"longer than {t.longest_fitting_padded:,} padded hits"
+            if t.longest_fitting_padded
+            else "of any length"
+        )
+        overflow = (
+            "overflows any batch holding it"
+            if t.events_too_long == 1
+            else "overflow any batch holding them"
+        )
+        fails = (
+            f"{t.events_too_long:,} of {a.num_events:,} events ({limit}) {overflow}; "
+            f"P(a step fails) = {_pct(t.p_step_fails)}"
+        )
     return (
-        f"{t.events_too_long:,} of {a.num_events:,} events ({limit}) "
-        f"{'overflows any batch holding it' if t.events_too_long == 1 else 'overflow any batch holding them'}; "
-        f"P(a step fails) = {_pct(t.p_step_fails)}; over the recipe's "
-        f"{a.scenario_steps:,} steps P(at least one failure) = {_pct(t.p_run_fails)} "
-        f"({t.expected_failing_steps:,.1f} failing steps expected); largest per-device batch "
-        f"that never fails on this data: {t.largest_safe_batch}"
+        f"{fails}; over the recipe's {a.scenario_steps:,} steps P(at least one failure) = "
+        f"{_pct(t.p_run_fails)} ({t.expected_failing_steps:,.1f} failing steps expected); {safe}"
     )
 
 
@@ -66,8 +62,7 @@ def answer_words(result) -> str:
     unit = DEVICE_WORDS.get(plat.device, "device")
     head = f"{a.per_device_batch} events per {plat.name} {unit}"
     w, crit = a.worst_batch, a.criterion.quantity
-    crit_words, field = CRITERION_WORDS[crit]
-    peak = w[field]
+    crit_words, peak = CRITERION_WORDS[crit], w[f"{crit}_gib"]
     holding = (
         f"the packed batch of the data's {a.per_device_batch} longest events "
         f"({w['padded_batch_hits']:,} slots)"
@@ -105,15 +100,13 @@ def answer_words(result) -> str:
         )
     for c in [c for c in result.cross_checks if c["source"] == "measured"][:1]:
         if c.get("stale"):
-            text += (
-                f" NOT USED: the MEASURED model, {c['stale']}, gives this batch {_peaks(c)}, "
-                f"which would {'fit' if c['fits'] else 'NOT fit'}."
-            )
+            which = f"NOT USED: the MEASURED model, {c['stale']},"
         elif c["fits"] != a.fits:
-            text += (
-                f" NOT SHOWN: the MEASURED model of the same network with {_settings(c)} gives "
-                f"this batch {_peaks(c)}, which would {'fit' if c['fits'] else 'NOT fit'}."
-            )
+            which = f"NOT SHOWN: the MEASURED model of the same network with {_settings(c)}"
+        else:
+            continue
+        fits = "fit" if c["fits"] else "NOT fit"
+        text += f" {which} gives this batch {_peaks(c)}, which would {fits}."
     return text
 
 
@@ -186,7 +179,7 @@ def render(result) -> str:
     )
     lines += [
         f"Device: {a.device_memory_gib:g} GiB; safety margin {a.safety_margin_gib:g} GiB; usable "
-        f"{a.usable_gib:.1f} GiB. Criterion: peak {CRITERION_WORDS[a.criterion.quantity][0]}"
+        f"{a.usable_gib:.1f} GiB. Criterion: peak {CRITERION_WORDS[a.criterion.quantity]}"
         + (
             " (the allocator's pool, fragmentation included) + the safety margin"
             if a.criterion.quantity != "allocated"
@@ -195,7 +188,7 @@ def render(result) -> str:
         f"Batches of {a.per_device_batch} on this data ({a.world_size} ranks per step):",
         *(_row(r) for r in a.typical_batches),
         _row(a.worst_batch),
-        f"Tail on peak {CRITERION_WORDS[a.criterion.quantity][0]}: {_tail_words(a.criterion, a)}",
+        f"Tail on peak {CRITERION_WORDS[a.criterion.quantity]}: {_tail_words(a.criterion, a)}",
     ]
     if a.criterion.quantity != "allocated":
         lines.append(f"Tail on peak allocated alone: {_tail_words(a.allocated_only, a)}")

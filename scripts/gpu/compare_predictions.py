@@ -20,22 +20,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's package, wherever the script is started
 
 from heptstudy.atomic import atomic_write_text  # noqa: E402
+from heptstudy.committed import repository_of  # noqa: E402
 from heptstudy.errors import HeptstudyError  # noqa: E402
 from heptstudy.estimate.predictions import (  # noqa: E402
     PREDICTIONS,
-    git_age,
     read_predictions,
     stale_parts,
 )
 from heptstudy.measure.report import read_report  # noqa: E402
-from heptstudy.paths import git, resolve_in_repo  # noqa: E402
+from heptstudy.paths import git, real_path, resolve_in_repo  # noqa: E402
 
 #: The folders whose reports are predicted, and the figures of the predictions they measure.
 PREDICTED = {"study": "", "expandable": "expandable_"}
@@ -44,6 +46,59 @@ NOT_BLIND = 3
 
 class NothingToCompare(HeptstudyError):
     pass
+
+
+@dataclass(frozen=True)
+class GitAge:
+    """``problems``: why the file is not shown to predate the measured commits (empty: it is)."""
+
+    committed: str | None
+    committed_date: str | None
+    problems: list[str]
+
+
+def git_age(path: str | os.PathLike, measured: list[str]) -> GitAge:
+    path = real_path(path)
+    if repository_of(path) is None:
+        return GitAge(
+            None,
+            None,
+            [
+                f"{path} is not in a git checkout (or git is missing), so "
+                "its age cannot be shown: compare in the checkout that "
+                "committed it"
+            ],
+        )
+    status = git("status", "--porcelain", "--", path.name, cwd=path.parent)
+    out = git("log", "-1", "--format=%H %cI", "--", path.name, cwd=path.parent)
+    last = out.split() if out and out.strip() else None
+    if last is None or (status or "").startswith("??"):
+        return GitAge(None, None, [f"{path} is not committed: commit it before the session"])
+    problems = []
+    if status and status.strip():
+        problems.append(
+            f"{path} has changes that are not committed (git diff -- {path}): the file "
+            "compared is not the one committed"
+        )
+    if not measured:
+        problems.append(
+            "the reports record no git commit (a checkout without .git records none): pass "
+            "COMMIT=<sha> to scripts/gpu/run.sh, which writes it into env.txt"
+        )
+    for commit in sorted(set(measured)):
+        full = git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", cwd=path.parent)
+        if full is None:
+            problems.append(
+                f"the measured commit {commit} is not in this repository: fetch it, or compare "
+                "in the checkout the session ran"
+            )
+        elif git("merge-base", "--is-ancestor", last[0], full.strip(), cwd=path.parent) is None:
+            problems.append(
+                f"{path.name} was last changed in {last[0][:12]}, which is not the measured "
+                f"commit {commit[:12]} nor one of its ancestors: changed after (or beside) the "
+                "measurement, it is not blind to it"
+            )
+    return GitAge(last[0], last[1], problems)
 
 
 def _err(est, measured):
