@@ -1,13 +1,6 @@
-"""Validated configuration: YAML files plus dotted overrides, checked by a pydantic schema.
-
-OmegaConf does the merging and parses ``key=value`` overrides; pydantic does the checking, so
-every unknown key, wrong type or out-of-range value fails with the key, the value and what is
-allowed. Pydantic would read ``true`` as the integer 1 and ``1`` as true; here a number key
-refuses true/false and a true/false key refuses numbers.
-
-A relative ``data.data_dir`` is taken from the repository wherever a command starts, a relative
-``train.out_dir`` from the working directory, as every output path (:mod:`heptstudy.paths`):
-:func:`load_config` returns both absolute.
+"""Validated configuration: YAML files plus dotted overrides (merged and parsed by OmegaConf),
+checked by a pydantic schema that names the key, the value and what is allowed. Unlike plain
+pydantic, a number key refuses true/false and a true/false key refuses numbers.
 """
 
 from __future__ import annotations
@@ -16,6 +9,7 @@ import difflib
 import json
 import re
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -123,8 +117,9 @@ class StrictInput(BaseModel):
         kind = _scalar_kind(field.annotation) if field else None
         if kind is None:
             return value
-        if isinstance(value, str):
-            value = parse_value(value)
+        if isinstance(value, str):  # as the VALUE of KEY=VALUE; unreadable text stays
+            with suppress(ConfigError):
+                value = parse_overrides([f"value={value}"])["value"]
         if not _bool_mixup(kind, value):
             return value
         wanted = "true or false" if kind is bool else f"{'a whole' if kind is int else 'a'} number"
@@ -199,17 +194,6 @@ class HEPTv2Config(StrictInput):
     @classmethod
     def _plan_name(cls, value: Any) -> str:
         return parse_plan_name(value)
-
-    @field_validator("memory_budget_gib", mode="before")
-    @classmethod
-    def _budget_is_a_number(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            raise PydanticCustomError(
-                "bool_number_mixup",
-                "takes a number of GiB (or null for the platform's), not true/false",
-                {},
-            )
-        return value
 
     @field_validator("auto_plan_order", mode="before")
     @classmethod
@@ -416,21 +400,18 @@ class Config(StrictInput):
         return self
 
     @model_validator(mode="after")
-    def _auto_needs_the_backbone(self) -> Config:
-        if self.model.heptv2.adaptive and self.model.variant != HIT_VARIANT:
+    def _hit_model_only(self) -> Config:
+        variant = self.model.variant
+        if variant != HIT_VARIANT and self.model.heptv2.adaptive:
             raise ValueError(
                 f"model.heptv2.activation_checkpointing=auto chooses how the HEPTv2 backbone is "
-                f"checkpointed, which model.variant={self.model.variant!r} does not have; use it "
+                f"checkpointed, which model.variant={variant!r} does not have; use it "
                 f"with {HIT_VARIANT!r} or set true/false"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _packed_needs_the_hit_model(self) -> Config:
-        if self.data.batching == "packed" and self.model.variant != HIT_VARIANT:
+        if variant != HIT_VARIANT and self.data.batching == "packed":
             raise ValueError(
                 f"data.batching=packed runs events side by side in one stream, which only "
-                f"{HIT_VARIANT!r} reads event by event; model.variant={self.model.variant!r} "
+                f"{HIT_VARIANT!r} reads event by event; model.variant={variant!r} "
                 "needs data.batching=padded"
             )
         return self
@@ -687,15 +668,6 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
         return OmegaConf.to_container(OmegaConf.from_dotlist(items), resolve=True)  # type: ignore[return-value]
     except OmegaConfBaseException as err:
         raise ConfigError(f"could not parse overrides {items}: {err}") from None
-
-
-def parse_value(text: str) -> Any:
-    """``text`` read as the VALUE of an override ``KEY=VALUE`` (YAML: 4, 0.5, true, null);
-    unreadable text stays as it is, for the schema to refuse."""
-    try:
-        return parse_overrides([f"value={text}"])["value"]
-    except ConfigError:
-        return text
 
 
 def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:

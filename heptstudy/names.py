@@ -22,10 +22,6 @@ NAME_RULE = (
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
 
-class NameError_(ConfigError):
-    """A name that would become part of a path breaks :data:`NAME_RULE`."""
-
-
 class OutsideFolder(HeptstudyError):
     """An output path would land outside the folder it is meant for."""
 
@@ -35,10 +31,9 @@ def is_name(value: object) -> bool:
 
 
 def check_name(value: object, what: str, *, example: str = "baseline_b4") -> str:
-    """``value`` when it follows :data:`NAME_RULE`; ``what`` names it in the error."""
     if is_name(value):
         return value  # type: ignore[return-value]
-    raise NameError_(
+    raise ConfigError(
         f"{what} {value!r} cannot be used: it becomes part of a file name, so it must have "
         f"{NAME_RULE}; rename it, e.g. {example!r}"
     )
