@@ -145,10 +145,8 @@ def atomic_open(
         yield fh
 
 
-def atomic_write_text(
-    path: str | os.PathLike, text: str, encoding: str = "utf-8", kind: Output | None = None
-) -> Path:
-    with atomic_open(path, "w", kind=kind, encoding=encoding) as fh:
+def atomic_write_text(path: str | os.PathLike, text: str, kind: Output | None = None) -> Path:
+    with atomic_open(path, "w", kind=kind, encoding="utf-8") as fh:
         fh.write(text)
     return Path(path)
 
@@ -160,10 +158,8 @@ class NotJson(HeptstudyError, ValueError):
 def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
     if isinstance(value, float) and not math.isfinite(value):
         return where, value
-    items = value.items() if isinstance(value, dict) else None
-    if isinstance(value, (list, tuple)):
-        items = enumerate(value)
-    for key, item in items or ():
+    items = value.items() if isinstance(value, dict) else ()
+    for key, item in enumerate(value) if isinstance(value, (list, tuple)) else items:
         if (found := _non_finite(item, f"{where}.{key}" if where else str(key))) is not None:
             return found
     return None
@@ -239,12 +235,9 @@ def figure_kind(path: Path, fmt: str | None = None) -> Output | None:
     """What a figure may replace: a figure. matplotlib names itself in every PNG's and PDF's
     metadata (figures committed before this check carry nothing else), so a photo or a document
     of the same name is never replaced."""
-    fmt = fmt or path.suffix[1:]
-    return (
-        Output(f"matplotlib {fmt} figure", path.suffix, b"Matplotlib")
-        if fmt in ("png", "pdf")
-        else None
-    )
+    if (fmt := fmt or path.suffix[1:]) in ("png", "pdf"):
+        return Output(f"matplotlib {fmt} figure", path.suffix, b"Matplotlib")
+    return None
 
 
 def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:

@@ -126,13 +126,10 @@ def resolve(
     only: for a setting only one model has."""
     sc = load_scenario(scenario)
     plat, plat_path = find_platform(platform)
-    rules.check_variants_exist(sc.name, sc.variants, variants or ())
-    rules.check_variants_exist(sc.name, sc.variants, list(variant_overrides or {}))
-    shared = list(overrides)
+    shared, extra = list(overrides), variant_overrides or {}
+    rules.check_variants_exist(sc.name, sc.variants, [*(variants or ()), *extra])
     configs = {
-        name: _resolve_one(
-            sc, name, plat, parse_overrides(shared + list((variant_overrides or {}).get(name, ())))
-        )
+        name: _resolve_one(sc, name, plat, parse_overrides([*shared, *extra.get(name, ())]))
         for name in sc.variants
     }
     rules.check_shared_budget(sc.name, configs)
@@ -141,10 +138,7 @@ def resolve(
     wanted = list(variants) if variants else list(sc.variants)
     # the requested variants first: a refusal names the one asked about when it applies to it
     for name, cfg in sorted(configs.items(), key=lambda item: item[0] not in wanted):
-        rules.check_given_data_dir(sc.name, name, cfg, given_data_dir)
-        rules.check_batch_divides_devices(sc.name, name, cfg, plat)
-        rules.check_frequencies_divide_steps(sc.name, name, cfg)
-        split = rules.check_eval_within_test_split(sc.name, name, cfg, sc.test_split_events)
+        split = rules.check_variant(sc.name, name, cfg, plat, sc.test_split_events, given_data_dir)
         t = cfg.train
         resolved.append(
             ResolvedVariant(
