@@ -123,18 +123,12 @@ class StrictInput(BaseModel):
         if not _bool_mixup(kind, value):
             return value
         wanted = "true or false" if kind is bool else f"{'a whole' if kind is int else 'a'} number"
+        got = "a number" if kind is bool else "true/false"
         default = field.get_default(call_default_factory=True)
-        example = (
-            " or null (the default)" if default is None else ", for example the default {default}"
-        )
+        example = f", for example the default {as_yaml(default)}" if default is not None else ""
         raise PydanticCustomError(
             "bool_number_mixup",
-            "takes {wanted}, not {got}; give {wanted}" + example,
-            {
-                "wanted": wanted,
-                "got": "a number" if kind is bool else "true/false",
-                "default": as_yaml(default),
-            },
+            f"takes {wanted}, not {got}; give {wanted}{example or ' or null (the default)'}",
         )
 
 
@@ -149,8 +143,7 @@ def check_plan_order(value: list[str] | None) -> list[str] | None:
             "plan_order",
             "takes each of selective, every2, every3, full, layersK (the first K backbone "
             "layers) and lastK (the last K) at most once, at least one, cheapest first, not "
-            "{got}; for example [every2, full]",
-            {"got": as_yaml(value)},
+            f"{as_yaml(value)}; for example [every2, full]",
         )
     return value if value is None else [parse_plan_name(v) for v in value]
 
@@ -204,7 +197,6 @@ class HEPTv2Config(StrictInput):
                 "plan_order",
                 "lists the checkpointing plans tried after off, which is always tried first: "
                 "leave off out, for example [every2, full]",
-                {},
             )
         return value
 
@@ -594,6 +586,7 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
         raise ConfigError(f"{what} file {str(p)!r} is a folder; give the path of a YAML file")
     if not p.is_file():
         raise ConfigError(f"{what} file {str(p)!r} does not exist; give the path of a YAML file")
+    problem = None
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as err:
@@ -601,20 +594,16 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
         # and the file may be anything a user pointed at
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or "unreadable"
-        raise ConfigError(
-            f"{what} file {str(p)!r} is not valid YAML{where} ({problem}); give the path of a "
-            f"{what} YAML file"
-        ) from None
+        problem = f"is not valid YAML{where} ({getattr(err, 'problem', None) or 'unreadable'})"
     except UnicodeDecodeError:
-        raise ConfigError(
-            f"{what} file {str(p)!r} is not text (not UTF-8); give the path of a {what} YAML file"
-        ) from None
+        problem = "is not text (not UTF-8)"
     except OSError as err:
+        problem = f"cannot be read ({err.strerror or err})"
+    if problem is not None:
+        readable = " you can read" if problem.startswith("cannot") else ""
         raise ConfigError(
-            f"{what} file {str(p)!r} cannot be read ({err.strerror or err}); give the path of a "
-            f"{what} YAML file you can read"
-        ) from None
+            f"{what} file {str(p)!r} {problem}; give the path of a {what} YAML file{readable}"
+        )
     loop = _alias_loop(data)
     if loop is not None:
         raise ConfigError(

@@ -69,10 +69,8 @@ def _stats(args: argparse.Namespace) -> int:
     )
     with holding(out, "statistics folder (--out)"):
         js, png, replaced = write_stats(stats, out)
-    summary = {k: stats[k] for k in ("dataset", "split", "num_events", "synthetic")}
-    summary["total"] = stats["total"]
-    summary["events_above_tail_threshold"] = stats["events_above_tail_threshold"]
-    print(json.dumps(summary, indent=1))
+    shown = ("dataset", "split", "num_events", "synthetic", "total", "events_above_tail_threshold")
+    print(json.dumps({k: stats[k] for k in shown}, indent=1))
     print(f"wrote {js} and {png}")
     if replaced:
         print("(they replace the statistics of the same data set and split written earlier)")
