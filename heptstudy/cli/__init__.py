@@ -1,27 +1,14 @@
-"""`heptstudy` command line: a thin layer over the package.
-
-Each area in ``_AREAS`` adds its subcommands with ``register_cli(subparsers)``.
-"""
+"""`heptstudy` command line: a thin layer over the package."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import signal
 import sys
 
 from heptstudy.config import load_config
 from heptstudy.errors import HeptstudyError, Interrupted, os_error_advice
-
-_AREAS = (
-    "heptstudy.cli.data",
-    "heptstudy.cli.train",
-    "heptstudy.cli.bench",
-    "heptstudy.cli.scenario",
-    "heptstudy.cli.study",
-    "heptstudy.cli.fit",
-)
 
 
 def whole_number(minimum: int, example: int):
@@ -74,8 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     show = config_sub.add_parser("show", help="print the fully resolved, validated configuration")
     add_config_args(show)
     show.set_defaults(func=_config_show)
-    for area in _AREAS:
-        importlib.import_module(area).register_cli(sub)
+    # each area adds its subcommands; imported here, as they import this module's helpers
+    from heptstudy.cli import bench, data, fit, scenario, study, train
+
+    for area in (data, train, bench, scenario, study, fit):
+        area.register_cli(sub)
     return parser
 
 
