@@ -18,7 +18,9 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -132,6 +134,16 @@ class StrictInput(BaseModel):
         )
 
 
+def _off_not_listed(value: Any) -> Any:
+    if isinstance(value, list) and any(v is False or v == "off" for v in value):  # YAML: off=false
+        raise PydanticCustomError(
+            "plan_order",
+            "lists the checkpointing plans tried after off, which is always tried first: "
+            "leave off out, for example [every2, full]",
+        )
+    return value
+
+
 def check_plan_order(value: list[str] | None) -> list[str] | None:
     """An ``auto_plan_order``: plan names other than off and auto, each once, at least one."""
     if value is not None and (
@@ -148,6 +160,11 @@ def check_plan_order(value: list[str] | None) -> list[str] | None:
     return value if value is None else [parse_plan_name(v) for v in value]
 
 
+PlanOrder = Annotated[
+    list[str] | None, BeforeValidator(_off_not_listed), AfterValidator(check_plan_order)
+]
+
+
 class HEPTv2Config(StrictInput):
     embedding_dim: int = Field(128, ge=8, description="model dimension of the hit embeddings")
     width: int = Field(512, ge=8, description="hidden width of the input encoders and heads")
@@ -158,7 +175,7 @@ class HEPTv2Config(StrictInput):
     n_hashes: int = Field(3, ge=1, description="OR-rounds of hashing")
     num_regions: int = Field(140, ge=1, description="AND-regions per hash (eta x phi cells)")
     mlp_ratio: float = Field(4.0, gt=0.0)
-    activation_checkpointing: str = Field(
+    activation_checkpointing: Annotated[str, BeforeValidator(parse_plan_name)] = Field(
         "off",
         description=f"the checkpointing plan: {PLAN_WORDS}; auto: per training step, the "
         "cheapest plan whose predicted peak fits model.heptv2.memory_budget_gib "
@@ -170,37 +187,16 @@ class HEPTv2Config(StrictInput):
         description="peak memory one step may use under activation_checkpointing=auto; None: "
         "the platform's device memory less its safety margin",
     )
-    auto_plan_order: list[str] | None = Field(
+    auto_plan_order: PlanOrder = Field(
         None,
-        description="activation_checkpointing=auto: the checkpointing plans tried after off (no "
-        "recomputation, always tried first), cheapest first: selective, every2, every3, full "
-        "and layersK (the first K backbone layers). None: the platform's measured order "
-        "(auto_plan_order of the platform profile), else "
+        description="activation_checkpointing=auto: the plans tried after off (always tried "
+        "first), cheapest first. None: the platform profile's auto_plan_order, else "
         "heptstudy.model.adaptive_checkpointing.DEFAULT_PLAN_ORDER",
     )
     attention_backend: Literal["auto", "fused", "plain"] = Field(
         "auto", description="auto: fused flex_attention on CUDA, plain PyTorch elsewhere"
     )
     hash_seed: int = Field(0, ge=0, description="seed of the fixed random hash tables")
-
-    @field_validator("activation_checkpointing", mode="before")
-    @classmethod
-    def _plan_name(cls, value: Any) -> str:
-        return parse_plan_name(value)
-
-    @field_validator("auto_plan_order", mode="before")
-    @classmethod
-    def _off_is_not_listed(cls, value: Any) -> Any:
-        # YAML reads a bare off as false
-        if isinstance(value, list) and any(v is False or v == "off" for v in value):
-            raise PydanticCustomError(
-                "plan_order",
-                "lists the checkpointing plans tried after off, which is always tried first: "
-                "leave off out, for example [every2, full]",
-            )
-        return value
-
-    _plans_once_each = field_validator("auto_plan_order")(staticmethod(check_plan_order))
 
     @property
     def adaptive(self) -> bool:
@@ -514,14 +510,12 @@ class PlatformConfig(StrictInput):
     account: str = ""
     env: dict[str, str] = Field(default_factory=dict)
     modules: list[str] = Field(default_factory=list)
-    auto_plan_order: list[str] | None = Field(
+    auto_plan_order: PlanOrder = Field(
         None,
         description="the order of checkpointing plans measured on this platform "
         "(heptstudy.estimate.plans.plan_order_from_reports), used by "
         "activation_checkpointing=auto unless model.heptv2.auto_plan_order is set",
     )
-
-    _plans_once_each = field_validator("auto_plan_order")(staticmethod(check_plan_order))
 
     @field_validator("name")
     @classmethod
