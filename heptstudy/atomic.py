@@ -231,24 +231,20 @@ def free_space_problem(folder: str | os.PathLike, need_bytes: int) -> str | None
     )
 
 
-def figure_kind(path: Path, fmt: str | None = None) -> Output | None:
+def figure_kind(path: Path) -> Output | None:
     """What a figure may replace: a figure. matplotlib names itself in every PNG's and PDF's
     metadata (figures committed before this check carry nothing else), so a photo or a document
     of the same name is never replaced."""
-    if (fmt := fmt or path.suffix[1:]) in ("png", "pdf"):
-        return Output(f"matplotlib {fmt} figure", path.suffix, b"Matplotlib")
+    if path.suffix in (".png", ".pdf"):
+        return Output(f"matplotlib {path.suffix[1:]} figure", path.suffix, b"Matplotlib")
     return None
 
 
 def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
-    """A figure, atomically; an existing file that is not a heptstudy figure is refused."""
+    """A figure, atomically; an existing file that is not a heptstudy figure is refused. The
+    temporary file keeps the suffix, from which matplotlib takes the format."""
     path = Path(path)
-    if kwargs.get("format") is None:
-        # matplotlib takes the format from the file name; the temporary one must not decide it.
-        import matplotlib
-
-        kwargs["format"] = path.suffix[1:] or matplotlib.rcParams["savefig.format"]
-    with atomic_path(path, suffix=path.suffix, kind=figure_kind(path, kwargs["format"])) as tmp:
+    with atomic_path(path, suffix=path.suffix, kind=figure_kind(path)) as tmp:
         fig.savefig(tmp, **kwargs)
     return path
 

@@ -377,19 +377,15 @@ class Config(StrictInput):
     train: TrainConfig = Field(default_factory=TrainConfig)
 
     @model_validator(mode="after")
-    def _dataset_matches_variant(self) -> Config:
-        wanted = "_pf" if self.model.variant == TRACK_CLUSTER_VARIANT else "_hits"
+    def _suits_the_variant(self) -> Config:
+        variant = self.model.variant
+        wanted = "_pf" if variant == TRACK_CLUSTER_VARIANT else "_hits"
         if not self.data.name.endswith(wanted):
             raise ValueError(
                 f"data.dataset={self.data.dataset!r} does not suit model.variant="
-                f"{self.model.variant!r}: that variant reads a '*{wanted}' data set "
+                f"{variant!r}: that variant reads a '*{wanted}' data set "
                 f"(for example cld_edm_ttbar{wanted}:3.2.1); set data.dataset accordingly"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _hit_model_only(self) -> Config:
-        variant = self.model.variant
         if variant != HIT_VARIANT and self.model.heptv2.adaptive:
             raise ValueError(
                 f"model.heptv2.activation_checkpointing=auto chooses how the HEPTv2 backbone is "

@@ -1,9 +1,6 @@
-"""One rule for every name that becomes part of a path, and one check that a path stays inside
-the folder it is written to.
-
-A name is an identifier so that none can reach another folder (``../``), hide a file (``.x``)
-or carry shell or markup text; :func:`inside` also refuses a symbolic link leading out, not
-following it.
+"""One rule for every name that becomes part of a path (an identifier, so that none can reach
+another folder, hide a file or carry shell or markup text), and one check that a path stays
+inside its folder (:func:`inside`, which refuses a symbolic link leading out).
 """
 
 from __future__ import annotations

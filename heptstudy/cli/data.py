@@ -1,9 +1,4 @@
-"""`heptstudy data generate` and `heptstudy data stats`.
-
-The data directory defaults to the repository's, wherever the command starts; outputs (``data
-stats``) go under the current directory, like every output. A folder given on the command line
-is taken from the current directory.
-"""
+"""`heptstudy data generate` and `heptstudy data stats` (paths as :mod:`heptstudy.paths` says)."""
 
 from __future__ import annotations
 

@@ -58,8 +58,7 @@ def env_value(text: str) -> str:
 
 
 def _comment(text: str) -> str:
-    """A comment line of a script: line breaks shown as ``\\n`` so that no text becomes a
-    command."""
+    """A comment line: line breaks shown as ``\\n`` so that no text becomes a command."""
     return "# " + "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 

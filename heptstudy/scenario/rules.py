@@ -1,7 +1,5 @@
-"""The named invariants every scenario resolution checks, and the error that names a broken one.
-
-A scenario that breaks a rule is refused, never "fixed".
-"""
+"""The named invariants every scenario resolution checks, and the error that names a broken one:
+a scenario that breaks a rule is refused, never "fixed"."""
 
 from __future__ import annotations
 
