@@ -153,15 +153,13 @@ def render(
     workdir = real_path(workdir or Path.cwd(), "working directory")
     texts: list[tuple[Path, str]] = []
     scripts = []
+    slurm = res.platform.launcher == "slurm"
     for v in res.variants:
         v.config_path = inside(out, f"{v.name}.yaml", f"variant {v.name!r}: configuration")
         v.launch = launch_command(res.platform, v.config_path, resume)
-        if res.platform.launcher == "slurm":
-            script = inside(out, f"{v.name}.sbatch", f"variant {v.name!r}: batch script")
-            text = slurm_script(res, v, workdir, out)
-        else:
-            script = inside(out, f"{v.name}.sh", f"variant {v.name!r}: launch script")
-            text = local_script(res, v, workdir)
+        name, kind = (f"{v.name}.sbatch", "batch") if slurm else (f"{v.name}.sh", "launch")
+        script = inside(out, name, f"variant {v.name!r}: {kind} script")
+        text = slurm_script(res, v, workdir, out) if slurm else local_script(res, v, workdir)
         texts += [(v.config_path, v.config.to_yaml()), (script, text)]
         scripts.append(script)
     # every script is rendered (and refused) before the first file is written

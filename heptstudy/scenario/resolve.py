@@ -133,36 +133,33 @@ def resolve(
         for name in sc.variants
     }
     rules.check_shared_budget(sc.name, configs)
-    resolved = []
+    resolved = {}
     given_data_dir = any(str(o).split("=", 1)[0].strip() == "data.data_dir" for o in shared)
     wanted = list(variants) if variants else list(sc.variants)
     # the requested variants first: a refusal names the one asked about when it applies to it
     for name, cfg in sorted(configs.items(), key=lambda item: item[0] not in wanted):
         split = rules.check_variant(sc.name, name, cfg, plat, sc.test_split_events, given_data_dir)
         t = cfg.train
-        resolved.append(
-            ResolvedVariant(
-                name=name,
-                config=cfg,
-                world_size=plat.world_size,
-                nodes=plat.nodes,
-                devices_per_node=plat.devices_per_node,
-                per_device_batch=t.global_batch_size // (plat.world_size * t.grad_accumulation),
-                grad_accumulation=t.grad_accumulation,
-                event_presentations=t.global_batch_size * t.num_steps,
-                val_steps=_steps(t.val_freq, t.num_steps),
-                checkpoint_steps=_steps(t.checkpoint_freq, t.num_steps),
-                dtype=t.dtype,
-                attention_backend=cfg.model.heptv2.attention_backend,
-                test_split=split,
-            )
+        resolved[name] = ResolvedVariant(
+            name=name,
+            config=cfg,
+            world_size=plat.world_size,
+            nodes=plat.nodes,
+            devices_per_node=plat.devices_per_node,
+            per_device_batch=t.global_batch_size // (plat.world_size * t.grad_accumulation),
+            grad_accumulation=t.grad_accumulation,
+            event_presentations=t.global_batch_size * t.num_steps,
+            val_steps=_steps(t.val_freq, t.num_steps),
+            checkpoint_steps=_steps(t.checkpoint_freq, t.num_steps),
+            dtype=t.dtype,
+            attention_backend=cfg.model.heptv2.attention_backend,
+            test_split=split,
         )
-    resolved.sort(key=lambda v: list(configs).index(v.name))
     return Resolution(
         scenario=sc,
         platform=plat,
         platform_path=plat_path,
-        variants=[v for v in resolved if v.name in wanted],
+        variants=[resolved[name] for name in configs if name in wanted],
         rules_checked=list(RULES),
     )
 
