@@ -37,11 +37,8 @@ from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
 
-#: The checkpointing plans (:mod:`heptstudy.model.checkpoint_plan`) by name: the one value of
-#: ``model.heptv2.activation_checkpointing``, ``heptstudy bench --checkpointing``, a notebook's
-#: ``checkpointing`` parameter and a study matrix row. Besides these, ``layersK`` and ``lastK``
-#: (the first or last K backbone layers) and ``auto`` (a plan per step, within
-#: ``model.heptv2.memory_budget_gib``).
+#: The checkpointing plans (:mod:`heptstudy.model.checkpoint_plan`) by name, besides the count
+#: plans ``layersK`` and ``lastK`` and ``auto``: the one value everywhere a plan is chosen.
 FIXED_PLANS = ("off", "full", "selective", "every2", "every3")
 PLAN_WORDS = (
     "off, full, selective, every2, every3, layersK or lastK (the first or last K backbone "
@@ -279,11 +276,7 @@ class ModelConfig(StrictInput):
 
 class DataConfig(StrictInput):
     data_dir: str = "data/tfds"
-    dataset: str = Field(
-        "cld_edm_ttbar_hits:3.2.1",
-        pattern=r"^[a-z0-9_]+:\d+\.\d+\.\d+$",
-        description="NAME:VERSION",
-    )
+    dataset: str = Field("cld_edm_ttbar_hits:3.2.1", pattern=r"^[a-z0-9_]+:\d+\.\d+\.\d+$")
     configs: list[str] = Field(default_factory=lambda: ["1"], min_length=1)
     pad_to_multiple: int = Field(128, ge=1)
     batching: Literal["padded", "packed"] = Field(
