@@ -142,9 +142,9 @@ def check_variant(
     if given_data_dir and not Path(d.data_dir).is_dir():
         raise ScenarioError(
             "data-dir-exists",
-            f"{where}: data.data_dir={d.data_dir!r} (given on the command line) does not exist; "
-            "give the folder holding the data set (heptstudy data generate --data-dir DIR makes "
-            "a synthetic one), or leave it out",
+            f"scenario {scenario}, variant {variant}: data.data_dir={d.data_dir!r} (given on the "
+            "command line) does not exist; give the folder holding the data set (heptstudy data "
+            "generate --data-dir DIR makes a synthetic one), or leave it out",
         )
     world = platform.world_size
     if t.global_batch_size % (world * t.grad_accumulation):
