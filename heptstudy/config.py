@@ -31,7 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from heptstudy.errors import ConfigError, describe_invalid
-from heptstudy.names import NAME_RULE, is_name
+from heptstudy.names import check_name
 from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
@@ -509,12 +509,7 @@ class PlatformConfig(StrictInput):
     @field_validator("name")
     @classmethod
     def _name_is_a_name(cls, value: str) -> str:
-        if not is_name(value):
-            raise ValueError(
-                f"name={value!r}: the platform name becomes part of file names, so it must have "
-                f"{NAME_RULE}; rename it, e.g. lumi_mi250x"
-            )
-        return value
+        return check_name(value, "the platform name", example="lumi_mi250x")
 
     @field_validator("time_limit", "partition", "account")
     @classmethod
