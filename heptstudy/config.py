@@ -201,7 +201,7 @@ class HEPTv2Config(StrictInput):
         return self.activation_checkpointing == "auto"
 
     @model_validator(mode="after")
-    def _count_plans_fit_the_backbone(self) -> HEPTv2Config:
+    def _fits_the_backbone(self) -> HEPTv2Config:
         named = [("activation_checkpointing", self.activation_checkpointing)]
         named += [("auto_plan_order", name) for name in self.auto_plan_order or ()]
         for key, name in named:
@@ -218,10 +218,6 @@ class HEPTv2Config(StrictInput):
                     f"model.heptv2.{key}: {name} checkpoints {count[1]} of the backbone's "
                     f"{self.num_convs} layers (model.heptv2.num_convs); {allowed}"
                 )
-        return self
-
-    @model_validator(mode="after")
-    def _heads_divide(self) -> HEPTv2Config:
         if self.embedding_dim % self.num_heads:
             raise ValueError(
                 f"model.heptv2.embedding_dim={self.embedding_dim} must be divisible by "
