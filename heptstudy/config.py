@@ -643,17 +643,6 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-def _describe(err: ValidationError, schema: type[BaseModel], what: str) -> str:
-    return describe_invalid(
-        err,
-        noun="key",
-        known=_known_keys(schema),
-        header=f"invalid {what}:",
-        footer="fix the YAML file or the --set override named above and try again",
-        show=lambda v: repr(v) if isinstance(v, str) else as_yaml(v),  # as written in YAML
-    )
-
-
 def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
     """Deep-merge plain mappings, later ones winning. A list is replaced whole: a list's item
     given by position (``data.configs.0=2``), a mapping where a list is or a list where a
@@ -694,11 +683,24 @@ def _refuse_mixed(below: Mapping[str, Any], above: Mapping[str, Any], prefix: st
             )
 
 
-def validate(data: Mapping[str, Any], what: str = "configuration") -> Config:
+def validate(
+    data: Mapping[str, Any], what: str = "configuration", schema: type[BaseModel] = Config
+) -> Any:
+    """``data`` validated by ``schema`` (by default a :class:`Config`), every error naming its
+    key, its value and what is allowed."""
     try:
-        return Config.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_describe(err, Config, what)) from None
+        raise ConfigError(
+            describe_invalid(
+                err,
+                noun="key",
+                known=_known_keys(schema),
+                header=f"invalid {what}:",
+                footer="fix the YAML file or the --set override named above and try again",
+                show=lambda v: repr(v) if isinstance(v, str) else as_yaml(v),  # as in YAML
+            )
+        ) from None
 
 
 def load_config(
@@ -736,9 +738,4 @@ def load_platform(path: str | Path) -> PlatformConfig:
             ", ...). Give a profile's name (e.g. h100, lumi_mi250x, local_cpu) or the path of one "
             "in configs/training/platforms/"
         )
-    try:
-        return PlatformConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(
-            _describe(err, PlatformConfig, f"platform profile {str(path)!r}")
-        ) from None
+    return validate(data, f"platform profile {str(path)!r}", PlatformConfig)
