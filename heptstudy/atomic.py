@@ -34,22 +34,6 @@ def _umask() -> int:
     return mask
 
 
-def _final_mode(path: Path) -> int:
-    # mkstemp creates 0600 files; give the result the mode a plain open() would have left.
-    try:
-        return path.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        return 0o666 & ~_umask()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class NotOurs(HeptstudyError):
     """The path to be written holds a file of another kind: it is left as it is."""
 
@@ -118,8 +102,13 @@ def atomic_path(
         yield tmp
         if (fault := write_fault(str(path))) is not None:
             raise fault
-        _fsync(tmp)  # the rename must not reach the disk before the data does
-        os.chmod(tmp, _final_mode(path))
+        with open(tmp, "rb") as fh:  # the rename must not reach the disk before the data does
+            os.fsync(fh.fileno())
+        try:  # mkstemp makes 0600 files: give the mode a plain open() would have left
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
