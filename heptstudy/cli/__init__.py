@@ -48,11 +48,6 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     add_set_arg(parser)
 
 
-def _config_show(args: argparse.Namespace) -> int:
-    print(load_config(args.config, args.overrides).to_yaml(), end="")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heptstudy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_sub = config.add_subparsers(dest="config_command", required=True)
     show = config_sub.add_parser("show", help="print the fully resolved, validated configuration")
     add_config_args(show)
-    show.set_defaults(func=_config_show)
+    show.set_defaults(func=lambda a: print(load_config(a.config, a.overrides).to_yaml(), end=""))
     # each area adds its subcommands; imported here, as they import this module's helpers
     from heptstudy.cli import bench, data, fit, scenario, study, train
 
