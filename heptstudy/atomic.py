@@ -34,22 +34,6 @@ def _umask() -> int:
     return mask
 
 
-def _final_mode(path: Path) -> int:
-    # mkstemp creates 0600 files; give the result the mode a plain open() would have left.
-    try:
-        return path.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        return 0o666 & ~_umask()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class NotOurs(HeptstudyError):
     """The path to be written holds a file of another kind: it is left as it is."""
 
@@ -118,8 +102,13 @@ def atomic_path(
         yield tmp
         if (fault := write_fault(str(path))) is not None:
             raise fault
-        _fsync(tmp)  # the rename must not reach the disk before the data does
-        os.chmod(tmp, _final_mode(path))
+        with open(tmp, "rb") as fh:  # the rename must not reach the disk before the data does
+            os.fsync(fh.fileno())
+        try:  # mkstemp makes 0600 files: give the mode a plain open() would have left
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -145,10 +134,8 @@ def atomic_open(
         yield fh
 
 
-def atomic_write_text(
-    path: str | os.PathLike, text: str, encoding: str = "utf-8", kind: Output | None = None
-) -> Path:
-    with atomic_open(path, "w", kind=kind, encoding=encoding) as fh:
+def atomic_write_text(path: str | os.PathLike, text: str, kind: Output | None = None) -> Path:
+    with atomic_open(path, "w", kind=kind, encoding="utf-8") as fh:
         fh.write(text)
     return Path(path)
 
@@ -160,10 +147,8 @@ class NotJson(HeptstudyError, ValueError):
 def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
     if isinstance(value, float) and not math.isfinite(value):
         return where, value
-    items = value.items() if isinstance(value, dict) else None
-    if isinstance(value, (list, tuple)):
-        items = enumerate(value)
-    for key, item in items or ():
+    items = value.items() if isinstance(value, dict) else ()
+    for key, item in enumerate(value) if isinstance(value, (list, tuple)) else items:
         if (found := _non_finite(item, f"{where}.{key}" if where else str(key))) is not None:
             return found
     return None
@@ -235,27 +220,20 @@ def free_space_problem(folder: str | os.PathLike, need_bytes: int) -> str | None
     )
 
 
-def figure_kind(path: Path, fmt: str | None = None) -> Output | None:
+def figure_kind(path: Path) -> Output | None:
     """What a figure may replace: a figure. matplotlib names itself in every PNG's and PDF's
     metadata (figures committed before this check carry nothing else), so a photo or a document
     of the same name is never replaced."""
-    fmt = fmt or path.suffix[1:]
-    return (
-        Output(f"matplotlib {fmt} figure", path.suffix, b"Matplotlib")
-        if fmt in ("png", "pdf")
-        else None
-    )
+    if path.suffix in (".png", ".pdf"):
+        return Output(f"matplotlib {path.suffix[1:]} figure", path.suffix, b"Matplotlib")
+    return None
 
 
 def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
-    """A figure, atomically; an existing file that is not a heptstudy figure is refused."""
+    """A figure, atomically; an existing file that is not a heptstudy figure is refused. The
+    temporary file keeps the suffix, from which matplotlib takes the format."""
     path = Path(path)
-    if kwargs.get("format") is None:
-        # matplotlib takes the format from the file name; the temporary one must not decide it.
-        import matplotlib
-
-        kwargs["format"] = path.suffix[1:] or matplotlib.rcParams["savefig.format"]
-    with atomic_path(path, suffix=path.suffix, kind=figure_kind(path, kwargs["format"])) as tmp:
+    with atomic_path(path, suffix=path.suffix, kind=figure_kind(path)) as tmp:
         fig.savefig(tmp, **kwargs)
     return path
 

@@ -1,13 +1,6 @@
-"""Validated configuration: YAML files plus dotted overrides, checked by a pydantic schema.
-
-OmegaConf does the merging and parses ``key=value`` overrides; pydantic does the checking, so
-every unknown key, wrong type or out-of-range value fails with the key, the value and what is
-allowed. Pydantic would read ``true`` as the integer 1 and ``1`` as true; here a number key
-refuses true/false and a true/false key refuses numbers.
-
-A relative ``data.data_dir`` is taken from the repository wherever a command starts, a relative
-``train.out_dir`` from the working directory, as every output path (:mod:`heptstudy.paths`):
-:func:`load_config` returns both absolute.
+"""Validated configuration: YAML files plus dotted overrides (merged and parsed by OmegaConf),
+checked by a pydantic schema that names the key, the value and what is allowed. Unlike plain
+pydantic, a number key refuses true/false and a true/false key refuses numbers.
 """
 
 from __future__ import annotations
@@ -16,6 +9,7 @@ import difflib
 import json
 import re
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -24,7 +18,9 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -35,17 +31,14 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from heptstudy.errors import ConfigError, describe_invalid
-from heptstudy.names import NAME_RULE, is_name
+from heptstudy.names import check_name
 from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
 
-#: The checkpointing plans (:mod:`heptstudy.model.checkpoint_plan`) by name: the one value of
-#: ``model.heptv2.activation_checkpointing``, ``heptstudy bench --checkpointing``, a notebook's
-#: ``checkpointing`` parameter and a study matrix row. Besides these, ``layersK`` and ``lastK``
-#: (the first or last K backbone layers) and ``auto`` (a plan per step, within
-#: ``model.heptv2.memory_budget_gib``).
+#: The checkpointing plans (:mod:`heptstudy.model.checkpoint_plan`) by name, besides the count
+#: plans ``layersK`` and ``lastK`` and ``auto``: the one value everywhere a plan is chosen.
 FIXED_PLANS = ("off", "full", "selective", "every2", "every3")
 PLAN_WORDS = (
     "off, full, selective, every2, every3, layersK or lastK (the first or last K backbone "
@@ -123,24 +116,29 @@ class StrictInput(BaseModel):
         kind = _scalar_kind(field.annotation) if field else None
         if kind is None:
             return value
-        if isinstance(value, str):
-            value = parse_value(value)
+        if isinstance(value, str):  # as the VALUE of KEY=VALUE; unreadable text stays
+            with suppress(ConfigError):
+                value = parse_overrides([f"value={value}"])["value"]
         if not _bool_mixup(kind, value):
             return value
         wanted = "true or false" if kind is bool else f"{'a whole' if kind is int else 'a'} number"
+        got = "a number" if kind is bool else "true/false"
         default = field.get_default(call_default_factory=True)
-        example = (
-            " or null (the default)" if default is None else ", for example the default {default}"
-        )
+        example = f", for example the default {as_yaml(default)}" if default is not None else ""
         raise PydanticCustomError(
             "bool_number_mixup",
-            "takes {wanted}, not {got}; give {wanted}" + example,
-            {
-                "wanted": wanted,
-                "got": "a number" if kind is bool else "true/false",
-                "default": as_yaml(default),
-            },
+            f"takes {wanted}, not {got}; give {wanted}{example or ' or null (the default)'}",
         )
+
+
+def _off_not_listed(value: Any) -> Any:
+    if isinstance(value, list) and any(v is False or v == "off" for v in value):  # YAML: off=false
+        raise PydanticCustomError(
+            "plan_order",
+            "lists the checkpointing plans tried after off, which is always tried first: "
+            "leave off out, for example [every2, full]",
+        )
+    return value
 
 
 def check_plan_order(value: list[str] | None) -> list[str] | None:
@@ -154,10 +152,14 @@ def check_plan_order(value: list[str] | None) -> list[str] | None:
             "plan_order",
             "takes each of selective, every2, every3, full, layersK (the first K backbone "
             "layers) and lastK (the last K) at most once, at least one, cheapest first, not "
-            "{got}; for example [every2, full]",
-            {"got": as_yaml(value)},
+            f"{as_yaml(value)}; for example [every2, full]",
         )
     return value if value is None else [parse_plan_name(v) for v in value]
+
+
+PlanOrder = Annotated[
+    list[str] | None, BeforeValidator(_off_not_listed), AfterValidator(check_plan_order)
+]
 
 
 class HEPTv2Config(StrictInput):
@@ -170,7 +172,7 @@ class HEPTv2Config(StrictInput):
     n_hashes: int = Field(3, ge=1, description="OR-rounds of hashing")
     num_regions: int = Field(140, ge=1, description="AND-regions per hash (eta x phi cells)")
     mlp_ratio: float = Field(4.0, gt=0.0)
-    activation_checkpointing: str = Field(
+    activation_checkpointing: Annotated[str, BeforeValidator(parse_plan_name)] = Field(
         "off",
         description=f"the checkpointing plan: {PLAN_WORDS}; auto: per training step, the "
         "cheapest plan whose predicted peak fits model.heptv2.memory_budget_gib "
@@ -182,12 +184,10 @@ class HEPTv2Config(StrictInput):
         description="peak memory one step may use under activation_checkpointing=auto; None: "
         "the platform's device memory less its safety margin",
     )
-    auto_plan_order: list[str] | None = Field(
+    auto_plan_order: PlanOrder = Field(
         None,
-        description="activation_checkpointing=auto: the checkpointing plans tried after off (no "
-        "recomputation, always tried first), cheapest first: selective, every2, every3, full "
-        "and layersK (the first K backbone layers). None: the platform's measured order "
-        "(auto_plan_order of the platform profile), else "
+        description="activation_checkpointing=auto: the plans tried after off (always tried "
+        "first), cheapest first. None: the platform profile's auto_plan_order, else "
         "heptstudy.model.adaptive_checkpointing.DEFAULT_PLAN_ORDER",
     )
     attention_backend: Literal["auto", "fused", "plain"] = Field(
@@ -195,44 +195,13 @@ class HEPTv2Config(StrictInput):
     )
     hash_seed: int = Field(0, ge=0, description="seed of the fixed random hash tables")
 
-    @field_validator("activation_checkpointing", mode="before")
-    @classmethod
-    def _plan_name(cls, value: Any) -> str:
-        return parse_plan_name(value)
-
-    @field_validator("memory_budget_gib", mode="before")
-    @classmethod
-    def _budget_is_a_number(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            raise PydanticCustomError(
-                "bool_number_mixup",
-                "takes a number of GiB (or null for the platform's), not true/false",
-                {},
-            )
-        return value
-
-    @field_validator("auto_plan_order", mode="before")
-    @classmethod
-    def _off_is_not_listed(cls, value: Any) -> Any:
-        # YAML reads a bare off as false
-        if isinstance(value, list) and any(v is False or v == "off" for v in value):
-            raise PydanticCustomError(
-                "plan_order",
-                "lists the checkpointing plans tried after off, which is always tried first: "
-                "leave off out, for example [every2, full]",
-                {},
-            )
-        return value
-
-    _plans_once_each = field_validator("auto_plan_order")(staticmethod(check_plan_order))
-
     @property
     def adaptive(self) -> bool:
         """Whether each training step chooses its own checkpointing plan (``auto``)."""
         return self.activation_checkpointing == "auto"
 
     @model_validator(mode="after")
-    def _count_plans_fit_the_backbone(self) -> HEPTv2Config:
+    def _fits_the_backbone(self) -> HEPTv2Config:
         named = [("activation_checkpointing", self.activation_checkpointing)]
         named += [("auto_plan_order", name) for name in self.auto_plan_order or ()]
         for key, name in named:
@@ -249,10 +218,6 @@ class HEPTv2Config(StrictInput):
                     f"model.heptv2.{key}: {name} checkpoints {count[1]} of the backbone's "
                     f"{self.num_convs} layers (model.heptv2.num_convs); {allowed}"
                 )
-        return self
-
-    @model_validator(mode="after")
-    def _heads_divide(self) -> HEPTv2Config:
         if self.embedding_dim % self.num_heads:
             raise ValueError(
                 f"model.heptv2.embedding_dim={self.embedding_dim} must be divisible by "
@@ -307,11 +272,7 @@ class ModelConfig(StrictInput):
 
 class DataConfig(StrictInput):
     data_dir: str = "data/tfds"
-    dataset: str = Field(
-        "cld_edm_ttbar_hits:3.2.1",
-        pattern=r"^[a-z0-9_]+:\d+\.\d+\.\d+$",
-        description="NAME:VERSION",
-    )
+    dataset: str = Field("cld_edm_ttbar_hits:3.2.1", pattern=r"^[a-z0-9_]+:\d+\.\d+\.\d+$")
     configs: list[str] = Field(default_factory=lambda: ["1"], min_length=1)
     pad_to_multiple: int = Field(128, ge=1)
     batching: Literal["padded", "packed"] = Field(
@@ -405,32 +366,25 @@ class Config(StrictInput):
     train: TrainConfig = Field(default_factory=TrainConfig)
 
     @model_validator(mode="after")
-    def _dataset_matches_variant(self) -> Config:
-        wanted = "_pf" if self.model.variant == TRACK_CLUSTER_VARIANT else "_hits"
+    def _suits_the_variant(self) -> Config:
+        variant = self.model.variant
+        wanted = "_pf" if variant == TRACK_CLUSTER_VARIANT else "_hits"
         if not self.data.name.endswith(wanted):
             raise ValueError(
                 f"data.dataset={self.data.dataset!r} does not suit model.variant="
-                f"{self.model.variant!r}: that variant reads a '*{wanted}' data set "
+                f"{variant!r}: that variant reads a '*{wanted}' data set "
                 f"(for example cld_edm_ttbar{wanted}:3.2.1); set data.dataset accordingly"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _auto_needs_the_backbone(self) -> Config:
-        if self.model.heptv2.adaptive and self.model.variant != HIT_VARIANT:
+        if variant != HIT_VARIANT and self.model.heptv2.adaptive:
             raise ValueError(
                 f"model.heptv2.activation_checkpointing=auto chooses how the HEPTv2 backbone is "
-                f"checkpointed, which model.variant={self.model.variant!r} does not have; use it "
+                f"checkpointed, which model.variant={variant!r} does not have; use it "
                 f"with {HIT_VARIANT!r} or set true/false"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _packed_needs_the_hit_model(self) -> Config:
-        if self.data.batching == "packed" and self.model.variant != HIT_VARIANT:
+        if variant != HIT_VARIANT and self.data.batching == "packed":
             raise ValueError(
                 f"data.batching=packed runs events side by side in one stream, which only "
-                f"{HIT_VARIANT!r} reads event by event; model.variant={self.model.variant!r} "
+                f"{HIT_VARIANT!r} reads event by event; model.variant={variant!r} "
                 "needs data.batching=padded"
             )
         return self
@@ -541,24 +495,17 @@ class PlatformConfig(StrictInput):
     account: str = ""
     env: dict[str, str] = Field(default_factory=dict)
     modules: list[str] = Field(default_factory=list)
-    auto_plan_order: list[str] | None = Field(
+    auto_plan_order: PlanOrder = Field(
         None,
         description="the order of checkpointing plans measured on this platform "
         "(heptstudy.estimate.plans.plan_order_from_reports), used by "
         "activation_checkpointing=auto unless model.heptv2.auto_plan_order is set",
     )
 
-    _plans_once_each = field_validator("auto_plan_order")(staticmethod(check_plan_order))
-
     @field_validator("name")
     @classmethod
     def _name_is_a_name(cls, value: str) -> str:
-        if not is_name(value):
-            raise ValueError(
-                f"name={value!r}: the platform name becomes part of file names, so it must have "
-                f"{NAME_RULE}; rename it, e.g. lumi_mi250x"
-            )
-        return value
+        return check_name(value, "the platform name", example="lumi_mi250x")
 
     @field_validator("time_limit", "partition", "account")
     @classmethod
@@ -613,6 +560,7 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
         raise ConfigError(f"{what} file {str(p)!r} is a folder; give the path of a YAML file")
     if not p.is_file():
         raise ConfigError(f"{what} file {str(p)!r} does not exist; give the path of a YAML file")
+    problem = None
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as err:
@@ -620,20 +568,16 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
         # and the file may be anything a user pointed at
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or "unreadable"
-        raise ConfigError(
-            f"{what} file {str(p)!r} is not valid YAML{where} ({problem}); give the path of a "
-            f"{what} YAML file"
-        ) from None
+        problem = f"is not valid YAML{where} ({getattr(err, 'problem', None) or 'unreadable'})"
     except UnicodeDecodeError:
-        raise ConfigError(
-            f"{what} file {str(p)!r} is not text (not UTF-8); give the path of a {what} YAML file"
-        ) from None
+        problem = "is not text (not UTF-8)"
     except OSError as err:
+        problem = f"cannot be read ({err.strerror or err})"
+    if problem is not None:
+        readable = " you can read" if problem.startswith("cannot") else ""
         raise ConfigError(
-            f"{what} file {str(p)!r} cannot be read ({err.strerror or err}); give the path of a "
-            f"{what} YAML file you can read"
-        ) from None
+            f"{what} file {str(p)!r} {problem}; give the path of a {what} YAML file{readable}"
+        )
     loop = _alias_loop(data)
     if loop is not None:
         raise ConfigError(
@@ -689,15 +633,6 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
         raise ConfigError(f"could not parse overrides {items}: {err}") from None
 
 
-def parse_value(text: str) -> Any:
-    """``text`` read as the VALUE of an override ``KEY=VALUE`` (YAML: 4, 0.5, true, null);
-    unreadable text stays as it is, for the schema to refuse."""
-    try:
-        return parse_overrides([f"value={text}"])["value"]
-    except ConfigError:
-        return text
-
-
 def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     keys = []
     for name, field in model.model_fields.items():
@@ -706,17 +641,6 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             keys.extend(_known_keys(ann, prefix + name + "."))
     return keys
-
-
-def _describe(err: ValidationError, schema: type[BaseModel], what: str) -> str:
-    return describe_invalid(
-        err,
-        noun="key",
-        known=_known_keys(schema),
-        header=f"invalid {what}:",
-        footer="fix the YAML file or the --set override named above and try again",
-        show=lambda v: repr(v) if isinstance(v, str) else as_yaml(v),  # as written in YAML
-    )
 
 
 def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
@@ -759,11 +683,24 @@ def _refuse_mixed(below: Mapping[str, Any], above: Mapping[str, Any], prefix: st
             )
 
 
-def validate(data: Mapping[str, Any], what: str = "configuration") -> Config:
+def validate(
+    data: Mapping[str, Any], what: str = "configuration", schema: type[BaseModel] = Config
+) -> Any:
+    """``data`` validated by ``schema`` (by default a :class:`Config`), every error naming its
+    key, its value and what is allowed."""
     try:
-        return Config.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_describe(err, Config, what)) from None
+        raise ConfigError(
+            describe_invalid(
+                err,
+                noun="key",
+                known=_known_keys(schema),
+                header=f"invalid {what}:",
+                footer="fix the YAML file or the --set override named above and try again",
+                show=lambda v: repr(v) if isinstance(v, str) else as_yaml(v),  # as in YAML
+            )
+        ) from None
 
 
 def load_config(
@@ -801,9 +738,4 @@ def load_platform(path: str | Path) -> PlatformConfig:
             ", ...). Give a profile's name (e.g. h100, lumi_mi250x, local_cpu) or the path of one "
             "in configs/training/platforms/"
         )
-    try:
-        return PlatformConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(
-            _describe(err, PlatformConfig, f"platform profile {str(path)!r}")
-        ) from None
+    return validate(data, f"platform profile {str(path)!r}", PlatformConfig)

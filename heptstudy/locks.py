@@ -1,6 +1,4 @@
-"""A folder held by one run at a time: a lock file for as long as a command writes into it (a
-training run, a study and its figures, a data generation, data statistics).
-
+"""A folder held by one run at a time: a lock file for as long as a command writes into it.
 The kernel drops the ``flock`` when its process dies, however it dies, so a lock file left by
 a killed run is recognised (free although the file is there) and taken over, saying so.
 """

@@ -1,9 +1,6 @@
-"""One rule for every name that becomes part of a path, and one check that a path stays inside
-the folder it is written to.
-
-A name is an identifier so that none can reach another folder (``../``), hide a file (``.x``)
-or carry shell or markup text; :func:`inside` also refuses a symbolic link leading out, not
-following it.
+"""One rule for every name that becomes part of a path (an identifier, so that none can reach
+another folder, hide a file or carry shell or markup text), and one check that a path stays
+inside its folder (:func:`inside`, which refuses a symbolic link leading out).
 """
 
 from __future__ import annotations
@@ -22,10 +19,6 @@ NAME_RULE = (
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
 
-class NameError_(ConfigError):
-    """A name that would become part of a path breaks :data:`NAME_RULE`."""
-
-
 class OutsideFolder(HeptstudyError):
     """An output path would land outside the folder it is meant for."""
 
@@ -35,10 +28,9 @@ def is_name(value: object) -> bool:
 
 
 def check_name(value: object, what: str, *, example: str = "baseline_b4") -> str:
-    """``value`` when it follows :data:`NAME_RULE`; ``what`` names it in the error."""
     if is_name(value):
         return value  # type: ignore[return-value]
-    raise NameError_(
+    raise ConfigError(
         f"{what} {value!r} cannot be used: it becomes part of a file name, so it must have "
         f"{NAME_RULE}; rename it, e.g. {example!r}"
     )

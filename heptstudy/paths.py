@@ -57,9 +57,8 @@ def real_path(path: str | os.PathLike, what: str = "path") -> Path:
     ) from None
 
 
-TRAINING_CONFIGS = ROOT / "configs" / "training"
-SCENARIO_DIR = TRAINING_CONFIGS / "scenarios"
-PLATFORM_DIR = TRAINING_CONFIGS / "platforms"
+SCENARIO_DIR = ROOT / "configs" / "training" / "scenarios"
+PLATFORM_DIR = ROOT / "configs" / "training" / "platforms"
 
 
 def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
@@ -74,19 +73,15 @@ def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
     return None
 
 
-def git_bytes(
-    *args: str, cwd: str | os.PathLike | None = None, timeout: float = 60
-) -> bytes | None:
+def git_bytes(*args: str, cwd: str | os.PathLike | None = None) -> bytes | None:
     """The output of ``git ARGS``; None where git is missing or fails."""
     try:
-        res = subprocess.run(
-            ["git", *args], cwd=cwd or ROOT, capture_output=True, timeout=timeout, check=False
-        )
+        res = subprocess.run(["git", *args], cwd=cwd or ROOT, capture_output=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
     return res.stdout if res.returncode == 0 else None
 
 
-def git(*args: str, cwd: str | os.PathLike | None = None, timeout: float = 60) -> str | None:
-    out = git_bytes(*args, cwd=cwd, timeout=timeout)
+def git(*args: str, cwd: str | os.PathLike | None = None) -> str | None:
+    out = git_bytes(*args, cwd=cwd)
     return None if out is None else out.decode(errors="replace")

@@ -60,9 +60,8 @@ def using(stand_ins: StandIns) -> Iterator[StandIns]:
         _ACTIVE = None
 
 
-# A full disk cannot be made on demand in a test: this seam makes every write of
-# heptstudy.atomic fail as the disk would. Nothing installs it outside tests.
-
+# A full disk cannot be made on demand in a test: this seam (installed by the tests'
+# failing_writes, nowhere else) makes every write of heptstudy.atomic fail as the disk would.
 _WRITE_FAULT: tuple[OSError, Callable[[str], bool]] | None = None
 
 
@@ -71,16 +70,3 @@ def write_fault(path: str) -> OSError | None:
         return None
     error, applies = _WRITE_FAULT
     return error if applies(str(path)) else None
-
-
-@contextlib.contextmanager
-def failing_writes(
-    error: OSError, applies: Callable[[str], bool] = lambda path: True
-) -> Iterator[None]:
-    """Every atomic write to a path for which ``applies(path)`` holds raises ``error``."""
-    global _WRITE_FAULT
-    saved, _WRITE_FAULT = _WRITE_FAULT, (error, applies)
-    try:
-        yield
-    finally:
-        _WRITE_FAULT = saved

@@ -9,7 +9,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from heptstudy import stand_ins
 from heptstudy.config import load_config
+
+
+@contextlib.contextmanager
+def failing_writes(error: OSError, applies=lambda path: True):
+    """Every atomic write to a path for which ``applies(path)`` holds raises ``error``, as a full
+    disk would (:func:`heptstudy.stand_ins.write_fault`)."""
+    saved, stand_ins._WRITE_FAULT = stand_ins._WRITE_FAULT, (error, applies)
+    try:
+        yield
+    finally:
+        stand_ins._WRITE_FAULT = saved
+
 
 #: A model small enough for many CPU tests, with every structural feature of the real one.
 TINY_MODEL = [

@@ -29,9 +29,9 @@ import pytest
 import yaml
 
 from heptstudy.errors import HeptstudyError
-from heptstudy.stand_ins import failing_writes
 from tests.conftest import (
     TINY_MODEL,
+    failing_writes,
     heptstudy_under_file_limit,
     run_cli,
     set_options,

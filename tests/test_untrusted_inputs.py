@@ -148,7 +148,7 @@ def test_the_advice_after_a_refused_write_follows_the_error(tmp_path, code, advi
     import os
 
     from heptstudy.atomic import WriteFailed, write_text_or_keep
-    from heptstudy.stand_ins import failing_writes
+    from tests.conftest import failing_writes
 
     number = getattr(errno, code)
     with failing_writes(OSError(number, os.strerror(number))), pytest.raises(WriteFailed) as err:
@@ -166,9 +166,8 @@ def test_a_first_checkpoint_that_could_not_be_written_advises_a_rerun_that_is_ac
 
     from heptstudy.atomic import WriteFailed
     from heptstudy.config import load_config
-    from heptstudy.stand_ins import failing_writes
     from heptstudy.train.trainer import train
-    from tests.conftest import tiny_train_overrides
+    from tests.conftest import failing_writes, tiny_train_overrides
 
     out = tmp_path / "run"
     cfg = load_config(overrides=tiny_train_overrides(tiny_data_dir, out))

@@ -1,27 +1,14 @@
-"""`heptstudy` command line: a thin layer over the package.
-
-Each area in ``_AREAS`` adds its subcommands with ``register_cli(subparsers)``.
-"""
+"""`heptstudy` command line: a thin layer over the package."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import signal
 import sys
 
 from heptstudy.config import load_config
 from heptstudy.errors import HeptstudyError, Interrupted, os_error_advice
-
-_AREAS = (
-    "heptstudy.cli.data",
-    "heptstudy.cli.train",
-    "heptstudy.cli.bench",
-    "heptstudy.cli.scenario",
-    "heptstudy.cli.study",
-    "heptstudy.cli.fit",
-)
 
 
 def whole_number(minimum: int, example: int):
@@ -61,11 +48,6 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     add_set_arg(parser)
 
 
-def _config_show(args: argparse.Namespace) -> int:
-    print(load_config(args.config, args.overrides).to_yaml(), end="")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heptstudy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -73,9 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     config_sub = config.add_subparsers(dest="config_command", required=True)
     show = config_sub.add_parser("show", help="print the fully resolved, validated configuration")
     add_config_args(show)
-    show.set_defaults(func=_config_show)
-    for area in _AREAS:
-        importlib.import_module(area).register_cli(sub)
+    show.set_defaults(func=lambda a: print(load_config(a.config, a.overrides).to_yaml(), end=""))
+    # each area adds its subcommands; imported here, as they import this module's helpers
+    from heptstudy.cli import bench, data, fit, scenario, study, train
+
+    for area in (data, train, bench, scenario, study, fit):
+        area.register_cli(sub)
     return parser
 
 

@@ -1,9 +1,4 @@
-"""`heptstudy data generate` and `heptstudy data stats`.
-
-The data directory defaults to the repository's, wherever the command starts; outputs (``data
-stats``) go under the current directory, like every output. A folder given on the command line
-is taken from the current directory.
-"""
+"""`heptstudy data generate` and `heptstudy data stats` (paths as :mod:`heptstudy.paths` says)."""
 
 from __future__ import annotations
 
@@ -69,10 +64,8 @@ def _stats(args: argparse.Namespace) -> int:
     )
     with holding(out, "statistics folder (--out)"):
         js, png, replaced = write_stats(stats, out)
-    summary = {k: stats[k] for k in ("dataset", "split", "num_events", "synthetic")}
-    summary["total"] = stats["total"]
-    summary["events_above_tail_threshold"] = stats["events_above_tail_threshold"]
-    print(json.dumps(summary, indent=1))
+    shown = ("dataset", "split", "num_events", "synthetic", "total", "events_above_tail_threshold")
+    print(json.dumps({k: stats[k] for k in shown}, indent=1))
     print(f"wrote {js} and {png}")
     if replaced:
         print("(they replace the statistics of the same data set and split written earlier)")

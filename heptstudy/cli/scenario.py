@@ -9,9 +9,8 @@ from pathlib import Path
 
 from heptstudy.cli import add_set_arg
 from heptstudy.fitting import fit_warning
-from heptstudy.scenario.model import find_platform, load_scenario
 from heptstudy.scenario.render import render, shell_join
-from heptstudy.scenario.resolve import resolve, summary
+from heptstudy.scenario.resolve import Resolution, resolve, summary
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -32,26 +31,23 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the resolution as JSON")
 
 
-def _overrides(args: argparse.Namespace) -> list[str]:
-    return list(args.overrides) + ([f"data.data_dir={args.data_dir}"] if args.data_dir else [])
+def _resolution(
+    args: argparse.Namespace, out: Path | None, written: bool
+) -> tuple[Resolution, list[Path]]:
+    """The scenario resolved (and ``written`` into ``out``), printed as JSON or as a summary."""
+    given = [*args.overrides, *([f"data.data_dir={args.data_dir}"] if args.data_dir else [])]
+    if written:
+        res, scripts = render(args.scenario, args.platform, out, args.variant, given, args.resume)
+    else:
+        res, scripts = resolve(args.scenario, args.platform, args.variant, given), []
+    print(json.dumps(res.to_dict(), indent=2) if args.json else summary(res))
+    return res, scripts
 
 
 def _cmd_resolve(args: argparse.Namespace) -> int:
-    if args.dry_run:
-        out = args.render_dir
-        if out is None:
-            sc = load_scenario(args.scenario)
-            plat, _ = find_platform(args.platform)
-            out = Path("experiments/train/_rendered") / sc.name / plat.name
-        res, _ = render(
-            args.scenario, args.platform, out, args.variant, _overrides(args), args.resume
-        )
-    else:
-        res = resolve(args.scenario, args.platform, args.variant, _overrides(args))
+    res, _ = _resolution(args, args.render_dir, written=args.dry_run)
     if args.json:
-        print(json.dumps(res.to_dict(), indent=2))
         return 0
-    print(summary(res))
     if warning := fit_warning(res):
         print(f"warning: {warning}", file=sys.stderr)
     if args.dry_run:
@@ -63,15 +59,10 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
-    res, scripts = render(
-        args.scenario, args.platform, args.out, args.variant, _overrides(args), args.resume
-    )
-    if args.json:
-        print(json.dumps(res.to_dict(), indent=2))
-        return 0
-    print(summary(res))
-    for v, s in zip(res.variants, scripts, strict=True):
-        print(f"rendered {v.name}: configuration {v.config_path}, launch script {s}")
+    res, scripts = _resolution(args, args.out, written=True)
+    if not args.json:
+        for v, s in zip(res.variants, scripts, strict=True):
+            print(f"rendered {v.name}: configuration {v.config_path}, launch script {s}")
     return 0
 
 

@@ -64,18 +64,15 @@ def measured_table(results) -> str:
         except ReportError:
             lines.append(f"{r.label:<44} {'unread':<8} {how:<9}")
             continue
-        s = report.summary
-        step = f"{s.mean_step_time_s:9.2f}" if s and s.mean_step_time_s is not None else " " * 9
-        alloc = (
-            f"{s.max_peak_allocated_mib:12,.0f}"
-            if s and s.max_peak_allocated_mib is not None
-            else " " * 12
-        )
-        usage = host_usage_of(report)
-        sys_frac = usage["sys_fraction"]
-        sys_text = f"{100 * sys_frac:7.0f}%" if sys_frac is not None else " " * 8
+        s, sys_frac = report.summary, host_usage_of(report)["sys_fraction"]
+        step, alloc = (s.mean_step_time_s, s.max_peak_allocated_mib) if s else (None, None)
+        cells = [
+            f"{step:9.2f}" if step is not None else " " * 9,
+            f"{alloc:12,.0f}" if alloc is not None else " " * 12,
+            f"{100 * sys_frac:7.0f}%" if sys_frac is not None else " " * 8,
+        ]
         lines.append(
-            f"{r.label:<44} {report.status:<8} {how:<9} {step} {alloc} {sys_text}  "
+            f"{r.label:<44} {report.status:<8} {how:<9} {' '.join(cells)}  "
             f"{report.environment.hostname}"
         )
     return "\n".join(lines)
@@ -97,13 +94,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Any version of the blind predictions' schema: ``study predict --out`` replaces only them.
-PREDICTIONS_MARK = b'"schema": "heptstudy.blind_predictions/'
-
-
 def _cmd_predict(args: argparse.Namespace) -> int:
     out = resolve_from_cwd(args.out)
-    kind = Output("heptstudy blind predictions file", ".json", PREDICTIONS_MARK)
+    # any version of the predictions' schema: --out replaces only them
+    mark = b'"schema": "heptstudy.blind_predictions/'
+    kind = Output("heptstudy blind predictions file", ".json", mark)
     kind.check(out, "--out")  # before the minutes of estimating
     doc = predict_matrix(args.matrix, args.data_dir, jobs=args.jobs)
     atomic_write_text(out, json_text(doc, f"the predictions {out}"), kind=kind)

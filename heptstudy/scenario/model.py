@@ -1,7 +1,4 @@
-"""Scenario files and platform profiles: the schema of a scenario, loading both by name or path.
-
-A *scenario* holds the science, a *platform profile* the hardware and runtime.
-"""
+"""Scenario files (the science) and platform profiles (hardware, runtime), by name or path."""
 
 from __future__ import annotations
 

@@ -47,64 +47,40 @@ def shell_join(cmd: Sequence[str]) -> str:
     return " ".join(f'"{c}"' if isinstance(c, Expand) else shlex.quote(c) for c in cmd)
 
 
-_VARIABLE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
-
-
 def env_value(text: str) -> str:
     """A platform ``env`` value for bash: literal text, except plain ``${NAME}`` references
     (``/tmp/${USER}-cache-${SLURM_JOB_ID}``), which the job's shell expands; every other ``$``,
     backtick, quote and backslash is escaped, so that no command substitution or other shell
     text in a profile is ever run."""
-
-    def literal(part: str) -> str:
-        return re.sub(r'([\\"`$])', r"\\\1", part)
-
-    out, at = [], 0
-    for m in _VARIABLE.finditer(text):
-        out += [literal(text[at : m.start()]), m.group()]
-        at = m.end()
-    out.append(literal(text[at:]))
-    return '"' + "".join(out) + '"'
-
-
-def _directive(key: str, value: object) -> str:
-    """``#SBATCH --KEY=VALUE``: sbatch reads it up to the line's end, bash skips it as a
-    comment, so a line break in the value would make the rest a shell command."""
-    text = str(value)
-    if not text.isprintable():
-        raise ConfigError(
-            f"#SBATCH --{key}={text!r}: the value holds a line break or control character; "
-            "it must be one line of printable text (fix the platform profile, the names or "
-            "the render folder)"
-        )
-    return f"#SBATCH --{key}={text}"
+    parts = re.split(r"(\$\{[A-Za-z_][A-Za-z0-9_]*\})", text)  # odd ones: the ${NAME}s
+    escaped = (p if i % 2 else re.sub(r'([\\"`$])', r"\\\1", p) for i, p in enumerate(parts))
+    return '"' + "".join(escaped) + '"'
 
 
 def _comment(text: str) -> str:
-    """A comment line of a script: line breaks shown as ``\\n`` so that no text becomes a
-    command."""
+    """A comment line: line breaks shown as ``\\n`` so that no text becomes a command."""
     return "# " + "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def slurm_script(res: Resolution, v: ResolvedVariant, workdir: Path, log_dir: Path) -> str:
+    # sbatch reads a directive to the line's end and bash skips it as a comment, so a line break
+    # in a value would start a shell command: every value here is one line (the profile's
+    # fields, the names and the render folder are checked for that)
     p = res.platform
-    mem = f"{p.host_memory_gib:g}G" if p.host_memory_gib > 0 else "0"
-    lines = [
-        "#!/bin/bash",
-        _directive("job-name", f"{res.scenario.name[:40]}-{v.name[:40]}"),
-        _directive("nodes", p.nodes),
-        "#SBATCH --ntasks-per-node=1",
-        _directive("gpus-per-node", p.devices_per_node),
-        _directive("cpus-per-task", p.cpus_per_task),
-        _directive("mem", mem),
-        _directive("time", p.time_limit),
-    ]
-    if p.partition:
-        lines.append(_directive("partition", p.partition))
-    if p.account:
-        lines.append(_directive("account", p.account))
+    sbatch = {
+        "job-name": f"{res.scenario.name[:40]}-{v.name[:40]}",
+        "nodes": p.nodes,
+        "ntasks-per-node": 1,
+        "gpus-per-node": p.devices_per_node,
+        "cpus-per-task": p.cpus_per_task,
+        "mem": f"{p.host_memory_gib:g}G" if p.host_memory_gib > 0 else "0",
+        "time": p.time_limit,
+        "partition": p.partition,
+        "account": p.account,
+        "output": f"{log_dir}/slurm-{v.name}-%j.out",
+    }
+    lines = ["#!/bin/bash"] + [f"#SBATCH --{k}={x}" for k, x in sbatch.items() if x != ""]
     lines += [
-        _directive("output", f"{log_dir}/slurm-{v.name}-%j.out"),
         "",
         _comment(
             f"Rendered by `heptstudy scenario render`: scenario {res.scenario.name}, "
@@ -152,15 +128,17 @@ def local_script(res: Resolution, v: ResolvedVariant, workdir: Path) -> str:
 def render(
     scenario: str | Path,
     platform: str | Path,
-    out: str | Path,
+    out: str | Path | None,
     variants: Sequence[str] | None = None,
     overrides: Iterable[str] = (),
     resume: str | None = None,
     workdir: str | Path | None = None,
 ) -> tuple[Resolution, list[Path]]:
     """Resolve, then write per variant the resolved configuration and a launch script, plus
-    ``resolution.json`` and ``launch_scripts.txt``."""
+    ``resolution.json`` and ``launch_scripts.txt``, into ``out`` (default
+    experiments/train/_rendered/SCENARIO/PLATFORM of the working directory)."""
     res = resolve(scenario, platform, variants, overrides)
+    out = out or Path("experiments/train/_rendered") / res.scenario.name / res.platform.name
     out = real_path(out, "render folder (--out / --render-dir)")
     if not str(out).isprintable():
         raise ConfigError(
@@ -175,15 +153,13 @@ def render(
     workdir = real_path(workdir or Path.cwd(), "working directory")
     texts: list[tuple[Path, str]] = []
     scripts = []
+    slurm = res.platform.launcher == "slurm"
     for v in res.variants:
         v.config_path = inside(out, f"{v.name}.yaml", f"variant {v.name!r}: configuration")
         v.launch = launch_command(res.platform, v.config_path, resume)
-        if res.platform.launcher == "slurm":
-            script = inside(out, f"{v.name}.sbatch", f"variant {v.name!r}: batch script")
-            text = slurm_script(res, v, workdir, out)
-        else:
-            script = inside(out, f"{v.name}.sh", f"variant {v.name!r}: launch script")
-            text = local_script(res, v, workdir)
+        name, kind = (f"{v.name}.sbatch", "batch") if slurm else (f"{v.name}.sh", "launch")
+        script = inside(out, name, f"variant {v.name!r}: {kind} script")
+        text = slurm_script(res, v, workdir, out) if slurm else local_script(res, v, workdir)
         texts += [(v.config_path, v.config.to_yaml()), (script, text)]
         scripts.append(script)
     # every script is rendered (and refused) before the first file is written

@@ -126,49 +126,40 @@ def resolve(
     only: for a setting only one model has."""
     sc = load_scenario(scenario)
     plat, plat_path = find_platform(platform)
-    rules.check_variants_exist(sc.name, sc.variants, variants or ())
-    rules.check_variants_exist(sc.name, sc.variants, list(variant_overrides or {}))
-    shared = list(overrides)
+    shared, extra = list(overrides), variant_overrides or {}
+    rules.check_variants_exist(sc.name, sc.variants, [*(variants or ()), *extra])
     configs = {
-        name: _resolve_one(
-            sc, name, plat, parse_overrides(shared + list((variant_overrides or {}).get(name, ())))
-        )
+        name: _resolve_one(sc, name, plat, parse_overrides([*shared, *extra.get(name, ())]))
         for name in sc.variants
     }
     rules.check_shared_budget(sc.name, configs)
-    resolved = []
+    resolved = {}
     given_data_dir = any(str(o).split("=", 1)[0].strip() == "data.data_dir" for o in shared)
     wanted = list(variants) if variants else list(sc.variants)
     # the requested variants first: a refusal names the one asked about when it applies to it
     for name, cfg in sorted(configs.items(), key=lambda item: item[0] not in wanted):
-        rules.check_given_data_dir(sc.name, name, cfg, given_data_dir)
-        rules.check_batch_divides_devices(sc.name, name, cfg, plat)
-        rules.check_frequencies_divide_steps(sc.name, name, cfg)
-        split = rules.check_eval_within_test_split(sc.name, name, cfg, sc.test_split_events)
+        split = rules.check_variant(sc.name, name, cfg, plat, sc.test_split_events, given_data_dir)
         t = cfg.train
-        resolved.append(
-            ResolvedVariant(
-                name=name,
-                config=cfg,
-                world_size=plat.world_size,
-                nodes=plat.nodes,
-                devices_per_node=plat.devices_per_node,
-                per_device_batch=t.global_batch_size // (plat.world_size * t.grad_accumulation),
-                grad_accumulation=t.grad_accumulation,
-                event_presentations=t.global_batch_size * t.num_steps,
-                val_steps=_steps(t.val_freq, t.num_steps),
-                checkpoint_steps=_steps(t.checkpoint_freq, t.num_steps),
-                dtype=t.dtype,
-                attention_backend=cfg.model.heptv2.attention_backend,
-                test_split=split,
-            )
+        resolved[name] = ResolvedVariant(
+            name=name,
+            config=cfg,
+            world_size=plat.world_size,
+            nodes=plat.nodes,
+            devices_per_node=plat.devices_per_node,
+            per_device_batch=t.global_batch_size // (plat.world_size * t.grad_accumulation),
+            grad_accumulation=t.grad_accumulation,
+            event_presentations=t.global_batch_size * t.num_steps,
+            val_steps=_steps(t.val_freq, t.num_steps),
+            checkpoint_steps=_steps(t.checkpoint_freq, t.num_steps),
+            dtype=t.dtype,
+            attention_backend=cfg.model.heptv2.attention_backend,
+            test_split=split,
         )
-    resolved.sort(key=lambda v: list(configs).index(v.name))
     return Resolution(
         scenario=sc,
         platform=plat,
         platform_path=plat_path,
-        variants=[v for v in resolved if v.name in wanted],
+        variants=[resolved[name] for name in configs if name in wanted],
         rules_checked=list(RULES),
     )
 

@@ -1,7 +1,5 @@
-"""The named invariants every scenario resolution checks, and the error that names a broken one.
-
-A scenario that breaks a rule is refused, never "fixed".
-"""
+"""The named invariants every scenario resolution checks, and the error that names a broken one:
+a scenario that breaks a rule is refused, never "fixed"."""
 
 from __future__ import annotations
 
@@ -107,35 +105,6 @@ def check_shared_budget(scenario: str, configs: Mapping[str, Config]) -> None:
                 )
 
 
-def check_batch_divides_devices(
-    scenario: str, variant: str, cfg: Config, platform: PlatformConfig
-) -> None:
-    t, world = cfg.train, platform.world_size
-    if t.global_batch_size % (world * t.grad_accumulation):
-        raise ScenarioError(
-            "batch-divides-devices",
-            f"scenario {scenario!r} variant {variant!r}: train.global_batch_size="
-            f"{t.global_batch_size} does not divide over world size {world} "
-            f"({platform.nodes} node(s) x {platform.devices_per_node} devices of "
-            f"{platform.name!r}) x train.grad_accumulation={t.grad_accumulation} = "
-            f"{world * t.grad_accumulation}; choose a global batch that is a multiple of that "
-            "product",
-        )
-
-
-def check_frequencies_divide_steps(scenario: str, variant: str, cfg: Config) -> None:
-    t = cfg.train
-    for key in ("val_freq", "checkpoint_freq"):
-        freq = getattr(t, key)
-        if t.num_steps % freq:
-            raise ScenarioError(
-                "frequencies-divide-steps",
-                f"scenario {scenario!r} variant {variant!r}: train.{key}={freq} does not divide "
-                f"train.num_steps={t.num_steps}, so the last step would not be validated and "
-                f"checkpointed; choose a divisor of {t.num_steps} or change num_steps",
-            )
-
-
 @dataclass
 class TestSplit:
     events: int
@@ -157,41 +126,59 @@ def test_split_size(cfg: Config, declared: Mapping[str, int]) -> TestSplit | Non
     return None
 
 
-def check_given_data_dir(scenario: str, variant: str, cfg: Config, given: bool) -> None:
-    """A data directory the user named must exist: a mistyped one would otherwise read as
-    "no metadata" and pass on the scenario's declared numbers."""
-    if given and not Path(cfg.data.data_dir).is_dir():
+def check_variant(
+    scenario: str,
+    variant: str,
+    cfg: Config,
+    platform: PlatformConfig,
+    declared: Mapping[str, int],
+    given_data_dir: bool,
+) -> TestSplit:
+    """The rules of one resolved variant; the test split's size (``declared``: the scenario's
+    test_split_events), once ``data.nvalid + data.ntest`` is known to fit in it."""
+    where, t, d = f"scenario {scenario!r} variant {variant!r}", cfg.train, cfg.data
+    # a mistyped data directory would otherwise read as "no metadata" and pass on the
+    # scenario's declared numbers
+    if given_data_dir and not Path(d.data_dir).is_dir():
         raise ScenarioError(
             "data-dir-exists",
-            f"scenario {scenario}, variant {variant}: data.data_dir={cfg.data.data_dir!r} "
-            "(given on the command line) does not exist; give the folder holding the data set "
-            "(heptstudy data generate --data-dir DIR makes a synthetic one), or leave it out",
+            f"scenario {scenario}, variant {variant}: data.data_dir={d.data_dir!r} (given on the "
+            "command line) does not exist; give the folder holding the data set (heptstudy data "
+            "generate --data-dir DIR makes a synthetic one), or leave it out",
         )
-
-
-def check_eval_within_test_split(
-    scenario: str, variant: str, cfg: Config, declared: Mapping[str, int]
-) -> TestSplit:
-    """The test split's size, once ``data.nvalid + data.ntest`` is known to fit in it."""
-    d = cfg.data
+    world = platform.world_size
+    if t.global_batch_size % (world * t.grad_accumulation):
+        raise ScenarioError(
+            "batch-divides-devices",
+            f"{where}: train.global_batch_size={t.global_batch_size} does not divide over world "
+            f"size {world} ({platform.nodes} node(s) x {platform.devices_per_node} devices of "
+            f"{platform.name!r}) x train.grad_accumulation={t.grad_accumulation} = "
+            f"{world * t.grad_accumulation}; choose a global batch that is a multiple of that "
+            "product",
+        )
+    for key in ("val_freq", "checkpoint_freq"):
+        if t.num_steps % (freq := getattr(t, key)):
+            raise ScenarioError(
+                "frequencies-divide-steps",
+                f"{where}: train.{key}={freq} does not divide train.num_steps={t.num_steps}, so "
+                "the last step would not be validated and checkpointed; choose a divisor of "
+                f"{t.num_steps} or change num_steps",
+            )
     split = test_split_size(cfg, declared)
     if split is None:
         raise ScenarioError(
             "eval-within-test-split",
-            f"scenario {scenario!r} variant {variant!r}: the test split size of "
-            f"{d.dataset} configs {d.configs} is unknown: no dataset_info.json "
-            f"under data.data_dir={d.data_dir!r} and no test_split_events entry for "
-            f"{d.name!r}; pass --data-dir with the data set or declare "
+            f"{where}: the test split size of {d.dataset} configs {d.configs} is unknown: no "
+            f"dataset_info.json under data.data_dir={d.data_dir!r} and no test_split_events "
+            f"entry for {d.name!r}; pass --data-dir with the data set or declare "
             "test_split_events in the scenario",
         )
-    need = d.nvalid + d.ntest
-    if need > split.events:
+    if (need := d.nvalid + d.ntest) > split.events:
         raise ScenarioError(
             "eval-within-test-split",
-            f"scenario {scenario!r} variant {variant!r}: data.nvalid={d.nvalid} + "
-            f"data.ntest={d.ntest} = {need} exceeds the {split.events} events of the "
-            f"test split of {d.dataset} ({split.source}); resolve against the data set the run "
-            "will read (--data-dir DIR, e.g. the cluster's TFDS directory), or lower "
-            "nvalid/ntest for a smaller one",
+            f"{where}: data.nvalid={d.nvalid} + data.ntest={d.ntest} = {need} exceeds the "
+            f"{split.events} events of the test split of {d.dataset} ({split.source}); resolve "
+            "against the data set the run will read (--data-dir DIR, e.g. the cluster's TFDS "
+            "directory), or lower nvalid/ntest for a smaller one",
         )
     return split
