@@ -59,6 +59,11 @@ def _finish(fig, ax, tag: str = "") -> Any:
     return fig
 
 
+def _note(ax, text: str, xy, offset, **style) -> None:
+    """``text`` at ``offset`` points from ``xy``."""
+    ax.annotate(text, xy, textcoords="offset points", xytext=offset, **style)
+
+
 def _group(n: int) -> list[tuple[float, float]]:
     """(offset, width) of each of ``n`` bars side by side around a tick."""
     width = 0.8 / max(n, 1)
@@ -102,20 +107,16 @@ def memory_categories(
 ) -> Any:
     """Live MiB by category at the step's peak; with ``by_module`` (a report's
     ``by_module_bytes``) stacked by the module that made them, the ``top`` largest owners."""
-    if by_module:
-        return _memory_by_module(by_module, title, top)
-    fig, ax = _ax((7.5, 4.0))
-    names = list(categories)
-    vals = np.array([categories[n] for n in names], float) / MIB
-    ax.barh(names, vals, color="#4c72b0")
-    for i, v in enumerate(vals):
-        ax.text(v, i, f" {v:,.1f}", va="center", fontsize=10)
-    ax.set_xlabel("live MiB at the step's peak")
-    ax.set_title(title, fontsize=12)
-    return _finish(fig, ax)
-
-
-def _memory_by_module(by_module: dict[str, dict[str, int]], title: str, top: int) -> Any:
+    if not by_module:
+        fig, ax = _ax((7.5, 4.0))
+        names = list(categories)
+        vals = np.array([categories[n] for n in names], float) / MIB
+        ax.barh(names, vals, color="#4c72b0")
+        for i, v in enumerate(vals):
+            ax.text(v, i, f" {v:,.1f}", va="center", fontsize=10)
+        ax.set_xlabel("live MiB at the step's peak")
+        ax.set_title(title, fontsize=12)
+        return _finish(fig, ax)
     owners = sorted(by_module, key=lambda o: -sum(by_module[o].values()))
     rest = owners[top:]
     shown = {o: by_module[o] for o in owners[:top]}
@@ -146,11 +147,12 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
     """Peak memory against batch size, off and full checkpointing, padded and packed batches
     (other policies have their own figure); runs that ran out of memory drawn as crosses at the
     top of the axis."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
     fig, ax = _ax()
     mem = mem[mem["policy_label"].isin(["off", "full"])]
-    batchings = mem["batching"] if "batching" in mem.columns else None
     for batching, (style, suffix) in BATCHING_STYLE.items():
-        of_kind = mem if batchings is None else mem[batchings == batching]
+        of_kind = mem[mem["batching"] == batching]
         for ckpt in (False, True):
             sel = of_kind[(of_kind["checkpointing"] == ckpt) & of_kind[column].notna()]
             if sel.empty:
@@ -160,14 +162,8 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
                 sel["batch_size"], sel[column], style, color=COLORS[ckpt], label=label, lw=2, ms=7
             )
             for b, v in zip(sel["batch_size"], sel[column], strict=True):
-                ax.annotate(
-                    f"{v:,.0f}",
-                    (b, v),
-                    textcoords="offset points",
-                    xytext=(5, 5 if batching == "padded" else -14),
-                    fontsize=9,
-                    color=COLORS[ckpt],
-                )
+                dy = 5 if batching == "padded" else -14
+                _note(ax, f"{v:,.0f}", (b, v), (5, dy), fontsize=9, color=COLORS[ckpt])
     if oom is not None and not oom.empty:
         top = max(ax.get_ylim()[1], 1.0)
         for ckpt in (False, True):
@@ -179,23 +175,15 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size [events]")
     ax.set_ylabel(ylabel)
-    _set_batch_ticks(ax, mem, oom)
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92))
-    return _finish(fig, ax, tag)
-
-
-def _set_batch_ticks(ax, *frames) -> None:
-    from matplotlib.ticker import FixedLocator, NullLocator
-
-    values = sorted(
-        {int(b) for f in frames if f is not None and not f.empty for b in f["batch_size"]}
-    )
+    values = sorted({int(b) for f in (mem, oom) if f is not None for b in f["batch_size"]})
     if values:
         ax.xaxis.set_major_locator(FixedLocator(values))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticklabels([str(v) for v in values])
         ax.set_xlim(values[0] / 1.5, values[-1] * 1.5)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92))
+    return _finish(fig, ax, tag)
 
 
 def percent_vs_batch(comp, columns: list[tuple[str, str]], ylabel: str, tag: str = "") -> Any:
@@ -230,7 +218,6 @@ def parity_gradients(reports) -> Any:
     repeat vs baseline (points on the diagonal: checkpointing changes no more than a repeat)."""
     fig, ax = _ax((6.5, 6.0))
     lo, hi = np.inf, 0.0
-    drawn = False
     for _, r in reports:
         if r.kind != "parity" or r.status != "ok" or r.parity is None:
             continue
@@ -240,8 +227,7 @@ def parity_gradients(reports) -> Any:
         )
         ax.scatter(rep, c, s=14, alpha=0.7, label=f"{r.name} ({len(c)} gradients)")
         lo, hi = min(lo, rep.min(), c.min()), max(hi, rep.max(), c.max())
-        drawn = True
-    if drawn:
+    if np.isfinite(lo):  # some report drawn
         lo, hi = lo / 2, max(hi * 2, lo * 10)
         ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="equal")
         ax.set_xscale("log")
@@ -364,16 +350,8 @@ def memory_timeline(steps: dict[str, Any]) -> Any:
         for op, mark in mem.marks:
             if mark == "backward":
                 ax.axvline(op, color=color, ls=":", lw=1)
-                ax.annotate(
-                    "backward starts",
-                    (op, base),
-                    xytext=(3, 3),
-                    textcoords="offset points",
-                    color=color,
-                    fontsize=9,
-                    rotation=90,
-                    va="bottom",
-                )
+                style = dict(color=color, fontsize=9, rotation=90, va="bottom")
+                _note(ax, "backward starts", (op, base), (3, 3), **style)
     ax.set_xlabel("operator index within the step (forward, loss, backward)")
     ax.set_ylabel("live tensor memory [MiB]")
     ax.set_ylim(bottom=0)
@@ -397,8 +375,8 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
     ``packing`` (:func:`heptstudy.study.packing.packing_frame`): the packed batches' points,
     drawn as diamonds with an arrow from the padded point of the same plan."""
     fig, ax = _ax((8.5, 5.5))
-    packed = packing.sort_values("packed_step_s") if packing is not None else None
-    for i, (_, row) in enumerate(packed.iterrows() if packed is not None else ()):
+    packed = () if packing is None else packing.sort_values("packed_step_s").iterrows()
+    for i, (_, row) in enumerate(packed):
         if row["packed_step_s"] is None or row["packed_step_s"] != row["packed_step_s"]:
             continue
         pol, colour = row["policy"], POLICY_COLORS.get(row["policy"], "0.3")
@@ -410,16 +388,12 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
             arrowprops=dict(arrowstyle="->", color=colour, lw=1),
         )
         ax.plot(*here, "D", ms=9, color=colour, mfc="white", mew=2, zorder=2)
-        ax.annotate(
+        text = (
             f"{pol}, packed (batch {int(row['batch_size'])})\n"
-            f"x{row['allocated_ratio']:.2f} memory, x{row['step_ratio_median']:.2f} step time",
-            here,
-            textcoords="offset points",
-            # neighbours in step time often lie close: their labels alternate below and above
-            xytext=(7, -30) if i % 2 == 0 else (7, 10),
-            fontsize=9,
-            color=colour,
+            f"x{row['allocated_ratio']:.2f} memory, x{row['step_ratio_median']:.2f} step time"
         )
+        # neighbours in step time often lie close: their labels alternate below and above
+        _note(ax, text, here, (7, -30) if i % 2 == 0 else (7, 10), fontsize=9, color=colour)
     for b, group in policies.groupby("batch_size"):
         order = ["off", *auto_order(policies, b)]
         path = group.set_index("policy").reindex(order).dropna(subset=["mean_step_s"])
@@ -436,15 +410,8 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
             if pol != "off":
                 cut, over = row["allocated_cut_pct"], row["step_time_overhead_pct"]
                 text += f"\n{cut:.0f}% memory cut, {over:+.0f}% step time"
-            ax.annotate(
-                text,
-                here,
-                textcoords="offset points",
-                # neighbours in step time often lie close: their labels alternate above and below
-                xytext=(7, 4) if i % 2 == 0 else (7, -26),
-                fontsize=9,
-                color=POLICY_COLORS.get(pol, "0.3"),
-            )
+            offset = (7, 4) if i % 2 == 0 else (7, -26)  # alternate, as the packed labels
+            _note(ax, text, here, offset, fontsize=9, color=POLICY_COLORS.get(pol, "0.3"))
     ax.set_xlabel("mean step time [s]")
     ax.set_ylabel("peak allocated [MiB]")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
@@ -532,12 +499,12 @@ def overhead_spread_figure(over, tag: str = "") -> Any:
     rows = rows.sort_values(["batch_size", "allocator_line", "policy"], kind="stable")
     series = list(dict.fromkeys(zip(rows["allocator_line"], rows["policy"], strict=True)))
     batches = sorted(rows["batch_size"].unique())
-    width = 0.8 / max(len(series), 1)
     cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    for j, (line, policy) in enumerate(series):
+    groups = zip(series, _group(len(series)), strict=True)
+    for j, ((line, policy), (shift, width)) in enumerate(groups):
         part = rows[(rows["allocator_line"] == line) & (rows["policy"] == policy)]
         xs = np.array([batches.index(b) for b in part["batch_size"]], dtype=float)
-        xs += (j - (len(series) - 1) / 2) * width
+        xs += shift
         med = part["overhead_median_pct"].astype(float).to_numpy()
         lo = med - part["overhead_min_pct"].astype(float).to_numpy()
         hi = part["overhead_max_pct"].astype(float).to_numpy() - med
@@ -546,15 +513,7 @@ def overhead_spread_figure(over, tag: str = "") -> Any:
         err = np.vstack([lo, hi])
         ax.bar(xs, med, width, yerr=err, capsize=3, color=colour, hatch=hatch, label=label)
         for x, v, n in zip(xs, med, part["rounds"], strict=True):
-            ax.annotate(
-                f"{v:.0f}%\n({int(n)})",
-                (x, v),
-                ha="center",
-                va="bottom",
-                fontsize=8,
-                xytext=(0, 2),
-                textcoords="offset points",
-            )
+            _note(ax, f"{v:.0f}%\n({int(n)})", (x, v), (0, 2), ha="center", va="bottom", fontsize=8)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(np.arange(len(batches)))
     ax.set_xticklabels([str(int(b)) for b in batches])
