@@ -85,10 +85,6 @@ def host_usage_of(report) -> dict[str, float | None]:
     }
 
 
-def batching_of(report) -> str:
-    return (report.config.get("data") or {}).get("batching", "padded")
-
-
 def peak_batch(report, batching: str) -> dict[str, int | None]:
     """Real hits and slots of the counted step with the highest peak allocated."""
     counted = [st for st in report.steps if st.counted and st.peak_allocated_mib is not None]
@@ -110,7 +106,7 @@ def reports_frame(reports) -> Any:
     for path, r in reports:
         s = r.summary
         counted = [st for st in r.steps if st.counted]
-        batching = batching_of(r)
+        batching = (r.config.get("data") or {}).get("batching", "padded")
         line, _, round_ = locate(Path(*Path(path).parts[-3:]))
         plan = r.plan
         on = "auto" if plan is AUTO else plan is not OFF
@@ -312,26 +308,16 @@ def overhead_frame(df) -> Any:
                 continue
             apart = {k: setup_difference(off.loc[k], on.loc[k]) for k in paired}
             paired = [k for k in paired if not apart[k]]
+            row = dict(allocator_line=line, batch_size=int(b), policy=label, rounds=len(paired))
             if not paired:
-                rows.append(
-                    {
-                        "allocator_line": line,
-                        "batch_size": int(b),
-                        "policy": label,
-                        "rounds": 0,
-                        "flag": next(iter(apart.values())),
-                    }
-                )
+                rows.append({**row, "flag": next(iter(apart.values()))})
                 continue
             pcts = [pct_more(off.at[k, "mean_step_s"], on.at[k, "mean_step_s"]) for k in paired]
             off_sys = _max_pct(off.loc[paired, "sys_fraction"])
             on_sys = _max_pct(on.loc[paired, "sys_fraction"])
             rows.append(
                 {
-                    "allocator_line": line,
-                    "batch_size": int(b),
-                    "policy": label,
-                    "rounds": len(paired),
+                    **row,
                     "off_step_s": statistics.median(off.loc[paired, "mean_step_s"]),
                     "on_step_s": statistics.median(on.loc[paired, "mean_step_s"]),
                     "overhead_median_pct": statistics.median(pcts),

@@ -114,7 +114,8 @@ def check_writable(*folders: Path) -> None:
 
 
 class Superseded:
-    """``superseded/<time>/`` of a study folder, created on the first move."""
+    """``superseded/<time>/`` of a study folder, created on the first move; a file outside the
+    folder (figures/NAME of a reference study) goes to its ``figures/``."""
 
     def __init__(self, out: Path):
         self.out = out
@@ -124,7 +125,10 @@ class Superseded:
 
     def move_aside(self, path: Path) -> None:
         if path.exists():
-            target = self.folder / path.relative_to(self.out)
+            outside = not path.is_relative_to(self.out)
+            target = self.folder / (
+                Path("figures", path.name) if outside else path.relative_to(self.out)
+            )
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(path), str(target))
             self.moved.append(target)

@@ -165,22 +165,10 @@ def untrusted_lines(df) -> list[str]:
 def figure_tag(df) -> str:
     if df.empty:
         return ""
-    devices = ", ".join(
-        sorted(
-            {
-                f"{d} ({k}, {t})"
-                for d, k, t in df[["device", "device_kind", "dtype"]].itertuples(index=False)
-            }
-        )
-    )
-    synth = set(df["synthetic"])
-    data = (
-        "synthetic data"
-        if synth == {True}
-        else "real data"
-        if synth == {False}
-        else "synthetic and real data"
-    )
+    rows = df[["device", "device_kind", "dtype"]].itertuples(index=False)
+    devices = ", ".join(sorted({f"{d} ({k}, {t})" for d, k, t in rows}))
+    alone = {(True,): "synthetic data", (False,): "real data"}
+    data = alone.get(tuple(set(df["synthetic"])), "synthetic and real data")
     return f"{devices}; {data}; smoke measurement"
 
 
