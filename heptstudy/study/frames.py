@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,6 @@ def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
 def require_study(folder: Path) -> None:
     """Refuse a folder holding no report of a study (empty, or other JSON files), before
     anything is written there."""
-    import warnings
-
     with warnings.catch_warnings(record=True) as skipped:
         warnings.simplefilter("always")
         found = load_study(folder)
@@ -51,8 +50,6 @@ def require_study(folder: Path) -> None:
 
 
 def _read_reports(paths) -> list[tuple[Path, Any]]:
-    import warnings
-
     found = []
     for path in paths:
         try:
@@ -91,11 +88,8 @@ def peak_batch(report, batching: str) -> dict[str, int | None]:
     if not counted:
         return {"peak_batch_hits": None, "peak_batch_slots": None}
     st = max(counted, key=lambda s: s.peak_allocated_mib)
-    slots = (
-        sum(st.padded_hits)
-        if batching == "packed"
-        else len(st.padded_hits) * max(st.padded_hits, default=0)
-    )
+    pads = st.padded_hits
+    slots = sum(pads) if batching == "packed" else len(pads) * max(pads, default=0)
     return {"peak_batch_hits": sum(st.hits), "peak_batch_slots": slots}
 
 
@@ -274,10 +268,9 @@ def comparison_frame(df) -> Any:
         row = {"batch_size": int(b)}
         apart = setup_difference(off, full)
         for peak in ("allocated", "reserved"):
-            base, ckpt = off[f"peak_{peak}_mib"], full[f"peak_{peak}_mib"]
-            row[f"baseline_{peak}_mib"] = base
-            row[f"checkpointed_{peak}_mib"] = ckpt
-            row[f"{peak}_reduction_pct"] = None if apart else pct_less(base, ckpt)
+            row[f"baseline_{peak}_mib"] = off[f"peak_{peak}_mib"]
+            row[f"checkpointed_{peak}_mib"] = full[f"peak_{peak}_mib"]
+            row[f"{peak}_reduction_pct"] = _cut(off, full, peak, apart)
         times = {k: None if t is None else t[v] for k, v in _TIME_COLUMNS.items()}
         rows.append({**row, **times, "flag": _joined(apart, times["flag"] or "")})
     return pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
@@ -327,12 +320,7 @@ def overhead_frame(df) -> Any:
                     "on_sys_pct": on_sys,
                     "flag": _joined(
                         _system_flag(off_sys, on_sys),
-                        _untrusted_flag(
-                            [
-                                ("off", off.loc[paired].get("untrusted", ())),
-                                (label, on.loc[paired].get("untrusted", ())),
-                            ]
-                        ),
+                        _untrusted_flag({"off": off.loc[paired], label: on.loc[paired]}),
                         *(f"round {k} {why}" for k, why in apart.items() if why),
                     ),
                     "allocator": next(
@@ -365,9 +353,10 @@ def setup_difference(a, b) -> str:
 
 
 def _untrusted_flag(sides) -> str:
-    """The runs of a comparison whose step times say they cannot be trusted (side, reasons)."""
+    """The runs of a comparison (side -> its runs) whose step times cannot be trusted, and why."""
     said = []
-    for side, rows in sides:
+    for side, runs in sides.items():
+        rows = runs.get("untrusted", ())
         reasons = sorted({w.split(":")[0] for r in rows for w in str(r or "").split("; ") if w})
         if reasons:
             said.append(f"{side}: {', '.join(reasons)}")
@@ -396,12 +385,8 @@ def _system_flag(off_pct: float | None, on_pct: float | None) -> str:
         for side, pct in (("off", off_pct), ("on", on_pct))
         if pct is not None and pct > limit
     ]
-    if not sides:
-        return ""
-    return (
-        f"system time dominates ({', '.join(sides)} of the step): the kernel's page handling, "
-        "not recomputation"
-    )
+    why = "of the step): the kernel's page handling, not recomputation"
+    return f"system time dominates ({', '.join(sides)} {why}" if sides else ""
 
 
 def dominated_runs(df) -> Any:
@@ -410,6 +395,11 @@ def dominated_runs(df) -> Any:
         return df.iloc[0:0]
     frac = df["sys_fraction"]
     return df[frac.notna() & (frac > SYSTEM_TIME_DOMINATES)].reset_index(drop=True)
+
+
+def _cut(off, run, peak: str, apart: str) -> float | None:
+    """Percent less peak ``peak`` memory than ``off``; none for runs not compared."""
+    return None if apart else pct_less(off[f"peak_{peak}_mib"], run[f"peak_{peak}_mib"])
 
 
 def pct_less(base, new):
@@ -508,11 +498,8 @@ def policy_frame(df, min_policies: int = 2) -> Any:
         for label in sorted(runs.index, key=lambda x: (policy_rank(x), x)):
             r = runs.loc[label]
             t = timed.loc[label] if label in timed.index else None
-            step = (
-                t["on_step_s"]
-                if t is not None
-                else (timed["off_step_s"].iloc[0] if label == "off" and len(timed) else None)
-            )
+            off_step = timed["off_step_s"].iloc[0] if label == "off" and len(timed) else None
+            step = t["on_step_s"] if t is not None else off_step
             zero = 0.0 if label == "off" and step is not None else None
             apart = setup_difference(off, r)
             rows.append(
@@ -522,12 +509,8 @@ def policy_frame(df, min_policies: int = 2) -> Any:
                     "peak_allocated_mib": r["peak_allocated_mib"],
                     "peak_reserved_mib": r["peak_reserved_mib"],
                     "mean_step_s": step if step is not None else r["mean_step_s"],
-                    "allocated_cut_pct": None
-                    if apart
-                    else pct_less(off["peak_allocated_mib"], r["peak_allocated_mib"]),
-                    "reserved_cut_pct": None
-                    if apart
-                    else pct_less(off["peak_reserved_mib"], r["peak_reserved_mib"]),
+                    "allocated_cut_pct": _cut(off, r, "allocated", apart),
+                    "reserved_cut_pct": _cut(off, r, "reserved", apart),
                     "step_time_overhead_pct": t["overhead_median_pct"] if t is not None else zero,
                     "overhead_min_pct": t["overhead_min_pct"] if t is not None else zero,
                     "overhead_max_pct": t["overhead_max_pct"] if t is not None else zero,
