@@ -76,13 +76,10 @@ def run_steps(steps, title: str = "") -> Any:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     x = steps["step"].to_numpy()
     counted = steps["counted"].to_numpy(bool)
+    peaks = [("peak_allocated_mib", "peak allocated"), ("peak_reserved_mib", "peak reserved")]
     for ax, cols, ylabel in (
         (a1, [("time_s", "step time")], "step time [s]"),
-        (
-            a2,
-            [("peak_allocated_mib", "peak allocated"), ("peak_reserved_mib", "peak reserved")],
-            "memory [MiB]",
-        ),
+        (a2, peaks, "memory [MiB]"),
     ):
         for (col, label), (shift, width) in zip(cols, _group(len(cols)), strict=True):
             y = steps[col].astype(float).to_numpy()
@@ -256,16 +253,14 @@ def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = No
         ax.hist(values, bins=bins, histtype="stepfilled", alpha=0.35, color="#4c72b0", label=label)
         med = stats["total"]["quantiles"]["p50"]
         ax.axvline(med, color="k", ls="--", lw=1, label=f"median {med:,.0f}")
+        kind = "synthetic" if stats["synthetic"] else "real"
+        title = f"{stats['dataset']} configs {','.join(stats['configs'])} ({kind})"
+        ax.set_title(title, fontsize=12)
     if measured:
         label = f"events of the counted steps ({len(measured)}, repeats included)"
         ax.hist(measured, bins=bins, histtype="step", lw=2, color="#d62728", label=label)
     ax.set_xlabel("hits per event")
     ax.set_ylabel("events")
-    if stats:
-        kind = "synthetic" if stats["synthetic"] else "real"
-        ax.set_title(
-            f"{stats['dataset']} configs {','.join(stats['configs'])} ({kind})", fontsize=12
-        )
     ax.legend(loc="upper right", fontsize=9)
     return _finish(fig, ax)
 
