@@ -376,12 +376,8 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
             continue
         pol, colour = row["policy"], POLICY_COLORS.get(row["policy"], "0.3")
         here = (row["packed_step_s"], row["packed_allocated_mib"])
-        ax.annotate(
-            "",
-            here,
-            (row["padded_step_s"], row["padded_allocated_mib"]),
-            arrowprops=dict(arrowstyle="->", color=colour, lw=1),
-        )
+        padded = (row["padded_step_s"], row["padded_allocated_mib"])
+        ax.annotate("", here, padded, arrowprops=dict(arrowstyle="->", color=colour, lw=1))
         ax.plot(*here, "D", ms=9, color=colour, mfc="white", mew=2, zorder=2)
         text = (
             f"{pol}, packed (batch {int(row['batch_size'])})\n"

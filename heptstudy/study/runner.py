@@ -266,7 +266,7 @@ def run_one(
     t0 = time.perf_counter()
     message, failure = why, None
     # else the measurement applies its platform's allocator settings itself
-    plain = _no_allocator_settings() if ex.allocator == DEFAULT else contextlib.nullcontext()
+    plain = _no_allocator_settings() if ex.run.allocator == DEFAULT else contextlib.nullcontext()
     try:
         with plain:
             _papermill(notebook, nb_pending, parameters, timeout)
