@@ -99,11 +99,9 @@ def run_steps(steps, title: str = "") -> Any:
     return _finish(fig, ax)
 
 
-def memory_categories(
-    categories: dict[str, int], title: str = "", by_module=None, top: int = 14
-) -> Any:
+def memory_categories(categories: dict[str, int], title: str = "", by_module=None) -> Any:
     """Live MiB by category at the step's peak; with ``by_module`` (a report's
-    ``by_module_bytes``) stacked by the module that made them, the ``top`` largest owners."""
+    ``by_module_bytes``) stacked by the module that made them, the 14 largest owners."""
     if not by_module:
         fig, ax = _ax((7.5, 4.0))
         names = list(categories)
@@ -115,8 +113,8 @@ def memory_categories(
         ax.set_title(title, fontsize=12)
         return _finish(fig, ax)
     owners = sorted(by_module, key=lambda o: -sum(by_module[o].values()))
-    rest = owners[top:]
-    shown = {o: by_module[o] for o in owners[:top]}
+    rest = owners[14:]
+    shown = {o: by_module[o] for o in owners[:14]}
     if rest:
         shown[f"{len(rest)} more"] = sum((Counter(by_module[o]) for o in rest), Counter())
     names = list(shown)[::-1]
@@ -141,9 +139,8 @@ BATCHING_STYLE = {"padded": ("o-", ""), "packed": ("D--", ", packed")}
 
 
 def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> Any:
-    """Peak memory against batch size, off and full checkpointing, padded and packed batches
-    (other policies have their own figure); runs that ran out of memory drawn as crosses at the
-    top of the axis."""
+    """Peak memory against batch size, off and full checkpointing, padded and packed batches;
+    runs that ran out of memory drawn as crosses at the top of the axis."""
     from matplotlib.ticker import FixedLocator, NullLocator
 
     fig, ax = _ax()
@@ -291,15 +288,13 @@ def event_hits(batch, event: int = 0, synthetic: bool | None = None) -> Any:
     return _finish(fig, ax)
 
 
-def lsh_buckets(
-    model, batch, layer: int = 0, round_: int = 0, head: int = 0, event: int = 0, highlight: int = 6
-) -> Any:
-    """The LSH buckets of one layer, round and head on one event, a few drawn large (shape)."""
+def lsh_buckets(model, batch, layer: int = 0, round_: int = 0, head: int = 0) -> Any:
+    """The LSH buckets of one layer, round and head on the first event, six drawn large."""
     import torch
 
     fig, ax = _ax((8, 5.5))
     blk = model.backbone[layer]
-    span = layout_of(batch).spans[event]
+    span = layout_of(batch).spans[0]
     slots = slice(span.start, span.stop)
     X = batch["X"][span.row, slots][None]
     mask = batch["mask"][span.row, slots][None]
@@ -316,7 +311,7 @@ def lsh_buckets(
     ax.scatter(
         coords[:, 0], coords[:, 1], s=2, c=shuffle[bucket], cmap="tab20", alpha=0.5, rasterized=True
     )
-    picks = np.linspace(0, nb - 1, min(highlight, nb)).astype(int)
+    picks = np.linspace(0, nb - 1, min(6, nb)).astype(int)
     for k, b in enumerate(picks):
         sel = bucket == b
         xy = coords[sel, 0], coords[sel, 1]

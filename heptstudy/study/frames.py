@@ -33,8 +33,7 @@ def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
 
 
 def require_study(folder: Path) -> None:
-    """Refuse a folder holding no report of a study (empty, or other JSON files), before
-    anything is written there."""
+    """Refuse a folder without a study's reports, before anything is written there."""
     with warnings.catch_warnings(record=True) as skipped:
         warnings.simplefilter("always")
         found = load_study(folder)
@@ -179,8 +178,7 @@ def memory_frame(df) -> Any:
 
 
 def padded(df):
-    """The padded batches' runs: checkpointing is compared with ``off`` on the recipe's batches
-    (:mod:`heptstudy.study.packing` compares packed batches with them)."""
+    """The padded batches' runs: checkpointing is compared with ``off`` on the recipe's batches."""
     return df[df["batching"] == "padded"] if "batching" in df.columns else df
 
 

@@ -134,8 +134,7 @@ def system_time_lines(df) -> list[str]:
 
 
 def untrusted_lines(df) -> list[str]:
-    """Runs whose own report says their step times cannot be trusted
-    (:func:`heptstudy.measure.report_checks.untrusted`: a busy host, stalled steps)."""
+    """Runs whose report says their step times cannot be trusted (a busy host, stalled steps)."""
     if "untrusted" not in df:
         return []
     runs = []
