@@ -26,7 +26,6 @@ PENDING = ".pending"
 class StudyFolders:
     out: Path  # the reports, executed notebooks, report.html
     figures: Path
-    reference: str | None  # the name of the committed reference study written, if one is
 
 
 def shown(path: str | os.PathLike | None) -> str | None:
@@ -70,14 +69,12 @@ def study_folders(
                 f"--reference {reference} writes experiments/{reference} and figures/{reference}; "
                 "leave out --out and --figures"
             )
-        return StudyFolders(
-            ROOT / "experiments" / reference, ROOT / "figures" / reference, reference
-        )
+        return StudyFolders(ROOT / "experiments" / reference, ROOT / "figures" / reference)
     out_dir = real_path(out, "--out") if out is not None else default_study_dir()
     fig_dir = real_path(figures, "--figures") if figures is not None else out_dir / "figures"
     for flag, path in (("--out", out_dir), ("--figures", fig_dir)):
         refuse_committed(path, flag, _own_study(flag))
-    return StudyFolders(out_dir, fig_dir, None)
+    return StudyFolders(out_dir, fig_dir)
 
 
 def _own_study(flag: str) -> str:

@@ -21,6 +21,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 from heptstudy.atomic import atomic_path, atomic_write_text, remove_leftovers
 from heptstudy.data.batching import dataset_for
 from heptstudy.errors import HeptstudyError, Interrupted
+from heptstudy.fingerprint import digest
 from heptstudy.locks import holding_all
 from heptstudy.measure import report as rp
 from heptstudy.measure.bench import check_enough_events, report_header
@@ -38,7 +39,7 @@ from heptstudy.study.outputs import (
     shown,
     study_folders,
 )
-from heptstudy.study.resume import fingerprint, resumable, run_identity, stamp
+from heptstudy.study.resume import resumable, run_identity, stamp
 from heptstudy.study.schedule import DEFAULT, Execution, report_files, schedule
 
 #: The kernels this process started, for Ctrl-C to stop (they run in sessions of their own,
@@ -213,7 +214,7 @@ def prepare(matrix: Matrix) -> list[Prepared]:
         except HeptstudyError as err:
             problems[ex.name] = f"{ex.name}: {err}"
             continue
-        prepared.append(Prepared(ex, m, fingerprint(identity), identity))
+        prepared.append(Prepared(ex, m, digest(identity)[:20], identity))
     if problems:
         raise StudyError(
             f"study matrix {shown(matrix.path)}: {len(problems)} run(s) cannot be measured, so "
