@@ -431,10 +431,8 @@ def memory_categories_stacked(categories, tag: str = "") -> Any:
         (cat.replace("_", " "), color, categories[cat].astype(float).to_numpy())
         for cat, color in CATEGORY_COLORS.items()
     ]
-    ticks = [
-        f"b{int(b)}\n{p}"
-        for b, p in zip(categories["batch_size"], categories["policy"], strict=True)
-    ]
+    runs = zip(categories["batch_size"], categories["policy"], strict=True)
+    ticks = [f"b{int(b)}\n{p}" for b, p in runs]
     ax.set_xlabel("batch size and checkpointing policy")
     totals = [f"{top:,.0f}" for top in sum(vals for _, _, vals in layers)]
     return _stacked(fig, ax, np.array(x), layers, totals, ticks, "live MiB at the step's peak", tag)
@@ -489,8 +487,7 @@ def overhead_spread_figure(over, tag: str = "") -> Any:
     groups = zip(series, _group(len(series)), strict=True)
     for j, ((line, policy), (shift, width)) in enumerate(groups):
         part = rows[(rows["allocator_line"] == line) & (rows["policy"] == policy)]
-        xs = np.array([batches.index(b) for b in part["batch_size"]], dtype=float)
-        xs += shift
+        xs = np.array([batches.index(b) for b in part["batch_size"]], dtype=float) + shift
         med = part["overhead_median_pct"].astype(float).to_numpy()
         lo = med - part["overhead_min_pct"].astype(float).to_numpy()
         hi = part["overhead_max_pct"].astype(float).to_numpy() - med

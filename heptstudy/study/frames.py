@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -471,16 +472,12 @@ def hits_stats_for(df) -> dict[str, Any] | None:
     if mem.empty:
         return None
     name, configs = mem.iloc[0]["dataset"], ["1"]
-    try:
+    with contextlib.suppress(Exception):
         configs = list(load_config(overrides=[]).data.configs)
-    except Exception:  # noqa: BLE001
-        pass
     for _, r in mem.iterrows():
         if r.get("data_dir"):
-            try:
+            with contextlib.suppress(Exception):  # data moved or deleted since the run
                 return hits_stats(r["data_dir"], name, configs, "train")
-            except Exception:  # noqa: BLE001 - data moved or deleted since the run
-                continue
     return None
 
 
@@ -539,16 +536,11 @@ def categories_frame(reports) -> Any:
                 **{c: worst.at_peak_bytes.get(c, 0) / MIB for c in CATEGORIES},
             }
         )
-    columns = ["name", "batch_size", "policy", "device_kind", "peak_mib", *CATEGORIES]
-    frame = pd.DataFrame(rows, columns=columns)
-    if frame.empty:
-        return frame
-    return (
-        frame.assign(_o=frame["policy"].map(policy_rank))
-        .sort_values(["device_kind", "batch_size", "_o", "policy"])
-        .drop(columns="_o")
-        .reset_index(drop=True)
+    rows.sort(
+        key=lambda r: (r["device_kind"], r["batch_size"], policy_rank(r["policy"]), r["policy"])
     )
+    columns = ["name", "batch_size", "policy", "device_kind", "peak_mib", *CATEGORIES]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def auto_order(policies, batch_size: int) -> list[str]:
