@@ -256,12 +256,10 @@ def run_one(
     elif final.exists():
         why = "--force: measuring again"
     pending, nb_pending = out / PENDING / ex.report, out / PENDING / ex.notebook
-    for stale in (pending, nb_pending):  # left by an interrupted study: kept, not reused
-        superseded.move_aside(stale)
-    remove_leftovers(pending)  # half-written by a killed kernel: nothing to keep
-    remove_leftovers(nb_pending, ".ipynb")
-    nb_pending.parent.mkdir(parents=True, exist_ok=True)
-    pending.parent.mkdir(parents=True, exist_ok=True)
+    for stale, suffix in ((pending, ".tmp"), (nb_pending, ".ipynb")):
+        superseded.move_aside(stale)  # left by an interrupted study: kept, not reused
+        remove_leftovers(stale, suffix)  # half-written by a killed kernel: nothing to keep
+        stale.parent.mkdir(parents=True, exist_ok=True)
     parameters = {**ex.parameters, "output": shown(pending)}
     notebook = NOTEBOOKS[ex.run.notebook]
     t0 = time.perf_counter()

@@ -15,8 +15,6 @@ _COUNTS = (
     "max padded hits/event",
     "minor page faults/step",
     "events",
-    "max hits",
-    "max padded hits",
     "step",
 )
 
