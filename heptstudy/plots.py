@@ -188,13 +188,8 @@ def percent_vs_batch(comp, columns: list[tuple[str, str]], ylabel: str, tag: str
         bars = ax.bar(x + shift, np.nan_to_num(y), width, label=label)
         for b, v in zip(bars, y, strict=True):
             if np.isfinite(v):
-                ax.annotate(
-                    f"{v:.0f}%",
-                    (b.get_x() + b.get_width() / 2, v),
-                    ha="center",
-                    va="bottom" if v >= 0 else "top",
-                    fontsize=10,
-                )
+                xy, va = (b.get_x() + b.get_width() / 2, v), "bottom" if v >= 0 else "top"
+                ax.annotate(f"{v:.0f}%", xy, ha="center", va=va, fontsize=10)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(x)
     ax.set_xticklabels([str(int(b)) for b in comp["batch_size"]])
@@ -271,19 +266,15 @@ def event_hits(batch, event: int = 0, synthetic: bool | None = None) -> Any:
     owner = batch["ytarget"][span.row, hits, 13].cpu().numpy().astype(int)  # 0: no particle
     none = owner == 0
     ax.scatter(coords[none, 0], coords[none, 1], s=2, c="0.8", label="no particle", rasterized=True)
-    rng = np.random.default_rng(0)
     ids = np.unique(owner[~none])
-    perm = rng.permutation(len(ids))
+    perm = np.random.default_rng(0).permutation(len(ids))
     colour = dict(zip(ids, perm, strict=True))
     c = np.array([colour[o] for o in owner[~none]])
     ax.scatter(coords[~none, 0], coords[~none, 1], s=3, c=c, cmap="tab20", rasterized=True)
     ax.set_xlabel(r"$\eta$")
     ax.set_ylabel(r"$\phi$")
-    ax.set_title(
-        f"event {int(batch['event_index'][event])}: {n:,} hits, {len(ids)} particles "
-        f"({data_label(synthetic)})",
-        fontsize=12,
-    )
+    title = f"event {int(batch['event_index'][event])}: {n:,} hits, {len(ids)} particles"
+    ax.set_title(f"{title} ({data_label(synthetic)})", fontsize=12)
     ax.legend(loc="upper right", markerscale=4, fontsize=9)
     return _finish(fig, ax)
 
@@ -298,10 +289,9 @@ def lsh_buckets(model, batch, layer: int = 0, round_: int = 0, head: int = 0) ->
     slots = slice(span.start, span.stop)
     X = batch["X"][span.row, slots][None]
     mask = batch["mask"][span.row, slots][None]
+    layout = EventLayout.padded([span.hits], span.slots)
     with torch.no_grad():
-        order = blk.bucket_order(
-            hit_coordinates(X), mask, EventLayout.padded([span.hits], span.slots)
-        )
+        order = blk.bucket_order(hit_coordinates(X), mask, layout)
     n = span.hits
     rank = order.rank[0, round_, head, :n].cpu().numpy()
     bucket = rank // blk.block_size
@@ -318,10 +308,8 @@ def lsh_buckets(model, batch, layer: int = 0, round_: int = 0, head: int = 0) ->
         ax.scatter(*xy, s=18, color=f"C{k % 10}", edgecolor="k", lw=0.3, label=f"bucket {b}")
     ax.set_xlabel(r"$\eta$")
     ax.set_ylabel(r"$\phi$")
-    ax.set_title(
-        f"layer {layer}, hash round {round_}, head {head}: {nb} buckets of {blk.block_size} hits",
-        fontsize=12,
-    )
+    buckets = f"{nb} buckets of {blk.block_size} hits"
+    ax.set_title(f"layer {layer}, hash round {round_}, head {head}: {buckets}", fontsize=12)
     ax.legend(loc="upper right", fontsize=8, ncol=2, markerscale=1)
     return _finish(fig, ax)
 
