@@ -237,12 +237,7 @@ def _no_allocator_settings():
 
 
 def run_one(
-    prep: Prepared,
-    out: Path,
-    superseded: Superseded,
-    *,
-    force: bool = False,
-    timeout: int | None = None,
+    prep: Prepared, out: Path, superseded: Superseded, force: bool, timeout: int | None
 ) -> RunResult:
     """One execution, written under ``out/.pending`` first and put in place once it exists."""
     ex = prep.execution
@@ -328,7 +323,7 @@ def run_study(
         for prep in bar:
             bar.set_postfix_str(prep.execution.label)
             try:
-                result = run_one(prep, out, superseded, force=force, timeout=matrix.cell_timeout_s)
+                result = run_one(prep, out, superseded, force, matrix.cell_timeout_s)
             except KeyboardInterrupt:
                 bar.close()
                 _remove_empty(out / PENDING)
@@ -351,9 +346,7 @@ def run_study(
         _remove_empty(out / PENDING)
         if aggregate:
             try:
-                done.report_html = aggregate_study(
-                    out, folders.figures, matrix=matrix, timeout=matrix.cell_timeout_s
-                )
+                done.report_html = aggregate_study(out, folders.figures, matrix=matrix)
             except KeyboardInterrupt:
                 raise Interrupted(
                     f"all {len(prepared)} runs are finished and kept in {shown(out)}/; the "
@@ -386,11 +379,7 @@ def _remove_empty(folder: Path) -> None:
 
 
 def aggregate_study(
-    out_dir: str | os.PathLike,
-    figures_dir: str | os.PathLike,
-    *,
-    matrix: Matrix | None = None,
-    timeout: int | None = None,
+    out_dir: str | os.PathLike, figures_dir: str | os.PathLike, *, matrix: Matrix | None = None
 ) -> Path:
     out, figures = real_path(out_dir, "--out"), real_path(figures_dir, "--figures")
     executed = out / "aggregate.ipynb"
@@ -404,7 +393,7 @@ def aggregate_study(
     }
     before = _aggregate_outputs(out, figures)
     remove_leftovers(executed, ".ipynb")  # of an aggregate that was killed
-    _papermill("aggregate.ipynb", executed, parameters, timeout)
+    _papermill("aggregate.ipynb", executed, parameters, matrix.cell_timeout_s if matrix else None)
     html = render_html(executed, out / "report.html")
     _move_aside_unwritten(out, before)
     return html
