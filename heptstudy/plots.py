@@ -59,6 +59,11 @@ def _finish(fig, ax, tag: str = "") -> Any:
     return fig
 
 
+def _note(ax, text: str, xy, offset, **style) -> None:
+    """``text`` at ``offset`` points from ``xy``."""
+    ax.annotate(text, xy, textcoords="offset points", xytext=offset, **style)
+
+
 def _group(n: int) -> list[tuple[float, float]]:
     """(offset, width) of each of ``n`` bars side by side around a tick."""
     width = 0.8 / max(n, 1)
@@ -71,13 +76,10 @@ def run_steps(steps, title: str = "") -> Any:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     x = steps["step"].to_numpy()
     counted = steps["counted"].to_numpy(bool)
+    peaks = [("peak_allocated_mib", "peak allocated"), ("peak_reserved_mib", "peak reserved")]
     for ax, cols, ylabel in (
         (a1, [("time_s", "step time")], "step time [s]"),
-        (
-            a2,
-            [("peak_allocated_mib", "peak allocated"), ("peak_reserved_mib", "peak reserved")],
-            "memory [MiB]",
-        ),
+        (a2, peaks, "memory [MiB]"),
     ):
         for (col, label), (shift, width) in zip(cols, _group(len(cols)), strict=True):
             y = steps[col].astype(float).to_numpy()
@@ -97,28 +99,22 @@ def run_steps(steps, title: str = "") -> Any:
     return _finish(fig, ax)
 
 
-def memory_categories(
-    categories: dict[str, int], title: str = "", by_module=None, top: int = 14
-) -> Any:
+def memory_categories(categories: dict[str, int], title: str = "", by_module=None) -> Any:
     """Live MiB by category at the step's peak; with ``by_module`` (a report's
-    ``by_module_bytes``) stacked by the module that made them, the ``top`` largest owners."""
-    if by_module:
-        return _memory_by_module(by_module, title, top)
-    fig, ax = _ax((7.5, 4.0))
-    names = list(categories)
-    vals = np.array([categories[n] for n in names], float) / MIB
-    ax.barh(names, vals, color="#4c72b0")
-    for i, v in enumerate(vals):
-        ax.text(v, i, f" {v:,.1f}", va="center", fontsize=10)
-    ax.set_xlabel("live MiB at the step's peak")
-    ax.set_title(title, fontsize=12)
-    return _finish(fig, ax)
-
-
-def _memory_by_module(by_module: dict[str, dict[str, int]], title: str, top: int) -> Any:
+    ``by_module_bytes``) stacked by the module that made them, the 14 largest owners."""
+    if not by_module:
+        fig, ax = _ax((7.5, 4.0))
+        names = list(categories)
+        vals = np.array([categories[n] for n in names], float) / MIB
+        ax.barh(names, vals, color="#4c72b0")
+        for i, v in enumerate(vals):
+            ax.text(v, i, f" {v:,.1f}", va="center", fontsize=10)
+        ax.set_xlabel("live MiB at the step's peak")
+        ax.set_title(title, fontsize=12)
+        return _finish(fig, ax)
     owners = sorted(by_module, key=lambda o: -sum(by_module[o].values()))
-    rest = owners[top:]
-    shown = {o: by_module[o] for o in owners[:top]}
+    rest = owners[14:]
+    shown = {o: by_module[o] for o in owners[:14]}
     if rest:
         shown[f"{len(rest)} more"] = sum((Counter(by_module[o]) for o in rest), Counter())
     names = list(shown)[::-1]
@@ -143,14 +139,14 @@ BATCHING_STYLE = {"padded": ("o-", ""), "packed": ("D--", ", packed")}
 
 
 def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> Any:
-    """Peak memory against batch size, off and full checkpointing, padded and packed batches
-    (other policies have their own figure); runs that ran out of memory drawn as crosses at the
-    top of the axis."""
+    """Peak memory against batch size, off and full checkpointing, padded and packed batches;
+    runs that ran out of memory drawn as crosses at the top of the axis."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
     fig, ax = _ax()
     mem = mem[mem["policy_label"].isin(["off", "full"])]
-    batchings = mem["batching"] if "batching" in mem.columns else None
     for batching, (style, suffix) in BATCHING_STYLE.items():
-        of_kind = mem if batchings is None else mem[batchings == batching]
+        of_kind = mem[mem["batching"] == batching]
         for ckpt in (False, True):
             sel = of_kind[(of_kind["checkpointing"] == ckpt) & of_kind[column].notna()]
             if sel.empty:
@@ -160,14 +156,8 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
                 sel["batch_size"], sel[column], style, color=COLORS[ckpt], label=label, lw=2, ms=7
             )
             for b, v in zip(sel["batch_size"], sel[column], strict=True):
-                ax.annotate(
-                    f"{v:,.0f}",
-                    (b, v),
-                    textcoords="offset points",
-                    xytext=(5, 5 if batching == "padded" else -14),
-                    fontsize=9,
-                    color=COLORS[ckpt],
-                )
+                dy = 5 if batching == "padded" else -14
+                _note(ax, f"{v:,.0f}", (b, v), (5, dy), fontsize=9, color=COLORS[ckpt])
     if oom is not None and not oom.empty:
         top = max(ax.get_ylim()[1], 1.0)
         for ckpt in (False, True):
@@ -179,23 +169,15 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size [events]")
     ax.set_ylabel(ylabel)
-    _set_batch_ticks(ax, mem, oom)
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92))
-    return _finish(fig, ax, tag)
-
-
-def _set_batch_ticks(ax, *frames) -> None:
-    from matplotlib.ticker import FixedLocator, NullLocator
-
-    values = sorted(
-        {int(b) for f in frames if f is not None and not f.empty for b in f["batch_size"]}
-    )
+    values = sorted({int(b) for f in (mem, oom) if f is not None for b in f["batch_size"]})
     if values:
         ax.xaxis.set_major_locator(FixedLocator(values))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticklabels([str(v) for v in values])
         ax.set_xlim(values[0] / 1.5, values[-1] * 1.5)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92))
+    return _finish(fig, ax, tag)
 
 
 def percent_vs_batch(comp, columns: list[tuple[str, str]], ylabel: str, tag: str = "") -> Any:
@@ -206,13 +188,8 @@ def percent_vs_batch(comp, columns: list[tuple[str, str]], ylabel: str, tag: str
         bars = ax.bar(x + shift, np.nan_to_num(y), width, label=label)
         for b, v in zip(bars, y, strict=True):
             if np.isfinite(v):
-                ax.annotate(
-                    f"{v:.0f}%",
-                    (b.get_x() + b.get_width() / 2, v),
-                    ha="center",
-                    va="bottom" if v >= 0 else "top",
-                    fontsize=10,
-                )
+                xy, va = (b.get_x() + b.get_width() / 2, v), "bottom" if v >= 0 else "top"
+                ax.annotate(f"{v:.0f}%", xy, ha="center", va=va, fontsize=10)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(x)
     ax.set_xticklabels([str(int(b)) for b in comp["batch_size"]])
@@ -230,7 +207,6 @@ def parity_gradients(reports) -> Any:
     repeat vs baseline (points on the diagonal: checkpointing changes no more than a repeat)."""
     fig, ax = _ax((6.5, 6.0))
     lo, hi = np.inf, 0.0
-    drawn = False
     for _, r in reports:
         if r.kind != "parity" or r.status != "ok" or r.parity is None:
             continue
@@ -240,8 +216,7 @@ def parity_gradients(reports) -> Any:
         )
         ax.scatter(rep, c, s=14, alpha=0.7, label=f"{r.name} ({len(c)} gradients)")
         lo, hi = min(lo, rep.min(), c.min()), max(hi, rep.max(), c.max())
-        drawn = True
-    if drawn:
+    if np.isfinite(lo):  # some report drawn
         lo, hi = lo / 2, max(hi * 2, lo * 10)
         ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="equal")
         ax.set_xscale("log")
@@ -270,16 +245,14 @@ def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = No
         ax.hist(values, bins=bins, histtype="stepfilled", alpha=0.35, color="#4c72b0", label=label)
         med = stats["total"]["quantiles"]["p50"]
         ax.axvline(med, color="k", ls="--", lw=1, label=f"median {med:,.0f}")
+        kind = "synthetic" if stats["synthetic"] else "real"
+        title = f"{stats['dataset']} configs {','.join(stats['configs'])} ({kind})"
+        ax.set_title(title, fontsize=12)
     if measured:
         label = f"events of the counted steps ({len(measured)}, repeats included)"
         ax.hist(measured, bins=bins, histtype="step", lw=2, color="#d62728", label=label)
     ax.set_xlabel("hits per event")
     ax.set_ylabel("events")
-    if stats:
-        kind = "synthetic" if stats["synthetic"] else "real"
-        ax.set_title(
-            f"{stats['dataset']} configs {','.join(stats['configs'])} ({kind})", fontsize=12
-        )
     ax.legend(loc="upper right", fontsize=9)
     return _finish(fig, ax)
 
@@ -293,39 +266,32 @@ def event_hits(batch, event: int = 0, synthetic: bool | None = None) -> Any:
     owner = batch["ytarget"][span.row, hits, 13].cpu().numpy().astype(int)  # 0: no particle
     none = owner == 0
     ax.scatter(coords[none, 0], coords[none, 1], s=2, c="0.8", label="no particle", rasterized=True)
-    rng = np.random.default_rng(0)
     ids = np.unique(owner[~none])
-    perm = rng.permutation(len(ids))
+    perm = np.random.default_rng(0).permutation(len(ids))
     colour = dict(zip(ids, perm, strict=True))
     c = np.array([colour[o] for o in owner[~none]])
     ax.scatter(coords[~none, 0], coords[~none, 1], s=3, c=c, cmap="tab20", rasterized=True)
     ax.set_xlabel(r"$\eta$")
     ax.set_ylabel(r"$\phi$")
-    ax.set_title(
-        f"event {int(batch['event_index'][event])}: {n:,} hits, {len(ids)} particles "
-        f"({data_label(synthetic)})",
-        fontsize=12,
-    )
+    title = f"event {int(batch['event_index'][event])}: {n:,} hits, {len(ids)} particles"
+    ax.set_title(f"{title} ({data_label(synthetic)})", fontsize=12)
     ax.legend(loc="upper right", markerscale=4, fontsize=9)
     return _finish(fig, ax)
 
 
-def lsh_buckets(
-    model, batch, layer: int = 0, round_: int = 0, head: int = 0, event: int = 0, highlight: int = 6
-) -> Any:
-    """The LSH buckets of one layer, round and head on one event, a few drawn large (shape)."""
+def lsh_buckets(model, batch, layer: int = 0, round_: int = 0, head: int = 0) -> Any:
+    """The LSH buckets of one layer, round and head on the first event, six drawn large."""
     import torch
 
     fig, ax = _ax((8, 5.5))
     blk = model.backbone[layer]
-    span = layout_of(batch).spans[event]
+    span = layout_of(batch).spans[0]
     slots = slice(span.start, span.stop)
     X = batch["X"][span.row, slots][None]
     mask = batch["mask"][span.row, slots][None]
+    layout = EventLayout.padded([span.hits], span.slots)
     with torch.no_grad():
-        order = blk.bucket_order(
-            hit_coordinates(X), mask, EventLayout.padded([span.hits], span.slots)
-        )
+        order = blk.bucket_order(hit_coordinates(X), mask, layout)
     n = span.hits
     rank = order.rank[0, round_, head, :n].cpu().numpy()
     bucket = rank // blk.block_size
@@ -335,17 +301,15 @@ def lsh_buckets(
     ax.scatter(
         coords[:, 0], coords[:, 1], s=2, c=shuffle[bucket], cmap="tab20", alpha=0.5, rasterized=True
     )
-    picks = np.linspace(0, nb - 1, min(highlight, nb)).astype(int)
+    picks = np.linspace(0, nb - 1, min(6, nb)).astype(int)
     for k, b in enumerate(picks):
         sel = bucket == b
         xy = coords[sel, 0], coords[sel, 1]
         ax.scatter(*xy, s=18, color=f"C{k % 10}", edgecolor="k", lw=0.3, label=f"bucket {b}")
     ax.set_xlabel(r"$\eta$")
     ax.set_ylabel(r"$\phi$")
-    ax.set_title(
-        f"layer {layer}, hash round {round_}, head {head}: {nb} buckets of {blk.block_size} hits",
-        fontsize=12,
-    )
+    buckets = f"{nb} buckets of {blk.block_size} hits"
+    ax.set_title(f"layer {layer}, hash round {round_}, head {head}: {buckets}", fontsize=12)
     ax.legend(loc="upper right", fontsize=8, ncol=2, markerscale=1)
     return _finish(fig, ax)
 
@@ -364,16 +328,8 @@ def memory_timeline(steps: dict[str, Any]) -> Any:
         for op, mark in mem.marks:
             if mark == "backward":
                 ax.axvline(op, color=color, ls=":", lw=1)
-                ax.annotate(
-                    "backward starts",
-                    (op, base),
-                    xytext=(3, 3),
-                    textcoords="offset points",
-                    color=color,
-                    fontsize=9,
-                    rotation=90,
-                    va="bottom",
-                )
+                style = dict(color=color, fontsize=9, rotation=90, va="bottom")
+                _note(ax, "backward starts", (op, base), (3, 3), **style)
     ax.set_xlabel("operator index within the step (forward, loss, backward)")
     ax.set_ylabel("live tensor memory [MiB]")
     ax.set_ylim(bottom=0)
@@ -397,29 +353,21 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
     ``packing`` (:func:`heptstudy.study.packing.packing_frame`): the packed batches' points,
     drawn as diamonds with an arrow from the padded point of the same plan."""
     fig, ax = _ax((8.5, 5.5))
-    packed = packing.sort_values("packed_step_s") if packing is not None else None
-    for i, (_, row) in enumerate(packed.iterrows() if packed is not None else ()):
+    packed = () if packing is None else packing.sort_values("packed_step_s").iterrows()
+    for i, (_, row) in enumerate(packed):
         if row["packed_step_s"] is None or row["packed_step_s"] != row["packed_step_s"]:
             continue
         pol, colour = row["policy"], POLICY_COLORS.get(row["policy"], "0.3")
         here = (row["packed_step_s"], row["packed_allocated_mib"])
-        ax.annotate(
-            "",
-            here,
-            (row["padded_step_s"], row["padded_allocated_mib"]),
-            arrowprops=dict(arrowstyle="->", color=colour, lw=1),
-        )
+        padded = (row["padded_step_s"], row["padded_allocated_mib"])
+        ax.annotate("", here, padded, arrowprops=dict(arrowstyle="->", color=colour, lw=1))
         ax.plot(*here, "D", ms=9, color=colour, mfc="white", mew=2, zorder=2)
-        ax.annotate(
+        text = (
             f"{pol}, packed (batch {int(row['batch_size'])})\n"
-            f"x{row['allocated_ratio']:.2f} memory, x{row['step_ratio_median']:.2f} step time",
-            here,
-            textcoords="offset points",
-            # neighbours in step time often lie close: their labels alternate below and above
-            xytext=(7, -30) if i % 2 == 0 else (7, 10),
-            fontsize=9,
-            color=colour,
+            f"x{row['allocated_ratio']:.2f} memory, x{row['step_ratio_median']:.2f} step time"
         )
+        # neighbours in step time often lie close: their labels alternate below and above
+        _note(ax, text, here, (7, -30) if i % 2 == 0 else (7, 10), fontsize=9, color=colour)
     for b, group in policies.groupby("batch_size"):
         order = ["off", *auto_order(policies, b)]
         path = group.set_index("policy").reindex(order).dropna(subset=["mean_step_s"])
@@ -436,15 +384,8 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
             if pol != "off":
                 cut, over = row["allocated_cut_pct"], row["step_time_overhead_pct"]
                 text += f"\n{cut:.0f}% memory cut, {over:+.0f}% step time"
-            ax.annotate(
-                text,
-                here,
-                textcoords="offset points",
-                # neighbours in step time often lie close: their labels alternate above and below
-                xytext=(7, 4) if i % 2 == 0 else (7, -26),
-                fontsize=9,
-                color=POLICY_COLORS.get(pol, "0.3"),
-            )
+            offset = (7, 4) if i % 2 == 0 else (7, -26)  # alternate, as the packed labels
+            _note(ax, text, here, offset, fontsize=9, color=POLICY_COLORS.get(pol, "0.3"))
     ax.set_xlabel("mean step time [s]")
     ax.set_ylabel("peak allocated [MiB]")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
@@ -478,10 +419,8 @@ def memory_categories_stacked(categories, tag: str = "") -> Any:
         (cat.replace("_", " "), color, categories[cat].astype(float).to_numpy())
         for cat, color in CATEGORY_COLORS.items()
     ]
-    ticks = [
-        f"b{int(b)}\n{p}"
-        for b, p in zip(categories["batch_size"], categories["policy"], strict=True)
-    ]
+    runs = zip(categories["batch_size"], categories["policy"], strict=True)
+    ticks = [f"b{int(b)}\n{p}" for b, p in runs]
     ax.set_xlabel("batch size and checkpointing policy")
     totals = [f"{top:,.0f}" for top in sum(vals for _, _, vals in layers)]
     return _stacked(fig, ax, np.array(x), layers, totals, ticks, "live MiB at the step's peak", tag)
@@ -532,12 +471,11 @@ def overhead_spread_figure(over, tag: str = "") -> Any:
     rows = rows.sort_values(["batch_size", "allocator_line", "policy"], kind="stable")
     series = list(dict.fromkeys(zip(rows["allocator_line"], rows["policy"], strict=True)))
     batches = sorted(rows["batch_size"].unique())
-    width = 0.8 / max(len(series), 1)
     cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    for j, (line, policy) in enumerate(series):
+    groups = zip(series, _group(len(series)), strict=True)
+    for j, ((line, policy), (shift, width)) in enumerate(groups):
         part = rows[(rows["allocator_line"] == line) & (rows["policy"] == policy)]
-        xs = np.array([batches.index(b) for b in part["batch_size"]], dtype=float)
-        xs += (j - (len(series) - 1) / 2) * width
+        xs = np.array([batches.index(b) for b in part["batch_size"]], dtype=float) + shift
         med = part["overhead_median_pct"].astype(float).to_numpy()
         lo = med - part["overhead_min_pct"].astype(float).to_numpy()
         hi = part["overhead_max_pct"].astype(float).to_numpy() - med
@@ -546,15 +484,7 @@ def overhead_spread_figure(over, tag: str = "") -> Any:
         err = np.vstack([lo, hi])
         ax.bar(xs, med, width, yerr=err, capsize=3, color=colour, hatch=hatch, label=label)
         for x, v, n in zip(xs, med, part["rounds"], strict=True):
-            ax.annotate(
-                f"{v:.0f}%\n({int(n)})",
-                (x, v),
-                ha="center",
-                va="bottom",
-                fontsize=8,
-                xytext=(0, 2),
-                textcoords="offset points",
-            )
+            _note(ax, f"{v:.0f}%\n({int(n)})", (x, v), (0, 2), ha="center", va="bottom", fontsize=8)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(np.arange(len(batches)))
     ax.set_xticklabels([str(int(b)) for b in batches])

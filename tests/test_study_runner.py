@@ -253,7 +253,7 @@ def test_where_a_study_writes(tmp_path, monkeypatch):
 
     mine = study_folders(None, None, None)
     assert mine.out == default_study_dir() and mine.out.parent == ROOT / "experiments" / "local"
-    assert mine.figures == mine.out / "figures" and mine.reference is None
+    assert mine.figures == mine.out / "figures"
     with pytest.raises(CommittedFolder, match="committed reference folder.*--reference cpu_refer"):
         study_folders(ROOT / "experiments" / "cpu_reference", None, None)
     with pytest.raises(CommittedFolder, match="--figures figures/cpu_reference is a committed"):

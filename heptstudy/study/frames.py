@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +34,7 @@ def load_study(experiments_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
 
 
 def require_study(folder: Path) -> None:
-    """Refuse a folder holding no report of a study (empty, or other JSON files), before
-    anything is written there."""
-    import warnings
-
+    """Refuse a folder without a study's reports, before anything is written there."""
     with warnings.catch_warnings(record=True) as skipped:
         warnings.simplefilter("always")
         found = load_study(folder)
@@ -51,8 +50,6 @@ def require_study(folder: Path) -> None:
 
 
 def _read_reports(paths) -> list[tuple[Path, Any]]:
-    import warnings
-
     found = []
     for path in paths:
         try:
@@ -85,21 +82,14 @@ def host_usage_of(report) -> dict[str, float | None]:
     }
 
 
-def batching_of(report) -> str:
-    return (report.config.get("data") or {}).get("batching", "padded")
-
-
 def peak_batch(report, batching: str) -> dict[str, int | None]:
     """Real hits and slots of the counted step with the highest peak allocated."""
     counted = [st for st in report.steps if st.counted and st.peak_allocated_mib is not None]
     if not counted:
         return {"peak_batch_hits": None, "peak_batch_slots": None}
     st = max(counted, key=lambda s: s.peak_allocated_mib)
-    slots = (
-        sum(st.padded_hits)
-        if batching == "packed"
-        else len(st.padded_hits) * max(st.padded_hits, default=0)
-    )
+    pads = st.padded_hits
+    slots = sum(pads) if batching == "packed" else len(pads) * max(pads, default=0)
     return {"peak_batch_hits": sum(st.hits), "peak_batch_slots": slots}
 
 
@@ -110,7 +100,7 @@ def reports_frame(reports) -> Any:
     for path, r in reports:
         s = r.summary
         counted = [st for st in r.steps if st.counted]
-        batching = batching_of(r)
+        batching = (r.config.get("data") or {}).get("batching", "padded")
         line, _, round_ = locate(Path(*Path(path).parts[-3:]))
         plan = r.plan
         on = "auto" if plan is AUTO else plan is not OFF
@@ -189,8 +179,7 @@ def memory_frame(df) -> Any:
 
 
 def padded(df):
-    """The padded batches' runs: checkpointing is compared with ``off`` on the recipe's batches
-    (:mod:`heptstudy.study.packing` compares packed batches with them)."""
+    """The padded batches' runs: checkpointing is compared with ``off`` on the recipe's batches."""
     return df[df["batching"] == "padded"] if "batching" in df.columns else df
 
 
@@ -278,10 +267,9 @@ def comparison_frame(df) -> Any:
         row = {"batch_size": int(b)}
         apart = setup_difference(off, full)
         for peak in ("allocated", "reserved"):
-            base, ckpt = off[f"peak_{peak}_mib"], full[f"peak_{peak}_mib"]
-            row[f"baseline_{peak}_mib"] = base
-            row[f"checkpointed_{peak}_mib"] = ckpt
-            row[f"{peak}_reduction_pct"] = None if apart else pct_less(base, ckpt)
+            row[f"baseline_{peak}_mib"] = off[f"peak_{peak}_mib"]
+            row[f"checkpointed_{peak}_mib"] = full[f"peak_{peak}_mib"]
+            row[f"{peak}_reduction_pct"] = _cut(off, full, peak, apart)
         times = {k: None if t is None else t[v] for k, v in _TIME_COLUMNS.items()}
         rows.append({**row, **times, "flag": _joined(apart, times["flag"] or "")})
     return pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
@@ -312,26 +300,16 @@ def overhead_frame(df) -> Any:
                 continue
             apart = {k: setup_difference(off.loc[k], on.loc[k]) for k in paired}
             paired = [k for k in paired if not apart[k]]
+            row = dict(allocator_line=line, batch_size=int(b), policy=label, rounds=len(paired))
             if not paired:
-                rows.append(
-                    {
-                        "allocator_line": line,
-                        "batch_size": int(b),
-                        "policy": label,
-                        "rounds": 0,
-                        "flag": next(iter(apart.values())),
-                    }
-                )
+                rows.append({**row, "flag": next(iter(apart.values()))})
                 continue
             pcts = [pct_more(off.at[k, "mean_step_s"], on.at[k, "mean_step_s"]) for k in paired]
             off_sys = _max_pct(off.loc[paired, "sys_fraction"])
             on_sys = _max_pct(on.loc[paired, "sys_fraction"])
             rows.append(
                 {
-                    "allocator_line": line,
-                    "batch_size": int(b),
-                    "policy": label,
-                    "rounds": len(paired),
+                    **row,
                     "off_step_s": statistics.median(off.loc[paired, "mean_step_s"]),
                     "on_step_s": statistics.median(on.loc[paired, "mean_step_s"]),
                     "overhead_median_pct": statistics.median(pcts),
@@ -341,12 +319,7 @@ def overhead_frame(df) -> Any:
                     "on_sys_pct": on_sys,
                     "flag": _joined(
                         _system_flag(off_sys, on_sys),
-                        _untrusted_flag(
-                            [
-                                ("off", off.loc[paired].get("untrusted", ())),
-                                (label, on.loc[paired].get("untrusted", ())),
-                            ]
-                        ),
+                        _untrusted_flag({"off": off.loc[paired], label: on.loc[paired]}),
                         *(f"round {k} {why}" for k, why in apart.items() if why),
                     ),
                     "allocator": next(
@@ -379,9 +352,10 @@ def setup_difference(a, b) -> str:
 
 
 def _untrusted_flag(sides) -> str:
-    """The runs of a comparison whose step times say they cannot be trusted (side, reasons)."""
+    """The runs of a comparison (side -> its runs) whose step times cannot be trusted, and why."""
     said = []
-    for side, rows in sides:
+    for side, runs in sides.items():
+        rows = runs.get("untrusted", ())
         reasons = sorted({w.split(":")[0] for r in rows for w in str(r or "").split("; ") if w})
         if reasons:
             said.append(f"{side}: {', '.join(reasons)}")
@@ -410,12 +384,8 @@ def _system_flag(off_pct: float | None, on_pct: float | None) -> str:
         for side, pct in (("off", off_pct), ("on", on_pct))
         if pct is not None and pct > limit
     ]
-    if not sides:
-        return ""
-    return (
-        f"system time dominates ({', '.join(sides)} of the step): the kernel's page handling, "
-        "not recomputation"
-    )
+    why = "of the step): the kernel's page handling, not recomputation"
+    return f"system time dominates ({', '.join(sides)} {why}" if sides else ""
 
 
 def dominated_runs(df) -> Any:
@@ -424,6 +394,11 @@ def dominated_runs(df) -> Any:
         return df.iloc[0:0]
     frac = df["sys_fraction"]
     return df[frac.notna() & (frac > SYSTEM_TIME_DOMINATES)].reset_index(drop=True)
+
+
+def _cut(off, run, peak: str, apart: str) -> float | None:
+    """Percent less peak ``peak`` memory than ``off``; none for runs not compared."""
+    return None if apart else pct_less(off[f"peak_{peak}_mib"], run[f"peak_{peak}_mib"])
 
 
 def pct_less(base, new):
@@ -497,16 +472,12 @@ def hits_stats_for(df) -> dict[str, Any] | None:
     if mem.empty:
         return None
     name, configs = mem.iloc[0]["dataset"], ["1"]
-    try:
+    with contextlib.suppress(Exception):
         configs = list(load_config(overrides=[]).data.configs)
-    except Exception:  # noqa: BLE001
-        pass
     for _, r in mem.iterrows():
         if r.get("data_dir"):
-            try:
+            with contextlib.suppress(Exception):  # data moved or deleted since the run
                 return hits_stats(r["data_dir"], name, configs, "train")
-            except Exception:  # noqa: BLE001 - data moved or deleted since the run
-                continue
     return None
 
 
@@ -522,11 +493,8 @@ def policy_frame(df, min_policies: int = 2) -> Any:
         for label in sorted(runs.index, key=lambda x: (policy_rank(x), x)):
             r = runs.loc[label]
             t = timed.loc[label] if label in timed.index else None
-            step = (
-                t["on_step_s"]
-                if t is not None
-                else (timed["off_step_s"].iloc[0] if label == "off" and len(timed) else None)
-            )
+            off_step = timed["off_step_s"].iloc[0] if label == "off" and len(timed) else None
+            step = t["on_step_s"] if t is not None else off_step
             zero = 0.0 if label == "off" and step is not None else None
             apart = setup_difference(off, r)
             rows.append(
@@ -536,12 +504,8 @@ def policy_frame(df, min_policies: int = 2) -> Any:
                     "peak_allocated_mib": r["peak_allocated_mib"],
                     "peak_reserved_mib": r["peak_reserved_mib"],
                     "mean_step_s": step if step is not None else r["mean_step_s"],
-                    "allocated_cut_pct": None
-                    if apart
-                    else pct_less(off["peak_allocated_mib"], r["peak_allocated_mib"]),
-                    "reserved_cut_pct": None
-                    if apart
-                    else pct_less(off["peak_reserved_mib"], r["peak_reserved_mib"]),
+                    "allocated_cut_pct": _cut(off, r, "allocated", apart),
+                    "reserved_cut_pct": _cut(off, r, "reserved", apart),
                     "step_time_overhead_pct": t["overhead_median_pct"] if t is not None else zero,
                     "overhead_min_pct": t["overhead_min_pct"] if t is not None else zero,
                     "overhead_max_pct": t["overhead_max_pct"] if t is not None else zero,
@@ -572,16 +536,11 @@ def categories_frame(reports) -> Any:
                 **{c: worst.at_peak_bytes.get(c, 0) / MIB for c in CATEGORIES},
             }
         )
-    columns = ["name", "batch_size", "policy", "device_kind", "peak_mib", *CATEGORIES]
-    frame = pd.DataFrame(rows, columns=columns)
-    if frame.empty:
-        return frame
-    return (
-        frame.assign(_o=frame["policy"].map(policy_rank))
-        .sort_values(["device_kind", "batch_size", "_o", "policy"])
-        .drop(columns="_o")
-        .reset_index(drop=True)
+    rows.sort(
+        key=lambda r: (r["device_kind"], r["batch_size"], policy_rank(r["policy"]), r["policy"])
     )
+    columns = ["name", "batch_size", "policy", "device_kind", "peak_mib", *CATEGORIES]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def auto_order(policies, batch_size: int) -> list[str]:

@@ -26,7 +26,6 @@ PENDING = ".pending"
 class StudyFolders:
     out: Path  # the reports, executed notebooks, report.html
     figures: Path
-    reference: str | None  # the name of the committed reference study written, if one is
 
 
 def shown(path: str | os.PathLike | None) -> str | None:
@@ -70,14 +69,12 @@ def study_folders(
                 f"--reference {reference} writes experiments/{reference} and figures/{reference}; "
                 "leave out --out and --figures"
             )
-        return StudyFolders(
-            ROOT / "experiments" / reference, ROOT / "figures" / reference, reference
-        )
+        return StudyFolders(ROOT / "experiments" / reference, ROOT / "figures" / reference)
     out_dir = real_path(out, "--out") if out is not None else default_study_dir()
     fig_dir = real_path(figures, "--figures") if figures is not None else out_dir / "figures"
     for flag, path in (("--out", out_dir), ("--figures", fig_dir)):
         refuse_committed(path, flag, _own_study(flag))
-    return StudyFolders(out_dir, fig_dir, None)
+    return StudyFolders(out_dir, fig_dir)
 
 
 def _own_study(flag: str) -> str:
@@ -114,7 +111,8 @@ def check_writable(*folders: Path) -> None:
 
 
 class Superseded:
-    """``superseded/<time>/`` of a study folder, created on the first move."""
+    """``superseded/<time>/`` of a study folder, created on the first move; a file outside the
+    folder (figures/NAME of a reference study) goes to its ``figures/``."""
 
     def __init__(self, out: Path):
         self.out = out
@@ -124,7 +122,10 @@ class Superseded:
 
     def move_aside(self, path: Path) -> None:
         if path.exists():
-            target = self.folder / path.relative_to(self.out)
+            outside = not path.is_relative_to(self.out)
+            target = self.folder / (
+                Path("figures", path.name) if outside else path.relative_to(self.out)
+            )
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(path), str(target))
             self.moved.append(target)

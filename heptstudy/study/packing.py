@@ -54,6 +54,7 @@ def packing_frame(df) -> Any:
         }
         paired = sorted(set(steps.get("padded", {}).keys()) & set(steps.get("packed", {}).keys()))
         ratios = [steps["packed"][k] / steps["padded"][k] for k in paired]
+        median = {s: statistics.median(steps[s][k] for k in paired) for s in steps if paired}
         rows.append(
             {
                 "batch_size": int(b),
@@ -64,12 +65,8 @@ def packing_frame(df) -> Any:
                 "real_hit_share": _ratio(pad["peak_batch_hits"], pad["peak_batch_slots"]),
                 "padded_reserved_mib": pad["peak_reserved_mib"],
                 "packed_reserved_mib": pack["peak_reserved_mib"],
-                "padded_step_s": (
-                    statistics.median(steps["padded"][k] for k in paired) if paired else None
-                ),
-                "packed_step_s": (
-                    statistics.median(steps["packed"][k] for k in paired) if paired else None
-                ),
+                "padded_step_s": median.get("padded"),
+                "packed_step_s": median.get("packed"),
                 "step_ratio_median": statistics.median(ratios) if ratios else None,
                 "step_ratio_min": min(ratios, default=None),
                 "step_ratio_max": max(ratios, default=None),

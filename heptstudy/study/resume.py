@@ -19,10 +19,6 @@ from heptstudy.measure.report import ReportError, device_name, read_report, shor
 from heptstudy.paths import resolve_in_repo
 
 
-def fingerprint(identity: dict[str, Any]) -> str:
-    return digest(identity)[:20]
-
-
 @lru_cache(maxsize=4)
 def device_identity(kind: str) -> dict[str, Any]:
     """Host name, device kind and model. A GPU's name is read in a short child process, so that

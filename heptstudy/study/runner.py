@@ -21,6 +21,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 from heptstudy.atomic import atomic_path, atomic_write_text, remove_leftovers
 from heptstudy.data.batching import dataset_for
 from heptstudy.errors import HeptstudyError, Interrupted
+from heptstudy.fingerprint import digest
 from heptstudy.locks import holding_all
 from heptstudy.measure import report as rp
 from heptstudy.measure.bench import check_enough_events, report_header
@@ -28,7 +29,7 @@ from heptstudy.meters.allocator import AllocatorState, allocator_in_use, environ
 from heptstudy.names import inside
 from heptstudy.paths import ROOT, real_path
 from heptstudy.study.common import NOTEBOOKS, StudyError
-from heptstudy.study.matrix import Matrix, Run, load_matrix
+from heptstudy.study.matrix import Matrix, load_matrix
 from heptstudy.study.outputs import (
     PENDING,
     StudyFolders,
@@ -38,7 +39,7 @@ from heptstudy.study.outputs import (
     shown,
     study_folders,
 )
-from heptstudy.study.resume import fingerprint, resumable, run_identity, stamp
+from heptstudy.study.resume import resumable, run_identity, stamp
 from heptstudy.study.schedule import DEFAULT, Execution, report_files, schedule
 
 #: The kernels this process started, for Ctrl-C to stop (they run in sessions of their own,
@@ -126,22 +127,17 @@ class StudyRun:
     superseded: Path | None = None  # the folder replaced results were moved to, if any
 
 
-def _papermill(
-    input_nb: Path, output_nb: Path, parameters: dict, timeout: int | None, cwd: Path
-) -> None:
+def _papermill(notebook: str, output: Path, parameters: dict, timeout: int | None) -> None:
     options = dict(kernel_name="python3", progress_bar=False, execution_timeout=timeout)
-    execute_notebook(str(input_nb), str(output_nb), parameters=parameters, cwd=str(cwd), **options)
+    input_nb = ROOT / "notebooks" / notebook
+    execute_notebook(input_nb, output, parameters=parameters, cwd=str(ROOT), **options)
 
 
-def _failure_report(
-    run: Run, report_path: Path, err: BaseException, *, measurement=None
-) -> tuple[str, str]:
+def _failure_report(notebook: str, m, err: BaseException) -> tuple[str, str]:
     """Write a report saying why a run produced none: out of memory, a dead kernel, an error."""
     import torch
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    parameters = {**run.parameters, "output": str(report_path)}
-    m = measurement or run.request(progress=False, parameters=parameters).resolve()
     # a cell's exception arrives as its class name (papermill's ename), others as themselves
     ename = getattr(err, "ename", type(err).__name__)
     evalue = getattr(err, "evalue", str(err))
@@ -164,7 +160,7 @@ def _failure_report(
         synthetic = bool(dataset_for(m.config, "train").metadata.get("synthetic", False))
     # what the kernel's measurement would have applied (it did not get to say itself)
     allocator = AllocatorState(allocator_in_use().name, dict(m.allocator))
-    notes.append(f"recorded by heptstudy study run: {run.notebook}.ipynb did not write a report")
+    notes.append(f"recorded by heptstudy study run: {notebook} did not write a report")
     header = report_header(
         m, fresh_process=True, synthetic=synthetic, allocator=allocator, notes=notes
     )
@@ -178,7 +174,7 @@ def _failure_report(
             padded_hits=[],
             device_memory_bytes=total,
         )
-    rp.write_report(rp.BenchReport(**fields), report_path)
+    rp.write_report(rp.BenchReport(**fields), m.report_path)
     return status, text
 
 
@@ -218,7 +214,7 @@ def prepare(matrix: Matrix) -> list[Prepared]:
         except HeptstudyError as err:
             problems[ex.name] = f"{ex.name}: {err}"
             continue
-        prepared.append(Prepared(ex, m, fingerprint(identity), identity))
+        prepared.append(Prepared(ex, m, digest(identity)[:20], identity))
     if problems:
         raise StudyError(
             f"study matrix {shown(matrix.path)}: {len(problems)} run(s) cannot be measured, so "
@@ -228,16 +224,12 @@ def prepare(matrix: Matrix) -> list[Prepared]:
 
 
 @contextlib.contextmanager
-def _kernel_started_with(allocator: dict[str, str] | None):
-    """Kernels inherit this environment: exactly the given allocator variables (``None``: as is)."""
-    if allocator is None:
-        yield
-        return
-
+def _no_allocator_settings():
+    """Kernels started inside inherit no allocator variable (``allocator: default``)."""
     saved = dict(os.environ)
     try:
         os.environ.clear()
-        os.environ.update(environment_with(allocator, saved))
+        os.environ.update(environment_with({}, saved))
         yield
     finally:
         os.environ.clear()
@@ -245,12 +237,7 @@ def _kernel_started_with(allocator: dict[str, str] | None):
 
 
 def run_one(
-    prep: Prepared,
-    out: Path,
-    superseded: Superseded,
-    *,
-    force: bool = False,
-    timeout: int | None = None,
+    prep: Prepared, out: Path, superseded: Superseded, force: bool, timeout: int | None
 ) -> RunResult:
     """One execution, written under ``out/.pending`` first and put in place once it exists."""
     ex = prep.execution
@@ -264,20 +251,19 @@ def run_one(
     elif final.exists():
         why = "--force: measuring again"
     pending, nb_pending = out / PENDING / ex.report, out / PENDING / ex.notebook
-    for stale in (pending, nb_pending):  # left by an interrupted study: kept, not reused
-        superseded.move_aside(stale)
-    remove_leftovers(pending)  # half-written by a killed kernel: nothing to keep
-    remove_leftovers(nb_pending, ".ipynb")
-    nb_pending.parent.mkdir(parents=True, exist_ok=True)
-    pending.parent.mkdir(parents=True, exist_ok=True)
+    for stale, suffix in ((pending, ".tmp"), (nb_pending, ".ipynb")):
+        superseded.move_aside(stale)  # left by an interrupted study: kept, not reused
+        remove_leftovers(stale, suffix)  # half-written by a killed kernel: nothing to keep
+        stale.parent.mkdir(parents=True, exist_ok=True)
     parameters = {**ex.parameters, "output": shown(pending)}
-    notebook = ROOT / "notebooks" / NOTEBOOKS[ex.run.notebook]
+    notebook = NOTEBOOKS[ex.run.notebook]
     t0 = time.perf_counter()
     message, failure = why, None
+    # else the measurement applies its platform's allocator settings itself
+    plain = _no_allocator_settings() if ex.run.allocator == DEFAULT else contextlib.nullcontext()
     try:
-        # ``allocator: default``: no allocator variable; else the measurement applies its own
-        with _kernel_started_with({} if ex.allocator == DEFAULT else None):
-            _papermill(notebook, nb_pending, parameters, timeout, ROOT)
+        with plain:
+            _papermill(notebook, nb_pending, parameters, timeout)
     except Exception as err:  # noqa: BLE001 - an OOM or a dead kernel is a result, not a crash
         failure = err
         if pending.exists():  # the notebook wrote its report, then something later failed
@@ -286,7 +272,7 @@ def run_one(
         if failure is None:
             failure = RuntimeError("the notebook finished without writing a report")
         measurement = replace(prep.measurement, report_path=pending)
-        _, text = _failure_report(ex.run, pending, failure, measurement=measurement)
+        _, text = _failure_report(notebook, measurement, failure)
         message = text.splitlines()[0][:200]
     seconds = time.perf_counter() - t0
     note = stamp(pending, prep.fingerprint, prep.identity)
@@ -337,7 +323,7 @@ def run_study(
         for prep in bar:
             bar.set_postfix_str(prep.execution.label)
             try:
-                result = run_one(prep, out, superseded, force=force, timeout=matrix.cell_timeout_s)
+                result = run_one(prep, out, superseded, force, matrix.cell_timeout_s)
             except KeyboardInterrupt:
                 bar.close()
                 _remove_empty(out / PENDING)
@@ -360,9 +346,7 @@ def run_study(
         _remove_empty(out / PENDING)
         if aggregate:
             try:
-                done.report_html = aggregate_study(
-                    out, folders.figures, matrix=matrix, timeout=matrix.cell_timeout_s
-                )
+                done.report_html = aggregate_study(out, folders.figures, matrix=matrix)
             except KeyboardInterrupt:
                 raise Interrupted(
                     f"all {len(prepared)} runs are finished and kept in {shown(out)}/; the "
@@ -395,11 +379,7 @@ def _remove_empty(folder: Path) -> None:
 
 
 def aggregate_study(
-    out_dir: str | os.PathLike,
-    figures_dir: str | os.PathLike,
-    *,
-    matrix: Matrix | None = None,
-    timeout: int | None = None,
+    out_dir: str | os.PathLike, figures_dir: str | os.PathLike, *, matrix: Matrix | None = None
 ) -> Path:
     out, figures = real_path(out_dir, "--out"), real_path(figures_dir, "--figures")
     executed = out / "aggregate.ipynb"
@@ -413,8 +393,7 @@ def aggregate_study(
     }
     before = _aggregate_outputs(out, figures)
     remove_leftovers(executed, ".ipynb")  # of an aggregate that was killed
-    notebook = ROOT / "notebooks" / "aggregate.ipynb"
-    _papermill(notebook, executed, parameters, timeout, ROOT)
+    _papermill("aggregate.ipynb", executed, parameters, matrix.cell_timeout_s if matrix else None)
     html = render_html(executed, out / "report.html")
     _move_aside_unwritten(out, before)
     return html
@@ -423,11 +402,10 @@ def aggregate_study(
 def _aggregate_outputs(out: Path, figures: Path) -> dict[Path, tuple[int, int]]:
     """path -> (inode, mtime) of the tables and figures, to tell which were not written again."""
     found = {}
-    for folder, patterns in ((out, ("*.csv",)), (figures, ("*.png", "*.pdf"))):
-        for pattern in patterns:
-            for p in folder.glob(pattern) if folder.is_dir() else ():
-                st = p.stat()
-                found[p] = (st.st_ino, st.st_mtime_ns)
+    for folder, pattern in ((out, "*.csv"), (figures, "*.png"), (figures, "*.pdf")):
+        for p in folder.glob(pattern):
+            st = p.stat()
+            found[p] = (st.st_ino, st.st_mtime_ns)
     return found
 
 
@@ -442,12 +420,7 @@ def _move_aside_unwritten(out: Path, before: dict[Path, tuple[int, int]]) -> Non
             continue
         if (st.st_ino, st.st_mtime_ns) != seen:
             continue  # written again (atomic writes replace the file)
-        if path.is_relative_to(out):
-            superseded.move_aside(path)
-        else:  # figures/NAME of a reference study
-            target = superseded.folder / "figures" / path.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, target)
+        superseded.move_aside(path)
         stale.append(path.name)
     if stale:
         print(

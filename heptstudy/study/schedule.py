@@ -27,12 +27,8 @@ class Execution:
         return self.run.name
 
     @property
-    def allocator(self) -> str:
-        return self.run.allocator
-
-    @property
     def report(self) -> Path:
-        folder = Path(DEFAULT_ALLOCATOR_DIR) if self.allocator == DEFAULT else Path()
+        folder = Path(DEFAULT_ALLOCATOR_DIR) if self.run.allocator == DEFAULT else Path()
         if self.round == 1:
             return folder / f"{self.name}.json"
         return folder / REPEATS_DIR / f"{self.name}.r{self.round}.json"
@@ -51,7 +47,7 @@ class Execution:
     @property
     def label(self) -> str:
         extra = [f"round {self.round}"] if self.round > 1 else []
-        extra += ["default allocator"] if self.allocator == DEFAULT else []
+        extra += ["default allocator"] if self.run.allocator == DEFAULT else []
         return f"{self.name} ({', '.join(extra)})" if extra else self.name
 
 

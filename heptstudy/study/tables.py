@@ -15,8 +15,6 @@ _COUNTS = (
     "max padded hits/event",
     "minor page faults/step",
     "events",
-    "max hits",
-    "max padded hits",
     "step",
 )
 
@@ -76,9 +74,7 @@ def runs_table(df) -> Any:
         .merge(timed["mean_step_s"].median().rename("median_step_s"), on=key, how="left")
         .merge(timed["round"].nunique().rename("rounds"), on=key, how="left")
     )
-    rows["mean_step_s"] = rows["median_step_s"].where(
-        rows["median_step_s"].notna(), rows["mean_step_s"]
-    )
+    rows["mean_step_s"] = rows["median_step_s"].fillna(rows["mean_step_s"])
     rows["sys_pct"] = 100 * pd.to_numeric(rows["sys_fraction"], errors="coerce")
     order = ["allocator_line", "kind", "batch_size", "checkpointing", "name"]
     rows = rows.sort_values(order).reset_index(drop=True)
