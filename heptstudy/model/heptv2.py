@@ -207,47 +207,43 @@ class HEPTv2Layer(nn.Module):
     ) -> BucketOrder:
         """Hash and sort every event's hits, in float32."""
         with torch.autocast(device_type=coords.device.type, enabled=False):
-            return self._bucket_order(coords.float(), mask, layout)
+            coords = coords.float()
+            dev = coords.device
+            event = layout.slot_event(dev)  # [R, S]
+            start = layout.slot_start(dev)
+            sort = _event_sort(event, layout.one_event_per_row)
+            n_valid = torch.tensor([s.hits for s in layout.spans], device=dev)[event]
+            valid_f = mask[:, None, None, :]
 
-    def _bucket_order(
-        self, coords: torch.Tensor, mask: torch.Tensor, layout: EventLayout
-    ) -> BucketOrder:
-        dev = coords.device
-        event = layout.slot_event(dev)  # [R, S]
-        start = layout.slot_start(dev)
-        sort = _event_sort(event, layout.one_event_per_row)
-        n_valid = torch.tensor([s.hits for s in layout.spans], device=dev)[event]
-        valid_f = mask[:, None, None, :]
+            # Quantile bins from each hit's rank among its event's valid hits; padding ranks last.
+            big = torch.finfo(torch.float32).max
+            eta = coords[..., 0].masked_fill(~mask, big)
+            phi = coords[..., 1].masked_fill(~mask, big)
+            eta_rank = _ranks(eta, sort).sub_(start).float()
+            phi_rank = _ranks(phi, sort).sub_(start).float()
+            denom = n_valid.clamp(min=1).float()
+            eta_q = (eta_rank / denom)[:, None, None, :]  # [R,1,1,S] in [0,1) for valid hits
+            phi_q = (phi_rank / denom)[:, None, None, :]
+            n_eta = self.region_shape[..., 0].float()[None, :, :, None]  # [1,C,H,1]
+            n_phi = self.region_shape[..., 1].float()[None, :, :, None]
+            eta_bin = torch.minimum(torch.floor(eta_q * n_eta), n_eta - 1)
+            phi_bin = torch.minimum(torch.floor(phi_q * n_phi), n_phi - 1)
+            region = eta_bin * n_phi + phi_bin  # [R,C,H,S]
 
-        # Quantile bins from each hit's rank among its event's valid hits; padding ranks last.
-        big = torch.finfo(torch.float32).max
-        eta = coords[..., 0].masked_fill(~mask, big)
-        phi = coords[..., 1].masked_fill(~mask, big)
-        eta_rank = _ranks(eta, sort).sub_(start).float()
-        phi_rank = _ranks(phi, sort).sub_(start).float()
-        denom = n_valid.clamp(min=1).float()
-        eta_q = (eta_rank / denom)[:, None, None, :]  # [R,1,1,S] in [0,1) for valid hits
-        phi_q = (phi_rank / denom)[:, None, None, :]
-        n_eta = self.region_shape[..., 0].float()[None, :, :, None]  # [1,C,H,1]
-        n_phi = self.region_shape[..., 1].float()[None, :, :, None]
-        eta_bin = torch.minimum(torch.floor(eta_q * n_eta), n_eta - 1)
-        phi_bin = torch.minimum(torch.floor(phi_q * n_phi), n_phi - 1)
-        region = eta_bin * n_phi + phi_bin  # [R,C,H,S]
-
-        proj = torch.einsum(
-            "bsk,chk->bchs", coords.masked_fill(~mask[..., None], 0.0), self.hash_directions
-        )
-        lo = _event_extreme(proj.masked_fill(~valid_f, big), event, "amin", layout.num_events)
-        hi = _event_extreme(proj.masked_fill(~valid_f, -big), event, "amax", layout.num_events)
-        span = (hi - lo).clamp(min=1e-6)
-        # Normalised projection lies in [0, 1): adding the region index sorts by region first.
-        key = region + (proj - lo) / (span * (1 + 1e-4))
-        key = key.masked_fill(~valid_f, float("inf"))
-        order = sort(key)  # [R,C,H,S], every event's slots in its own run
-        position, source, valid = layout.bucket_geometry(self.block_size, dev)
-        R, C, H, _ = order.shape
-        order = order.gather(-1, source[:, None, None, :].expand(R, C, H, -1))
-        return BucketOrder(order.to(torch.int32), position, valid)
+            proj = torch.einsum(
+                "bsk,chk->bchs", coords.masked_fill(~mask[..., None], 0.0), self.hash_directions
+            )
+            lo = _event_extreme(proj.masked_fill(~valid_f, big), event, "amin", layout.num_events)
+            hi = _event_extreme(proj.masked_fill(~valid_f, -big), event, "amax", layout.num_events)
+            span = (hi - lo).clamp(min=1e-6)
+            # Normalised projection lies in [0, 1): adding the region index sorts by region first.
+            key = region + (proj - lo) / (span * (1 + 1e-4))
+            key = key.masked_fill(~valid_f, float("inf"))
+            order = sort(key)  # [R,C,H,S], every event's slots in its own run
+            position, source, valid = layout.bucket_geometry(self.block_size, dev)
+            R, C, H, _ = order.shape
+            order = order.gather(-1, source[:, None, None, :].expand(R, C, H, -1))
+            return BucketOrder(order.to(torch.int32), position, valid)
 
     def forward(
         self,
@@ -271,20 +267,14 @@ class HEPTv2Layer(nn.Module):
         H, dh = self.num_heads, self.head_dim
         q, k, v = self.qkv(h).view(B, S, 3, H, dh).unbind(dim=2)
         q, k = self.q_norm(q) * (dh**-0.5), self.k_norm(k)
-        if self._use_fused(h):
+        backend = self.attention_backend
+        if backend == "fused" or (backend != "plain" and h.is_cuda):
             from heptstudy.model.fused_attention import fused_bucket_attention
 
             merged = merge_rounds(*fused_bucket_attention(q, k, v, buckets, self.block_size))
         else:
             merged = plain_bucket_attention(q, k, v, buckets, self.block_size)
         return self.out(merged.reshape(B, S, D))
-
-    def _use_fused(self, h: torch.Tensor) -> bool:
-        if self.attention_backend == "plain":
-            return False
-        if self.attention_backend == "fused":
-            return True
-        return h.is_cuda
 
 
 def merge_rounds(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
@@ -366,14 +356,16 @@ class _BucketAttention(torch.autograd.Function):
         fwd = _Slices(buckets, block_size, ATTENTION_SLICE_ELEMENTS)
         out, lse = _attention_forward(q, k, v, fwd)
         bwd = _Slices(buckets, block_size, ATTENTION_SLICE_ELEMENTS, like=fwd)
-        ctx.slices = bwd.layout()
+        ctx.slices = bwd.shape, bwd.group
         ctx.save_for_backward(q, k, v, out, lse, *bwd.tensors())
         return out
 
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, out, lse, *indices = ctx.saved_tensors
-        slices = _Slices.restore(ctx.slices, indices)
+        slices = _Slices.__new__(_Slices)
+        slices.shape, slices.group = ctx.slices
+        slices.sort_index, slices.unsort_index, slices.key_bias = indices
         return (*_attention_backward(d_out, q, k, v, out, lse, slices), None, None, None, None)
 
 
@@ -408,17 +400,6 @@ class _Slices:
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.sort_index, self.unsort_index, self.key_bias
-
-    def layout(self) -> tuple:
-        return (*self.shape, self.group)
-
-    @classmethod
-    def restore(cls, layout: tuple, tensors) -> _Slices:
-        slices = cls.__new__(cls)
-        *slices.shape, slices.group = layout
-        slices.shape = tuple(slices.shape)
-        slices.sort_index, slices.unsort_index, slices.key_bias = tensors
-        return slices
 
     @property
     def groups(self):
