@@ -127,9 +127,9 @@ def _run_of(checkpoint: Path, out: Path) -> Path | None:
         return None
     run = checkpoint.resolve().parent.parent
     root = out.resolve()
-    if run == root or (run.parent == root and RUN_NAME.match(run.name)):
-        return out if run == root else out / run.name
-    return None
+    if run == root:
+        return out
+    return out / run.name if run.parent == root and RUN_NAME.match(run.name) else None
 
 
 def _step_of(path: Path) -> int:

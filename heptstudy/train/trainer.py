@@ -32,11 +32,7 @@ from heptstudy.train.out_dir import (
     recheck_held,
 )
 from heptstudy.train.precision import autocast_dtype
-from heptstudy.train.state import (
-    load_training_state,
-    restore_training_state,
-    save_training_state,
-)
+from heptstudy.train.state import load_training_state, restore_training_state, save_training_state
 from heptstudy.train.step import fresh_state, run_step
 from heptstudy.train.validate import validate
 from heptstudy.units import MIB
@@ -61,7 +57,6 @@ def describe(batches) -> str:
 def _write_json_line(path: Path, record: dict[str, Any]) -> None:
     with path.open("a") as fh:
         fh.write(json.dumps(record) + "\n")
-        fh.flush()
 
 
 def train(
@@ -286,18 +281,12 @@ def _step(net, batches, optimizer, scheduler, config, dtype, ctx, step, plans):
     micro = [next(batches) for _ in range(config.train.grad_accumulation)]
     # chosen on the host: a batch no plan fits stops before the step allocates anything
     choices = [plans.choose_for(b) if plans is not None else None for b in micro]
+    chosen = [None if c is None else c.plan for c in choices]
     if plans is not None and ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     try:
         result = run_step(
-            net,
-            micro,
-            optimizer,
-            scheduler,
-            config,
-            dtype,
-            plan=[None if c is None else c.plan for c in choices],
-            device=ctx.device,
+            net, micro, optimizer, scheduler, config, dtype, plan=chosen, device=ctx.device
         )
     except torch.OutOfMemoryError:
         hint = (
