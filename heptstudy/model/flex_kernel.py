@@ -188,12 +188,10 @@ def _checked(fa, compiler: str):
     from torch.fx.experimental import _config as fx_config
 
     patch = {"fail_on_recompile_limit_hit": True}
-    limit = torch._dynamo.config.recompile_limit
-    if _POLICY == "ladder" and limit < LADDER_RECOMPILE_LIMIT:
+    if _POLICY == "ladder" and torch._dynamo.config.recompile_limit < LADDER_RECOMPILE_LIMIT:
         patch["recompile_limit"] = LADDER_RECOMPILE_LIMIT
-    shown = getattr(fa, "_WARNINGS_SHOWN", None)
-    if shown is not None:
-        shown.discard(_UNFUSED_WARNING_ID)
+    shown = fa._WARNINGS_SHOWN  # the ids of the warnings flex_attention has given
+    shown.discard(_UNFUSED_WARNING_ID)
     try:
         # no "duck sizing": sizes that happen to be equal once would cost a recompile later
         with torch._dynamo.config.patch(**patch), fx_config.patch(use_duck_shape=False):
@@ -215,10 +213,10 @@ def _checked(fa, compiler: str):
             f"({_first_line(err)}); torch {torch.__version__}. {WAY_OUT}"
         ) from None
     except Exception as err:
-        if shown is not None and _UNFUSED_WARNING_ID in shown:
+        if _UNFUSED_WARNING_ID in shown:
             raise FusedAttentionError(_fell_back(f"and then failed ({_first_line(err)})")) from None
         raise
-    if shown is not None and _UNFUSED_WARNING_ID in shown:
+    if _UNFUSED_WARNING_ID in shown:
         raise FusedAttentionError(_fell_back("and ran"))
 
 

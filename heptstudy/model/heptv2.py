@@ -193,9 +193,11 @@ class HEPTv2Layer(nn.Module):
         # Own generator: the global RNG is untouched.
         gen = torch.Generator().manual_seed(cfg.hash_seed * 1000 + layer_index)
         self.register_buffer("hash_directions", torch.randn(cfg.n_hashes, heads, 2, generator=gen))
-        self.register_buffer(
-            "region_shape", _region_shapes(cfg.n_hashes, heads, cfg.num_regions, gen)
-        )
+        root = math.sqrt(cfg.num_regions)
+        lo, hi = max(1, int(root / 2)), max(1, int(root * 2))
+        n_eta = torch.randint(lo, hi + 1, (cfg.n_hashes, heads), generator=gen)
+        n_phi = torch.clamp(torch.round(cfg.num_regions / n_eta.float()), min=1).long()
+        self.register_buffer("region_shape", torch.stack([n_eta, n_phi], dim=-1))
 
     def dense_projections(self) -> tuple[nn.Module, ...]:
         """The modules whose products the selective policy keeps."""
@@ -283,16 +285,6 @@ def merge_rounds(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return (weights.unsqueeze(-1) * out).sum(dim=1)
 
 
-def _region_shapes(
-    n_hashes: int, heads: int, num_regions: int, gen: torch.Generator
-) -> torch.Tensor:
-    root = math.sqrt(num_regions)
-    lo, hi = max(1, int(root / 2)), max(1, int(root * 2))
-    n_eta = torch.randint(lo, hi + 1, (n_hashes, heads), generator=gen)
-    n_phi = torch.clamp(torch.round(num_regions / n_eta.float()), min=1).long()
-    return torch.stack([n_eta, n_phi], dim=-1)
-
-
 def _event_sort(event: torch.Tensor, one_event_per_row: bool):
     """``sort(values)``: the argsort of ``values [R, ..., S]`` by (event, value, slot), stable."""
 
@@ -353,11 +345,12 @@ class _BucketAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, order, position, valid, block_size):
         buckets = BucketOrder(order, position, valid)
-        fwd = _Slices(buckets, block_size, ATTENTION_SLICE_ELEMENTS)
-        out, lse = _attention_forward(q, k, v, fwd)
-        bwd = _Slices(buckets, block_size, ATTENTION_SLICE_ELEMENTS, like=fwd)
-        ctx.slices = bwd.shape, bwd.group
-        ctx.save_for_backward(q, k, v, out, lse, *bwd.tensors())
+        slices = _Slices(buckets, block_size)
+        out, lse = _attention_forward(q, k, v, slices)
+        ctx.slices = slices.shape, slices.group  # backward reads the same slices
+        ctx.save_for_backward(
+            q, k, v, out, lse, slices.sort_index, slices.unsort_index, slices.key_bias
+        )
         return out
 
     @staticmethod
@@ -373,14 +366,15 @@ class _Slices:
     """The slices (round c, head group j) of one bucket order and their int32 gather indices
     (``sort_index`` into :meth:`table`, padding reading its zero row; ``unsort_index`` back)."""
 
-    def __init__(self, buckets: BucketOrder, block_size, budget, like=None):
+    def __init__(self, buckets: BucketOrder, block_size):
         B, C, H, Sp = buckets.order.shape
         self.shape = (B, C, H, Sp, buckets.num_hits, block_size)
-        g = _heads_per_slice(H, B * Sp * block_size, budget)
-        self.group = g
-        if like is not None and like.group == g:
-            self.sort_index, self.unsort_index, self.key_bias = like.tensors()
-            return
+        # the most heads of a round whose scores fit in ATTENTION_SLICE_ELEMENTS
+        per_head = B * Sp * block_size
+        fits = [
+            g for g in range(1, H + 1) if H % g == 0 and g * per_head <= ATTENTION_SLICE_ELEMENTS
+        ]
+        self.group = g = max(fits, default=1)
         S, G, dev = buckets.num_hits, H // g, buckets.order.device
         b = torch.arange(B, device=dev).view(1, 1, B, 1, 1)
         within = torch.arange(g, device=dev).view(1, 1, 1, g, 1)
@@ -397,9 +391,6 @@ class _Slices:
         bias = torch.zeros(B, 1, Sp // block_size, 1, block_size, device=dev)
         bias.masked_fill_(padding.view(B, 1, -1, 1, block_size), MASKED)
         self.key_bias = bias.expand(B, g, -1, 1, block_size).reshape(-1, 1, block_size)
-
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.sort_index, self.unsort_index, self.key_bias
 
     @property
     def groups(self):
@@ -442,11 +433,6 @@ class _Slices:
     def put_heads(self, target: torch.Tensor, j: int, rows: torch.Tensor) -> None:
         B, _, _, _, S, _ = self.shape
         target[:, :, self.heads(j)] = rows.reshape(B, S, self.group, -1)
-
-
-def _heads_per_slice(heads: int, elements_per_head: int, budget: int) -> int:
-    fits = [g for g in range(1, heads + 1) if heads % g == 0 and g * elements_per_head <= budget]
-    return max(fits, default=1)
 
 
 def _stats_dtype(t: torch.Tensor) -> torch.dtype:

@@ -116,8 +116,7 @@ def train(
                 f"train.out_dir={str(out)!r}: no room for a training-state file ({problem}); "
                 "nothing was run. Free space or choose another train.out_dir"
             )
-    held = holding(out, "train.out_dir") if ctx.is_main else contextlib.nullcontext()
-    with held:
+    with holding(out, "train.out_dir") if ctx.is_main else contextlib.nullcontext():
         if ctx.is_main:
             recheck_held(out, resume_step)
         ckpt_dir, pred_dir = out / "checkpoints", out / "predictions"
