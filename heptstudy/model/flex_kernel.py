@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from heptstudy.config import HIT_VARIANT
 from heptstudy.errors import HeptstudyError
 
 SHAPE_POLICIES = ("dynamic", "ladder")
@@ -87,8 +88,6 @@ def status() -> dict:
 
 def attention_status(config=None) -> dict:
     """:func:`status` plus the bucket attention actually used and the configured backend."""
-    from heptstudy.config import HIT_VARIANT
-
     if _STATS.calls:
         used = "fused" if _STATS.compiler == "inductor" else "fused-reference"
     elif config is not None and config.model.variant == HIT_VARIANT:

@@ -396,10 +396,6 @@ class _Slices:
     def groups(self):
         return stand_ins.repeated(list(range(self.shape[2] // self.group)))
 
-    @property
-    def rounds(self) -> range:
-        return range(self.shape[1])
-
     def heads(self, j: int) -> slice:
         return slice(j * self.group, (j + 1) * self.group)
 
@@ -452,7 +448,7 @@ def _attention_forward(q, k, v, slices: _Slices):
         merged = torch.zeros(rows, dh, dtype=stats, device=q.device)
         total = torch.zeros(rows, dtype=stats, device=q.device)
         top = torch.full((rows,), -math.inf, dtype=stats, device=q.device)
-        for c in slices.rounds:
+        for c in range(slices.shape[1]):  # the rounds
             round_out, round_lse = _slice_forward(slices.gather(qkv, c, j), slices, stats)
             round_out = slices.to_hit_order(round_out.view(-1, dh), c, j)
             round_lse = slices.to_hit_order(round_lse.view(-1), c, j)
@@ -497,7 +493,7 @@ def _attention_backward(d_out, q, k, v, out, lse, slices: _Slices):
         tensors = slices.table([q, k, v, d_out], j)
         statistics = slices.table([lse, delta], j)
         grads = q.new_zeros(B * S * slices.group + 1, 3 * dh)
-        for c in slices.rounds:
+        for c in range(slices.shape[1]):  # the rounds
             index = slices.sort_index[c, j]
             for r in slices.bucket_chunks(index.numel() // bs):
                 rows = index[r.start * bs : r.stop * bs]
