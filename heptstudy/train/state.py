@@ -20,14 +20,10 @@ from heptstudy.train.out_dir import latest_checkpoint
 FORMAT = "heptstudy.training_state/2"
 #: Written before training-state files carried a digest; they cannot be verified.
 UNVERIFIED_FORMATS = ("heptstudy.checkpoint/1",)
-PARTS: dict[str, type | tuple[type, ...]] = {
+#: The parts of a training state and their types: the step, then mappings.
+PARTS: dict[str, type] = {
     "step": int,
-    "config": dict,
-    "model": dict,
-    "optimizer": dict,
-    "scheduler": dict,
-    "loader": dict,
-    "rng": dict,
+    **dict.fromkeys(("config", "model", "optimizer", "scheduler", "loader", "rng"), dict),
 }
 #: Settings a resumed run may change: where it reads and writes, how often it validates and saves,
 #: and how it trades memory for time. Every other setting changes what runs (the weights, the
