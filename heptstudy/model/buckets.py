@@ -34,17 +34,14 @@ class BucketOrder:
         R, C, H, _ = self.order.shape
         return self.order.gather(-1, self.position[:, None, None, :].expand(R, C, H, -1))
 
-    def positions(self) -> torch.Tensor:
-        """``position`` as int32, expanded to [R, C, H, S]."""
-        R, C, H, _ = self.order.shape
-        return self.position.to(torch.int32)[:, None, None, :].expand(R, C, H, -1)
-
     @property
     def rank(self) -> torch.Tensor:
         """[R, C, H, S] int32: the bucket position of every slot (built on each call)."""
         R, C, H, _ = self.order.shape
         rank = torch.empty(R, C, H, self.num_hits, dtype=torch.int32, device=self.order.device)
-        return rank.scatter_(-1, self.sorted_slots().long(), self.positions())
+        slots = self.sorted_slots().long()
+        positions = self.position.to(torch.int32)[:, None, None, :].expand(R, C, H, -1)
+        return rank.scatter_(-1, slots, positions)
 
     @property
     def sort_rows(self) -> torch.Tensor:

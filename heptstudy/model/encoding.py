@@ -52,10 +52,7 @@ class _LeanMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, eps, w1, b1, norm_w, norm_b, w2, b2):
         device_type = x.device.type
-        ctx.autocast = (
-            torch.is_autocast_enabled(device_type),
-            torch.get_autocast_dtype(device_type),
-        )
+        ctx.autocast = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
         ctx.eps = eps
         ctx.save_for_backward(x, w1, b1, norm_w, norm_b, w2, b2)
         return F.linear(_hidden(x, eps, w1, b1, norm_w, norm_b), w2, b2)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from heptstudy.config import HIT_VARIANT
 from heptstudy.errors import HeptstudyError
 
 SHAPE_POLICIES = ("dynamic", "ladder")
@@ -87,8 +88,6 @@ def status() -> dict:
 
 def attention_status(config=None) -> dict:
     """:func:`status` plus the bucket attention actually used and the configured backend."""
-    from heptstudy.config import HIT_VARIANT
-
     if _STATS.calls:
         used = "fused" if _STATS.compiler == "inductor" else "fused-reference"
     elif config is not None and config.model.variant == HIT_VARIANT:
@@ -148,14 +147,9 @@ def _compiled(compiler: str):
 
 
 def _cache_entries(fa) -> int:
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-        return len(_debug_get_cache_entry_list(fa.flex_attention.__code__))
-    except (ImportError, AttributeError, RuntimeError):
-        from torch._dynamo.utils import counters
-
-        return int(counters["stats"]["unique_graphs"])
+    return len(_debug_get_cache_entry_list(fa.flex_attention.__code__))
 
 
 def _refuse_known_fallbacks(fa) -> None:
@@ -171,8 +165,13 @@ def _refuse_known_fallbacks(fa) -> None:
             "torch._dynamo is disabled (torch._dynamo.config.disable / TORCHDYNAMO_DISABLE=1): "
             f"the fused attention would run unfused. Enable it again. {WAY_OUT}"
         )
-    mode = _mode_blocking_compile()
-    if mode is not None:
+    from torch.utils import _python_dispatch as pd
+
+    for mode in pd._get_current_dispatch_mode_stack():
+        infra = getattr(mode, "is_infra_mode", None)
+        ignores = getattr(mode, "ignore_compile_internals", None)
+        if (infra is not None and infra()) or (ignores is not None and ignores()):
+            continue
         raise FusedAttentionError(
             f"a TorchDispatchMode ({type(mode).__name__}) is active and does not let "
             "torch.compile run (its ignore_compile_internals() is False): the fused attention "
@@ -181,46 +180,22 @@ def _refuse_known_fallbacks(fa) -> None:
         )
 
 
-def _mode_blocking_compile():
-    from torch.utils import _python_dispatch as pd
-
-    for mode in pd._get_current_dispatch_mode_stack():
-        infra = getattr(mode, "is_infra_mode", None)
-        if infra is not None and infra():
-            continue
-        ignores = getattr(mode, "ignore_compile_internals", None)
-        if ignores is not None and ignores():
-            continue
-        return mode
-    return None
-
-
-def _no_duck_sizing():
-    """No "duck sizing": sizes that happen to be equal once would cost a recompile later."""
-    from torch.fx.experimental import _config as fx_config
-
-    if not hasattr(fx_config, "use_duck_shape"):
-        return contextlib.nullcontext()
-    return fx_config.patch(use_duck_shape=False)
-
-
 @contextlib.contextmanager
 def _checked(fa, compiler: str):
     """Failures as :class:`FusedAttentionError`; out-of-memory passes through (it is a result)."""
     from torch._dynamo import exc as dynamo_exc
+    from torch.fx.experimental import _config as fx_config
 
     patch = {"fail_on_recompile_limit_hit": True}
-    limit = torch._dynamo.config.recompile_limit
-    if _POLICY == "ladder" and limit < LADDER_RECOMPILE_LIMIT:
+    if _POLICY == "ladder" and torch._dynamo.config.recompile_limit < LADDER_RECOMPILE_LIMIT:
         patch["recompile_limit"] = LADDER_RECOMPILE_LIMIT
-    shown = getattr(fa, "_WARNINGS_SHOWN", None)
-    if shown is not None:
-        shown.discard(_UNFUSED_WARNING_ID)
-    limit_hit = getattr(dynamo_exc, "FailOnRecompileLimitHit", ())
+    shown = fa._WARNINGS_SHOWN  # the ids of the warnings flex_attention has given
+    shown.discard(_UNFUSED_WARNING_ID)
     try:
-        with torch._dynamo.config.patch(**patch), _no_duck_sizing():
+        # no "duck sizing": sizes that happen to be equal once would cost a recompile later
+        with torch._dynamo.config.patch(**patch), fx_config.patch(use_duck_shape=False):
             yield
-    except limit_hit:
+    except dynamo_exc.FailOnRecompileLimitHit:
         raise FusedAttentionError(
             f"flex_attention reached dynamo's recompile limit "
             f"(torch._dynamo.config.recompile_limit={torch._dynamo.config.recompile_limit}) "
@@ -237,10 +212,10 @@ def _checked(fa, compiler: str):
             f"({_first_line(err)}); torch {torch.__version__}. {WAY_OUT}"
         ) from None
     except Exception as err:
-        if shown is not None and _UNFUSED_WARNING_ID in shown:
+        if _UNFUSED_WARNING_ID in shown:
             raise FusedAttentionError(_fell_back(f"and then failed ({_first_line(err)})")) from None
         raise
-    if shown is not None and _UNFUSED_WARNING_ID in shown:
+    if _UNFUSED_WARNING_ID in shown:
         raise FusedAttentionError(_fell_back("and ran"))
 
 

@@ -25,7 +25,9 @@ def fused_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int):
         t.reshape(-1, dh).index_select(0, sort_rows).view(B * C, H, L, dh) for t in (q, k, v)
     )
     valid = torch.nn.functional.pad(buckets.valid, (0, L - Sp)).repeat_interleave(C, dim=0)
-    out, lse = _flex(qs, ks, vs, bucket_block_mask(valid, block_size))
+    stand = stand_ins.active()  # the fake step's stand-in for the kernel
+    flex = flex_kernel.flex_attention_lse if stand is None or stand.flex is None else stand.flex
+    out, lse = flex(qs, ks, vs, bucket_block_mask(valid, block_size))
     # Queries in buckets with no valid key get lse = -inf; give them a finite, negligible weight.
     lse = torch.nan_to_num(lse.float(), neginf=MASKED)
     out = out.reshape(-1, dh).index_select(0, unsort_rows).view(B, C, S, H, dh)
@@ -73,11 +75,3 @@ def bucket_block_mask(valid: torch.Tensor, block_size: int):
         mask_mod=same_bucket,
         seq_lengths=(seq_len, seq_len),
     )
-
-
-def _flex(q, k, v, block_mask):
-    """``(out, lse)`` of flex_attention with scale 1, or the fake step's stand-in."""
-    stand = stand_ins.active()
-    if stand is not None and stand.flex is not None:
-        return stand.flex(q, k, v, block_mask)
-    return flex_kernel.flex_attention_lse(q, k, v, block_mask)

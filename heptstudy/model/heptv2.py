@@ -193,9 +193,11 @@ class HEPTv2Layer(nn.Module):
         # Own generator: the global RNG is untouched.
         gen = torch.Generator().manual_seed(cfg.hash_seed * 1000 + layer_index)
         self.register_buffer("hash_directions", torch.randn(cfg.n_hashes, heads, 2, generator=gen))
-        self.register_buffer(
-            "region_shape", _region_shapes(cfg.n_hashes, heads, cfg.num_regions, gen)
-        )
+        root = math.sqrt(cfg.num_regions)
+        lo, hi = max(1, int(root / 2)), max(1, int(root * 2))
+        n_eta = torch.randint(lo, hi + 1, (cfg.n_hashes, heads), generator=gen)
+        n_phi = torch.clamp(torch.round(cfg.num_regions / n_eta.float()), min=1).long()
+        self.register_buffer("region_shape", torch.stack([n_eta, n_phi], dim=-1))
 
     def dense_projections(self) -> tuple[nn.Module, ...]:
         """The modules whose products the selective policy keeps."""
@@ -207,47 +209,43 @@ class HEPTv2Layer(nn.Module):
     ) -> BucketOrder:
         """Hash and sort every event's hits, in float32."""
         with torch.autocast(device_type=coords.device.type, enabled=False):
-            return self._bucket_order(coords.float(), mask, layout)
+            coords = coords.float()
+            dev = coords.device
+            event = layout.slot_event(dev)  # [R, S]
+            start = layout.slot_start(dev)
+            sort = _event_sort(event, layout.one_event_per_row)
+            n_valid = torch.tensor([s.hits for s in layout.spans], device=dev)[event]
+            valid_f = mask[:, None, None, :]
 
-    def _bucket_order(
-        self, coords: torch.Tensor, mask: torch.Tensor, layout: EventLayout
-    ) -> BucketOrder:
-        dev = coords.device
-        event = layout.slot_event(dev)  # [R, S]
-        start = layout.slot_start(dev)
-        sort = _event_sort(event, layout.one_event_per_row)
-        n_valid = torch.tensor([s.hits for s in layout.spans], device=dev)[event]
-        valid_f = mask[:, None, None, :]
+            # Quantile bins from each hit's rank among its event's valid hits; padding ranks last.
+            big = torch.finfo(torch.float32).max
+            eta = coords[..., 0].masked_fill(~mask, big)
+            phi = coords[..., 1].masked_fill(~mask, big)
+            eta_rank = _ranks(eta, sort).sub_(start).float()
+            phi_rank = _ranks(phi, sort).sub_(start).float()
+            denom = n_valid.clamp(min=1).float()
+            eta_q = (eta_rank / denom)[:, None, None, :]  # [R,1,1,S] in [0,1) for valid hits
+            phi_q = (phi_rank / denom)[:, None, None, :]
+            n_eta = self.region_shape[..., 0].float()[None, :, :, None]  # [1,C,H,1]
+            n_phi = self.region_shape[..., 1].float()[None, :, :, None]
+            eta_bin = torch.minimum(torch.floor(eta_q * n_eta), n_eta - 1)
+            phi_bin = torch.minimum(torch.floor(phi_q * n_phi), n_phi - 1)
+            region = eta_bin * n_phi + phi_bin  # [R,C,H,S]
 
-        # Quantile bins from each hit's rank among its event's valid hits; padding ranks last.
-        big = torch.finfo(torch.float32).max
-        eta = coords[..., 0].masked_fill(~mask, big)
-        phi = coords[..., 1].masked_fill(~mask, big)
-        eta_rank = _ranks(eta, sort).sub_(start).float()
-        phi_rank = _ranks(phi, sort).sub_(start).float()
-        denom = n_valid.clamp(min=1).float()
-        eta_q = (eta_rank / denom)[:, None, None, :]  # [R,1,1,S] in [0,1) for valid hits
-        phi_q = (phi_rank / denom)[:, None, None, :]
-        n_eta = self.region_shape[..., 0].float()[None, :, :, None]  # [1,C,H,1]
-        n_phi = self.region_shape[..., 1].float()[None, :, :, None]
-        eta_bin = torch.minimum(torch.floor(eta_q * n_eta), n_eta - 1)
-        phi_bin = torch.minimum(torch.floor(phi_q * n_phi), n_phi - 1)
-        region = eta_bin * n_phi + phi_bin  # [R,C,H,S]
-
-        proj = torch.einsum(
-            "bsk,chk->bchs", coords.masked_fill(~mask[..., None], 0.0), self.hash_directions
-        )
-        lo = _event_extreme(proj.masked_fill(~valid_f, big), event, "amin", layout.num_events)
-        hi = _event_extreme(proj.masked_fill(~valid_f, -big), event, "amax", layout.num_events)
-        span = (hi - lo).clamp(min=1e-6)
-        # Normalised projection lies in [0, 1): adding the region index sorts by region first.
-        key = region + (proj - lo) / (span * (1 + 1e-4))
-        key = key.masked_fill(~valid_f, float("inf"))
-        order = sort(key)  # [R,C,H,S], every event's slots in its own run
-        position, source, valid = layout.bucket_geometry(self.block_size, dev)
-        R, C, H, _ = order.shape
-        order = order.gather(-1, source[:, None, None, :].expand(R, C, H, -1))
-        return BucketOrder(order.to(torch.int32), position, valid)
+            proj = torch.einsum(
+                "bsk,chk->bchs", coords.masked_fill(~mask[..., None], 0.0), self.hash_directions
+            )
+            lo = _event_extreme(proj.masked_fill(~valid_f, big), event, "amin", layout.num_events)
+            hi = _event_extreme(proj.masked_fill(~valid_f, -big), event, "amax", layout.num_events)
+            span = (hi - lo).clamp(min=1e-6)
+            # Normalised projection lies in [0, 1): adding the region index sorts by region first.
+            key = region + (proj - lo) / (span * (1 + 1e-4))
+            key = key.masked_fill(~valid_f, float("inf"))
+            order = sort(key)  # [R,C,H,S], every event's slots in its own run
+            position, source, valid = layout.bucket_geometry(self.block_size, dev)
+            R, C, H, _ = order.shape
+            order = order.gather(-1, source[:, None, None, :].expand(R, C, H, -1))
+            return BucketOrder(order.to(torch.int32), position, valid)
 
     def forward(
         self,
@@ -271,7 +269,8 @@ class HEPTv2Layer(nn.Module):
         H, dh = self.num_heads, self.head_dim
         q, k, v = self.qkv(h).view(B, S, 3, H, dh).unbind(dim=2)
         q, k = self.q_norm(q) * (dh**-0.5), self.k_norm(k)
-        if self._use_fused(h):
+        backend = self.attention_backend
+        if backend == "fused" or (backend != "plain" and h.is_cuda):
             from heptstudy.model.fused_attention import fused_bucket_attention
 
             merged = merge_rounds(*fused_bucket_attention(q, k, v, buckets, self.block_size))
@@ -279,28 +278,11 @@ class HEPTv2Layer(nn.Module):
             merged = plain_bucket_attention(q, k, v, buckets, self.block_size)
         return self.out(merged.reshape(B, S, D))
 
-    def _use_fused(self, h: torch.Tensor) -> bool:
-        if self.attention_backend == "plain":
-            return False
-        if self.attention_backend == "fused":
-            return True
-        return h.is_cuda
-
 
 def merge_rounds(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """``out [B,C,S,H,dh]``, ``lse [B,C,S,H]`` -> [B,S,H,dh], rounds weighted by softmax(lse)."""
     weights = torch.softmax(lse.to(_stats_dtype(lse)), dim=1).to(out.dtype)
     return (weights.unsqueeze(-1) * out).sum(dim=1)
-
-
-def _region_shapes(
-    n_hashes: int, heads: int, num_regions: int, gen: torch.Generator
-) -> torch.Tensor:
-    root = math.sqrt(num_regions)
-    lo, hi = max(1, int(root / 2)), max(1, int(root * 2))
-    n_eta = torch.randint(lo, hi + 1, (n_hashes, heads), generator=gen)
-    n_phi = torch.clamp(torch.round(num_regions / n_eta.float()), min=1).long()
-    return torch.stack([n_eta, n_phi], dim=-1)
 
 
 def _event_sort(event: torch.Tensor, one_event_per_row: bool):
@@ -363,17 +345,20 @@ class _BucketAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, order, position, valid, block_size):
         buckets = BucketOrder(order, position, valid)
-        fwd = _Slices(buckets, block_size, ATTENTION_SLICE_ELEMENTS)
-        out, lse = _attention_forward(q, k, v, fwd)
-        bwd = _Slices(buckets, block_size, ATTENTION_SLICE_ELEMENTS, like=fwd)
-        ctx.slices = bwd.layout()
-        ctx.save_for_backward(q, k, v, out, lse, *bwd.tensors())
+        slices = _Slices(buckets, block_size)
+        out, lse = _attention_forward(q, k, v, slices)
+        ctx.slices = slices.shape, slices.group  # backward reads the same slices
+        ctx.save_for_backward(
+            q, k, v, out, lse, slices.sort_index, slices.unsort_index, slices.key_bias
+        )
         return out
 
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, out, lse, *indices = ctx.saved_tensors
-        slices = _Slices.restore(ctx.slices, indices)
+        slices = _Slices.__new__(_Slices)
+        slices.shape, slices.group = ctx.slices
+        slices.sort_index, slices.unsort_index, slices.key_bias = indices
         return (*_attention_backward(d_out, q, k, v, out, lse, slices), None, None, None, None)
 
 
@@ -381,14 +366,15 @@ class _Slices:
     """The slices (round c, head group j) of one bucket order and their int32 gather indices
     (``sort_index`` into :meth:`table`, padding reading its zero row; ``unsort_index`` back)."""
 
-    def __init__(self, buckets: BucketOrder, block_size, budget, like=None):
+    def __init__(self, buckets: BucketOrder, block_size):
         B, C, H, Sp = buckets.order.shape
         self.shape = (B, C, H, Sp, buckets.num_hits, block_size)
-        g = _heads_per_slice(H, B * Sp * block_size, budget)
-        self.group = g
-        if like is not None and like.group == g:
-            self.sort_index, self.unsort_index, self.key_bias = like.tensors()
-            return
+        # the most heads of a round whose scores fit in ATTENTION_SLICE_ELEMENTS
+        per_head = B * Sp * block_size
+        fits = [
+            g for g in range(1, H + 1) if H % g == 0 and g * per_head <= ATTENTION_SLICE_ELEMENTS
+        ]
+        self.group = g = max(fits, default=1)
         S, G, dev = buckets.num_hits, H // g, buckets.order.device
         b = torch.arange(B, device=dev).view(1, 1, B, 1, 1)
         within = torch.arange(g, device=dev).view(1, 1, 1, g, 1)
@@ -406,27 +392,9 @@ class _Slices:
         bias.masked_fill_(padding.view(B, 1, -1, 1, block_size), MASKED)
         self.key_bias = bias.expand(B, g, -1, 1, block_size).reshape(-1, 1, block_size)
 
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.sort_index, self.unsort_index, self.key_bias
-
-    def layout(self) -> tuple:
-        return (*self.shape, self.group)
-
-    @classmethod
-    def restore(cls, layout: tuple, tensors) -> _Slices:
-        slices = cls.__new__(cls)
-        *slices.shape, slices.group = layout
-        slices.shape = tuple(slices.shape)
-        slices.sort_index, slices.unsort_index, slices.key_bias = tensors
-        return slices
-
     @property
     def groups(self):
         return stand_ins.repeated(list(range(self.shape[2] // self.group)))
-
-    @property
-    def rounds(self) -> range:
-        return range(self.shape[1])
 
     def heads(self, j: int) -> slice:
         return slice(j * self.group, (j + 1) * self.group)
@@ -463,11 +431,6 @@ class _Slices:
         target[:, :, self.heads(j)] = rows.reshape(B, S, self.group, -1)
 
 
-def _heads_per_slice(heads: int, elements_per_head: int, budget: int) -> int:
-    fits = [g for g in range(1, heads + 1) if heads % g == 0 and g * elements_per_head <= budget]
-    return max(fits, default=1)
-
-
 def _stats_dtype(t: torch.Tensor) -> torch.dtype:
     """Softmax and norm statistics in float32 at least (bf16 would lose the log-sum-exp)."""
     return torch.promote_types(t.dtype, torch.float32)
@@ -485,7 +448,7 @@ def _attention_forward(q, k, v, slices: _Slices):
         merged = torch.zeros(rows, dh, dtype=stats, device=q.device)
         total = torch.zeros(rows, dtype=stats, device=q.device)
         top = torch.full((rows,), -math.inf, dtype=stats, device=q.device)
-        for c in slices.rounds:
+        for c in range(slices.shape[1]):  # the rounds
             round_out, round_lse = _slice_forward(slices.gather(qkv, c, j), slices, stats)
             round_out = slices.to_hit_order(round_out.view(-1, dh), c, j)
             round_lse = slices.to_hit_order(round_lse.view(-1), c, j)
@@ -530,7 +493,7 @@ def _attention_backward(d_out, q, k, v, out, lse, slices: _Slices):
         tensors = slices.table([q, k, v, d_out], j)
         statistics = slices.table([lse, delta], j)
         grads = q.new_zeros(B * S * slices.group + 1, 3 * dh)
-        for c in slices.rounds:
+        for c in range(slices.shape[1]):  # the rounds
             index = slices.sort_index[c, j]
             for r in slices.bucket_chunks(index.numel() // bs):
                 rows = index[r.start * bs : r.stop * bs]

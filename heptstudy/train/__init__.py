@@ -1,2 +1,1 @@
-"""Training: losses (matching, auxiliary, grouping), LAMB with the cosine schedule, the trainer
-and its distributed helpers, each imported from its own module."""
+"""Training: losses, LAMB and its schedule, the trainer and its helpers (each in its module)."""

@@ -24,23 +24,19 @@ class Lamb(torch.optim.Optimizer):
         lr: float,
         weight_decay: float = 0.01,
         *,
-        betas: tuple[float, float] = BETAS,
-        eps: float = EPS,
         bias_correction: bool = True,
         max_grad_norm: float = 1.0,
     ) -> None:
-        if not lr > 0.0 or weight_decay < 0.0 or eps <= 0.0 or max_grad_norm < 0.0:
+        if not lr > 0.0 or weight_decay < 0.0 or max_grad_norm < 0.0:
             raise ValueError(
-                f"LAMB needs lr > 0, weight_decay >= 0, eps > 0 and max_grad_norm >= 0; got "
-                f"lr={lr}, weight_decay={weight_decay}, eps={eps}, max_grad_norm={max_grad_norm}"
+                f"LAMB needs lr > 0, weight_decay >= 0 and max_grad_norm >= 0; got "
+                f"lr={lr}, weight_decay={weight_decay}, max_grad_norm={max_grad_norm}"
             )
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"LAMB betas must lie in [0, 1), got {betas}")
         defaults = dict(
             lr=lr,
             weight_decay=weight_decay,
-            betas=tuple(betas),
-            eps=eps,
+            betas=BETAS,
+            eps=EPS,
             bias_correction=bias_correction,
             max_grad_norm=max_grad_norm,
         )
@@ -79,11 +75,10 @@ class Lamb(torch.optim.Optimizer):
         if scale is not None:  # clipped copies, freed before the update list is built
             grads = torch._foreach_mul(grads, scale)
         for p in params:
-            if not self.state[p]:
-                self.state[p]["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                self.state[p]["exp_avg_sq"] = torch.zeros_like(
-                    p, memory_format=torch.preserve_format
-                )
+            state = self.state[p]
+            if not state:
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         m = [self.state[p]["exp_avg"] for p in params]
         v = [self.state[p]["exp_avg_sq"] for p in params]
         torch._foreach_mul_(m, b1)

@@ -255,17 +255,13 @@ def matched_group_losses(
     )
 
 
-def _pair_slices(pairs: int, hits: int) -> list[slice]:
-    step = max(1, GROUP_SLICE_ELEMENTS // max(hits, 1))
-    return [slice(i, min(i + step, pairs)) for i in range(0, pairs, step)]
-
-
 def _event_pair_slices(spans, pairs_per_event):
     """(event, its span, slice of the pair list): one event's pairs at a time."""
     start = 0
     for e, (span, n) in enumerate(zip(spans, pairs_per_event, strict=True)):
-        for sl in _pair_slices(n, span.hits):
-            yield e, span, slice(start + sl.start, start + sl.stop)
+        step = max(1, GROUP_SLICE_ELEMENTS // max(span.hits, 1))
+        for i in range(0, n, step):
+            yield e, span, slice(start + i, start + min(i + step, n))
         start += n
 
 
@@ -353,23 +349,6 @@ def _layer_losses(
     return losses
 
 
-def _weighted(losses: Mapping[str, Tensor], loss_cfg: LossConfig) -> Tensor:
-    return (
-        loss_cfg.class_weight * losses["class"]
-        + loss_cfg.momentum_weight * losses["momentum"]
-        + loss_cfg.group_bce_weight * losses["group_bce"]
-        + loss_cfg.group_dice_weight * losses["group_dice"]
-    )
-
-
-def aux_prefixes(outputs: Mapping[str, Tensor]) -> list[str]:
-    out, layer = [], 0
-    while f"aux{layer}_class_logits" in outputs:
-        out.append(f"aux{layer}_")
-        layer += 1
-    return out
-
-
 def hit_losses(
     outputs: Mapping[str, Tensor],
     batch: Mapping[str, Tensor],
@@ -381,13 +360,19 @@ def hit_losses(
     matcher = stand.match if stand and stand.match is not None else match
     with _no_autocast(batch["mask"].device):
         result: dict[str, Tensor] = {}
-        total = None
-        for prefix in ["", *aux_prefixes(outputs)]:
+        total, prefix, aux = None, "", 0
+        while prefix == "" or prefix + "class_logits" in outputs:  # the last layer, then aux0_...
             matches = matcher(outputs, batch, targets, loss_cfg, prefix)
             layer = _layer_losses(outputs, batch, targets, matches, loss_cfg, prefix)
             result.update({prefix + k: v for k, v in layer.items()})
             w = 1.0 if prefix == "" else loss_cfg.aux_weight
-            total = w * _weighted(layer, loss_cfg) + (0.0 if total is None else total)
+            total = w * (
+                loss_cfg.class_weight * layer["class"]
+                + loss_cfg.momentum_weight * layer["momentum"]
+                + loss_cfg.group_bce_weight * layer["group_bce"]
+                + loss_cfg.group_dice_weight * layer["group_dice"]
+            ) + (0.0 if total is None else total)
+            prefix, aux = f"aux{aux}_", aux + 1
         result["total"] = total
     return result
 

@@ -13,7 +13,6 @@ from heptstudy.locks import LOCK_NAME
 
 RUN_NAME = re.compile(r"^run-(\d{3,})$")
 STEP_FILE = re.compile(r"^step_(\d+)\.(pt|npz)$")
-STEP_FOLDERS = ("checkpoints", "predictions")
 
 
 class OutputDirError(HeptstudyError):
@@ -127,9 +126,9 @@ def _run_of(checkpoint: Path, out: Path) -> Path | None:
         return None
     run = checkpoint.resolve().parent.parent
     root = out.resolve()
-    if run == root or (run.parent == root and RUN_NAME.match(run.name)):
-        return out if run == root else out / run.name
-    return None
+    if run == root:
+        return out
+    return out / run.name if run.parent == root and RUN_NAME.match(run.name) else None
 
 
 def _step_of(path: Path) -> int:
@@ -140,7 +139,7 @@ def _step_of(path: Path) -> int:
 def _refuse_later_steps(run: Path, step: int) -> None:
     later = sorted(
         str(p.relative_to(run))
-        for folder in STEP_FOLDERS
+        for folder in ("checkpoints", "predictions")
         if (run / folder).is_dir()
         for p in (run / folder).iterdir()
         if _step_of(p) > step

@@ -20,14 +20,10 @@ from heptstudy.train.out_dir import latest_checkpoint
 FORMAT = "heptstudy.training_state/2"
 #: Written before training-state files carried a digest; they cannot be verified.
 UNVERIFIED_FORMATS = ("heptstudy.checkpoint/1",)
-PARTS: dict[str, type | tuple[type, ...]] = {
+#: The parts of a training state and their types: the step, then mappings.
+PARTS: dict[str, type] = {
     "step": int,
-    "config": dict,
-    "model": dict,
-    "optimizer": dict,
-    "scheduler": dict,
-    "loader": dict,
-    "rng": dict,
+    **dict.fromkeys(("config", "model", "optimizer", "scheduler", "loader", "rng"), dict),
 }
 #: Settings a resumed run may change: where it reads and writes, how often it validates and saves,
 #: and how it trades memory for time. Every other setting changes what runs (the weights, the
@@ -50,11 +46,6 @@ RESUMABLE_KEYS = frozenset(
 
 class TrainingStateError(HeptstudyError):
     pass
-
-
-def _refused(path: Path, problem: str) -> TrainingStateError:
-    """``--resume PATH`` refused, before the run has written anything."""
-    return TrainingStateError(f"--resume {str(path)!r}{problem}; nothing was written")
 
 
 def _first_line(err: Exception) -> str:
@@ -88,20 +79,6 @@ def _feed(h, obj: Any) -> None:
         raise TypeError(f"a training state holds no {type(obj).__name__} ({obj!r})")
 
 
-def rng_states() -> dict[str, Any]:
-    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def restore_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    random.setstate((3, tuple(states["python"]), None))
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
 def save_training_state(
     path: Path, *, model, optimizer, scheduler, loader, step: int, config: Config
 ) -> None:
@@ -112,8 +89,10 @@ def save_training_state(
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "loader": loader.state_dict(),
-        "rng": rng_states(),
+        "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])},
     }
+    if torch.cuda.is_available():
+        parts["rng"]["cuda"] = torch.cuda.get_rng_state_all()
     with atomic_open(path, "wb") as fh:
         torch.save({"format": FORMAT, "sha256": state_digest(parts), **parts}, fh)
 
@@ -121,81 +100,45 @@ def save_training_state(
 def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
     """Read and verify a training-state file before anything is written."""
     p = Path(path)
+
+    def refused(problem: str) -> TrainingStateError:
+        return TrainingStateError(f"--resume {str(p)!r}{problem}; nothing was written")
+
     if p.is_dir():
         latest = latest_checkpoint(p / "checkpoints") or latest_checkpoint(p)
-        raise _refused(
-            p,
-            " is a folder; give one training-state file"
-            + (f", for example the latest there, {str(latest)!r}" if latest else ""),
-        )
+        example = f", for example the latest there, {str(latest)!r}" if latest else ""
+        raise refused(f" is a folder; give one training-state file{example}")
     if not p.is_file():
-        raise _refused(
-            p,
-            ": no such file; give a checkpoints/step_NNNNNN.pt file written by `heptstudy train`",
+        raise refused(
+            ": no such file; give a checkpoints/step_NNNNNN.pt file written by `heptstudy train`"
         )
     try:
         state = torch.load(p, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError, OSError) as err:
-        raise _refused(
-            p,
+        raise refused(
             f" is not a readable training-state file ({type(err).__name__}: "
             f"{_first_line(err)}); it may be truncated or damaged. Resume "
-            f"from an earlier checkpoint of the run",
+            f"from an earlier checkpoint of the run"
         ) from None
     fmt = state.get("format") if isinstance(state, dict) else None
     if fmt in UNVERIFIED_FORMATS:
-        raise _refused(
-            p,
+        raise refused(
             f" has format {fmt!r}, written before training-state files "
             f"carried a checksum, so its tensors cannot be verified; this version reads "
             f"{FORMAT!r}. Start a new run (`heptstudy train --new-run`) or resume with the "
-            f"heptstudy version that wrote it",
+            f"heptstudy version that wrote it"
         )
     if fmt != FORMAT:
-        raise _refused(
-            p,
+        raise refused(
             f" has format {fmt!r}, expected {FORMAT!r}: it is not a "
-            f"training-state file of `heptstudy train`",
+            f"training-state file of `heptstudy train`"
         )
-    _check_parts(p, state)
-    if state.get("sha256") != state_digest({k: state[k] for k in PARTS}):
-        raise _refused(
-            p,
-            ": its contents do not match the sha256 checksum written with "
-            "them (the file was changed or damaged after it was written). Resume from another "
-            "checkpoint of the run (the previous step_*.pt)",
-        )
-    differences = _differences(state["config"], config.to_dict())
-    if differences:
-        listed = "; ".join(
-            f"{k}: checkpoint {as_yaml(a)}, now {as_yaml(b)}" for k, a, b in differences
-        )
-        raise _refused(
-            p,
-            f" was written with other settings than this run's ({listed}). A resume continues "
-            "the run exactly as it was configured (its schedule included); resume without "
-            "changing these settings (the checkpoint's are in its run folder's config.yaml), or "
-            "start a new run (--new-run) to train with the new ones",
-        )
-    steps = config.train.num_steps
-    if not 1 <= state["step"] <= steps:
-        raise _refused(
-            p,
-            f": its 'step' is {state['step']}, but a checkpoint of this run is written after "
-            f"step 1 to {steps} (train.num_steps). It was not written by `heptstudy train` as "
-            "it is now: resume from another checkpoint of the run, or start a new run",
-        )
-    return state
-
-
-def _check_parts(p: Path, state: dict) -> None:
     missing = [k for k in (*PARTS, "sha256") if k not in state]
     if missing:
-        raise _refused(
-            p,
+        raise refused(
             f" lacks {', '.join(repr(k) for k in missing)}; a training-state "
             f"file holds {', '.join(repr(k) for k in (*PARTS, 'sha256'))}. It was not written by "
-            f"`heptstudy train` or was edited: resume from another checkpoint",
+            f"`heptstudy train` or was edited: resume from another checkpoint"
         )
     wrong = [
         f"{k!r} is a {type(state[k]).__name__}"
@@ -203,11 +146,35 @@ def _check_parts(p: Path, state: dict) -> None:
         if not isinstance(state[k], kind) or isinstance(state[k], bool)
     ]
     if wrong:
-        raise _refused(
-            p,
+        raise refused(
             f": {', '.join(wrong)}, which no training-state file holds "
-            f"(step is an integer, the other parts mappings); resume from another checkpoint",
+            f"(step is an integer, the other parts mappings); resume from another checkpoint"
         )
+    if state.get("sha256") != state_digest({k: state[k] for k in PARTS}):
+        raise refused(
+            ": its contents do not match the sha256 checksum written with "
+            "them (the file was changed or damaged after it was written). Resume from another "
+            "checkpoint of the run (the previous step_*.pt)"
+        )
+    differences = _differences(state["config"], config.to_dict())
+    if differences:
+        listed = "; ".join(
+            f"{k}: checkpoint {as_yaml(a)}, now {as_yaml(b)}" for k, a, b in differences
+        )
+        raise refused(
+            f" was written with other settings than this run's ({listed}). A resume continues "
+            "the run exactly as it was configured (its schedule included); resume without "
+            "changing these settings (the checkpoint's are in its run folder's config.yaml), or "
+            "start a new run (--new-run) to train with the new ones"
+        )
+    steps = config.train.num_steps
+    if not 1 <= state["step"] <= steps:
+        raise refused(
+            f": its 'step' is {state['step']}, but a checkpoint of this run is written after "
+            f"step 1 to {steps} (train.num_steps). It was not written by `heptstudy train` as "
+            "it is now: resume from another checkpoint of the run, or start a new run"
+        )
+    return state
 
 
 def restore_training_state(state: dict[str, Any], path, *, model, optimizer, scheduler, loader):
@@ -226,20 +193,21 @@ def restore_training_state(state: dict[str, Any], path, *, model, optimizer, sch
                 f"({type(err).__name__}: {_first_line(err)}); resume "
                 "with the heptstudy version and configuration that wrote it"
             ) from None
-    restore_rng_states(state["rng"])
+    rng = state["rng"]
+    torch.set_rng_state(rng["torch"])
+    random.setstate((3, tuple(rng["python"]), None))
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
     return int(state["step"])
 
 
-def _differences(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
-    return [d for d in _flat_diff(saved, current) if d[0] not in RESUMABLE_KEYS]
-
-
-def _flat_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+def _differences(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """The settings (dotted keys) that differ, less :data:`RESUMABLE_KEYS`."""
     out = []
     for k in sorted(set(a) | set(b)):
         x, y = a.get(k), b.get(k)
         if isinstance(x, dict) and isinstance(y, dict):
-            out += _flat_diff(x, y, f"{prefix}{k}.")
-        elif x != y:
+            out += _differences(x, y, f"{prefix}{k}.")
+        elif x != y and prefix + k not in RESUMABLE_KEYS:
             out.append((prefix + k, x, y))
     return out

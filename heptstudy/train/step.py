@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,16 +18,6 @@ from heptstudy.train.losses import compute_losses
 from heptstudy.train.optim import build_optimizer, build_scheduler
 
 Batch = Mapping[str, torch.Tensor]
-
-
-class MemoryMeter(Protocol):
-    """What the step asks of a memory meter (the step sits below :mod:`heptstudy.meters`)."""
-
-    def start_step(self, baseline_tensors=(), *, model=None, optimizer=None) -> None: ...
-
-    def mark(self, label: str) -> None: ...
-
-    def stop_step(self) -> Any: ...
 
 
 class PhaseClock:
@@ -73,14 +63,15 @@ def run_step(
     config: Config,
     dtype: torch.dtype | None,
     *,
-    meter: MemoryMeter | None = None,
+    meter=None,
     clock: PhaseClock | None = None,
     keep_outputs: bool = False,
     plan: Plan | None | list[Plan | None] = None,
     device: torch.device | None = None,
 ) -> StepResult:
     """One training step on ``batch`` or a list of micro-batches (losses weighted 1/n). ``device``
-    None: already there; ``optimizer`` None: no update; ``plan``: per micro-batch under auto."""
+    None: already there; ``optimizer`` None: no update; ``plan``: per micro-batch under auto;
+    ``meter``: a :class:`heptstudy.meters.memory.MemoryMeter` (imported there, above the step)."""
     batches = [batch] if isinstance(batch, Mapping) else list(batch)
     plans = plan if isinstance(plan, list) else [plan] * len(batches)
     clock = clock if clock is not None else PhaseClock()

@@ -15,7 +15,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from heptstudy.atomic import atomic_open, atomic_write_text, free_space_problem
+from heptstudy.atomic import WriteFailed, atomic_open, atomic_write_text, free_space_problem
 from heptstudy.config import Config
 from heptstudy.data.batching import BatchLoader, validation_batches
 from heptstudy.data.prefetch import PrefetchingLoader
@@ -25,13 +25,14 @@ from heptstudy.model.adaptive_checkpointing import PlanPredictor
 from heptstudy.paths import resolve_from_cwd
 from heptstudy.train import distributed
 from heptstudy.train.model_size import check_model_fits
-from heptstudy.train.out_dir import choose_out_dir, config_file_name, recheck_held
-from heptstudy.train.precision import autocast_dtype
-from heptstudy.train.state import (
-    load_training_state,
-    restore_training_state,
-    save_training_state,
+from heptstudy.train.out_dir import (
+    choose_out_dir,
+    config_file_name,
+    latest_checkpoint,
+    recheck_held,
 )
+from heptstudy.train.precision import autocast_dtype
+from heptstudy.train.state import load_training_state, restore_training_state, save_training_state
 from heptstudy.train.step import fresh_state, run_step
 from heptstudy.train.validate import validate
 from heptstudy.units import MIB
@@ -56,7 +57,6 @@ def describe(batches) -> str:
 def _write_json_line(path: Path, record: dict[str, Any]) -> None:
     with path.open("a") as fh:
         fh.write(json.dumps(record) + "\n")
-        fh.flush()
 
 
 def train(
@@ -98,15 +98,15 @@ def train(
             "(--new-run) with a larger train.num_steps"
         )
 
-    def decide() -> Path:
-        return choose_out_dir(
+    out = distributed.decided_on_main(
+        lambda: choose_out_dir(
             resolve_from_cwd(tc.out_dir),
             new_run=new_run,
             resume=resume,
             resume_step=resume_step or 0,
-        )
-
-    out = distributed.decided_on_main(decide, ctx)
+        ),
+        ctx,
+    )
     model_bytes = check_model_fits(config, ctx.device)
     if ctx.is_main:
         # a training-state file holds the weights and LAMB's two moments: the first one must fit
@@ -116,152 +116,138 @@ def train(
                 f"train.out_dir={str(out)!r}: no room for a training-state file ({problem}); "
                 "nothing was run. Free space or choose another train.out_dir"
             )
-    held = holding(out, "train.out_dir") if ctx.is_main else contextlib.nullcontext()
-    with held:
+    with holding(out, "train.out_dir") if ctx.is_main else contextlib.nullcontext():
         if ctx.is_main:
             recheck_held(out, resume_step)
-        return _train_into(
-            out,
-            config,
-            ctx,
-            state,
-            resume,
-            resume_step,
-            per_device,
-            dtype,
-            progress,
-            plan_predictor,
+        ckpt_dir, pred_dir = out / "checkpoints", out / "predictions"
+        model, optimizer, scheduler = fresh_state(config, ctx.device)  # as the bench's
+        loader = BatchLoader(
+            config, "train", rank=ctx.rank, world_size=ctx.world_size, per_device_batch=per_device
         )
-
-
-def _train_into(
-    out, config, ctx, state, resume, resume_step, per_device, dtype, progress, plan_predictor
-):
-    tc = config.train
-    ckpt_dir, pred_dir = out / "checkpoints", out / "predictions"
-    model, optimizer, scheduler = fresh_state(config, ctx.device)  # as the bench's
-    loader = BatchLoader(
-        config, "train", rank=ctx.rank, world_size=ctx.world_size, per_device_batch=per_device
-    )
-    start = 0
-    if state is not None:
-        start = restore_training_state(
-            state, resume, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader
-        )
-    net = model
-    if ctx.distributed:
-        net = DistributedDataParallel(
-            model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None
-        )
-    valid = validation_batches(config, per_device) if ctx.is_main else []
-    # activation_checkpointing=auto: one memory model per plan, before the first step
-    plans = plan_predictor(config, ctx.device, per_device) if config.model.heptv2.adaptive else None
-    if plans is not None and ctx.is_main and progress:
-        print(plans.describe())
-
-    metrics_path = out / "metrics.jsonl"
-
-    def open_run() -> None:
-        # only once a step has succeeded: a run failing at once leaves nothing blocking a retry
-        for d in (ckpt_dir, pred_dir):
-            d.mkdir(parents=True, exist_ok=True)
-        run_config = config.model_copy(deep=True)
-        run_config.train.out_dir = str(out)
-        text = run_config.to_yaml()
-        atomic_write_text(config_file_name(out, text, resume_step), text)
+        start = 0
         if state is not None:
-            _write_json_line(
-                metrics_path, {"kind": "resume", "step": start, "from": str(Path(resume))}
+            start = restore_training_state(
+                state, resume, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader
             )
+        net = model
+        if ctx.distributed:
+            net = DistributedDataParallel(
+                model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None
+            )
+        valid = validation_batches(config, per_device) if ctx.is_main else []
+        # activation_checkpointing=auto: one memory model per plan, before the first step
+        plans = (
+            plan_predictor(config, ctx.device, per_device) if config.model.heptv2.adaptive else None
+        )
+        if plans is not None and ctx.is_main and progress:
+            print(plans.describe())
 
-    last: dict[str, Any] = {}
-    bar = tqdm(
-        total=tc.num_steps,
-        initial=start,
-        disable=not (progress and ctx.is_main),
-        desc="train",
-        unit="step",
-    )
-    net.train()
-    step = start
-    with (
-        _interrupt_said(out, lambda: step, bar),
-        PrefetchingLoader(loader, config.data.prefetch_batches) as batches,
-    ):
-        for step in range(start + 1, tc.num_steps + 1):
-            t0 = time.perf_counter()
-            losses, events, adaptive = _step(
-                net, batches, optimizer, scheduler, config, dtype, ctx, step, plans
-            )
-            elapsed = time.perf_counter() - t0
-            record = {
-                "kind": "train",
-                "step": step,
-                "lr": scheduler.get_last_lr()[0],
-                "time_s": elapsed,
-                "event_index_by_rank": events,
-                **adaptive,
-                **{f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()},
-            }
-            if ctx.is_main:
-                if step == start + 1:
-                    open_run()
-                _write_json_line(metrics_path, record)
-                bar.set_postfix(loss=f"{record['loss_total']:.4g}", step_s=f"{elapsed:.2f}")
-            bar.update(1)
-            last = record
-            predictions_file = pred_dir / f"step_{step:06d}.npz"
-            checkpoint_file = ckpt_dir / f"step_{step:06d}.pt"
-            try:
-                if step % tc.val_freq == 0 or step == tc.num_steps:
-                    if ctx.is_main:
-                        metrics, predictions = validate(model, valid, config, ctx.device, dtype)
-                        _write_json_line(
-                            metrics_path, {"kind": "validation", "step": step, **metrics}
-                        )
-                        with atomic_open(predictions_file, "wb") as fh:
-                            np.savez_compressed(fh, **predictions)
-                        last = {**last, **{f"val_{k}": v for k, v in metrics.items()}}
-                    distributed.barrier(ctx)
-                if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
-                    if ctx.is_main:
-                        save_training_state(
-                            checkpoint_file,
-                            model=model,
-                            optimizer=optimizer,
-                            scheduler=scheduler,
-                            loader=batches,
-                            step=step,
-                            config=config,
-                        )
-                    distributed.barrier(ctx)
-            except OSError as exc:
-                raise _write_failed(exc, out, step, predictions_file, checkpoint_file) from None
-    bar.close()
-    distributed.teardown()
-    return {
-        "step": tc.num_steps,
-        "last": last,
-        "out_dir": str(out),
-        "rank": ctx.rank,
-        "world_size": ctx.world_size,
-    }
+        metrics_path = out / "metrics.jsonl"
+
+        def open_run() -> None:
+            # only once a step has succeeded: a run failing at once leaves nothing blocking a retry
+            for d in (ckpt_dir, pred_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            run_config = config.model_copy(deep=True)
+            run_config.train.out_dir = str(out)
+            text = run_config.to_yaml()
+            atomic_write_text(config_file_name(out, text, resume_step), text)
+            if state is not None:
+                _write_json_line(
+                    metrics_path, {"kind": "resume", "step": start, "from": str(Path(resume))}
+                )
+
+        last: dict[str, Any] = {}
+        bar = tqdm(
+            total=tc.num_steps,
+            initial=start,
+            disable=not (progress and ctx.is_main),
+            desc="train",
+            unit="step",
+        )
+        net.train()
+        step = start
+        with (
+            _interrupt_said(out, lambda: step, bar),
+            PrefetchingLoader(loader, config.data.prefetch_batches) as batches,
+        ):
+            for step in range(start + 1, tc.num_steps + 1):
+                t0 = time.perf_counter()
+                losses, events, adaptive = _step(
+                    net, batches, optimizer, scheduler, config, dtype, ctx, step, plans
+                )
+                elapsed = time.perf_counter() - t0
+                record = {
+                    "kind": "train",
+                    "step": step,
+                    "lr": scheduler.get_last_lr()[0],
+                    "time_s": elapsed,
+                    "event_index_by_rank": events,
+                    **adaptive,
+                    **{f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()},
+                }
+                if ctx.is_main:
+                    if step == start + 1:
+                        open_run()
+                    _write_json_line(metrics_path, record)
+                    bar.set_postfix(loss=f"{record['loss_total']:.4g}", step_s=f"{elapsed:.2f}")
+                bar.update(1)
+                last = record
+                predictions_file = pred_dir / f"step_{step:06d}.npz"
+                checkpoint_file = ckpt_dir / f"step_{step:06d}.pt"
+                try:
+                    if step % tc.val_freq == 0 or step == tc.num_steps:
+                        if ctx.is_main:
+                            metrics, predictions = validate(model, valid, config, ctx.device, dtype)
+                            _write_json_line(
+                                metrics_path, {"kind": "validation", "step": step, **metrics}
+                            )
+                            with atomic_open(predictions_file, "wb") as fh:
+                                np.savez_compressed(fh, **predictions)
+                            last = {**last, **{f"val_{k}": v for k, v in metrics.items()}}
+                        distributed.barrier(ctx)
+                    if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
+                        if ctx.is_main:
+                            save_training_state(
+                                checkpoint_file,
+                                model=model,
+                                optimizer=optimizer,
+                                scheduler=scheduler,
+                                loader=batches,
+                                step=step,
+                                config=config,
+                            )
+                        distributed.barrier(ctx)
+                except OSError as exc:
+                    raise _write_failed(exc, out, step, predictions_file, checkpoint_file) from None
+        bar.close()
+        distributed.teardown()
+        return {
+            "step": tc.num_steps,
+            "last": last,
+            "out_dir": str(out),
+            "rank": ctx.rank,
+            "world_size": ctx.world_size,
+        }
+
+
+def _unblock_resume(out: Path, step: int) -> Path | None:
+    """Remove ``step``'s predictions unless its checkpoint was written (they would block the
+    resume as a later step's file); returns the latest checkpoint."""
+    if not (out / "checkpoints" / f"step_{step:06d}.pt").exists():
+        (out / "predictions" / f"step_{step:06d}.npz").unlink(missing_ok=True)
+    return latest_checkpoint(out / "checkpoints")
 
 
 @contextlib.contextmanager
 def _interrupt_said(out: Path, step: Callable[[], int], bar: Any):
     """Ctrl-C during training: one line with the checkpoint kept and the command that goes on."""
-    from heptstudy.train.out_dir import latest_checkpoint
-
     try:
         yield
     except KeyboardInterrupt:
         bar.close()  # the line below starts a line of its own
         now = step()
-        # a step's predictions without its checkpoint would block the resume (later steps' files)
-        if not (out / "checkpoints" / f"step_{now:06d}.pt").exists():
-            (out / "predictions" / f"step_{now:06d}.npz").unlink(missing_ok=True)
-        latest = latest_checkpoint(out / "checkpoints")
+        latest = _unblock_resume(out, now)
         kept = (
             f"the checkpoint {latest} and the steps up to it are kept; later steps were not. Go "
             f"on with the same command and --resume {latest}"
@@ -274,24 +260,19 @@ def _interrupt_said(out: Path, step: Callable[[], int], bar: Any):
 
 def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpoint: Path):
     """A step's files could not be written: remove its predictions too, so a resume is unblocked."""
-    from heptstudy.atomic import WriteFailed
-    from heptstudy.train.out_dir import latest_checkpoint
-
     # the predictions are written first: when they are there, the checkpoint is what failed
     where = exc.filename or (checkpoint if predictions.exists() else predictions)
-    if not checkpoint.exists():
-        predictions.unlink(missing_ok=True)
-    latest = latest_checkpoint(out / "checkpoints")
+    latest = _unblock_resume(out, step)
     again = (
         f"resume with --resume {latest}"
         if latest is not None
         # the folder holds this stopped run: a plain rerun would be refused as an earlier run's
         else "start again with --new-run (a new numbered run folder beside the stopped one)"
     )
-    again = f"{os_error_advice(exc)}, then {again}"
     return WriteFailed(
         f"training stopped at step {step}: {where} could not be written "
-        f"({exc.strerror or exc}); nothing of step {step} was kept. {again}"
+        f"({exc.strerror or exc}); nothing of step {step} was kept. {os_error_advice(exc)}, "
+        f"then {again}"
     )
 
 
@@ -299,18 +280,12 @@ def _step(net, batches, optimizer, scheduler, config, dtype, ctx, step, plans):
     micro = [next(batches) for _ in range(config.train.grad_accumulation)]
     # chosen on the host: a batch no plan fits stops before the step allocates anything
     choices = [plans.choose_for(b) if plans is not None else None for b in micro]
+    chosen = [None if c is None else c.plan for c in choices]
     if plans is not None and ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     try:
         result = run_step(
-            net,
-            micro,
-            optimizer,
-            scheduler,
-            config,
-            dtype,
-            plan=[None if c is None else c.plan for c in choices],
-            device=ctx.device,
+            net, micro, optimizer, scheduler, config, dtype, plan=chosen, device=ctx.device
         )
     except torch.OutOfMemoryError:
         hint = (
