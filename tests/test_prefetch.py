@@ -71,8 +71,6 @@ def test_depth_zero_reads_in_the_callers_thread(config):
         assert readers == [threading.current_thread()]
         assert loader.batches_served == 1
         assert pf.state_dict() == plain.state_dict()
-    with pytest.raises(ValueError, match="depth must be >= 0"):
-        PrefetchingLoader(loader, depth=-1)
 
 
 class _FailsAt:

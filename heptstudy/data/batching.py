@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from heptstudy.data.features import tracker_neighbourhood
-from heptstudy.data.layout import BATCHINGS, EventLayout
+from heptstudy.data.layout import EventLayout
 from heptstudy.data.sampler import InterleavedShardSampler
 from heptstudy.data.tfds import ShardedDataset, open_dataset
 from heptstudy.errors import DataError
@@ -47,8 +47,6 @@ def collate(
     padding, ``mask`` True on real hits, ``layout`` says where each event lies."""
     if not events:
         raise DataError("cannot build a batch from zero events; ask for at least one event")
-    if batching not in BATCHINGS:
-        raise DataError(f"data.batching={batching!r} is not known; use one of {BATCHINGS}")
     lengths = np.array([len(ev["X"]) for ev in events], dtype=np.int64)
     padded = padded_sizes(lengths, pad_to_multiple)
     if batching == "packed":

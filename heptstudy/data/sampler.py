@@ -10,8 +10,6 @@ import numpy as np
 
 from heptstudy.errors import DataError
 
-MODES = ("interleaved_shards", "sequential")
-
 
 def interleaved_order(shard_sizes: Sequence[int], rng: np.random.Generator) -> np.ndarray:
     """One epoch of global indices in interleaved-shard order (vectorised, O(N log N))."""
@@ -45,8 +43,6 @@ class InterleavedShardSampler:
         world_size: int = 1,
         mode: str = "interleaved_shards",
     ) -> None:
-        if mode not in MODES:
-            raise DataError(f"data.sampler={mode!r} is not one of {list(MODES)}; pick one of them")
         if world_size < 1 or not 0 <= rank < world_size:
             raise DataError(
                 f"rank={rank}, world_size={world_size}: need world_size >= 1 and 0 <= rank < "

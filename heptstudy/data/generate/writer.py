@@ -52,12 +52,8 @@ def _serialized_event(job: tuple[int, str, str, int, float]) -> tuple[bytes, byt
     )
 
 
-def _check_arguments(data_dir, events_train, events_test, configs, occupancy_scale) -> None:
-    for what, value in (("events_train", events_train), ("events_test", events_test)):
-        if not isinstance(value, (int, np.integer)) or value < 1:
-            raise DataError(
-                f"{what}={value!r} must be a positive integer number of events; give e.g. 100"
-            )
+def _check_arguments(data_dir, configs, occupancy_scale) -> None:
+    # events_train/events_test: the CLI takes only whole numbers from 1
     if not occupancy_scale > 0 or not math.isfinite(occupancy_scale):
         raise DataError(
             f"occupancy_scale={occupancy_scale!r} must be a positive finite number "
@@ -128,12 +124,12 @@ def generate_datasets(
 
     configs = [str(c) for c in configs]
     data_dir = Path(data_dir)
-    _check_arguments(data_dir, events_train, events_test, configs, occupancy_scale)
+    _check_arguments(data_dir, configs, occupancy_scale)
     _check_event_size(occupancy_scale, workers)
     # one generation at a time in a data directory: a second one's clean-up would remove the
     # first one's unfinished data set; checked again under the lock, which the first may hold
     with holding(data_dir, "data directory (--data-dir)"):
-        _check_arguments(data_dir, events_train, events_test, configs, occupancy_scale)
+        _check_arguments(data_dir, configs, occupancy_scale)
         metadata = _metadata(seed, occupancy_scale, events_train, events_test)
         counts = {"train": int(events_train), "test": int(events_test)}
         total = len(configs) * sum(counts.values())
