@@ -93,17 +93,11 @@ def dataset_for(config, split: str) -> ShardedDataset:
     return _open_cached(str(d.data_dir), d.dataset, tuple(str(c) for c in d.configs), split)
 
 
-def neighbourhood_radii(config, ds: ShardedDataset) -> list[float] | None:
-    """The radii when tracker features are on and the data set is a hits one, else None."""
+def _batch(config, ds: ShardedDataset, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Events ``indices`` of ``ds`` collated, with their neighbourhood block when tracker
+    features are on and the data set is a hits one."""
     tf = config.model.tracker_features
-    return list(tf.radii) if tf.enabled and ds.is_hits else None
-
-
-def _batch(
-    config, ds: ShardedDataset, indices: Sequence[int], radii: Sequence[float] | None
-) -> dict[str, torch.Tensor]:
-    """Events ``indices`` of ``ds`` collated, with their neighbourhood block when ``radii`` are
-    given."""
+    radii = list(tf.radii) if tf.enabled and ds.is_hits else None
 
     # computed in the reader threads: the k-d tree searches release the GIL
     def read(index: int) -> dict[str, Any]:
@@ -120,7 +114,7 @@ def _batch(
         events = [read(i) for i in indices]
     if events and not any(len(ev["X"]) for ev in events):
         # a step on no hits has loss 0.0 and no gradient: a run of them trains nothing, unsaid
-        folders = ", ".join(repr(m["path"]) for m in ds.metadata["per_config"])
+        folders = ", ".join(repr(p) for p in ds.metadata["paths"])
         raise DataError(
             f"{ds.name} configs {ds.shard_names} {ds.split} split: every event of the batch "
             f"(event indices {list(indices)[:8]}{' ...' if len(indices) > 8 else ''}) has 0 "
@@ -133,8 +127,7 @@ def _batch(
 
 def load_events(config, indices: Sequence[int], split: str = "train") -> dict[str, torch.Tensor]:
     """One collated batch of exactly the events ``indices`` of ``split`` (global indices)."""
-    ds = dataset_for(config, split)
-    return _batch(config, ds, [int(i) for i in indices], neighbourhood_radii(config, ds))
+    return _batch(config, dataset_for(config, split), [int(i) for i in indices])
 
 
 def validation_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
@@ -177,14 +170,13 @@ class BatchLoader:
             world_size=world_size,
             mode=config.data.sampler,
         )
-        self.radii = neighbourhood_radii(config, self.dataset)
         self.batches_served = 0
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        batch = _batch(self.config, self.dataset, self.sampler.take(self.batch_size), self.radii)
+        batch = _batch(self.config, self.dataset, self.sampler.take(self.batch_size))
         self.batches_served += 1
         return batch
 

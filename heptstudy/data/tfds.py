@@ -118,7 +118,7 @@ class ArrayRecordDatasetWriter:
             with _refused_writes_as_os_errors(plan["path"]):
                 writer.close()
 
-    def finish(self) -> Path:
+    def finish(self) -> None:
         """Close the shards and write the metadata, still under the temporary name."""
         import tensorflow_datasets as tfds
         from tensorflow_datasets.core import dataset_info as dataset_info_lib
@@ -161,7 +161,6 @@ class ArrayRecordDatasetWriter:
         if fault is not None:
             raise fault
         info.write_to_directory(self.tmp)
-        return self.final
 
     def publish(self) -> Path:
         """Rename the finished data set into place (atomic: it appears whole)."""
@@ -342,7 +341,7 @@ def open_dataset(
 
     name, version = parse_dataset(dataset)
     data_dir = Path(data_dir).expanduser()
-    sources, metas, files = [], [], []
+    sources, metas, files, paths = [], [], [], []
     expected = X_WIDTH.get(name)
     for config in configs:
         config = str(config)
@@ -367,21 +366,18 @@ def open_dataset(
                 f"{name}/{config}:{version} lacks the features {missing} (it has "
                 f"{sorted(feats)}); the study needs {list(FEATURE_KEYS)}"
             )
-        found = feats["X"].shape[-1]
-        if expected is not None and found != expected:
-            raise DataError(
-                f"{name}/{config}:{version} has {found} input features per row in X, expected "
-                f"{expected} ({', '.join(HIT_FEATURES if name == HITS_NAME else PF_FEATURES)}); "
-                "this is not the schema the study reads: use a matching data set version"
-            )
-        found_y = feats["ytarget"].shape[-1]
-        if found_y != Y_WIDTH:
-            raise DataError(
-                f"{name}/{config}:{version} has {found_y} target columns, expected {Y_WIDTH} "
-                f"({', '.join(TARGET_COLUMNS)}); use a matching data set version"
-            )
-        if expected is None:
-            expected = found
+        x_names = HIT_FEATURES if name == HITS_NAME else PF_FEATURES
+        for key, want, what, names in (
+            ("X", expected, "input features per row in X", x_names),
+            ("ytarget", Y_WIDTH, "target columns", TARGET_COLUMNS),
+        ):
+            if want is not None and (found := feats[key].shape[-1]) != want:
+                raise DataError(
+                    f"{name}/{config}:{version} has {found} {what}, expected {want} "
+                    f"({', '.join(names)}); this is not the schema the study reads: use a "
+                    "matching data set version"
+                )
+        expected = feats["X"].shape[-1]
         try:
             source = builder.as_data_source(split)
         except Exception as err:
@@ -393,12 +389,12 @@ def open_dataset(
             ) from None
         files.append(_shard_files(info.splits[split], path, name, config, version, split))
         sources.append(source)
-        md = dict(info.metadata or {})
-        md["synthetic"] = bool(md.get("synthetic", False))
-        metas.append({**md, "config": config, "path": str(path)})
+        metas.append(dict(info.metadata or {}))
+        paths.append(str(path))
     metadata = {k: v for k, v in metas[0].items() if k not in ("config", "path")}
-    metadata.update(synthetic=any(m["synthetic"] for m in metas), name=name, version=version)
-    metadata.update(configs=[str(c) for c in configs], split=split, per_config=metas)
+    metadata["synthetic"] = any(bool(m.get("synthetic")) for m in metas)
+    metadata.update(name=name, version=version, configs=[str(c) for c in configs], split=split)
+    metadata["paths"] = paths  # each config's folder
     return ShardedDataset(sources, files, metadata, expected)
 
 

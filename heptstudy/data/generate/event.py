@@ -209,9 +209,7 @@ def _clusters(Xc: np.ndarray, ow: np.ndarray, n_part: int) -> tuple[np.ndarray, 
     clusters[:, 5] = e
     clusters[:, 6:9] = m
     clusters[:, 9] = np.arctan2(rt, m[:, 2])
-    clusters[:, 10] = e_sub[0][cl_ids]
-    clusters[:, 11] = e_sub[1][cl_ids]
-    clusters[:, 12] = e_sub[2][cl_ids]
+    clusters[:, 10:13] = np.stack(e_sub, 1)[cl_ids]
     clusters[:, 13] = cnt[cl_ids]
     clusters[:, 14:17] = np.sqrt(var[cl_ids])
     return cl_ids, clusters
