@@ -167,14 +167,11 @@ class ArrayRecordDatasetWriter:
         self.tmp.rename(self.final)
         return self.final
 
-    def unpublish(self) -> None:
-        """Take a published data set back (another one of the same generation failed)."""
-        if self.final.exists() and not self.tmp.exists():
-            self.final.rename(self.tmp)
-        self.discard()
-
     def discard(self) -> None:
-        """Remove what was written but not published, and the folders left empty."""
+        """Remove what was written, published or not (another data set of the same generation
+        failed), and the folders left empty."""
+        if self.final.exists() and not self.tmp.exists():  # published: the caller checked that
+            self.final.rename(self.tmp)  # the data set did not exist before
         for plan in self._plan.values():
             # a shard left open by the failure being reported: its own error does not matter
             with contextlib.suppress(OSError):

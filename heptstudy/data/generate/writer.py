@@ -148,7 +148,6 @@ def generate_datasets(
             )
         # published only when all are finished: a failure leaves none, so a rerun simply works
         finished: list[ArrayRecordDatasetWriter] = []
-        published: list[ArrayRecordDatasetWriter] = []
         try:
             for config in configs:
                 md = dict(metadata, config=config)
@@ -173,12 +172,9 @@ def generate_datasets(
                     writer.finish()
             for writer in finished:
                 written[writer.name].append(str(writer.publish()))
-                published.append(writer)
         except BaseException as exc:
             if pool is not None:  # its queued events are no longer wanted
                 pool.terminate()
-            for writer in published:
-                writer.unpublish()
             for writer in finished:
                 writer.discard()
             if isinstance(exc, OSError):
