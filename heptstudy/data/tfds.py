@@ -162,10 +162,9 @@ class ArrayRecordDatasetWriter:
             raise fault
         info.write_to_directory(self.tmp)
 
-    def publish(self) -> Path:
+    def publish(self) -> None:
         """Rename the finished data set into place (atomic: it appears whole)."""
         self.tmp.rename(self.final)
-        return self.final
 
     def discard(self) -> None:
         """Remove what was written, published or not (another data set of the same generation

@@ -30,9 +30,9 @@ from heptstudy.units import refuse_above_memory
 
 GENERATOR_VERSION = "1"
 SPLIT_CODE = {"train": 0, "test": 1}
-DESCRIPTIONS = {
-    "hits": "Synthetic CLD-like ttbar events, one row per tracker/calorimeter hit.",
-    "pf": "Synthetic CLD-like ttbar events, one row per track/calorimeter cluster.",
+DESCRIPTIONS = {  # in the order _serialized_event returns the examples
+    HITS_NAME: "Synthetic CLD-like ttbar events, one row per tracker/calorimeter hit.",
+    PF_NAME: "Synthetic CLD-like ttbar events, one row per track/calorimeter cluster.",
 }
 
 
@@ -135,7 +135,6 @@ def generate_datasets(
         total = len(configs) * sum(counts.values())
         bar = tqdm(total=total, desc="generating events", unit="ev", disable=not progress)
         t0 = time.perf_counter()
-        written = {HITS_NAME: [], PF_NAME: []}
         if workers is None:
             workers = min(2, os.cpu_count() or 1)
         pool = None
@@ -151,12 +150,11 @@ def generate_datasets(
         try:
             for config in configs:
                 md = dict(metadata, config=config)
-                writers = {}
-                for kind, name in (("hits", HITS_NAME), ("pf", PF_NAME)):
-                    writers[kind] = ArrayRecordDatasetWriter(
-                        data_dir, name, config, counts, md, DESCRIPTIONS[kind]
-                    )
-                    finished.append(writers[kind])
+                writers = [
+                    ArrayRecordDatasetWriter(data_dir, name, config, counts, md, text)
+                    for name, text in DESCRIPTIONS.items()
+                ]
+                finished += writers
                 for split, n in counts.items():
                     jobs = [(seed, config, split, i, occupancy_scale) for i in range(n)]
                     results = (
@@ -164,14 +162,14 @@ def generate_datasets(
                         if pool
                         else map(_serialized_event, jobs)
                     )
-                    for hits_bytes, pf_bytes in results:
-                        writers["hits"].add_serialized(split, hits_bytes)
-                        writers["pf"].add_serialized(split, pf_bytes)
+                    for examples in results:
+                        for writer, data in zip(writers, examples, strict=True):
+                            writer.add_serialized(split, data)
                         bar.update(1)
-                for writer in writers.values():
+                for writer in writers:
                     writer.finish()
             for writer in finished:
-                written[writer.name].append(str(writer.publish()))
+                writer.publish()
         except BaseException as exc:
             if pool is not None:  # its queued events are no longer wanted
                 pool.terminate()
@@ -192,7 +190,6 @@ def generate_datasets(
                 pool.join()
         return {
             "data_dir": str(data_dir),
-            "paths": written,
             "configs": configs,
             "events": counts,
             "seconds": time.perf_counter() - t0,
