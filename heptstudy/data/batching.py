@@ -4,7 +4,7 @@ the training batch loader, and fixed evaluation events (from the **test** split)
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -170,22 +170,15 @@ class BatchLoader:
             world_size=world_size,
             mode=config.data.sampler,
         )
-        self.batches_served = 0
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        batch = _batch(self.config, self.dataset, self.sampler.take(self.batch_size))
-        self.batches_served += 1
-        return batch
+        return _batch(self.config, self.dataset, self.sampler.take(self.batch_size))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict(), "batches_served": self.batches_served}
+        return {"sampler": self.sampler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
-        self.batches_served = int(state.get("batches_served", 0))
 
 
 def event_indices(config, batch_size: int, num_batches: int) -> list[list[int]]:

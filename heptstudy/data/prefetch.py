@@ -43,9 +43,6 @@ class PrefetchingLoader:
         except BaseException as err:  # handed to the consumer, raised there with its message
             self._put((err, None))
 
-    def __iter__(self) -> PrefetchingLoader:
-        return self
-
     def __next__(self) -> Any:
         if self._closed.is_set():
             raise RuntimeError("this PrefetchingLoader was closed; create a new one")
