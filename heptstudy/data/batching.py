@@ -187,5 +187,4 @@ def event_indices(config, batch_size: int, num_batches: int) -> list[list[int]]:
     sampler = InterleavedShardSampler(
         ds.shard_sizes, seed=config.train.seed, mode=config.data.sampler
     )
-    flat = sampler.take(batch_size * num_batches)
-    return [flat[i * batch_size : (i + 1) * batch_size] for i in range(num_batches)]
+    return [sampler.take(batch_size) for _ in range(num_batches)]

@@ -283,15 +283,14 @@ class ShardedDataset:
             names = x_names if key == "X" else TARGET_COLUMNS
             column = names[col] if col < len(names) else f"column {col}"
             raise DataError(
-                f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
-                f"index {index}) has a non-finite {what}: {key}[{row}, {col}] = "
+                f"{self._event_name(index)} has a non-finite {what}: {key}[{row}, {col}] = "
                 f"{values[row, col]} ({column}); the study does not patch or drop such events: "
                 "fix or regenerate the data set"
             )
         if len(ev["ytarget"]) != len(ev["X"]):
             raise DataError(
-                f"{self.name}/{self.shard_names[shard]} {self.split} event {local}: X has "
-                f"{len(ev['X'])} rows but ytarget has {len(ev['ytarget'])}; they must match"
+                f"{self._event_name(index)}: X has {len(ev['X'])} rows but ytarget has "
+                f"{len(ev['ytarget'])}; they must match"
             )
         ev["event_index"] = np.int64(index)
         return ev
@@ -312,17 +311,15 @@ class ShardedDataset:
             f"synthetic data (remove {folder}, then run `heptstudy data generate`)"
         )
 
+    def _event_name(self, index: int) -> str:
+        shard, local = self.locate(index)
+        where = f"{self.name}/{self.shard_names[shard]} {self.split}"
+        return f"{where} event {local} (global index {index})"
+
     def empty_events(self, indices: Sequence[int]) -> list[str]:
         """The events among ``indices`` that hold no hit (element), each named."""
-        empty = []
-        for index in dict.fromkeys(int(i) for i in indices):
-            if len(self[index]["X"]) == 0:
-                shard, local = self.locate(index)
-                empty.append(
-                    f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
-                    f"index {index})"
-                )
-        return empty
+        unique = dict.fromkeys(int(i) for i in indices)
+        return [self._event_name(i) for i in unique if len(self[i]["X"]) == 0]
 
     def lengths(self) -> np.ndarray:
         """Number of hits (elements) of every event, in global index order (reads every event)."""
