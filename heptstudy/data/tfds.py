@@ -239,13 +239,10 @@ class ShardedDataset:
         # files: per config, the (path, events) of its ArrayRecord files, to name an unreadable one
         self._sources, self._files, self.metadata, self.x_width = sources, files, metadata, x_width
         self.name, self.split = metadata["name"], metadata["split"]
+        self.is_hits = self.name.endswith("_hits")
         self.shard_names = metadata["configs"]
         self.shard_sizes = [len(s) for s in self._sources]
         self._offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
-
-    @property
-    def is_hits(self) -> bool:
-        return self.name.endswith("_hits")
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
@@ -336,8 +333,8 @@ def open_dataset(
     data_dir = Path(data_dir).expanduser()
     sources, metas, files, paths = [], [], [], []
     expected = X_WIDTH.get(name)
+    configs = [str(c) for c in configs]
     for config in configs:
-        config = str(config)
         path = _locate(data_dir, name, config, version)
         try:
             builder = tfds.builder(f"{name}/{config}:{version}", data_dir=str(data_dir))
@@ -386,7 +383,7 @@ def open_dataset(
         paths.append(str(path))
     metadata = {k: v for k, v in metas[0].items() if k not in ("config", "path")}
     metadata["synthetic"] = any(bool(m.get("synthetic")) for m in metas)
-    metadata.update(name=name, version=version, configs=[str(c) for c in configs], split=split)
+    metadata.update(name=name, version=version, configs=configs, split=split)
     metadata["paths"] = paths  # each config's folder
     return ShardedDataset(sources, files, metadata, expected)
 
