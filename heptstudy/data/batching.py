@@ -54,24 +54,21 @@ def collate(
     else:
         layout = EventLayout.padded(lengths.tolist(), int(padded.max()))
     R, S = layout.rows, layout.row_slots
-    F = events[0]["X"].shape[1]
-    X = np.zeros((R, S, F), dtype=np.float32)
-    Y = np.zeros((R, S, events[0]["ytarget"].shape[1]), dtype=np.float32)
+    per_hit = {  # neighbourhood: on all events or none
+        key: np.zeros((R, S, events[0][key].shape[1]), dtype=np.float32)
+        for key in ("X", "ytarget", "neighbourhood")
+        if key in events[0]
+    }
     mask = np.zeros((R, S), dtype=bool)
-    nb = None
-    if "neighbourhood" in events[0]:
-        nb = np.zeros((R, S, events[0]["neighbourhood"].shape[1]), dtype=np.float32)
     for ev, span in zip(events, layout.spans, strict=True):
         hits = slice(span.start, span.start + span.hits)
-        X[span.row, hits] = ev["X"]
-        Y[span.row, hits] = ev["ytarget"]
         mask[span.row, hits] = True
-        if nb is not None:
-            nb[span.row, hits] = ev["neighbourhood"]
+        for key, block in per_hit.items():
+            block[span.row, hits] = ev[key]
     out = {
-        "X": torch.from_numpy(X),
+        "X": torch.from_numpy(per_hit["X"]),
         "mask": torch.from_numpy(mask),
-        "ytarget": torch.from_numpy(Y),
+        "ytarget": torch.from_numpy(per_hit["ytarget"]),
         "event_index": torch.tensor(
             [int(ev.get("event_index", i)) for i, ev in enumerate(events)], dtype=torch.int64
         ),
@@ -79,8 +76,8 @@ def collate(
         "padded_length": torch.from_numpy(padded),
         "layout": layout,
     }
-    if nb is not None:
-        out["neighbourhood"] = torch.from_numpy(nb)
+    if "neighbourhood" in per_hit:
+        out["neighbourhood"] = torch.from_numpy(per_hit["neighbourhood"])
     return out
 
 
