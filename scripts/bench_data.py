@@ -51,6 +51,7 @@ def _stage_split(config, n_batches: int, batch: int) -> dict[str, float]:
     from heptstudy.data.features import tracker_neighbourhood
 
     loader = BatchLoader(config, per_device_batch=batch)
+    radii = config.model.tracker_features.radii
     ms = {"read": 0.0, "features": 0.0, "collate": 0.0}
     n = 0
     for _ in range(n_batches):
@@ -60,7 +61,7 @@ def _stage_split(config, n_batches: int, batch: int) -> dict[str, float]:
             ev = loader.dataset[i]
             ms["read"] += time.process_time() - c
             c = time.process_time()
-            ev["neighbourhood"] = tracker_neighbourhood(ev["X"], loader.radii)
+            ev["neighbourhood"] = tracker_neighbourhood(ev["X"], radii)
             ms["features"] += time.process_time() - c
             events.append(ev)
         c = time.process_time()

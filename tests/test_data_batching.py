@@ -144,13 +144,6 @@ def test_neighbourhood_brute_force_full_phi_range(radii):
     assert (got[:, -1] < 1.0).any() and (got[:, 0] > 0).any()
 
 
-def test_neighbourhood_rejects_radii_outside_range():
-    X = np.zeros((2, 15), np.float32)
-    for bad in ([0.0, 0.05], [0.05, 1.5], []):
-        with pytest.raises(ValueError, match=r"radii must lie in \(0, 1.0\]"):
-            tracker_neighbourhood(X, bad)
-
-
 def test_neighbourhood_brute_force_near_phi_wrap():
     rng = np.random.default_rng(4)
     n = 400

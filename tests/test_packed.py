@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from heptstudy.config import load_config
-from heptstudy.errors import ConfigError, DataError
+from heptstudy.errors import ConfigError
 from heptstudy.model import example_batch
 from heptstudy.model.hit_model import event_hits
 from heptstudy.train.step import fresh_state, run_step
@@ -135,8 +135,3 @@ def test_packed_batching_refused_for_the_track_cluster_model(tiny_overrides):
 def test_unknown_batching_is_refused(tiny_overrides):
     with pytest.raises(ConfigError, match="data.batching"):
         load_config(overrides=tiny_overrides + ["data.batching=stacked"])
-    from heptstudy.data.batching import collate
-
-    with pytest.raises(DataError, match="stacked"):
-        collate([{"X": torch.zeros(3, 15).numpy(), "ytarget": torch.zeros(3, 14).numpy()}], 16,
-                batching="stacked")  # fmt: skip

@@ -4,7 +4,7 @@ the training batch loader, and fixed evaluation events (from the **test** split)
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from heptstudy.data.features import tracker_neighbourhood
-from heptstudy.data.layout import BATCHINGS, EventLayout
+from heptstudy.data.layout import EventLayout
 from heptstudy.data.sampler import InterleavedShardSampler
 from heptstudy.data.tfds import ShardedDataset, open_dataset
 from heptstudy.errors import DataError
@@ -47,8 +47,6 @@ def collate(
     padding, ``mask`` True on real hits, ``layout`` says where each event lies."""
     if not events:
         raise DataError("cannot build a batch from zero events; ask for at least one event")
-    if batching not in BATCHINGS:
-        raise DataError(f"data.batching={batching!r} is not known; use one of {BATCHINGS}")
     lengths = np.array([len(ev["X"]) for ev in events], dtype=np.int64)
     padded = padded_sizes(lengths, pad_to_multiple)
     if batching == "packed":
@@ -56,24 +54,21 @@ def collate(
     else:
         layout = EventLayout.padded(lengths.tolist(), int(padded.max()))
     R, S = layout.rows, layout.row_slots
-    F = events[0]["X"].shape[1]
-    X = np.zeros((R, S, F), dtype=np.float32)
-    Y = np.zeros((R, S, events[0]["ytarget"].shape[1]), dtype=np.float32)
+    per_hit = {  # neighbourhood: on all events or none
+        key: np.zeros((R, S, events[0][key].shape[1]), dtype=np.float32)
+        for key in ("X", "ytarget", "neighbourhood")
+        if key in events[0]
+    }
     mask = np.zeros((R, S), dtype=bool)
-    nb = None
-    if "neighbourhood" in events[0]:
-        nb = np.zeros((R, S, events[0]["neighbourhood"].shape[1]), dtype=np.float32)
     for ev, span in zip(events, layout.spans, strict=True):
         hits = slice(span.start, span.start + span.hits)
-        X[span.row, hits] = ev["X"]
-        Y[span.row, hits] = ev["ytarget"]
         mask[span.row, hits] = True
-        if nb is not None:
-            nb[span.row, hits] = ev["neighbourhood"]
+        for key, block in per_hit.items():
+            block[span.row, hits] = ev[key]
     out = {
-        "X": torch.from_numpy(X),
+        "X": torch.from_numpy(per_hit["X"]),
         "mask": torch.from_numpy(mask),
-        "ytarget": torch.from_numpy(Y),
+        "ytarget": torch.from_numpy(per_hit["ytarget"]),
         "event_index": torch.tensor(
             [int(ev.get("event_index", i)) for i, ev in enumerate(events)], dtype=torch.int64
         ),
@@ -81,8 +76,8 @@ def collate(
         "padded_length": torch.from_numpy(padded),
         "layout": layout,
     }
-    if nb is not None:
-        out["neighbourhood"] = torch.from_numpy(nb)
+    if "neighbourhood" in per_hit:
+        out["neighbourhood"] = torch.from_numpy(per_hit["neighbourhood"])
     return out
 
 
@@ -95,17 +90,11 @@ def dataset_for(config, split: str) -> ShardedDataset:
     return _open_cached(str(d.data_dir), d.dataset, tuple(str(c) for c in d.configs), split)
 
 
-def neighbourhood_radii(config, ds: ShardedDataset) -> list[float] | None:
-    """The radii when tracker features are on and the data set is a hits one, else None."""
+def _batch(config, ds: ShardedDataset, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Events ``indices`` of ``ds`` collated, with their neighbourhood block when tracker
+    features are on and the data set is a hits one."""
     tf = config.model.tracker_features
-    return list(tf.radii) if tf.enabled and ds.is_hits else None
-
-
-def _batch(
-    config, ds: ShardedDataset, indices: Sequence[int], radii: Sequence[float] | None
-) -> dict[str, torch.Tensor]:
-    """Events ``indices`` of ``ds`` collated, with their neighbourhood block when ``radii`` are
-    given."""
+    radii = list(tf.radii) if tf.enabled and ds.is_hits else None
 
     # computed in the reader threads: the k-d tree searches release the GIL
     def read(index: int) -> dict[str, Any]:
@@ -122,7 +111,7 @@ def _batch(
         events = [read(i) for i in indices]
     if events and not any(len(ev["X"]) for ev in events):
         # a step on no hits has loss 0.0 and no gradient: a run of them trains nothing, unsaid
-        folders = ", ".join(repr(m["path"]) for m in ds.metadata["per_config"])
+        folders = ", ".join(repr(p) for p in ds.metadata["paths"])
         raise DataError(
             f"{ds.name} configs {ds.shard_names} {ds.split} split: every event of the batch "
             f"(event indices {list(indices)[:8]}{' ...' if len(indices) > 8 else ''}) has 0 "
@@ -135,8 +124,7 @@ def _batch(
 
 def load_events(config, indices: Sequence[int], split: str = "train") -> dict[str, torch.Tensor]:
     """One collated batch of exactly the events ``indices`` of ``split`` (global indices)."""
-    ds = dataset_for(config, split)
-    return _batch(config, ds, [int(i) for i in indices], neighbourhood_radii(config, ds))
+    return _batch(config, dataset_for(config, split), [int(i) for i in indices])
 
 
 def validation_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
@@ -179,23 +167,15 @@ class BatchLoader:
             world_size=world_size,
             mode=config.data.sampler,
         )
-        self.radii = neighbourhood_radii(config, self.dataset)
-        self.batches_served = 0
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        batch = _batch(self.config, self.dataset, self.sampler.take(self.batch_size), self.radii)
-        self.batches_served += 1
-        return batch
+        return _batch(self.config, self.dataset, self.sampler.take(self.batch_size))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict(), "batches_served": self.batches_served}
+        return {"sampler": self.sampler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
-        self.batches_served = int(state.get("batches_served", 0))
 
 
 def event_indices(config, batch_size: int, num_batches: int) -> list[list[int]]:
@@ -204,5 +184,4 @@ def event_indices(config, batch_size: int, num_batches: int) -> list[list[int]]:
     sampler = InterleavedShardSampler(
         ds.shard_sizes, seed=config.train.seed, mode=config.data.sampler
     )
-    flat = sampler.take(batch_size * num_batches)
-    return [flat[i * batch_size : (i + 1) * batch_size] for i in range(num_batches)]
+    return [sampler.take(batch_size) for _ in range(num_batches)]

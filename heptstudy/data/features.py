@@ -21,9 +21,8 @@ POS_X, POS_Y = 6, 7
 
 
 def tracker_neighbourhood(X: np.ndarray, radii: Sequence[float]) -> np.ndarray:
+    # radii in (0, NEAREST_CAP]: the configuration (model.tracker_features.radii) checks them
     radii = [float(r) for r in radii]
-    if not radii or min(radii) <= 0 or max(radii) > NEAREST_CAP:
-        raise ValueError(f"radii must lie in (0, {NEAREST_CAP}], got {radii}")
     X = np.asarray(X)
     n, k = len(X), len(radii)
     out = np.zeros((n, k + 3), dtype=np.float32)

@@ -13,8 +13,6 @@ import torch
 
 from heptstudy.errors import DataError
 
-BATCHINGS = ("padded", "packed")
-
 
 @dataclass(frozen=True)
 class EventSpan:
@@ -31,20 +29,12 @@ class EventSpan:
 @dataclass(frozen=True)
 class EventLayout:
     """Host integers (no device sync, and fake-tensor steps can read them). Built by
-    :meth:`padded` or :meth:`packed`, so events tile the rows in order and every row rounds to
-    the same number of bucket slots."""
+    :meth:`padded` or :meth:`packed`, so events tile the rows in order, each event's hits fit
+    its slots, and every row rounds to the same number of bucket slots."""
 
     rows: int
     row_slots: int
     spans: tuple[EventSpan, ...]
-
-    def __post_init__(self) -> None:
-        for e, s in enumerate(self.spans):
-            if not 0 <= s.hits <= s.slots:
-                raise DataError(
-                    f"event {e} of the batch has {s.hits} hits in {s.slots} slots; an event's "
-                    "hits must fit its slots (build batches with heptstudy.data.batching.collate)"
-                )
 
     @classmethod
     def padded(cls, hits: Sequence[int], row_slots: int) -> EventLayout:
@@ -70,10 +60,6 @@ class EventLayout:
     def one_event_per_row(self) -> bool:
         return self.rows == len(self.spans)
 
-    @property
-    def total_slots(self) -> int:
-        return self.rows * self.row_slots
-
     def slot_event(self, device) -> torch.Tensor:
         """[rows, row_slots] long: the event each slot belongs to."""
         # built on the host: a fake-tensor step cannot repeat by counts held in a tensor
@@ -85,16 +71,12 @@ class EventLayout:
         start = np.repeat([s.start for s in self.spans], [s.slots for s in self.spans])
         return torch.from_numpy(start).view(self.rows, self.row_slots).to(device)
 
-    def bucket_slots(self, block_size: int) -> list[int]:
-        """Each event's slots rounded up to whole buckets: buckets never straddle two events."""
-        return [-(-s.slots // block_size) * block_size for s in self.spans]
-
     def bucket_geometry(self, block_size: int, device):
         """For bucket space (every event rounded up to whole buckets, rows of equal length):
         ``position [rows, row_slots]``, the bucket position of each slot of sorted order;
         ``source [rows, Sp]``, the slot each bucket position reads (fill repeats the event's last
         slot); ``valid [rows, Sp]``, True where a position holds a real hit."""
-        rounded = self.bucket_slots(block_size)
+        rounded = [-(-s.slots // block_size) * block_size for s in self.spans]  # no straddling
         row_len = [0] * self.rows
         bucket_start = []
         for s, n in zip(self.spans, rounded, strict=True):
@@ -127,7 +109,8 @@ def slots_per_event(padded_lengths: Sequence[int], batching: str) -> int:
 def batch_shape(batch) -> tuple[int, int, int]:
     """``(events, slots per event, slots)`` of a batch (:func:`slots_per_event`)."""
     layout = layout_of(batch)
-    return layout.num_events, round(layout.total_slots / layout.num_events), layout.total_slots
+    slots = layout.rows * layout.row_slots
+    return layout.num_events, round(slots / layout.num_events), slots
 
 
 def layout_of(batch) -> EventLayout:

@@ -14,8 +14,6 @@ class PrefetchingLoader:
     """The same batches in the same order; ``depth=0`` reads in the caller's thread. Close it."""
 
     def __init__(self, loader: Any, depth: int) -> None:
-        if depth < 0:
-            raise ValueError(f"prefetch depth must be >= 0, got {depth}")
         self.loader = loader
         self._state = loader.state_dict()
         self._closed = threading.Event()
@@ -44,9 +42,6 @@ class PrefetchingLoader:
                     return
         except BaseException as err:  # handed to the consumer, raised there with its message
             self._put((err, None))
-
-    def __iter__(self) -> PrefetchingLoader:
-        return self
 
     def __next__(self) -> Any:
         if self._closed.is_set():

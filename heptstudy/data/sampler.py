@@ -10,23 +10,17 @@ import numpy as np
 
 from heptstudy.errors import DataError
 
-MODES = ("interleaved_shards", "sequential")
-
 
 def interleaved_order(shard_sizes: Sequence[int], rng: np.random.Generator) -> np.ndarray:
     """One epoch of global indices in interleaved-shard order (vectorised, O(N log N))."""
     sizes = np.asarray(shard_sizes, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    total = int(offsets[-1])
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
     shard = np.repeat(np.arange(len(sizes)), sizes)
     # position of each event within its shard after the within-shard shuffle = its round
-    rounds = np.empty(total, dtype=np.int64)
-    index = np.empty(total, dtype=np.int64)
-    for s, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:], strict=True)):
-        rounds[lo:hi] = np.arange(hi - lo)
-        index[lo:hi] = lo + rng.permutation(int(sizes[s]))
+    rounds = np.concatenate([np.arange(n) for n in sizes])
+    index = np.concatenate(
+        [lo + rng.permutation(int(n)) for lo, n in zip(offsets[:-1], sizes, strict=True)]
+    )
     # within a round, the active shards come in a random order: one random key per (round, shard)
     n_rounds = int(sizes.max())
     keys = rng.random((n_rounds, len(sizes)))
@@ -45,8 +39,6 @@ class InterleavedShardSampler:
         world_size: int = 1,
         mode: str = "interleaved_shards",
     ) -> None:
-        if mode not in MODES:
-            raise DataError(f"data.sampler={mode!r} is not one of {list(MODES)}; pick one of them")
         if world_size < 1 or not 0 <= rank < world_size:
             raise DataError(
                 f"rank={rank}, world_size={world_size}: need world_size >= 1 and 0 <= rank < "

@@ -91,8 +91,7 @@ class ArrayRecordDatasetWriter:
         for split, n in split_sizes.items():
             n_shards = max(1, -(-int(n) // EVENTS_PER_SHARD))
             bounds = np.linspace(0, int(n), n_shards + 1).astype(int)
-            self._plan[split] = dict(n=int(n), bounds=bounds, count=0, shard=-1, bytes=0)
-            self._plan[split].update(writer=None, path=None)
+            self._plan[split] = dict(bounds=bounds, count=0, shard=-1, bytes=0, writer=None)
 
     def add_serialized(self, split: str, data: bytes) -> None:
         """Append an example already serialised with :func:`features_dict` ``(name)``."""
@@ -100,10 +99,6 @@ class ArrayRecordDatasetWriter:
 
         plan = self._plan[split]
         bounds = plan["bounds"]
-        if plan["count"] >= plan["n"]:
-            raise DataError(
-                f"more than the announced {plan['n']} events written to split {split!r}"
-            )
         if plan["count"] == bounds[plan["shard"] + 1]:  # the first event of the next shard
             self._close(plan)
             plan["shard"] += 1
@@ -123,7 +118,7 @@ class ArrayRecordDatasetWriter:
             with _refused_writes_as_os_errors(plan["path"]):
                 writer.close()
 
-    def finish(self) -> Path:
+    def finish(self) -> None:
         """Close the shards and write the metadata, still under the temporary name."""
         import tensorflow_datasets as tfds
         from tensorflow_datasets.core import dataset_info as dataset_info_lib
@@ -131,8 +126,6 @@ class ArrayRecordDatasetWriter:
         infos = []
         for split, plan in self._plan.items():
             self._close(plan)
-            if plan["count"] != plan["n"]:
-                raise DataError(f"split {split!r}: {plan['count']} of {plan['n']} events written")
             template = tfds.core.ShardedFileTemplate(
                 data_dir=self.final,
                 dataset_name=self.name,
@@ -168,21 +161,16 @@ class ArrayRecordDatasetWriter:
         if fault is not None:
             raise fault
         info.write_to_directory(self.tmp)
-        return self.final
 
-    def publish(self) -> Path:
+    def publish(self) -> None:
         """Rename the finished data set into place (atomic: it appears whole)."""
         self.tmp.rename(self.final)
-        return self.final
-
-    def unpublish(self) -> None:
-        """Take a published data set back (another one of the same generation failed)."""
-        if self.final.exists() and not self.tmp.exists():
-            self.final.rename(self.tmp)
-        self.discard()
 
     def discard(self) -> None:
-        """Remove what was written but not published, and the folders left empty."""
+        """Remove what was written, published or not (another data set of the same generation
+        failed), and the folders left empty."""
+        if self.final.exists() and not self.tmp.exists():  # published: the caller checked that
+            self.final.rename(self.tmp)  # the data set did not exist before
         for plan in self._plan.values():
             # a shard left open by the failure being reported: its own error does not matter
             with contextlib.suppress(OSError):
@@ -251,13 +239,10 @@ class ShardedDataset:
         # files: per config, the (path, events) of its ArrayRecord files, to name an unreadable one
         self._sources, self._files, self.metadata, self.x_width = sources, files, metadata, x_width
         self.name, self.split = metadata["name"], metadata["split"]
+        self.is_hits = self.name.endswith("_hits")
         self.shard_names = metadata["configs"]
         self.shard_sizes = [len(s) for s in self._sources]
         self._offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
-
-    @property
-    def is_hits(self) -> bool:
-        return self.name.endswith("_hits")
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
@@ -295,15 +280,14 @@ class ShardedDataset:
             names = x_names if key == "X" else TARGET_COLUMNS
             column = names[col] if col < len(names) else f"column {col}"
             raise DataError(
-                f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
-                f"index {index}) has a non-finite {what}: {key}[{row}, {col}] = "
+                f"{self._event_name(index)} has a non-finite {what}: {key}[{row}, {col}] = "
                 f"{values[row, col]} ({column}); the study does not patch or drop such events: "
                 "fix or regenerate the data set"
             )
         if len(ev["ytarget"]) != len(ev["X"]):
             raise DataError(
-                f"{self.name}/{self.shard_names[shard]} {self.split} event {local}: X has "
-                f"{len(ev['X'])} rows but ytarget has {len(ev['ytarget'])}; they must match"
+                f"{self._event_name(index)}: X has {len(ev['X'])} rows but ytarget has "
+                f"{len(ev['ytarget'])}; they must match"
             )
         ev["event_index"] = np.int64(index)
         return ev
@@ -324,17 +308,15 @@ class ShardedDataset:
             f"synthetic data (remove {folder}, then run `heptstudy data generate`)"
         )
 
+    def _event_name(self, index: int) -> str:
+        shard, local = self.locate(index)
+        where = f"{self.name}/{self.shard_names[shard]} {self.split}"
+        return f"{where} event {local} (global index {index})"
+
     def empty_events(self, indices: Sequence[int]) -> list[str]:
         """The events among ``indices`` that hold no hit (element), each named."""
-        empty = []
-        for index in dict.fromkeys(int(i) for i in indices):
-            if len(self[index]["X"]) == 0:
-                shard, local = self.locate(index)
-                empty.append(
-                    f"{self.name}/{self.shard_names[shard]} {self.split} event {local} (global "
-                    f"index {index})"
-                )
-        return empty
+        unique = dict.fromkeys(int(i) for i in indices)
+        return [self._event_name(i) for i in unique if len(self[i]["X"]) == 0]
 
     def lengths(self) -> np.ndarray:
         """Number of hits (elements) of every event, in global index order (reads every event)."""
@@ -349,10 +331,10 @@ def open_dataset(
 
     name, version = parse_dataset(dataset)
     data_dir = Path(data_dir).expanduser()
-    sources, metas, files = [], [], []
+    sources, metas, files, paths = [], [], [], []
     expected = X_WIDTH.get(name)
+    configs = [str(c) for c in configs]
     for config in configs:
-        config = str(config)
         path = _locate(data_dir, name, config, version)
         try:
             builder = tfds.builder(f"{name}/{config}:{version}", data_dir=str(data_dir))
@@ -374,21 +356,18 @@ def open_dataset(
                 f"{name}/{config}:{version} lacks the features {missing} (it has "
                 f"{sorted(feats)}); the study needs {list(FEATURE_KEYS)}"
             )
-        found = feats["X"].shape[-1]
-        if expected is not None and found != expected:
-            raise DataError(
-                f"{name}/{config}:{version} has {found} input features per row in X, expected "
-                f"{expected} ({', '.join(HIT_FEATURES if name == HITS_NAME else PF_FEATURES)}); "
-                "this is not the schema the study reads: use a matching data set version"
-            )
-        found_y = feats["ytarget"].shape[-1]
-        if found_y != Y_WIDTH:
-            raise DataError(
-                f"{name}/{config}:{version} has {found_y} target columns, expected {Y_WIDTH} "
-                f"({', '.join(TARGET_COLUMNS)}); use a matching data set version"
-            )
-        if expected is None:
-            expected = found
+        x_names = HIT_FEATURES if name == HITS_NAME else PF_FEATURES
+        for key, want, what, names in (
+            ("X", expected, "input features per row in X", x_names),
+            ("ytarget", Y_WIDTH, "target columns", TARGET_COLUMNS),
+        ):
+            if want is not None and (found := feats[key].shape[-1]) != want:
+                raise DataError(
+                    f"{name}/{config}:{version} has {found} {what}, expected {want} "
+                    f"({', '.join(names)}); this is not the schema the study reads: use a "
+                    "matching data set version"
+                )
+        expected = feats["X"].shape[-1]
         try:
             source = builder.as_data_source(split)
         except Exception as err:
@@ -400,12 +379,12 @@ def open_dataset(
             ) from None
         files.append(_shard_files(info.splits[split], path, name, config, version, split))
         sources.append(source)
-        md = dict(info.metadata or {})
-        md["synthetic"] = bool(md.get("synthetic", False))
-        metas.append({**md, "config": config, "path": str(path)})
+        metas.append(dict(info.metadata or {}))
+        paths.append(str(path))
     metadata = {k: v for k, v in metas[0].items() if k not in ("config", "path")}
-    metadata.update(synthetic=any(m["synthetic"] for m in metas), name=name, version=version)
-    metadata.update(configs=[str(c) for c in configs], split=split, per_config=metas)
+    metadata["synthetic"] = any(bool(m.get("synthetic")) for m in metas)
+    metadata.update(name=name, version=version, configs=configs, split=split)
+    metadata["paths"] = paths  # each config's folder
     return ShardedDataset(sources, files, metadata, expected)
 
 

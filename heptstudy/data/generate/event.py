@@ -130,11 +130,10 @@ def pf_elements(rng, parts, props, X, owner, is_trk, n_trk) -> dict[str, np.ndar
     Xpf = np.concatenate([tracks, clusters]).astype(np.float32)
     y = np.zeros((len(Xpf), Y_WIDTH))
     y[: len(trk_ids)] = props[trk_ids]
-    cl_props = np.zeros((len(cl_ids), Y_WIDTH))
-    cl_props[:, 13] = props[cl_ids, 13]
+    cl_y = y[len(trk_ids) :]  # a view: the cluster rows
+    cl_y[:, 13] = props[cl_ids, 13]
     full = ~has_track[cl_ids]
-    cl_props[full] = props[cl_ids[full]]
-    y[len(trk_ids) :] = cl_props
+    cl_y[full] = props[cl_ids[full]]
     return {
         "X": Xpf,
         "ytarget": y.astype(np.float32),
@@ -209,9 +208,7 @@ def _clusters(Xc: np.ndarray, ow: np.ndarray, n_part: int) -> tuple[np.ndarray, 
     clusters[:, 5] = e
     clusters[:, 6:9] = m
     clusters[:, 9] = np.arctan2(rt, m[:, 2])
-    clusters[:, 10] = e_sub[0][cl_ids]
-    clusters[:, 11] = e_sub[1][cl_ids]
-    clusters[:, 12] = e_sub[2][cl_ids]
+    clusters[:, 10:13] = np.stack(e_sub, 1)[cl_ids]
     clusters[:, 13] = cnt[cl_ids]
     clusters[:, 14:17] = np.sqrt(var[cl_ids])
     return cl_ids, clusters

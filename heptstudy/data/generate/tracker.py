@@ -8,31 +8,21 @@ import math
 
 import numpy as np
 
-from heptstudy.data.generate.detector import (
-    B_FIELD,
-    BARREL,
-    BKG_SIGMA,
-    BKG_TRACKER_MEDIAN,
-    C_MM_PER_NS,
-    DISKS,
-    SUBDET_TRACKER,
-    TRACKER_EFFICIENCY,
-    fill_geometry,
-    hits_array,
-)
+from heptstudy.data.generate import detector as det
+from heptstudy.data.generate.detector import BARREL, DISKS
 
 
 def tracker_hits(rng, parts: dict[str, np.ndarray], occ: float):
     """Helix crossings of charged particles with barrel layers and disks; hits, owner index."""
     charged = np.flatnonzero(parts["charge"] != 0)
     if len(charged) == 0:
-        return hits_array(0), np.zeros(0, dtype=np.int64)
+        return det.hits_array(0), np.zeros(0, dtype=np.int64)
     q = parts["charge"][charged][:, None]
     pt = parts["pt"][charged][:, None]
     phi0 = parts["phi"][charged][:, None]
     cot = (parts["mom"][charged, 2] / parts["pt"][charged])[:, None]
     beta = (np.linalg.norm(parts["mom"][charged], axis=1) / parts["energy"][charged])[:, None]
-    radius = pt / (0.3 * B_FIELD) * 1000.0  # mm
+    radius = pt / (0.3 * det.B_FIELD) * 1000.0  # mm
     z0 = rng.normal(0.0, 0.02, (len(charged), 1))
     blocks = []
     # barrel layers [P, L]
@@ -64,16 +54,16 @@ def tracker_hits(rng, parts: dict[str, np.ndarray], occ: float):
         np.concatenate(c) for c in zip(*blocks, strict=True)
     )
     path = np.hypot(s_path, z_path)
-    keep = rng.random(len(owner)) < TRACKER_EFFICIENCY * min(occ, 1.0)
+    keep = rng.random(len(owner)) < det.TRACKER_EFFICIENCY * min(occ, 1.0)
     owner, pos, system, layer, side, path = (
         a[keep] for a in (owner, pos, system, layer, side, path)
     )
     edep = 8e-5 * (1.0 + rng.exponential(0.3, len(owner)))  # GeV, Landau-like tail
-    t = path / (C_MM_PER_NS * beta[owner, 0]) + rng.normal(0, 0.05, len(owner))
-    h = hits_array(len(owner))
-    fill_geometry(h, pos, edep, t, unit_scale=False)
+    t = path / (det.C_MM_PER_NS * beta[owner, 0]) + rng.normal(0, 0.05, len(owner))
+    h = det.hits_array(len(owner))
+    det.fill_geometry(h, pos, edep, t, unit_scale=False)
     h[:, 0] = 1
-    h[:, 10] = SUBDET_TRACKER
+    h[:, 10] = det.SUBDET_TRACKER
     h[:, 11] = 0
     h[:, 12] = system
     h[:, 13] = side
@@ -83,8 +73,8 @@ def tracker_hits(rng, parts: dict[str, np.ndarray], occ: float):
 
 def tracker_background(rng, occ: float) -> np.ndarray:
     """Beam-induced hits, 70 % in the vertex detector, log-normal count per event."""
-    n = rng.poisson(BKG_TRACKER_MEDIAN * occ * math.exp(rng.normal(0, BKG_SIGMA)))
-    h = hits_array(n)
+    n = rng.poisson(det.BKG_TRACKER_MEDIAN * occ * math.exp(rng.normal(0, det.BKG_SIGMA)))
+    h = det.hits_array(n)
     if not n:
         return h
     in_vtx = rng.random(n) < 0.7
@@ -93,9 +83,9 @@ def tracker_background(rng, occ: float) -> np.ndarray:
     z = rng.uniform(-1, 1, n) * BARREL[li, 3]
     phi = rng.uniform(-np.pi, np.pi, n)
     pos = np.stack([r * np.cos(phi), r * np.sin(phi), z], 1)
-    fill_geometry(h, pos, 5e-5 * (1 + rng.exponential(0.5, n)), rng.uniform(-1, 5, n), False)
+    det.fill_geometry(h, pos, 5e-5 * (1 + rng.exponential(0.5, n)), rng.uniform(-1, 5, n), False)
     h[:, 0] = 1
-    h[:, 10] = SUBDET_TRACKER
+    h[:, 10] = det.SUBDET_TRACKER
     h[:, 12] = BARREL[li, 0]
     h[:, 14] = BARREL[li, 1]
     return h

@@ -30,9 +30,9 @@ from heptstudy.units import refuse_above_memory
 
 GENERATOR_VERSION = "1"
 SPLIT_CODE = {"train": 0, "test": 1}
-DESCRIPTIONS = {
-    "hits": "Synthetic CLD-like ttbar events, one row per tracker/calorimeter hit.",
-    "pf": "Synthetic CLD-like ttbar events, one row per track/calorimeter cluster.",
+DESCRIPTIONS = {  # in the order _serialized_event returns the examples
+    HITS_NAME: "Synthetic CLD-like ttbar events, one row per tracker/calorimeter hit.",
+    PF_NAME: "Synthetic CLD-like ttbar events, one row per track/calorimeter cluster.",
 }
 
 
@@ -52,12 +52,8 @@ def _serialized_event(job: tuple[int, str, str, int, float]) -> tuple[bytes, byt
     )
 
 
-def _check_arguments(data_dir, events_train, events_test, configs, occupancy_scale) -> None:
-    for what, value in (("events_train", events_train), ("events_test", events_test)):
-        if not isinstance(value, (int, np.integer)) or value < 1:
-            raise DataError(
-                f"{what}={value!r} must be a positive integer number of events; give e.g. 100"
-            )
+def _check_arguments(data_dir, configs, occupancy_scale) -> None:
+    # events_train/events_test: the CLI takes only whole numbers from 1
     if not occupancy_scale > 0 or not math.isfinite(occupancy_scale):
         raise DataError(
             f"occupancy_scale={occupancy_scale!r} must be a positive finite number "
@@ -128,18 +124,17 @@ def generate_datasets(
 
     configs = [str(c) for c in configs]
     data_dir = Path(data_dir)
-    _check_arguments(data_dir, events_train, events_test, configs, occupancy_scale)
+    _check_arguments(data_dir, configs, occupancy_scale)
     _check_event_size(occupancy_scale, workers)
     # one generation at a time in a data directory: a second one's clean-up would remove the
     # first one's unfinished data set; checked again under the lock, which the first may hold
     with holding(data_dir, "data directory (--data-dir)"):
-        _check_arguments(data_dir, events_train, events_test, configs, occupancy_scale)
+        _check_arguments(data_dir, configs, occupancy_scale)
         metadata = _metadata(seed, occupancy_scale, events_train, events_test)
         counts = {"train": int(events_train), "test": int(events_test)}
         total = len(configs) * sum(counts.values())
         bar = tqdm(total=total, desc="generating events", unit="ev", disable=not progress)
         t0 = time.perf_counter()
-        written = {HITS_NAME: [], PF_NAME: []}
         if workers is None:
             workers = min(2, os.cpu_count() or 1)
         pool = None
@@ -152,16 +147,14 @@ def generate_datasets(
             )
         # published only when all are finished: a failure leaves none, so a rerun simply works
         finished: list[ArrayRecordDatasetWriter] = []
-        published: list[ArrayRecordDatasetWriter] = []
         try:
             for config in configs:
                 md = dict(metadata, config=config)
-                writers = {}
-                for kind, name in (("hits", HITS_NAME), ("pf", PF_NAME)):
-                    writers[kind] = ArrayRecordDatasetWriter(
-                        data_dir, name, config, counts, md, DESCRIPTIONS[kind]
-                    )
-                    finished.append(writers[kind])
+                writers = [
+                    ArrayRecordDatasetWriter(data_dir, name, config, counts, md, text)
+                    for name, text in DESCRIPTIONS.items()
+                ]
+                finished += writers
                 for split, n in counts.items():
                     jobs = [(seed, config, split, i, occupancy_scale) for i in range(n)]
                     results = (
@@ -169,20 +162,17 @@ def generate_datasets(
                         if pool
                         else map(_serialized_event, jobs)
                     )
-                    for hits_bytes, pf_bytes in results:
-                        writers["hits"].add_serialized(split, hits_bytes)
-                        writers["pf"].add_serialized(split, pf_bytes)
+                    for examples in results:
+                        for writer, data in zip(writers, examples, strict=True):
+                            writer.add_serialized(split, data)
                         bar.update(1)
-                for writer in writers.values():
+                for writer in writers:
                     writer.finish()
             for writer in finished:
-                written[writer.name].append(str(writer.publish()))
-                published.append(writer)
+                writer.publish()
         except BaseException as exc:
             if pool is not None:  # its queued events are no longer wanted
                 pool.terminate()
-            for writer in published:
-                writer.unpublish()
             for writer in finished:
                 writer.discard()
             if isinstance(exc, OSError):
@@ -200,7 +190,6 @@ def generate_datasets(
                 pool.join()
         return {
             "data_dir": str(data_dir),
-            "paths": written,
             "configs": configs,
             "events": counts,
             "seconds": time.perf_counter() - t0,
