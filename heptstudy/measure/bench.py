@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -264,7 +265,7 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
                     result = measured_step(state, step, clock)
                 records[step]["time_s"] = timer.seconds
                 records[step]["phase_time_s"] = clock.seconds()
-                records[step].update(usage.fields())
+                records[step].update(asdict(usage))
                 records[step]["loss"] = {k: float(v) for k, v in result.losses.items()}  # untimed
                 bar.update(1)
             del state, result

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from difflib import get_close_matches
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -302,9 +302,9 @@ class Measurement:
     device: torch.device
     profile: PlatformConfig | None
     #: host allocator settings applied in the measuring process ({}: the allocator as it comes)
-    allocator: dict[str, str] = field(default_factory=dict)
-    name: str = ""
-    report_path: Path = SCRATCH_DIR
+    allocator: dict[str, str]
+    name: str
+    report_path: Path
 
     @property
     def batch_size(self) -> int:

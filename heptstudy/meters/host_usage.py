@@ -4,7 +4,7 @@ system time spends it mapping and zeroing pages its allocator returned; the stud
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 try:
     import resource
@@ -31,6 +31,3 @@ class HostUsage:
         self.major_page_faults = end.ru_majflt - self._start.ru_majflt
         self.system_time_s = end.ru_stime - self._start.ru_stime
         self.user_time_s = end.ru_utime - self._start.ru_utime
-
-    def fields(self) -> dict[str, int | float | None]:
-        return asdict(self)

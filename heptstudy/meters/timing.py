@@ -109,10 +109,6 @@ def _between(stamps, elapsed) -> dict[str, float] | None:
     return out
 
 
-def make_phase_clock(device: torch.device | str) -> PhaseClock:
-    device = torch.device(device)
-    if device.type == "cpu":
-        return WallPhaseClock()
-    if device.type == "cuda":
-        return CudaPhaseClock()
-    return PhaseClock()
+def make_phase_clock(device: torch.device) -> WallPhaseClock:
+    """A measurement runs on cpu or cuda (:attr:`MeasurementRequest.device`)."""
+    return CudaPhaseClock() if device.type == "cuda" else WallPhaseClock()
