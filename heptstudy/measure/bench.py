@@ -318,13 +318,13 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
         )
     bar.close()
     counted = [r for r in records if r["counted"]]
-    timed = summarize([r["time_s"] for r in counted if r["time_s"] is not None])
+    mean_s, std_s, min_s = summarize([r["time_s"] for r in counted if r["time_s"] is not None])
     summary = rp.Summary(
         counted_steps=len(counted),
         warmup_steps=warmup,
-        mean_step_time_s=timed.mean_s,
-        std_step_time_s=timed.std_s,
-        min_step_time_s=timed.min_s,
+        mean_step_time_s=mean_s,
+        std_step_time_s=std_s,
+        min_step_time_s=min_s,
         max_peak_allocated_mib=_max(r["peak_allocated_mib"] for r in counted),
         max_peak_reserved_mib=_max(r["peak_reserved_mib"] for r in counted),
         allocated_definition=mem.allocated_definition if mem else None,
