@@ -154,6 +154,24 @@ class Parameters(StrictInput):
                 )
             ) from None
 
+    @classmethod
+    def from_namespace(
+        cls, namespace: Mapping[str, Any], allowed: tuple[str, ...], where: str, **fixed: Any
+    ) -> Self:
+        """The ``allowed`` parameters of notebook ``where`` from its kernel's globals. One
+        papermill injected that the notebook does not have is refused: papermill only warns and
+        runs on with the defaults, which measures something else than was asked."""
+        hints = [
+            name + "".join(f" (did you mean {n}?)" for n in get_close_matches(name, allowed, n=1))
+            for name in sorted((injected_parameters(namespace.get("In")) or set()) - set(allowed))
+        ]
+        if hints:
+            raise RequestError(
+                f"{where} has no parameter {', '.join(hints)}; its parameters are "
+                f"{', '.join(allowed)}. Fix the -p/-y name and run it again"
+            )
+        return cls.build(**fixed, **{k: namespace[k] for k in allowed if k in namespace})
+
 
 Count = Annotated[int, Field(ge=1)]
 Overrides = Annotated[list[str], BeforeValidator(override_list)]
@@ -335,24 +353,7 @@ def injected_parameters(history: Any) -> set[str] | None:
     return names
 
 
-def check_parameters(given: set[str] | None, allowed: tuple[str, ...], where: str) -> None:
-    """Refuse parameters a notebook does not have: papermill only warns and runs on with the
-    defaults, which measures something else than was asked."""
-    hints = [
-        name + "".join(f" (did you mean {near}?)" for near in get_close_matches(name, allowed, n=1))
-        for name in sorted((given or set()) - set(allowed))
-    ]
-    if hints:
-        raise RequestError(
-            f"{where} has no parameter {', '.join(hints)}; its parameters are "
-            f"{', '.join(allowed)}. Fix the -p/-y name and run it again"
-        )
-
-
 def from_notebook(kind: str, namespace: Mapping[str, Any]) -> MeasurementRequest:
     """The request of ``memory.ipynb`` or ``parity.ipynb`` from the kernel's globals."""
     allowed = NOTEBOOK_PARAMETERS[kind]
-    check_parameters(injected_parameters(namespace.get("In")), allowed, f"{kind}.ipynb")
-    return MeasurementRequest.build(
-        kind=kind, **{k: namespace[k] for k in allowed if k in namespace}
-    )
+    return MeasurementRequest.from_namespace(namespace, allowed, f"{kind}.ipynb", kind=kind)
