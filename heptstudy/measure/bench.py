@@ -5,6 +5,7 @@ folder and the data set's size are checked first, so a measurement is never run 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -26,7 +27,7 @@ from heptstudy.data.batching import (
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.plans import predictor_for
 from heptstudy.measure import report as rp
-from heptstudy.measure.parity import run_parity, set_deterministic
+from heptstudy.measure.parity import run_parity
 from heptstudy.measure.report_checks import untrusted
 from heptstudy.measure.request import PARITY, Measurement
 from heptstudy.meters.allocator import apply_allocator, populate_heap
@@ -140,7 +141,10 @@ def run_bench(
     check_model_fits(config, device)
     dtype = autocast_dtype(config, device)
     if request.deterministic:
-        set_deterministic(device)
+        if device.type == "cuda":
+            # cuBLAS needs a fixed workspace before its first call to be deterministic.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     synthetic = bool(dataset_for(config, "train").metadata.get("synthetic", False))
     batches = [
         to_device(load_events(config, idx, "train"), device)

@@ -60,13 +60,12 @@ class WallPhaseClock(PhaseClock):
     def _stamp(self):
         return time.perf_counter()
 
-    def mark(self, phase: str) -> None:
+    def mark(self, phase: str | None) -> None:
         self._stamps.append((phase, self._stamp()))
         self.phase = phase
 
     def stop(self) -> None:
-        self._stamps.append((None, self._stamp()))
-        self.phase = None
+        self.mark(None)  # the step's end
 
     @staticmethod
     def _elapsed(start, end) -> float:
