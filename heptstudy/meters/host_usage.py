@@ -4,12 +4,8 @@ system time spends it mapping and zeroing pages its allocator returned; the stud
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
-
-try:
-    import resource
-except ImportError:  # pragma: no cover - Windows
-    resource = None  # type: ignore[assignment]
 
 
 @dataclass
@@ -20,12 +16,10 @@ class HostUsage:
     user_time_s: float | None = None
 
     def __enter__(self) -> HostUsage:
-        self._start = resource.getrusage(resource.RUSAGE_SELF) if resource else None
+        self._start = resource.getrusage(resource.RUSAGE_SELF)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._start is None:
-            return
         end = resource.getrusage(resource.RUSAGE_SELF)
         self.minor_page_faults = end.ru_minflt - self._start.ru_minflt
         self.major_page_faults = end.ru_majflt - self._start.ru_majflt
