@@ -161,9 +161,20 @@ class Parameters(StrictInput):
         """The ``allowed`` parameters of notebook ``where`` from its kernel's globals. One
         papermill injected that the notebook does not have is refused: papermill only warns and
         runs on with the defaults, which measures something else than was asked."""
+        # papermill's cell is the one before the running one (IPython's ``In``)
+        history, injected = namespace.get("In"), set()
+        cell = history[-2] if isinstance(history, list) and len(history) >= 2 else None
+        if isinstance(cell, str) and cell.lstrip().startswith("# Parameters"):
+            for node in ast.parse(cell).body:
+                targets = (
+                    node.targets
+                    if isinstance(node, ast.Assign)
+                    else [getattr(node, "target", None)]
+                )
+                injected.update(t.id for t in targets if isinstance(t, ast.Name))
         hints = [
             name + "".join(f" (did you mean {n}?)" for n in get_close_matches(name, allowed, n=1))
-            for name in sorted((injected_parameters(namespace.get("In")) or set()) - set(allowed))
+            for name in sorted(injected - set(allowed))
         ]
         if hints:
             raise RequestError(
@@ -336,21 +347,6 @@ NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
         f for f in MeasurementRequest.model_fields if f not in ("kind", "progress", *_MEMORY_ONLY)
     ),
 }
-
-
-def injected_parameters(history: Any) -> set[str] | None:
-    """The names papermill assigned in the cell before the running one (IPython's ``In``);
-    None when that cell was not papermill's."""
-    if not isinstance(history, list) or len(history) < 2:
-        return None
-    source = history[-2]
-    if not isinstance(source, str) or not source.lstrip().startswith("# Parameters"):
-        return None
-    names: set[str] = set()
-    for node in ast.parse(source).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        names.update(t.id for t in targets if isinstance(t, ast.Name))
-    return names
 
 
 def from_notebook(kind: str, namespace: Mapping[str, Any]) -> MeasurementRequest:
