@@ -197,9 +197,7 @@ class MeasurementRequest(Parameters):
     )
     batch_size: Count = Field(1, description="events per step, an integer >= 1")
     batching: Batching = Field(
-        "padded",
-        description="padded: every event filled to the batch's longest (the recipe's); packed: "
-        "the events in one stream of hits, each rounded up on its own",
+        "padded", description=DataConfig.model_fields["batching"].description
     )
     checkpointing: PlanName = Field(
         "off",
