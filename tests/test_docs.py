@@ -4,13 +4,13 @@ written from a fresh clone, and links and folders that exist."""
 from __future__ import annotations
 
 import re
+import runpy
 import shlex
 from pathlib import Path
 
 import pytest
 
 from heptstudy.cli import build_parser
-from heptstudy.measure.protocol_doc import PROTOCOL_DOC, current_block, rendered_block
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -34,7 +34,8 @@ def _all(pattern: re.Pattern) -> list[tuple[str, re.Match]]:
 
 def test_protocol_doc_is_the_reports_protocol():
     """docs/protocol.md's block is rendered from PROTOCOL, so the two cannot drift."""
-    assert current_block(PROTOCOL_DOC.read_text()) == rendered_block()
+    doc = runpy.run_path(str(ROOT / "scripts" / "protocol_doc.py"))
+    assert doc["current_block"](doc["PROTOCOL_DOC"].read_text()) == doc["rendered_block"]()
 
 
 def test_readme_is_a_front_page():

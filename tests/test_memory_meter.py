@@ -17,7 +17,7 @@ from heptstudy.meters.memory import (
     _storage_of,
     make_meter,
 )
-from heptstudy.meters.timing import StepTimer, TimingSummary, summarize
+from heptstudy.meters.timing import StepTimer, summarize
 from heptstudy.model import build_model, example_batch
 
 MIB = 2**20
@@ -310,6 +310,6 @@ def test_step_timer_times_each_step():
     with timer.step():
         time.sleep(0.01)
     assert timer.seconds >= 0.01
-    assert summarize([1.0, 3.0]).std_s == pytest.approx(2**0.5)
-    assert summarize([2.0]) == TimingSummary(2.0, 0.0, 2.0)
-    assert summarize([]).mean_s is None
+    assert summarize([1.0, 3.0])[1] == pytest.approx(2**0.5)
+    assert summarize([2.0]) == (2.0, 0.0, 2.0)
+    assert summarize([]) == (None, None, None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import nbformat
@@ -436,7 +437,7 @@ def test_host_usage_counts_page_faults():
             block[offset] = 1
     assert usage.minor_page_faults > 1000
     assert usage.system_time_s >= 0.0 and usage.user_time_s >= 0.0
-    assert set(usage.fields()) == {
+    assert set(asdict(usage)) == {
         "minor_page_faults",
         "major_page_faults",
         "system_time_s",

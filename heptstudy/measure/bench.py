@@ -5,8 +5,10 @@ folder and the data set's size are checked first, so a measurement is never run 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from heptstudy.data.batching import (
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.plans import predictor_for
 from heptstudy.measure import report as rp
-from heptstudy.measure.parity import run_parity, set_deterministic
+from heptstudy.measure.parity import run_parity
 from heptstudy.measure.report_checks import untrusted
 from heptstudy.measure.request import PARITY, Measurement
 from heptstudy.meters.allocator import apply_allocator, populate_heap
@@ -139,7 +141,10 @@ def run_bench(
     check_model_fits(config, device)
     dtype = autocast_dtype(config, device)
     if request.deterministic:
-        set_deterministic(device)
+        if device.type == "cuda":
+            # cuBLAS needs a fixed workspace before its first call to be deterministic.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     synthetic = bool(dataset_for(config, "train").metadata.get("synthetic", False))
     batches = [
         to_device(load_events(config, idx, "train"), device)
@@ -264,7 +269,7 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
                     result = measured_step(state, step, clock)
                 records[step]["time_s"] = timer.seconds
                 records[step]["phase_time_s"] = clock.seconds()
-                records[step].update(usage.fields())
+                records[step].update(asdict(usage))
                 records[step]["loss"] = {k: float(v) for k, v in result.losses.items()}  # untimed
                 bar.update(1)
             del state, result
@@ -317,13 +322,13 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
         )
     bar.close()
     counted = [r for r in records if r["counted"]]
-    timed = summarize([r["time_s"] for r in counted if r["time_s"] is not None])
+    mean_s, std_s, min_s = summarize([r["time_s"] for r in counted if r["time_s"] is not None])
     summary = rp.Summary(
         counted_steps=len(counted),
         warmup_steps=warmup,
-        mean_step_time_s=timed.mean_s,
-        std_step_time_s=timed.std_s,
-        min_step_time_s=timed.min_s,
+        mean_step_time_s=mean_s,
+        std_step_time_s=std_s,
+        min_step_time_s=min_s,
         max_peak_allocated_mib=_max(r["peak_allocated_mib"] for r in counted),
         max_peak_reserved_mib=_max(r["peak_reserved_mib"] for r in counted),
         allocated_definition=mem.allocated_definition if mem else None,

@@ -8,8 +8,6 @@ read against it. A few optimizer steps in both modes give the loss trajectories.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from heptstudy.config import Config
@@ -21,13 +19,6 @@ from heptstudy.train.step import run_step
 
 #: Dropout seed of every parity pass.
 PASS_SEED = 4242
-
-
-def set_deterministic(device: torch.device) -> None:
-    if device.type == "cuda":
-        # cuBLAS needs a fixed workspace before its first call to be deterministic.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
 
 
 def with_checkpointing(config: Config, on: bool) -> Config:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from difflib import get_close_matches
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -154,6 +154,35 @@ class Parameters(StrictInput):
                 )
             ) from None
 
+    @classmethod
+    def from_namespace(
+        cls, namespace: Mapping[str, Any], allowed: tuple[str, ...], where: str, **fixed: Any
+    ) -> Self:
+        """The ``allowed`` parameters of notebook ``where`` from its kernel's globals. One
+        papermill injected that the notebook does not have is refused: papermill only warns and
+        runs on with the defaults, which measures something else than was asked."""
+        # papermill's cell is the one before the running one (IPython's ``In``)
+        history, injected = namespace.get("In"), set()
+        cell = history[-2] if isinstance(history, list) and len(history) >= 2 else None
+        if isinstance(cell, str) and cell.lstrip().startswith("# Parameters"):
+            for node in ast.parse(cell).body:
+                targets = (
+                    node.targets
+                    if isinstance(node, ast.Assign)
+                    else [getattr(node, "target", None)]
+                )
+                injected.update(t.id for t in targets if isinstance(t, ast.Name))
+        hints = [
+            name + "".join(f" (did you mean {n}?)" for n in get_close_matches(name, allowed, n=1))
+            for name in sorted(injected - set(allowed))
+        ]
+        if hints:
+            raise RequestError(
+                f"{where} has no parameter {', '.join(hints)}; its parameters are "
+                f"{', '.join(allowed)}. Fix the -p/-y name and run it again"
+            )
+        return cls.build(**fixed, **{k: namespace[k] for k in allowed if k in namespace})
+
 
 Count = Annotated[int, Field(ge=1)]
 Overrides = Annotated[list[str], BeforeValidator(override_list)]
@@ -168,9 +197,7 @@ class MeasurementRequest(Parameters):
     )
     batch_size: Count = Field(1, description="events per step, an integer >= 1")
     batching: Batching = Field(
-        "padded",
-        description="padded: every event filled to the batch's longest (the recipe's); packed: "
-        "the events in one stream of hits, each rounded up on its own",
+        "padded", description=DataConfig.model_fields["batching"].description
     )
     checkpointing: PlanName = Field(
         "off",
@@ -302,9 +329,9 @@ class Measurement:
     device: torch.device
     profile: PlatformConfig | None
     #: host allocator settings applied in the measuring process ({}: the allocator as it comes)
-    allocator: dict[str, str] = field(default_factory=dict)
-    name: str = ""
-    report_path: Path = SCRATCH_DIR
+    allocator: dict[str, str]
+    name: str
+    report_path: Path
 
     @property
     def batch_size(self) -> int:
@@ -320,39 +347,7 @@ NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def injected_parameters(history: Any) -> set[str] | None:
-    """The names papermill assigned in the cell before the running one (IPython's ``In``);
-    None when that cell was not papermill's."""
-    if not isinstance(history, list) or len(history) < 2:
-        return None
-    source = history[-2]
-    if not isinstance(source, str) or not source.lstrip().startswith("# Parameters"):
-        return None
-    names: set[str] = set()
-    for node in ast.parse(source).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        names.update(t.id for t in targets if isinstance(t, ast.Name))
-    return names
-
-
-def check_parameters(given: set[str] | None, allowed: tuple[str, ...], where: str) -> None:
-    """Refuse parameters a notebook does not have: papermill only warns and runs on with the
-    defaults, which measures something else than was asked."""
-    hints = [
-        name + "".join(f" (did you mean {near}?)" for near in get_close_matches(name, allowed, n=1))
-        for name in sorted((given or set()) - set(allowed))
-    ]
-    if hints:
-        raise RequestError(
-            f"{where} has no parameter {', '.join(hints)}; its parameters are "
-            f"{', '.join(allowed)}. Fix the -p/-y name and run it again"
-        )
-
-
 def from_notebook(kind: str, namespace: Mapping[str, Any]) -> MeasurementRequest:
     """The request of ``memory.ipynb`` or ``parity.ipynb`` from the kernel's globals."""
     allowed = NOTEBOOK_PARAMETERS[kind]
-    check_parameters(injected_parameters(namespace.get("In")), allowed, f"{kind}.ipynb")
-    return MeasurementRequest.build(
-        kind=kind, **{k: namespace[k] for k in allowed if k in namespace}
-    )
+    return MeasurementRequest.from_namespace(namespace, allowed, f"{kind}.ipynb", kind=kind)

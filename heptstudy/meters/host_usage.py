@@ -4,12 +4,8 @@ system time spends it mapping and zeroing pages its allocator returned; the stud
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
-try:
-    import resource
-except ImportError:  # pragma: no cover - Windows
-    resource = None  # type: ignore[assignment]
+import resource
+from dataclasses import dataclass
 
 
 @dataclass
@@ -20,17 +16,12 @@ class HostUsage:
     user_time_s: float | None = None
 
     def __enter__(self) -> HostUsage:
-        self._start = resource.getrusage(resource.RUSAGE_SELF) if resource else None
+        self._start = resource.getrusage(resource.RUSAGE_SELF)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._start is None:
-            return
         end = resource.getrusage(resource.RUSAGE_SELF)
         self.minor_page_faults = end.ru_minflt - self._start.ru_minflt
         self.major_page_faults = end.ru_majflt - self._start.ru_majflt
         self.system_time_s = end.ru_stime - self._start.ru_stime
         self.user_time_s = end.ru_utime - self._start.ru_utime
-
-    def fields(self) -> dict[str, int | float | None]:
-        return asdict(self)

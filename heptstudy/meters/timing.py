@@ -9,18 +9,10 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
 from heptstudy.train.step import PhaseClock
-
-
-@dataclass(frozen=True)
-class TimingSummary:
-    mean_s: float | None
-    std_s: float | None  # sample standard deviation (n - 1); 0.0 for one step
-    min_s: float | None
 
 
 class StepTimer:
@@ -40,13 +32,14 @@ class StepTimer:
         self.seconds = time.perf_counter() - start
 
 
-def summarize(times: list[float]) -> TimingSummary:
+def summarize(times: list[float]) -> tuple[float | None, float | None, float | None]:
+    """Mean, sample standard deviation (n - 1; 0.0 for one step) and minimum."""
     n = len(times)
     if n == 0:
-        return TimingSummary(None, None, None)
+        return None, None, None
     mean = sum(times) / n
     std = math.sqrt(sum((t - mean) ** 2 for t in times) / (n - 1)) if n > 1 else 0.0
-    return TimingSummary(mean, std, min(times))
+    return mean, std, min(times)
 
 
 STEP_PHASES = ("backbone_forward", "decoder_and_heads", "loss", "backward", "optimizer")
@@ -67,16 +60,25 @@ class WallPhaseClock(PhaseClock):
     def _stamp(self):
         return time.perf_counter()
 
-    def mark(self, phase: str) -> None:
+    def mark(self, phase: str | None) -> None:
         self._stamps.append((phase, self._stamp()))
         self.phase = phase
 
     def stop(self) -> None:
-        self._stamps.append((None, self._stamp()))
-        self.phase = None
+        self.mark(None)  # the step's end
+
+    @staticmethod
+    def _elapsed(start, end) -> float:
+        return end - start
 
     def seconds(self) -> dict[str, float] | None:
-        return _between(self._stamps, lambda a, b: b - a)
+        stamps = self._stamps
+        if len(stamps) < 2 or stamps[-1][0] is not None:
+            return None
+        out: dict[str, float] = {}
+        for (phase, start), (_, end) in zip(stamps, stamps[1:], strict=False):
+            out[phase] = out.get(phase, 0.0) + float(self._elapsed(start, end))
+        return out
 
 
 class CudaPhaseClock(WallPhaseClock):
@@ -93,26 +95,16 @@ class CudaPhaseClock(WallPhaseClock):
         event.record()
         return event
 
+    @staticmethod
+    def _elapsed(start, end) -> float:
+        return start.elapsed_time(end) / 1000.0
+
     def seconds(self) -> dict[str, float] | None:
-        if not self._stamps:
-            return None
-        self._stamps[-1][1].synchronize()  # already complete after the step timer's sync
-        return _between(self._stamps, lambda a, b: a.elapsed_time(b) / 1000.0)
+        if self._stamps:
+            self._stamps[-1][1].synchronize()  # already complete after the step timer's sync
+        return super().seconds()
 
 
-def _between(stamps, elapsed) -> dict[str, float] | None:
-    if len(stamps) < 2 or stamps[-1][0] is not None:
-        return None
-    out: dict[str, float] = {}
-    for (phase, start), (_, end) in zip(stamps, stamps[1:], strict=False):
-        out[phase] = out.get(phase, 0.0) + float(elapsed(start, end))
-    return out
-
-
-def make_phase_clock(device: torch.device | str) -> PhaseClock:
-    device = torch.device(device)
-    if device.type == "cpu":
-        return WallPhaseClock()
-    if device.type == "cuda":
-        return CudaPhaseClock()
-    return PhaseClock()
+def make_phase_clock(device: torch.device) -> WallPhaseClock:
+    """A measurement runs on cpu or cuda (:attr:`MeasurementRequest.device`)."""
+    return CudaPhaseClock() if device.type == "cuda" else WallPhaseClock()

@@ -15,14 +15,7 @@ from heptstudy.config import Config, load_config
 from heptstudy.data.batching import to_device
 from heptstudy.locks import LOCK_NAME, holding
 from heptstudy.measure.parity import build_seeded
-from heptstudy.measure.request import (
-    Count,
-    Overrides,
-    Parameters,
-    PlanName,
-    check_parameters,
-    injected_parameters,
-)
+from heptstudy.measure.request import Count, Overrides, Parameters, PlanName
 from heptstudy.meters.memory import make_meter
 from heptstudy.study.common import StudyError
 from heptstudy.train.optim import build_optimizer, build_scheduler
@@ -60,8 +53,7 @@ class PipelineParameters(Parameters):
 
 def pipeline_parameters(namespace: Mapping[str, Any]) -> PipelineParameters:
     allowed = tuple(PipelineParameters.model_fields)
-    check_parameters(injected_parameters(namespace.get("In")), allowed, "pipeline.ipynb")
-    return PipelineParameters.build(**{k: namespace[k] for k in allowed if k in namespace})
+    return PipelineParameters.from_namespace(namespace, allowed, "pipeline.ipynb")
 
 
 def fresh_output_dir(path: str | os.PathLike) -> Path:

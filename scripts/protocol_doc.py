@@ -1,6 +1,9 @@
 """``docs/protocol.md``'s protocol block, rendered from the one protocol text
 (:data:`heptstudy.measure.report.PROTOCOL`, which every report carries).
-``python -m heptstudy.measure.protocol_doc`` rewrites that block; a test fails when the two differ.
+
+    python scripts/protocol_doc.py
+
+rewrites that block; tests/test_docs.py fails when the two differ.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ def current_block(text: str, path: Path = PROTOCOL_DOC) -> str:
         raise HeptstudyError(
             f"{path} has no protocol block between the markers {BEGIN!r} and {END!r}; "
             "add both markers where the protocol belongs and run "
-            "`python -m heptstudy.measure.protocol_doc` again"
+            "`python scripts/protocol_doc.py` again"
         )
     return text[start : stop + len(END)]
 
