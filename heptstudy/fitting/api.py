@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heptstudy.config import ALLOC_CONF_VARS
 from heptstudy.data.batching import dataset_for
 from heptstudy.estimate.autocast_policy import UnknownTorchVersion, lists_for
 from heptstudy.estimate.fake_step import DEFAULT_TORCH_VERSION, estimate_memory_model
@@ -117,7 +118,7 @@ class FitResult:
             "notes": self.notes,
             "not_used": [{"path": r.path, "why": r.reason} for r in self.not_used],
             "cross_checks": self.cross_checks,
-            "auto": None if self.auto is None else self.auto.to_dict(),
+            "auto": None if self.auto is None else asdict(self.auto),
         }
 
 
@@ -311,15 +312,12 @@ def _reports_code_note(model: MemoryModel) -> str:
 
 
 def expandable_segments(platform) -> bool:
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        conf = (platform.env or {}).get(name, "")
-        settings = {
-            k.strip().lower(): v.strip().lower()
-            for k, _, v in (item.partition(":") for item in conf.split(","))
-        }
-        if settings.get("expandable_segments") == "true":
-            return True
-    return False
+    # the platform's schema refused any other spelling (heptstudy.config.check_alloc_conf)
+    return any(
+        "".join(item.split()) == "expandable_segments:True"
+        for name in ALLOC_CONF_VARS
+        for item in platform.env.get(name, "").split(",")
+    )
 
 
 def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
