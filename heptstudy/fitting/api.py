@@ -159,19 +159,6 @@ def resolve_config(request: FitRequest):
     return res, res.variant(request.variant), notes
 
 
-def _margin(request: FitRequest, device_memory_gib: float, platform: str) -> float:
-    if request.safety_margin_gib is None:
-        return round(DEFAULT_MARGIN_FRACTION * device_memory_gib, 1)
-    if request.safety_margin_gib >= device_memory_gib:
-        raise FitError(
-            f"--safety-margin-gib {request.safety_margin_gib:g} is not allowed: platform "
-            f"{platform!r} has {device_memory_gib:g} GiB per device, and the margin must leave "
-            f"some of it usable (0 <= margin < {device_memory_gib:g}); omit it for the default "
-            f"{DEFAULT_MARGIN_FRACTION:.0%} of the device"
-        )
-    return float(request.safety_margin_gib)
-
-
 def _cross_check(
     origin: str, model: MemoryModel, differs: list[str], answer: FitAnswer
 ) -> dict[str, Any]:
@@ -215,7 +202,17 @@ def fit(request: FitRequest) -> FitResult | None:
             "activation_checkpointing=auto: the memory answer below is for full checkpointing "
             "(the plan auto falls back on); auto's own answer follows it"
         )
-    margin = _margin(request, platform.device_memory_gib, platform.name)
+    memory, margin = platform.device_memory_gib, request.safety_margin_gib
+    if margin is None:
+        margin = round(DEFAULT_MARGIN_FRACTION * memory, 1)
+    elif margin >= memory:
+        raise FitError(
+            f"--safety-margin-gib {margin:g} is not allowed: platform {platform.name!r} has "
+            f"{memory:g} GiB per device, and the margin must leave some of it usable (0 <= "
+            f"margin < {memory:g}); omit it for the default {DEFAULT_MARGIN_FRACTION:.0%} of the "
+            "device"
+        )
+    margin = float(margin)
     key = model_key(config.to_dict(), platform.device)
     reports = [str(repo_path(r)) for r in request.reports]
     fits_dir = repo_path(request.fits_dir) if request.fits_dir else FITS_DIR
