@@ -208,17 +208,16 @@ class MemoryModel:
         )
 
     def _out_of_range(self) -> list[str]:
-        numbers = [(f"allocated.{k}", v, 0) for k, v in asdict(self.allocated).items()]
+        d = asdict(self)
+        numbers = [(f"allocated.{k}", v, 0) for k, v in d["allocated"].items()]
         for name in ("reserved", "reserved_expandable"):
-            fit = getattr(self, name)
-            for k, v in asdict(fit).items() if fit is not None else ():
-                numbers.append((f"{name}.{k}", v, 1 if k == "ratio" else 0))
+            numbers += [(f"{name}.{k}", v, int(k == "ratio")) for k, v in (d[name] or {}).items()]
         for name in ("allocated_points", "reserved_points", "reserved_expandable_points"):
-            for i, p in enumerate(getattr(self, name)):
+            for i, p in enumerate(d[name]):
                 numbers += [
-                    (f"{name}[{i}].{k}", getattr(p, k), 1) for k in ("batch_size", "longest_padded")
+                    (f"{name}[{i}].{k}", p[k], int(k != "peak_mib"))
+                    for k in ("batch_size", "longest_padded", "peak_mib")
                 ]
-                numbers.append((f"{name}[{i}].peak_mib", p.peak_mib, 0))
         return [
             f"{field_name}={value!r} is not allowed (a finite number >= {low}"
             + (": reserved is never below allocated)" if field_name.endswith("ratio") else ")")
