@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -184,12 +184,12 @@ class MemoryModel:
     reserved: ReservedFit | None
     allocated_points: list[Point]
     reserved_points: list[Point] = field(default_factory=list)
-    validation: dict[str, Any] = field(default_factory=dict)
-    provenance: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
     #: estimated GPU models: reserved with the allocator's expandable segments (never measured)
     reserved_expandable: ReservedFit | None = None
     reserved_expandable_points: list[Point] = field(default_factory=list)
+    validation: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
     fingerprint: dict[str, Any] | None = None
 
     def predict_allocated_mib(self, batch_size, longest_padded):
@@ -208,17 +208,16 @@ class MemoryModel:
         )
 
     def _out_of_range(self) -> list[str]:
-        numbers = [(f"allocated.{k}", v, 0) for k, v in asdict(self.allocated).items()]
+        d = asdict(self)
+        numbers = [(f"allocated.{k}", v, 0) for k, v in d["allocated"].items()]
         for name in ("reserved", "reserved_expandable"):
-            fit = getattr(self, name)
-            for k, v in asdict(fit).items() if fit is not None else ():
-                numbers.append((f"{name}.{k}", v, 1 if k == "ratio" else 0))
+            numbers += [(f"{name}.{k}", v, int(k == "ratio")) for k, v in (d[name] or {}).items()]
         for name in ("allocated_points", "reserved_points", "reserved_expandable_points"):
-            for i, p in enumerate(getattr(self, name)):
+            for i, p in enumerate(d[name]):
                 numbers += [
-                    (f"{name}[{i}].{k}", getattr(p, k), 1) for k in ("batch_size", "longest_padded")
+                    (f"{name}[{i}].{k}", p[k], int(k != "peak_mib"))
+                    for k in ("batch_size", "longest_padded", "peak_mib")
                 ]
-                numbers.append((f"{name}[{i}].peak_mib", p.peak_mib, 0))
         return [
             f"{field_name}={value!r} is not allowed (a finite number >= {low}"
             + (": reserved is never below allocated)" if field_name.endswith("ratio") else ")")
@@ -254,30 +253,22 @@ class MemoryModel:
         return text + f"; {self.source_detail}"
 
     def to_dict(self) -> dict[str, Any]:
+        # the fields after "model" in their dataclass order
+        d = asdict(self)
         return {
             "schema": SCHEMA,
             "label": key_label(self.key),
-            "key": self.key,
-            "source": self.source,
-            "source_detail": self.source_detail,
-            "provenance": self.provenance,
+            "key": d.pop("key"),
+            "source": d.pop("source"),
+            "source_detail": d.pop("source_detail"),
+            "provenance": d.pop("provenance"),
             "model": (
                 "peak_allocated_mib = fixed_mib + per_padded_hit_mib * batch_size * longest_padded"
                 " + per_event_mib * batch_size + per_mask_entry_mib * batch_size * "
                 "longest_padded**2; peak_reserved_mib = ratio * peak_allocated_mib (also "
                 "reserved_expandable: the ratio with expandable segments)"
             ),
-            "allocated": asdict(self.allocated),
-            "reserved": asdict(self.reserved) if self.reserved else None,
-            "allocated_points": [asdict(p) for p in self.allocated_points],
-            "reserved_points": [asdict(p) for p in self.reserved_points],
-            "reserved_expandable": (
-                asdict(self.reserved_expandable) if self.reserved_expandable else None
-            ),
-            "reserved_expandable_points": [asdict(p) for p in self.reserved_expandable_points],
-            "validation": self.validation,
-            "notes": self.notes,
-            "fingerprint": self.fingerprint,
+            **d,
         }
 
     @classmethod
@@ -287,28 +278,16 @@ class MemoryModel:
                 f"{where}: schema {d.get('schema')!r} is not {SCHEMA!r}; refit it from its reports "
                 "(heptstudy fit --reports DIR --save-model PATH)"
             )
+        args = {f.name: d[f.name] for f in fields(cls) if f.name in d}
         try:
-            model = cls(
-                key=d["key"],
-                source=d["source"],
-                source_detail=d["source_detail"],
-                allocated=LinearFit(**d["allocated"]),
-                reserved=ReservedFit(**d["reserved"]) if d.get("reserved") else None,
-                allocated_points=[Point(**p) for p in d["allocated_points"]],
-                reserved_points=[Point(**p) for p in d.get("reserved_points", [])],
-                validation=d.get("validation", {}),
-                provenance=d.get("provenance", {}),
-                notes=d.get("notes", []),
-                reserved_expandable=(
-                    ReservedFit(**d["reserved_expandable"])
-                    if d.get("reserved_expandable")
-                    else None
-                ),
-                reserved_expandable_points=[
-                    Point(**p) for p in d.get("reserved_expandable_points", [])
-                ],
-                fingerprint=d.get("fingerprint"),
-            )
+            if "allocated" in d:
+                args["allocated"] = LinearFit(**d["allocated"])
+            for name in ("reserved", "reserved_expandable"):
+                args[name] = ReservedFit(**d[name]) if d.get(name) else None
+            for name in ("allocated_points", "reserved_points", "reserved_expandable_points"):
+                if name in d:
+                    args[name] = [Point(**p) for p in d[name]]
+            model = cls(**args)
         except (KeyError, TypeError) as err:
             raise FitError(f"{where}: missing or unexpected field ({err}); refit it") from None
         bad = model._out_of_range()

@@ -100,14 +100,14 @@ def other_code(report, code: str | None = None) -> str | None:
     return f"commit {sha[:9]}'s {why}: run its own code, {AT_COMMIT.format(commit=sha[:9])}"
 
 
-def estimate(report, source: str, data_dir: Path) -> dict:
-    """Estimated peaks of ``report``'s steps on its own events, with the running code."""
+def _row(report, source: str, data_dir: Path) -> dict:
+    """Measured against estimated peaks of ``report``'s steps on its own events."""
     started = time.perf_counter()
     cfg = dict(report.config)
     cfg["data"] = {**cfg["data"], "data_dir": str(data_dir)}
     config = validate_config(cfg, f"{source}'s config")
-    target, version = report.environment.device_kind, report.environment.torch_version
-    gpu = target in CACHING
+    env, summary = report.environment, report.summary
+    gpu = env.device_kind in CACHING
     rows, traces, calls = [], [], {}
     for record in report.steps:
         if not (gpu or record.counted):
@@ -121,25 +121,48 @@ def estimate(report, source: str, data_dir: Path) -> dict:
                 "report measured (same generator, seed and event counts)"
             )
         est = estimate_step(
-            config, batch, "cpu", target=target, torch_version=version, record_trace=gpu
+            config,
+            batch,
+            "cpu",
+            target=env.device_kind,
+            torch_version=env.torch_version,
+            record_trace=gpu,
         )
         calls = {"autocast": est.autocast_calls, "stand_ins": est.stand_in_calls}
         calls = {k: v for k, v in calls.items() if v is not None} | {"scratch": est.scratch_ops}
         traces.append(est.trace)
         rows.append({"step": record.step, "tracked_mib": est.peak_allocated_bytes / MIB})
-    out = {"calls_of_the_last_step": calls}
+    allocated = max(r["tracked_mib"] for r in rows)
+    reserved = expandable = measured_res = None
     if gpu:
-        sim = simulate_bench_process(traces, warmup=report.summary.warmup_steps, passes="both")
+        sim = simulate_bench_process(traces, warmup=summary.warmup_steps, passes="both")
         for row, peaks in zip(rows, sim.native, strict=True):
             row.update(allocated_mib=peaks.peak_allocated_mib, reserved_mib=peaks.peak_reserved_mib)
-        out.update(
-            allocated_mib=sim.max_allocated() / MIB,
-            reserved_mib=sim.max_reserved() / MIB,
-            expandable_reserved_mib=sim.max_reserved("expandable") / MIB,
-        )
-    else:
-        out["allocated_mib"] = max(r["tracked_mib"] for r in rows)
-    return {**out, "steps": rows, "seconds": round(time.perf_counter() - started, 1)}
+        allocated, reserved = sim.max_allocated() / MIB, sim.max_reserved() / MIB
+        expandable = sim.max_reserved("expandable") / MIB
+        measured_res = summary.max_peak_reserved_mib
+    alloc_err = allocated / summary.max_peak_allocated_mib - 1
+    res_err = None if reserved is None else reserved / measured_res - 1
+    return {
+        "report": report.name or Path(source).stem,
+        "file": source,
+        "device": f"{env.device_kind} ({env.device_name})",
+        "recorded_commit": env.git_commit,
+        "batch_size": report.batch_size,
+        "checkpointing": report.checkpointing.model_dump(),
+        "measured_allocated_mib": summary.max_peak_allocated_mib,
+        "estimated_allocated_mib": allocated,
+        "allocated_error": alloc_err,
+        "measured_reserved_mib": measured_res,
+        "estimated_reserved_mib": reserved,
+        "reserved_error": res_err,
+        "expandable_reserved_mib": expandable,
+        "within_tolerance": abs(alloc_err) <= ALLOCATED_TOLERANCE
+        and (res_err is None or abs(res_err) <= RESERVED_TOLERANCE),
+        "estimated_steps": rows,
+        "calls_of_the_last_step": calls,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def validate(reports, data_dir, code: str | None = None, progress=print) -> dict:
@@ -170,7 +193,7 @@ def validate(reports, data_dir, code: str | None = None, progress=print) -> dict
     for source, report in jobs.items():
         progress(f"estimating {source} ...")
         try:
-            rows.append(_row(report, source, estimate(report, source, data_dir)))
+            rows.append(_row(report, source, data_dir))
         except HeptstudyError as err:
             if str(err).startswith(source):
                 raise
@@ -186,37 +209,6 @@ def validate(reports, data_dir, code: str | None = None, progress=print) -> dict
         "rows": rows,
         "skipped": skipped,
         "all_within_tolerance": all(r["within_tolerance"] for r in rows),
-    }
-
-
-def _error(estimated, measured):
-    return None if estimated is None or measured is None else estimated / measured - 1
-
-
-def _row(report, source: str, est: dict) -> dict:
-    gpu = report.environment.device_kind in CACHING
-    measured_res = report.summary.max_peak_reserved_mib if gpu else None
-    alloc_err = _error(est["allocated_mib"], report.summary.max_peak_allocated_mib)
-    res_err = _error(est.get("reserved_mib"), measured_res)
-    return {
-        "report": report.name or Path(source).stem,
-        "file": source,
-        "device": f"{report.environment.device_kind} ({report.environment.device_name})",
-        "recorded_commit": report.environment.git_commit,
-        "batch_size": report.batch_size,
-        "checkpointing": report.checkpointing.model_dump(),
-        "measured_allocated_mib": report.summary.max_peak_allocated_mib,
-        "estimated_allocated_mib": est["allocated_mib"],
-        "allocated_error": alloc_err,
-        "measured_reserved_mib": measured_res,
-        "estimated_reserved_mib": est.get("reserved_mib"),
-        "reserved_error": res_err,
-        "expandable_reserved_mib": est.get("expandable_reserved_mib"),
-        "within_tolerance": abs(alloc_err) <= ALLOCATED_TOLERANCE
-        and (res_err is None or abs(res_err) <= RESERVED_TOLERANCE),
-        "estimated_steps": est["steps"],
-        "calls_of_the_last_step": est["calls_of_the_last_step"],
-        "seconds": est["seconds"],
     }
 
 

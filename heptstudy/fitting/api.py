@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heptstudy.config import ALLOC_CONF_VARS
 from heptstudy.data.batching import dataset_for
 from heptstudy.estimate.autocast_policy import UnknownTorchVersion, lists_for
 from heptstudy.estimate.fake_step import DEFAULT_TORCH_VERSION, estimate_memory_model
@@ -117,7 +118,7 @@ class FitResult:
             "notes": self.notes,
             "not_used": [{"path": r.path, "why": r.reason} for r in self.not_used],
             "cross_checks": self.cross_checks,
-            "auto": None if self.auto is None else self.auto.to_dict(),
+            "auto": None if self.auto is None else asdict(self.auto),
         }
 
 
@@ -156,19 +157,6 @@ def resolve_config(request: FitRequest):
             "validation/test sizes lowered to 0 for this data set (they do not enter the training step)"
         )
     return res, res.variant(request.variant), notes
-
-
-def _margin(request: FitRequest, device_memory_gib: float, platform: str) -> float:
-    if request.safety_margin_gib is None:
-        return round(DEFAULT_MARGIN_FRACTION * device_memory_gib, 1)
-    if request.safety_margin_gib >= device_memory_gib:
-        raise FitError(
-            f"--safety-margin-gib {request.safety_margin_gib:g} is not allowed: platform "
-            f"{platform!r} has {device_memory_gib:g} GiB per device, and the margin must leave "
-            f"some of it usable (0 <= margin < {device_memory_gib:g}); omit it for the default "
-            f"{DEFAULT_MARGIN_FRACTION:.0%} of the device"
-        )
-    return float(request.safety_margin_gib)
 
 
 def _cross_check(
@@ -214,7 +202,17 @@ def fit(request: FitRequest) -> FitResult | None:
             "activation_checkpointing=auto: the memory answer below is for full checkpointing "
             "(the plan auto falls back on); auto's own answer follows it"
         )
-    margin = _margin(request, platform.device_memory_gib, platform.name)
+    memory, margin = platform.device_memory_gib, request.safety_margin_gib
+    if margin is None:
+        margin = round(DEFAULT_MARGIN_FRACTION * memory, 1)
+    elif margin >= memory:
+        raise FitError(
+            f"--safety-margin-gib {margin:g} is not allowed: platform {platform.name!r} has "
+            f"{memory:g} GiB per device, and the margin must leave some of it usable (0 <= "
+            f"margin < {memory:g}); omit it for the default {DEFAULT_MARGIN_FRACTION:.0%} of the "
+            "device"
+        )
+    margin = float(margin)
     key = model_key(config.to_dict(), platform.device)
     reports = [str(repo_path(r)) for r in request.reports]
     fits_dir = repo_path(request.fits_dir) if request.fits_dir else FITS_DIR
@@ -311,15 +309,12 @@ def _reports_code_note(model: MemoryModel) -> str:
 
 
 def expandable_segments(platform) -> bool:
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        conf = (platform.env or {}).get(name, "")
-        settings = {
-            k.strip().lower(): v.strip().lower()
-            for k, _, v in (item.partition(":") for item in conf.split(","))
-        }
-        if settings.get("expandable_segments") == "true":
-            return True
-    return False
+    # the platform's schema refused any other spelling (heptstudy.config.check_alloc_conf)
+    return any(
+        "".join(item.split()) == "expandable_segments:True"
+        for name in ALLOC_CONF_VARS
+        for item in platform.env.get(name, "").split(",")
+    )
 
 
 def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):

@@ -4,8 +4,7 @@ expected step time (from measured reports only) and P(step exceeds the budget)."
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,9 +29,6 @@ class AutoAnswer:
     mean_step_full_s: float | None  # expected, always-on (full) checkpointing
     not_available: str | None = None  # why the times are missing
     notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def measured_rates(reports) -> tuple[dict[str, float], dict[str, int]]:

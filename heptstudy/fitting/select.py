@@ -26,10 +26,6 @@ class Choice:
     cross_checks: list[tuple[str, MemoryModel, list[str]]] = field(default_factory=list)
 
 
-def _same(a: MemoryModel, b: MemoryModel) -> bool:
-    return a.key == b.key and a.source == b.source and a.allocated == b.allocated
-
-
 def _sort_into(choice: Choice, candidates, key: dict[str, Any]) -> list[tuple[str, MemoryModel]]:
     """Models of ``candidates`` that hold for ``key``, best first; the others are not used."""
     holding = []
@@ -41,7 +37,8 @@ def _sort_into(choice: Choice, candidates, key: dict[str, Any]) -> list[tuple[st
         choice.not_used.append(
             Rejected(origin, f"{model.source} for another configuration: {'; '.join(diffs)}")
         )
-        seen = any(_same(model, m) for _, m, _ in choice.cross_checks)
+        same = (model.key, model.source, model.allocated)
+        seen = any((m.key, m.source, m.allocated) == same for _, m, _ in choice.cross_checks)
         if all(d.startswith(CROSS_CHECK_SETTINGS) for d in diffs) and not seen:
             choice.cross_checks.append((origin, model, diffs))
     # measured first, then the best validated
