@@ -3,7 +3,7 @@ a scenario that breaks a rule is refused, never "fixed"."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,16 +60,6 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     for part in parents:
         node = node.setdefault(part, {})
     node[last] = value
-
-
-def check_variants_exist(scenario: str, known: Iterable[str], requested: Iterable[str]) -> None:
-    known = list(known)
-    for name in requested:
-        if name not in known:
-            raise ScenarioError(
-                "variant-exists",
-                f"variant {name!r} is not in scenario {scenario!r}; its variants are {known}",
-            )
 
 
 def apply_platform(
