@@ -97,7 +97,17 @@ def _resolve_one(
         raise ConfigError(
             f"could not merge scenario {scenario.name!r}, variant {variant!r}: {err}"
         ) from None
-    rules.apply_platform(recipe, platform, scenario.name, variant)
+    for pfield, key in rules.PLATFORM_KEYS.items():
+        wanted, given = getattr(platform, pfield), rules.get_dotted(recipe, key)
+        if given is not None and given != wanted:
+            raise rules.ScenarioError(
+                "platform-keeps-recipe",
+                f"scenario {scenario.name!r} variant {variant!r} sets {key}={given!r}, but "
+                f"platform {platform.name!r} runs with {pfield}={wanted!r}; a profile never "
+                f"changes the recipe, so remove {key} from the scenario or --set, or pick a "
+                f"platform whose {pfield} is {given!r}",
+            )
+        rules.set_dotted(recipe, key, wanted)
     # reader threads are a property of the node, not of the science: the profile's value is a
     # default that the scenario or --set may override
     if rules.get_dotted(recipe, "data.num_workers") is None:

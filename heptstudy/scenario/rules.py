@@ -62,23 +62,6 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[last] = value
 
 
-def apply_platform(
-    recipe: dict[str, Any], platform: PlatformConfig, scenario: str, variant: str
-) -> None:
-    """Set the platform's keys in ``recipe``; refuse one it already sets to another value."""
-    for pfield, key in PLATFORM_KEYS.items():
-        wanted, given = getattr(platform, pfield), get_dotted(recipe, key)
-        if given is not None and given != wanted:
-            raise ScenarioError(
-                "platform-keeps-recipe",
-                f"scenario {scenario!r} variant {variant!r} sets {key}={given!r}, but platform "
-                f"{platform.name!r} runs with {pfield}={wanted!r}; a profile never changes the "
-                f"recipe, so remove {key} from the scenario or --set, or pick a platform whose "
-                f"{pfield} is {given!r}",
-            )
-        set_dotted(recipe, key, wanted)
-
-
 def check_shared_budget(scenario: str, configs: Mapping[str, Config]) -> None:
     """All variants equal on :data:`BUDGET_KEYS`."""
     dicts = {name: cfg.to_dict() for name, cfg in configs.items()}
