@@ -471,7 +471,9 @@ def check_alloc_conf(name: str, setting: str) -> None:
 class PlatformConfig(StrictInput):
     """Hardware and runtime settings only; the science lives in the scenario."""
 
-    name: str
+    name: Annotated[
+        str, AfterValidator(lambda v: check_name(v, "the platform name", example="lumi_mi250x"))
+    ]
     device: Literal["cpu", "cuda", "rocm"]
     devices_per_node: int = Field(ge=1)
     nodes: int = Field(1, ge=1)
@@ -501,11 +503,6 @@ class PlatformConfig(StrictInput):
         "(heptstudy.estimate.plans.plan_order_from_reports), used by "
         "activation_checkpointing=auto unless model.heptv2.auto_plan_order is set",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_a_name(cls, value: str) -> str:
-        return check_name(value, "the platform name", example="lumi_mi250x")
 
     @field_validator("time_limit", "partition", "account")
     @classmethod

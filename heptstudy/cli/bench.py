@@ -12,7 +12,7 @@ def request_from_args(args: argparse.Namespace):
 
     given = {f: getattr(args, f) for f in MeasurementRequest.model_fields if hasattr(args, f)}
     try:
-        return MeasurementRequest.build(spell=_as_option, **given)
+        return MeasurementRequest.build(spell=lambda f, v: f"{_flag(f)[0]} {v}", **given)
     except RequestError as err:
         raise RequestError(f"heptstudy bench: {err}") from None
 
@@ -20,10 +20,6 @@ def request_from_args(args: argparse.Namespace):
 def _flag(field: str) -> tuple[str, dict]:
     """A request field's option and its argparse settings."""
     return _FLAGS.get(field, ("--" + field.replace("_", "-"), {}))
-
-
-def _as_option(field: str, value: str) -> str:
-    return f"{_flag(field)[0]} {value}"
 
 
 def _bench(args: argparse.Namespace) -> int:

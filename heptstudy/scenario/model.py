@@ -39,46 +39,43 @@ def _find_or_refuse(name_or_path: str | Path, directory: Path, rule: str, what: 
 
 def load_scenario(name_or_path: str | Path) -> Scenario:
     path = _find_or_refuse(name_or_path, SCENARIO_DIR, "scenario-exists", "scenario")
-
-    def refused(problem: str) -> ScenarioError:
-        return ScenarioError("scenario-exists", f"scenario {str(path)!r}: {problem}")
-
+    where = f"scenario {str(path)!r}"
+    # every problem below is the scenario-exists rule's
     try:
         data = read_yaml(path, "scenario")
-    except ConfigError as err:
-        raise ScenarioError("scenario-exists", str(err)) from None
-    unknown = sorted(set(data) - _SCENARIO_KEYS)
-    missing = sorted({"name", "shared", "variants"} - set(data))
-    if unknown or missing:
-        raise refused(
-            f"unknown top-level keys {unknown}, missing keys {missing}; a scenario holds exactly "
-            f"{sorted(_SCENARIO_KEYS)} (model/data/train go under 'shared' or a variant)"
-        )
-    variants = data["variants"]
-    if not isinstance(variants, Mapping) or not variants:
-        raise refused(
-            "'variants' must be a non-empty mapping of name -> partial configuration, got "
-            f"{variants!r}"
-        )
-    shared = data.get("shared") or {}
-    for where, part in [("shared", shared)] + [(f"variants.{k}", v) for k, v in variants.items()]:
-        if part is not None and not isinstance(part, Mapping):
-            raise refused(
-                f"{where} must be a mapping (a partial configuration with model/data/train "
-                f"sections), got {part!r}"
+        unknown = sorted(set(data) - _SCENARIO_KEYS)
+        missing = sorted({"name", "shared", "variants"} - set(data))
+        if unknown or missing:
+            raise ConfigError(
+                f"{where}: unknown top-level keys {unknown}, missing keys {missing}; a scenario "
+                f"holds exactly {sorted(_SCENARIO_KEYS)} (model/data/train go under 'shared' or "
+                "a variant)"
             )
-    split = data.get("test_split_events") or {}
-    if not isinstance(split, Mapping) or not all(
-        isinstance(v, int) and v >= 0 for v in split.values()
-    ):
-        raise refused(
-            "test_split_events must map a data set (NAME or NAME:VERSION) to a non-negative "
-            f"event count, got {split!r}"
-        )
-    try:
-        check_name(data["name"], f"scenario {str(path)!r}: name", example="hepv2_h100")
+        variants = data["variants"]
+        if not isinstance(variants, Mapping) or not variants:
+            raise ConfigError(
+                f"{where}: 'variants' must be a non-empty mapping of name -> partial "
+                f"configuration, got {variants!r}"
+            )
+        shared = data.get("shared") or {}
+        parts = [("shared", shared)] + [(f"variants.{k}", v) for k, v in variants.items()]
+        for key, part in parts:
+            if part is not None and not isinstance(part, Mapping):
+                raise ConfigError(
+                    f"{where}: {key} must be a mapping (a partial configuration with "
+                    f"model/data/train sections), got {part!r}"
+                )
+        split = data.get("test_split_events") or {}
+        if not isinstance(split, Mapping) or not all(
+            isinstance(v, int) and v >= 0 for v in split.values()
+        ):
+            raise ConfigError(
+                f"{where}: test_split_events must map a data set (NAME or NAME:VERSION) to a "
+                f"non-negative event count, got {split!r}"
+            )
+        check_name(data["name"], f"{where}: name", example="hepv2_h100")
         for k in variants:
-            check_name(k, f"scenario {str(path)!r}: variant", example="checkpointed")
+            check_name(k, f"{where}: variant", example="checkpointed")
     except ConfigError as err:
         raise ScenarioError("scenario-exists", str(err)) from None
     return Scenario(

@@ -72,7 +72,6 @@ class Resolution:
     platform: PlatformConfig
     platform_path: Path
     variants: list[ResolvedVariant]
-    rules_checked: list[str]
 
     def variant(self, name: str) -> ResolvedVariant:
         return next(v for v in self.variants if v.name == name)
@@ -84,7 +83,7 @@ class Resolution:
             "description": self.scenario.description,
             "platform": self.platform.name,
             "platform_path": str(self.platform_path),
-            "rules_checked": self.rules_checked,
+            "rules_checked": list(RULES),
             "variants": {v.name: v.to_dict() for v in self.variants},
         }
 
@@ -98,7 +97,17 @@ def _resolve_one(
         raise ConfigError(
             f"could not merge scenario {scenario.name!r}, variant {variant!r}: {err}"
         ) from None
-    rules.apply_platform(recipe, platform, scenario.name, variant)
+    for pfield, key in rules.PLATFORM_KEYS.items():
+        wanted, given = getattr(platform, pfield), rules.get_dotted(recipe, key)
+        if given is not None and given != wanted:
+            raise rules.ScenarioError(
+                "platform-keeps-recipe",
+                f"scenario {scenario.name!r} variant {variant!r} sets {key}={given!r}, but "
+                f"platform {platform.name!r} runs with {pfield}={wanted!r}; a profile never "
+                f"changes the recipe, so remove {key} from the scenario or --set, or pick a "
+                f"platform whose {pfield} is {given!r}",
+            )
+        rules.set_dotted(recipe, key, wanted)
     # reader threads are a property of the node, not of the science: the profile's value is a
     # default that the scenario or --set may override
     if rules.get_dotted(recipe, "data.num_workers") is None:
@@ -108,10 +117,6 @@ def _resolve_one(
     return validate(
         merge(Config().to_dict(), recipe), f"scenario {scenario.name!r} variant {variant!r}"
     )
-
-
-def _steps(freq: int, num_steps: int) -> list[int]:
-    return list(range(freq, num_steps + 1, freq))
 
 
 def resolve(
@@ -127,7 +132,13 @@ def resolve(
     sc = load_scenario(scenario)
     plat, plat_path = find_platform(platform)
     shared, extra = list(overrides), variant_overrides or {}
-    rules.check_variants_exist(sc.name, sc.variants, [*(variants or ()), *extra])
+    for name in [*(variants or ()), *extra]:
+        if name not in sc.variants:
+            raise rules.ScenarioError(
+                "variant-exists",
+                f"variant {name!r} is not in scenario {sc.name!r}; its variants are "
+                f"{list(sc.variants)}",
+            )
     configs = {
         name: _resolve_one(sc, name, plat, parse_overrides([*shared, *extra.get(name, ())]))
         for name in sc.variants
@@ -149,8 +160,8 @@ def resolve(
             per_device_batch=t.global_batch_size // (plat.world_size * t.grad_accumulation),
             grad_accumulation=t.grad_accumulation,
             event_presentations=t.global_batch_size * t.num_steps,
-            val_steps=_steps(t.val_freq, t.num_steps),
-            checkpoint_steps=_steps(t.checkpoint_freq, t.num_steps),
+            val_steps=list(range(t.val_freq, t.num_steps + 1, t.val_freq)),
+            checkpoint_steps=list(range(t.checkpoint_freq, t.num_steps + 1, t.checkpoint_freq)),
             dtype=t.dtype,
             attention_backend=cfg.model.heptv2.attention_backend,
             test_split=split,
@@ -160,7 +171,6 @@ def resolve(
         platform=plat,
         platform_path=plat_path,
         variants=[resolved[name] for name in configs if name in wanted],
-        rules_checked=list(RULES),
     )
 
 
@@ -214,5 +224,5 @@ def summary(res: Resolution) -> str:
         ]
         lines.append(f"variant {v.name} (model.variant {v.config.model.variant})")
         lines += [f"  {k:<20} {val}" for k, val in rows]
-    lines.append(f"invariants passed: {', '.join(res.rules_checked)}")
+    lines.append(f"invariants passed: {', '.join(RULES)}")
     return "\n".join(lines)

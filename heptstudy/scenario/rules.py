@@ -3,7 +3,7 @@ a scenario that breaks a rule is refused, never "fixed"."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,33 +60,6 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     for part in parents:
         node = node.setdefault(part, {})
     node[last] = value
-
-
-def check_variants_exist(scenario: str, known: Iterable[str], requested: Iterable[str]) -> None:
-    known = list(known)
-    for name in requested:
-        if name not in known:
-            raise ScenarioError(
-                "variant-exists",
-                f"variant {name!r} is not in scenario {scenario!r}; its variants are {known}",
-            )
-
-
-def apply_platform(
-    recipe: dict[str, Any], platform: PlatformConfig, scenario: str, variant: str
-) -> None:
-    """Set the platform's keys in ``recipe``; refuse one it already sets to another value."""
-    for pfield, key in PLATFORM_KEYS.items():
-        wanted, given = getattr(platform, pfield), get_dotted(recipe, key)
-        if given is not None and given != wanted:
-            raise ScenarioError(
-                "platform-keeps-recipe",
-                f"scenario {scenario!r} variant {variant!r} sets {key}={given!r}, but platform "
-                f"{platform.name!r} runs with {pfield}={wanted!r}; a profile never changes the "
-                f"recipe, so remove {key} from the scenario or --set, or pick a platform whose "
-                f"{pfield} is {given!r}",
-            )
-        set_dotted(recipe, key, wanted)
 
 
 def check_shared_budget(scenario: str, configs: Mapping[str, Config]) -> None:
