@@ -147,9 +147,16 @@ def _compiled(compiler: str):
 
 
 def _cache_entries(fa) -> int:
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    # private torch API: the fallback counts dynamo's graphs where this is missing (torch 2.11
+    # on the GPU machine is older than the 2.13 tested here)
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    return len(_debug_get_cache_entry_list(fa.flex_attention.__code__))
+        return len(_debug_get_cache_entry_list(fa.flex_attention.__code__))
+    except (ImportError, AttributeError, RuntimeError):
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
 
 
 def _refuse_known_fallbacks(fa) -> None:
@@ -186,16 +193,23 @@ def _checked(fa, compiler: str):
     from torch._dynamo import exc as dynamo_exc
     from torch.fx.experimental import _config as fx_config
 
+    limit_hit = getattr(dynamo_exc, "FailOnRecompileLimitHit", ())
     patch = {"fail_on_recompile_limit_hit": True}
     if _POLICY == "ladder" and torch._dynamo.config.recompile_limit < LADDER_RECOMPILE_LIMIT:
         patch["recompile_limit"] = LADDER_RECOMPILE_LIMIT
-    shown = fa._WARNINGS_SHOWN  # the ids of the warnings flex_attention has given
+    # the ids of the warnings flex_attention has given (private: a set of our own where absent)
+    shown = getattr(fa, "_WARNINGS_SHOWN", set())
     shown.discard(_UNFUSED_WARNING_ID)
     try:
         # no "duck sizing": sizes that happen to be equal once would cost a recompile later
-        with torch._dynamo.config.patch(**patch), fx_config.patch(use_duck_shape=False):
+        no_duck = (
+            fx_config.patch(use_duck_shape=False)
+            if hasattr(fx_config, "use_duck_shape")
+            else contextlib.nullcontext()
+        )
+        with torch._dynamo.config.patch(**patch), no_duck:
             yield
-    except dynamo_exc.FailOnRecompileLimitHit:
+    except limit_hit:
         raise FusedAttentionError(
             f"flex_attention reached dynamo's recompile limit "
             f"(torch._dynamo.config.recompile_limit={torch._dynamo.config.recompile_limit}) "
