@@ -113,8 +113,7 @@ def _storage_of(t: torch.Tensor):
 
 class StorageTracker(TorchDispatchMode):
     """Live tensor-storage bytes, their peak and (optionally) their categories. Storages are
-    keyed by the identity of their Python object, unique and alive as long as the storage lives.
-    """
+    keyed by the identity of their Python object, unique and alive as long as the storage lives."""
 
     # flex_attention's internals count as a kernel's scratch
     supports_higher_order_operators = True
