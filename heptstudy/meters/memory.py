@@ -158,6 +158,7 @@ class StorageTracker(TorchDispatchMode):
         self._active = False
         self._hooks: list = []
         self._saved_hooks = None
+        self._params: list[torch.Tensor] = []
 
     def _on_free(self, key: int) -> None:
         with self._lock:
@@ -314,12 +315,12 @@ class StorageTracker(TorchDispatchMode):
                 self.add_baseline(group["params"], "parameters")
                 self.add_baseline((p.grad for p in group["params"]), "gradients")
         self.add_baseline(_flatten_tensors(baseline_tensors), "inputs")
+        self._params = list(model.parameters()) if model is not None else []
+        if optimizer is not None:
+            self._params += [p for g in optimizer.param_groups for p in g["params"]]
         if self.track_categories:
-            params = list(model.parameters()) if model is not None else []
-            if optimizer is not None:
-                params += [p for g in optimizer.param_groups for p in g["params"]]
             seen: set[int] = set()
-            for p in params:
+            for p in self._params:
                 if p.requires_grad and id(p) not in seen:
                     seen.add(id(p))
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
@@ -366,6 +367,7 @@ class StorageTracker(TorchDispatchMode):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self._params = []
         self._active = False
 
     def release(self) -> None:
