@@ -26,9 +26,6 @@ from heptstudy.meters.memory import iter_tensors
 
 AUTOCAST_KEY = "AutocastCPU"
 
-#: Targets whose autocast this module emulates (ROCm registers CUDA's lists).
-TARGETS = ("cuda", "rocm")
-
 
 @dataclass(frozen=True)
 class AutocastLists:
@@ -184,16 +181,9 @@ _INSTALLED = threading.Lock()
 
 
 @contextlib.contextmanager
-def target_autocast(
-    target: str = "cuda", torch_version: str = "2.11"
-) -> Iterator[AutocastEmulation]:
-    """Inside the block, ``torch.autocast('cpu')`` regions follow ``target``'s autocast lists of
-    ``torch_version``. Not re-entrant (one emulation per process at a time)."""
-    if target not in TARGETS:
-        raise ValueError(
-            f"no autocast emulation for target {target!r}; allowed: {', '.join(TARGETS)} "
-            "(the cpu target runs CPU autocast as it is)"
-        )
+def target_autocast(torch_version: str = "2.11") -> Iterator[AutocastEmulation]:
+    """Inside the block, ``torch.autocast('cpu')`` regions follow CUDA's (and so ROCm's)
+    autocast lists of ``torch_version``. Not re-entrant (one emulation per process at a time)."""
     lists = lists_for(torch_version)
     if not _INSTALLED.acquire(blocking=False):
         raise RuntimeError("a target autocast emulation is already installed in this process")

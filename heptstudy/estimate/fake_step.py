@@ -160,7 +160,7 @@ def estimate_step(
     with contextlib.ExitStack() as stack:
         if faithful:
             try:
-                emulation = stack.enter_context(target_autocast(target, version))
+                emulation = stack.enter_context(target_autocast(version))
             except UnknownTorchVersion as err:
                 raise HeptstudyError(str(err)) from None
             kernels = stack.enter_context(target_kernels())
