@@ -89,10 +89,6 @@ class _Entry:
     ref: weakref.ref
 
 
-#: Owner suffix of integer/bool storages: kept for other reasons than float activations.
-INDEX_SUFFIX = " [int/bool]"
-
-
 def module_owner(path: str) -> str:
     """The model's top-level child holding ``path``, with a module list's index ("backbone.3",
     "heads"); the model itself is "model"."""
@@ -199,7 +195,7 @@ class StorageTracker(TorchDispatchMode):
         owner = self._module_stack[-1] if self._module_stack else self._phase
         if t.dtype.is_floating_point or t.dtype.is_complex:
             return owner
-        return owner + INDEX_SUFFIX
+        return owner + " [int/bool]"  # index and mask storages: kept for other reasons
 
     def _update_peak(self) -> None:
         if self.live_bytes > self.peak_bytes:
