@@ -80,7 +80,7 @@ def lists_for(torch_version: str) -> AutocastLists:
     return POLICIES[key]
 
 
-def _overload(name: str) -> torch._ops.OpOverload | None:
+def aten_op(name: str) -> torch._ops.OpOverload | None:
     base, _, overload = name.partition(".")
     packet = getattr(torch.ops.aten, base, None)
     if packet is None:
@@ -208,7 +208,7 @@ def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
     listed: set[str] = set()
     for policy in ("lower_precision", "fp32", "fp32_set_opt_dtype", "promote"):
         for name in getattr(lists, policy):
-            op = _overload(name)
+            op = aten_op(name)
             if op is None:
                 emu.missing.append(name)
                 continue
@@ -219,7 +219,7 @@ def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
                 continue
             lib.impl(qualified[len("aten::") :], _kernel(emu, name, policy, op), AUTOCAST_KEY)
     for name, target_name in lists.fp32_append_dtype.items():
-        op, redispatch = _overload(name), _overload(target_name)
+        op, redispatch = aten_op(name), aten_op(target_name)
         if op is None or redispatch is None:
             emu.missing.append(name)
             continue
