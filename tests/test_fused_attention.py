@@ -66,7 +66,7 @@ def test_twelve_lengths_compile_at_most_twice_and_never_unfused(fresh_dynamo):
             ref_lse = torch.logsumexp(scores, -1)
             rows = torch.isfinite(ref_lse)
             torch.testing.assert_close(lse[rows], ref_lse[rows], rtol=1e-4, atol=1e-4)
-    s = flex_kernel.status()
+    s = flex_kernel.attention_status()
     assert s["fused_calls"] == 12 and s["fused_kernel_lengths"] == 12
     assert 1 <= s["fused_compiles"] <= 2, s
     assert s["fused_compiler"] == "eager"
@@ -77,7 +77,7 @@ def test_short_sequences_share_the_compile(fresh_dynamo):
     with torch.no_grad():
         for n in (32, 112, 128, 300):
             flex_attention_lse(*_qkv_mask(flex_kernel.kernel_length(n)))
-    assert flex_kernel.status()["fused_compiles"] == 1
+    assert flex_kernel.attention_status()["fused_compiles"] == 1
 
 
 def test_forced_recompile_limit_is_a_clear_error_not_an_unfused_run(fresh_dynamo):
@@ -112,7 +112,7 @@ def test_a_mode_that_blocks_compile_is_refused_before_running(fresh_dynamo):
         pytest.raises(FusedAttentionError, match="_BlockingMode"),
     ):
         flex_attention_lse(q, k, v, mask)
-    assert flex_kernel.status()["fused_calls"] == 0
+    assert flex_kernel.attention_status()["fused_calls"] == 0
 
 
 class _FailingMode(TorchDispatchMode):
@@ -169,7 +169,7 @@ def test_ladder_policy_pads_to_fixed_sizes_and_matches_plain(fresh_dynamo, tiny_
         a, b = models["plain"](batch), models["fused"](batch)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-4)
-    assert flex_kernel.status()["fused_shape_policy"] == "ladder"
+    assert flex_kernel.attention_status()["fused_shape_policy"] == "ladder"
     with pytest.raises(FusedAttentionError, match="allowed: dynamic, ladder"):
         flex_kernel.set_shape_policy("bucketed")
 

@@ -242,12 +242,12 @@ def test_tracker_runs_a_compiled_fused_forward(tiny_overrides):
     batch = example_batch(cfg, 2, [150, 40], seed=1)
     with torch.no_grad():
         untracked = model(batch)
-    calls = flex_kernel.status()["fused_calls"]
+    calls = flex_kernel.attention_status()["fused_calls"]
     meter = make_meter("cpu", track_categories=True)
     with torch.no_grad(), measured(meter, batch.values(), model=model) as m:
         tracked = model(batch)
     r = m.result
-    assert flex_kernel.status()["fused_calls"] == calls + cfg.model.heptv2.num_convs
+    assert flex_kernel.attention_status()["fused_calls"] == calls + cfg.model.heptv2.num_convs
     assert r.peak_allocated_bytes > r.baseline_bytes and r.ops_seen > 0
     for key in untracked:
         assert torch.equal(untracked[key], tracked[key])

@@ -322,11 +322,11 @@ def test_a_busy_host_and_stalled_steps_are_flagged_in_summary_and_study(tmp_path
 
 def test_bench_prints_and_notes_a_busy_host(tmp_path, tiny_data_dir, monkeypatch):
     import json
+    import os
 
-    from heptstudy.measure import report as rp
     from tests.conftest import TINY_MODEL
 
-    monkeypatch.setattr(rp, "host_load", lambda: 64.0)
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
     out = tmp_path / "b1.json"
     argv = ["bench", "--batch-size", "1", "--passes", "timing", "--steps", "1", "--warmup", "0"]
     argv += ["--data-dir", str(tiny_data_dir), "--output", str(out), "--no-progress"]

@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pandas as pd
@@ -335,7 +336,9 @@ def test_allocator_settings_and_the_environment_a_process_starts_with(monkeypatc
     assert alloc.measurement_allocator(None, "cpu") == settings
     assert alloc.measurement_allocator(None, "cuda") is None
     assert alloc.measurement_allocator(_profile("h100"), "cuda") is None
-    assert alloc.describe_settings(settings).startswith("MALLOC_MMAP_THRESHOLD_=16 GiB")
+    env = SimpleNamespace(allocator="glibc 2.36", allocator_settings=settings)
+    label = alloc.allocator_label(SimpleNamespace(environment=env))
+    assert label.startswith("glibc 2.36 (MALLOC_MMAP_THRESHOLD_=16 GiB")
     base = {"PATH": "/bin", "MALLOC_ARENA_MAX": "2", "LD_PRELOAD": "/x/libjemalloc.so"}
     assert alloc.environment_with({}, base) == {"PATH": "/bin"}
     assert alloc.environment_with(settings, base) == {"PATH": "/bin", **settings}

@@ -26,9 +26,6 @@ from heptstudy.meters.memory import iter_tensors
 
 AUTOCAST_KEY = "AutocastCPU"
 
-#: Targets whose autocast this module emulates (ROCm registers CUDA's lists).
-TARGETS = ("cuda", "rocm")
-
 
 @dataclass(frozen=True)
 class AutocastLists:
@@ -83,7 +80,7 @@ def lists_for(torch_version: str) -> AutocastLists:
     return POLICIES[key]
 
 
-def _overload(name: str) -> torch._ops.OpOverload | None:
+def aten_op(name: str) -> torch._ops.OpOverload | None:
     base, _, overload = name.partition(".")
     packet = getattr(torch.ops.aten, base, None)
     if packet is None:
@@ -184,16 +181,9 @@ _INSTALLED = threading.Lock()
 
 
 @contextlib.contextmanager
-def target_autocast(
-    target: str = "cuda", torch_version: str = "2.11"
-) -> Iterator[AutocastEmulation]:
-    """Inside the block, ``torch.autocast('cpu')`` regions follow ``target``'s autocast lists of
-    ``torch_version``. Not re-entrant (one emulation per process at a time)."""
-    if target not in TARGETS:
-        raise ValueError(
-            f"no autocast emulation for target {target!r}; allowed: {', '.join(TARGETS)} "
-            "(the cpu target runs CPU autocast as it is)"
-        )
+def target_autocast(torch_version: str = "2.11") -> Iterator[AutocastEmulation]:
+    """Inside the block, ``torch.autocast('cpu')`` regions follow CUDA's (and so ROCm's)
+    autocast lists of ``torch_version``. Not re-entrant (one emulation per process at a time)."""
     lists = lists_for(torch_version)
     if not _INSTALLED.acquire(blocking=False):
         raise RuntimeError("a target autocast emulation is already installed in this process")
@@ -218,7 +208,7 @@ def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
     listed: set[str] = set()
     for policy in ("lower_precision", "fp32", "fp32_set_opt_dtype", "promote"):
         for name in getattr(lists, policy):
-            op = _overload(name)
+            op = aten_op(name)
             if op is None:
                 emu.missing.append(name)
                 continue
@@ -229,7 +219,7 @@ def _register(lib, emu: AutocastEmulation, lists: AutocastLists) -> None:
                 continue
             lib.impl(qualified[len("aten::") :], _kernel(emu, name, policy, op), AUTOCAST_KEY)
     for name, target_name in lists.fp32_append_dtype.items():
-        op, redispatch = _overload(name), _overload(target_name)
+        op, redispatch = aten_op(name), aten_op(target_name)
         if op is None or redispatch is None:
             emu.missing.append(name)
             continue

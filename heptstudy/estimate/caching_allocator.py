@@ -2,17 +2,13 @@
 trace of allocations and frees, without a GPU.
 
 It follows ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x, one device, one stream, default
-settings, no ``empty_cache``): requests rounded up to 512 B; small (<= 1 MiB) and large pools;
-best fit by size, then lowest address; a block is split when the remainder is >= 512 B (small
-pool, or expandable) or > 1 MiB (large pool, native), else handed out whole and *counted as
-allocated*; a freed block merges with its free neighbours in its segment.
-
-Native mode: a new segment when nothing fits, never released; addresses increase, so "lowest
-address" is "oldest segment" (real placement only matters for ties between equal free blocks).
-
-``expandable_segments``: one segment per pool grown by mapping 2 MiB (small) or 20 MiB (large)
-pages at its end, extending the free block there; best fit prefers any other fitting block to
-that one (``get_free_block``). Nothing is unmapped: reserved = mapped bytes.
+settings, no ``empty_cache``; sizes and the split rule at the constants and ``malloc``): best fit
+by size, then lowest address; a remainder too small to split is handed out with the block and
+*counted as allocated*; a freed block merges with its free neighbours in its segment. Native
+mode: a new segment when nothing fits, never released; addresses increase, so "lowest address"
+is "oldest segment" (real placement only matters for ties between equal free blocks).
+``expandable_segments``: one segment per pool grown by mapping pages at its end, extending the
+free block there (see ``_best_fit``); nothing is unmapped: reserved = mapped bytes.
 
 Not simulated: several streams, CUDA graphs' pools, the out-of-memory retry, other settings, and
 memory allocated outside the caching allocator (cuBLAS/cuDNN handles, the CUDA context).

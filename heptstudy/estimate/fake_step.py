@@ -103,10 +103,9 @@ def _type_encoder_forward(counts):
 
 def _skipping_repeats(meter):
     """``repeats`` of :class:`StandIns`: a loop's iterations until one (not the first, which may
-    find no cached blocks) leaves the live bytes as it found them, then the last. The ones
-    skipped would run the same shapes from the same memory, so they repeat its allocations and
-    frees and can raise no peak; the many slices of attention and SwiGLU at large batches made
-    most of a fake step's time."""
+    find no cached blocks) leaves the live bytes as it found them, then the last. The skipped ones
+    run the same shapes from the same memory, so they repeat its allocations and frees and raise
+    no peak; at large batches they were most of a fake step's time."""
 
     def repeats(items: list) -> Iterator:
         tracker = meter.tracker
@@ -161,7 +160,7 @@ def estimate_step(
     with contextlib.ExitStack() as stack:
         if faithful:
             try:
-                emulation = stack.enter_context(target_autocast(target, version))
+                emulation = stack.enter_context(target_autocast(version))
             except UnknownTorchVersion as err:
                 raise HeptstudyError(str(err)) from None
             kernels = stack.enter_context(target_kernels())

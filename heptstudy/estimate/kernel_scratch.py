@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from heptstudy.estimate.autocast_policy import aten_op
+
 
 @dataclass(frozen=True)
 class ScratchRule:
@@ -39,16 +41,11 @@ def _bce_factor(args) -> float:
     return 1.0 if reduction == 0 else 2.0
 
 
-def _aten(name: str):
-    base, _, overload = name.partition(".")
-    return getattr(getattr(torch.ops.aten, base), overload or "default")
-
-
 #: op -> rule; factors as the tests' probe measures them with PyTorch 2.13 on CPU (composite
 #: kernels: the same code runs on CUDA).
 SCRATCH: dict[torch._ops.OpOverload, ScratchRule] = {
-    _aten("logsumexp"): ScratchRule(0, 1.0, "(self - max).exp_() before the sum"),
-    _aten("binary_cross_entropy_with_logits"): ScratchRule(
+    aten_op("logsumexp"): ScratchRule(0, 1.0, "(self - max).exp_() before the sum"),
+    aten_op("binary_cross_entropy_with_logits"): ScratchRule(
         0, 2.0, "log-sigmoid and weighted terms (before the reduction, if any)", _bce_factor
     ),
 }

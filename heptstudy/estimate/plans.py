@@ -16,12 +16,12 @@ from heptstudy.estimate.fake_step import estimate_step, fit_batches
 from heptstudy.estimate.keys import model_key
 from heptstudy.estimate.memory_model import Point, fit_points
 from heptstudy.model.adaptive_checkpointing import (
-    Plan,
     PlanPredictor,
     candidate_plans,
     plan_config,
     plan_order,
 )
+from heptstudy.model.checkpoint_plan import CheckpointPlan
 from heptstudy.units import MIB
 
 #: Default safety margin, as a fraction of the device memory (context, kernels' workspaces):
@@ -59,7 +59,7 @@ def calibrate(
     batches: Sequence[dict[str, torch.Tensor]],
     device: torch.device,
     budget: tuple[float, str],
-    plans: Sequence[Plan] | None = None,
+    plans: Sequence[CheckpointPlan] | None = None,
     platform: PlatformConfig | None = None,
 ) -> PlanPredictor:
     """Fit each candidate plan's memory model (or only ``plans``'s) on fake-tensor steps over

@@ -445,10 +445,3 @@ def environment_info(
         allocator_settings=dict(allocator.settings),
         allocator_applied=None if allocator.applied is None else dict(allocator.applied),
     )
-
-
-def host_load() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return None

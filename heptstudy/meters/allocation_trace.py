@@ -41,7 +41,6 @@ class TracingStorageTracker(StorageTracker):
         self._blocks = itertools.count()
         self._tracing = False
         self._adopting = False
-        self._params: list[torch.Tensor] = []
 
     def _register(self, storage, category: str, owner: str = ""):
         key = id(storage)
@@ -90,10 +89,6 @@ class TracingStorageTracker(StorageTracker):
 
     def begin(self, *, baseline_tensors=(), model=None, optimizer=None) -> None:
         super().begin(baseline_tensors=baseline_tensors, model=model, optimizer=optimizer)
-        params = list(model.parameters()) if model is not None else []
-        if optimizer is not None:
-            params += [p for g in optimizer.param_groups for p in g["params"]]
-        self._params = params
         self._tracing = True
 
     def end(self) -> None:
@@ -112,7 +107,6 @@ class TracingStorageTracker(StorageTracker):
                     grads.add(self._block_of[id(storage)])
             self.trace.live_at_end = live
             self.trace.gradient_ids = frozenset(grads & set(live))
-            self._params = []
         super().end()
 
 

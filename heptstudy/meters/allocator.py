@@ -172,21 +172,15 @@ def environment_with(settings: Mapping[str, str], base: Mapping[str, str] | None
     return env
 
 
-def describe_settings(settings: Mapping[str, str]) -> str:
-    """``MALLOC_MMAP_THRESHOLD_=16 GiB, ...`` (whole GiB in GiB), or ``defaults``."""
-    if not settings:
-        return "defaults"
-    parts = []
-    for k, v in settings.items():
-        if v.isdigit() and int(v) >= GIB and int(v) % GIB == 0:
-            v = f"{int(v) // GIB} GiB"
-        parts.append(f"{k}={v}")
-    return ", ".join(parts)
-
-
 def allocator_label(report) -> str | None:
-    """``glibc 2.36 (defaults)`` or with its settings; None for reports that did not record it."""
+    """``glibc 2.36 (defaults)`` or with its settings (``MALLOC_TOP_PAD_=1 GiB, ...``: whole GiB
+    in GiB); None for reports that did not record it."""
     env = report.environment
     if env.allocator is None and env.allocator_settings is None:
         return None
-    return f"{env.allocator or 'allocator'} ({describe_settings(env.allocator_settings or {})})"
+    parts = []
+    for k, v in (env.allocator_settings or {}).items():
+        if v.isdigit() and int(v) >= GIB and int(v) % GIB == 0:
+            v = f"{int(v) // GIB} GiB"
+        parts.append(f"{k}={v}")
+    return f"{env.allocator or 'allocator'} ({', '.join(parts) or 'defaults'})"

@@ -89,10 +89,6 @@ class _Entry:
     ref: weakref.ref
 
 
-#: Owner suffix of integer/bool storages: kept for other reasons than float activations.
-INDEX_SUFFIX = " [int/bool]"
-
-
 def module_owner(path: str) -> str:
     """The model's top-level child holding ``path``, with a module list's index ("backbone.3",
     "heads"); the model itself is "model"."""
@@ -113,8 +109,7 @@ def _storage_of(t: torch.Tensor):
 
 class StorageTracker(TorchDispatchMode):
     """Live tensor-storage bytes, their peak and (optionally) their categories. Storages are
-    keyed by the identity of their Python object, unique and alive as long as the storage lives.
-    """
+    keyed by the identity of their Python object, unique and alive as long as the storage lives."""
 
     # flex_attention's internals count as a kernel's scratch
     supports_higher_order_operators = True
@@ -159,6 +154,7 @@ class StorageTracker(TorchDispatchMode):
         self._active = False
         self._hooks: list = []
         self._saved_hooks = None
+        self._params: list[torch.Tensor] = []
 
     def _on_free(self, key: int) -> None:
         with self._lock:
@@ -199,7 +195,7 @@ class StorageTracker(TorchDispatchMode):
         owner = self._module_stack[-1] if self._module_stack else self._phase
         if t.dtype.is_floating_point or t.dtype.is_complex:
             return owner
-        return owner + INDEX_SUFFIX
+        return owner + " [int/bool]"  # index and mask storages: kept for other reasons
 
     def _update_peak(self) -> None:
         if self.live_bytes > self.peak_bytes:
@@ -315,12 +311,12 @@ class StorageTracker(TorchDispatchMode):
                 self.add_baseline(group["params"], "parameters")
                 self.add_baseline((p.grad for p in group["params"]), "gradients")
         self.add_baseline(_flatten_tensors(baseline_tensors), "inputs")
+        self._params = list(model.parameters()) if model is not None else []
+        if optimizer is not None:
+            self._params += [p for g in optimizer.param_groups for p in g["params"]]
         if self.track_categories:
-            params = list(model.parameters()) if model is not None else []
-            if optimizer is not None:
-                params += [p for g in optimizer.param_groups for p in g["params"]]
             seen: set[int] = set()
-            for p in params:
+            for p in self._params:
                 if p.requires_grad and id(p) not in seen:
                     seen.add(id(p))
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
@@ -367,6 +363,7 @@ class StorageTracker(TorchDispatchMode):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self._params = []
         self._active = False
 
     def release(self) -> None:

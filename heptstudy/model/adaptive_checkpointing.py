@@ -16,9 +16,6 @@ from heptstudy.data.layout import batch_shape
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.checkpoint_plan import OFF, CheckpointPlan, plan_named
 
-Plan = CheckpointPlan
-
-
 #: ``auto``'s order after ``off`` when none is configured: each further layer saves and costs
 #: the same (experiments/checkpointing_limit_cpu_b4/layer_order.json).
 DEFAULT_PLAN_ORDER = ("layers1", "layers2", "layers3", "layers4", "layers5", "full")
@@ -72,7 +69,7 @@ class NoPlanFits(HeptstudyError):
 
 @dataclass(frozen=True)
 class PlanChoice:
-    plan: Plan
+    plan: CheckpointPlan
     predicted_peak_mib: float
     budget_mib: float
     predictions_mib: dict[str, float]
@@ -83,7 +80,7 @@ class PlanChoice:
 
 @dataclass
 class PlanPredictor:
-    plans: list[Plan]
+    plans: list[CheckpointPlan]
     models: dict[str, Any]  # plan name -> heptstudy.estimate.memory_model.MemoryModel
     budget_mib: float
     budget_source: str

@@ -76,18 +76,8 @@ def kernel_length(padded_len: int) -> int:
     )
 
 
-def status() -> dict:
-    return {
-        "fused_calls": _STATS.calls,
-        "fused_compiles": _STATS.compiles,
-        "fused_compiler": _STATS.compiler,
-        "fused_shape_policy": _POLICY,
-        "fused_kernel_lengths": len(_STATS.lengths),
-    }
-
-
 def attention_status(config=None) -> dict:
-    """:func:`status` plus the bucket attention actually used and the configured backend."""
+    """The bucket attention actually used, the configured backend and the fused call counts."""
     if _STATS.calls:
         used = "fused" if _STATS.compiler == "inductor" else "fused-reference"
     elif config is not None and config.model.variant == HIT_VARIANT:
@@ -95,7 +85,15 @@ def attention_status(config=None) -> dict:
     else:
         used = "none"
     configured = config.model.heptv2.attention_backend if config is not None else None
-    return {"backend_used": used, "configured": configured, **status()}
+    return {
+        "backend_used": used,
+        "configured": configured,
+        "fused_calls": _STATS.calls,
+        "fused_compiles": _STATS.compiles,
+        "fused_compiler": _STATS.compiler,
+        "fused_shape_policy": _POLICY,
+        "fused_kernel_lengths": len(_STATS.lengths),
+    }
 
 
 def reset_counts() -> None:

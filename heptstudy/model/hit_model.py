@@ -117,7 +117,6 @@ class HitModel(nn.Module):
         return self.input_encoder(raw, inputs)
 
     def decoder_entry(self) -> nn.Module:
-        """The first module run after the backbone."""
         return self.backbone_norm
 
     def forward(

@@ -55,7 +55,6 @@ class TrackClusterModel(nn.Module):
             self.input_encoder.requires_grad_(False)
 
     def decoder_entry(self) -> nn.Module:
-        """The first module run after the backbone."""
         return self.norm
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

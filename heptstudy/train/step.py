@@ -12,8 +12,7 @@ from torch import nn
 from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.model import build_model
-from heptstudy.model.adaptive_checkpointing import Plan
-from heptstudy.model.checkpoint_plan import running_plan
+from heptstudy.model.checkpoint_plan import CheckpointPlan, running_plan
 from heptstudy.train.losses import compute_losses
 from heptstudy.train.optim import build_optimizer, build_scheduler
 
@@ -66,7 +65,7 @@ def run_step(
     meter=None,
     clock: PhaseClock | None = None,
     keep_outputs: bool = False,
-    plan: Plan | None | list[Plan | None] = None,
+    plan: CheckpointPlan | None | list[CheckpointPlan | None] = None,
     device: torch.device | None = None,
 ) -> StepResult:
     """One training step on ``batch`` or a list of micro-batches (losses weighted 1/n). ``device``

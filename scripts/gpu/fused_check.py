@@ -78,11 +78,11 @@ def kernel(policy: str) -> dict:
                 "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB
                 if DEV.type == "cuda"
                 else None,
-                "compiles_so_far": flex_kernel.status()["fused_compiles"],
+                "compiles_so_far": flex_kernel.attention_status()["fused_compiles"],
             }
         )
         print(policy, rows[-1], flush=True)
-    return {"policy": policy, "calls": rows, "status": flex_kernel.status()}
+    return {"policy": policy, "calls": rows, "status": flex_kernel.attention_status()}
 
 
 def _run_model(backend: str, lengths, policy: str | None):
