@@ -1,6 +1,5 @@
 """Atomic file writes: a temporary file in the same folder, renamed over the target, so a crash
-mid-write leaves the previous file (or none), never a truncated one.
-"""
+mid-write leaves the previous file (or none), never a truncated one."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Validated configuration: YAML files plus dotted overrides (merged and parsed by OmegaConf),
-checked by a pydantic schema that names the key, the value and what is allowed. Unlike plain
-pydantic, a number key refuses true/false and a true/false key refuses numbers.
-"""
+"""Validated configuration: YAML files plus dotted overrides (parsed by OmegaConf), checked by
+a pydantic schema naming key, value and what is allowed; unlike plain pydantic, a number key
+refuses true/false and a true/false key refuses numbers."""
 
 from __future__ import annotations
 

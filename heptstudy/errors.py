@@ -1,6 +1,5 @@
-"""Errors caused by the user's input or environment: the CLI prints them as one message instead
-of a traceback; everything else is a bug and keeps its traceback.
-"""
+"""Errors caused by the user's input or environment, which the CLI prints as one message;
+anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 

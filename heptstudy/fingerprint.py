@@ -1,7 +1,5 @@
 """Fingerprints: which code a result was made from, and in words what changed since. A part's
-hash covers the paths and contents of its ``.py`` files, so a moved, added or removed file
-changes it as much as an edited one.
-"""
+hash covers its ``.py`` files' paths and contents: moving, adding or removing one changes it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """A folder held by one run at a time: a lock file for as long as a command writes into it.
-The kernel drops the ``flock`` when its process dies, however it dies, so a lock file left by
-a killed run is recognised (free although the file is there) and taken over, saying so.
-"""
+The kernel drops the ``flock`` however its process dies, so a killed run's lock file is seen
+to be free and taken over, saying so."""
 
 from __future__ import annotations
 

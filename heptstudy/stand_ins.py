@@ -1,13 +1,9 @@
-"""Stand-ins for the data-dependent parts of a training step, for steps run on fake tensors.
+"""Stand-ins for what a fake-tensor training step cannot do (copy to the host, take a
+data-dependent shape, run an unimplemented kernel): such places ask :func:`active`; the model's
+sliced loops go through :func:`repeated` so a fake step may skip repeats of known memory.
 
-A step on fake tensors cannot copy to the host, take a data-dependent shape or run a kernel
-fake tensors do not implement; the few places that would fail ask :func:`active` for a substitute.
-The sliced loops of the model hand their iterations to :func:`repeated`, so that such a step
-need not run every repeat of a slice whose memory it already knows.
-
-A module global, not a context variable, on purpose: under activation checkpointing the forward
-is replayed inside backward, possibly on another thread, and must see the same substitutes.
-"""
+A module global, not a context variable: under activation checkpointing the forward is replayed
+inside backward, possibly on another thread, and must see the same substitutes."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Training scenarios and platform profiles: resolution, invariant checks and launch rendering.
-
-The command line (:mod:`heptstudy.cli.scenario`) is not imported here: it calls
-:mod:`heptstudy.fitting`, which resolves scenarios through this package.
-"""
+Not the command line (:mod:`heptstudy.cli.scenario`): it calls :mod:`heptstudy.fitting`, which
+resolves scenarios through this package."""
 
 from heptstudy.scenario.model import find_platform
 from heptstudy.scenario.render import render

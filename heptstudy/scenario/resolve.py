@@ -1,11 +1,8 @@
-"""Resolution of a scenario on a platform: one validated configuration per variant, the derived
-quantities (world size, per-device batch, validation and checkpoint steps) and their summary.
-
-Layers, per variant: schema defaults <- ``shared`` <- the variant <- ``--set`` overrides <- the
-platform's ``dtype`` and ``attention_backend``, refused where the recipe already sets another
-value: a profile never silently changes the recipe. Each variant writes into
-``<train.out_dir>/<scenario>/<variant>``.
-"""
+"""A scenario on a platform: one validated configuration per variant, its derived quantities
+(world size, per-device batch, validation and checkpoint steps) and their summary. Layers:
+schema defaults <- ``shared`` <- variant <- ``--set`` <- the platform's ``dtype`` and
+``attention_backend``, refused where the recipe sets another (a profile never silently changes
+the recipe). Each variant writes into ``<train.out_dir>/<scenario>/<variant>``."""
 
 from __future__ import annotations
 

@@ -74,13 +74,11 @@ def _stop_kernels(execution: threading.Thread, grace_s: float = 3.0) -> None:
 
 
 def execute_notebook(input_path: str | os.PathLike, output_path: str | os.PathLike, **kwargs):
-    """:func:`papermill.execute_notebook` with its kernel on Unix sockets. Papermill rewrites its
-    output after every cell, so it writes a temporary file that replaces ``output_path`` only
-    once it is whole: a kill or Ctrl-C mid-way leaves the previous notebook. A notebook that
-    ran to a failing cell is whole, and shows the failure: it is put in place, then raised.
-
-    Papermill runs in a thread: its own Ctrl-C handler only schedules the kernel's shutdown and
-    leaves the cell waiting, while here Ctrl-C stops the kernel and ends the call at once."""
+    """:func:`papermill.execute_notebook` with its kernel on Unix sockets, writing a temporary
+    file (papermill rewrites it after every cell) that replaces ``output_path`` once whole: a
+    kill mid-way leaves the previous notebook; one that ran to a failing cell is put in place,
+    then raised. Papermill runs in a thread, so Ctrl-C stops the kernel and ends the call at
+    once (papermill's own handler would leave the cell waiting)."""
     import papermill as pm
 
     kwargs.setdefault("kernel_manager_class", LocalKernelManager)

@@ -1,8 +1,6 @@
-"""One simulated event -> the ``hits`` and ``pf`` examples (TFDS feature dicts). Truth targets:
-the properties of each particle that left a hit (``ytarget`` row layout) and which hit carries
-them. The ``pf`` example: tracks (charged particles with a track) then clusters (calorimeter hits
-grouped by particle), with element-wise targets. Jets: fastjet ee_genkt (R=0.4, p=-1) above 5 GeV
-pT, empty when fastjet is missing."""
+"""One simulated event -> the ``hits`` and ``pf`` examples (TFDS feature dicts), with truth
+targets per particle that left a hit. ``pf``: tracks then clusters (calorimeter hits grouped by
+particle). Jets: fastjet ee_genkt (R=0.4, p=-1) above 5 GeV pT, none without fastjet."""
 
 from __future__ import annotations
 
