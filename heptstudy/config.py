@@ -53,9 +53,8 @@ def count_plan(name: str) -> tuple[bool, int] | None:
 
 
 def parse_plan_name(value: Any) -> str:
-    """A checkpointing plan's name, as written everywhere (lower case, ``layers03`` as
-    ``layers3``); ``True``/``"true"`` is ``full`` and ``False``/``"false"`` (YAML's bare
-    ``off``) is ``off``. Whether a count plan suits the backbone is the configuration's check."""
+    """A checkpointing plan's name as written everywhere (lower case, ``layers3``); true is
+    ``full``, false (YAML's bare ``off``) ``off``. The configuration checks count plans' K."""
     if isinstance(value, bool):
         return "full" if value else "off"
     if isinstance(value, str):
@@ -99,9 +98,8 @@ def _bool_mixup(kind: Any, value: Any) -> bool:
 
 
 class StrictInput(BaseModel):
-    """The schema of user input: the configuration's, and the measurement request's
-    (:mod:`heptstudy.measure.request`). A string given for a number or true/false is read as
-    the VALUE of a ``--set KEY=VALUE`` is."""
+    """The schema of user input (configuration, measurement request); a string given for a
+    number or true/false is read as a ``--set KEY=VALUE``'s VALUE is."""
 
     # NaN and the infinities are refused: no number of a configuration is meant as one, and
     # every report records its configuration as JSON, which cannot hold them
@@ -640,9 +638,8 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge plain mappings, later ones winning. A list is replaced whole: a list's item
-    given by position (``data.configs.0=2``), a mapping where a list is or a list where a
-    mapping is, is refused naming the key, its value and how to write it."""
+    """Deep-merge plain mappings, later ones winning, a list replaced whole; a list item by
+    position (``data.configs.0=2``) or a mapping for a list (or back) is refused."""
     try:
         merged = OmegaConf.merge(*[OmegaConf.create(dict(layer)) for layer in layers])
     except TypeError:  # OmegaConf's "Cannot merge incompatible container types" names no key

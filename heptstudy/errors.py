@@ -58,9 +58,8 @@ def describe_invalid(
     list_known: bool = False,
     spell: Callable[[str, str], str] | None = None,
 ) -> str:
-    """A pydantic ``ValidationError`` as one line per error; ``noun``: key, field or parameter;
-    an unknown one is given the nearest of ``known``. ``spell(key, value)`` writes a bad value
-    as its user gave it (a command-line option, say); by default ``noun key=value``."""
+    """A pydantic ``ValidationError``, a line per error naming ``noun key=value`` (or as
+    ``spell(key, value)`` writes it: an option, say); an unknown key gets the nearest ``known``."""
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])

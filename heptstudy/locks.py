@@ -71,8 +71,7 @@ def _refuse_foreign(lock: Path, what: str, why: str) -> NotALock:
 
 def _open_locked(lock: Path, what: str) -> tuple[int, dict] | dict:
     """``(fd, previous contents)`` with the flock held, or the holder's information. Anything but
-    a regular single-name file that is empty or holds a lock's fields (a link to a report, a hard
-    link, another program's file) is refused, never followed or replaced."""
+    a single-link regular file, empty or a lock's, is refused, never followed or replaced."""
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)

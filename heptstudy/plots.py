@@ -348,10 +348,9 @@ POLICY_COLORS = {
 
 
 def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
-    """Peak allocated against mean step time, one point per policy, and a dashed line through
-    the plans in the order ``auto`` tries them (cheapest first, dominated plans left out);
-    ``packing`` (:func:`heptstudy.study.packing.packing_frame`): the packed batches' points,
-    drawn as diamonds with an arrow from the padded point of the same plan."""
+    """Peak allocated against mean step time per policy, dashed through the plans in ``auto``'s
+    order; ``packing`` (:func:`~heptstudy.study.packing.packing_frame`) adds packed batches as
+    diamonds, an arrow from the same plan's padded point."""
     fig, ax = _ax((8.5, 5.5))
     packed = () if packing is None else packing.sort_values("packed_step_s").iterrows()
     for i, (_, row) in enumerate(packed):

@@ -17,9 +17,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class StandIns:
-    """What a fake-tensor step uses instead of the real thing (``None``: the real thing);
-    ``flex(q, k, v, block_mask)`` returns ``(out, lse)``; ``repeats(items)`` the iterations of a
-    loop (:func:`repeated`) that the step runs."""
+    """A fake-tensor step's substitutes (``None``: the real thing); ``flex(q, k, v, block_mask)``
+    returns ``(out, lse)``, ``repeats(items)`` the iterations of a :func:`repeated` loop run."""
 
     targets: list[Any] | None = None
     match: Callable[..., Any] | None = None
@@ -36,9 +35,8 @@ def active() -> StandIns | None:
 
 
 def repeated(items: list[T]) -> Iterable[T]:
-    """The iterations of a loop whose iterations all run the same shapes (the last may be
-    shorter): ``items`` itself, except in a fake-tensor step, which may skip repeats whose memory
-    is already known."""
+    """``items``, the iterations of a loop of equal shapes (the last may be shorter); a fake-tensor
+    step may skip repeats whose memory it knows."""
     if _ACTIVE is None or _ACTIVE.repeats is None:
         return items
     return _ACTIVE.repeats(items)

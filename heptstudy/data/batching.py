@@ -40,11 +40,9 @@ def map_tensors(batch: dict[str, Any], fn) -> dict[str, Any]:
 def collate(
     events: Sequence[dict[str, Any]], pad_to_multiple: int, batching: str = "padded"
 ) -> dict[str, torch.Tensor]:
-    """``events`` (dicts with ``X``, ``ytarget``, optionally ``event_index`` and
-    ``neighbourhood``, the latter on all or none) as one batch:
-    ``padded``, a row per event, each filled to the batch's longest (rounded up to
-    ``pad_to_multiple``); ``packed``, one row of every event, each rounded up on its own. Zeros on
-    padding, ``mask`` True on real hits, ``layout`` says where each event lies."""
+    """``events`` as one batch: ``padded``, a row per event, each filled to the batch's longest
+    (rounded up to ``pad_to_multiple``); ``packed``, one row of every event, each rounded up on
+    its own. Zeros on padding, ``mask`` True on real hits, ``layout`` says where events lie."""
     if not events:
         raise DataError("cannot build a batch from zero events; ask for at least one event")
     lengths = np.array([len(ev["X"]) for ev in events], dtype=np.int64)

@@ -72,10 +72,9 @@ class EventLayout:
         return torch.from_numpy(start).view(self.rows, self.row_slots).to(device)
 
     def bucket_geometry(self, block_size: int, device):
-        """For bucket space (every event rounded up to whole buckets, rows of equal length):
-        ``position [rows, row_slots]``, the bucket position of each slot of sorted order;
-        ``source [rows, Sp]``, the slot each bucket position reads (fill repeats the event's last
-        slot); ``valid [rows, Sp]``, True where a position holds a real hit."""
+        """Bucket space (events rounded up to whole buckets, rows of equal length): ``position
+        [rows, row_slots]``, each sorted slot's bucket position; ``source [rows, Sp]``, the slot
+        each position reads (fill: the event's last); ``valid [rows, Sp]``: a real hit."""
         rounded = [-(-s.slots // block_size) * block_size for s in self.spans]  # no straddling
         row_len = [0] * self.rows
         bucket_start = []

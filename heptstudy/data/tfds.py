@@ -67,9 +67,8 @@ def _refused_writes_as_os_errors(path: Path) -> Iterator[None]:
 
 
 class ArrayRecordDatasetWriter:
-    """Stream examples of one builder config into ArrayRecord shards plus TFDS metadata (not
-    ``download_and_prepare``: past 1 GB it spills its shuffle buffer through TensorFlow). The
-    caller has checked ``config`` and that the data set does not exist yet."""
+    """Examples of one (checked, not yet existing) builder config streamed into ArrayRecord shards
+    plus TFDS metadata (``download_and_prepare`` spills past 1 GB through TensorFlow)."""
 
     def __init__(
         self,

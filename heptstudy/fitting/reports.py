@@ -1,6 +1,6 @@
-"""Bench reports -> measured memory models, one per configuration. A counted step gives an
-allocated point at (batch size, its longest padded event); the reserved pool is kept from step
-to step, so its point sits at the longest padded event of *every step so far* in the process."""
+"""Bench reports -> measured memory models, one per configuration. A counted step's allocated
+point sits at (batch size, its longest padded event), its reserved one (the pool persists) at
+the longest padded event of *every step so far* in the process."""
 
 from __future__ import annotations
 

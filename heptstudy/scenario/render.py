@@ -48,10 +48,9 @@ def shell_join(cmd: Sequence[str]) -> str:
 
 
 def env_value(text: str) -> str:
-    """A platform ``env`` value for bash: literal text, except plain ``${NAME}`` references
-    (``/tmp/${USER}-cache-${SLURM_JOB_ID}``), which the job's shell expands; every other ``$``,
-    backtick, quote and backslash is escaped, so that no command substitution or other shell
-    text in a profile is ever run."""
+    """A platform ``env`` value for bash: plain ``${NAME}`` references are expanded by the job's
+    shell; every other ``$``, backtick, quote and backslash is escaped, so no shell text in a
+    profile ever runs."""
     parts = re.split(r"(\$\{[A-Za-z_][A-Za-z0-9_]*\})", text)  # odd ones: the ${NAME}s
     escaped = (p if i % 2 else re.sub(r'([\\"`$])', r"\\\1", p) for i, p in enumerate(parts))
     return '"' + "".join(escaped) + '"'
@@ -134,9 +133,8 @@ def render(
     resume: str | None = None,
     workdir: str | Path | None = None,
 ) -> tuple[Resolution, list[Path]]:
-    """Resolve, then write per variant the resolved configuration and a launch script, plus
-    ``resolution.json`` and ``launch_scripts.txt``, into ``out`` (default
-    experiments/train/_rendered/SCENARIO/PLATFORM of the working directory)."""
+    """Resolve, then write each variant's configuration and launch script, ``resolution.json``
+    and ``launch_scripts.txt`` into ``out`` (default experiments/train/_rendered/SCENARIO/PLATFORM)."""
     res = resolve(scenario, platform, variants, overrides)
     out = out or Path("experiments/train/_rendered") / res.scenario.name / res.platform.name
     out = real_path(out, "render folder (--out / --render-dir)")

@@ -123,9 +123,8 @@ def resolve(
     overrides: Iterable[str] = (),
     variant_overrides: Mapping[str, Iterable[str]] | None = None,
 ) -> Resolution:
-    """Resolve every variant, check all rules, return the requested ``variants`` (default all).
-    ``variant_overrides`` (variant name -> overrides) apply after ``overrides``, to that variant
-    only: for a setting only one model has."""
+    """Resolve every variant, check all rules, return the requested ``variants`` (default all);
+    ``variant_overrides`` (name -> overrides) apply after ``overrides``, to that variant only."""
     sc = load_scenario(scenario)
     plat, plat_path = find_platform(platform)
     shared, extra = list(overrides), variant_overrides or {}

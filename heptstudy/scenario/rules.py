@@ -85,9 +85,8 @@ class TestSplit:
 
 
 def test_split_size(cfg: Config, declared: Mapping[str, int]) -> TestSplit | None:
-    """Events in the test split: those its files hold when every config has TFDS metadata (each
-    file's count checked, as the metadata alone could claim any number), else the scenario's
-    declared number, else None."""
+    """Events in the test split: counted in its files when every config has TFDS metadata (which
+    alone could claim any number), else the scenario's declared number, else None."""
     d = cfg.data
     infos = [Path(d.data_dir) / d.name / c / d.version / "dataset_info.json" for c in d.configs]
     if all(info.is_file() for info in infos):

@@ -60,9 +60,8 @@ class LocalKernelManager(KernelManager):
 
 
 def _stop_kernels(execution: threading.Thread, grace_s: float = 3.0) -> None:
-    """Terminate every kernel with its process group (SIGTERM: no traceback on the terminal,
-    which a kernel still starting up would print for SIGINT; its results are written atomically,
-    so none is left half-written); one still running after ``grace_s`` is killed."""
+    """SIGTERM every kernel's process group (a starting kernel would print a traceback for
+    SIGINT; results are written atomically); one still running after ``grace_s`` is killed."""
     pids = [getattr(km.provisioner, "pid", None) for km in list(_KERNELS)]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
