@@ -133,8 +133,8 @@ def render(
     resume: str | None = None,
     workdir: str | Path | None = None,
 ) -> tuple[Resolution, list[Path]]:
-    """Resolve, then write each variant's configuration and launch script, ``resolution.json``
-    and ``launch_scripts.txt`` into ``out`` (default experiments/train/_rendered/SCENARIO/PLATFORM)."""
+    """Resolve, then write each variant's configuration and launch script, ``resolution.json`` and
+    ``launch_scripts.txt`` into ``out`` (else experiments/train/_rendered/SCENARIO/PLATFORM)."""
     res = resolve(scenario, platform, variants, overrides)
     out = out or Path("experiments/train/_rendered") / res.scenario.name / res.platform.name
     out = real_path(out, "render folder (--out / --render-dir)")
