@@ -39,8 +39,8 @@ class NotOurs(HeptstudyError):
 
 @dataclass(frozen=True)
 class Output:
-    """A kind of file heptstudy writes where a user names the path: it only ever replaces a file
-    of the same kind, recognised by ``mark`` in the file's first or last 4 KiB."""
+    """A kind of file written where a user names the path: it replaces only a file of its kind,
+    recognised by ``mark`` in the first or last 4 KiB."""
 
     what: str  # e.g. "heptstudy bench report"
     suffix: str  # e.g. ".json"
@@ -86,9 +86,8 @@ class Output:
 def atomic_path(
     path: str | os.PathLike, suffix: str = ".tmp", kind: Output | None = None
 ) -> Iterator[Path]:
-    """A temporary path next to ``path`` that replaces it when the block succeeds; ``suffix``
-    is for writers that pick the format from the file name. With ``kind``, a file of another
-    kind at ``path`` is refused before anything is written."""
+    """A temporary path (ending in ``suffix``) next to ``path`` that replaces it when the block
+    succeeds; with ``kind``, a file of another kind at ``path`` is refused first."""
     path = Path(path)
     if kind is not None:
         kind.check(path)
@@ -154,8 +153,7 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
 
 
 def json_text(value: Any, what: str) -> str:
-    """``value`` as indented JSON text; NaN and the infinities, which are not JSON, are refused
-    before anything is written."""
+    """``value`` as indented JSON text; NaN and the infinities, not JSON, are refused."""
     if (found := _non_finite(value)) is not None:
         raise NotJson(
             f"{what}: {found[0] or 'the value'} is {found[1]}, which JSON cannot hold; nothing "
@@ -220,17 +218,16 @@ def free_space_problem(folder: str | os.PathLike, need_bytes: int) -> str | None
 
 
 def figure_kind(path: Path) -> Output | None:
-    """What a figure may replace: a figure. matplotlib names itself in every PNG's and PDF's
-    metadata (figures committed before this check carry nothing else), so a photo or a document
-    of the same name is never replaced."""
+    """What a figure may replace: a figure, recognised by the name matplotlib writes in every
+    PNG's and PDF's metadata (older committed figures carry nothing else)."""
     if path.suffix in (".png", ".pdf"):
         return Output(f"matplotlib {path.suffix[1:]} figure", path.suffix, b"Matplotlib")
     return None
 
 
 def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
-    """A figure, atomically; an existing file that is not a heptstudy figure is refused. The
-    temporary file keeps the suffix, from which matplotlib takes the format."""
+    """A figure, atomically (the temporary file keeps the suffix matplotlib takes the format
+    from); an existing file that is not a figure is refused."""
     path = Path(path)
     with atomic_path(path, suffix=path.suffix, kind=figure_kind(path)) as tmp:
         fig.savefig(tmp, **kwargs)
@@ -238,8 +235,7 @@ def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
 
 
 def folder_write_problem(folder: str | os.PathLike, *, create: bool = False) -> str | None:
-    """Why files cannot be written into ``folder`` (None when they can), found by writing a
-    probe file; with ``create`` the folder is made first."""
+    """Why a probe file cannot be written into ``folder`` (made first with ``create``), or None."""
     folder = Path(folder)
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:

@@ -75,8 +75,7 @@ def as_yaml(value: Any) -> str:
 
 
 def _scalar_kind(annotation: Any) -> Any:
-    """``int``, ``float`` or ``bool`` for a field holding that scalar (or a list or tuple of
-    it); None for anything else."""
+    """``int``, ``float`` or ``bool`` for a field of that scalar (or a list or tuple of it)."""
     origin = get_origin(annotation)
     if origin is Annotated:
         return _scalar_kind(get_args(annotation)[0])
@@ -547,8 +546,7 @@ class PlatformConfig(StrictInput):
 
 
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
-    """The mapping of a user's YAML file (a configuration, platform, scenario or study matrix),
-    every problem a :class:`ConfigError` naming the file."""
+    """The mapping of a user's YAML file; every problem a :class:`ConfigError` naming the file."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{what} file {str(p)!r} is a folder; give the path of a YAML file")
@@ -679,8 +677,7 @@ def _refuse_mixed(below: Mapping[str, Any], above: Mapping[str, Any], prefix: st
 def validate(
     data: Mapping[str, Any], what: str = "configuration", schema: type[BaseModel] = Config
 ) -> Any:
-    """``data`` validated by ``schema`` (by default a :class:`Config`), every error naming its
-    key, its value and what is allowed."""
+    """``data`` validated by ``schema`` (default :class:`Config`), errors naming key and value."""
     try:
         return schema.model_validate(data)
     except ValidationError as err:

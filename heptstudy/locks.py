@@ -161,8 +161,7 @@ def holding(folder: str | os.PathLike, what: str) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def holding_all(*folders: tuple[str | os.PathLike, str]) -> Iterator[None]:
-    """:func:`holding` of every ``(folder, what)``; a folder inside an earlier one is covered by
-    that one's lock already."""
+    """:func:`holding` of every ``(folder, what)``; one inside an earlier one is covered by it."""
     with contextlib.ExitStack() as stack:
         held: list[Path] = []
         for folder, what in folders:

@@ -36,8 +36,7 @@ class SymlinkLoop(HeptstudyError):
 
 
 def real_path(path: str | os.PathLike, what: str = "path") -> Path:
-    """``path`` made absolute, links followed; a link loop is refused naming ``what`` (e.g.
-    ``--out``)."""
+    """``path`` made absolute, links followed; a link loop is refused naming ``what``."""
     given = Path(path).expanduser()
     try:
         real = given.resolve()

@@ -18,7 +18,6 @@ def request_from_args(args: argparse.Namespace):
 
 
 def _flag(field: str) -> tuple[str, dict]:
-    """A request field's option and its argparse settings."""
     return _FLAGS.get(field, ("--" + field.replace("_", "-"), {}))
 
 

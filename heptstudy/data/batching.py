@@ -19,8 +19,7 @@ from heptstudy.errors import DataError
 
 
 def padded_sizes(lengths, multiple: int) -> np.ndarray:
-    """Event lengths rounded up to a multiple of ``multiple``, at least one (int64 array): an
-    event of no hits still has slots."""
+    """Event lengths rounded up to a multiple of ``multiple``, at least one (an empty event too)."""
     n = np.asarray(lengths, dtype=np.int64)
     return np.maximum(-(-n // multiple) * multiple, multiple)
 
@@ -89,8 +88,7 @@ def dataset_for(config, split: str) -> ShardedDataset:
 
 
 def _batch(config, ds: ShardedDataset, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-    """Events ``indices`` of ``ds`` collated, with their neighbourhood block when tracker
-    features are on and the data set is a hits one."""
+    """Events ``indices`` of ``ds`` collated, with tracker features when on (hits data sets)."""
     tf = config.model.tracker_features
     radii = list(tf.radii) if tf.enabled and ds.is_hits else None
 

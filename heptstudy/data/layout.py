@@ -113,8 +113,7 @@ def batch_shape(batch) -> tuple[int, int, int]:
 
 
 def layout_of(batch) -> EventLayout:
-    """The batch's layout; a batch without one is read as padded (an event per row), provided
-    each row's real hits lead it."""
+    """The batch's layout; without one, padded (an event per row, its real hits first)."""
     layout = batch.get("layout")
     if isinstance(layout, EventLayout):
         return layout

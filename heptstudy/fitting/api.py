@@ -43,8 +43,7 @@ def repo_path(path: str | Path) -> Path:
 
 @dataclass(frozen=True)
 class FitRequest:
-    """Will ``per_device_batch`` events per device of ``variant`` of ``scenario`` fit
-    ``platform``'s memory over the whole training data set?"""
+    """Will ``per_device_batch`` events of ``scenario``'s ``variant`` fit ``platform`` all along?"""
 
     platform: str
     per_device_batch: int | None = None  # default: the recipe's (global batch / devices)

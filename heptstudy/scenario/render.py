@@ -42,8 +42,7 @@ def launch_command(
 
 
 def shell_join(cmd: Sequence[str]) -> str:
-    """Quote for bash: every word literally, except the :class:`Expand` words of the launch
-    command itself (they hold no other shell text)."""
+    """Quote for bash: every word literally, but the launch command's own :class:`Expand` words."""
     return " ".join(f'"{c}"' if isinstance(c, Expand) else shlex.quote(c) for c in cmd)
 
 

@@ -179,7 +179,6 @@ def _steps_text(steps: list[int], freq: int) -> str:
 
 
 def summary(res: Resolution) -> str:
-    """The resolution as text."""
     p = res.platform
     lines = [
         f"scenario {res.scenario.name} ({res.scenario.path})",
