@@ -137,7 +137,7 @@ def make(
     torch_version: str | None = None,
     commit: str | None = None,
 ) -> dict[str, Any]:
-    """The fingerprint of a ``source`` ("measured"/"estimated") model, of this code or ``commit``."""
+    """The fingerprint of a "measured"/"estimated" ``source`` model: this code's or ``commit``'s."""
     parts = PARTS_OF[source]
     if commit:
         commit = _git("rev-parse", "--verify", f"{commit}^{{commit}}").decode().strip()
