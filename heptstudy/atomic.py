@@ -114,8 +114,7 @@ def atomic_path(
 
 
 def remove_leftovers(path: str | os.PathLike, suffix: str = ".tmp") -> None:
-    """Remove the temporary files that writes of ``path`` left when their process was killed;
-    only while holding ``path``'s folder, so that no write in progress loses its file."""
+    """Remove killed writes' temporary files of ``path``; only while holding its folder."""
     path = Path(path)
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}{suffix}"):
         tmp.unlink(missing_ok=True)
@@ -170,8 +169,8 @@ class WriteFailed(HeptstudyError):
 def write_text_or_keep(
     path: str | os.PathLike, text: str, what: str, kind: Output | None = None
 ) -> Path:
-    """:func:`atomic_write_text`; when the disk refuses, the text is kept in a temporary file
-    (often another file system) or printed, and :class:`WriteFailed` says where."""
+    """:func:`atomic_write_text`; refused, the text is kept in a temporary file or printed, and
+    :class:`WriteFailed` says where."""
     try:
         return atomic_write_text(path, text, kind=kind)
     except OSError as exc:

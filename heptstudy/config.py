@@ -46,8 +46,7 @@ PLAN_WORDS = (
 
 
 def count_plan(name: str) -> tuple[bool, int] | None:
-    """``(last, K)`` of a count plan's name (``layersK``: the first K backbone layers,
-    ``lastK``: the last K); None for any other name."""
+    """``(last, K)`` of a count plan (``layersK``: first K backbone layers, ``lastK``: last K)."""
     match = re.fullmatch(r"(layers|last)(\d+)", name)
     return None if match is None else (match[1] == "last", int(match[2]))
 
@@ -240,8 +239,7 @@ class TrackerFeaturesConfig(StrictInput):
 
     @property
     def num_features(self) -> int:
-        """Width of the neighbourhood block: a count per radius, then mean radius, radius
-        spread and distance to the nearest other tracker hit."""
+        """A count per radius, then mean radius, spread and distance to the nearest tracker hit."""
         return len(self.radii) + 3 if self.enabled else 0
 
 
@@ -698,8 +696,7 @@ def load_config(
     overrides: Iterable[str] = (),
     base: Mapping[str, Any] | None = None,
 ) -> Config:
-    """Defaults (the recommended hit model), then ``base``, then the YAML at ``path``, then the
-    ``KEY=VALUE`` overrides; validated."""
+    """Defaults (the hit model), then ``base``, the YAML at ``path`` and overrides; validated."""
     layers: list[Mapping[str, Any]] = [Config().to_dict()]
     if base:
         layers.append(base)

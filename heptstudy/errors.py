@@ -14,8 +14,7 @@ class HeptstudyError(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, saying what was kept, what was not and the command that goes on. A
-    ``KeyboardInterrupt``, so that no ``except Exception`` swallows it on its way out."""
+    """Ctrl-C, saying what was kept and how to go on; no ``except Exception`` swallows it."""
 
 
 class ConfigError(HeptstudyError, ValueError):

@@ -178,8 +178,7 @@ def stale_reasons(
 
 
 def commit_reasons(commit: str, source: str = "measured") -> list[str] | None:
-    """What changed since ``commit`` in the parts a ``source`` model depends on; ``None`` when
-    git cannot read that commit here."""
+    """What changed since ``commit`` in a ``source`` model's parts; ``None``: git cannot tell."""
     parts = PARTS_OF[source]
     try:
         then = part_hashes_at(commit, parts)

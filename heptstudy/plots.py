@@ -139,8 +139,7 @@ BATCHING_STYLE = {"padded": ("o-", ""), "packed": ("D--", ", packed")}
 
 
 def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> Any:
-    """Peak memory against batch size, off and full checkpointing, padded and packed batches;
-    runs that ran out of memory drawn as crosses at the top of the axis."""
+    """Peak memory against batch size, off and full, padded and packed; out of memory: crosses."""
     from matplotlib.ticker import FixedLocator, NullLocator
 
     fig, ax = _ax()
@@ -460,8 +459,8 @@ def _stacked(fig, ax, x, layers, above, ticks, ylabel: str, tag: str, **tick_sty
 
 
 def overhead_spread_figure(over, tag: str = "") -> Any:
-    """The step-time overhead of each policy against ``off``: the median over the rounds, error
-    bars from the smallest to the largest; the allocator as it comes hatched."""
+    """Each policy's step-time overhead over ``off``: median and range over the rounds; the
+    allocator as it comes hatched."""
     import matplotlib.pyplot as plt
 
     fig, ax = _ax((max(7.5, 0.7 * len(over) + 3), 5.0))

@@ -6,8 +6,7 @@ import argparse
 
 
 def request_from_args(args: argparse.Namespace):
-    """Only the options given, so that the request states every default; a bad value is named
-    by its option."""
+    """Only the options given (the request states every default); a bad value named by option."""
     from heptstudy.measure.request import MeasurementRequest, RequestError
 
     given = {f: getattr(args, f) for f in MeasurementRequest.model_fields if hasattr(args, f)}

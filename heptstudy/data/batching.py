@@ -124,8 +124,7 @@ def load_events(config, indices: Sequence[int], split: str = "train") -> dict[st
 
 
 def validation_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
-    """Batches of the ``nvalid`` fixed validation events: test-split events ``0..nvalid-1`` (the
-    ``ntest`` events after them are kept apart)."""
+    """Batches of the fixed validation events: test-split events ``0..nvalid-1``."""
     ds = dataset_for(config, "test")
     need = config.data.nvalid + config.data.ntest
     if need > len(ds):

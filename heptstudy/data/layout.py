@@ -98,8 +98,7 @@ class EventLayout:
 
 
 def slots_per_event(padded_lengths: Sequence[int], batching: str) -> int:
-    """A batch's slots per event as memory models read it: a padded batch's longest padded
-    event; a packed batch's mean (the models' per-hit terms then see its real slots)."""
+    """Slots per event for the memory models: padded, the longest padded event; packed, the mean."""
     if batching == "packed":
         return round(sum(padded_lengths) / len(padded_lengths))
     return max(padded_lengths)

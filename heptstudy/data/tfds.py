@@ -166,8 +166,7 @@ class ArrayRecordDatasetWriter:
         self.tmp.rename(self.final)
 
     def discard(self) -> None:
-        """Remove what was written, published or not (another data set of the same generation
-        failed), and the folders left empty."""
+        """Remove what was written, published or not, and the folders left empty."""
         if self.final.exists() and not self.tmp.exists():  # published: the caller checked that
             self.final.rename(self.tmp)  # the data set did not exist before
         for plan in self._plan.values():
@@ -393,8 +392,7 @@ def _describe_error(err: Exception) -> str:
 
 
 def _check_against_folder(info, path: Path, name: str, config: str, version: str) -> None:
-    """``dataset_info.json`` describes this folder: its name, config and version are the
-    folder's, and its splits list exactly the ArrayRecord files there."""
+    """``dataset_info.json`` names this folder's name, config, version and ArrayRecord files."""
     meta = path / "dataset_info.json"
     said = {"name": info.name, "config": info.config_name, "version": str(info.version)}
     folder = {"name": name, "config": config, "version": version}

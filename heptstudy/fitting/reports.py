@@ -50,8 +50,7 @@ class ReportGroup:
 
 
 def expand_report_paths(paths) -> list[Path]:
-    """Files as given, folders as their ``*.json`` files; a missing path is refused (a
-    mistyped folder must not read as "no usable reports")."""
+    """Files as given, folders as their ``*.json`` files; a missing path (a typo) is refused."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
