@@ -1,7 +1,6 @@
-"""Where the events of a batch lie: rows of hit slots, each event a contiguous run of slots in one
-row with its real hits first. A padded batch is one event per row, every run the batch's longest;
-a packed batch is one row holding every event, each run only as long as its own event needs.
-The model, losses and measurements read events through this, so both batchings share one path."""
+"""Where a batch's events lie: each a run of slots in one row, real hits first; padded, an event
+per row, each the longest; packed, one row, each run its own event's length. Everything reads
+events through this, so both batchings share one path."""
 
 from __future__ import annotations
 
