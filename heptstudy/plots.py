@@ -60,7 +60,6 @@ def _finish(fig, ax, tag: str = "") -> Any:
 
 
 def _note(ax, text: str, xy, offset, **style) -> None:
-    """``text`` at ``offset`` points from ``xy``."""
     ax.annotate(text, xy, textcoords="offset points", xytext=offset, **style)
 
 

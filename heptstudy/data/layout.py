@@ -27,9 +27,8 @@ class EventSpan:
 
 @dataclass(frozen=True)
 class EventLayout:
-    """Host integers (no device sync, and fake-tensor steps can read them). Built by
-    :meth:`padded` or :meth:`packed`, so events tile the rows in order, each event's hits fit
-    its slots, and every row rounds to the same number of bucket slots."""
+    """Host integers (no device sync; fake-tensor steps read them). :meth:`padded`, :meth:`packed`
+    tile rows with events in order, hits within slots, rows rounding to equal bucket slots."""
 
     rows: int
     row_slots: int

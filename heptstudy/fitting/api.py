@@ -339,8 +339,7 @@ def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
 
 
 def fit_warning(resolution) -> str | None:
-    """A warning for ``heptstudy scenario resolve`` when a stored memory model says a variant's
-    per-device batch will not fit with the longest event it was fitted on (reads no data)."""
+    """``scenario resolve``'s warning that a stored model says a variant's batch will not fit."""
     warnings = []
     plat = resolution.platform
     margin = DEFAULT_MARGIN_FRACTION * plat.device_memory_gib
