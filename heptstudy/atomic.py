@@ -19,8 +19,7 @@ from heptstudy.stand_ins import write_fault
 
 
 def _umask() -> int:
-    # os.umask can only be read by setting it, which races with threads creating files meanwhile;
-    # Linux reports it without changing it.
+    # os.umask is read only by setting it, racing threads creating files; Linux just reports it
     try:
         with open("/proc/self/status") as f:
             for line in f:

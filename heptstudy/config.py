@@ -36,8 +36,7 @@ from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
 
-#: The checkpointing plans (:mod:`heptstudy.model.checkpoint_plan`) by name, besides the count
-#: plans ``layersK`` and ``lastK`` and ``auto``: the one value everywhere a plan is chosen.
+#: The plans (:mod:`heptstudy.model.checkpoint_plan`) besides ``layersK``, ``lastK`` and ``auto``.
 FIXED_PLANS = ("off", "full", "selective", "every2", "every3")
 PLAN_WORDS = (
     "off, full, selective, every2, every3, layersK or lastK (the first or last K backbone "
@@ -99,8 +98,7 @@ class StrictInput(BaseModel):
     """The schema of user input (configuration, measurement request); a string given for a
     number or true/false is read as a ``--set KEY=VALUE``'s VALUE is."""
 
-    # NaN and the infinities are refused: no number of a configuration is meant as one, and
-    # every report records its configuration as JSON, which cannot hold them
+    # NaN and the infinities refused: none is meant, and reports record configurations as JSON
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
@@ -413,10 +411,8 @@ def _roundup(value: str) -> bool:
 
 
 _TRUE_FALSE = ("True or False", lambda v: v in ("True", "False"))
-#: Option -> (what its value must be, the check): the options of PyTorch's allocator
-#: documentation and the ranges its parser enforces. PyTorch refuses a wrong one only when the
-#: job starts on the GPU (after its wait in the queue); the estimate would answer for the native
-#: allocator meanwhile.
+#: Option -> (what its value must be, the check), as PyTorch's allocator documents and parses
+#: them: PyTorch refuses a wrong one only when the job starts on the GPU, after its queue wait.
 ALLOC_OPTIONS = {
     "backend": ("native or cudaMallocAsync", lambda v: v in ("native", "cudaMallocAsync")),
     "max_split_size_mb": ("a whole number of MiB above 20", lambda v: _whole(v, 21)),
@@ -501,8 +497,7 @@ class PlatformConfig(StrictInput):
     @field_validator("time_limit", "partition", "account")
     @classmethod
     def _one_line(cls, value: str, info: ValidationInfo) -> str:
-        # each is a '#SBATCH --KEY=VALUE' line of the batch script: a line break would end the
-        # directive and start a shell command
+        # each is an '#SBATCH --KEY=VALUE' line: a line break would start a shell command
         if not value.isprintable():
             raise ValueError(
                 f"{info.field_name}={value!r} must be one line of printable text (it becomes an "
@@ -554,8 +549,7 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as err:
-        # the position and the parser's words only: the snippet it quotes is the file's content,
-        # and the file may be anything a user pointed at
+        # position and the parser's words only: its snippet is the content of any file at all
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = f"is not valid YAML{where} ({getattr(err, 'problem', None) or 'unreadable'})"
@@ -708,8 +702,7 @@ def load_config(
     except OmegaConfBaseException as err:
         raise ConfigError(f"could not merge configuration: {err}") from None
     config = validate(merged)
-    # relative paths made absolute (heptstudy.paths): the data directory against the
-    # repository, the output folder against the working directory
+    # made absolute as heptstudy.paths says: data in the repository, outputs in the cwd
     config.data.data_dir = str(resolve_in_repo(config.data.data_dir))
     config.train.out_dir = str(resolve_from_cwd(config.train.out_dir))
     return config

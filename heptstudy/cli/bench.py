@@ -93,8 +93,7 @@ def register_cli(sub) -> None:
     b.add_argument("--output", help="JSON file for the result")
     add_config_args(b)
     b.set_defaults(func=_bench_backbone, interrupted=_NOTHING_MEASURED)
-    # one option per request field, its description as help; an option not given is not
-    # passed on, so the request's own default applies
+    # an option per request field; one not given is not passed: the request's default applies
     for field, info in MeasurementRequest.model_fields.items():
         flag, extra = _flag(field)
         p.add_argument(

@@ -124,8 +124,7 @@ class FitResult:
 def resolve_config(request: FitRequest):
     """``(resolution, resolved variant, notes)`` of the request's scenario on its platform."""
     over = list(request.overrides)
-    # only the fitted variant: the scenario's other models may have no HEPTv2 backbone, nor
-    # read packed batches
+    # the fitted variant only: others may have no HEPTv2 backbone, nor read packed batches
     fitted = (
         ["model.heptv2.activation_checkpointing=auto"] if request.checkpointing == "auto" else []
     )

@@ -17,8 +17,7 @@ from heptstudy.units import GIB, MIB
 
 QUANTILES = (0.5, 0.9, 0.99)
 MAX_BATCH = 4096
-#: Random batches drawn to find the quantiles and tail of a packed batch's slots (seeded: the
-#: answer is the same on every run).
+#: Random batches (seeded) drawn for the quantiles and tail of a packed batch's slots.
 SAMPLED_BATCHES = 20_000
 
 

@@ -105,8 +105,7 @@ def _resolve_one(
                 f"platform whose {pfield} is {given!r}",
             )
         rules.set_dotted(recipe, key, wanted)
-    # reader threads are a property of the node, not of the science: the profile's value is a
-    # default that the scenario or --set may override
+    # reader threads belong to the node, not the science: the profile only gives a default
     if rules.get_dotted(recipe, "data.num_workers") is None:
         rules.set_dotted(recipe, "data.num_workers", platform.data_workers)
     root = rules.get_dotted(recipe, "train.out_dir") or Config().train.out_dir

@@ -109,8 +109,7 @@ def check_variant(
     """The rules of one resolved variant; the test split's size (``declared``: the scenario's
     test_split_events), once ``data.nvalid + data.ntest`` is known to fit in it."""
     where, t, d = f"scenario {scenario!r} variant {variant!r}", cfg.train, cfg.data
-    # a mistyped data directory would otherwise read as "no metadata" and pass on the
-    # scenario's declared numbers
+    # a mistyped data directory would read as "no metadata", passing on declared numbers
     if given_data_dir and not Path(d.data_dir).is_dir():
         raise ScenarioError(
             "data-dir-exists",

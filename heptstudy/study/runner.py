@@ -42,8 +42,7 @@ from heptstudy.study.outputs import (
 from heptstudy.study.resume import resumable, run_identity, stamp
 from heptstudy.study.schedule import DEFAULT, Execution, report_files, schedule
 
-#: The kernels this process started, for Ctrl-C to stop (they run in sessions of their own,
-#: so the terminal's Ctrl-C does not reach them).
+#: Kernels this process started, for Ctrl-C to stop (own sessions: the terminal's misses them).
 _KERNELS: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -200,8 +199,7 @@ def prepare(matrix: Matrix) -> list[Prepared]:
         if ex.name in problems:  # said once, not once per round
             continue
         try:
-            # in the repository, as the kernel resolves it: a relative train.out_dir is then
-            # the same in the run's identity and in its report
+            # from the repository, as the kernel: identity and report agree on train.out_dir
             with _working_directory(ROOT):
                 m = ex.run.request(progress=False, parameters=ex.parameters).resolve()
             if ex.name not in checked:
