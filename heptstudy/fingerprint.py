@@ -70,8 +70,7 @@ PART_WORDS = {
     "step": "step code (train/step, losses, LAMB, optimizer, precision)",
     "estimate": "estimate code (fake step, simulator, tracker, stand-ins)",
 }
-#: Modules under estimate/ that do not make the estimate (the fit around it, auto's
-#: plans, this file): editing them leaves every estimated model valid.
+#: Modules under estimate/ that do not make the estimate: editing them keeps estimates valid.
 NOT_ESTIMATE = (
     "heptstudy/estimate/__init__.py",
     "heptstudy/estimate/keys.py",

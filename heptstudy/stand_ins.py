@@ -54,8 +54,7 @@ def using(stand_ins: StandIns) -> Iterator[StandIns]:
         _ACTIVE = None
 
 
-# A full disk cannot be made on demand in a test: this seam (installed by the tests'
-# failing_writes, nowhere else) makes every write of heptstudy.atomic fail as the disk would.
+# Tests' failing_writes (only) make heptstudy.atomic's writes fail as a full disk would.
 _WRITE_FAULT: tuple[OSError, Callable[[str], bool]] | None = None
 
 

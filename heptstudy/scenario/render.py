@@ -61,9 +61,8 @@ def _comment(text: str) -> str:
 
 
 def slurm_script(res: Resolution, v: ResolvedVariant, workdir: Path, log_dir: Path) -> str:
-    # sbatch reads a directive to the line's end and bash skips it as a comment, so a line break
-    # in a value would start a shell command: every value here is one line (the profile's
-    # fields, the names and the render folder are checked for that)
+    # a line break in a directive's value would start a shell command: every value here is
+    # checked to be one line (the profile's fields, the names, the render folder)
     p = res.platform
     sbatch = {
         "job-name": f"{res.scenario.name[:40]}-{v.name[:40]}",

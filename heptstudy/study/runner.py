@@ -46,8 +46,7 @@ from heptstudy.study.schedule import DEFAULT, Execution, report_files, schedule
 _KERNELS: weakref.WeakSet = weakref.WeakSet()
 
 
-# Unix sockets in the user's 0700 runtime folder, not unencrypted TCP on localhost: ipykernel
-# then writes no plain-text warning into every executed notebook's log.
+# Unix sockets in the 0700 runtime folder: no plain-TCP warning in every notebook's log.
 class LocalKernelManager(KernelManager):
     def __init__(self, **kwargs: Any) -> None:
         runtime = Path(jupyter_runtime_dir())
