@@ -11,8 +11,7 @@ from scipy.spatial import cKDTree
 
 from heptstudy.data.schema import COS_PHI, ETA, SIN_PHI
 
-#: Nearest-tracker-hit distances at or above this are reported as this value; also the largest
-#: allowed radius, since the phi wrap-around copies reach this far past the seam.
+#: Cap of the nearest-hit distance and largest radius: the phi seam copies reach this far.
 NEAREST_CAP = 1.0
 TWO_PI = 2 * np.pi
 TRACKER = 1  # elemtype of tracker hits
