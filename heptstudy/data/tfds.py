@@ -421,7 +421,7 @@ def _check_against_folder(info, path: Path, name: str, config: str, version: str
 
 
 def _shard_files(split_info, path: Path, name, config, version, split) -> list[tuple[Path, int]]:
-    """The split's files and event counts, checked with ``dataset_info.json`` (truncated ones open)."""
+    """The split's files and event counts, checked by ``dataset_info.json``: truncated ones open."""
     from array_record.python.array_record_module import ArrayRecordReader
 
     paths, lengths = split_info.filepaths, split_info.shard_lengths
