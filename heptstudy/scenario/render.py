@@ -47,9 +47,8 @@ def shell_join(cmd: Sequence[str]) -> str:
 
 
 def env_value(text: str) -> str:
-    """A platform ``env`` value for bash: plain ``${NAME}`` references are expanded by the job's
-    shell; every other ``$``, backtick, quote and backslash is escaped, so no shell text in a
-    profile ever runs."""
+    """A platform ``env`` value for bash: ``${NAME}`` references expand in the job's shell; every
+    other ``$``, backtick, quote and backslash is escaped, so no shell text of a profile runs."""
     parts = re.split(r"(\$\{[A-Za-z_][A-Za-z0-9_]*\})", text)  # odd ones: the ${NAME}s
     escaped = (p if i % 2 else re.sub(r'([\\"`$])', r"\\\1", p) for i, p in enumerate(parts))
     return '"' + "".join(escaped) + '"'
