@@ -14,7 +14,7 @@ class HeptstudyError(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, saying what was kept and how to go on; no ``except Exception`` swallows it."""
+    """Ctrl-C, saying what was kept and how to go on; a ``KeyboardInterrupt``: never swallowed."""
 
 
 class ConfigError(HeptstudyError, ValueError):

@@ -82,7 +82,8 @@ def _of_this_code(
 def choose_model(
     key: dict[str, Any], reports=(), fits_dir: Path | None = None, stored_if_reports_unusable=False
 ) -> Choice:
-    """The model for ``key`` from ``reports``, else (or ``stored_if_reports_unusable``) stored."""
+    """The model for ``key``: from ``reports`` when given, else (or, with
+    ``stored_if_reports_unusable``, when none of them holds) from ``fits_dir``."""
     choice = Choice()
     if reports:
         models, rejected = fit_reports(reports)
