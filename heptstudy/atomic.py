@@ -1,6 +1,5 @@
 """Atomic file writes: a temporary file in the same folder, renamed over the target, so a crash
-mid-write leaves the previous file (or none), never a truncated one.
-"""
+mid-write leaves the previous file (or none), never a truncated one."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ from heptstudy.stand_ins import write_fault
 
 
 def _umask() -> int:
-    # os.umask can only be read by setting it, which races with threads creating files meanwhile;
-    # Linux reports it without changing it.
+    # os.umask is read only by setting it, racing threads creating files; Linux just reports it
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -40,8 +38,8 @@ class NotOurs(HeptstudyError):
 
 @dataclass(frozen=True)
 class Output:
-    """A kind of file heptstudy writes where a user names the path: it only ever replaces a file
-    of the same kind, recognised by ``mark`` in the file's first or last 4 KiB."""
+    """A kind of file written where a user names the path: it replaces only a file of its kind,
+    recognised by ``mark`` in the first or last 4 KiB."""
 
     what: str  # e.g. "heptstudy bench report"
     suffix: str  # e.g. ".json"
@@ -87,9 +85,8 @@ class Output:
 def atomic_path(
     path: str | os.PathLike, suffix: str = ".tmp", kind: Output | None = None
 ) -> Iterator[Path]:
-    """A temporary path next to ``path`` that replaces it when the block succeeds; ``suffix``
-    is for writers that pick the format from the file name. With ``kind``, a file of another
-    kind at ``path`` is refused before anything is written."""
+    """A temporary path (ending in ``suffix``) next to ``path`` that replaces it when the block
+    succeeds; with ``kind``, a file of another kind at ``path`` is refused first."""
     path = Path(path)
     if kind is not None:
         kind.check(path)
@@ -116,8 +113,7 @@ def atomic_path(
 
 
 def remove_leftovers(path: str | os.PathLike, suffix: str = ".tmp") -> None:
-    """Remove the temporary files that writes of ``path`` left when their process was killed;
-    only while holding ``path``'s folder, so that no write in progress loses its file."""
+    """Remove killed writes' temporary files of ``path``; only while holding its folder."""
     path = Path(path)
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}{suffix}"):
         tmp.unlink(missing_ok=True)
@@ -155,8 +151,7 @@ def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
 
 
 def json_text(value: Any, what: str) -> str:
-    """``value`` as indented JSON text; NaN and the infinities, which are not JSON, are refused
-    before anything is written."""
+    """``value`` as indented JSON text; NaN and the infinities, not JSON, are refused."""
     if (found := _non_finite(value)) is not None:
         raise NotJson(
             f"{what}: {found[0] or 'the value'} is {found[1]}, which JSON cannot hold; nothing "
@@ -173,8 +168,8 @@ class WriteFailed(HeptstudyError):
 def write_text_or_keep(
     path: str | os.PathLike, text: str, what: str, kind: Output | None = None
 ) -> Path:
-    """:func:`atomic_write_text`; when the disk refuses, the text is kept in a temporary file
-    (often another file system) or printed, and :class:`WriteFailed` says where."""
+    """:func:`atomic_write_text`; refused, the text is kept in a temporary file or printed, and
+    :class:`WriteFailed` says where."""
     try:
         return atomic_write_text(path, text, kind=kind)
     except OSError as exc:
@@ -221,17 +216,16 @@ def free_space_problem(folder: str | os.PathLike, need_bytes: int) -> str | None
 
 
 def figure_kind(path: Path) -> Output | None:
-    """What a figure may replace: a figure. matplotlib names itself in every PNG's and PDF's
-    metadata (figures committed before this check carry nothing else), so a photo or a document
-    of the same name is never replaced."""
+    """What a figure may replace: a figure, recognised by the name matplotlib writes in every
+    PNG's and PDF's metadata (older committed figures carry nothing else)."""
     if path.suffix in (".png", ".pdf"):
         return Output(f"matplotlib {path.suffix[1:]} figure", path.suffix, b"Matplotlib")
     return None
 
 
 def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
-    """A figure, atomically; an existing file that is not a heptstudy figure is refused. The
-    temporary file keeps the suffix, from which matplotlib takes the format."""
+    """A figure, atomically (the temporary file keeps the suffix matplotlib takes the format
+    from); an existing file that is not a figure is refused."""
     path = Path(path)
     with atomic_path(path, suffix=path.suffix, kind=figure_kind(path)) as tmp:
         fig.savefig(tmp, **kwargs)
@@ -239,8 +233,7 @@ def atomic_savefig(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
 
 
 def folder_write_problem(folder: str | os.PathLike, *, create: bool = False) -> str | None:
-    """Why files cannot be written into ``folder`` (None when they can), found by writing a
-    probe file; with ``create`` the folder is made first."""
+    """Why a probe file cannot be written into ``folder`` (made first with ``create``), or None."""
     folder = Path(folder)
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:

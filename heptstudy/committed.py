@@ -1,8 +1,6 @@
-"""Committed results are written only by the commands meant to regenerate them.
-
-What is committed is found from the path itself, whichever checkout the package was installed
-from: a second clone run with the first clone's environment protects its own results.
-"""
+"""Committed results are written only by the commands meant to regenerate them. What is
+committed is found from the path itself, not from the checkout the package was installed from:
+a second clone run with the first clone's environment protects its own results."""
 
 from __future__ import annotations
 

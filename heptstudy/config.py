@@ -1,7 +1,6 @@
-"""Validated configuration: YAML files plus dotted overrides (merged and parsed by OmegaConf),
-checked by a pydantic schema that names the key, the value and what is allowed. Unlike plain
-pydantic, a number key refuses true/false and a true/false key refuses numbers.
-"""
+"""Validated configuration: YAML files plus dotted overrides (parsed by OmegaConf), checked by
+a pydantic schema naming key, value and what is allowed; unlike plain pydantic, a number key
+refuses true/false and a true/false key refuses numbers."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
 
-#: The checkpointing plans (:mod:`heptstudy.model.checkpoint_plan`) by name, besides the count
-#: plans ``layersK`` and ``lastK`` and ``auto``: the one value everywhere a plan is chosen.
+#: The plans (:mod:`heptstudy.model.checkpoint_plan`) besides ``layersK``, ``lastK`` and ``auto``.
 FIXED_PLANS = ("off", "full", "selective", "every2", "every3")
 PLAN_WORDS = (
     "off, full, selective, every2, every3, layersK or lastK (the first or last K backbone "
@@ -47,16 +45,14 @@ PLAN_WORDS = (
 
 
 def count_plan(name: str) -> tuple[bool, int] | None:
-    """``(last, K)`` of a count plan's name (``layersK``: the first K backbone layers,
-    ``lastK``: the last K); None for any other name."""
+    """``(last, K)`` of a count plan (``layersK``: first K backbone layers, ``lastK``: last K)."""
     match = re.fullmatch(r"(layers|last)(\d+)", name)
     return None if match is None else (match[1] == "last", int(match[2]))
 
 
 def parse_plan_name(value: Any) -> str:
-    """A checkpointing plan's name, as written everywhere (lower case, ``layers03`` as
-    ``layers3``); ``True``/``"true"`` is ``full`` and ``False``/``"false"`` (YAML's bare
-    ``off``) is ``off``. Whether a count plan suits the backbone is the configuration's check."""
+    """A checkpointing plan's name as written everywhere (lower case, ``layers3``); true is
+    ``full``, false (YAML's bare ``off``) ``off``. The configuration checks count plans' K."""
     if isinstance(value, bool):
         return "full" if value else "off"
     if isinstance(value, str):
@@ -77,8 +73,7 @@ def as_yaml(value: Any) -> str:
 
 
 def _scalar_kind(annotation: Any) -> Any:
-    """``int``, ``float`` or ``bool`` for a field holding that scalar (or a list or tuple of
-    it); None for anything else."""
+    """``int``, ``float`` or ``bool`` for a field of that scalar (or a list or tuple of it)."""
     origin = get_origin(annotation)
     if origin is Annotated:
         return _scalar_kind(get_args(annotation)[0])
@@ -100,12 +95,10 @@ def _bool_mixup(kind: Any, value: Any) -> bool:
 
 
 class StrictInput(BaseModel):
-    """The schema of user input: the configuration's, and the measurement request's
-    (:mod:`heptstudy.measure.request`). A string given for a number or true/false is read as
-    the VALUE of a ``--set KEY=VALUE`` is."""
+    """The schema of user input (configuration, measurement request); a string given for a
+    number or true/false is read as a ``--set KEY=VALUE``'s VALUE is."""
 
-    # NaN and the infinities are refused: no number of a configuration is meant as one, and
-    # every report records its configuration as JSON, which cannot hold them
+    # NaN and the infinities refused: none is meant, and reports record configurations as JSON
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
@@ -244,8 +237,7 @@ class TrackerFeaturesConfig(StrictInput):
 
     @property
     def num_features(self) -> int:
-        """Width of the neighbourhood block: a count per radius, then mean radius, radius
-        spread and distance to the nearest other tracker hit."""
+        """A count per radius, then mean radius, spread and distance to the nearest tracker hit."""
         return len(self.radii) + 3 if self.enabled else 0
 
 
@@ -419,10 +411,8 @@ def _roundup(value: str) -> bool:
 
 
 _TRUE_FALSE = ("True or False", lambda v: v in ("True", "False"))
-#: Option -> (what its value must be, the check): the options of PyTorch's allocator
-#: documentation and the ranges its parser enforces. PyTorch refuses a wrong one only when the
-#: job starts on the GPU (after its wait in the queue); the estimate would answer for the native
-#: allocator meanwhile.
+#: Option -> (what its value must be, the check), as PyTorch's allocator documents and parses
+#: them: PyTorch refuses a wrong one only when the job starts on the GPU, after its queue wait.
 ALLOC_OPTIONS = {
     "backend": ("native or cudaMallocAsync", lambda v: v in ("native", "cudaMallocAsync")),
     "max_split_size_mb": ("a whole number of MiB above 20", lambda v: _whole(v, 21)),
@@ -507,8 +497,7 @@ class PlatformConfig(StrictInput):
     @field_validator("time_limit", "partition", "account")
     @classmethod
     def _one_line(cls, value: str, info: ValidationInfo) -> str:
-        # each is a '#SBATCH --KEY=VALUE' line of the batch script: a line break would end the
-        # directive and start a shell command
+        # each is an '#SBATCH --KEY=VALUE' line: a line break would start a shell command
         if not value.isprintable():
             raise ValueError(
                 f"{info.field_name}={value!r} must be one line of printable text (it becomes an "
@@ -550,8 +539,7 @@ class PlatformConfig(StrictInput):
 
 
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
-    """The mapping of a user's YAML file (a configuration, platform, scenario or study matrix),
-    every problem a :class:`ConfigError` naming the file."""
+    """The mapping of a user's YAML file; every problem a :class:`ConfigError` naming the file."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{what} file {str(p)!r} is a folder; give the path of a YAML file")
@@ -561,8 +549,7 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as err:
-        # the position and the parser's words only: the snippet it quotes is the file's content,
-        # and the file may be anything a user pointed at
+        # position and the parser's words only: its snippet is the content of any file at all
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = f"is not valid YAML{where} ({getattr(err, 'problem', None) or 'unreadable'})"
@@ -641,9 +628,8 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge plain mappings, later ones winning. A list is replaced whole: a list's item
-    given by position (``data.configs.0=2``), a mapping where a list is or a list where a
-    mapping is, is refused naming the key, its value and how to write it."""
+    """Deep-merge plain mappings, later ones winning, a list replaced whole; a list item by
+    position (``data.configs.0=2``) or a mapping for a list (or back) is refused."""
     try:
         merged = OmegaConf.merge(*[OmegaConf.create(dict(layer)) for layer in layers])
     except TypeError:  # OmegaConf's "Cannot merge incompatible container types" names no key
@@ -683,8 +669,7 @@ def _refuse_mixed(below: Mapping[str, Any], above: Mapping[str, Any], prefix: st
 def validate(
     data: Mapping[str, Any], what: str = "configuration", schema: type[BaseModel] = Config
 ) -> Any:
-    """``data`` validated by ``schema`` (by default a :class:`Config`), every error naming its
-    key, its value and what is allowed."""
+    """``data`` validated by ``schema`` (default :class:`Config`), errors naming key and value."""
     try:
         return schema.model_validate(data)
     except ValidationError as err:
@@ -705,8 +690,7 @@ def load_config(
     overrides: Iterable[str] = (),
     base: Mapping[str, Any] | None = None,
 ) -> Config:
-    """Defaults (the recommended hit model), then ``base``, then the YAML at ``path``, then the
-    ``KEY=VALUE`` overrides; validated."""
+    """Defaults (the hit model), then ``base``, the YAML at ``path`` and overrides; validated."""
     layers: list[Mapping[str, Any]] = [Config().to_dict()]
     if base:
         layers.append(base)
@@ -718,8 +702,7 @@ def load_config(
     except OmegaConfBaseException as err:
         raise ConfigError(f"could not merge configuration: {err}") from None
     config = validate(merged)
-    # relative paths made absolute (heptstudy.paths): the data directory against the
-    # repository, the output folder against the working directory
+    # made absolute as heptstudy.paths says: data in the repository, outputs in the cwd
     config.data.data_dir = str(resolve_in_repo(config.data.data_dir))
     config.train.out_dir = str(resolve_from_cwd(config.train.out_dir))
     return config

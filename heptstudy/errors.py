@@ -1,6 +1,5 @@
-"""Errors caused by the user's input or environment: the CLI prints them as one message instead
-of a traceback; everything else is a bug and keeps its traceback.
-"""
+"""Errors caused by the user's input or environment, which the CLI prints as one message;
+anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ class HeptstudyError(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, saying what was kept, what was not and the command that goes on. A
-    ``KeyboardInterrupt``, so that no ``except Exception`` swallows it on its way out."""
+    """Ctrl-C, saying what was kept and how to go on; a ``KeyboardInterrupt``: never swallowed."""
 
 
 class ConfigError(HeptstudyError, ValueError):
@@ -59,9 +57,8 @@ def describe_invalid(
     list_known: bool = False,
     spell: Callable[[str, str], str] | None = None,
 ) -> str:
-    """A pydantic ``ValidationError`` as one line per error; ``noun``: key, field or parameter;
-    an unknown one is given the nearest of ``known``. ``spell(key, value)`` writes a bad value
-    as its user gave it (a command-line option, say); by default ``noun key=value``."""
+    """A pydantic ``ValidationError``, a line per error naming ``noun key=value`` (or as
+    ``spell(key, value)`` writes it: an option, say); an unknown key gets the nearest ``known``."""
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])

@@ -1,7 +1,5 @@
 """Fingerprints: which code a result was made from, and in words what changed since. A part's
-hash covers the paths and contents of its ``.py`` files, so a moved, added or removed file
-changes it as much as an edited one.
-"""
+hash covers its ``.py`` files' paths and contents: moving, adding or removing one changes it."""
 
 from __future__ import annotations
 
@@ -72,8 +70,7 @@ PART_WORDS = {
     "step": "step code (train/step, losses, LAMB, optimizer, precision)",
     "estimate": "estimate code (fake step, simulator, tracker, stand-ins)",
 }
-#: Modules under estimate/ that do not make the estimate (the fit around it, auto's
-#: plans, this file): editing them leaves every estimated model valid.
+#: Modules under estimate/ that do not make the estimate: editing them keeps estimates valid.
 NOT_ESTIMATE = (
     "heptstudy/estimate/__init__.py",
     "heptstudy/estimate/keys.py",
@@ -139,8 +136,7 @@ def make(
     torch_version: str | None = None,
     commit: str | None = None,
 ) -> dict[str, Any]:
-    """The fingerprint of a ``source`` ("measured"/"estimated") model: of the running code, or
-    of ``commit``'s."""
+    """The fingerprint of a "measured"/"estimated" ``source`` model: this code's or ``commit``'s."""
     parts = PARTS_OF[source]
     if commit:
         commit = _git("rev-parse", "--verify", f"{commit}^{{commit}}").decode().strip()
@@ -181,8 +177,7 @@ def stale_reasons(
 
 
 def commit_reasons(commit: str, source: str = "measured") -> list[str] | None:
-    """What changed since ``commit`` in the parts a ``source`` model depends on; ``None`` when
-    git cannot read that commit here."""
+    """What changed since ``commit`` in a ``source`` model's parts; ``None``: git cannot tell."""
     parts = PARTS_OF[source]
     try:
         then = part_hashes_at(commit, parts)

@@ -1,7 +1,6 @@
 """A folder held by one run at a time: a lock file for as long as a command writes into it.
-The kernel drops the ``flock`` when its process dies, however it dies, so a lock file left by
-a killed run is recognised (free although the file is there) and taken over, saying so.
-"""
+The kernel drops the ``flock`` however its process dies, so a killed run's lock file is seen
+to be free and taken over, saying so."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ def _refuse_foreign(lock: Path, what: str, why: str) -> NotALock:
 
 def _open_locked(lock: Path, what: str) -> tuple[int, dict] | dict:
     """``(fd, previous contents)`` with the flock held, or the holder's information. Anything but
-    a regular single-name file that is empty or holds a lock's fields (a link to a report, a hard
-    link, another program's file) is refused, never followed or replaced."""
+    a single-link regular file, empty or a lock's, is refused, never followed or replaced."""
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -163,8 +161,7 @@ def holding(folder: str | os.PathLike, what: str) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def holding_all(*folders: tuple[str | os.PathLike, str]) -> Iterator[None]:
-    """:func:`holding` of every ``(folder, what)``; a folder inside an earlier one is covered by
-    that one's lock already."""
+    """:func:`holding` of every ``(folder, what)``; one inside an earlier one is covered by it."""
     with contextlib.ExitStack() as stack:
         held: list[Path] = []
         for folder, what in folders:

@@ -1,7 +1,6 @@
-"""One rule for every name that becomes part of a path (an identifier, so that none can reach
-another folder, hide a file or carry shell or markup text), and one check that a path stays
-inside its folder (:func:`inside`, which refuses a symbolic link leading out).
-"""
+"""One rule for names that become part of a path (an identifier: none can reach another
+folder, hide a file or carry shell or markup text), and :func:`inside`, which keeps a path
+(symbolic links too) inside its folder."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Where relative paths point: outputs (``train.out_dir``, ``--output``, ...) from the working
-directory, like every path a shell command is given; input data (``data.data_dir``) from the
-repository, so the data set is found wherever the command starts. A non-editable install has no
-repository and takes these from the working directory too.
-"""
+directory, as in any shell command; input data (``data.data_dir``) from the repository, so it is
+found wherever the command starts (a non-editable install has none: the working directory)."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ class SymlinkLoop(HeptstudyError):
 
 
 def real_path(path: str | os.PathLike, what: str = "path") -> Path:
-    """``path`` made absolute, links followed; a link loop is refused naming ``what`` (e.g.
-    ``--out``)."""
+    """``path`` made absolute, links followed; a link loop is refused naming ``what``."""
     given = Path(path).expanduser()
     try:
         real = given.resolve()

@@ -60,7 +60,6 @@ def _finish(fig, ax, tag: str = "") -> Any:
 
 
 def _note(ax, text: str, xy, offset, **style) -> None:
-    """``text`` at ``offset`` points from ``xy``."""
     ax.annotate(text, xy, textcoords="offset points", xytext=offset, **style)
 
 
@@ -139,8 +138,7 @@ BATCHING_STYLE = {"padded": ("o-", ""), "packed": ("D--", ", packed")}
 
 
 def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> Any:
-    """Peak memory against batch size, off and full checkpointing, padded and packed batches;
-    runs that ran out of memory drawn as crosses at the top of the axis."""
+    """Peak memory against batch size, off and full, padded and packed; out of memory: crosses."""
     from matplotlib.ticker import FixedLocator, NullLocator
 
     fig, ax = _ax()
@@ -348,10 +346,9 @@ POLICY_COLORS = {
 
 
 def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
-    """Peak allocated against mean step time, one point per policy, and a dashed line through
-    the plans in the order ``auto`` tries them (cheapest first, dominated plans left out);
-    ``packing`` (:func:`heptstudy.study.packing.packing_frame`): the packed batches' points,
-    drawn as diamonds with an arrow from the padded point of the same plan."""
+    """Peak allocated against mean step time per policy, dashed through the plans in ``auto``'s
+    order; ``packing`` (:func:`~heptstudy.study.packing.packing_frame`) adds packed batches as
+    diamonds, an arrow from the same plan's padded point."""
     fig, ax = _ax((8.5, 5.5))
     packed = () if packing is None else packing.sort_values("packed_step_s").iterrows()
     for i, (_, row) in enumerate(packed):
@@ -461,8 +458,8 @@ def _stacked(fig, ax, x, layers, above, ticks, ylabel: str, tag: str, **tick_sty
 
 
 def overhead_spread_figure(over, tag: str = "") -> Any:
-    """The step-time overhead of each policy against ``off``: the median over the rounds, error
-    bars from the smallest to the largest; the allocator as it comes hatched."""
+    """Each policy's step-time overhead over ``off``: median and range over the rounds; the
+    allocator as it comes hatched."""
     import matplotlib.pyplot as plt
 
     fig, ax = _ax((max(7.5, 0.7 * len(over) + 3), 5.0))

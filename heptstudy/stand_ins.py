@@ -1,13 +1,9 @@
-"""Stand-ins for the data-dependent parts of a training step, for steps run on fake tensors.
+"""Stand-ins for what a fake-tensor training step cannot do (copy to the host, take a
+data-dependent shape, run an unimplemented kernel): such places ask :func:`active`; the model's
+sliced loops go through :func:`repeated` so a fake step may skip repeats of known memory.
 
-A step on fake tensors cannot copy to the host, take a data-dependent shape or run a kernel
-fake tensors do not implement; the few places that would fail ask :func:`active` for a substitute.
-The sliced loops of the model hand their iterations to :func:`repeated`, so that such a step
-need not run every repeat of a slice whose memory it already knows.
-
-A module global, not a context variable, on purpose: under activation checkpointing the forward
-is replayed inside backward, possibly on another thread, and must see the same substitutes.
-"""
+A module global, not a context variable: under activation checkpointing the forward is replayed
+inside backward, possibly on another thread, and must see the same substitutes."""
 
 from __future__ import annotations
 
@@ -21,9 +17,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class StandIns:
-    """What a fake-tensor step uses instead of the real thing (``None``: the real thing);
-    ``flex(q, k, v, block_mask)`` returns ``(out, lse)``; ``repeats(items)`` the iterations of a
-    loop (:func:`repeated`) that the step runs."""
+    """A fake-tensor step's substitutes (``None``: the real thing); ``flex(q, k, v, block_mask)``
+    returns ``(out, lse)``, ``repeats(items)`` the iterations of a :func:`repeated` loop run."""
 
     targets: list[Any] | None = None
     match: Callable[..., Any] | None = None
@@ -40,9 +35,8 @@ def active() -> StandIns | None:
 
 
 def repeated(items: list[T]) -> Iterable[T]:
-    """The iterations of a loop whose iterations all run the same shapes (the last may be
-    shorter): ``items`` itself, except in a fake-tensor step, which may skip repeats whose memory
-    is already known."""
+    """``items``, the iterations of a loop of equal shapes (the last may be shorter); a fake-tensor
+    step may skip repeats whose memory it knows."""
     if _ACTIVE is None or _ACTIVE.repeats is None:
         return items
     return _ACTIVE.repeats(items)
@@ -60,8 +54,7 @@ def using(stand_ins: StandIns) -> Iterator[StandIns]:
         _ACTIVE = None
 
 
-# A full disk cannot be made on demand in a test: this seam (installed by the tests'
-# failing_writes, nowhere else) makes every write of heptstudy.atomic fail as the disk would.
+# Tests' failing_writes (only) make heptstudy.atomic's writes fail as a full disk would.
 _WRITE_FAULT: tuple[OSError, Callable[[str], bool]] | None = None
 
 

@@ -105,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"heptstudy: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:
-        # the file system refused (full disk, quota, file size limit, no temporary folder):
-        # every result already made was kept or printed by its writer; say what failed
+        # full disk, quota, ...: each writer kept or printed its result; say what failed
         where = f" ({err.filename})" if err.filename else ""
         print(
             f"heptstudy: error: the system refused a file operation: "

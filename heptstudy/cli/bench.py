@@ -6,8 +6,7 @@ import argparse
 
 
 def request_from_args(args: argparse.Namespace):
-    """Only the options given, so that the request states every default; a bad value is named
-    by its option."""
+    """Only the options given (the request states every default); a bad value named by option."""
     from heptstudy.measure.request import MeasurementRequest, RequestError
 
     given = {f: getattr(args, f) for f in MeasurementRequest.model_fields if hasattr(args, f)}
@@ -18,7 +17,6 @@ def request_from_args(args: argparse.Namespace):
 
 
 def _flag(field: str) -> tuple[str, dict]:
-    """A request field's option and its argparse settings."""
     return _FLAGS.get(field, ("--" + field.replace("_", "-"), {}))
 
 
@@ -95,8 +93,7 @@ def register_cli(sub) -> None:
     b.add_argument("--output", help="JSON file for the result")
     add_config_args(b)
     b.set_defaults(func=_bench_backbone, interrupted=_NOTHING_MEASURED)
-    # one option per request field, its description as help; an option not given is not
-    # passed on, so the request's own default applies
+    # an option per request field; one not given is not passed: the request's default applies
     for field, info in MeasurementRequest.model_fields.items():
         flag, extra = _flag(field)
         p.add_argument(

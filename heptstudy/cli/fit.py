@@ -1,5 +1,4 @@
-"""`heptstudy fit`: will a per-device batch fit a platform's memory over the whole data set?
-A thin layer: the arguments become a :class:`~heptstudy.fitting.api.FitRequest`."""
+"""`heptstudy fit`: its arguments as a :class:`~heptstudy.fitting.api.FitRequest`."""
 
 from __future__ import annotations
 

@@ -1,2 +1,1 @@
-"""Data: synthetic CLD-like events as TFDS ArrayRecord data sets, the reader (also of the real
-data sets), interleaved-shard sampling, padding and tracker-neighbourhood features."""
+"""Data: synthetic CLD-like TFDS data sets, their (and the real ones') reader, sampling, batches."""

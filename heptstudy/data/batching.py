@@ -19,8 +19,7 @@ from heptstudy.errors import DataError
 
 
 def padded_sizes(lengths, multiple: int) -> np.ndarray:
-    """Event lengths rounded up to a multiple of ``multiple``, at least one (int64 array): an
-    event of no hits still has slots."""
+    """Event lengths rounded up to a multiple of ``multiple``, at least one (an empty event too)."""
     n = np.asarray(lengths, dtype=np.int64)
     return np.maximum(-(-n // multiple) * multiple, multiple)
 
@@ -40,11 +39,9 @@ def map_tensors(batch: dict[str, Any], fn) -> dict[str, Any]:
 def collate(
     events: Sequence[dict[str, Any]], pad_to_multiple: int, batching: str = "padded"
 ) -> dict[str, torch.Tensor]:
-    """``events`` (dicts with ``X``, ``ytarget``, optionally ``event_index`` and
-    ``neighbourhood``, the latter on all or none) as one batch:
-    ``padded``, a row per event, each filled to the batch's longest (rounded up to
-    ``pad_to_multiple``); ``packed``, one row of every event, each rounded up on its own. Zeros on
-    padding, ``mask`` True on real hits, ``layout`` says where each event lies."""
+    """``events`` as one batch: ``padded``, a row per event, each filled to the batch's longest
+    (rounded up to ``pad_to_multiple``); ``packed``, one row of every event, each rounded up on
+    its own. Zeros on padding, ``mask`` True on real hits, ``layout`` says where events lie."""
     if not events:
         raise DataError("cannot build a batch from zero events; ask for at least one event")
     lengths = np.array([len(ev["X"]) for ev in events], dtype=np.int64)
@@ -91,8 +88,7 @@ def dataset_for(config, split: str) -> ShardedDataset:
 
 
 def _batch(config, ds: ShardedDataset, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-    """Events ``indices`` of ``ds`` collated, with their neighbourhood block when tracker
-    features are on and the data set is a hits one."""
+    """Events ``indices`` of ``ds`` collated, with tracker features when on (hits data sets)."""
     tf = config.model.tracker_features
     radii = list(tf.radii) if tf.enabled and ds.is_hits else None
 
@@ -128,8 +124,7 @@ def load_events(config, indices: Sequence[int], split: str = "train") -> dict[st
 
 
 def validation_batches(config, batch_size: int) -> list[dict[str, torch.Tensor]]:
-    """Batches of the ``nvalid`` fixed validation events: test-split events ``0..nvalid-1`` (the
-    ``ntest`` events after them are kept apart)."""
+    """Batches of the fixed validation events: test-split events ``0..nvalid-1``."""
     ds = dataset_for(config, "test")
     need = config.data.nvalid + config.data.ntest
     if need > len(ds):

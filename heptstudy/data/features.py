@@ -1,7 +1,6 @@
-"""Tracker-neighbourhood features of every hit in (eta, phi), dphi wrapped: per radius the count
-of *other* tracker hits, then the mean and spread of their transverse radius (metres) within the
-largest radius, and the distance to the nearest one. Default radii ``[0.02, 0.05]``: a few ECAL
-cells (a shower core) and a few HCAL cells (track-to-calorimeter offset above ~1 GeV)."""
+"""Tracker-neighbourhood features of every hit in (eta, phi): per radius the count of *other*
+tracker hits, their transverse radius's mean and spread (m) within the largest, and the nearest's
+distance. Default radii ``[0.02, 0.05]``: a shower core, a track-to-calorimeter offset (>~1 GeV)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from scipy.spatial import cKDTree
 
 from heptstudy.data.schema import COS_PHI, ETA, SIN_PHI
 
-#: Nearest-tracker-hit distances at or above this are reported as this value; also the largest
-#: allowed radius, since the phi wrap-around copies reach this far past the seam.
+#: Cap of the nearest-hit distance and largest radius: the phi seam copies reach this far.
 NEAREST_CAP = 1.0
 TWO_PI = 2 * np.pi
 TRACKER = 1  # elemtype of tracker hits

@@ -1,7 +1,6 @@
-"""Where the events of a batch lie: rows of hit slots, each event a contiguous run of slots in one
-row with its real hits first. A padded batch is one event per row, every run the batch's longest;
-a packed batch is one row holding every event, each run only as long as its own event needs.
-The model, losses and measurements read events through this, so both batchings share one path."""
+"""Where a batch's events lie: each a run of slots in one row, real hits first; padded, an event
+per row, each the longest; packed, one row, each run its own event's length. Everything reads
+events through this, so both batchings share one path."""
 
 from __future__ import annotations
 
@@ -28,9 +27,8 @@ class EventSpan:
 
 @dataclass(frozen=True)
 class EventLayout:
-    """Host integers (no device sync, and fake-tensor steps can read them). Built by
-    :meth:`padded` or :meth:`packed`, so events tile the rows in order, each event's hits fit
-    its slots, and every row rounds to the same number of bucket slots."""
+    """Host integers (no device sync; fake-tensor steps read them). :meth:`padded`, :meth:`packed`
+    tile rows with events in order, hits within slots, rows rounding to equal bucket slots."""
 
     rows: int
     row_slots: int
@@ -72,10 +70,9 @@ class EventLayout:
         return torch.from_numpy(start).view(self.rows, self.row_slots).to(device)
 
     def bucket_geometry(self, block_size: int, device):
-        """For bucket space (every event rounded up to whole buckets, rows of equal length):
-        ``position [rows, row_slots]``, the bucket position of each slot of sorted order;
-        ``source [rows, Sp]``, the slot each bucket position reads (fill repeats the event's last
-        slot); ``valid [rows, Sp]``, True where a position holds a real hit."""
+        """Bucket space (events rounded up to whole buckets, rows of equal length): ``position
+        [rows, row_slots]``, each sorted slot's bucket position; ``source [rows, Sp]``, the slot
+        each position reads (fill: the event's last); ``valid [rows, Sp]``: a real hit."""
         rounded = [-(-s.slots // block_size) * block_size for s in self.spans]  # no straddling
         row_len = [0] * self.rows
         bucket_start = []
@@ -99,8 +96,7 @@ class EventLayout:
 
 
 def slots_per_event(padded_lengths: Sequence[int], batching: str) -> int:
-    """A batch's slots per event as memory models read it: a padded batch's longest padded
-    event; a packed batch's mean (the models' per-hit terms then see its real slots)."""
+    """Slots per event for the memory models: padded, the longest padded event; packed, the mean."""
     if batching == "packed":
         return round(sum(padded_lengths) / len(padded_lengths))
     return max(padded_lengths)
@@ -114,8 +110,7 @@ def batch_shape(batch) -> tuple[int, int, int]:
 
 
 def layout_of(batch) -> EventLayout:
-    """The batch's layout; a batch without one is read as padded (an event per row), provided
-    each row's real hits lead it."""
+    """The batch's layout; without one, padded (an event per row, its real hits first)."""
     layout = batch.get("layout")
     if isinstance(layout, EventLayout):
         return layout

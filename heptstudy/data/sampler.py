@@ -60,11 +60,9 @@ class InterleavedShardSampler:
         self._cache: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        """Events per epoch on this rank."""
         return self.num_events // self.world_size
 
     def epoch_indices(self, epoch: int) -> np.ndarray:
-        """This rank's indices of ``epoch``, in order."""
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         if self.mode == "sequential":

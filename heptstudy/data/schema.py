@@ -1,8 +1,6 @@
-"""The data sets' column layouts: one source for the reader, the generator, the model and the
-losses. Identical to the real ``cld_edm_ttbar_hits`` and ``cld_edm_ttbar_pf`` data sets."""
+"""The column layouts of the data sets (the real ones'), for reader, generator, model and losses."""
 
-#: Particle classes: index 0 is "no particle", the rest are PDG ids (absolute values); the
-#: target PDG column stores the index.
+#: Particle classes (0: none, else |PDG id|); the target PDG column stores the index.
 CLASS_PDG_IDS = (0, 211, 130, 22, 11, 13)
 
 #: Per-hit input features of ``cld_edm_ttbar_hits`` (elemtype 1 = tracker hit, 2 = calorimeter).
@@ -27,8 +25,7 @@ HIT_FEATURES = (
 #: Columns that both layouts hold at the same index (the model's encoding serves both).
 ETA, SIN_PHI, COS_PHI = 2, 3, 4
 
-#: Per-element input features of ``cld_edm_ttbar_pf``: one row layout shared by tracks
-#: (elemtype 1) and calorimeter clusters (elemtype 2); the name is "track name/cluster name".
+#: Features of ``cld_edm_ttbar_pf``'s tracks (elemtype 1) and clusters (2), named "track/cluster".
 PF_FEATURES = (
     "elemtype",
     "pt/et",

@@ -73,9 +73,8 @@ def hits_stats(
 
 
 def write_stats(stats: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path, bool]:
-    """``<dataset>_<split>_stats.json`` and a ``.png`` histogram of hits per event (total, tracker,
-    calorimeter; 'synthetic' in the title) in ``out_dir``; True when they replace earlier ones.
-    A file of another kind under either name is refused before either is written."""
+    """``<dataset>_<split>_stats.json`` and a ``.png`` histogram of hits per event into
+    ``out_dir``; True when they replace earlier ones (a file of another kind is refused first)."""
     import matplotlib
 
     matplotlib.use("Agg")

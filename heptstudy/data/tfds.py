@@ -67,9 +67,8 @@ def _refused_writes_as_os_errors(path: Path) -> Iterator[None]:
 
 
 class ArrayRecordDatasetWriter:
-    """Stream examples of one builder config into ArrayRecord shards plus TFDS metadata (not
-    ``download_and_prepare``: past 1 GB it spills its shuffle buffer through TensorFlow). The
-    caller has checked ``config`` and that the data set does not exist yet."""
+    """Examples of one (checked, not yet existing) builder config streamed into ArrayRecord shards
+    plus TFDS metadata (``download_and_prepare`` spills past 1 GB through TensorFlow)."""
 
     def __init__(
         self,
@@ -167,8 +166,7 @@ class ArrayRecordDatasetWriter:
         self.tmp.rename(self.final)
 
     def discard(self) -> None:
-        """Remove what was written, published or not (another data set of the same generation
-        failed), and the folders left empty."""
+        """Remove what was written, published or not, and the folders left empty."""
         if self.final.exists() and not self.tmp.exists():  # published: the caller checked that
             self.final.rename(self.tmp)  # the data set did not exist before
         for plan in self._plan.values():
@@ -394,8 +392,7 @@ def _describe_error(err: Exception) -> str:
 
 
 def _check_against_folder(info, path: Path, name: str, config: str, version: str) -> None:
-    """``dataset_info.json`` describes this folder: its name, config and version are the
-    folder's, and its splits list exactly the ArrayRecord files there."""
+    """``dataset_info.json`` names this folder's name, config, version and ArrayRecord files."""
     meta = path / "dataset_info.json"
     said = {"name": info.name, "config": info.config_name, "version": str(info.version)}
     folder = {"name": name, "config": config, "version": version}
@@ -424,8 +421,7 @@ def _check_against_folder(info, path: Path, name: str, config: str, version: str
 
 
 def _shard_files(split_info, path: Path, name, config, version, split) -> list[tuple[Path, int]]:
-    """The split's files and event counts, checked against ``dataset_info.json`` (a truncated
-    file opens as a valid, shorter one)."""
+    """The split's files and event counts, checked by ``dataset_info.json``: truncated ones open."""
     from array_record.python.array_record_module import ArrayRecordReader
 
     paths, lengths = split_info.filepaths, split_info.shard_lengths

@@ -43,8 +43,7 @@ def repo_path(path: str | Path) -> Path:
 
 @dataclass(frozen=True)
 class FitRequest:
-    """Will ``per_device_batch`` events per device of ``variant`` of ``scenario`` fit
-    ``platform``'s memory over the whole training data set?"""
+    """Will ``per_device_batch`` events of ``scenario``'s ``variant`` fit ``platform`` all along?"""
 
     platform: str
     per_device_batch: int | None = None  # default: the recipe's (global batch / devices)
@@ -125,8 +124,7 @@ class FitResult:
 def resolve_config(request: FitRequest):
     """``(resolution, resolved variant, notes)`` of the request's scenario on its platform."""
     over = list(request.overrides)
-    # only the fitted variant: the scenario's other models may have no HEPTv2 backbone, nor
-    # read packed batches
+    # the fitted variant only: others may have no HEPTv2 backbone, nor read packed batches
     fitted = (
         ["model.heptv2.activation_checkpointing=auto"] if request.checkpointing == "auto" else []
     )
@@ -340,8 +338,7 @@ def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
 
 
 def fit_warning(resolution) -> str | None:
-    """A warning for ``heptstudy scenario resolve`` when a stored memory model says a variant's
-    per-device batch will not fit with the longest event it was fitted on (reads no data)."""
+    """``scenario resolve``'s warning that a stored model says a variant's batch will not fit."""
     warnings = []
     plat = resolution.platform
     margin = DEFAULT_MARGIN_FRACTION * plat.device_memory_gib

@@ -1,6 +1,5 @@
-"""How likely a batch, a step and a training run are to meet events too long for the memory.
-As the sampler shuffles every epoch, a batch (a step) is a uniformly random set of ``B``
-(``world_size x B``) distinct events of the ``N``; it fails when it holds one of the ``bad``."""
+"""How likely a batch, a step and a run are to meet events too long for the memory: the sampler
+shuffles, so a batch (step) is ``B`` (``world_size x B``) random events; one ``bad`` fails it."""
 
 from __future__ import annotations
 

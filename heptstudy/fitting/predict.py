@@ -1,9 +1,7 @@
 """Will it fit? The *criterion* is the peak reserved when the model has one (what the device
-must hold), else the peak allocated (a lower bound); the first failing step ends the run.
-
-A padded batch's memory follows its longest event. A packed batch's follows its slots in all
-(every event rounded up on its own), so its tail is that of the sum of ``B`` random events'
-slots, not of the batch's longest event, and its worst batch holds the ``B`` longest events."""
+must hold), else the peak allocated (a lower bound); the first failing step ends the run. A
+padded batch's memory follows its longest event; a packed batch's its total slots (each event
+rounded up alone): its tail is the sum of ``B`` random events' slots, its worst the B longest."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ from heptstudy.units import GIB, MIB
 
 QUANTILES = (0.5, 0.9, 0.99)
 MAX_BATCH = 4096
-#: Random batches drawn to find the quantiles and tail of a packed batch's slots (seeded: the
-#: answer is the same on every run).
+#: Random batches (seeded) drawn for the quantiles and tail of a packed batch's slots.
 SAMPLED_BATCHES = 20_000
 
 

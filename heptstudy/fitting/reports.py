@@ -1,6 +1,6 @@
-"""Bench reports -> measured memory models, one per configuration. A counted step gives an
-allocated point at (batch size, its longest padded event); the reserved pool is kept from step
-to step, so its point sits at the longest padded event of *every step so far* in the process."""
+"""Bench reports -> measured memory models, one per configuration. A counted step's allocated
+point sits at (batch size, its longest padded event), its reserved one (the pool persists) at
+the longest padded event of *every step so far* in the process."""
 
 from __future__ import annotations
 
@@ -50,8 +50,7 @@ class ReportGroup:
 
 
 def expand_report_paths(paths) -> list[Path]:
-    """Files as given, folders as their ``*.json`` files; a missing path is refused (a
-    mistyped folder must not read as "no usable reports")."""
+    """Files as given, folders as their ``*.json`` files; a missing path (a typo) is refused."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():

@@ -1,8 +1,5 @@
-"""Training scenarios and platform profiles: resolution, invariant checks and launch rendering.
-
-The command line (:mod:`heptstudy.cli.scenario`) is not imported here: it calls
-:mod:`heptstudy.fitting`, which resolves scenarios through this package.
-"""
+"""Training scenarios and platform profiles: resolution, invariant checks, launch rendering (not
+the command line: it calls :mod:`heptstudy.fitting`, which resolves scenarios through this)."""
 
 from heptstudy.scenario.model import find_platform
 from heptstudy.scenario.render import render

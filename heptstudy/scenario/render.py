@@ -42,16 +42,13 @@ def launch_command(
 
 
 def shell_join(cmd: Sequence[str]) -> str:
-    """Quote for bash: every word literally, except the :class:`Expand` words of the launch
-    command itself (they hold no other shell text)."""
+    """Quote for bash: every word literally, but the launch command's own :class:`Expand` words."""
     return " ".join(f'"{c}"' if isinstance(c, Expand) else shlex.quote(c) for c in cmd)
 
 
 def env_value(text: str) -> str:
-    """A platform ``env`` value for bash: literal text, except plain ``${NAME}`` references
-    (``/tmp/${USER}-cache-${SLURM_JOB_ID}``), which the job's shell expands; every other ``$``,
-    backtick, quote and backslash is escaped, so that no command substitution or other shell
-    text in a profile is ever run."""
+    """A platform ``env`` value for bash: ``${NAME}`` references expand in the job's shell; every
+    other ``$``, backtick, quote and backslash is escaped, so no shell text of a profile runs."""
     parts = re.split(r"(\$\{[A-Za-z_][A-Za-z0-9_]*\})", text)  # odd ones: the ${NAME}s
     escaped = (p if i % 2 else re.sub(r'([\\"`$])', r"\\\1", p) for i, p in enumerate(parts))
     return '"' + "".join(escaped) + '"'
@@ -63,9 +60,8 @@ def _comment(text: str) -> str:
 
 
 def slurm_script(res: Resolution, v: ResolvedVariant, workdir: Path, log_dir: Path) -> str:
-    # sbatch reads a directive to the line's end and bash skips it as a comment, so a line break
-    # in a value would start a shell command: every value here is one line (the profile's
-    # fields, the names and the render folder are checked for that)
+    # a line break in a directive's value would start a shell command: every value here is
+    # checked to be one line (the profile's fields, the names, the render folder)
     p = res.platform
     sbatch = {
         "job-name": f"{res.scenario.name[:40]}-{v.name[:40]}",
@@ -134,9 +130,8 @@ def render(
     resume: str | None = None,
     workdir: str | Path | None = None,
 ) -> tuple[Resolution, list[Path]]:
-    """Resolve, then write per variant the resolved configuration and a launch script, plus
-    ``resolution.json`` and ``launch_scripts.txt``, into ``out`` (default
-    experiments/train/_rendered/SCENARIO/PLATFORM of the working directory)."""
+    """Resolve, then write each variant's configuration and launch script, ``resolution.json`` and
+    ``launch_scripts.txt`` into ``out`` (else experiments/train/_rendered/SCENARIO/PLATFORM)."""
     res = resolve(scenario, platform, variants, overrides)
     out = out or Path("experiments/train/_rendered") / res.scenario.name / res.platform.name
     out = real_path(out, "render folder (--out / --render-dir)")

@@ -1,11 +1,8 @@
-"""Resolution of a scenario on a platform: one validated configuration per variant, the derived
-quantities (world size, per-device batch, validation and checkpoint steps) and their summary.
-
-Layers, per variant: schema defaults <- ``shared`` <- the variant <- ``--set`` overrides <- the
-platform's ``dtype`` and ``attention_backend``, refused where the recipe already sets another
-value: a profile never silently changes the recipe. Each variant writes into
-``<train.out_dir>/<scenario>/<variant>``.
-"""
+"""A scenario on a platform: one validated configuration per variant, its derived quantities
+(world size, per-device batch, validation and checkpoint steps) and their summary. Layers:
+schema defaults <- ``shared`` <- variant <- ``--set`` <- the platform's ``dtype`` and
+``attention_backend``, refused where the recipe sets another (a profile never silently changes
+the recipe). Each variant writes into ``<train.out_dir>/<scenario>/<variant>``."""
 
 from __future__ import annotations
 
@@ -108,8 +105,7 @@ def _resolve_one(
                 f"platform whose {pfield} is {given!r}",
             )
         rules.set_dotted(recipe, key, wanted)
-    # reader threads are a property of the node, not of the science: the profile's value is a
-    # default that the scenario or --set may override
+    # reader threads belong to the node, not the science: the profile only gives a default
     if rules.get_dotted(recipe, "data.num_workers") is None:
         rules.set_dotted(recipe, "data.num_workers", platform.data_workers)
     root = rules.get_dotted(recipe, "train.out_dir") or Config().train.out_dir
@@ -126,9 +122,8 @@ def resolve(
     overrides: Iterable[str] = (),
     variant_overrides: Mapping[str, Iterable[str]] | None = None,
 ) -> Resolution:
-    """Resolve every variant, check all rules, return the requested ``variants`` (default all).
-    ``variant_overrides`` (variant name -> overrides) apply after ``overrides``, to that variant
-    only: for a setting only one model has."""
+    """Resolve every variant, check all rules, return the requested ``variants`` (default all);
+    ``variant_overrides`` (name -> overrides) apply after ``overrides``, to that variant only."""
     sc = load_scenario(scenario)
     plat, plat_path = find_platform(platform)
     shared, extra = list(overrides), variant_overrides or {}
@@ -183,7 +178,6 @@ def _steps_text(steps: list[int], freq: int) -> str:
 
 
 def summary(res: Resolution) -> str:
-    """The resolution as text."""
     p = res.platform
     lines = [
         f"scenario {res.scenario.name} ({res.scenario.path})",

@@ -85,9 +85,8 @@ class TestSplit:
 
 
 def test_split_size(cfg: Config, declared: Mapping[str, int]) -> TestSplit | None:
-    """Events in the test split: those its files hold when every config has TFDS metadata (each
-    file's count checked, as the metadata alone could claim any number), else the scenario's
-    declared number, else None."""
+    """Events in the test split: counted in its files when every config has TFDS metadata (which
+    alone could claim any number), else the scenario's declared number, else None."""
     d = cfg.data
     infos = [Path(d.data_dir) / d.name / c / d.version / "dataset_info.json" for c in d.configs]
     if all(info.is_file() for info in infos):
@@ -110,8 +109,7 @@ def check_variant(
     """The rules of one resolved variant; the test split's size (``declared``: the scenario's
     test_split_events), once ``data.nvalid + data.ntest`` is known to fit in it."""
     where, t, d = f"scenario {scenario!r} variant {variant!r}", cfg.train, cfg.data
-    # a mistyped data directory would otherwise read as "no metadata" and pass on the
-    # scenario's declared numbers
+    # a mistyped data directory would read as "no metadata", passing on declared numbers
     if given_data_dir and not Path(d.data_dir).is_dir():
         raise ScenarioError(
             "data-dir-exists",

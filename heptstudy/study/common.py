@@ -17,8 +17,8 @@ class StudyError(HeptstudyError):
 
 
 def at_project_root() -> Path:
-    """In JupyterLab the kernel starts in ``notebooks/``: move to the project root, so that the
-    study's relative paths mean the same as on the command line."""
+    """Move to the project root (JupyterLab starts kernels in ``notebooks/``), so relative paths
+    mean what they do on the command line."""
     cwd = Path.cwd().resolve()
     if cwd == ROOT / "notebooks":
         os.chdir(ROOT)

@@ -132,8 +132,7 @@ class Superseded:
 
 
 def replace_with_pending(pending: Path, final: Path, superseded: Superseded) -> None:
-    """Put a new result in place: the old one (if any) is moved aside first, then the new one is
-    moved in, so that at every moment one of them is where it can be found."""
+    """The old result moved aside, then the new one in: one of them is always in place."""
     superseded.move_aside(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(pending, final)

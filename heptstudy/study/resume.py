@@ -64,8 +64,7 @@ def run_identity(m) -> dict[str, Any]:
 
 
 def mismatches(report, identity: dict[str, Any]) -> list[str]:
-    """What a report says it measured that differs from ``identity``; a failure report's
-    missing figures are not a mismatch."""
+    """What a report measured unlike ``identity`` (a failure's missing figures are not)."""
     env = report.environment
     machine = identity["machine"]
     request = identity["request"]

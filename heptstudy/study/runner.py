@@ -42,13 +42,11 @@ from heptstudy.study.outputs import (
 from heptstudy.study.resume import resumable, run_identity, stamp
 from heptstudy.study.schedule import DEFAULT, Execution, report_files, schedule
 
-#: The kernels this process started, for Ctrl-C to stop (they run in sessions of their own,
-#: so the terminal's Ctrl-C does not reach them).
+#: Kernels this process started, for Ctrl-C to stop (own sessions: the terminal's misses them).
 _KERNELS: weakref.WeakSet = weakref.WeakSet()
 
 
-# Unix sockets in the user's 0700 runtime folder, not unencrypted TCP on localhost: ipykernel
-# then writes no plain-text warning into every executed notebook's log.
+# Unix sockets in the 0700 runtime folder: no plain-TCP warning in every notebook's log.
 class LocalKernelManager(KernelManager):
     def __init__(self, **kwargs: Any) -> None:
         runtime = Path(jupyter_runtime_dir())
@@ -60,9 +58,8 @@ class LocalKernelManager(KernelManager):
 
 
 def _stop_kernels(execution: threading.Thread, grace_s: float = 3.0) -> None:
-    """Terminate every kernel with its process group (SIGTERM: no traceback on the terminal,
-    which a kernel still starting up would print for SIGINT; its results are written atomically,
-    so none is left half-written); one still running after ``grace_s`` is killed."""
+    """SIGTERM every kernel's process group (a starting kernel would print a traceback for
+    SIGINT; results are written atomically); one still running after ``grace_s`` is killed."""
     pids = [getattr(km.provisioner, "pid", None) for km in list(_KERNELS)]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
@@ -74,13 +71,11 @@ def _stop_kernels(execution: threading.Thread, grace_s: float = 3.0) -> None:
 
 
 def execute_notebook(input_path: str | os.PathLike, output_path: str | os.PathLike, **kwargs):
-    """:func:`papermill.execute_notebook` with its kernel on Unix sockets. Papermill rewrites its
-    output after every cell, so it writes a temporary file that replaces ``output_path`` only
-    once it is whole: a kill or Ctrl-C mid-way leaves the previous notebook. A notebook that
-    ran to a failing cell is whole, and shows the failure: it is put in place, then raised.
-
-    Papermill runs in a thread: its own Ctrl-C handler only schedules the kernel's shutdown and
-    leaves the cell waiting, while here Ctrl-C stops the kernel and ends the call at once."""
+    """:func:`papermill.execute_notebook` with its kernel on Unix sockets, writing a temporary
+    file (papermill rewrites it after every cell) that replaces ``output_path`` once whole: a
+    kill mid-way leaves the previous notebook; one that ran to a failing cell is put in place,
+    then raised. Papermill runs in a thread, so Ctrl-C stops the kernel and ends the call at
+    once (papermill's own handler would leave the cell waiting)."""
     import papermill as pm
 
     kwargs.setdefault("kernel_manager_class", LocalKernelManager)
@@ -203,8 +198,7 @@ def prepare(matrix: Matrix) -> list[Prepared]:
         if ex.name in problems:  # said once, not once per round
             continue
         try:
-            # in the repository, as the kernel resolves it: a relative train.out_dir is then
-            # the same in the run's identity and in its report
+            # from the repository, as the kernel: identity and report agree on train.out_dir
             with _working_directory(ROOT):
                 m = ex.run.request(progress=False, parameters=ex.parameters).resolve()
             if ex.name not in checked:

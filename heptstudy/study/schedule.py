@@ -1,6 +1,5 @@
 """The order a study measures in: rounds of fresh processes, compared runs one after the other
-so that they see the same host conditions. Rounds 2..N of ``repeats: N`` time only: memory
-figures do not change from one process to the next."""
+(same host conditions); rounds 2..N of ``repeats: N`` time only (memory does not vary)."""
 
 from __future__ import annotations
 

@@ -49,8 +49,8 @@ def integer_counts(table) -> Any:
 
 
 def show(table, precision: int = 1, significant: bool = False) -> Any:
-    """A table for the report: floats to ``precision`` decimals, or with ``significant`` to
-    ``precision`` significant digits (for differences spanning orders of magnitude)."""
+    """A table for the report, floats to ``precision`` decimals (significant digits with
+    ``significant``: for differences spanning orders of magnitude)."""
     table = integer_counts(table)
     # a Styler writes cells into the page as they are: user and report text is escaped here
     style = table.style.hide(axis="index").format_index(escape="html", axis=1)

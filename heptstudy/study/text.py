@@ -1,5 +1,4 @@
-"""Plain words for the report. Every text from the user or from a report goes through
-:func:`esc`, so that no markup it holds reaches ``report.html`` as markup."""
+"""Plain words for the report; user and report text goes through :func:`esc`: none is markup."""
 
 from __future__ import annotations
 

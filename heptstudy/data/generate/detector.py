@@ -1,8 +1,6 @@
-"""The synthetic CLD-like detector: geometry (mm), subdetector and system codes, hit-count
-calibration (at ``occupancy_scale=1`` the median event has about 900 tracker hits and 8,500
-calorimeter hits, as CLIC ttbar at 380 GeV, with a tail past 13,000 hits), and the hit row
-(``X`` of ``cld_edm_ttbar_hits``, columns in ``schema``).
-"""
+"""The synthetic CLD-like detector: geometry (mm), subdetector and system codes, the hit row
+(``X``, columns in ``schema``) and hit-count calibration: at ``occupancy_scale=1`` the median
+event has ~900 tracker and ~8,500 calorimeter hits (CLIC ttbar, 380 GeV), a tail past 13,000."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""One simulated event -> the ``hits`` and ``pf`` examples (TFDS feature dicts). Truth targets:
-the properties of each particle that left a hit (``ytarget`` row layout) and which hit carries
-them. The ``pf`` example: tracks (charged particles with a track) then clusters (calorimeter hits
-grouped by particle), with element-wise targets. Jets: fastjet ee_genkt (R=0.4, p=-1) above 5 GeV
-pT, empty when fastjet is missing."""
+"""One simulated event -> the ``hits`` and ``pf`` examples (TFDS feature dicts), with truth
+targets per particle that left a hit. ``pf``: tracks then clusters (calorimeter hits grouped by
+particle). Jets: fastjet ee_genkt (R=0.4, p=-1) above 5 GeV pT, none without fastjet."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ JET_PTMIN = 5.0  # GeV
 def particle_targets(
     parts: dict[str, np.ndarray], n_trk: np.ndarray, n_cal: np.ndarray, jet_idx: np.ndarray
 ) -> np.ndarray:
-    """Target row [n_particles, Y_WIDTH] of every particle; those with a hit are numbered 1..P
-    in generator order (column 13, 0 for the others)."""
+    """Target rows [n_particles, Y_WIDTH]; those with a hit numbered 1..P (column 13, else 0)."""
     has_hit = (n_trk + n_cal) > 0
     number = np.zeros(len(has_hit), dtype=np.int64)
     number[has_hit] = np.arange(1, has_hit.sum() + 1)
@@ -52,8 +49,7 @@ def particle_targets(
 def hit_targets(
     X: np.ndarray, owner: np.ndarray, is_trk: np.ndarray, props: np.ndarray
 ) -> np.ndarray:
-    """Target row [n_hits, Y_WIDTH] of every hit: a hit of a particle carries its
-    particle_number; one representative hit per particle carries all its properties."""
+    """Target rows [n_hits, Y_WIDTH]: particle_number, all properties on one hit per particle."""
     n_hits = len(X)
     ytarget = np.zeros((n_hits, props.shape[1]))
     ok = owner >= 0

@@ -1,6 +1,5 @@
-"""Tracker hits: charged particles follow helices in the solenoid field through the barrel
-layers and endcap disks; a hit where the helix crosses a layer inside its acceptance (with the
-tracker efficiency), plus beam-induced background hits."""
+"""Tracker hits where charged particles' helices cross barrel layers and endcap disks (within
+acceptance and efficiency), plus beam-induced background."""
 
 from __future__ import annotations
 

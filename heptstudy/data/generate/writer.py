@@ -74,8 +74,8 @@ def _check_arguments(data_dir, configs, occupancy_scale) -> None:
 
 def _check_event_size(occupancy_scale: float, workers: int | None) -> None:
     """Refuse an occupancy whose median event alone cannot fit in memory, before simulating."""
-    # a lower bound: the background hits of a median event (signal hits come on top), each a row
-    # of X and of the two target tables in float32, one event in flight per worker
+    # a lower bound: a median event's background hits, float32 rows of X and two target tables,
+    # one event in flight per worker
     hits = occupancy_scale * (det.BKG_TRACKER_MEDIAN + det.BKG_CALO_MEDIAN)
     row = 4 * (len(HIT_FEATURES) + 2 * len(TARGET_COLUMNS))
     refuse_above_memory(
