@@ -87,8 +87,7 @@ def run_steps(steps, title: str = "") -> Any:
                 if not c:
                     b.set_hatch("//")
                     b.set_alpha(0.5)
-        ax.set_xlabel("step (hatched: warm-up, not counted)")
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel="step (hatched: warm-up, not counted)", ylabel=ylabel)
         ax.set_xticks(x)
         if len(cols) > 1:
             ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
@@ -165,8 +164,7 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
                 marks = dict(color=COLORS[ckpt], ms=12, mew=3, label=label, clip_on=False)
                 ax.plot(sel["batch_size"], [top] * len(sel), "x", **marks)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size [events]")
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel="batch size [events]", ylabel=ylabel)
     values = sorted({int(b) for f in (mem, oom) if f is not None for b in f["batch_size"]})
     if values:
         ax.xaxis.set_major_locator(FixedLocator(values))
@@ -189,10 +187,8 @@ def percent_vs_batch(comp, columns: list[tuple[str, str]], ylabel: str, tag: str
                 xy, va = (b.get_x() + b.get_width() / 2, v), "bottom" if v >= 0 else "top"
                 ax.annotate(f"{v:.0f}%", xy, ha="center", va=va, fontsize=10)
     ax.axhline(0, color="k", lw=0.8)
-    ax.set_xticks(x)
-    ax.set_xticklabels([str(int(b)) for b in comp["batch_size"]])
-    ax.set_xlabel("batch size [events]")
-    ax.set_ylabel(ylabel)
+    ax.set_xticks(x, [str(int(b)) for b in comp["batch_size"]])
+    ax.set(xlabel="batch size [events]", ylabel=ylabel)
     lo, hi = ax.get_ylim()
     ax.set_ylim(min(lo, 0), hi * 1.2 if hi > 0 else hi)
     if len(columns) > 1:
@@ -217,10 +213,7 @@ def parity_gradients(reports) -> Any:
     if np.isfinite(lo):  # some report drawn
         lo, hi = lo / 2, max(hi * 2, lo * 10)
         ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="equal")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
         ax.legend(loc="upper left", fontsize=9)
     else:
         ax.text(0.5, 0.5, "no parity reports", ha="center", transform=ax.transAxes)
@@ -249,8 +242,7 @@ def hits_per_event(stats: dict[str, Any] | None, measured: list[int] | None = No
     if measured:
         label = f"events of the counted steps ({len(measured)}, repeats included)"
         ax.hist(measured, bins=bins, histtype="step", lw=2, color="#d62728", label=label)
-    ax.set_xlabel("hits per event")
-    ax.set_ylabel("events")
+    ax.set(xlabel="hits per event", ylabel="events")
     ax.legend(loc="upper right", fontsize=9)
     return _finish(fig, ax)
 
@@ -269,8 +261,7 @@ def event_hits(batch, event: int = 0, synthetic: bool | None = None) -> Any:
     colour = dict(zip(ids, perm, strict=True))
     c = np.array([colour[o] for o in owner[~none]])
     ax.scatter(coords[~none, 0], coords[~none, 1], s=3, c=c, cmap="tab20", rasterized=True)
-    ax.set_xlabel(r"$\eta$")
-    ax.set_ylabel(r"$\phi$")
+    ax.set(xlabel=r"$\eta$", ylabel=r"$\phi$")
     title = f"event {int(batch['event_index'][event])}: {n:,} hits, {len(ids)} particles"
     ax.set_title(f"{title} ({data_label(synthetic)})", fontsize=12)
     ax.legend(loc="upper right", markerscale=4, fontsize=9)
@@ -304,8 +295,7 @@ def lsh_buckets(model, batch, layer: int = 0, round_: int = 0, head: int = 0) ->
         sel = bucket == b
         xy = coords[sel, 0], coords[sel, 1]
         ax.scatter(*xy, s=18, color=f"C{k % 10}", edgecolor="k", lw=0.3, label=f"bucket {b}")
-    ax.set_xlabel(r"$\eta$")
-    ax.set_ylabel(r"$\phi$")
+    ax.set(xlabel=r"$\eta$", ylabel=r"$\phi$")
     buckets = f"{nb} buckets of {blk.block_size} hits"
     ax.set_title(f"layer {layer}, hash round {round_}, head {head}: {buckets}", fontsize=12)
     ax.legend(loc="upper right", fontsize=8, ncol=2, markerscale=1)
@@ -383,8 +373,7 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
                 text += f"\n{cut:.0f}% memory cut, {over:+.0f}% step time"
             offset = (7, 4) if i % 2 == 0 else (7, -26)  # alternate, as the packed labels
             _note(ax, text, here, offset, fontsize=9, color=POLICY_COLORS.get(pol, "0.3"))
-    ax.set_xlabel("mean step time [s]")
-    ax.set_ylabel("peak allocated [MiB]")
+    ax.set(xlabel="mean step time [s]", ylabel="peak allocated [MiB]")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="lower left", fontsize=8)
@@ -449,8 +438,7 @@ def _stacked(fig, ax, x, layers, above, ticks, ylabel: str, tag: str, **tick_sty
         bottom += vals
     for xi, top, text in zip(x, bottom, above, strict=True):
         ax.annotate(text, (xi, top), ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(x)
-    ax.set_xticklabels(ticks, **tick_style, fontsize=9)
+    ax.set_xticks(x, ticks, **tick_style, fontsize=9)
     ax.set_ylabel(ylabel)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
     ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.92), ncol=3, fontsize=9)
@@ -483,8 +471,7 @@ def overhead_spread_figure(over, tag: str = "") -> Any:
         for x, v, n in zip(xs, med, part["rounds"], strict=True):
             _note(ax, f"{v:.0f}%\n({int(n)})", (x, v), (0, 2), ha="center", va="bottom", fontsize=8)
     ax.axhline(0, color="k", lw=0.8)
-    ax.set_xticks(np.arange(len(batches)))
-    ax.set_xticklabels([str(int(b)) for b in batches])
+    ax.set_xticks(np.arange(len(batches)), [str(int(b)) for b in batches])
     ax.set_xlabel("batch size [events]")
     ax.set_ylabel("step-time overhead against off [%]\nmedian, bars: min-max over rounds (n)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)

@@ -97,8 +97,7 @@ def write_stats(stats: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path,
     ax.axvline(med, color="k", ls="--", lw=1, label=f"median {med:.0f}")
     if top > (tail := stats["tail_threshold"]):
         ax.axvline(tail, color="grey", ls=":", lw=1, label=f"{tail:,}")
-    ax.set_xlabel(f"{stats['row_kind']} per event")
-    ax.set_ylabel("events")
+    ax.set(xlabel=f"{stats['row_kind']} per event", ylabel="events")
     kind = "synthetic" if stats["synthetic"] else "real"
     ax.set_title(
         f"{stats['dataset']} configs {','.join(stats['configs'])} {stats['split']} "
