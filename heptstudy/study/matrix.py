@@ -102,12 +102,19 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         params = {k: v for k, v in {**defaults, **entry}.items() if k in keys}
         if "overrides" in defaults and "overrides" in entry:  # a run's add to the defaults'
             params["overrides"] = _overrides(defaults, where) + _overrides(entry, where)
+        allocator = {**defaults, **entry}.get("allocator", "platform")
+        if allocator not in ALLOCATOR_LINES:
+            raise StudyError(
+                f"{where}: allocator={allocator!r} is not allowed: 'platform' (the platform "
+                "profile's allocator settings, the default) or 'default' (the allocator as it "
+                "comes)"
+            )
         run = Run(
             name="",
             notebook=notebook,
             parameters=params,
             repeats=_repeats(entry.get("repeats", repeats if notebook == MEMORY else 1), where),
-            allocator=_allocator_line({**defaults, **entry}.get("allocator", "platform"), where),
+            allocator=allocator,
         )
         if run.repeats > 1 and notebook != MEMORY:
             raise StudyError(f"{where}: repeats={run.repeats} applies to memory runs only")
@@ -127,42 +134,31 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
             f"study matrix {path}: several runs are named {dupes}; give them a 'name:'"
         )
     name = data.get("name") if data.get("name") is not None else path.stem
+    timeout = data.get("cell_timeout_s")
+    if timeout is not None:  # papermill reads 0 as no limit: null (or no key) is the one way
+        _at_least_one(
+            timeout,
+            f"study matrix {path}",
+            "cell_timeout_s",
+            "the seconds one notebook cell may run, a whole number >= 1 (for example 3600), or "
+            "leave the key out (or null) for no limit",
+        )
     return Matrix(
         name=check_name(name, f"study matrix {path}: name", example="cpu_default"),
         description=str(data.get("description") or ""),
         runs=runs,
         path=path,
-        cell_timeout_s=_cell_timeout(data.get("cell_timeout_s"), f"study matrix {path}"),
+        cell_timeout_s=timeout,
         notes=[str(n) for n in data.get("notes") or []],
     )
 
 
-def _cell_timeout(value: Any, where: str) -> int | None:
-    # papermill reads 0 as no limit: null (or no key) is the one way to say so
-    if value is None:
-        return None
+def _at_least_one(value: Any, where: str, key: str, wanted: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise StudyError(
-            f"{where}: cell_timeout_s={value!r} is not allowed: give the seconds one notebook "
-            "cell may run, a whole number >= 1 (for example 3600), or leave the key out (or "
-            "null) for no limit"
-        )
+        raise StudyError(f"{where}: {key}={value!r} is not allowed: give {wanted}")
     return value
 
 
 def _repeats(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise StudyError(
-            f"{where}: repeats={value!r} is not allowed: give the number of rounds of fresh "
-            "processes, an integer >= 1 (3 or more for step-time comparisons)"
-        )
-    return value
-
-
-def _allocator_line(value: Any, where: str) -> str:
-    if value not in ALLOCATOR_LINES:
-        raise StudyError(
-            f"{where}: allocator={value!r} is not allowed: 'platform' (the platform profile's "
-            "allocator settings, the default) or 'default' (the allocator as it comes)"
-        )
-    return value
+    wanted = "the number of rounds of fresh processes, an integer >= 1"
+    return _at_least_one(value, where, "repeats", f"{wanted} (3 or more for step-time comparisons)")
