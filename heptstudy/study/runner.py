@@ -385,26 +385,15 @@ def aggregate_study(
         "description": matrix.description if matrix else "",
         "notes": list(matrix.notes) if matrix else [],
     }
-    before = _aggregate_outputs(out, figures)
-    remove_leftovers(executed, ".ipynb")  # of an aggregate that was killed
-    _papermill("aggregate.ipynb", executed, parameters, matrix.cell_timeout_s if matrix else None)
-    html = render_html(executed, out / "report.html")
-    _move_aside_unwritten(out, before)
-    return html
-
-
-def _aggregate_outputs(out: Path, figures: Path) -> dict[Path, tuple[int, int]]:
-    """path -> (inode, mtime) of the tables and figures, to tell which were not written again."""
-    found = {}
+    before = {}  # path -> (inode, mtime) of the tables and figures, to tell which are written again
     for folder, pattern in ((out, "*.csv"), (figures, "*.png"), (figures, "*.pdf")):
         for p in folder.glob(pattern):
             st = p.stat()
-            found[p] = (st.st_ino, st.st_mtime_ns)
-    return found
-
-
-def _move_aside_unwritten(out: Path, before: dict[Path, tuple[int, int]]) -> None:
-    """Move aside the tables and figures of an earlier aggregate that this one did not write."""
+            before[p] = (st.st_ino, st.st_mtime_ns)
+    remove_leftovers(executed, ".ipynb")  # of an aggregate that was killed
+    _papermill("aggregate.ipynb", executed, parameters, matrix.cell_timeout_s if matrix else None)
+    html = render_html(executed, out / "report.html")
+    # move aside the tables and figures of an earlier aggregate that this one did not write
     superseded = Superseded(out)
     stale = []
     for path, seen in before.items():
@@ -421,6 +410,7 @@ def _move_aside_unwritten(out: Path, before: dict[Path, tuple[int, int]]) -> Non
             f"moved {len(stale)} table(s)/figure(s) the aggregate no longer writes to "
             f"{shown(superseded.folder)}/: {', '.join(sorted(stale))}"
         )
+    return html
 
 
 def render_html(notebook: str | os.PathLike, html: str | os.PathLike) -> Path:
