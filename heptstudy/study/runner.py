@@ -301,7 +301,15 @@ def run_study(
     with holding_all((out, "study folder (--out)"), (folders.figures, "figures folder")):
         superseded = Superseded(out)
         done = StudyRun(folders)
-        if foreign := _move_aside_foreign(out, prepared, superseded):
+        expected = {out / p.execution.report for p in prepared}
+        foreign = []  # reports of runs not in this matrix: the report shows this matrix only
+        for path in report_files(out):
+            if path not in expected:
+                rel = path.relative_to(out)
+                superseded.move_aside(path)
+                superseded.move_aside(out / "notebooks" / rel.with_suffix(".ipynb"))
+                foreign.append(str(rel))
+        if foreign:
             print(
                 f"moved {len(foreign)} report(s) of runs not in this matrix to "
                 f"{shown(superseded.folder)}/: {', '.join(foreign)}"
@@ -349,20 +357,6 @@ def run_study(
                 ) from None
         done.superseded = superseded.folder if superseded.moved else None
         return done
-
-
-def _move_aside_foreign(out: Path, prepared: list[Prepared], superseded: Superseded) -> list[str]:
-    """Move aside the reports of runs not in this matrix (the report shows this matrix only)."""
-    expected = {out / p.execution.report for p in prepared}
-    moved = []
-    for path in report_files(out):
-        if path in expected:
-            continue
-        rel = path.relative_to(out)
-        superseded.move_aside(path)
-        superseded.move_aside(out / "notebooks" / rel.with_suffix(".ipynb"))
-        moved.append(str(rel))
-    return moved
 
 
 def _remove_empty(folder: Path) -> None:
