@@ -398,11 +398,8 @@ def dominated_runs(df) -> Any:
 
 def _cut(off, run, peak: str, apart: str) -> float | None:
     """Percent less peak ``peak`` memory than ``off``; none for runs not compared."""
-    return None if apart else pct_less(off[f"peak_{peak}_mib"], run[f"peak_{peak}_mib"])
-
-
-def pct_less(base, new):
-    return None if base is None or new is None or not base else 100.0 * (base - new) / base
+    base, new = off[f"peak_{peak}_mib"], run[f"peak_{peak}_mib"]
+    return None if apart or base is None or new is None or not base else 100.0 * (base - new) / base
 
 
 def pct_more(base, new):
