@@ -128,7 +128,7 @@ def _papermill(notebook: str, output: Path, parameters: dict, timeout: int | Non
     execute_notebook(input_nb, output, parameters=parameters, cwd=str(ROOT), **options)
 
 
-def _failure_report(notebook: str, m, err: BaseException) -> tuple[str, str]:
+def _failure_report(notebook: str, m, err: BaseException) -> str:
     """Write a report saying why a run produced none: out of memory, a dead kernel, an error."""
     import torch
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -170,7 +170,7 @@ def _failure_report(notebook: str, m, err: BaseException) -> tuple[str, str]:
             device_memory_bytes=total,
         )
     rp.write_report(rp.BenchReport(**fields), m.report_path)
-    return status, text
+    return text
 
 
 @dataclass
@@ -253,10 +253,9 @@ def run_one(
     notebook = NOTEBOOKS[ex.run.notebook]
     t0 = time.perf_counter()
     message, failure = why, None
-    # else the measurement applies its platform's allocator settings itself
-    plain = _no_allocator_settings() if ex.run.allocator == DEFAULT else contextlib.nullcontext()
     try:
-        with plain:
+        # else the measurement applies its platform's allocator settings itself
+        with _no_allocator_settings() if ex.run.allocator == DEFAULT else contextlib.nullcontext():
             _papermill(notebook, nb_pending, parameters, timeout)
     except Exception as err:  # noqa: BLE001 - an OOM or a dead kernel is a result, not a crash
         failure = err
@@ -265,8 +264,7 @@ def run_one(
     if not pending.exists():
         if failure is None:
             failure = RuntimeError("the notebook finished without writing a report")
-        measurement = replace(prep.measurement, report_path=pending)
-        _, text = _failure_report(notebook, measurement, failure)
+        text = _failure_report(notebook, replace(prep.measurement, report_path=pending), failure)
         message = text.splitlines()[0][:200]
     seconds = time.perf_counter() - t0
     note = stamp(pending, prep.fingerprint, prep.identity)
