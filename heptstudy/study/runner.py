@@ -181,16 +181,6 @@ class Prepared:
     identity: dict[str, Any]
 
 
-@contextlib.contextmanager
-def _working_directory(folder: Path):
-    before = Path.cwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
 def prepare(matrix: Matrix) -> list[Prepared]:
     """Check every execution; one :class:`StudyError` names every run that cannot be measured."""
     prepared, problems, checked = [], {}, set()
@@ -199,8 +189,12 @@ def prepare(matrix: Matrix) -> list[Prepared]:
             continue
         try:
             # from the repository, as the kernel: identity and report agree on train.out_dir
-            with _working_directory(ROOT):
+            before = Path.cwd()
+            os.chdir(ROOT)
+            try:
                 m = ex.run.request(progress=False, parameters=ex.parameters).resolve()
+            finally:
+                os.chdir(before)
             if ex.name not in checked:
                 checked.add(ex.name)
                 check_enough_events(m)
