@@ -560,8 +560,7 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
         raise ConfigError(
             f"{what} file {str(p)!r} {problem}; give the path of a {what} YAML file{readable}"
         )
-    loop = _alias_loop(data)
-    if loop is not None:
+    if (loop := _alias_loop(data)) is not None:
         raise ConfigError(
             f"{what} file {str(p)!r}: {loop or 'the top level'} contains itself through a YAML "
             "alias (*name inside the &name it refers to), a value without end; write the value "

@@ -130,8 +130,7 @@ def _run_of(checkpoint: Path, out: Path) -> Path | None:
 
 
 def _step_of(path: Path) -> int:
-    m = STEP_FILE.match(path.name)
-    return int(m.group(1)) if m else -1
+    return int(m.group(1)) if (m := STEP_FILE.match(path.name)) else -1
 
 
 def _refuse_later_steps(run: Path, step: int) -> None:
