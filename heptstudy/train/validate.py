@@ -68,8 +68,7 @@ def _hit_quality(outputs, batch, config, predictions):
         correct += int(ok.sum())
         true_pt = momentum_to_physical(t.momentum[ti])[:, 0]
         rel.append(((pred_mom[b, qi, 0] - true_pt) / true_pt)[ok].cpu().numpy())
-        event = int(batch["event_index"][b])
-        predictions["event_index"].append(np.full(len(qi), event))
+        predictions["event_index"].append(np.full(len(qi), int(batch["event_index"][b])))
         predictions["query"].append(qi.cpu().numpy())
         predictions["target_particle_number"].append(t.particle_number[ti].cpu().numpy())
         predictions["true_class"].append(t.cls[ti].cpu().numpy())
