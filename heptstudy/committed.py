@@ -59,8 +59,7 @@ def committed_place(path: str | os.PathLike, what: str = "path") -> Committed | 
 
 
 def _tracks(repo: Path, path: Path) -> bool:
-    out = git("ls-files", "--", str(path), cwd=repo)
-    return bool(out and out.strip())
+    return bool((git("ls-files", "--", str(path), cwd=repo) or "").strip())
 
 
 def refuse_committed(path: str | os.PathLike, flag: str, instead: str) -> None:

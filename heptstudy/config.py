@@ -198,8 +198,7 @@ class HEPTv2Config(StrictInput):
         named = [("activation_checkpointing", self.activation_checkpointing)]
         named += [("auto_plan_order", name) for name in self.auto_plan_order or ()]
         for key, name in named:
-            count = count_plan(name)
-            if count is not None and not 1 <= count[1] < self.num_convs:
+            if (count := count_plan(name)) is not None and not 1 <= count[1] < self.num_convs:
                 allowed = (
                     f"a count plan takes 1 to {self.num_convs - 1} layers (all of them is full): "
                     "use one of those or full"
@@ -283,8 +282,7 @@ class DataConfig(StrictInput):
     @field_validator("configs")
     @classmethod
     def _configs_once(cls, configs: list[str]) -> list[str]:
-        repeated = sorted({c for c in configs if configs.count(c) > 1})
-        if repeated:
+        if repeated := sorted({c for c in configs if configs.count(c) > 1}):
             # a repeated builder config would read its events twice as if they were others
             raise ValueError(
                 f"data.configs={configs} names {repeated} more than once; list each builder "
@@ -562,8 +560,7 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
         raise ConfigError(
             f"{what} file {str(p)!r} {problem}; give the path of a {what} YAML file{readable}"
         )
-    loop = _alias_loop(data)
-    if loop is not None:
+    if (loop := _alias_loop(data)) is not None:
         raise ConfigError(
             f"{what} file {str(p)!r}: {loop or 'the top level'} contains itself through a YAML "
             "alias (*name inside the &name it refers to), a value without end; write the value "

@@ -44,8 +44,7 @@ def code_state() -> dict[str, Any]:
             h.update(name.encode() + b"\0" + (ROOT / name).read_bytes())
         except OSError:
             h.update(name.encode() + b"\0<unreadable>")
-    changed = bool(diff or new)
-    return {"git_commit": commit.strip(), "changes": h.hexdigest()[:20] if changed else None}
+    return {"git_commit": commit.strip(), "changes": h.hexdigest()[:20] if diff or new else None}
 
 
 #: A folder (ending in "/") covers every ``.py`` file below it.
@@ -91,13 +90,12 @@ REGENERATE = {
 
 
 def _files_of(part: str, names: Iterable[str]) -> list[str]:
-    covered = PARTS[part]
     return sorted(
         n
         for n in names
         if n.endswith(".py")
         and n not in NOT_ESTIMATE
-        and any(n.startswith(p) if p.endswith("/") else n == p for p in covered)
+        and any(n.startswith(p) if p.endswith("/") else n == p for p in PARTS[part])
     )
 
 

@@ -67,8 +67,7 @@ def recheck_held(out: Path, resume_step: int | None) -> None:
     if resume_step is not None:
         _refuse_later_steps(out, resume_step)
         return
-    files = _files_below(out)
-    if files:
+    if files := _files_below(out):
         raise OutputDirError(
             f"train.out_dir={str(out)!r} was written by another run while this one started "
             f"({len(files)} files, e.g. {files[0].relative_to(out)}); nothing was written. Run "
@@ -90,8 +89,7 @@ def _refuse_unwritable(out: Path) -> None:
             "folder; choose another train.out_dir (nothing was written)"
         )
     # a probe file: root passes os.access on read-only mounts and full quotas
-    problem = folder_write_problem(existing)
-    if problem is not None:
+    if (problem := folder_write_problem(existing)) is not None:
         raise OutputDirError(
             f"train.out_dir={str(out)!r} cannot be written: {str(existing)!r} takes no new file "
             f"({problem}); choose a train.out_dir you can write to (nothing was written)"
@@ -132,19 +130,17 @@ def _run_of(checkpoint: Path, out: Path) -> Path | None:
 
 
 def _step_of(path: Path) -> int:
-    m = STEP_FILE.match(path.name)
-    return int(m.group(1)) if m else -1
+    return int(m.group(1)) if (m := STEP_FILE.match(path.name)) else -1
 
 
 def _refuse_later_steps(run: Path, step: int) -> None:
-    later = sorted(
+    if later := sorted(
         str(p.relative_to(run))
         for folder in ("checkpoints", "predictions")
         if (run / folder).is_dir()
         for p in (run / folder).iterdir()
         if _step_of(p) > step
-    )
-    if later:
+    ):
         raise OutputDirError(
             f"resuming step {step} in {str(run)!r} would replace files of later steps, written "
             f"by an attempt that got further: {', '.join(later[:4])}; nothing was written. "

@@ -133,19 +133,17 @@ def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
             f" has format {fmt!r}, expected {FORMAT!r}: it is not a "
             f"training-state file of `heptstudy train`"
         )
-    missing = [k for k in (*PARTS, "sha256") if k not in state]
-    if missing:
+    if missing := [k for k in (*PARTS, "sha256") if k not in state]:
         raise refused(
             f" lacks {', '.join(repr(k) for k in missing)}; a training-state "
             f"file holds {', '.join(repr(k) for k in (*PARTS, 'sha256'))}. It was not written by "
             f"`heptstudy train` or was edited: resume from another checkpoint"
         )
-    wrong = [
+    if wrong := [
         f"{k!r} is a {type(state[k]).__name__}"
         for k, kind in PARTS.items()
         if not isinstance(state[k], kind) or isinstance(state[k], bool)
-    ]
-    if wrong:
+    ]:
         raise refused(
             f": {', '.join(wrong)}, which no training-state file holds "
             f"(step is an integer, the other parts mappings); resume from another checkpoint"
@@ -156,8 +154,7 @@ def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
             "them (the file was changed or damaged after it was written). Resume from another "
             "checkpoint of the run (the previous step_*.pt)"
         )
-    differences = _differences(state["config"], config.to_dict())
-    if differences:
+    if differences := _differences(state["config"], config.to_dict()):
         listed = "; ".join(
             f"{k}: checkpoint {as_yaml(a)}, now {as_yaml(b)}" for k, a, b in differences
         )

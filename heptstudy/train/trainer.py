@@ -110,8 +110,7 @@ def train(
     model_bytes = check_model_fits(config, ctx.device)
     if ctx.is_main:
         # a training-state file holds the weights and LAMB's two moments: the first one must fit
-        problem = free_space_problem(out, 3 * model_bytes)
-        if problem is not None:
+        if (problem := free_space_problem(out, 3 * model_bytes)) is not None:
             raise HeptstudyError(
                 f"train.out_dir={str(out)!r}: no room for a training-state file ({problem}); "
                 "nothing was run. Free space or choose another train.out_dir"

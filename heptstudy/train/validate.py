@@ -48,18 +48,11 @@ def validate(model, batches, config: Config, device: torch.device, autocast_dtyp
     metrics["target_particles"] = total
     metrics["matched_right_class_fraction"] = correct / total if total else None
     res = np.concatenate(rel_pt) if rel_pt else np.zeros(0)
-    metrics["pt_resolution"] = _robust_width(res)
+    # half the 16-84% inter-quantile range of (pred - true) / true: few wild predictions move it
+    q16, q84 = np.quantile(res, [0.16, 0.84]) if res.size > 1 else (None, None)
+    metrics["pt_resolution"] = float(q84 - q16) / 2.0 if q16 is not None else None
     metrics["pt_response_median"] = float(np.median(res)) + 1.0 if res.size else None
     return metrics, {k: np.concatenate(v) for k, v in predictions.items()}
-
-
-def _robust_width(x: np.ndarray) -> float | None:
-    """Half the 16-84% inter-quantile range of (pred - true) / true: a resolution that a few
-    wild predictions do not dominate."""
-    if x.size < 2:
-        return None
-    q16, q84 = np.quantile(x, [0.16, 0.84])
-    return float(q84 - q16) / 2.0
 
 
 def _hit_quality(outputs, batch, config, predictions):
@@ -75,8 +68,7 @@ def _hit_quality(outputs, batch, config, predictions):
         correct += int(ok.sum())
         true_pt = momentum_to_physical(t.momentum[ti])[:, 0]
         rel.append(((pred_mom[b, qi, 0] - true_pt) / true_pt)[ok].cpu().numpy())
-        event = int(batch["event_index"][b])
-        predictions["event_index"].append(np.full(len(qi), event))
+        predictions["event_index"].append(np.full(len(qi), int(batch["event_index"][b])))
         predictions["query"].append(qi.cpu().numpy())
         predictions["target_particle_number"].append(t.particle_number[ti].cpu().numpy())
         predictions["true_class"].append(t.cls[ti].cpu().numpy())
