@@ -102,19 +102,12 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         params = {k: v for k, v in {**defaults, **entry}.items() if k in keys}
         if "overrides" in defaults and "overrides" in entry:  # a run's add to the defaults'
             params["overrides"] = _overrides(defaults, where) + _overrides(entry, where)
-        allocator = {**defaults, **entry}.get("allocator", "platform")
-        if allocator not in ALLOCATOR_LINES:
-            raise StudyError(
-                f"{where}: allocator={allocator!r} is not allowed: 'platform' (the platform "
-                "profile's allocator settings, the default) or 'default' (the allocator as it "
-                "comes)"
-            )
         run = Run(
             name="",
             notebook=notebook,
             parameters=params,
             repeats=_repeats(entry.get("repeats", repeats if notebook == MEMORY else 1), where),
-            allocator=allocator,
+            allocator=_allocator_line({**defaults, **entry}.get("allocator", "platform"), where),
         )
         if run.repeats > 1 and notebook != MEMORY:
             raise StudyError(f"{where}: repeats={run.repeats} applies to memory runs only")
@@ -162,3 +155,12 @@ def _at_least_one(value: Any, where: str, key: str, wanted: str) -> int:
 def _repeats(value: Any, where: str) -> int:
     wanted = "the number of rounds of fresh processes, an integer >= 1"
     return _at_least_one(value, where, "repeats", f"{wanted} (3 or more for step-time comparisons)")
+
+
+def _allocator_line(value: Any, where: str) -> str:
+    if value not in ALLOCATOR_LINES:
+        raise StudyError(
+            f"{where}: allocator={value!r} is not allowed: 'platform' (the platform profile's "
+            "allocator settings, the default) or 'default' (the allocator as it comes)"
+        )
+    return value

@@ -49,8 +49,8 @@ def validate(model, batches, config: Config, device: torch.device, autocast_dtyp
     metrics["matched_right_class_fraction"] = correct / total if total else None
     res = np.concatenate(rel_pt) if rel_pt else np.zeros(0)
     # half the 16-84% inter-quantile range of (pred - true) / true: few wild predictions move it
-    q16, q84 = np.quantile(res, [0.16, 0.84]) if res.size > 1 else (None, None)
-    metrics["pt_resolution"] = float(q84 - q16) / 2.0 if q16 is not None else None
+    width = float(np.diff(np.quantile(res, [0.16, 0.84]))[0]) if res.size > 1 else None
+    metrics["pt_resolution"] = width / 2.0 if width is not None else None
     metrics["pt_response_median"] = float(np.median(res)) + 1.0 if res.size else None
     return metrics, {k: np.concatenate(v) for k, v in predictions.items()}
 
