@@ -255,7 +255,8 @@ class HEPTv2Layer(nn.Module):
         layout: EventLayout,
         buckets: BucketOrder | None = None,
     ) -> torch.Tensor:
-        """``buckets`` None: hashed here (a checkpointed layer then rehashes in backward)."""
+        """``buckets`` None: hashed here, inside a checkpointed layer's region, so backward
+        rehashes; the model passes None, the backbone bench its own bucket order."""
         if buckets is None:
             buckets = self.bucket_order(coords, mask, layout)
         x = x + self.pos_embed(coords.to(x.dtype))

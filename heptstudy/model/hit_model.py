@@ -1,4 +1,4 @@
-"""The recommended hit model, ``hit_heptv2_grouped_tracker_features`` (``DESIGN.md``): the last
+"""The recommended hit model, ``hit_heptv2_grouped_tracker_features`` (``docs/layout.md``): the last
 decoder layer's predictions are the output, the earlier ones auxiliary (``aux{l}_*``)."""
 
 from __future__ import annotations
@@ -129,8 +129,9 @@ class HitModel(nn.Module):
         mask, layout = batch["mask"], layout_of(batch)
         coords = hit_coordinates(batch["X"])
         x = self.encode(batch) * mask[..., None]
-        # each layer hashes the coordinates itself: a checkpointed layer hashes again in
-        # backward rather than keeping its bucket order over the whole step
+        # each layer hashes the coordinates itself, inside its checkpointed region: a
+        # checkpointed layer hashes again in backward rather than keeping its bucket order
+        # over the whole step (docs/layout.md)
         plan = {} if running_plan is None else {"running_plan": running_plan}
         for layer in self.backbone:
             x = layer(x, mask, coords, layout, **plan)
