@@ -18,6 +18,9 @@ _KEYS = {nb: tuple(k for k in NOTEBOOK_PARAMETERS[nb] if k != "output") for nb i
 _RUNNER_KEYS = {"notebook", "name", "repeats", "allocator"}
 _RUN_KEYS = {*_RUNNER_KEYS, *(k for keys in _KEYS.values() for k in keys)}
 ALLOCATOR_LINES = ("platform", "default")
+_TOP_LEVEL_KEYS = set(
+    "name description notes cell_timeout_s figures_dir defaults runs repeats".split()
+)
 
 
 def _overrides(mapping: dict[str, Any], where: str) -> list[str]:
@@ -55,26 +58,7 @@ class Matrix:
 def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
     """Read a study matrix (see ``configs/study/``), every run validated before anything runs."""
     path = Path(path)
-    try:
-        data = read_yaml(path, "study matrix")
-    except ConfigError as err:
-        raise StudyError(str(err)) from None
-    if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not data["runs"]:
-        raise StudyError(
-            f"study matrix {path}: needs a non-empty 'runs:' list (see configs/study/)"
-        )
-    unknown = set(data) - {
-        "name",
-        "description",
-        "notes",
-        "cell_timeout_s",
-        "figures_dir",
-        "defaults",
-        "runs",
-        "repeats",
-    }
-    if unknown:
-        raise StudyError(f"study matrix {path}: unknown top-level keys {sorted(unknown)}")
+    data = _read_matrix(path)
     defaults = dict(data.get("defaults") or {})
     repeats = _repeats(data.get("repeats", 1), f"study matrix {path}")
     if data_dir:  # the command line's --data-dir: the default of every run
@@ -82,44 +66,10 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
     bad = (set(defaults) - _RUN_KEYS) | ({"notebook", "name"} & set(defaults))
     if bad:
         raise StudyError(f"study matrix {path}: 'defaults' cannot set {sorted(bad)}")
-    runs: list[Run] = []
-    for i, entry in enumerate(data["runs"]):
-        where = f"study matrix {path}, run {i + 1}"
-        if not isinstance(entry, dict):
-            raise StudyError(f"{where}: each run is a mapping of parameters, got {entry!r}")
-        unknown = set(entry) - _RUN_KEYS
-        if unknown:
-            raise StudyError(
-                f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_RUN_KEYS)}"
-            )
-        notebook = entry.get("notebook", MEMORY)
-        if notebook not in NOTEBOOKS:
-            raise StudyError(f"{where}: notebook {notebook!r} is not one of {sorted(NOTEBOOKS)}")
-        keys = _KEYS[notebook]
-        misplaced = set(entry) & (set(_RUN_KEYS) - set(keys) - _RUNNER_KEYS)
-        if misplaced:
-            raise StudyError(f"{where}: {sorted(misplaced)} do not apply to {notebook}.ipynb")
-        params = {k: v for k, v in {**defaults, **entry}.items() if k in keys}
-        if "overrides" in defaults and "overrides" in entry:  # a run's add to the defaults'
-            params["overrides"] = _overrides(defaults, where) + _overrides(entry, where)
-        run = Run(
-            name="",
-            notebook=notebook,
-            parameters=params,
-            repeats=_repeats(entry.get("repeats", repeats if notebook == MEMORY else 1), where),
-            allocator=_allocator_line({**defaults, **entry}.get("allocator", "platform"), where),
-        )
-        if run.repeats > 1 and notebook != MEMORY:
-            raise StudyError(f"{where}: repeats={run.repeats} applies to memory runs only")
-        try:
-            request = run.request(progress=False)
-        except HeptstudyError as err:
-            raise StudyError(f"{where}: {err}") from None
-        run.name = check_name(
-            entry["name"] if entry.get("name") is not None else request.name,
-            f"{where}: name",
-        )
-        runs.append(run)
+    runs = [
+        _load_run(entry, f"study matrix {path}, run {i + 1}", defaults, repeats)
+        for i, entry in enumerate(data["runs"])
+    ]
     names = [(r.allocator, r.name) for r in runs]
     dupes = sorted({n for a, n in names if names.count((a, n)) > 1})
     if dupes:
@@ -144,6 +94,58 @@ def load_matrix(path: str | os.PathLike, data_dir: str | None = None) -> Matrix:
         cell_timeout_s=timeout,
         notes=[str(n) for n in data.get("notes") or []],
     )
+
+
+def _read_matrix(path: Path) -> dict[str, Any]:
+    """The matrix file's mapping, with a non-empty ``runs:`` list and no unknown top-level key."""
+    try:
+        data = read_yaml(path, "study matrix")
+    except ConfigError as err:
+        raise StudyError(str(err)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list) or not data["runs"]:
+        raise StudyError(
+            f"study matrix {path}: needs a non-empty 'runs:' list (see configs/study/)"
+        )
+    unknown = set(data) - _TOP_LEVEL_KEYS
+    if unknown:
+        raise StudyError(f"study matrix {path}: unknown top-level keys {sorted(unknown)}")
+    return data
+
+
+def _load_run(entry: Any, where: str, defaults: dict[str, Any], repeats: int) -> Run:
+    """One entry of ``runs:`` over the matrix's defaults, its request built to validate it."""
+    if not isinstance(entry, dict):
+        raise StudyError(f"{where}: each run is a mapping of parameters, got {entry!r}")
+    unknown = set(entry) - _RUN_KEYS
+    if unknown:
+        raise StudyError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_RUN_KEYS)}")
+    notebook = entry.get("notebook", MEMORY)
+    if notebook not in NOTEBOOKS:
+        raise StudyError(f"{where}: notebook {notebook!r} is not one of {sorted(NOTEBOOKS)}")
+    keys = _KEYS[notebook]
+    misplaced = set(entry) & (set(_RUN_KEYS) - set(keys) - _RUNNER_KEYS)
+    if misplaced:
+        raise StudyError(f"{where}: {sorted(misplaced)} do not apply to {notebook}.ipynb")
+    params = {k: v for k, v in {**defaults, **entry}.items() if k in keys}
+    if "overrides" in defaults and "overrides" in entry:  # a run's add to the defaults'
+        params["overrides"] = _overrides(defaults, where) + _overrides(entry, where)
+    run = Run(
+        name="",
+        notebook=notebook,
+        parameters=params,
+        repeats=_repeats(entry.get("repeats", repeats if notebook == MEMORY else 1), where),
+        allocator=_allocator_line({**defaults, **entry}.get("allocator", "platform"), where),
+    )
+    if run.repeats > 1 and notebook != MEMORY:
+        raise StudyError(f"{where}: repeats={run.repeats} applies to memory runs only")
+    try:
+        request = run.request(progress=False)
+    except HeptstudyError as err:
+        raise StudyError(f"{where}: {err}") from None
+    run.name = check_name(
+        entry["name"] if entry.get("name") is not None else request.name, f"{where}: name"
+    )
+    return run
 
 
 def _at_least_one(value: Any, where: str, key: str, wanted: str) -> int:
