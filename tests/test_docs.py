@@ -1,5 +1,6 @@
 """What the README and docs/ promise: the protocol every report carries, commands that run as
-written from a fresh clone, and links and folders that exist."""
+written from a fresh clone, links and folders that exist, the figures they quote from the
+committed reference, and behaviour they describe that no other test pins down."""
 
 from __future__ import annotations
 
@@ -95,3 +96,66 @@ def test_links_and_cited_experiments_exist():
             if folder not in ("local", "scratch") and not (ROOT / "experiments" / folder).is_dir():
                 missing.append((doc.name, f"experiments/{folder}/"))
     assert not missing, f"cited but not in the tree: {missing}"
+
+
+def test_a_checkpointed_layer_hashes_again_in_backward(tiny_overrides, monkeypatch):
+    """docs/layout.md: each layer hashes inside its checkpointed region, so a training step
+    under ``full`` hashes twice per backbone layer and once per layer without checkpointing."""
+    import collections
+
+    from heptstudy.config import load_config
+    from heptstudy.model import build_model, example_batch
+    from heptstudy.model.heptv2 import HEPTv2Layer
+
+    hashed = collections.Counter()
+    unwrapped_bucket_order = HEPTv2Layer.bucket_order
+
+    def counting(layer, *args, **kwargs):
+        hashed[id(layer)] += 1
+        return unwrapped_bucket_order(layer, *args, **kwargs)
+
+    monkeypatch.setattr(HEPTv2Layer, "bucket_order", counting)
+    for plan, times in (("off", 1), ("full", 2)):
+        cfg = load_config(
+            overrides=[*tiny_overrides, f"model.heptv2.activation_checkpointing={plan}"]
+        )
+        model = build_model(cfg).train()
+        batch = example_batch(cfg, 2, [40, 30], seed=1)
+        hashed.clear()
+        outputs = model(batch)
+        sum(v.float().sum() for v in outputs.values()).backward()
+        layers = [m for m in model.modules() if isinstance(m, HEPTv2Layer)]
+        assert len(layers) == cfg.model.heptv2.num_convs
+        assert [hashed[id(layer)] for layer in layers] == [times] * len(layers), plan
+
+
+def _recorded_reference_minutes() -> int:
+    """Minutes from the first run's Papermill start to the end of aggregate.ipynb, as the
+    committed reference's notebooks record them."""
+    import json
+    from datetime import datetime
+
+    def papermill(path: Path) -> dict:
+        return json.loads(path.read_text())["metadata"]["papermill"]
+
+    folder = ROOT / "experiments" / "cpu_reference"
+    starts = [papermill(p)["start_time"] for p in (folder / "notebooks").rglob("*.ipynb")]
+    first = min(datetime.fromisoformat(s) for s in starts)
+    last = datetime.fromisoformat(papermill(folder / "aggregate.ipynb")["end_time"])
+    return round((last - first).total_seconds() / 60)
+
+
+def test_make_reference_duration_is_the_one_its_notebooks_record():
+    # The figure under test is the committed reference's own: the documents quote how long its
+    # recorded run took, so a new measurement on this machine would test nothing they say.
+    minutes = _recorded_reference_minutes()
+    quoted = {}
+    for doc in ("docs/development.md", "docs/results.md"):
+        text = " ".join(_text(ROOT / doc).split())
+        after = [text[m.end() : m.end() + 250] for m in re.finditer("make reference", text)]
+        quoted[doc] = {int(n) for a in after for n in re.findall(r"(\d+) minutes", a)}
+    readme = " ".join(_text(ROOT / "experiments" / "cpu_reference" / "README.md").split())
+    quoted["experiments/cpu_reference/README.md"] = set(
+        map(int, re.findall(r"(\d+) minutes", readme))
+    )
+    assert quoted == dict.fromkeys(quoted, {minutes}), f"recorded: {minutes} minutes"
