@@ -13,8 +13,6 @@ from heptstudy.meters.memory import (
     CATEGORIES,
     MemoryMeterError,
     TrackedMemoryMeter,
-    _flatten_tensors,
-    _storage_of,
     make_meter,
 )
 from heptstudy.meters.timing import StepTimer, summarize
@@ -34,10 +32,17 @@ def measured(meter, baseline_tensors=(), *, model=None, optimizer=None):
         handle.result = meter.stop_step()
 
 
-def live_bytes_of(tensors):
-    """Bytes of the distinct storages behind ``tensors`` (views and shared storages once)."""
-    storages = {id(s): s for t in _flatten_tensors(tensors) if (s := _storage_of(t)) is not None}
-    return sum(int(s.nbytes()) for s in storages.values())
+def bytes_of(tensors) -> int:
+    """What ``tensors`` hold, counted by hand as elements times element size: the meter's count
+    of their storages must come out the same. Each must own its whole storage, alone."""
+    tensors = list(tensors)
+    assert len({t.data_ptr() for t in tensors}) == len(tensors), "two tensors share a storage"
+    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def batch_tensors(batch: dict) -> list[torch.Tensor]:
+    return [v for v in batch.values() if isinstance(v, torch.Tensor)]
 
 
 def test_known_allocation_sequence_gives_exact_bytes():
@@ -121,10 +126,11 @@ def test_frozen_model_train_step_with_categories(tiny_overrides):
         _loss(model(batch)).backward()
     opt.step()
     assert all(p.grad is None for p in frozen)
-    param_bytes = live_bytes_of(list(model.parameters()) + list(model.buffers()))
-    grad_bytes = live_bytes_of([p.grad for p in trainable])
-    state_bytes = live_bytes_of([v for s in opt.state.values() for v in s.values()])
-    assert m.result.baseline_bytes == param_bytes + live_bytes_of(batch)
+    param_bytes = bytes_of([*model.parameters(), *model.buffers()])
+    grad_bytes = bytes_of(p.grad for p in trainable)
+    state_bytes = bytes_of(v for s in opt.state.values() for v in s.values())
+    input_bytes = bytes_of(batch_tensors(batch))
+    assert m.result.baseline_bytes == param_bytes + input_bytes
     end = m.result.categories_at_end
     assert end["gradients"] == grad_bytes and end["activations"] == 0
     # Second step (forward, loss, backward): gradients and optimizer state exist beforehand.
@@ -134,7 +140,7 @@ def test_frozen_model_train_step_with_categories(tiny_overrides):
         meter.mark("backward")
         loss.backward()
     r = m.result
-    assert r.baseline_bytes == param_bytes + grad_bytes + state_bytes + live_bytes_of(batch)
+    assert r.baseline_bytes == param_bytes + grad_bytes + state_bytes + input_bytes
     assert r.peak_allocated_bytes > r.baseline_bytes
     cats = r.categories_at_peak
     assert set(cats) == set(CATEGORIES)
