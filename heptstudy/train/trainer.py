@@ -1,4 +1,5 @@
-"""The training loop: set up, (resume), then the measured steps with validation and checkpoints."""
+"""The training loop: set up, (resume), then the measured steps with validation and checkpoints.
+:func:`train` reads top to bottom; each named step of it follows in the order it runs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from heptstudy.locks import holding
 from heptstudy.model.adaptive_checkpointing import PlanPredictor
 from heptstudy.paths import resolve_from_cwd
 from heptstudy.train import distributed
+from heptstudy.train.distributed import DistContext
 from heptstudy.train.model_size import check_model_fits
 from heptstudy.train.out_dir import (
     choose_out_dir,
@@ -59,6 +62,34 @@ def _write_json_line(path: Path, record: dict[str, Any]) -> None:
         fh.write(json.dumps(record) + "\n")
 
 
+@dataclass
+class _Run:
+    """What the loop's steps share: the settings, the trained objects and where they go."""
+
+    config: Config
+    ctx: DistContext
+    out: Path
+    dtype: torch.dtype | None
+    model: torch.nn.Module
+    net: torch.nn.Module  # the model, wrapped for gradient averaging under torchrun
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    loader: BatchLoader
+    valid: list
+    plans: PlanPredictor | None
+    start: int  # the step resumed from; 0 for a new run
+    resume: str | Path | None
+    resume_step: int | None
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out / "metrics.jsonl"
+
+    def step_file(self, folder: str, step: int) -> Path:
+        suffix = ".pt" if folder == "checkpoints" else ".npz"
+        return self.out / folder / f"step_{step:06d}{suffix}"
+
+
 def train(
     config: Config,
     resume: str | Path | None = None,
@@ -68,39 +99,72 @@ def train(
 ) -> dict[str, Any]:
     """Train as configured; returns a summary. ``plan_predictor`` chooses the plan per batch
     under ``auto`` (passed in: the estimate sits above training)."""
+    _refuse_auto_without_predictor(config, plan_predictor)
+    ctx = distributed.setup()
+    if config.train.deterministic:
+        torch.use_deterministic_algorithms(True)
+    per_device = _per_device_batch(config, ctx)
+    dtype = autocast_dtype(config, ctx.device)
+    # refuse a damaged or unsuitable training state, or an occupied out_dir, before writing
+    state = load_training_state(resume, config) if resume else None
+    resume_step = _resume_step(state, resume, config)
+    out = _claim_out_dir(config, ctx, resume, resume_step, new_run)
+    with holding(out, "train.out_dir") if ctx.is_main else contextlib.nullcontext():
+        if ctx.is_main:
+            recheck_held(out, resume_step)
+        run = _set_up(config, ctx, out, dtype, state, resume, per_device, plan_predictor)
+        last = _loop(run, progress)
+        distributed.teardown()
+        return {
+            "step": config.train.num_steps,
+            "last": last,
+            "out_dir": str(out),
+            "rank": ctx.rank,
+            "world_size": ctx.world_size,
+        }
+
+
+def _refuse_auto_without_predictor(config: Config, plan_predictor) -> None:
     if config.model.heptv2.adaptive and plan_predictor is None:
         raise HeptstudyError(
             "model.heptv2.activation_checkpointing=auto needs a plan predictor, and train() was "
             "given none: pass plan_predictor=heptstudy.estimate.plans.predictor_for "
             "(heptstudy train does), or choose a fixed checkpointing value"
         )
-    ctx = distributed.setup()
+
+
+def _per_device_batch(config: Config, ctx: DistContext) -> int:
     tc = config.train
-    if tc.deterministic:
-        torch.use_deterministic_algorithms(True)
     devices = ctx.world_size * tc.grad_accumulation
     if tc.global_batch_size % devices:
         raise HeptstudyError(
             f"train.global_batch_size={tc.global_batch_size} does not divide over {ctx.world_size} "
             f"processes x {tc.grad_accumulation} accumulation steps; choose a multiple of {devices}"
         )
-    per_device = tc.global_batch_size // devices
-    dtype = autocast_dtype(config, ctx.device)
+    return tc.global_batch_size // devices
 
-    # refuse a damaged or unsuitable training state, or an occupied out_dir, before writing
-    state = load_training_state(resume, config) if resume else None
-    resume_step = int(state["step"]) if state else None
-    if resume_step is not None and resume_step >= tc.num_steps:
+
+def _resume_step(state: dict[str, Any] | None, resume, config: Config) -> int | None:
+    """The step a resume continues from (None for a new run); a finished run is refused."""
+    if state is None:
+        return None
+    step, num_steps = int(state["step"]), config.train.num_steps
+    if step >= num_steps:
         raise HeptstudyError(
-            f"--resume {str(resume)!r} is at step {resume_step}, and train.num_steps="
-            f"{tc.num_steps}: the run is finished, there is nothing to train, so nothing was "
+            f"--resume {str(resume)!r} is at step {step}, and train.num_steps="
+            f"{num_steps}: the run is finished, there is nothing to train, so nothing was "
             "run or written. A resume keeps the run's schedule: to train longer, start a new run "
             "(--new-run) with a larger train.num_steps"
         )
+    return step
 
+
+def _claim_out_dir(config: Config, ctx: DistContext, resume, resume_step, new_run) -> Path:
+    """The run's folder, chosen by rank 0 for all; refused when the model cannot fit or its
+    first training-state file has no room there."""
     out = distributed.decided_on_main(
         lambda: choose_out_dir(
-            resolve_from_cwd(tc.out_dir),
+            resolve_from_cwd(config.train.out_dir),
             new_run=new_run,
             resume=resume,
             resume_step=resume_step or 0,
@@ -108,126 +172,158 @@ def train(
         ctx,
     )
     model_bytes = check_model_fits(config, ctx.device)
-    if ctx.is_main:
-        # a training-state file holds the weights and LAMB's two moments: the first one must fit
-        if (problem := free_space_problem(out, 3 * model_bytes)) is not None:
-            raise HeptstudyError(
-                f"train.out_dir={str(out)!r}: no room for a training-state file ({problem}); "
-                "nothing was run. Free space or choose another train.out_dir"
-            )
-    with holding(out, "train.out_dir") if ctx.is_main else contextlib.nullcontext():
-        if ctx.is_main:
-            recheck_held(out, resume_step)
-        ckpt_dir, pred_dir = out / "checkpoints", out / "predictions"
-        model, optimizer, scheduler = fresh_state(config, ctx.device)  # as the bench's
-        loader = BatchLoader(
-            config, "train", rank=ctx.rank, world_size=ctx.world_size, per_device_batch=per_device
+    # a training-state file holds the weights and LAMB's two moments: the first one must fit
+    if ctx.is_main and (problem := free_space_problem(out, 3 * model_bytes)) is not None:
+        raise HeptstudyError(
+            f"train.out_dir={str(out)!r}: no room for a training-state file ({problem}); "
+            "nothing was run. Free space or choose another train.out_dir"
         )
-        start = 0
-        if state is not None:
-            start = restore_training_state(
-                state, resume, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader
-            )
-        net = model
-        if ctx.distributed:
-            net = DistributedDataParallel(
-                model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None
-            )
-        valid = validation_batches(config, per_device) if ctx.is_main else []
+    return out
+
+
+def _set_up(config, ctx, out, dtype, state, resume, per_device, plan_predictor) -> _Run:
+    """Model, optimizer, schedule and batches, from ``state`` when resuming."""
+    model, optimizer, scheduler = fresh_state(config, ctx.device)  # as the bench's
+    loader = BatchLoader(
+        config, "train", rank=ctx.rank, world_size=ctx.world_size, per_device_batch=per_device
+    )
+    start = 0
+    if state is not None:
+        start = restore_training_state(
+            state, resume, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader
+        )
+    net = model
+    if ctx.distributed:
+        net = DistributedDataParallel(
+            model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None
+        )
+    return _Run(
+        config=config,
+        ctx=ctx,
+        out=out,
+        dtype=dtype,
+        model=model,
+        net=net,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loader=loader,
+        valid=validation_batches(config, per_device) if ctx.is_main else [],
         # activation_checkpointing=auto: one memory model per plan, before the first step
-        plans = (
+        plans=(
             plan_predictor(config, ctx.device, per_device) if config.model.heptv2.adaptive else None
+        ),
+        start=start,
+        resume=resume,
+        resume_step=None if state is None else start,
+    )
+
+
+def _loop(run: _Run, progress: bool) -> dict[str, Any]:
+    """The steps from the one after ``run.start``; returns the last step's records."""
+    config = run.config
+    if run.plans is not None and run.ctx.is_main and progress:
+        print(run.plans.describe())
+    last: dict[str, Any] = {}
+    bar = tqdm(
+        total=config.train.num_steps,
+        initial=run.start,
+        disable=not (progress and run.ctx.is_main),
+        desc="train",
+        unit="step",
+    )
+    run.net.train()
+    step = run.start
+    with (
+        _interrupt_said(run.out, lambda: step, bar),
+        PrefetchingLoader(run.loader, config.data.prefetch_batches) as batches,
+    ):
+        for step in range(run.start + 1, config.train.num_steps + 1):
+            last = _train_step(run, batches, step, bar)
+            last = _validate_and_save(run, batches, step, last)
+    bar.close()
+    return last
+
+
+def _train_step(run: _Run, batches, step: int, bar) -> dict[str, Any]:
+    """One optimizer step and its record (rank 0 writes it; the run is opened on the first)."""
+    ctx = run.ctx
+    t0 = time.perf_counter()
+    losses, events, adaptive = _step(
+        run.net, batches, run.optimizer, run.scheduler, run.config, run.dtype, ctx, step, run.plans
+    )
+    elapsed = time.perf_counter() - t0
+    record = {
+        "kind": "train",
+        "step": step,
+        "lr": run.scheduler.get_last_lr()[0],
+        "time_s": elapsed,
+        "event_index_by_rank": events,
+        **adaptive,
+        **{f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()},
+    }
+    if ctx.is_main:
+        if step == run.start + 1:
+            _open_run(run)
+        _write_json_line(run.metrics_path, record)
+        bar.set_postfix(loss=f"{record['loss_total']:.4g}", step_s=f"{elapsed:.2f}")
+    bar.update(1)
+    return record
+
+
+def _open_run(run: _Run) -> None:
+    """The run's folders and configuration; only once a step has succeeded, so a run failing at
+    once leaves nothing blocking a retry."""
+    for folder in ("checkpoints", "predictions"):
+        (run.out / folder).mkdir(parents=True, exist_ok=True)
+    run_config = run.config.model_copy(deep=True)
+    run_config.train.out_dir = str(run.out)
+    text = run_config.to_yaml()
+    atomic_write_text(config_file_name(run.out, text, run.resume_step), text)
+    if run.resume_step is not None:
+        _write_json_line(
+            run.metrics_path, {"kind": "resume", "step": run.start, "from": str(Path(run.resume))}
         )
-        if plans is not None and ctx.is_main and progress:
-            print(plans.describe())
 
-        metrics_path = out / "metrics.jsonl"
 
-        def open_run() -> None:
-            # only once a step has succeeded: a run failing at once leaves nothing blocking a retry
-            for d in (ckpt_dir, pred_dir):
-                d.mkdir(parents=True, exist_ok=True)
-            run_config = config.model_copy(deep=True)
-            run_config.train.out_dir = str(out)
-            text = run_config.to_yaml()
-            atomic_write_text(config_file_name(out, text, resume_step), text)
-            if state is not None:
-                _write_json_line(
-                    metrics_path, {"kind": "resume", "step": start, "from": str(Path(resume))}
-                )
+def _validate_and_save(run: _Run, batches, step: int, last: dict[str, Any]) -> dict[str, Any]:
+    """Validation and a training-state file when due; ``last`` with the validation's records."""
+    tc = run.config.train
+    predictions_file = run.step_file("predictions", step)
+    checkpoint_file = run.step_file("checkpoints", step)
+    try:
+        if step % tc.val_freq == 0 or step == tc.num_steps:
+            last = _validation(run, step, predictions_file, last)
+        if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
+            _checkpoint(run, batches, step, checkpoint_file)
+    except OSError as exc:
+        raise _write_failed(exc, run.out, step, predictions_file, checkpoint_file) from None
+    return last
 
-        last: dict[str, Any] = {}
-        bar = tqdm(
-            total=tc.num_steps,
-            initial=start,
-            disable=not (progress and ctx.is_main),
-            desc="train",
-            unit="step",
+
+def _validation(run: _Run, step: int, predictions_file: Path, last: dict[str, Any]):
+    """Rank 0 validates and writes the predictions; the other ranks wait for it."""
+    if run.ctx.is_main:
+        metrics, predictions = validate(run.model, run.valid, run.config, run.ctx.device, run.dtype)
+        _write_json_line(run.metrics_path, {"kind": "validation", "step": step, **metrics})
+        with atomic_open(predictions_file, "wb") as fh:
+            np.savez_compressed(fh, **predictions)
+        last = {**last, **{f"val_{k}": v for k, v in metrics.items()}}
+    distributed.barrier(run.ctx)
+    return last
+
+
+def _checkpoint(run: _Run, batches, step: int, checkpoint_file: Path) -> None:
+    if run.ctx.is_main:
+        save_training_state(
+            checkpoint_file,
+            model=run.model,
+            optimizer=run.optimizer,
+            scheduler=run.scheduler,
+            loader=batches,
+            step=step,
+            config=run.config,
         )
-        net.train()
-        step = start
-        with (
-            _interrupt_said(out, lambda: step, bar),
-            PrefetchingLoader(loader, config.data.prefetch_batches) as batches,
-        ):
-            for step in range(start + 1, tc.num_steps + 1):
-                t0 = time.perf_counter()
-                losses, events, adaptive = _step(
-                    net, batches, optimizer, scheduler, config, dtype, ctx, step, plans
-                )
-                elapsed = time.perf_counter() - t0
-                record = {
-                    "kind": "train",
-                    "step": step,
-                    "lr": scheduler.get_last_lr()[0],
-                    "time_s": elapsed,
-                    "event_index_by_rank": events,
-                    **adaptive,
-                    **{f"loss_{k}": distributed.all_mean(v, ctx) for k, v in losses.items()},
-                }
-                if ctx.is_main:
-                    if step == start + 1:
-                        open_run()
-                    _write_json_line(metrics_path, record)
-                    bar.set_postfix(loss=f"{record['loss_total']:.4g}", step_s=f"{elapsed:.2f}")
-                bar.update(1)
-                last = record
-                predictions_file = pred_dir / f"step_{step:06d}.npz"
-                checkpoint_file = ckpt_dir / f"step_{step:06d}.pt"
-                try:
-                    if step % tc.val_freq == 0 or step == tc.num_steps:
-                        if ctx.is_main:
-                            metrics, predictions = validate(model, valid, config, ctx.device, dtype)
-                            _write_json_line(
-                                metrics_path, {"kind": "validation", "step": step, **metrics}
-                            )
-                            with atomic_open(predictions_file, "wb") as fh:
-                                np.savez_compressed(fh, **predictions)
-                            last = {**last, **{f"val_{k}": v for k, v in metrics.items()}}
-                        distributed.barrier(ctx)
-                    if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
-                        if ctx.is_main:
-                            save_training_state(
-                                checkpoint_file,
-                                model=model,
-                                optimizer=optimizer,
-                                scheduler=scheduler,
-                                loader=batches,
-                                step=step,
-                                config=config,
-                            )
-                        distributed.barrier(ctx)
-                except OSError as exc:
-                    raise _write_failed(exc, out, step, predictions_file, checkpoint_file) from None
-        bar.close()
-        distributed.teardown()
-        return {
-            "step": tc.num_steps,
-            "last": last,
-            "out_dir": str(out),
-            "rank": ctx.rank,
-            "world_size": ctx.world_size,
-        }
+    distributed.barrier(run.ctx)
 
 
 def _unblock_resume(out: Path, step: int) -> Path | None:
