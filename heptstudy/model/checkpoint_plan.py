@@ -154,10 +154,25 @@ def apply_plan(model: nn.Module, plan: CheckpointPlan) -> nn.Module:
             f"a checkpoint plan ({model.checkpoint_plan.name}) is already applied to this "
             "model; build a new model for another plan"
         )
-    for slot, (layers, i) in checkpoint_slots(model).items():
+    slots = checkpoint_slots(model)
+    _refuse_checkpointing_nothing(model, plan, slots)
+    for slot, (layers, i) in slots.items():
         if plan is AUTO or plan.checkpoints(slot):
             layers[i] = checkpoint_wrapper(
                 layers[i], checkpoint_fn=partial(_run, slot=slot, plan=plan)
             )
     model.checkpoint_plan = plan
     return model
+
+
+def _refuse_checkpointing_nothing(model: nn.Module, plan: CheckpointPlan, slots) -> None:
+    """A plan other than off that wraps none of ``model``'s layers would be reported while
+    nothing is checkpointed."""
+    if plan is OFF or any(plan is AUTO or plan.checkpoints(slot) for slot in slots):
+        return
+    held = ", ".join(f"{group} {i}" for group, i in slots) or "none"
+    raise HeptstudyError(
+        f"checkpoint plan {plan.name} checkpoints none of the layers of this "
+        f"{type(model).__name__} (backbone and decoder layers it holds: {held}); apply off to "
+        "it, or build a model whose backbone has the layers the plan names"
+    )

@@ -7,11 +7,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heptstudy.config import Config
+from heptstudy.config import HIT_VARIANT, TRACK_CLUSTER_VARIANT, Config
 from heptstudy.data.schema import PF_FEATURES
+from heptstudy.errors import ConfigError
 from heptstudy.model.encoding import LeanMLP, TypeEncoder, normalise_features
 from heptstudy.model.heptv2 import Dropout
 from heptstudy.model.hit_model import MOMENTUM_DIM, NUM_CLASSES
+
+
+def refuse_checkpointing(config: Config) -> None:
+    """Checkpointing is a study of the HEPTv2 backbone (DESIGN.md): this reference model has no
+    layers a plan checkpoints, so a run would be reported under a plan that never ran."""
+    plan = config.model.heptv2.activation_checkpointing
+    if plan != "off":
+        raise ConfigError(
+            f"model.heptv2.activation_checkpointing={plan} (bench --checkpointing {plan}) is "
+            f"not allowed with model.variant={TRACK_CLUSTER_VARIANT!r}: the plans checkpoint "
+            "layers of the HEPTv2 backbone and its decoder, which this reference model does not "
+            "have, so nothing would be checkpointed. This variant takes only off (false): set "
+            f"that, or measure the plan with model.variant={HIT_VARIANT!r}"
+        )
 
 
 class SelfAttentionLayer(nn.Module):
@@ -41,6 +56,7 @@ class SelfAttentionLayer(nn.Module):
 class TrackClusterModel(nn.Module):
     def __init__(self, config: Config):
         super().__init__()
+        refuse_checkpointing(config)
         cfg = config.model.track_cluster
         dim = cfg.embedding_dim
         self.input_encoder = TypeEncoder(len(PF_FEATURES), cfg.width, dim)
