@@ -7,8 +7,9 @@ import glob
 import json
 import math
 import os
+import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,26 +31,32 @@ def _umask() -> int:
 
 
 class NotOurs(HeptstudyError):
-    """The path to be written holds a file of another kind: it is left as it is."""
+    """The path to be written holds a file heptstudy did not write: it is left as it is."""
 
 
 @dataclass(frozen=True)
 class Output:
-    """A kind of file written where a user names the path: it replaces only a file of its kind,
-    recognised by ``mark`` in the first or last 4 KiB."""
+    """A kind of file heptstudy writes where a user names the path or the folder. The one rule of
+    every output: it replaces only a file of its own kind, recognised by ``mark`` (bytes found in
+    the first or last 4 KiB; a bytes pattern must match them whole), so a file the project did
+    not write is never replaced."""
 
     what: str  # e.g. "heptstudy bench report"
     suffix: str  # e.g. ".json"
-    mark: bytes
+    mark: bytes | re.Pattern[bytes]
 
-    def check(self, path: str | os.PathLike, option: str = "the output") -> bool:
-        """Refuse ``path`` unless it is free or holds this kind; True when it will be replaced."""
+    def carries_mark(self, ends: bytes) -> bool:
+        if isinstance(self.mark, bytes):
+            return self.mark in ends
+        return self.mark.fullmatch(ends) is not None
+
+    def check(
+        self, path: str | os.PathLike, option: str = "the output", *, in_folder: bool = False
+    ) -> bool:
+        """Refuse ``path`` unless it is free or holds this kind; True when it will be replaced.
+        ``in_folder``: ``path`` is a file named by heptstudy inside the folder ``option`` gave."""
         path = Path(path)
-        keep = (
-            f"nothing was written. To keep it, give {option} another file name ending in "
-            f"{self.suffix}; to replace it, move it away first"
-        )
-        if path.suffix != self.suffix:
+        if not in_folder and path.suffix != self.suffix:
             raise NotOurs(
                 f"{option} {str(path)!r}: a {self.what} is written to a {self.suffix} file, not a "
                 f"{path.suffix or 'suffix-less'} one; nothing was written. Give a name ending in "
@@ -57,25 +64,67 @@ class Output:
             )
         if not os.path.lexists(path):
             return False
+        subject = f"{option} {str(path.parent)!r}: {path.name}" if in_folder else None
+        subject = subject or f"{option} {str(path)!r}"
         if path.is_symlink() or not path.is_file():
             kind = "a symbolic link" if path.is_symlink() else "not a regular file"
-            raise NotOurs(f"{option} {str(path)!r} is {kind}, which would be replaced; {keep}")
+            raise NotOurs(
+                f"{subject} is {kind}, which would be replaced; {self._keep(option, in_folder)}"
+            )
         try:
-            with open(path, "rb") as fh:
-                head = fh.read(4096)
-                fh.seek(max(0, os.fstat(fh.fileno()).st_size - 4096))
-                head += fh.read()
+            ends = _ends(path)
         except OSError as exc:
             raise NotOurs(
-                f"{option} {str(path)!r} exists and cannot be read ({exc.strerror or exc}), so "
-                f"it cannot be told to be a {self.what}; {keep}"
+                f"{subject} exists and cannot be read ({exc.strerror or exc}), so it cannot be "
+                f"told to be a {self.what}; {self._keep(option, in_folder)}"
             ) from None
-        if self.mark not in head:
+        if not self.carries_mark(ends):
             raise NotOurs(
-                f"{option} {str(path)!r} exists ({path.stat().st_size:,} bytes) and is not a "
-                f"{self.what}; heptstudy replaces only its own {self.what}s, so {keep}"
+                f"{subject} exists ({path.stat().st_size:,} bytes) and is not a {self.what}; "
+                f"heptstudy replaces only its own {self.what}s, so "
+                f"{self._keep(option, in_folder)}"
             )
         return True
+
+    def _keep(self, option: str, in_folder: bool) -> str:
+        other = "folder" if in_folder else f"file name ending in {self.suffix}"
+        return (
+            f"nothing was written. To keep it, give {option} another {other}; to replace it, "
+            "move it away first"
+        )
+
+
+def _ends(path: Path) -> bytes:
+    """The first and the last 4 KiB of ``path`` (the whole file when it is shorter than 8 KiB)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        head = fh.read(4096)
+        fh.seek(max(len(head), size - 4096))
+        return head + fh.read()
+
+
+def check_outputs(files: Iterable[tuple[Path, Output]], option: str) -> list[Path]:
+    """Every file a command will write into the folder ``option`` gave, checked before the first
+    is written (a refusal names every file heptstudy did not write); returns those it replaces."""
+    replaced, refused = [], []
+    for path, kind in files:
+        try:
+            if kind.check(path, option, in_folder=True):
+                replaced.append(path)
+        except NotOurs as err:
+            refused.append(err)
+    if len(refused) > 1:
+        raise NotOurs("\n".join(str(err) for err in refused))
+    if refused:
+        raise refused[0]
+    return replaced
+
+
+def write_output_files(files: Sequence[tuple[Path, str, Output]], option: str) -> list[Path]:
+    """The one writer of a command's files in a folder: all checked first (:func:`check_outputs`),
+    then each written atomically."""
+    check_outputs(((path, kind) for path, _, kind in files), option)
+    return [atomic_write_text(path, text, kind=kind) for path, text, kind in files]
 
 
 @contextmanager

@@ -11,6 +11,10 @@ from pathlib import Path
 
 from heptstudy.errors import HeptstudyError
 
+#: Where every command writes by default: one folder, ignored by git (.gitignore), relative to
+#: the working directory (a study's: to the repository). docs/usage.md "Where outputs go".
+OUTPUT_ROOT = Path("experiments/local")
+
 #: The repository for an editable install, the site-packages folder for another.
 ROOT = Path(__file__).resolve().parents[1]
 REPO_ROOT: Path | None = ROOT if (ROOT / "pyproject.toml").is_file() else None

@@ -115,7 +115,7 @@ def test_cli_resolve_prints_the_numbers(platform, capsys):
         assert v["config"]["train"]["dtype"] == exp["dtype"]
 
 
-def test_dry_run_prints_launch_commands(tmp_path, capsys):
+def test_dry_run_prints_launch_commands(tmp_path, capsys, monkeypatch):
     rc = main(
         [
             "scenario",
@@ -138,6 +138,8 @@ def test_dry_run_prints_launch_commands(tmp_path, capsys):
         assert line.startswith("srun ") and "torchrun --nnodes 1 --nproc-per-node 8 " in line
         assert "-m heptstudy.cli train" in line
         assert _yaml(cfg)["train"]["global_batch_size"] == 384  # the resolved, full config
+    monkeypatch.chdir(tmp_path)  # the checkpoint is found as the job finds it: from here
+    (tmp_path / "ck.pt").write_bytes(b"a training state")
     rc = main(
         [
             "scenario",

@@ -51,6 +51,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             "folders) and --data-dir DIR (the data they measured), e.g. --reports "
             "experiments/cpu_reference --data-dir data/tfds"
         )
+    if args.out:
+        validation.check_out(Path(args.out))
     reports = [(path, checked_report(path)) for path in expand_report_paths(args.reports)]
     doc = validation.validate(reports, args.data_dir, args.code, lambda s: print(s, flush=True))
     for s in doc["skipped"]:

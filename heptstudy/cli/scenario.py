@@ -9,6 +9,7 @@ from pathlib import Path
 
 from heptstudy.cli import add_set_arg
 from heptstudy.fitting import fit_warning
+from heptstudy.paths import OUTPUT_ROOT
 from heptstudy.scenario.render import render, shell_join
 from heptstudy.scenario.resolve import Resolution, resolve, summary
 
@@ -27,17 +28,25 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "--data-dir",
         help="shorthand for --set data.data_dir=DIR (also where the test-split size is read from)",
     )
-    p.add_argument("--resume", metavar="PATH", help="append --resume PATH to the launch commands")
+    p.add_argument(
+        "--resume",
+        metavar="PATH",
+        help="append --resume PATH (an existing checkpoint) to the launch command; one variant "
+        "only (--variant NAME): a checkpoint is one variant's training state",
+    )
     p.add_argument("--json", action="store_true", help="print the resolution as JSON")
 
 
 def _resolution(
-    args: argparse.Namespace, out: Path | None, written: bool
+    args: argparse.Namespace, out: Path | None, written: bool, option: str = "--out"
 ) -> tuple[Resolution, list[Path]]:
-    """The scenario resolved (and ``written`` into ``out``), printed as JSON or as a summary."""
+    """The scenario resolved (and ``written`` into ``out``, named by ``option``), printed as JSON
+    or as a summary."""
     given = [*args.overrides, *([f"data.data_dir={args.data_dir}"] if args.data_dir else [])]
     if written:
-        res, scripts = render(args.scenario, args.platform, out, args.variant, given, args.resume)
+        res, scripts = render(
+            args.scenario, args.platform, out, args.variant, given, args.resume, option=option
+        )
     else:
         res, scripts = resolve(args.scenario, args.platform, args.variant, given), []
     print(json.dumps(res.to_dict(), indent=2) if args.json else summary(res))
@@ -45,7 +54,7 @@ def _resolution(
 
 
 def _cmd_resolve(args: argparse.Namespace) -> int:
-    res, _ = _resolution(args, args.render_dir, written=args.dry_run)
+    res, _ = _resolution(args, args.render_dir, written=args.dry_run, option="--render-dir")
     if args.json:
         return 0
     if warning := fit_warning(res):
@@ -75,7 +84,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     _add_common(r)
     dry = "also write the resolved configurations and print the exact launch commands"
     r.add_argument("--dry-run", action="store_true", help=dry)
-    where = "where --dry-run writes configurations (default experiments/train/_rendered/SCENARIO/PLATFORM)"
+    where = (
+        "where --dry-run writes configurations (default "
+        f"{OUTPUT_ROOT}/train/_rendered/SCENARIO/PLATFORM)"
+    )
     r.add_argument("--render-dir", type=Path, help=where)
     r.set_defaults(func=_cmd_resolve)
     w = sub.add_parser(

@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from heptstudy.atomic import atomic_write_text
+from heptstudy.atomic import Output, check_outputs, write_output_files
 from heptstudy.config import validate as validate_config
 from heptstudy.data.batching import load_events
 from heptstudy.errors import HeptstudyError
@@ -236,10 +236,26 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(doc: dict, out_dir: Path) -> list[Path]:
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return [
-        atomic_write_text(out_dir / "validation.json", json.dumps(doc, indent=2) + "\n"),
-        atomic_write_text(out_dir / "table.md", table(doc) + "\n"),
+#: What ``--out`` may replace, recognised by the words each has always begun with.
+VALIDATION_FILE = Output(
+    "heptstudy fit validate result", ".json", b'"what": "measured against estimated peak memory'
+)
+TABLE_FILE = Output("heptstudy fit validate table", ".md", b"| report | device | ")
+
+
+def outputs(out_dir: Path) -> list[tuple[Path, Output]]:
+    return [(out_dir / "validation.json", VALIDATION_FILE), (out_dir / "table.md", TABLE_FILE)]
+
+
+def check_out(out_dir: Path, option: str = "--out") -> None:
+    """Refused before the minutes of estimating: a file in the way that heptstudy did not write."""
+    check_outputs(outputs(Path(out_dir)), option)
+
+
+def write_outputs(doc: dict, out_dir: Path, option: str = "--out") -> list[Path]:
+    (json_path, json_kind), (md_path, md_kind) = outputs(Path(out_dir))
+    files = [
+        (json_path, json.dumps(doc, indent=2) + "\n", json_kind),
+        (md_path, table(doc) + "\n", md_kind),
     ]
+    return write_output_files(files, option)

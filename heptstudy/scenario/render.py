@@ -9,13 +9,32 @@ import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from heptstudy.atomic import atomic_write_text, folder_write_problem
+from heptstudy.atomic import Output, folder_write_problem, write_output_files
 from heptstudy.config import PlatformConfig
 from heptstudy.errors import ConfigError
 from heptstudy.locks import holding
 from heptstudy.names import inside
-from heptstudy.paths import real_path
+from heptstudy.paths import OUTPUT_ROOT, real_path
 from heptstudy.scenario.resolve import Resolution, ResolvedVariant, resolve
+
+#: What every rendered configuration and launch script says of itself; a file in the render
+#: folder without it (a configuration of the user's own) is never replaced.
+RENDERED = "Rendered by `heptstudy scenario render`"
+CONFIG_FILE = Output("configuration rendered by heptstudy", ".yaml", RENDERED.encode())
+RESOLUTION_SCHEMA = "heptstudy.scenario_resolution/1"
+RESOLUTION_FILE = Output(
+    "heptstudy scenario resolution", ".json", f'"schema": "{RESOLUTION_SCHEMA}"'.encode()
+)
+#: The list stays one script path a line (scripts/lib/submit_scenario.sh runs every line), so it
+#: is recognised by that form: absolute paths of launch scripts, nothing else.
+SCRIPT_LIST = Output(
+    "heptstudy launch-script list", ".txt", re.compile(rb"(?:/[^\n]*\.(?:sh|sbatch)\n)+")
+)
+
+
+def script_kind(script: Path) -> Output:
+    return Output("launch script rendered by heptstudy", script.suffix, RENDERED.encode())
+
 
 #: How a launched job calls the trainer (torchrun runs the module with the environment's Python).
 LOCAL_TRAIN = ["heptstudy", "train"]
@@ -78,10 +97,7 @@ def slurm_script(res: Resolution, v: ResolvedVariant, workdir: Path, log_dir: Pa
     lines = ["#!/bin/bash"] + [f"#SBATCH --{k}={x}" for k, x in sbatch.items() if x != ""]
     lines += [
         "",
-        _comment(
-            f"Rendered by `heptstudy scenario render`: scenario {res.scenario.name}, "
-            f"variant {v.name},"
-        ),
+        _comment(f"{RENDERED}: scenario {res.scenario.name}, variant {v.name},"),
         _comment(
             f"platform {p.name} ({res.platform_path}). Resolved configuration: {v.config_path}"
         ),
@@ -113,12 +129,64 @@ def slurm_script(res: Resolution, v: ResolvedVariant, workdir: Path, log_dir: Pa
     return "\n".join(lines)
 
 
+def _rendered_head(res: Resolution, v: ResolvedVariant) -> str:
+    return _comment(
+        f"{RENDERED}: scenario {res.scenario.name}, variant {v.name}, platform {res.platform.name}"
+    )
+
+
 def local_script(res: Resolution, v: ResolvedVariant, workdir: Path) -> str:
-    head = _comment(f"scenario {res.scenario.name}, variant {v.name}, platform {res.platform.name}")
+    head = _rendered_head(res, v)
     return (
         f"#!/bin/bash\n{head}\nset -eo pipefail\ncd {shlex.quote(str(workdir))}\n"
         f"{shell_join(v.launch)}\n"
     )
+
+
+def checked_resume(resume: str | None, res: Resolution) -> str | None:
+    """``--resume`` as given, once it names a file and the render has a single variant."""
+    if resume is None:
+        return None
+    names = [v.name for v in res.variants]
+    # A checkpoint is one variant's training state (its model, optimizer, data position). Put in
+    # every variant's launch, it would start the others from a model they never trained, or be
+    # refused only when the job starts, after its queue wait. No variant's own checkpoint can be
+    # told from one path, so one path resumes one variant, chosen with --variant.
+    if len(names) > 1:
+        raise ConfigError(
+            f"--resume {resume!r} names one checkpoint, but {len(names)} variants are rendered "
+            f"({', '.join(names)}) and a checkpoint is the training state of one of them; nothing "
+            f"was rendered. Render the variant it belongs to alone: --variant NAME --resume "
+            f"{resume} (one render per variant to resume)"
+        )
+    path = real_path(resume, "--resume")
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "no file (it does not exist)"
+        raise ConfigError(
+            f"--resume {resume!r} ({path}) is {what}; nothing was rendered. Give the "
+            f"training-state file variant {names[0]} resumes from, one of the step_NNNNNN.pt files "
+            "in its train.out_dir's checkpoints/ folder"
+        )
+    return resume
+
+
+def _default_out(res: Resolution) -> Path:
+    return OUTPUT_ROOT / "train" / "_rendered" / res.scenario.name / res.platform.name
+
+
+def _render_folder(out: str | Path, option: str) -> Path:
+    out = real_path(out, f"render folder ({option})")
+    if not str(out).isprintable():
+        raise ConfigError(
+            f"render folder {str(out)!r} holds a line break or control character; the launch "
+            "scripts list it one path a line: choose a plain folder name"
+        )
+    if (problem := folder_write_problem(out, create=True)) is not None:
+        raise ConfigError(
+            f"cannot write the rendered files to {str(out)!r}: {problem}; nothing was rendered. "
+            f"Choose a writable folder ({option}) or fix its permissions"
+        )
+    return out
 
 
 def render(
@@ -129,24 +197,16 @@ def render(
     overrides: Iterable[str] = (),
     resume: str | None = None,
     workdir: str | Path | None = None,
+    option: str = "--out",
 ) -> tuple[Resolution, list[Path]]:
     """Resolve, then write each variant's configuration and launch script, ``resolution.json`` and
-    ``launch_scripts.txt`` into ``out`` (else experiments/train/_rendered/SCENARIO/PLATFORM)."""
+    ``launch_scripts.txt`` into ``out`` (else experiments/local/train/_rendered/SCENARIO/PLATFORM);
+    ``option`` is the flag that named ``out``."""
     res = resolve(scenario, platform, variants, overrides)
-    out = out or Path("experiments/train/_rendered") / res.scenario.name / res.platform.name
-    out = real_path(out, "render folder (--out / --render-dir)")
-    if not str(out).isprintable():
-        raise ConfigError(
-            f"render folder {str(out)!r} holds a line break or control character; the launch "
-            "scripts list it one path a line: choose a plain folder name"
-        )
-    if (problem := folder_write_problem(out, create=True)) is not None:
-        raise ConfigError(
-            f"cannot write the rendered files to {str(out)!r}: {problem}; nothing was rendered. "
-            "Choose a writable folder (--out / --render-dir) or fix its permissions"
-        )
+    resume = checked_resume(resume, res)
+    out = _render_folder(out or _default_out(res), option)
     workdir = real_path(workdir or Path.cwd(), "working directory")
-    texts: list[tuple[Path, str]] = []
+    files: list[tuple[Path, str, Output]] = []
     scripts = []
     slurm = res.platform.launcher == "slurm"
     for v in res.variants:
@@ -155,12 +215,13 @@ def render(
         name, kind = (f"{v.name}.sbatch", "batch") if slurm else (f"{v.name}.sh", "launch")
         script = inside(out, name, f"variant {v.name!r}: {kind} script")
         text = slurm_script(res, v, workdir, out) if slurm else local_script(res, v, workdir)
-        texts += [(v.config_path, v.config.to_yaml()), (script, text)]
+        config_text = f"{_rendered_head(res, v)}\n{v.config.to_yaml()}"
+        files += [(v.config_path, config_text, CONFIG_FILE), (script, text, script_kind(script))]
         scripts.append(script)
-    # every script is rendered (and refused) before the first file is written
-    with holding(out, "render folder (--out / --render-dir)"):
-        for path, text in texts:
-            atomic_write_text(path, text)
-        atomic_write_text(out / "resolution.json", json.dumps(res.to_dict(), indent=2) + "\n")
-        atomic_write_text(out / "launch_scripts.txt", "".join(f"{s}\n" for s in scripts))
+    resolution = json.dumps({"schema": RESOLUTION_SCHEMA, **res.to_dict()}, indent=2) + "\n"
+    files.append((out / "resolution.json", resolution, RESOLUTION_FILE))
+    files.append((out / "launch_scripts.txt", "".join(f"{s}\n" for s in scripts), SCRIPT_LIST))
+    # every file is rendered, and every one in the way refused, before the first is written
+    with holding(out, f"render folder ({option})"):
+        write_output_files(files, option)
     return res, scripts

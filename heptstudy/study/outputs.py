@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from heptstudy.atomic import folder_write_problem
+from heptstudy.atomic import Output, check_outputs, folder_write_problem
 from heptstudy.committed import LOCAL_FOLDERS, RESULT_TOPS, committed_place, refuse_committed
 from heptstudy.names import is_name
 from heptstudy.paths import ROOT, SymlinkLoop, real_path
@@ -20,6 +20,15 @@ from heptstudy.study.frames import require_study
 
 SUPERSEDED = "superseded"
 PENDING = ".pending"
+
+#: What the aggregate writes into a study folder in place of what is there (every other result
+#: of a run is moved to superseded/ instead), recognised by what each has always held: the page
+#: is titled by the executed notebook's name, the notebook's first cell holds the parameter the
+#: runner gives it, every table has a batch_size column (aggregate.ipynb writes these four).
+REPORT_PAGE = Output("heptstudy study report page", ".html", b"<title>aggregate</title>")
+AGGREGATE_NOTEBOOK = Output("heptstudy aggregate notebook", ".ipynb", b'experiments_dir = \\"')
+STUDY_TABLE = Output("heptstudy study table", ".csv", b"batch_size")
+TABLES = ("comparison.csv", "packing.csv", "overhead.csv", "policies.csv")
 
 
 @dataclass(frozen=True)
@@ -136,3 +145,14 @@ def replace_with_pending(pending: Path, final: Path, superseded: Superseded) -> 
     superseded.move_aside(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(pending, final)
+
+
+def aggregate_outputs(out: Path) -> list[tuple[Path, Output]]:
+    """The files an aggregate replaces in ``out``, each with the kind it may replace."""
+    files = [(out / "report.html", REPORT_PAGE), (out / "aggregate.ipynb", AGGREGATE_NOTEBOOK)]
+    return files + [(out / name, STUDY_TABLE) for name in TABLES]
+
+
+def refuse_foreign_outputs(out: Path, option: str = "--out") -> None:
+    """Before anything runs: no file heptstudy did not write is in the way of the aggregate."""
+    check_outputs(aggregate_outputs(out), option)

@@ -32,9 +32,11 @@ from heptstudy.study.common import NOTEBOOKS, StudyError
 from heptstudy.study.matrix import Matrix, load_matrix
 from heptstudy.study.outputs import (
     PENDING,
+    REPORT_PAGE,
     StudyFolders,
     Superseded,
     check_writable,
+    refuse_foreign_outputs,
     replace_with_pending,
     shown,
     study_folders,
@@ -286,6 +288,8 @@ def run_study(
 
     matrix = load_matrix(matrix_path, data_dir=str(data_dir) if data_dir else None)
     folders = study_folders(out_dir, figures_dir, reference)
+    if aggregate:  # before the minutes of measuring, not after them
+        refuse_foreign_outputs(folders.out)
     prepared = prepare(matrix)
     out = folders.out
     check_writable(out, out / "notebooks", out / PENDING, folders.figures)
@@ -362,6 +366,7 @@ def aggregate_study(
     out_dir: str | os.PathLike, figures_dir: str | os.PathLike, *, matrix: Matrix | None = None
 ) -> Path:
     out, figures = real_path(out_dir, "--out"), real_path(figures_dir, "--figures")
+    refuse_foreign_outputs(out)
     executed = out / "aggregate.ipynb"
     # relative paths: the report shows no absolute path of this machine
     parameters = {
@@ -403,7 +408,7 @@ def render_html(notebook: str | os.PathLike, html: str | os.PathLike) -> Path:
     """``jupyter nbconvert --to html --no-input``: figures are embedded in the page."""
     notebook, html = Path(notebook), Path(html)
     # nbconvert opens the output file itself, so it is pointed at the temporary one.
-    with atomic_path(html, suffix=".html") as tmp:
+    with atomic_path(html, suffix=".html", kind=REPORT_PAGE) as tmp:
         cmd = [sys.executable, *"-m jupyter nbconvert --to html --no-input".split()]
         cmd += ["--output-dir", str(tmp.parent.resolve()), "--output", tmp.stem, str(notebook)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
