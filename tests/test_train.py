@@ -13,6 +13,7 @@ from heptstudy.errors import HeptstudyError
 from heptstudy.measure import bench
 from heptstudy.measure import report as rp
 from heptstudy.train.out_dir import choose_out_dir
+from heptstudy.train.state import ONE_RNG_FORMAT, PARTS, state_digest
 from heptstudy.train.trainer import train
 from tests.conftest import tiny_request, tiny_train_overrides
 
@@ -85,15 +86,24 @@ def test_resume_is_bit_for_bit(tiny_data_dir, tmp_path):
     resumed = load_config(
         overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "resumed") + common
     )
-    train(resumed, resume=tmp_path / "full" / "checkpoints" / "step_000002.pt", progress=False)
-    a, b = _final_state(tmp_path / "full"), _final_state(tmp_path / "resumed")
-    for k, v in a["model"].items():
-        assert torch.equal(v, b["model"][k]), k
-    for pid, st in a["optimizer"]["state"].items():
-        for k, v in st.items():
-            other = b["optimizer"]["state"][pid][k]
-            assert torch.equal(v, other) if torch.is_tensor(v) else v == other
-    assert a["loader"] == b["loader"]
+    checkpoint = tmp_path / "full" / "checkpoints" / "step_000002.pt"
+    train(resumed, resume=checkpoint, progress=False)
+    # a file written before each process's random state was kept: its one state is restored
+    old = torch.load(checkpoint, weights_only=True)
+    old["rng"] = old["rng"]["by_rank"][0]
+    old.update(format=ONE_RNG_FORMAT, sha256=state_digest({k: old[k] for k in PARTS}))
+    torch.save(old, tmp_path / "old_format.pt")
+    older = load_config(overrides=tiny_train_overrides(tiny_data_dir, tmp_path / "older") + common)
+    train(older, resume=tmp_path / "old_format.pt", progress=False)
+    a = _final_state(tmp_path / "full")
+    for b in (_final_state(tmp_path / "resumed"), _final_state(tmp_path / "older")):
+        for k, v in a["model"].items():
+            assert torch.equal(v, b["model"][k]), k
+        for pid, st in a["optimizer"]["state"].items():
+            for k, v in st.items():
+                other = b["optimizer"]["state"][pid][k]
+                assert torch.equal(v, other) if torch.is_tensor(v) else v == other
+        assert a["loader"] == b["loader"]
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:

@@ -87,6 +87,15 @@ def gather_lists(values: list, ctx: DistContext) -> list[list]:
     return gathered
 
 
+def gather_on_main(value: T, ctx: DistContext) -> list[T] | None:
+    """Every rank's ``value``, indexed by rank, on rank 0 (the writer); None on the others."""
+    if not ctx.distributed:
+        return [value]
+    gathered: list | None = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(value, gathered, dst=0)
+    return gathered
+
+
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier()

@@ -17,7 +17,10 @@ from heptstudy.config import Config, as_yaml
 from heptstudy.errors import HeptstudyError
 from heptstudy.train.out_dir import latest_checkpoint
 
-FORMAT = "heptstudy.training_state/2"
+FORMAT = "heptstudy.training_state/3"
+#: Written before each process's random state was kept: its one ``rng`` (the first process's) is
+#: restored on every process, as the version that wrote it did; exact in one process.
+ONE_RNG_FORMAT = "heptstudy.training_state/2"
 #: Written before training-state files carried a digest; they cannot be verified.
 UNVERIFIED_FORMATS = ("heptstudy.checkpoint/1",)
 #: The parts of a training state and their types: the step, then mappings.
@@ -79,9 +82,20 @@ def _feed(h, obj: Any) -> None:
         raise TypeError(f"a training state holds no {type(obj).__name__} ({obj!r})")
 
 
+def rng_state() -> dict[str, Any]:
+    """This process's random generators (numpy's global one is used nowhere: each use seeds its
+    own generator, which the loader's state holds)."""
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
 def save_training_state(
-    path: Path, *, model, optimizer, scheduler, loader, step: int, config: Config
+    path: Path, *, model, optimizer, scheduler, loader, step: int, config: Config, rng_by_rank
 ) -> None:
+    """``rng_by_rank``: every process's :func:`rng_state`, by rank (under torchrun each draws
+    its own dropout masks, so each continues its own sequence on resume)."""
     parts = {
         "step": step,
         "config": config.to_dict(),
@@ -89,16 +103,15 @@ def save_training_state(
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "loader": loader.state_dict(),
-        "rng": {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])},
+        "rng": {"world_size": len(rng_by_rank), "by_rank": list(rng_by_rank)},
     }
-    if torch.cuda.is_available():
-        parts["rng"]["cuda"] = torch.cuda.get_rng_state_all()
     with atomic_open(path, "wb") as fh:
         torch.save({"format": FORMAT, "sha256": state_digest(parts), **parts}, fh)
 
 
-def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
-    """Read and verify a training-state file before anything is written."""
+def load_training_state(path: str | Path, config: Config, world_size: int = 1) -> dict[str, Any]:
+    """Read and verify a training-state file before anything is written; ``world_size``: the
+    number of processes that will continue it."""
     p = Path(path)
 
     def refused(problem: str) -> TrainingStateError:
@@ -128,7 +141,7 @@ def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
             f"{FORMAT!r}. Start a new run (`heptstudy train --new-run`) or resume with the "
             f"heptstudy version that wrote it"
         )
-    if fmt != FORMAT:
+    if fmt not in (FORMAT, ONE_RNG_FORMAT):
         raise refused(
             f" has format {fmt!r}, expected {FORMAT!r}: it is not a "
             f"training-state file of `heptstudy train`"
@@ -171,31 +184,48 @@ def load_training_state(path: str | Path, config: Config) -> dict[str, Any]:
             f"step 1 to {steps} (train.num_steps). It was not written by `heptstudy train` as "
             "it is now: resume from another checkpoint of the run, or start a new run"
         )
+    if fmt == ONE_RNG_FORMAT:
+        return {**state, "rng": {"world_size": None, "by_rank": [state["rng"]]}}
+    if (saved := state["rng"].get("world_size")) != world_size:
+        raise refused(
+            f" was written by a run of {saved} processes and this one has {world_size}: each "
+            "process continues its own random sequence (dropout) and its own share of the "
+            f"batches, so a resume needs the same number. Resume with {saved} processes (torchrun's "
+            f"--nnodes x --nproc-per-node = {saved}), or start a new run (--new-run)"
+        )
     return state
 
 
-def restore_training_state(state: dict[str, Any], path, *, model, optimizer, scheduler, loader):
-    """Load a verified state into the run's objects; a part that does not fit is named."""
-    for name, target in (
-        ("model", model),
-        ("optimizer", optimizer),
-        ("scheduler", scheduler),
-        ("loader", loader),
+def restore_training_state(
+    state: dict[str, Any], path, *, model, optimizer, scheduler, loader, rank: int = 0
+):
+    """Load a verified state (from :func:`load_training_state`) into the run's objects and
+    ``rank``'s random generators; a part that does not fit is named."""
+    for name, load in (
+        ("model", model.load_state_dict),  # strict: its default
+        ("optimizer", optimizer.load_state_dict),
+        ("scheduler", scheduler.load_state_dict),
+        ("loader", loader.load_state_dict),
+        ("rng", lambda rng: _set_rng_state(rng, rank)),
     ):
         try:
-            target.load_state_dict(state[name])  # strict for the model: its default
+            load(state[name])
         except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as err:
             raise TrainingStateError(
                 f"--resume {str(path)!r}: its {name!r} state does not fit this run "
                 f"({type(err).__name__}: {_first_line(err)}); resume "
                 "with the heptstudy version and configuration that wrote it"
             ) from None
-    rng = state["rng"]
-    torch.set_rng_state(rng["torch"])
-    random.setstate((3, tuple(rng["python"]), None))
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
     return int(state["step"])
+
+
+def _set_rng_state(rng: dict[str, Any], rank: int) -> None:
+    # a file of the one-RNG format (world_size None) holds the first process's alone
+    mine = rng["by_rank"][rank if rng["world_size"] is not None else 0]
+    torch.set_rng_state(mine["torch"])
+    random.setstate((3, tuple(mine["python"]), None))
+    if "cuda" in mine and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(mine["cuda"])
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:

@@ -35,7 +35,12 @@ from heptstudy.train.out_dir import (
     recheck_held,
 )
 from heptstudy.train.precision import autocast_dtype
-from heptstudy.train.state import load_training_state, restore_training_state, save_training_state
+from heptstudy.train.state import (
+    load_training_state,
+    restore_training_state,
+    rng_state,
+    save_training_state,
+)
 from heptstudy.train.step import fresh_state, run_step
 from heptstudy.train.validate import validate
 from heptstudy.units import MIB
@@ -106,7 +111,7 @@ def train(
     per_device = _per_device_batch(config, ctx)
     dtype = autocast_dtype(config, ctx.device)
     # refuse a damaged or unsuitable training state, or an occupied out_dir, before writing
-    state = load_training_state(resume, config) if resume else None
+    state = load_training_state(resume, config, ctx.world_size) if resume else None
     resume_step = _resume_step(state, resume, config)
     out = _claim_out_dir(config, ctx, resume, resume_step, new_run)
     with holding(out, "train.out_dir") if ctx.is_main else contextlib.nullcontext():
@@ -190,7 +195,13 @@ def _set_up(config, ctx, out, dtype, state, resume, per_device, plan_predictor) 
     start = 0
     if state is not None:
         start = restore_training_state(
-            state, resume, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader
+            state,
+            resume,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            loader=loader,
+            rank=ctx.rank,
         )
     net = model
     if ctx.distributed:
@@ -313,6 +324,8 @@ def _validation(run: _Run, step: int, predictions_file: Path, last: dict[str, An
 
 
 def _checkpoint(run: _Run, batches, step: int, checkpoint_file: Path) -> None:
+    """Rank 0 writes the training state, with every rank's random generators."""
+    rng_by_rank = distributed.gather_on_main(rng_state(), run.ctx)
     if run.ctx.is_main:
         save_training_state(
             checkpoint_file,
@@ -322,6 +335,7 @@ def _checkpoint(run: _Run, batches, step: int, checkpoint_file: Path) -> None:
             loader=batches,
             step=step,
             config=run.config,
+            rng_by_rank=rng_by_rank,
         )
     distributed.barrier(run.ctx)
 
