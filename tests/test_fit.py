@@ -377,11 +377,11 @@ def test_fused_platform_is_told_why_the_measured_model_does_not_hold(
 ):
     from heptstudy.cli import main
 
-    args = ["fit", "--platform", _h100_with(tmp_path, "fused"), "--per-device-batch", "48"]
+    args = ["fit", "--platform", _h100_with(tmp_path, "fused"), "--per-device-batch", "24"]
     args += ["--data-dir", str(tiny_data_dir), "--fits-dir", str(fresh_fits)]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert text.startswith("48 events per h100 GPU: fits on this data by an ESTIMATED model")
+    assert text.startswith("24 events per h100 GPU: fits on this data by an ESTIMATED model")
     # the stored fused model is a target-faithful GPU estimate: it carries reserved
     assert "Criterion: peak reserved" in text
     assert (
@@ -485,11 +485,13 @@ def test_auto_step_time_is_not_invented_without_measurements():
 def test_auto_rates_come_from_each_steps_plan():
     from types import SimpleNamespace as NS
 
+    from heptstudy.data.layout import BatchGeometry
     from heptstudy.fitting.auto import measured_rates
     from heptstudy.model.checkpoint_plan import AUTO, FULL
 
-    def step(plan, t, padded):
-        return NS(counted=True, time_s=t, padded_hits=padded, checkpoint_plan=plan)
+    def step(plan, t, padded, batching="padded", counted=True):
+        g = BatchGeometry.of_events(padded, batching)
+        return NS(counted=counted, time_s=t, geometry=g, checkpoint_plan=plan)
 
     auto = NS(
         kind="memory",
@@ -501,11 +503,33 @@ def test_auto_rates_come_from_each_steps_plan():
         kind="memory",
         status="ok",
         plan=FULL,
-        steps=[step(None, 4.0, [20, 10]), NS(counted=False, time_s=9.0, padded_hits=[5])],
+        steps=[step(None, 4.0, [20, 10]), step(None, 9.0, [5], counted=False)],
     )
-    rates, used = measured_rates([auto, full])
+    packed = NS(kind="memory", status="ok", plan=FULL, steps=[step(None, 3.0, [20, 10], "packed")])
+    rates, used = measured_rates([auto, full, packed])
+    # padded: a batch of events of 10 and 20 hits computes over 2 x 20 slots
     assert rates == pytest.approx({"off": 2.0 / 40, "full": (8.0 / 40 + 4.0 / 40) / 2})
     assert used == {"off": 1, "full": 2}
+    # packed: over its 30 slots, and only packed steps price packed batches
+    assert measured_rates([auto, full, packed], packed=True) == ({"full": 3.0 / 30}, {"full": 1})
+
+
+def test_auto_on_packed_batches_follows_the_packed_slots():
+    """A budget between the packed and the padded geometry: padded batches of a long and a short
+    event must checkpoint, the same events packed need not."""
+    from heptstudy.fitting.auto import evaluate_auto
+
+    lengths = np.array([10, 100])  # one batch of both: padded 2 x 100 slots, packed 110
+    # off 1 MiB per slot, full 0.25; budget 150 MiB lies between 110 and 200
+    predictor = _auto_predictor()
+    predictor.budget_mib = 150.0
+    padded = evaluate_auto(predictor, lengths, 2)
+    packed = evaluate_auto(predictor, lengths, 2, packed=True)
+    assert padded.plan_fractions == {"off": 0.0, "full": 1.0}
+    assert packed.plan_fractions == {"off": 1.0, "full": 0.0}
+    assert (padded.worst_batch_plan, packed.worst_batch_plan) == ("full", "off")
+    assert packed.worst_batch_peak_mib == pytest.approx(110.0)
+    assert "110 slots" in packed.worst_batch and "packed" in packed.worst_batch
 
 
 def test_auto_reports_and_the_budget_in_the_key():

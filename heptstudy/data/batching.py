@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from heptstudy.data.features import tracker_neighbourhood
-from heptstudy.data.layout import EventLayout
+from heptstudy.data.layout import EventLayout, is_packed
 from heptstudy.data.sampler import InterleavedShardSampler
 from heptstudy.data.tfds import ShardedDataset, open_dataset
 from heptstudy.errors import DataError
@@ -46,7 +46,7 @@ def collate(
         raise DataError("cannot build a batch from zero events; ask for at least one event")
     lengths = np.array([len(ev["X"]) for ev in events], dtype=np.int64)
     padded = padded_sizes(lengths, pad_to_multiple)
-    if batching == "packed":
+    if is_packed(batching):
         layout = EventLayout.packed(lengths.tolist(), padded.tolist())
     else:
         layout = EventLayout.padded(lengths.tolist(), int(padded.max()))

@@ -33,6 +33,7 @@ class EventLayout:
     rows: int
     row_slots: int
     spans: tuple[EventSpan, ...]
+    packed_events: bool = False  # built by :meth:`packed`
 
     @classmethod
     def padded(cls, hits: Sequence[int], row_slots: int) -> EventLayout:
@@ -48,11 +49,16 @@ class EventLayout:
             EventSpan(0, start, int(n), int(h))
             for start, n, h in zip(starts[:-1], slots, hits, strict=True)
         )
-        return cls(1, starts[-1], spans)
+        return cls(1, starts[-1], spans, packed_events=True)
 
     @property
     def num_events(self) -> int:
         return len(self.spans)
+
+    @property
+    def geometry(self) -> BatchGeometry:
+        slots = [s.slots for s in self.spans]
+        return BatchGeometry(len(slots), self.rows * self.row_slots, max(slots), self.packed_events)
 
     @property
     def one_event_per_row(self) -> bool:
@@ -95,18 +101,49 @@ class EventLayout:
         return position, source, valid
 
 
-def slots_per_event(padded_lengths: Sequence[int], batching: str) -> int:
-    """Slots per event for the memory models: padded, the longest padded event; packed, the mean."""
-    if batching == "packed":
-        return round(sum(padded_lengths) / len(padded_lengths))
-    return max(padded_lengths)
+BATCHINGS = ("padded", "packed")
 
 
-def batch_shape(batch) -> tuple[int, int, int]:
-    """``(events, slots per event, slots)`` of a batch (:func:`slots_per_event`)."""
-    layout = layout_of(batch)
-    slots = layout.rows * layout.row_slots
-    return layout.num_events, round(slots / layout.num_events), slots
+def is_packed(batching: str) -> bool:
+    """Whether ``data.batching`` (or a report's) packs the batch's events in one stream."""
+    return batching == BATCHINGS[1]
+
+
+@dataclass(frozen=True)
+class BatchGeometry:
+    """What a batch's memory and time follow: its ``events``, the ``slots`` its layers compute
+    over (padded: every event filled to the longest; packed: each rounded up alone) and its
+    ``longest`` event's slots. The memory models read :attr:`length`, the slots per event."""
+
+    events: int
+    slots: int
+    longest: int
+    packed: bool = False
+
+    @classmethod
+    def of_events(cls, event_slots: Sequence[int], batching: str) -> BatchGeometry:
+        """The geometry of a batch whose events take ``event_slots`` each, rounded up alone."""
+        slots = [int(n) for n in event_slots]
+        longest, packed = max(slots), is_packed(batching)
+        return cls(len(slots), sum(slots) if packed else len(slots) * longest, longest, packed)
+
+    @property
+    def length(self) -> int:
+        """Slots per event: padded, the longest event; packed, the mean (rounded)."""
+        return round(self.slots / self.events)
+
+    @property
+    def batching(self) -> str:
+        return BATCHINGS[self.packed]
+
+    def words(self) -> str:
+        if self.packed:
+            return f"{self.events} events packed in {self.slots:,} slots"
+        return f"{self.events} events, longest padded event {self.longest:,} hits"
+
+
+def geometry_of(batch) -> BatchGeometry:
+    return layout_of(batch).geometry
 
 
 def layout_of(batch) -> EventLayout:

@@ -22,7 +22,7 @@ from heptstudy import fingerprint as code_fingerprint
 from heptstudy import stand_ins
 from heptstudy.config import HIT_VARIANT, Config
 from heptstudy.data.batching import dataset_for, load_events, map_tensors
-from heptstudy.data.layout import batch_shape
+from heptstudy.data.layout import geometry_of
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.autocast_policy import UnknownTorchVersion, target_autocast
 from heptstudy.estimate.bench_process import simulate_bench_process
@@ -208,11 +208,11 @@ def estimate_step(
                 "cannot run (a host copy or a data-dependent shape): measure on the device "
                 "instead (heptstudy bench)"
             ) from err
-        B, L, slots = batch_shape(batch)
+        geometry = geometry_of(batch)
         return FakeStepEstimate(
-            batch_size=B,
-            longest_padded=L,
-            padded_batch_hits=slots,
+            batch_size=geometry.events,
+            longest_padded=geometry.length,
+            padded_batch_hits=geometry.slots,
             peak_allocated_bytes=int(mem.peak_allocated_bytes),
             baseline_bytes=int(mem.baseline_bytes or 0),
             target=target or "cpu",

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 from heptstudy.config import Config, PlatformConfig
 from heptstudy.data.batching import dataset_for, load_events
@@ -30,15 +31,24 @@ DEFAULT_MARGIN_FRACTION = 0.1
 
 
 def memory_budget_mib(
-    config: Config, device: torch.device, platform: PlatformConfig | None = None
+    config: Config,
+    device: torch.device,
+    platform: PlatformConfig | None = None,
+    margin_gib: float | None = None,
 ) -> tuple[float, str]:
     """The budget in MiB and its source: ``model.heptv2.memory_budget_gib``, else the platform's
-    or this GPU's memory less the default safety margin."""
+    or this GPU's memory less ``margin_gib`` (default: the default safety margin)."""
     given = config.model.heptv2.memory_budget_gib
     keep = 1.0 - DEFAULT_MARGIN_FRACTION
     margin = f"less a {DEFAULT_MARGIN_FRACTION:.0%} safety margin"
     if given is not None:
         return given * 1024, "model.heptv2.memory_budget_gib"
+    if platform is not None and margin_gib is not None:
+        return (
+            (platform.device_memory_gib - margin_gib) * 1024,
+            f"platform {platform.name}: {platform.device_memory_gib:g} GiB less the "
+            f"{margin_gib:g} GiB safety margin given",
+        )
     if platform is not None:
         return (
             platform.device_memory_gib * keep * 1024,
@@ -61,6 +71,7 @@ def calibrate(
     budget: tuple[float, str],
     plans: Sequence[CheckpointPlan] | None = None,
     platform: PlatformConfig | None = None,
+    progress: bool = False,
 ) -> PlanPredictor:
     """Fit each candidate plan's memory model (or only ``plans``'s) on fake-tensor steps over
     ``batches`` (at least two shapes), target-faithful on a GPU as the estimated models are."""
@@ -73,6 +84,12 @@ def calibrate(
     given = plans is not None
     plans = list(plans) if given else candidate_plans(config.model.heptv2, platform)
     models = {}
+    bar = tqdm(
+        total=len(plans) * len(batches),
+        disable=not progress,
+        desc="auto: calibrating the plans' memory",
+        unit="fake step",
+    )
     for plan in plans:
         fixed = plan_config(config, plan)
         points = []
@@ -88,12 +105,14 @@ def calibrate(
             points.append(
                 Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, f"fake {fake}")
             )
+            bar.update(1)
         models[plan.name] = fit_points(
-            model_key(fixed.to_dict(), device.type),
+            model_key(fixed.to_dict(), target or device.type),
             points,
             source="estimated",
             source_detail=f"fake-{fake} steps on {len(points)} calibration batches",
         )
+    bar.close()
     source = "as given" if given else plan_order(config.model.heptv2, platform)[1]
     return PlanPredictor(
         plans,
@@ -105,32 +124,40 @@ def calibrate(
     )
 
 
+#: ``auto`` calibrates on batches of at most this many events and scales (the memory models are
+#: linear in events and slots): a fake step of the recipe's 64 events costs minutes on a CPU.
+CALIBRATION_EVENTS = 4
+
+
 def predictor_for(
     config: Config,
     device: torch.device,
     per_device_batch: int,
     platform: PlatformConfig | None = None,
+    *,
+    margin_gib: float | None = None,
+    progress: bool = False,
 ) -> PlanPredictor | None:
     """The predictor of a run of ``config`` (None unless it is ``auto``), calibrated on events
     of its training data. The budget is resolved first, so a missing one fails at once."""
     if not config.model.heptv2.adaptive:
         return None
-    budget = memory_budget_mib(config, device, platform)
+    budget = memory_budget_mib(config, device, platform, margin_gib)
     # In a child process: fake-tensor steps leave state that made later real CPU steps ~4x slower.
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(
-            _calibrate_child, config, device, per_device_batch, budget, platform
+            _calibrate_child, config, device, per_device_batch, budget, platform, progress
         ).result()
 
 
-def _calibrate_child(config, device, per_device_batch, budget, platform) -> PlanPredictor:
-    # a random and the longest batch of B events, the longest of B/2: three fake steps per plan
+def _calibrate_child(config, device, per_device_batch, budget, platform, progress):
+    # a random and the longest batch of b events, the longest of b/2: three fake steps per plan
     lengths = dataset_for(config, "train").lengths()
-    b = min(per_device_batch, len(lengths))
+    b = min(per_device_batch, len(lengths), CALIBRATION_EVENTS)
     sizes = [b, b // 2] if b > 1 else [b]
     picks = fit_batches(lengths, sizes, config.train.seed, random_at={b})
     batches = [load_events(config, idx, "train") for idx in picks]
-    return calibrate(config, batches, device, budget, platform=platform)
+    return calibrate(config, batches, device, budget, platform=platform, progress=progress)

@@ -9,13 +9,14 @@ from typing import Any
 
 from heptstudy.config import ALLOC_CONF_VARS
 from heptstudy.data.batching import dataset_for
+from heptstudy.data.layout import is_packed
 from heptstudy.estimate.autocast_policy import UnknownTorchVersion, lists_for
 from heptstudy.estimate.fake_step import DEFAULT_TORCH_VERSION, estimate_memory_model
 from heptstudy.estimate.keys import model_key
 from heptstudy.estimate.memory_model import FitError, MemoryModel
 from heptstudy.estimate.plans import DEFAULT_MARGIN_FRACTION, predictor_for
 from heptstudy.fingerprint import commit_reasons
-from heptstudy.fitting.auto import evaluate_auto, measured_rates
+from heptstudy.fitting.auto import auto_words, evaluate_auto, measured_rates
 from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, peak_mib
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
@@ -101,7 +102,8 @@ class FitResult:
     auto: Any = None  # heptstudy.fitting.auto.AutoAnswer when the configuration is auto
 
     def words(self) -> str:
-        return answer_words(self)
+        """The headline: auto's plans when the configuration is auto, else the memory answer."""
+        return auto_words(self.auto)[0] if self.auto is not None else answer_words(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,8 +164,7 @@ def _cross_check(
 ) -> dict[str, Any]:
     """Another device kind's or attention backend's model at the answer's worst batch."""
     b = answer.per_device_batch
-    # a packed batch's length per event is its mean slots per event
-    longest = answer.worst_batch["longest_padded"] or answer.worst_batch["padded_batch_hits"] / b
+    longest = answer.worst_batch["padded_batch_hits"] / b  # slots per event
     allocated = gib(model.predict_allocated_mib(b, longest))
     reserved = gib(model.predict_reserved_mib(b, longest))
     return {
@@ -181,36 +182,33 @@ def _cross_check(
     }
 
 
-def fit(request: FitRequest) -> FitResult | None:
-    """``None`` only when no model holds and ``request.estimate_if_missing`` is false."""
-    res, rv, notes = resolve_config(request)
-    platform, config = res.platform, rv.config
+def _check_torch_version(res) -> None:
     try:
         # a stored or measured model would otherwise answer for a PyTorch it never knew, unsaid
-        lists_for(platform.torch_version or DEFAULT_TORCH_VERSION)
+        lists_for(res.platform.torch_version or DEFAULT_TORCH_VERSION)
     except UnknownTorchVersion as err:
         raise FitError(
             f"platform profile {str(res.platform_path)!r}: torch_version="
-            f"{platform.torch_version!r}: {err}"
+            f"{res.platform.torch_version!r}: {err}"
         ) from None
-    auto_config = config if config.model.heptv2.adaptive else None
-    if auto_config is not None:
-        config = plan_config(auto_config, FULL)
-        notes.append(
-            "activation_checkpointing=auto: the memory answer below is for full checkpointing "
-            "(the plan auto falls back on); auto's own answer follows it"
-        )
+
+
+def _margin(request: FitRequest, platform) -> float:
     memory, margin = platform.device_memory_gib, request.safety_margin_gib
     if margin is None:
-        margin = round(DEFAULT_MARGIN_FRACTION * memory, 1)
-    elif margin >= memory:
+        return round(DEFAULT_MARGIN_FRACTION * memory, 1)
+    if margin >= memory:
         raise FitError(
             f"--safety-margin-gib {margin:g} is not allowed: platform {platform.name!r} has "
             f"{memory:g} GiB per device, and the margin must leave some of it usable (0 <= "
             f"margin < {memory:g}); omit it for the default {DEFAULT_MARGIN_FRACTION:.0%} of the "
             "device"
         )
-    margin = float(margin)
+    return float(margin)
+
+
+def _memory_model(request: FitRequest, config, platform, batch: int, notes: list[str]) -> Choice:
+    """The measured, stored or (now) estimated memory model of ``config`` on ``platform``."""
     key = model_key(config.to_dict(), platform.device)
     reports = [str(repo_path(r)) for r in request.reports]
     fits_dir = repo_path(request.fits_dir) if request.fits_dir else FITS_DIR
@@ -218,10 +216,9 @@ def fit(request: FitRequest) -> FitResult | None:
         choice = Choice()
     else:
         choice = choose_model(key, reports, fits_dir, request.stored_if_reports_unusable)
-    batch = request.per_device_batch or rv.per_device_batch
     if choice.model is None:
         if not request.estimate_if_missing:
-            return None
+            return choice
         notes.append(
             "estimated now on a fake device (--estimate)"
             if request.estimate
@@ -238,12 +235,58 @@ def fit(request: FitRequest) -> FitResult | None:
             "model fields the memory model's configuration does not record, taken at their "
             f"defaults: {', '.join(choice.assumptions)}"
         )
+    return choice
+
+
+def _data_words(ds, config, lengths) -> str:
+    synthetic = bool(ds.metadata.get("synthetic", False))
+    return (
+        f"{ds.name} configs {ds.shard_names} train split at {config.data.data_dir}, "
+        f"{len(lengths):,} events, hits per event {int(lengths.min()):,}..{int(lengths.max()):,} "
+        f"(mean {lengths.mean():,.0f})" + (" — SYNTHETIC (generated) events" if synthetic else "")
+    )
+
+
+def _check_batch(request: FitRequest, batch: int, lengths, ds, notes: list[str]) -> None:
+    if batch <= len(lengths):
+        return
+    if request.per_device_batch is None:  # the recipe's, on a data set smaller than its own
+        notes.append(
+            f"the data set holds {len(lengths):,} events, fewer than the recipe's {batch:,} per "
+            "device: no such batch can be drawn from it, so every batch here holds all of them"
+        )
+        return
+    raise FitError(
+        f"per-device batch {batch:,} is larger than the data set: {ds.name} train split holds "
+        f"{len(lengths):,} events, so no batch of {batch:,} distinct events can be drawn; give "
+        f"--per-device-batch {len(lengths):,} or fewer, or a larger data set (--data-dir)"
+    )
+
+
+def fit(request: FitRequest) -> FitResult | None:
+    """``None`` only when no model holds and ``request.estimate_if_missing`` is false."""
+    res, rv, notes = resolve_config(request)
+    _check_torch_version(res)
+    platform, config = res.platform, rv.config
+    auto_config = config if config.model.heptv2.adaptive else None
+    if auto_config is not None:
+        config = plan_config(auto_config, FULL)
+        notes.append(
+            "activation_checkpointing=auto: the memory answer above is for full checkpointing, "
+            "the plan auto falls back on: a cross-check of auto's answer"
+        )
+    margin = _margin(request, platform)
+    batch = request.per_device_batch or rv.per_device_batch
+    ds = dataset_for(config, "train")
+    lengths = ds.lengths()
+    _check_batch(request, batch, lengths, ds, notes)
+    choice = _memory_model(request, config, platform, batch, notes)
+    if choice.model is None:
+        return None
     if batch != rv.per_device_batch:
         notes.append(
             f"the recipe runs {rv.per_device_batch} events per device; this answer is for {batch}"
         )
-    ds = dataset_for(config, "train")
-    lengths = ds.lengths()
     expandable = expandable_segments(platform)
     answer = evaluate(
         choice.model,
@@ -266,15 +309,10 @@ def fit(request: FitRequest) -> FitResult | None:
                 else "the memory model has no reserved figure for that mode"
             )
         )
-    synthetic = bool(ds.metadata.get("synthetic", False))
-    data = (
-        f"{ds.name} configs {ds.shard_names} train split at {config.data.data_dir}, "
-        f"{len(lengths):,} events, hits per event {int(lengths.min()):,}..{int(lengths.max()):,} "
-        f"(mean {lengths.mean():,.0f})" + (" — SYNTHETIC (generated) events" if synthetic else "")
-    )
     auto = None
     if auto_config is not None:
-        auto = _auto_answer(auto_config, platform, batch, lengths, reports)
+        reports = [str(repo_path(r)) for r in request.reports]
+        auto = _auto_answer(auto_config, platform, batch, lengths, reports, margin)
     return FitResult(
         auto=auto,
         request=request,
@@ -283,8 +321,8 @@ def fit(request: FitRequest) -> FitResult | None:
         model_origin=choice.origin,
         platform=platform,
         variant=rv,
-        data=data,
-        synthetic=synthetic,
+        data=_data_words(ds, config, lengths),
+        synthetic=bool(ds.metadata.get("synthetic", False)),
         notes=notes,
         not_used=choice.not_used,
         cross_checks=[_cross_check(o, m, d, answer) for o, m, d in choice.cross_checks],
@@ -315,23 +353,28 @@ def expandable_segments(platform) -> bool:
     )
 
 
-def _auto_answer(config, platform, batch: int, lengths, reports: list[str]):
+def _auto_answer(config, platform, batch: int, lengths, reports: list[str], margin_gib: float):
     import torch
 
-    predictor = predictor_for(config, torch.device(platform.device), batch, platform)
+    # the fake steps run on the host, target-faithful to the platform's device (cuda or rocm)
+    predictor = predictor_for(
+        config, torch.device("cpu"), batch, platform, margin_gib=margin_gib, progress=True
+    )
     found = []
     for f in expand_report_paths(reports):
         try:
             found.append(checked_report(f))
         except ReportError:
             continue  # choose_model already names the reports it cannot use
-    rates, used = measured_rates(found)
+    packed = is_packed(config.data.batching)
+    rates, used = measured_rates(found, packed)
     return evaluate_auto(
         predictor,
         lengths,
         batch,
         world_size=platform.world_size,
         pad_to_multiple=config.data.pad_to_multiple,
+        packed=packed,
         rates=rates,
         rate_sources=used,
     )

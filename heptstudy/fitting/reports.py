@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from heptstudy import fingerprint as code_fingerprint
-from heptstudy.data.layout import slots_per_event
 from heptstudy.estimate.keys import key_label, model_key
 from heptstudy.estimate.memory_model import FitError, MemoryModel, Point, fit_points
 from heptstudy.measure.report import BenchReport, ReportError, validate_report
@@ -119,17 +118,17 @@ def read_groups(paths) -> tuple[list[ReportGroup], list[Rejected]]:
             {**env, "created_at": report.created_at, "synthetic": report.data.synthetic}
         )
         longest_so_far = 0
-        batching = (report.config.get("data") or {}).get("batching", "padded")
         for s in report.steps:
-            if not s.padded_hits:
+            if s.geometry is None:
                 continue
-            batch, longest = len(s.padded_hits), slots_per_event(s.padded_hits, batching)
+            batch, longest = s.geometry.events, s.geometry.length
             longest_so_far = max(longest_so_far, longest)
             if not s.counted or s.peak_allocated_mib is None:
                 continue
             where = f"{path.name}#step{s.step}"
             group.allocated.append(Point(batch, longest, float(s.peak_allocated_mib), where))
-            if s.peak_reserved_mib is not None:
+            # a CPU's reserved is the process's resident set, no multiple of its tensors
+            if s.peak_reserved_mib is not None and report.environment.device_kind != "cpu":
                 group.reserved.append(
                     Point(batch, longest_so_far, float(s.peak_reserved_mib), where)
                 )

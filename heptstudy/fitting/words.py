@@ -22,7 +22,7 @@ def _pct(p: float) -> str:
 
 def _tail_words(t: Tail, a: FitAnswer) -> str:
     safe = f"largest per-device batch that never fails on this data: {t.largest_safe_batch}"
-    if t.batching == "packed":
+    if t.packed:
         if t.longest_fitting_padded is None:
             return f"no batch of {a.per_device_batch} events fits, however short; {safe}"
         if t.never_fails:
@@ -66,7 +66,7 @@ def answer_words(result) -> str:
     holding = (
         f"the packed batch of the data's {a.per_device_batch} longest events "
         f"({w['padded_batch_hits']:,} slots)"
-        if a.batching == "packed"
+        if a.packed
         else f"the batch holding the data's longest event ({w['longest_padded']:,} padded hits)"
     )
     worst = f"{holding} needs {peak:.1f} GiB {crit_words} of {a.usable_gib:.1f} GiB usable"
@@ -144,7 +144,10 @@ def _validation_lines(mm) -> list[str]:
     for q in ("allocated", "reserved"):
         v = mm.validation.get(q)
         if q == "reserved" and mm.reserved is None:
-            out.append("  reserved: not modelled (the model's inputs hold no reserved peaks)")
+            out.append(
+                "  reserved: not modelled (no reserved peaks, or a CPU's: a process's resident set "
+                "is no multiple of its tensors, so it is not extrapolated)"
+            )
         elif not v or v.get("max_abs_rel_error") is None:
             why = (v or {}).get("why", "no validation recorded")
             out.append(f"  {q}: NOT validated on held-out batch sizes ({why})")
@@ -163,7 +166,16 @@ def render(result) -> str:
     """The full report of one fit (with auto's answer when the configuration is auto)."""
     a, mm, rv = result.answer, result.model, result.variant
     cfg = rv.config
-    lines = [answer_words(result), ""]
+    if result.auto is None:
+        lines = [answer_words(result), ""]
+    else:
+        lines = [
+            *auto_words(result.auto),
+            "",
+            f"Cross-check with full checkpointing (the plan auto falls back on): "
+            f"{answer_words(result)}",
+            "",
+        ]
     lines.append(f"Memory model: {mm.source.upper()} ({result.model_origin}) — {mm.describe()}")
     prov = mm.provenance
     if prov.get("device_names"):
@@ -214,7 +226,7 @@ def render(result) -> str:
         (
             "  a step's peak = memory model at (batch size, slots of the batch / batch size); "
             f"slots per batch from {SAMPLED_BATCHES:,} random batches; "
-            if a.batching == "packed"
+            if a.packed
             else "  a step's peak = memory model at (batch size, longest padded event of the "
             "batch); "
         )
@@ -222,6 +234,4 @@ def render(result) -> str:
         "modelled",
         *(f"  {n}" for n in result.notes + mm.notes),
     ]
-    if result.auto is not None:
-        lines += auto_words(result.auto)
     return "\n".join(lines)

@@ -25,6 +25,7 @@ from heptstudy.data.batching import (
     to_device,
     validation_batches,
 )
+from heptstudy.data.layout import geometry_of
 from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.plans import predictor_for
 from heptstudy.measure import report as rp
@@ -204,16 +205,15 @@ def report_header(
     )
 
 
-def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
-    request, config, device = m.request, m.config, m.device
-    warmup = request.warmup
-    records = [
+def _step_records(batches, warmup: int) -> list[dict[str, Any]]:
+    return [
         {
             "step": i,
             "counted": i >= warmup,
             "event_indices": b["event_index"].tolist(),
             "hits": b["length"].tolist(),
             "padded_hits": b["padded_length"].tolist(),
+            "geometry": geometry_of(b),
             "time_s": None,
             "peak_allocated_mib": None,
             "peak_reserved_mib": None,
@@ -221,113 +221,122 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
         }
         for i, b in enumerate(batches)
     ]
-    # activation_checkpointing=auto: every step's plan chosen before any model exists
-    plans = predictor_for(config, device, request.batch_size, m.profile)
-    choices = [plans.choose_for(b) if plans is not None else None for b in batches]
-    for record, choice in zip(records, choices, strict=True):
-        record.update(choice.fields() if choice is not None else {})
-    if plans is not None:
-        header["checkpointing"].memory_budget_mib = plans.budget_mib
-        header["notes"].append(plans.describe())
-    timing, memory = request.passes in ("both", "timing"), request.passes in ("both", "memory")
 
-    def measured_step(state, step, clock, meter=None):
-        # both passes run exactly this step: same batch, same plan, a fresh model each
+
+class _Steps:
+    """The steps both passes run: the same batches under the same plans, a fresh model each."""
+
+    def __init__(self, m: Measurement, dtype, batches, header) -> None:
+        self.m, self.dtype, self.batches = m, dtype, batches
+        self.records = _step_records(batches, m.request.warmup)
+        # activation_checkpointing=auto: every step's plan chosen before any model exists
+        plans = predictor_for(m.config, m.device, m.request.batch_size, m.profile)
+        self.plans = [plans.choose_for(b) if plans is not None else None for b in batches]
+        for record, choice in zip(self.records, self.plans, strict=True):
+            record.update(choice.fields() if choice is not None else {})
+        if plans is not None:
+            header["checkpointing"].memory_budget_mib = plans.budget_mib
+            header["notes"].append(plans.describe())
+        self.step, self.where, self.clock = 0, "timing pass", None
+
+    def run(self, state, step: int, clock, meter=None):
+        self.step, self.clock = step, clock
         model, optimizer, scheduler = state
+        choice = self.plans[step]
         return run_step(
             model,
-            batches[step],
+            self.batches[step],
             optimizer,
             scheduler,
-            config,
-            dtype,
+            self.m.config,
+            self.dtype,
             meter=meter,
             clock=clock,
-            plan=None if choices[step] is None else choices[step].plan,
+            plan=None if choice is None else choice.plan,
         )
 
-    bar = tqdm(
-        total=(timing + memory) * len(batches),
-        disable=not request.progress,
-        desc=header["name"],
-        unit="step",
+
+def _timed_pass(steps: _Steps, notes: list[str], bar) -> None:
+    """Pass 1: time the steps and their phases, without any tracker."""
+    device, records = steps.m.device, steps.records
+    timer = StepTimer(device)
+    state = fresh_state(steps.m.config, device)
+    for step in range(len(steps.batches)):
+        if step == steps.m.request.warmup and device.type == "cpu" and (mapped := populate_heap()):
+            notes.append(
+                f"the heap's free top grown to the pad and its {mapped / MIB:,.0f} MiB "
+                "mapped after the warm-up (no counted step faults in a page the "
+                "allocator already holds)"
+            )
+        clock = make_phase_clock(device)
+        with timer.step(), HostUsage() as usage:
+            result = steps.run(state, step, clock)
+        records[step]["time_s"] = timer.seconds
+        records[step]["phase_time_s"] = clock.seconds()
+        records[step].update(asdict(usage))
+        records[step]["loss"] = {k: float(v) for k, v in result.losses.items()}  # untimed
+        bar.update(1)
+
+
+def _memory_pass(steps: _Steps, bar):
+    """Pass 2: memory, over the same batches from the same initial state; then validation.
+    Returns the last step's memory, the categories at the highest counted peak, validation."""
+    steps.where = "memory pass"
+    device, records = steps.m.device, steps.records
+    meter = make_meter(device, track_categories=True)
+    state = fresh_state(steps.m.config, device)
+    mem = categories = None
+    for step in range(len(steps.batches)):
+        # knows the phase (for an out-of-memory), times nothing
+        mem = steps.run(state, step, PhaseClock(), meter).memory
+        records[step]["peak_allocated_mib"] = mem.peak_allocated_mib
+        records[step]["peak_reserved_mib"] = mem.peak_reserved_mib
+        if records[step]["counted"] and mem.categories_at_peak is not None:
+            if categories is None or mem.peak_allocated_bytes > categories.peak_bytes:
+                categories = rp.MemoryCategories(
+                    step=step,
+                    peak_bytes=mem.peak_allocated_bytes,
+                    at_peak_bytes=mem.categories_at_peak,
+                    by_module_bytes=mem.by_module_at_peak,
+                    note=_CATEGORY_NOTE,
+                )
+        bar.update(1)
+    steps.where, steps.clock = "validation", None
+    batch_size = steps.m.request.batch_size
+    held_out = [to_device(b, device) for b in validation_batches(steps.m.config, batch_size)]
+    validation, _ = validate(state[0], held_out, steps.m.config, device, steps.dtype)
+    return mem, categories, validation
+
+
+def _oom_report(steps: _Steps, err: torch.OutOfMemoryError, header) -> rp.BenchReport:
+    batch, clock, device = steps.batches[steps.step], steps.clock, steps.m.device
+    phase = steps.where if clock is None or clock.phase is None else f"{steps.where}: {clock.phase}"
+    return rp.BenchReport(
+        kind="memory",
+        status="oom",
+        steps=[rp.StepRecord(**r) for r in steps.records[: steps.step]],
+        oom=rp.OomInfo(
+            message=str(err).splitlines()[0],
+            step=steps.step,
+            phase=phase,
+            batch_size=steps.m.request.batch_size,
+            padded_hits=batch["padded_length"].tolist(),
+            padded_batch_hits=int(batch["X"].shape[0] * batch["X"].shape[1]),
+            device_memory_bytes=torch.cuda.get_device_properties(device).total_memory
+            if device.type == "cuda"
+            else None,
+        ),
+        **header,
     )
-    step, where, clock = 0, "timing pass", None
-    mem, categories, validation = None, None, {}
-    try:
-        # Pass 1: time the steps and their phases, without any tracker.
-        if timing:
-            timer = StepTimer(device)
-            state = fresh_state(config, device)
-            for step in range(len(batches)):
-                if step == warmup and device.type == "cpu" and (mapped := populate_heap()):
-                    header["notes"].append(
-                        f"the heap's free top grown to the pad and its {mapped / MIB:,.0f} MiB "
-                        "mapped after the warm-up (no counted step faults in a page the "
-                        "allocator already holds)"
-                    )
-                clock = make_phase_clock(device)
-                with timer.step(), HostUsage() as usage:
-                    result = measured_step(state, step, clock)
-                records[step]["time_s"] = timer.seconds
-                records[step]["phase_time_s"] = clock.seconds()
-                records[step].update(asdict(usage))
-                records[step]["loss"] = {k: float(v) for k, v in result.losses.items()}  # untimed
-                bar.update(1)
-            del state, result
-        if memory:
-            # Pass 2: memory, over the same batches from the same initial state.
-            where = "memory pass"
-            meter = make_meter(device, track_categories=True)
-            state = fresh_state(config, device)
-            for step in range(len(batches)):
-                clock = PhaseClock()  # knows the phase (for an out-of-memory), times nothing
-                result = measured_step(state, step, clock, meter)
-                mem = result.memory
-                records[step]["peak_allocated_mib"] = mem.peak_allocated_mib
-                records[step]["peak_reserved_mib"] = mem.peak_reserved_mib
-                if records[step]["counted"] and mem.categories_at_peak is not None:
-                    if categories is None or mem.peak_allocated_bytes > categories.peak_bytes:
-                        categories = rp.MemoryCategories(
-                            step=step,
-                            peak_bytes=mem.peak_allocated_bytes,
-                            at_peak_bytes=mem.categories_at_peak,
-                            by_module_bytes=mem.by_module_at_peak,
-                            note=_CATEGORY_NOTE,
-                        )
-                bar.update(1)
-            where, clock = "validation", None
-            held_out = [
-                to_device(b, device) for b in validation_batches(config, request.batch_size)
-            ]
-            validation, _ = validate(state[0], held_out, config, device, dtype)
-    except torch.OutOfMemoryError as err:
-        bar.close()
-        batch = batches[step]
-        phase = where if clock is None or clock.phase is None else f"{where}: {clock.phase}"
-        return rp.BenchReport(
-            kind="memory",
-            status="oom",
-            steps=[rp.StepRecord(**r) for r in records[:step]],
-            oom=rp.OomInfo(
-                message=str(err).splitlines()[0],
-                step=step,
-                phase=phase,
-                batch_size=request.batch_size,
-                padded_hits=batch["padded_length"].tolist(),
-                padded_batch_hits=int(batch["X"].shape[0] * batch["X"].shape[1]),
-                device_memory_bytes=torch.cuda.get_device_properties(device).total_memory
-                if device.type == "cuda"
-                else None,
-            ),
-            **header,
-        )
-    bar.close()
-    counted = [r for r in records if r["counted"]]
+
+
+def _summary(steps: _Steps, mem) -> rp.Summary:
+    counted = [r for r in steps.records if r["counted"]]
     mean_s, std_s, min_s = summarize([r["time_s"] for r in counted if r["time_s"] is not None])
-    summary = rp.Summary(
+    passes, device = steps.m.request.passes, steps.m.device
+    return rp.Summary(
         counted_steps=len(counted),
-        warmup_steps=warmup,
+        warmup_steps=steps.m.request.warmup,
         mean_step_time_s=mean_s,
         std_step_time_s=std_s,
         min_step_time_s=min_s,
@@ -336,15 +345,36 @@ def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
         allocated_definition=mem.allocated_definition if mem else None,
         reserved_definition=mem.reserved_definition if mem else None,
         reserved_unavailable_reason=mem.reserved_unavailable_reason if mem else None,
-        tracked_memory_note=_PASSES_NOTE[request.passes],
+        tracked_memory_note=_PASSES_NOTE[passes],
         mean_phase_time_s=mean_phases([r.get("phase_time_s") for r in counted]),
         phase_time_definition=make_phase_clock(device).definition,
     )
+
+
+def _memory_report(m: Measurement, dtype, batches, header) -> rp.BenchReport:
+    steps = _Steps(m, dtype, batches, header)
+    timing, memory = m.request.passes in ("both", "timing"), m.request.passes in ("both", "memory")
+    bar = tqdm(
+        total=(timing + memory) * len(batches),
+        disable=not m.request.progress,
+        desc=header["name"],
+        unit="step",
+    )
+    mem, categories, validation = None, None, {}
+    try:
+        if timing:
+            _timed_pass(steps, header["notes"], bar)
+        if memory:
+            mem, categories, validation = _memory_pass(steps, bar)
+    except torch.OutOfMemoryError as err:
+        return _oom_report(steps, err, header)
+    finally:
+        bar.close()
     return rp.BenchReport(
         kind="memory",
         status="ok",
-        steps=[rp.StepRecord(**r) for r in records],
-        summary=summary,
+        steps=[rp.StepRecord(**r) for r in steps.records],
+        summary=_summary(steps, mem),
         validation={k: float(v) for k, v in validation.items() if v is not None}
         if memory
         else None,

@@ -19,6 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from heptstudy.atomic import Output, atomic_write_text, json_text, write_text_or_keep
+from heptstudy.data.layout import BatchGeometry
 from heptstudy.errors import HeptstudyError, describe_invalid
 from heptstudy.meters.allocator import allocator_in_use
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
@@ -178,6 +179,7 @@ class StepRecord(_Strict):
     event_indices: list[Count]
     hits: list[Count]
     padded_hits: list[Count]
+    geometry: BatchGeometry | None = None  # None only for a step that ran no batch
     time_s: NonNegative | None
     peak_allocated_mib: NonNegative | None
     peak_reserved_mib: NonNegative | None
@@ -279,6 +281,8 @@ class BenchReport(_Strict):
     data: DataInfo
     config: dict[str, Any]
     batch_size: int = Field(ge=1)
+    #: the geometry of the batch of the highest counted peak (else the first step's)
+    geometry: BatchGeometry | None = None
     checkpointing: Checkpointing
     steps: list[StepRecord] = Field(default_factory=list)
     summary: Summary | None = None
@@ -294,6 +298,35 @@ class BenchReport(_Strict):
         """The checkpointing plan measured (off in a parity report)."""
         layers = self.config.get("model", {}).get("heptv2", {}).get("num_convs")
         return plan_named(self.checkpointing.plan or "off", layers)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _geometry(cls, data: Any) -> Any:
+        """Reports written before the geometry was a field: from each step's padded hits and
+        the configured batching."""
+        if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+            return data
+        config = data.get("config")
+        data_config = config.get("data") if isinstance(config, dict) else None
+        batching = (data_config or {}).get("batching", "padded")
+        steps = []
+        for st in data["steps"]:
+            if isinstance(st, dict) and "geometry" not in st and st.get("padded_hits"):
+                st = {**st, "geometry": BatchGeometry.of_events(st["padded_hits"], batching)}
+            steps.append(st)
+        return {**data, "steps": steps}
+
+    @model_validator(mode="after")
+    def _peak_geometry(self) -> BenchReport:
+        if self.geometry is None:
+            steps = [st for st in self.steps if st.geometry is not None]
+            peak = max(
+                (st for st in steps if st.counted and st.peak_allocated_mib is not None),
+                key=lambda st: st.peak_allocated_mib,
+                default=steps[0] if steps else None,
+            )
+            self.geometry = None if peak is None else peak.geometry
+        return self
 
     @model_validator(mode="after")
     def _status_details(self) -> BenchReport:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from heptstudy.config import Config, count_plan
-from heptstudy.data.layout import batch_shape
+from heptstudy.data.layout import BatchGeometry, geometry_of
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.checkpoint_plan import OFF, CheckpointPlan, plan_named
 
@@ -87,33 +87,35 @@ class PlanPredictor:
     calibration_s: float = 0.0
     order_source: str = ""
 
-    def choose(
-        self, batch_size: int, longest_padded: int, what: Callable[[], str] | None = None
-    ) -> PlanChoice:
-        """The cheapest plan that fits, else :class:`NoPlanFits` (``what`` names the batch)."""
-        predictions = {
-            p.name: float(self.models[p.name].predict_allocated_mib(batch_size, longest_padded))
+    def predictions(self, geometry: BatchGeometry) -> dict[str, float]:
+        """Every plan's predicted peak allocated MiB for a batch of ``geometry``."""
+        return {
+            p.name: float(
+                self.models[p.name].predict_allocated_mib(geometry.events, geometry.length)
+            )
             for p in self.plans
         }
+
+    def choose(self, geometry: BatchGeometry, what: Callable[[], str] | None = None) -> PlanChoice:
+        """The cheapest plan that fits, else :class:`NoPlanFits` (``what`` names the batch)."""
+        predictions = self.predictions(geometry)
         for plan in self.plans:
             if predictions[plan.name] <= self.budget_mib:
                 return PlanChoice(plan, predictions[plan.name], self.budget_mib, predictions)
         listed = ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in predictions.items())
         raise NoPlanFits(
-            f"no checkpointing plan fits {what() if what else 'the batch'} ({batch_size} events, longest "
-            f"padded event {longest_padded} hits) in the memory budget of "
-            f"{self.budget_mib:,.0f} MiB ({self.budget_source}): predicted peaks {listed}. "
-            "Nothing of this step was run; lower the per-device batch or raise "
-            "model.heptv2.memory_budget_gib if the device has the memory"
+            f"no checkpointing plan fits {what() if what else 'the batch'} ({geometry.words()}) "
+            f"in the memory budget of {self.budget_mib:,.0f} MiB ({self.budget_source}): "
+            f"predicted peaks {listed}. Nothing of this step was run; lower the per-device batch "
+            "or raise model.heptv2.memory_budget_gib if the device has the memory"
         )
 
     def choose_for(self, batch: dict[str, torch.Tensor]) -> PlanChoice:
-        """The plan for ``batch``, from its shape (on the host, before it is moved)."""
-        b, length, _ = batch_shape(batch)
+        """The plan for ``batch``, from its geometry (on the host, before it is moved)."""
         events = batch.get("event_index")
         # the events are named only in the error: reading them from a device costs a sync
         what = None if events is None else lambda: f"the batch of events {events.tolist()}"
-        return self.choose(b, length, what)
+        return self.choose(geometry_of(batch), what)
 
     def describe(self) -> str:
         return (
