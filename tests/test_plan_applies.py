@@ -52,3 +52,44 @@ def test_bench_refuses_a_plan_on_the_reference_model_before_measuring(
     with pytest.raises(ConfigError, match=TRACK_CLUSTER_VARIANT):
         bench.run_bench(request.resolve())
     assert not output.exists()
+
+
+def _hit_model(plan: str, backbone: int, decoder: int):
+    return build_model(
+        load_config(
+            overrides=[
+                *TINY_MODEL,
+                f"model.heptv2.num_convs={backbone}",
+                f"model.decoder.num_layers={decoder}",
+                f"model.heptv2.activation_checkpointing={plan}",
+            ]
+        )
+    )
+
+
+def _wrapped(model) -> set[str]:
+    return {
+        name
+        for name, module in model.named_modules()
+        if name.count(".") == 1 and type(module).__name__ == "CheckpointWrapper"
+    }
+
+
+@pytest.mark.parametrize(
+    "plan,backbone,decoder,equal",
+    [("every2", 1, 1, "full"), ("every3", 1, 1, "full"), ("every3", 2, 2, "every2")],
+)
+def test_an_every_plan_that_equals_a_simpler_one_is_refused(plan, backbone, decoder, equal):
+    with pytest.raises(HeptstudyError) as refused:
+        _hit_model(plan, backbone, decoder)
+    words = str(refused.value)
+    assert f"{plan} checkpoints the same layers as {equal}" in words
+    assert f"activation_checkpointing={equal}" in words
+    assert f"backbone: {backbone} layer" in words and f"decoder: {decoder} layer" in words
+
+
+def test_an_every_plan_runs_where_it_differs_from_full():
+    # one backbone layer, but a decoder of two: every2 leaves the second decoder layer alone
+    every2, full = _hit_model("every2", 1, 2), _hit_model("full", 1, 2)
+    assert _wrapped(every2) == {"backbone.0", "decoder.0"} < _wrapped(full)
+    assert _wrapped(_hit_model("selective", 1, 1)) == _wrapped(_hit_model("full", 1, 1))

@@ -156,6 +156,7 @@ def apply_plan(model: nn.Module, plan: CheckpointPlan) -> nn.Module:
         )
     slots = checkpoint_slots(model)
     _refuse_checkpointing_nothing(model, plan, slots)
+    _refuse_a_simpler_plan_in_disguise(plan, slots)
     for slot, (layers, i) in slots.items():
         if plan is AUTO or plan.checkpoints(slot):
             layers[i] = checkpoint_wrapper(
@@ -176,3 +177,28 @@ def _refuse_checkpointing_nothing(model: nn.Module, plan: CheckpointPlan, slots)
         f"{type(model).__name__} (backbone and decoder layers it holds: {held}); apply off to "
         "it, or build a model whose backbone has the layers the plan names"
     )
+
+
+def _refuse_a_simpler_plan_in_disguise(plan: CheckpointPlan, slots) -> None:
+    """``everyK`` on a model with no backbone or decoder longer than ``J`` layers wraps what
+    ``everyJ`` (J < K) does: a report would name a plan that did not run. Selective is a policy
+    of its own, count plans already stop short of full (:func:`plan_named`)."""
+    if plan.count is not None or plan.policy != "full" or plan.every <= 1:
+        return
+    wrapped = {slot for slot in slots if plan.checkpoints(slot)}
+    for simpler in (FULL, EVERY_2):
+        if simpler.every < plan.every and wrapped == {s for s in slots if simpler.checkpoints(s)}:
+            raise HeptstudyError(
+                f"checkpoint plan {plan.name} checkpoints the same layers as {simpler.name} on "
+                f"this model ({_layer_counts(slots)}), so it would run {simpler.name} under "
+                f"another name; set model.heptv2.activation_checkpointing={simpler.name}, or "
+                f"give the backbone (model.heptv2.num_convs) or the decoder "
+                f"(model.decoder.num_layers) more than {simpler.every} layers"
+            )
+
+
+def _layer_counts(slots) -> str:
+    counts: dict[str, int] = {}
+    for group, _ in slots:
+        counts[group] = counts.get(group, 0) + 1
+    return ", ".join(f"{group}: {n} layer{'s' * (n != 1)}" for group, n in counts.items())
