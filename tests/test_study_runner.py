@@ -439,13 +439,27 @@ def test_host_usage_counts_page_faults():
         for offset in range(0, len(block), mmap.PAGESIZE):
             block[offset] = 1
     assert usage.minor_page_faults > 1000
-    assert usage.system_time_s >= 0.0 and usage.user_time_s >= 0.0
     assert set(asdict(usage)) == {
         "minor_page_faults",
         "major_page_faults",
         "system_time_s",
         "user_time_s",
     }
+
+
+def test_host_usage_times_the_block_not_the_process():
+    import time
+
+    # a sleeping block uses next to no CPU time, although the process has used seconds by now
+    with HostUsage() as idle:
+        time.sleep(0.1)
+    assert idle.user_time_s + idle.system_time_s < 0.05 < time.process_time()
+    before = time.process_time()
+    with HostUsage() as busy:
+        while time.process_time() - before < 0.2:
+            pass
+    spent = time.process_time() - before
+    assert spent - 0.02 <= busy.user_time_s + busy.system_time_s <= spent + 0.02
 
 
 def _timed(name, b, enabled, policy, t, round_=1, line="platform", sys_frac=0.05, faults=1e4):
