@@ -546,6 +546,9 @@ def test_auto_reports_and_the_budget_in_the_key():
 def test_auto_reports_give_no_memory_model_and_say_why():
     from heptstudy.estimate.keys import checkpointing_words
 
+    # the committed reports are what the documented `heptstudy fit --reports
+    # experiments/cpu_reference` reads, and the one auto run there that ran several plans (off
+    # and layers1); only their plans are under test, not their figures
     reference = REPO / "experiments" / "cpu_reference"
     models, rejected = fit_reports([reference / "auto_b4.json", reference / "checkpointed_b4.json"])
     assert [checkpointing_words(m.key) for m in models] == ["full"]

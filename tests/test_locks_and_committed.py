@@ -16,6 +16,8 @@ from heptstudy.locks import LOCK_NAME, NotALock, holding
 from tests.conftest import run_cli, set_options, tiny_train_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
+#: a committed file as the decoy a lock link points at: that it stays byte for byte the same is
+#: what is tested, not what it says
 COMMITTED_REPORT = ROOT / "experiments" / "cpu_reference" / "baseline_b1.json"
 
 

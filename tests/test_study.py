@@ -500,6 +500,8 @@ def test_study_matrices_run_auto_where_the_budget_lies_between_off_and_full():
             if q.checkpointing == "auto" and q.batching == "padded"
         }
 
+    # the committed figures are under test: each matrix's auto budget was chosen between the
+    # full-size peaks the reference measured, which a tiny model's peaks cannot stand in for
     def peak_mib(name):
         path = ROOT / "experiments" / "cpu_reference" / f"{name}.json"
         return read_report(path).summary.max_peak_allocated_mib
@@ -564,6 +566,8 @@ def test_auto_predictions_answer_for_the_references_auto_run(tiny_data_dir, tmp_
     plans would be calibrated too). The auto run is given the one plan
     `full` (each plan auto may take is calibrated on a fake device, half a minute apiece), which
     also shows that the prediction takes the run's own plans."""
+    # the committed reports are the aggregate's real input, every kind of run it reads; the
+    # assertions are on the table's form and bounds, not on the reference's figures
     for path in (ROOT / "experiments" / "cpu_reference").glob("*.json"):
         if path.name == "packed_auto_b4.json":
             continue
