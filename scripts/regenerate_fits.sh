@@ -104,7 +104,8 @@ print(d["events_train"], d["events_test"], d["seed"])') || return 1
   # shellcheck disable=SC2086 # three words: events_train events_test seed
   generate "$gpu_data" $session
   if "$bin/heptstudy" study predict --matrix configs/study/gpu.yaml --data-dir "$gpu_data" \
-    --jobs "$jobs" >"$logs/predictions.log" 2>&1; then
+    --jobs "$jobs" --out experiments/gpu_blind_predictions/predictions.json \
+    >"$logs/predictions.log" 2>&1; then
     cat "$logs/predictions.log"
   else
     echo "FAILED: the blind predictions ($logs/predictions.log):"

@@ -188,8 +188,9 @@ def test_committed_results_are_refused_by_every_other_command(
 def test_data_stats_default_is_a_scratch_folder():
     from heptstudy.cli.data import DEFAULT_STATS_DIR
     from heptstudy.committed import committed_place
+    from heptstudy.paths import OUTPUT_ROOT
 
-    assert DEFAULT_STATS_DIR.startswith("experiments/scratch/")
+    assert DEFAULT_STATS_DIR.startswith(f"{OUTPUT_ROOT}/")
     assert committed_place(ROOT / DEFAULT_STATS_DIR) is None
     ignored = subprocess.run(["git", "check-ignore", "-q", DEFAULT_STATS_DIR], cwd=ROOT)
     assert ignored.returncode == 0

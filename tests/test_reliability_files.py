@@ -100,7 +100,7 @@ def test_data_stats_writes_under_the_working_directory_and_keeps_foreign_files(
     argv = ("data", "stats", "--data-dir", tiny_data_dir)
     code, out, err = _cli(capsys, *argv)
     assert code == 0, err
-    folder = tmp_path / "experiments" / "scratch" / "data_stats"
+    folder = tmp_path / "experiments" / "local" / "data_stats"
     js = folder / "cld_edm_ttbar_hits_train_stats.json"
     assert js.is_file() and js.with_suffix(".png").is_file()
     code, out, err = _cli(capsys, *argv)

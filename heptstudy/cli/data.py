@@ -13,10 +13,10 @@ from heptstudy.data.generate import generate_datasets
 from heptstudy.data.stats import hits_stats, write_stats
 from heptstudy.errors import DataError
 from heptstudy.locks import holding
-from heptstudy.paths import resolve_from_cwd, resolve_in_repo
+from heptstudy.paths import OUTPUT_ROOT, resolve_from_cwd, resolve_in_repo
 
 DEFAULT_DATA_DIR = "data/tfds"
-DEFAULT_STATS_DIR = "experiments/scratch/data_stats"
+DEFAULT_STATS_DIR = f"{OUTPUT_ROOT}/data_stats"
 
 
 def _data_dir(args: argparse.Namespace) -> str:

@@ -7,15 +7,19 @@ from collections import Counter
 
 from heptstudy.atomic import Output, atomic_write_text, json_text
 from heptstudy.cli import whole_number
+from heptstudy.estimate.predictions import PREDICTIONS
 from heptstudy.locks import holding_all
 from heptstudy.measure.report import ReportError, read_report
-from heptstudy.paths import real_path, resolve_from_cwd
+from heptstudy.paths import OUTPUT_ROOT, real_path, resolve_from_cwd
 from heptstudy.study.blind_predictions import predict_matrix
 from heptstudy.study.frames import host_usage_of
 from heptstudy.study.matrix import load_matrix
 from heptstudy.study.outputs import aggregate_folders, shown
 from heptstudy.study.runner import aggregate_study, run_study
 from heptstudy.study.schedule import schedule
+
+#: Not the committed predictions: a default run must not change a file git tracks.
+DEFAULT_PREDICTIONS = OUTPUT_ROOT / "gpu_blind_predictions" / "predictions.json"
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -168,8 +172,9 @@ def register_cli(subparsers) -> None:
     predict.add_argument("--data-dir", required=True, help="the generated data the GPU carries")
     predict.add_argument(
         "--out",
-        default="experiments/gpu_blind_predictions/predictions.json",
-        help="output JSON (default: experiments/gpu_blind_predictions/predictions.json)",
+        default=str(DEFAULT_PREDICTIONS),
+        help=f"output JSON (default: {DEFAULT_PREDICTIONS}; the committed ones, which "
+        f"scripts/regenerate_fits.sh writes: {PREDICTIONS})",
     )
     predict.add_argument(
         "--jobs",

@@ -17,6 +17,7 @@ from heptstudy.locks import LOCK_NAME, holding
 from heptstudy.measure.parity import build_seeded
 from heptstudy.measure.request import Count, Overrides, Parameters, PlanName
 from heptstudy.meters.memory import make_meter
+from heptstudy.paths import OUTPUT_ROOT
 from heptstudy.study.common import StudyError
 from heptstudy.train.optim import build_optimizer, build_scheduler
 from heptstudy.train.precision import autocast_dtype
@@ -24,7 +25,7 @@ from heptstudy.train.step import run_step
 
 
 class PipelineParameters(Parameters):
-    out_dir: str | None = "experiments/pipeline"
+    out_dir: str | None = str(OUTPUT_ROOT / "pipeline")
     batch_size: Count = 2
     num_steps: Count = 4
     val_freq: Count = 2
@@ -40,7 +41,7 @@ class PipelineParameters(Parameters):
             "num_steps": self.num_steps,
             "val_freq": self.val_freq,
             "checkpoint_freq": self.checkpoint_freq,
-            "out_dir": out_dir or self.out_dir or "experiments/pipeline",
+            "out_dir": out_dir or self.out_dir or str(OUTPUT_ROOT / "pipeline"),
         }
         if self.seed is not None:
             train["seed"] = self.seed
