@@ -271,3 +271,16 @@ def test_torchrun_two_process_gloo_matches_single_process(tiny_data_dir, tmp_pat
     assert sorted(by_rank[0] + by_rank[1]) == sorted(
         _records(tmp_path / "single", "train")[0]["event_index_by_rank"][0]
     )
+
+
+def test_records_after_the_checkpoint_and_a_cut_line_are_dropped(tmp_path):
+    """What a resume finds after a stopped or killed attempt: steps past its checkpoint and a
+    line the kill cut short."""
+    from heptstudy.train.out_dir import drop_records_after
+
+    records = [{"kind": "train", "step": s} for s in (1, 2, 3)]
+    records.insert(2, {"kind": "validation", "step": 2})
+    lines = [json.dumps(r) + "\n" for r in records]
+    (tmp_path / "metrics.jsonl").write_text("".join(lines) + '{"kind": "train", "st')
+    drop_records_after(tmp_path, 2)
+    assert (tmp_path / "metrics.jsonl").read_text() == "".join(lines[:3])

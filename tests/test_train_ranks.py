@@ -99,6 +99,21 @@ def test_a_resume_continues_each_rank_s_own_random_sequence(runs):
     assert resumed == whole  # exactly: every loss of the resumed steps as uninterrupted
 
 
+def test_an_interrupted_step_leaves_no_records_and_a_resume_no_duplicates(runs):
+    said = [
+        line
+        for line in runs["interrupted_stderr"].splitlines()
+        if line.startswith("heptstudy: interrupted:")
+    ]
+    assert len(said) == RANKS and all("step_000002.pt" in line for line in said), said
+    # step 3 was recorded before the interrupt in step 4: not kept, as the message says
+    assert sorted({r["step"] for r in runs["left"]}) == [1, 2]
+    steps = [r["step"] for r in _records(runs["stopped"]) if r["kind"] == "train"]
+    assert steps == list(range(1, STEPS + 1))
+    validations = [r["step"] for r in _records(runs["stopped"]) if r["kind"] == "validation"]
+    assert validations == [2, 4]
+
+
 def test_a_resume_with_another_number_of_processes_is_refused(runs, tiny_data_dir, tmp_path):
     from heptstudy.config import load_config
     from heptstudy.errors import HeptstudyError

@@ -4,10 +4,12 @@ wrote it; later steps' files there are refused, not replaced)."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from pathlib import Path
 
-from heptstudy.atomic import folder_write_problem
+from heptstudy.atomic import atomic_write_text, folder_write_problem
 from heptstudy.errors import HeptstudyError
 from heptstudy.locks import LOCK_NAME
 
@@ -129,7 +131,8 @@ def _run_of(checkpoint: Path, out: Path) -> Path | None:
     return out / run.name if run.parent == root and RUN_NAME.match(run.name) else None
 
 
-def _step_of(path: Path) -> int:
+def step_of(path: Path) -> int:
+    """The step of a ``step_NNNNNN.pt`` or ``.npz`` file; -1 for another name."""
     return int(m.group(1)) if (m := STEP_FILE.match(path.name)) else -1
 
 
@@ -139,7 +142,7 @@ def _refuse_later_steps(run: Path, step: int) -> None:
         for folder in ("checkpoints", "predictions")
         if (run / folder).is_dir()
         for p in (run / folder).iterdir()
-        if _step_of(p) > step
+        if step_of(p) > step
     ):
         raise OutputDirError(
             f"resuming step {step} in {str(run)!r} would replace files of later steps, written "
@@ -152,7 +155,29 @@ def _refuse_later_steps(run: Path, step: int) -> None:
 def latest_checkpoint(folder: Path) -> Path | None:
     """The ``step_*.pt`` file of ``folder`` with the highest step number."""
     found = list(folder.glob("step_*.pt")) if folder.is_dir() else []
-    return max(found, key=_step_of) if found else None
+    return max(found, key=step_of) if found else None
+
+
+def drop_records_after(run: Path, step: int) -> None:
+    """Remove from the run's ``metrics.jsonl`` the records of the steps after ``step``, the
+    latest checkpoint's: those steps are not kept, and a resume runs them again."""
+    metrics = run / "metrics.jsonl"
+    if not metrics.is_file():
+        return
+    lines = metrics.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _record_step(line) <= step]
+    if kept != lines:
+        atomic_write_text(metrics, "".join(kept))
+
+
+def _record_step(line: str) -> float:
+    # a line a killed run left unfinished is no record, and what follows would join it
+    if not line.endswith("\n"):
+        return math.inf
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, TypeError, KeyError):
+        return math.inf
 
 
 def config_file_name(run: Path, text: str, resume_step: int | None) -> Path:

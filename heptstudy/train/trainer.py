@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,8 +33,10 @@ from heptstudy.train.model_size import check_model_fits
 from heptstudy.train.out_dir import (
     choose_out_dir,
     config_file_name,
+    drop_records_after,
     latest_checkpoint,
     recheck_held,
+    step_of,
 )
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.state import (
@@ -245,7 +249,7 @@ def _loop(run: _Run, progress: bool) -> dict[str, Any]:
     run.net.train()
     step = run.start
     with (
-        _interrupt_said(run.out, lambda: step, bar),
+        _interrupt_said(run.out, lambda: step, bar, writes=run.ctx.is_main),
         PrefetchingLoader(run.loader, config.data.prefetch_batches) as batches,
     ):
         for step in range(run.start + 1, config.train.num_steps + 1):
@@ -291,6 +295,8 @@ def _open_run(run: _Run) -> None:
     text = run_config.to_yaml()
     atomic_write_text(config_file_name(run.out, text, run.resume_step), text)
     if run.resume_step is not None:
+        # records of the steps after the checkpoint, left by an attempt that was stopped
+        drop_records_after(run.out, run.resume_step)
         _write_json_line(
             run.metrics_path, {"kind": "resume", "step": run.start, "from": str(Path(run.resume))}
         )
@@ -349,14 +355,18 @@ def _unblock_resume(out: Path, step: int) -> Path | None:
 
 
 @contextlib.contextmanager
-def _interrupt_said(out: Path, step: Callable[[], int], bar: Any):
-    """Ctrl-C during training: one line with the checkpoint kept and the command that goes on."""
+def _interrupt_said(out: Path, step: Callable[[], int], bar: Any, writes: bool):
+    """Ctrl-C during training: one line with the checkpoint kept and the command that goes on;
+    the records of the steps after it are removed (by the rank that ``writes`` them)."""
     try:
         yield
     except KeyboardInterrupt:
-        bar.close()  # the line below starts a line of its own
-        now = step()
-        latest = _unblock_resume(out, now)
+        with _ctrl_c_ignored():
+            bar.close()  # the line below starts a line of its own
+            now = step()
+            latest = _unblock_resume(out, now)
+            if writes:
+                drop_records_after(out, step_of(latest) if latest is not None else 0)
         kept = (
             f"the checkpoint {latest} and the steps up to it are kept; later steps were not. Go "
             f"on with the same command and --resume {latest}"
@@ -365,6 +375,19 @@ def _interrupt_said(out: Path, step: Callable[[], int], bar: Any):
             "the same command and --new-run (a new numbered run folder beside this one)"
         )
         raise Interrupted(f"training stopped during step {now} in {out}: {kept}") from None
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored():
+    """torchrun passes its own Ctrl-C on to the workers, which have theirs already: the second
+    must not cut the clean-up after the first short."""
+    main = threading.current_thread() is threading.main_thread()  # the one that sets handlers
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpoint: Path):
