@@ -120,8 +120,6 @@ def generate_datasets(
     workers: int | None = None,
 ) -> dict[str, Any]:
     """Write both data sets for ``configs``; the result does not depend on ``workers``."""
-    from tqdm.auto import tqdm
-
     configs = [str(c) for c in configs]
     data_dir = Path(data_dir)
     _check_arguments(data_dir, configs, occupancy_scale)
@@ -132,62 +130,10 @@ def generate_datasets(
         _check_arguments(data_dir, configs, occupancy_scale)
         metadata = _metadata(seed, occupancy_scale, events_train, events_test)
         counts = {"train": int(events_train), "test": int(events_test)}
-        total = len(configs) * sum(counts.values())
-        bar = tqdm(total=total, desc="generating events", unit="ev", disable=not progress)
         t0 = time.perf_counter()
-        if workers is None:
-            workers = min(2, os.cpu_count() or 1)
-        pool = None
-        if workers > 1 and total > 8:
-            import multiprocessing
-
-            # Ctrl-C reaches the workers too: the parent alone answers it, once
-            pool = multiprocessing.get_context("fork").Pool(
-                workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
-            )
-        # published only when all are finished: a failure leaves none, so a rerun simply works
-        finished: list[ArrayRecordDatasetWriter] = []
-        try:
-            for config in configs:
-                md = dict(metadata, config=config)
-                writers = [
-                    ArrayRecordDatasetWriter(data_dir, name, config, counts, md, text)
-                    for name, text in DESCRIPTIONS.items()
-                ]
-                finished += writers
-                for split, n in counts.items():
-                    jobs = [(seed, config, split, i, occupancy_scale) for i in range(n)]
-                    results = (
-                        pool.imap(_serialized_event, jobs, chunksize=4)
-                        if pool
-                        else map(_serialized_event, jobs)
-                    )
-                    for examples in results:
-                        for writer, data in zip(writers, examples, strict=True):
-                            writer.add_serialized(split, data)
-                        bar.update(1)
-                for writer in writers:
-                    writer.finish()
-            for writer in finished:
-                writer.publish()
-        except BaseException as exc:
-            if pool is not None:  # its queued events are no longer wanted
-                pool.terminate()
-            for writer in finished:
-                writer.discard()
-            if isinstance(exc, OSError):
-                raise DataError(
-                    f"writing the data sets to {str(data_dir)!r} failed: {exc.strerror or exc}"
-                    f"{f' ({exc.filename})' if exc.filename else ''}; none of them was put in place "
-                    f"and nothing is left half-written. {os_error_advice(exc)}, and run the same "
-                    "command again"
-                ) from None
-            raise
-        finally:
-            bar.close()
-            if pool is not None:
-                pool.close()
-                pool.join()
+        _write_datasets(
+            data_dir, configs, counts, metadata, seed, occupancy_scale, progress, workers
+        )
         return {
             "data_dir": str(data_dir),
             "configs": configs,
@@ -195,3 +141,69 @@ def generate_datasets(
             "seconds": time.perf_counter() - t0,
             "metadata": metadata,
         }
+
+
+def _worker_pool(workers: int | None, events: int):
+    """A pool of ``workers`` processes (default: up to 2), or None where one process will do."""
+    if workers is None:
+        workers = min(2, os.cpu_count() or 1)
+    if workers <= 1 or events <= 8:
+        return None
+    import multiprocessing
+
+    # Ctrl-C reaches the workers too: the parent alone answers it, once
+    return multiprocessing.get_context("fork").Pool(
+        workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+    )
+
+
+def _write_datasets(data_dir, configs, counts, metadata, seed, occupancy_scale, progress, workers):
+    """Every config's two data sets, written event by event and put in place together."""
+    from tqdm.auto import tqdm
+
+    total = len(configs) * sum(counts.values())
+    bar = tqdm(total=total, desc="generating events", unit="ev", disable=not progress)
+    pool = _worker_pool(workers, total)
+    # published only when all are finished: a failure leaves none, so a rerun simply works
+    finished: list[ArrayRecordDatasetWriter] = []
+    try:
+        for config in configs:
+            md = dict(metadata, config=config)
+            writers = [
+                ArrayRecordDatasetWriter(data_dir, name, config, counts, md, text)
+                for name, text in DESCRIPTIONS.items()
+            ]
+            finished += writers
+            for split, n in counts.items():
+                jobs = [(seed, config, split, i, occupancy_scale) for i in range(n)]
+                results = (
+                    pool.imap(_serialized_event, jobs, chunksize=4)
+                    if pool
+                    else map(_serialized_event, jobs)
+                )
+                for examples in results:
+                    for writer, data in zip(writers, examples, strict=True):
+                        writer.add_serialized(split, data)
+                    bar.update(1)
+            for writer in writers:
+                writer.finish()
+        for writer in finished:
+            writer.publish()
+    except BaseException as exc:
+        if pool is not None:  # its queued events are no longer wanted
+            pool.terminate()
+        for writer in finished:
+            writer.discard()
+        if isinstance(exc, OSError):
+            raise DataError(
+                f"writing the data sets to {str(data_dir)!r} failed: {exc.strerror or exc}"
+                f"{f' ({exc.filename})' if exc.filename else ''}; none of them was put in place "
+                f"and nothing is left half-written. {os_error_advice(exc)}, and run the same "
+                "command again"
+            ) from None
+        raise
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.close()
+            pool.join()
