@@ -3,9 +3,12 @@ sequence, and a step interrupted before its checkpoint leaves no records."""
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -128,3 +131,34 @@ def test_a_resume_with_another_number_of_processes_is_refused(runs, tiny_data_di
     assert f"a run of {RANKS} processes and this one has 1" in said, said
     assert "--new-run" in said and "nothing was written" in said
     assert not out.exists()
+
+
+def test_ctrl_c_of_the_launcher_leaves_one_line_per_process(tiny_data_dir, tmp_path):
+    """``heptstudy train --nproc-per-node 2``, Ctrl-C in the terminal (the whole foreground
+    group): each process says what was kept, torchrun adds no traceback, and the records end
+    at the checkpoint named."""
+    out = tmp_path / "run"
+    overrides = tiny_train_overrides(tiny_data_dir, out, num_steps=500, checkpoint_freq=2)
+    command = [sys.executable, "-m", "heptstudy", "train", "--no-progress"]
+    command += [*set_options(overrides), "--nproc-per-node", str(RANKS)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "checkpoints" / "step_000002.pt").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == -signal.SIGINT, err
+    lines = err.splitlines()
+    assert len(lines) == RANKS and len(set(lines)) == 1, err
+    kept = re.search(r"heptstudy: interrupted: .* --resume (\S+step_(\d{6})\.pt)$", lines[0])
+    assert kept and Path(kept.group(1)).is_file(), err
+    assert max(r["step"] for r in _records(out)) == int(kept.group(2))
