@@ -133,7 +133,7 @@ def memory_categories(categories: dict[str, int], title: str = "", by_module=Non
 
 
 #: padded batches drawn solid with dots, packed ones dashed with diamonds
-BATCHING_STYLE = {"padded": ("o-", ""), "packed": ("D--", ", packed")}
+BATCHING_STYLE = {False: ("o-", ""), True: ("D--", ", packed")}
 
 
 def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> Any:
@@ -142,8 +142,8 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
 
     fig, ax = _ax()
     mem = mem[mem["policy_label"].isin(["off", "full"])]
-    for batching, (style, suffix) in BATCHING_STYLE.items():
-        of_kind = mem[mem["batching"] == batching]
+    for packed, (style, suffix) in BATCHING_STYLE.items():
+        of_kind = mem[mem["packed_batches"] == packed]
         for ckpt in (False, True):
             sel = of_kind[(of_kind["checkpointing"] == ckpt) & of_kind[column].notna()]
             if sel.empty:
@@ -153,7 +153,7 @@ def memory_vs_batch(mem, column: str, ylabel: str, oom=None, tag: str = "") -> A
                 sel["batch_size"], sel[column], style, color=COLORS[ckpt], label=label, lw=2, ms=7
             )
             for b, v in zip(sel["batch_size"], sel[column], strict=True):
-                dy = 5 if batching == "padded" else -14
+                dy = -14 if packed else 5
                 _note(ax, f"{v:,.0f}", (b, v), (5, dy), fontsize=9, color=COLORS[ckpt])
     if oom is not None and not oom.empty:
         top = max(ax.get_ylim()[1], 1.0)

@@ -201,6 +201,7 @@ def _row(name, b, ckpt, alloc, reserved, t, status="ok", kind="memory", policy="
         "kind": kind,
         "status": status,
         "batch_size": b,
+        "packed_batches": False,
         "batching": "padded",
         "checkpointing": ckpt,
         "policy": policy if ckpt else "none",
@@ -305,7 +306,8 @@ def test_packing_frame_pairs_the_same_plan_by_round():
     for rnd, (pad_t, pack_t) in enumerate([(10.0, 8.0), (11.0, 9.9), (9.0, 7.2)], start=1):
         for batching, t, alloc in (("padded", pad_t, 1000.0), ("packed", pack_t, 850.0)):
             row = _row(f"{batching}_b4", 4, False, alloc, alloc * 1.5, t)
-            row.update(round=rnd, batching=batching, peak_batch_hits=800, peak_batch_slots=1000)
+            row.update(round=rnd, batching=batching, packed_batches=batching != "padded")
+            row.update(peak_batch_hits=800, peak_batch_slots=1000)
             rows.append(row)
     frame = study.packing_frame(pd.DataFrame(rows)).iloc[0]
     assert frame["policy"] == "off" and frame["rounds"] == 3

@@ -8,6 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from heptstudy.cli import add_set_arg
+from heptstudy.data.layout import BATCHINGS
 from heptstudy.errors import HeptstudyError
 from heptstudy.fitting.api import DEFAULT_SCENARIO, DEFAULT_VARIANT, FitRequest, fit
 from heptstudy.fitting.reports import expand_report_paths
@@ -116,7 +117,7 @@ def register_cli(subparsers) -> None:
     )
     p.add_argument(
         "--batching",
-        choices=["padded", "packed"],
+        choices=BATCHINGS,
         help="padded: every event filled to its batch's longest; packed: the batch's events in "
         "one stream, the answer over the batch's slots in all (default: the recipe's)",
     )

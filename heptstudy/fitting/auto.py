@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heptstudy.data.batching import padded_sizes
+from heptstudy.data.layout import BATCHINGS
 from heptstudy.fitting.draws import draws_for
 from heptstudy.model.adaptive_checkpointing import NoPlanFits
 from heptstudy.model.checkpoint_plan import AUTO
@@ -124,7 +125,7 @@ def evaluate_auto(
 
 def auto_words(a: AutoAnswer) -> list[str]:
     plans = ", ".join(f"{n} {f:.1%}" for n, f in a.plan_fractions.items() if f > 0) or "none"
-    kind = "packed" if a.packed else "padded"
+    kind = BATCHINGS[a.packed]
     runs = (
         f"runs {a.worst_batch_plan}, predicted peak {a.worst_batch_peak_mib:,.0f} MiB allocated"
         if a.worst_batch_plan

@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from heptstudy.atomic import Output, atomic_write_text, json_text, write_text_or_keep
-from heptstudy.data.layout import BatchGeometry
+from heptstudy.data.layout import BATCHINGS, BatchGeometry, is_packed
 from heptstudy.errors import HeptstudyError, describe_invalid
 from heptstudy.meters.allocator import allocator_in_use
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
@@ -294,6 +294,13 @@ class BenchReport(_Strict):
     fingerprint: str | None = None
 
     @property
+    def packed(self) -> bool:
+        """Whether its batches were packed (a run that stopped before any step: as configured)."""
+        if self.geometry is not None:
+            return self.geometry.packed
+        return is_packed((self.config.get("data") or {}).get("batching", ""))
+
+    @property
     def plan(self) -> CheckpointPlan:
         """The checkpointing plan measured (off in a parity report)."""
         layers = self.config.get("model", {}).get("heptv2", {}).get("num_convs")
@@ -308,7 +315,7 @@ class BenchReport(_Strict):
             return data
         config = data.get("config")
         data_config = config.get("data") if isinstance(config, dict) else None
-        batching = (data_config or {}).get("batching", "padded")
+        batching = (data_config or {}).get("batching", BATCHINGS[0])
         steps = []
         for st in data["steps"]:
             if isinstance(st, dict) and "geometry" not in st and st.get("padded_hits"):

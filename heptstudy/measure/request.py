@@ -40,6 +40,7 @@ from heptstudy.config import (
     parse_overrides,
     parse_plan_name,
 )
+from heptstudy.data.layout import is_packed
 from heptstudy.errors import ConfigError, describe_invalid
 from heptstudy.meters.allocator import measurement_allocator
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_of, report_part
@@ -312,7 +313,7 @@ class MeasurementRequest(Parameters):
         """The report name, e.g. ``checkpointed_every2_b4``, ``packed_baseline_b4`` or
         ``parity_deterministic_b1``."""
         b = self.batch_size
-        packed = "packed_" if self.batching == "packed" else ""
+        packed = "packed_" if is_packed(self.batching) else ""
         if self.kind == PARITY:
             return f"{packed}parity{'_deterministic' if self.deterministic else ''}_b{b}"
         return f"{packed}{report_part(self.checkpointing)}_b{b}"

@@ -143,12 +143,12 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
     measured step time: ``(table, skipped)``. Calibrates on a fake device (about 30 s each)."""
     import pandas as pd
 
-    measured = {}
+    # each auto run is shown with its own time and full's on batches of the same geometry
+    full_times = {}
     for _, r in reports:
         if r.kind == MEMORY and r.status == "ok" and r.summary.mean_step_time_s is not None:
-            label = r.plan.label
-            if label in ("auto", "full"):
-                measured[(label, r.batch_size)] = r.summary.mean_step_time_s
+            if r.plan.name == "full":
+                full_times[(r.packed, r.batch_size)] = r.summary.mean_step_time_s
     rows, skipped = [], []
     for _, r in reports:
         c = r.checkpointing
@@ -160,7 +160,12 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
         order = r.config.get("model", {}).get("heptv2", {}).get("auto_plan_order")
         if order:
             overrides.append(f"model.heptv2.auto_plan_order=[{','.join(order)}]")
-        request = dict(platform=platform, per_device_batch=r.batch_size, checkpointing="auto")
+        request = dict(
+            platform=platform,
+            per_device_batch=r.batch_size,
+            checkpointing="auto",
+            batching=r.geometry.batching,
+        )
         result, why = _study_fit(runs, reports, **request, overrides=tuple(overrides))
         if why:
             skipped.append(f"{r.name}: {why}")
@@ -174,6 +179,7 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
                 "run": r.name,
                 "platform": platform,
                 "batch": r.batch_size,
+                "batching": r.geometry.batching,
                 "budget [MiB]": a.budget_mib,
                 "steps checkpointing [%]": 100 * a.checkpointing_fraction,
                 "plans [% of steps]": ", ".join(
@@ -182,9 +188,9 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
                 "P(step exceeds budget)": a.p_step_exceeds_budget,
                 "expected step auto [s]": a.mean_step_s,
                 "expected step full [s]": a.mean_step_full_s,
-                "measured step auto, round 1 [s]": measured.get(("auto", r.batch_size)),
-                "measured step full, round 1 [s]": measured.get(("full", r.batch_size)),
-                "times": a.not_available or "seconds per padded hit of the study's reports",
+                "measured step auto, round 1 [s]": r.summary.mean_step_time_s,
+                "measured step full, round 1 [s]": full_times.get((r.packed, r.batch_size)),
+                "times": a.not_available or "seconds per slot of the study's reports",
             }
         )
     return (pd.DataFrame(rows).round(3) if rows else None), skipped

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from heptstudy.config import load_config
+from heptstudy.data.layout import BATCHINGS
 from heptstudy.data.stats import hits_stats
 from heptstudy.measure.report import ReportError
 from heptstudy.measure.report_checks import checked_report, untrusted
@@ -82,15 +83,13 @@ def host_usage_of(report) -> dict[str, float | None]:
     }
 
 
-def peak_batch(report, batching: str) -> dict[str, int | None]:
+def peak_batch(report) -> dict[str, int | None]:
     """Real hits and slots of the counted step with the highest peak allocated."""
     counted = [st for st in report.steps if st.counted and st.peak_allocated_mib is not None]
     if not counted:
         return {"peak_batch_hits": None, "peak_batch_slots": None}
     st = max(counted, key=lambda s: s.peak_allocated_mib)
-    pads = st.padded_hits
-    slots = sum(pads) if batching == "packed" else len(pads) * max(pads, default=0)
-    return {"peak_batch_hits": sum(st.hits), "peak_batch_slots": slots}
+    return {"peak_batch_hits": sum(st.hits), "peak_batch_slots": st.geometry.slots}
 
 
 def reports_frame(reports) -> Any:
@@ -100,7 +99,6 @@ def reports_frame(reports) -> Any:
     for path, r in reports:
         s = r.summary
         counted = [st for st in r.steps if st.counted]
-        batching = (r.config.get("data") or {}).get("batching", "padded")
         line, _, round_ = locate(Path(*Path(path).parts[-3:]))
         plan = r.plan
         on = "auto" if plan is AUTO else plan is not OFF
@@ -113,8 +111,9 @@ def reports_frame(reports) -> Any:
                 "kind": r.kind,
                 "status": r.status,
                 "batch_size": r.batch_size,
-                "batching": batching,
-                **peak_batch(r, batching),
+                "packed_batches": r.packed,
+                "batching": BATCHINGS[r.packed],
+                **peak_batch(r),
                 "checkpointing": on,
                 "policy": (None if plan is AUTO else plan.policy) if on else "none",
                 "checkpoint_every": (plan.every or None) if on is True else None,
@@ -153,6 +152,7 @@ def reports_frame(reports) -> Any:
         "kind",
         "status",
         "batch_size",
+        "packed_batches",
         "batching",
         "checkpointing",
         "policy",
@@ -174,13 +174,13 @@ def memory_frame(df) -> Any:
         & (df["round"] == 1)
         & (df["allocator_line"] == "platform")
     ]
-    keys = [k for k in ("batching", "batch_size", "checkpointing") if k in ok.columns]
+    keys = [k for k in ("packed_batches", "batch_size", "checkpointing") if k in ok.columns]
     return ok.sort_values(keys).reset_index(drop=True)
 
 
 def padded(df):
     """The padded batches' runs: checkpointing is compared with ``off`` on the recipe's batches."""
-    return df[df["batching"] == "padded"] if "batching" in df.columns else df
+    return df[~df["packed_batches"].astype(bool)] if "packed_batches" in df.columns else df
 
 
 def against_off(df):

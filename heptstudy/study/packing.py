@@ -38,22 +38,22 @@ def packing_frame(df) -> Any:
 
     rows = []
     mem = memory_frame(df)
-    if mem.empty or "batching" not in mem.columns:
+    if mem.empty or "packed_batches" not in mem.columns:
         return pd.DataFrame(columns=list(PACKING_COLUMNS))
     timed = df[(df["kind"] == MEMORY) & (df["status"] == "ok") & df["mean_step_s"].notna()]
     timed = timed[timed["allocator_line"] == "platform"]
     for (b, label), group in mem.groupby(["batch_size", "policy_label"], sort=True):
-        by = group.drop_duplicates("batching").set_index("batching")
-        if not {"padded", "packed"} <= set(by.index):
+        by = group.drop_duplicates("packed_batches").set_index("packed_batches")
+        if not {False, True} <= set(by.index):
             continue
-        pad, pack = by.loc["padded"], by.loc["packed"]
+        pad, pack = by.loc[False], by.loc[True]
         runs = timed[(timed["batch_size"] == b) & (timed["policy_label"] == label)]
         steps = {
             k: g.drop_duplicates("round").set_index("round")["mean_step_s"]
-            for k, g in runs.groupby("batching")
+            for k, g in runs.groupby("packed_batches")
         }
-        paired = sorted(set(steps.get("padded", {}).keys()) & set(steps.get("packed", {}).keys()))
-        ratios = [steps["packed"][k] / steps["padded"][k] for k in paired]
+        paired = sorted(set(steps.get(False, {}).keys()) & set(steps.get(True, {}).keys()))
+        ratios = [steps[True][k] / steps[False][k] for k in paired]
         median = {s: statistics.median(steps[s][k] for k in paired) for s in steps if paired}
         rows.append(
             {
@@ -65,8 +65,8 @@ def packing_frame(df) -> Any:
                 "real_hit_share": _ratio(pad["peak_batch_hits"], pad["peak_batch_slots"]),
                 "padded_reserved_mib": pad["peak_reserved_mib"],
                 "packed_reserved_mib": pack["peak_reserved_mib"],
-                "padded_step_s": median.get("padded"),
-                "packed_step_s": median.get("packed"),
+                "padded_step_s": median.get(False),
+                "packed_step_s": median.get(True),
                 "step_ratio_median": statistics.median(ratios) if ratios else None,
                 "step_ratio_min": min(ratios, default=None),
                 "step_ratio_max": max(ratios, default=None),
