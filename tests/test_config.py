@@ -1,3 +1,5 @@
+import json
+import os
 import re
 import subprocess
 import sys
@@ -6,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from heptstudy.config import ConfigError, load_config
+from heptstudy.config import ConfigError, HEPTv2Config, as_yaml, load_config, load_platform
 
 
 def test_defaults_are_the_recommended_model():
@@ -186,3 +188,118 @@ def test_numbers_that_are_not_finite_are_refused(value):
         ConfigError, match=r"train\.lr=\S+ is not allowed: Input should be a finite number"
     ):
         load_config(overrides=[f"train.lr={value}"])
+
+
+@pytest.mark.parametrize("command", [["config", "show"], ["bench"]])
+@pytest.mark.parametrize(
+    "value,problem",
+    [
+        ("!!python/object:os.system", "could not determine a constructor for the tag"),
+        ("*a", "found undefined alias"),
+        ("&a [*a]", "YAML recursive aliases are not supported"),
+        ("!!float abc", "a date or !!tagged value that cannot be built"),
+        ("[" * 1001 + "]" * 1001, "exceeded maximum nesting depth"),
+    ],
+)
+def test_set_values_yaml_cannot_read_are_named_not_a_traceback(capsys, command, value, problem):
+    from heptstudy.cli import main
+
+    item = f"model.heptv2.width={value}"
+    assert main([*command, "--set", item]) == 2
+    said = capsys.readouterr().err
+    shown = value if len(value) <= 60 else f"{value[:57]}..."
+    assert (
+        f"override model.heptv2.width: its value {shown!r} is not YAML that can be read "
+        f"({problem}" in said
+    ), said
+    assert "a value is a number, true/false, null, a word or a [list]" in said
+    quoted = json.dumps(value) if len(value) <= 60 else '"TEXT"'
+    assert f"to give it as text, quote it: --set 'model.heptv2.width={quoted}'" in said
+
+
+def test_config_that_is_no_regular_file_is_refused_as_such(tmp_path, capsys):
+    from heptstudy.cli import main
+
+    assert main(["config", "show", "--config", os.devnull]) == 2
+    said = capsys.readouterr().err
+    assert f"configuration file '{os.devnull}' is not a regular file (a device, a pipe" in said
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)  # read, it would wait for a writer for ever
+    with pytest.raises(ConfigError) as err:
+        load_config(pipe)
+    assert f"configuration file {str(pipe)!r} is not a regular file" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text,problem",
+    [
+        ("- a\n- b\n", "must hold a mapping of KEY: VALUE lines, found list; write its settings"),
+        ("train: {seed: 2001-13-01}\n", "(a date or !!tagged value that cannot be built)"),
+        ("train: {seed: !!bool maybe}\n", "(a date or !!tagged value that cannot be built)"),
+        # deeper than any recursion limit a process sets (tests/test_import_order.py: 10,000)
+        ("train: " + "[" * 100_000 + "]" * 100_000, "(lists or mappings nested too deep)"),
+    ],
+)
+def test_config_file_yaml_cannot_read_or_use_is_named(tmp_path, text, problem):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"configuration file {str(path)!r}" in str(err.value) and problem in str(err.value)
+
+
+def test_an_empty_config_file_is_still_the_defaults(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    assert load_config(tmp_path / "empty.yaml") == load_config()
+
+
+@pytest.mark.parametrize(
+    "value,shown,why",
+    [
+        ("1e30", "1.0e+30", " (with a decimal point or an exponent a number is exact only up to"),
+        ("1.5", "1.5", ";"),
+        (".inf", ".inf", ";"),
+        (".nan", ".nan", ";"),
+    ],
+)
+def test_whole_number_keys_refuse_fractions_infinities_and_rounded_floats(value, shown, why):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[f"model.heptv2.width={value}"])
+    default = HEPTv2Config().width
+    assert (
+        f"model.heptv2.width={shown} is not allowed: takes a whole number, not {shown}{why}"
+        in str(err.value)
+    )
+    assert f"give a whole number, for example the default {default}" in str(err.value)
+
+
+def test_bench_refuses_a_rounded_float_width():
+    from heptstudy.cli import build_parser
+    from heptstudy.cli.bench import request_from_args
+
+    args = build_parser().parse_args(["bench", "--set", "model.heptv2.width=1e30"])
+    with pytest.raises(ConfigError, match=r"width=1\.0e\+30 is not allowed: takes a whole number"):
+        request_from_args(args).resolve()
+
+
+def test_whole_floats_and_large_widths_are_still_read():
+    # no bound on width here: whether a model fits is the model-size check's to say
+    exact = 2**53
+    for value, expected in [("512.0", 512), ("1e15", 10**15), (str(exact), exact)]:
+        assert load_config(overrides=[f"model.heptv2.width={value}"]).model.heptv2.width == expected
+
+
+@pytest.mark.parametrize("value", [1.5, True, 1e30])
+def test_a_profile_key_without_default_refuses_a_wrong_number_cleanly(tmp_path, value):
+    from heptstudy.paths import REPO_ROOT
+
+    assert REPO_ROOT is not None
+    profile = yaml.safe_load((REPO_ROOT / "configs/training/platforms/local_cpu.yaml").read_text())
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({**profile, "devices_per_node": value}))
+    with pytest.raises(ConfigError) as err:
+        load_platform(path)
+    assert f"devices_per_node={as_yaml(value)} is not allowed: takes a whole number" in str(
+        err.value
+    )
+    assert str(err.value).splitlines()[1].endswith("give a whole number")

@@ -1,5 +1,5 @@
 """The base of every schema of user input: unlike plain pydantic, a number key refuses
-true/false and a true/false key refuses numbers."""
+true/false, a true/false key refuses numbers and a whole-number key refuses 1.5, inf and 1e30."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from heptstudy.config.yaml_text import as_yaml, parse_overrides
@@ -36,6 +37,24 @@ def _bool_mixup(kind: Any, value: Any) -> bool:
     return kind is bool and isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+#: Whole numbers a float holds exactly; past it 1e30 is 1000000000000000019884624838656, not the
+#: number written, so a float is read as a whole number only up to here.
+_EXACT = 2**53
+_BEYOND_EXACT = (
+    " (with a decimal point or an exponent a number is exact only up to 2**53; write a larger "
+    "one out in digits)"
+)
+
+
+def _inexact_whole(value: Any) -> float | None:
+    """The first float in ``value`` that is no exact whole number: a fraction, inf or nan, or
+    beyond :data:`_EXACT`; pydantic would round the last to a whole number nobody wrote."""
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(item, float) and not (item.is_integer() and abs(item) <= _EXACT):
+            return item
+    return None
+
+
 class StrictInput(BaseModel):
     """The schema of user input (configuration, measurement request); a string given for a
     number or true/false is read as a ``--set KEY=VALUE``'s VALUE is."""
@@ -45,7 +64,7 @@ class StrictInput(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+    def _numbers_as_meant(cls, value: Any, info: ValidationInfo) -> Any:
         # pydantic's lax mode turns true into 1 and 1 into true: a typo, never an intention
         field = cls.model_fields.get(info.field_name or "")
         kind = _scalar_kind(field.annotation) if field else None
@@ -54,13 +73,27 @@ class StrictInput(BaseModel):
         if isinstance(value, str):  # as the VALUE of KEY=VALUE; unreadable text stays
             with suppress(ConfigError):
                 value = parse_overrides([f"value={value}"])["value"]
-        if not _bool_mixup(kind, value):
-            return value
-        wanted = "true or false" if kind is bool else f"{'a whole' if kind is int else 'a'} number"
-        got = "a number" if kind is bool else "true/false"
-        default = field.get_default(call_default_factory=True)
-        example = f", for example the default {as_yaml(default)}" if default is not None else ""
-        raise PydanticCustomError(
-            "bool_number_mixup",
-            f"takes {wanted}, not {got}; give {wanted}{example or ' or null (the default)'}",
-        )
+        if _bool_mixup(kind, value):
+            wanted = (
+                "true or false" if kind is bool else f"{'a whole' if kind is int else 'a'} number"
+            )
+            got = "a number" if kind is bool else "true/false"
+            raise PydanticCustomError(
+                "bool_number_mixup", f"takes {wanted}, not {got}; {_give(field, wanted)}"
+            )
+        if kind is int and (inexact := _inexact_whole(value)) is not None:
+            why = _BEYOND_EXACT if inexact.is_integer() else ""
+            raise PydanticCustomError(
+                "inexact_whole_number",
+                f"takes a whole number, not {as_yaml(inexact)}{why}; "
+                f"{_give(field, 'a whole number')}",
+            )
+        return value
+
+
+def _give(field: FieldInfo, wanted: str) -> str:
+    if field.is_required():  # no default to show (a platform profile's device, say)
+        return f"give {wanted}"
+    default = field.get_default(call_default_factory=True)
+    example = f", for example the default {as_yaml(default)}" if default is not None else ""
+    return f"give {wanted}{example or ' or null (the default)'}"

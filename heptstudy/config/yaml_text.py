@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,25 +19,48 @@ def as_yaml(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
+#: What PyYAML's safe constructors raise, besides YAMLError, for a value that parses but cannot
+#: be built (a date 2001-13-01, ``!!float abc``, ``!!bool maybe``, lists nested thousands deep).
+_UNBUILDABLE = (ValueError, AttributeError, KeyError, RecursionError)
+
+
+def _yaml_problem(err: Exception) -> str:
+    """The parser's words for text it could not read as YAML, never its snippet of the text."""
+    if isinstance(err, yaml.YAMLError):
+        return getattr(err, "problem", None) or "unreadable"
+    if isinstance(err, RecursionError):
+        return "lists or mappings nested too deep"
+    return "a date or !!tagged value that cannot be built"
+
+
+def _no_file(p: Path) -> str | None:
+    """Why ``p`` is no file to read YAML from, or None."""
+    if p.is_file():
+        return None
+    if p.is_dir():
+        return "is a folder"
+    # /dev/null would read as an empty file; /dev/zero or a named pipe would never end
+    return (
+        "is not a regular file (a device, a pipe or a socket)" if p.exists() else "does not exist"
+    )
+
+
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     """The mapping of a user's YAML file; every problem a :class:`ConfigError` naming the file."""
     p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{what} file {str(p)!r} is a folder; give the path of a YAML file")
-    if not p.is_file():
-        raise ConfigError(f"{what} file {str(p)!r} does not exist; give the path of a YAML file")
-    problem = None
+    if (problem := _no_file(p)) is not None:
+        raise ConfigError(f"{what} file {str(p)!r} {problem}; give the path of a YAML file")
     try:
         data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        # position and the parser's words only: its snippet is the content of any file at all
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = f"is not valid YAML{where} ({getattr(err, 'problem', None) or 'unreadable'})"
     except UnicodeDecodeError:
         problem = "is not text (not UTF-8)"
     except OSError as err:
         problem = f"cannot be read ({err.strerror or err})"
+    except (yaml.YAMLError, *_UNBUILDABLE) as err:
+        # position and the parser's words only: its snippet is the content of any file at all
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = f"is not valid YAML{where} ({_yaml_problem(err)})"
     if problem is not None:
         readable = " you can read" if problem.startswith("cannot") else ""
         raise ConfigError(
@@ -52,7 +76,8 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, Mapping):
         raise ConfigError(
-            f"{what} file {str(p)!r} must hold a mapping, found {type(data).__name__}"
+            f"{what} file {str(p)!r} must hold a mapping of KEY: VALUE lines, found "
+            f"{type(data).__name__}; write its settings as KEY: VALUE, one per line"
         )
     return dict(data)
 
@@ -82,7 +107,9 @@ def _alias_loop(data: Any) -> str | None:
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings (``--set``, a request's overrides) as nested mappings."""
+    """``KEY=VALUE`` strings (``--set``, a request's overrides) as nested mappings; each VALUE
+    read by OmegaConf's loader: PyYAML's safe one (no Python objects), refusing recursive
+    aliases and alias bombs too, and reading 1e3 as a number."""
     items = list(overrides)
     for item in items:
         if "=" not in item or item.startswith("="):
@@ -90,7 +117,24 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
                 f"override {item!r} is not of the form KEY=VALUE "
                 "(for example model.heptv2.activation_checkpointing=true)"
             )
+    conf = OmegaConf.create()
     try:
-        return OmegaConf.to_container(OmegaConf.from_dotlist(items), resolve=True)  # type: ignore[return-value]
+        for item in items:  # one by one: a value YAML cannot read is named with its KEY
+            conf.merge_with_dotlist([item])
+        return OmegaConf.to_container(conf, resolve=True)  # type: ignore[return-value]
     except OmegaConfBaseException as err:
         raise ConfigError(f"could not parse overrides {items}: {err}") from None
+    except (yaml.YAMLError, *_UNBUILDABLE) as err:
+        raise ConfigError(_unreadable_override(item, err)) from None
+
+
+def _unreadable_override(item: str, err: Exception) -> str:
+    key, _, value = item.partition("=")
+    short = len(value) <= 60  # a long value shown whole would bury the rest of the message
+    quoted = json.dumps(value if short else "TEXT")
+    return (
+        f"override {key}: its value {(value if short else value[:57] + '...')!r} is not YAML "
+        f"that can be read ({_yaml_problem(err)}); a value is a number, true/false, null, a word "
+        "or a [list] of them, without !!tags or *aliases; to give it as text, quote it: "
+        f"--set '{key}={quoted}'"
+    )
