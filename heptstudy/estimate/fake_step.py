@@ -45,7 +45,10 @@ TARGETS = ("cuda", "rocm", "cpu")
 DEFAULT_TORCH_VERSION = "2.11"
 
 if TYPE_CHECKING:
+    from heptstudy.estimate.autocast_policy import AutocastEmulation
+    from heptstudy.estimate.kernel_stand_ins import KernelChoices
     from heptstudy.meters.allocation_trace import StepTrace
+    from heptstudy.meters.memory import StepMemory
 
 
 @dataclass
@@ -157,71 +160,81 @@ def estimate_step(
     # a faithful target runs on fake CPU tensors (see the module doc)
     device_type = "cpu" if faithful else device_type or fake_device_type()
     version = torch_version or DEFAULT_TORCH_VERSION
-    with contextlib.ExitStack() as stack:
-        if faithful:
-            try:
-                emulation = stack.enter_context(target_autocast(version))
-            except UnknownTorchVersion as err:
-                raise HeptstudyError(str(err)) from None
-            kernels = stack.enter_context(target_kernels())
-        device = torch.device(device_type)
-        dtype = autocast_dtype(config, device)
-        hits = config.model.variant == HIT_VARIANT
-        real_targets = targets_from_batch(batch) if "ytarget" in batch and hits else None
-        torch.manual_seed(config.train.seed)
-        with torch.device("meta"):
-            model = build_model(config)
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
+    meter_class = TracingMemoryMeter if record_trace else TrackedMemoryMeter
+    meter = meter_class(torch.device(device_type), scratch=scratch_bytes if faithful else None)
+    emulating = _target_emulation(version) if faithful else contextlib.nullcontext((None, None))
+    with emulating as (emulation, kernels):
+        mem = _fake_step_memory(config, batch, device_type, meter, plan, skip_repeats)
+    geometry = geometry_of(batch)
+    return FakeStepEstimate(
+        batch_size=geometry.events,
+        longest_padded=geometry.length,
+        padded_batch_hits=geometry.slots,
+        peak_allocated_bytes=int(mem.peak_allocated_bytes),
+        baseline_bytes=int(mem.baseline_bytes or 0),
+        target=target or "cpu",
+        torch_version=version if faithful else None,
+        autocast_calls=dict(sorted(emulation.calls.items())) if faithful else None,
+        stand_in_calls=dict(sorted(kernels.calls.items())) if faithful else None,
+        scratch_ops=dict(sorted(meter.tracker.scratch_ops.items())),
+        trace=meter.last_trace if record_trace else None,
+    )
 
-        codes = batch["X"][..., 0]
-        type_counts = {c: int((codes == c).sum()) for c in (1, 2)}
-        fake_targets = (
-            _fake_targets(real_targets, mode, device_type) if real_targets is not None else None
-        )
-        meter_class = TracingMemoryMeter if record_trace else TrackedMemoryMeter
-        meter = meter_class(device, scratch=scratch_bytes if faithful else None)
-        subs = stand_ins.using(
-            StandIns(
-                targets=fake_targets,
-                match=_deterministic_match if fake_targets is not None else None,
-                type_encoding=_type_encoder_forward(type_counts),
-                flex=fused_flex,
-                repeats=_skipping_repeats(meter) if skip_repeats else None,
-            )
-        )
+
+@contextlib.contextmanager
+def _target_emulation(version: str) -> Iterator[tuple[AutocastEmulation, KernelChoices]]:
+    """CUDA autocast's lists of PyTorch ``version`` and the GPU targets' kernels, on CPU tensors."""
+    with contextlib.ExitStack() as stack:
         try:
-            with mode, subs:
-                model.to_empty(device=device)
-                model.train()
-                fbatch = map_tensors(batch, lambda t: mode.from_tensor(t).to(device))
-                optimizer = build_optimizer(model, config.train)
-                scheduler = build_scheduler(optimizer, config.train)
-                # LAMB's state exists before every counted bench step
-                prime_optimizer(model, optimizer, scheduler)
-                mem = run_step(
-                    model, fbatch, optimizer, scheduler, config, dtype, meter=meter, plan=plan
-                ).memory
-        except (RuntimeError, NotImplementedError) as err:
-            raise HeptstudyError(
-                f"the fake-device step failed on {device_type} ({type(err).__name__}: "
-                f"{str(err).splitlines()[0]}); the model or loss uses an operation fake tensors "
-                "cannot run (a host copy or a data-dependent shape): measure on the device "
-                "instead (heptstudy bench)"
-            ) from err
-        geometry = geometry_of(batch)
-        return FakeStepEstimate(
-            batch_size=geometry.events,
-            longest_padded=geometry.length,
-            padded_batch_hits=geometry.slots,
-            peak_allocated_bytes=int(mem.peak_allocated_bytes),
-            baseline_bytes=int(mem.baseline_bytes or 0),
-            target=target or "cpu",
-            torch_version=version if faithful else None,
-            autocast_calls=dict(sorted(emulation.calls.items())) if faithful else None,
-            stand_in_calls=dict(sorted(kernels.calls.items())) if faithful else None,
-            scratch_ops=dict(sorted(meter.tracker.scratch_ops.items())),
-            trace=meter.last_trace if record_trace else None,
-        )
+            emulation = stack.enter_context(target_autocast(version))
+        except UnknownTorchVersion as err:
+            raise HeptstudyError(str(err)) from None
+        yield emulation, stack.enter_context(target_kernels())
+
+
+def _fake_step_memory(config, batch, device_type, meter, plan, skip_repeats) -> StepMemory:
+    """``meter``'s figures of one training step on fake ``device_type`` tensors."""
+    device = torch.device(device_type)
+    dtype = autocast_dtype(config, device)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    substitutes = _step_stand_ins(config, batch, mode, device_type, meter, skip_repeats)
+    torch.manual_seed(config.train.seed)
+    with torch.device("meta"):
+        model = build_model(config)
+    try:
+        with mode, stand_ins.using(substitutes):
+            model.to_empty(device=device)
+            model.train()
+            fbatch = map_tensors(batch, lambda t: mode.from_tensor(t).to(device))
+            optimizer = build_optimizer(model, config.train)
+            scheduler = build_scheduler(optimizer, config.train)
+            # LAMB's state exists before every counted bench step
+            prime_optimizer(model, optimizer, scheduler)
+            return run_step(
+                model, fbatch, optimizer, scheduler, config, dtype, meter=meter, plan=plan
+            ).memory
+    except (RuntimeError, NotImplementedError) as err:
+        raise HeptstudyError(
+            f"the fake-device step failed on {device_type} ({type(err).__name__}: "
+            f"{str(err).splitlines()[0]}); the model or loss uses an operation fake tensors "
+            "cannot run (a host copy or a data-dependent shape): measure on the device "
+            "instead (heptstudy bench)"
+        ) from err
+
+
+def _step_stand_ins(config, batch, mode, device_type, meter, skip_repeats) -> StandIns:
+    """The fake step's substitutes for what fake tensors cannot or need not run."""
+    targets = None
+    if "ytarget" in batch and config.model.variant == HIT_VARIANT:
+        targets = _fake_targets(targets_from_batch(batch), mode, device_type)
+    codes = batch["X"][..., 0]
+    return StandIns(
+        targets=targets,
+        match=_deterministic_match if targets is not None else None,
+        type_encoding=_type_encoder_forward({c: int((codes == c).sum()) for c in (1, 2)}),
+        flex=fused_flex,
+        repeats=_skipping_repeats(meter) if skip_repeats else None,
+    )
 
 
 def fit_batches(lengths, sizes, seed: int, random_at=None) -> list[list[int]]:
@@ -247,39 +260,30 @@ def estimate_memory_model(
 ):
     """An *estimated* memory model: fake-device steps on real events fitted like measurements."""
     ds = dataset_for(config, "train")
-    lengths = ds.lengths()
-    points, reserved, expandable = [], [], []
     gpu = device_kind in ("cuda", "rocm")
     version = (torch_version or DEFAULT_TORCH_VERSION) if gpu else None
     dev = "cpu" if gpu else fake_device_type()
     sizes = sorted({max(1, per_device_batch // 4), max(1, per_device_batch // 2), per_device_batch})
-    for idx in fit_batches(lengths, sizes, config.train.seed):
+    target = device_kind if gpu else None
+    points, reserved, expandable = [], [], []
+    for idx in fit_batches(ds.lengths(), sizes, config.train.seed):
+        batch = load_events(config, idx, "train")
         est = estimate_step(
-            config,
-            load_events(config, idx, "train"),
-            dev,
-            target=device_kind if gpu else None,
-            torch_version=version,
-            record_trace=gpu,
+            config, batch, dev, target=target, torch_version=version, record_trace=gpu
         )
         shape, what = (est.batch_size, est.longest_padded), f"fake {dev} step"
-        if gpu:
-            # a bench process whose every step runs this batch (2 warm-up, 3 counted steps)
-            sim = simulate_bench_process([est.trace] * 5)
-            points.append(Point(*shape, sim.max_allocated() / MIB, f"{what}, simulated allocator"))
-            reserved.append(Point(*shape, sim.max_reserved() / MIB, f"{what}, native allocator"))
-            expandable.append(
-                Point(*shape, sim.max_reserved("expandable") / MIB, f"{what}, expandable segments")
-            )
-        else:
+        if not gpu:
             points.append(Point(*shape, est.peak_allocated_mib, what))
+            continue
+        # a bench process whose every step runs this batch (2 warm-up, 3 counted steps)
+        sim = simulate_bench_process([est.trace] * 5)
+        points.append(Point(*shape, sim.max_allocated() / MIB, f"{what}, simulated allocator"))
+        reserved.append(Point(*shape, sim.max_reserved() / MIB, f"{what}, native allocator"))
+        expandable.append(
+            Point(*shape, sim.max_reserved("expandable") / MIB, f"{what}, expandable segments")
+        )
+    steps, peaks, notes = _estimate_wording(device_kind, version, dev)
     key = model_key(config.to_dict(), device_kind)
-    peaks = (
-        "peak allocated and reserved from the caching-allocator simulator (native and "
-        "expandable segments) replaying each step's allocation trace as a bench process"
-        if gpu
-        else "peak allocated only, no allocator overhead"
-    )
     mm = fit_points(
         key,
         points,
@@ -287,24 +291,31 @@ def estimate_memory_model(
         reserved_expandable=expandable,
         source="estimated",
         source_detail=(
-            (
-                f"target-faithful fake steps for {device_kind} (PyTorch {version}'s autocast "
-                "lists, kernel stand-ins and scratch) on fake CPU tensors "
-                if gpu
-                else f"fake-{dev} steps "
-            )
-            + f"(FakeTensorMode + storage tracker, {config.train.dtype}, attention "
+            f"{steps} (FakeTensorMode + storage tracker, {config.train.dtype}, attention "
             f"{config.model.heptv2.attention_backend}) on {len(points)} batches of {ds.name} "
             f"(synthetic={bool(ds.metadata.get('synthetic', False))}); {peaks}"
         ),
         fingerprint=code_fingerprint.make("estimated", key),
     )
-    if gpu:
-        mm.notes.append(FAKE_NOTE + TARGET_NOTE.format(target=device_kind, version=version))
-        mm.notes.append(SIMULATOR_NOTE)
-    else:
-        mm.notes.append(FAKE_NOTE + (f" Fake device: {dev}." if dev == "cuda" else CPU_BUILD_NOTE))
+    mm.notes.extend(notes)
     return mm
+
+
+def _estimate_wording(device_kind: str, version: str | None, dev: str):
+    """What an estimated model says of its target: how its steps ran, its peaks, its notes."""
+    if device_kind in ("cuda", "rocm"):
+        return (
+            f"target-faithful fake steps for {device_kind} (PyTorch {version}'s autocast lists, "
+            "kernel stand-ins and scratch) on fake CPU tensors",
+            "peak allocated and reserved from the caching-allocator simulator (native and "
+            "expandable segments) replaying each step's allocation trace as a bench process",
+            [FAKE_NOTE + TARGET_NOTE.format(target=device_kind, version=version), SIMULATOR_NOTE],
+        )
+    return (
+        f"fake-{dev} steps",
+        "peak allocated only, no allocator overhead",
+        [FAKE_NOTE + (f" Fake device: {dev}." if dev == "cuda" else CPU_BUILD_NOTE)],
+    )
 
 
 FAKE_NOTE = (
