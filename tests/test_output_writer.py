@@ -269,11 +269,6 @@ def _train() -> Path:
     return Path(TrainConfig().out_dir)
 
 
-#: Defaults in modules this change does not own; each passes (and so fails here) once moved.
-BENCH_NOT_MOVED = "heptstudy.measure.request.SCRATCH_DIR: to move under experiments/local/"
-TRAIN_NOT_MOVED = "heptstudy.config.train TrainConfig.out_dir: to move under experiments/local/"
-
-
 @pytest.mark.parametrize(
     "default",
     [
@@ -282,8 +277,8 @@ TRAIN_NOT_MOVED = "heptstudy.config.train TrainConfig.out_dir: to move under exp
         _data_stats,
         _pipeline,
         _pipeline_notebook,
-        pytest.param(_bench, marks=pytest.mark.xfail(strict=True, reason=BENCH_NOT_MOVED)),
-        pytest.param(_train, marks=pytest.mark.xfail(strict=True, reason=TRAIN_NOT_MOVED)),
+        _bench,
+        _train,
     ],
 )
 def test_a_default_output_is_under_the_root_and_ignored_by_git(default):

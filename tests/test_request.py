@@ -162,7 +162,7 @@ def test_each_checkpointing_value_is_the_same_measurement_everywhere(tmp_path, v
     part = PLANS[plan]
     assert m.plan.name == m.config.model.heptv2.activation_checkpointing == plan
     assert m.name == f"{part}_b4"
-    assert m.report_path == Path("experiments/scratch") / f"{part}_b4.json"
+    assert m.report_path == Path("experiments/local/scratch") / f"{part}_b4.json"
 
 
 def test_yaml_bare_off_and_on_are_booleans_and_still_mean_off_and_full(tmp_path):

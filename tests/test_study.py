@@ -78,7 +78,7 @@ def test_memory_options_from_strings_and_defaults(tiny_data_dir):
     assert opts.platform.endswith("configs/training/platforms/local_cpu.yaml")
     assert opts.overrides == ["model.heptv2.num_convs=2", "train.lr=0.002"]
     assert opts.output is None and opts.name == "checkpointed_b4"
-    assert str(opts.resolve().report_path) == "experiments/scratch/checkpointed_b4.json"
+    assert str(opts.resolve().report_path) == "experiments/local/scratch/checkpointed_b4.json"
     gpu = _memory(batch_size=1, platform="h100")
     assert (gpu.steps, gpu.warmup) == (5, 2)
 

@@ -55,6 +55,6 @@ class TrainConfig(StrictInput):
     val_freq: int = Field(50, ge=1)
     checkpoint_freq: int = Field(50, ge=1)
     dtype: Literal["float32", "bfloat16"] = "float32"
-    out_dir: str = "experiments/train"
+    out_dir: str = "experiments/local/train"
     deterministic: bool = False
     loss: LossConfig = Field(default_factory=LossConfig)

@@ -60,7 +60,7 @@ def check_writable(path: Path, kind: Output = rp.REPORT_FILE) -> None:
     refuse_committed(
         path,
         "report path (--output / output)",
-        "Leave it out (the report goes to experiments/scratch/) or choose your own folder, "
+        "Leave it out (the report goes to experiments/local/scratch/) or choose your own folder, "
         "e.g. experiments/local/NAME.json",
     )
     if path.is_dir():

@@ -44,6 +44,7 @@ from heptstudy.data.layout import is_packed
 from heptstudy.errors import ConfigError, describe_invalid
 from heptstudy.meters.allocator import measurement_allocator
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_of, report_part
+from heptstudy.paths import OUTPUT_ROOT
 from heptstudy.scenario import find_platform
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ MEMORY, PARITY = "memory", "parity"
 #: event and every memory run executes its steps twice.
 DEFAULT_STEPS = {"cpu": {"steps": 2, "warmup": 1}, "cuda": {"steps": 5, "warmup": 2}}
 
-SCRATCH_DIR = Path("experiments/scratch")
+SCRATCH_DIR = OUTPUT_ROOT / "scratch"
 
 DATASET_OF_VARIANT = {
     HIT_VARIANT: "cld_edm_ttbar_hits:3.2.1",

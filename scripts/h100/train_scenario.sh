@@ -9,7 +9,7 @@
 # working directory, as is --out).
 # `heptstudy scenario render` resolves the scenario, checks every invariant and writes one Slurm
 # batch script per variant (plus the resolved configurations) into DIR
-# [experiments/train/_rendered/SCENARIO/PROFILE]. With sbatch on PATH both are submitted;
+# [experiments/local/train/_rendered/SCENARIO/PROFILE]. With sbatch on PATH both are submitted;
 # without it they are printed and nothing is submitted. Set SBATCH_ACCOUNT and SBATCH_PARTITION unless
 # the profile names them.
 set -euo pipefail

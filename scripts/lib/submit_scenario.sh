@@ -7,7 +7,7 @@
 #                      [--resume PATH] [--out DIR]
 #
 # PROFILE is a name (configs/training/platforms/PREFIX+NAME.yaml) or the path of a profile file
-# (holding a '/' or ending in .yaml); DIR defaults to experiments/train/_rendered/SCENARIO/P, P the
+# (holding a '/' or ending in .yaml); DIR defaults to experiments/local/train/_rendered/SCENARIO/P, P the
 # profile's file name without .yaml. Paths given relative (SCENARIO, PROFILE, --out, --resume)
 # are taken from the working directory, as by any command.
 set -euo pipefail
@@ -30,7 +30,7 @@ if [[ "$PROFILE" == */* || "$PROFILE" == *.yaml ]]; then
 else
   PLATFORM="$ROOT/configs/training/platforms/$PREFIX$PROFILE.yaml"; NAME="$PREFIX$PROFILE"
 fi
-OUT="$ROOT/experiments/train/_rendered/$(basename "$SCENARIO" .yaml)/$NAME"
+OUT="$ROOT/experiments/local/train/_rendered/$(basename "$SCENARIO" .yaml)/$NAME"
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in

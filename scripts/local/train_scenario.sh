@@ -13,7 +13,7 @@
 #   RESUME=PATH        same as --resume PATH (passed to `heptstudy train`)
 #   DATA_DIR           -> data.data_dir;  OUT_DIR -> train.out_dir (root: ROOT/SCENARIO/VARIANT)
 #   RENDER_DIR         where the resolved configuration is written
-#                      [experiments/train/_rendered/SCENARIO/local_cpu]
+#                      [experiments/local/train/_rendered/SCENARIO/local_cpu]
 # Every resolution still checks the scenario's invariants (heptstudy.scenario.RULES).
 set -euo pipefail
 echo "NOTE: local smoke run with NOT production settings: the scenario's budget is overridden" \
@@ -63,7 +63,7 @@ if [ -n "${VALIDATION_DIAGNOSTICS_BATCHES:-}" ]; then
 fi
 
 NAME="$(basename "$SCENARIO" .yaml)"
-RENDER_DIR="$(real_path "${RENDER_DIR:-$ROOT/experiments/train/_rendered/$NAME/local_cpu}" RENDER_DIR)"
+RENDER_DIR="$(real_path "${RENDER_DIR:-$ROOT/experiments/local/train/_rendered/$NAME/local_cpu}" RENDER_DIR)"
 "$PY" -m heptstudy.cli scenario render --scenario "$SCENARIO" \
   --platform "$ROOT/configs/training/platforms/local_cpu.yaml" --variant "$VARIANT" \
   --out "$RENDER_DIR" "${SETS[@]}"
