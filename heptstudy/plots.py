@@ -336,12 +336,28 @@ POLICY_COLORS = {
 
 
 def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
-    """Peak allocated against mean step time per policy, dashed through the plans in ``auto``'s
-    order; ``packing`` (:func:`~heptstudy.study.packing.packing_frame`) adds packed batches as
-    diamonds, an arrow from the same plan's padded point."""
-    fig, ax = _ax((8.5, 5.5))
-    packed = () if packing is None else packing.sort_values("packed_step_s").iterrows()
-    for i, (_, row) in enumerate(packed):
+    """Peak allocated against mean step time per policy on padded batches, dashed through the
+    plans in ``auto``'s order; ``packing`` (:func:`~heptstudy.study.packing.packing_frame`) adds
+    packed batches as diamonds, an arrow from the same plan's padded point. Each point's label is
+    placed where it covers no other label, point, legend or the tag."""
+    fig, ax = _ax((10.5, 6.5))
+    labels = _padded_points(ax, policies) + _packed_points(ax, packing)
+    ax.set(xlabel="mean step time [s]", ylabel="peak allocated [MiB]")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower left", fontsize=8)
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(lo - 0.25 * (hi - lo), hi + 0.3 * (hi - lo))  # room for the labels
+    _finish(fig, ax, tag)
+    _place_labels(fig, ax, labels)
+    return fig
+
+
+def _packed_points(ax, packing) -> list[tuple[str, tuple[float, float], str]]:
+    """Diamonds of the packed runs, arrows from padded; their ``(label, point, colour)``."""
+    labels = []
+    rows = () if packing is None else packing.sort_values("packed_step_s").iterrows()
+    for _, row in rows:
         if row["packed_step_s"] is None or row["packed_step_s"] != row["packed_step_s"]:
             continue
         pol, colour = row["policy"], POLICY_COLORS.get(row["policy"], "0.3")
@@ -350,36 +366,152 @@ def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
         ax.annotate("", here, padded, arrowprops=dict(arrowstyle="->", color=colour, lw=1))
         ax.plot(*here, "D", ms=9, color=colour, mfc="white", mew=2, zorder=2)
         text = (
-            f"{pol}, packed (batch {int(row['batch_size'])})\n"
+            f"{pol} (packed, batch {int(row['batch_size'])})\n"
             f"x{row['allocated_ratio']:.2f} memory, x{row['step_ratio_median']:.2f} step time"
         )
-        # neighbours in step time often lie close: their labels alternate below and above
-        _note(ax, text, here, (7, -30) if i % 2 == 0 else (7, 10), fontsize=9, color=colour)
+        labels.append((text, here, colour))
+    return labels
+
+
+def _padded_points(ax, policies) -> list[tuple[str, tuple[float, float], str]]:
+    """A dot per policy and batch size, auto's order dashed; their ``(label, point, colour)``."""
+    labels = []
     for b, group in policies.groupby("batch_size"):
         order = ["off", *auto_order(policies, b)]
         path = group.set_index("policy").reindex(order).dropna(subset=["mean_step_s"])
         if len(path) > 1:
-            label = f"auto's order (batch {int(b)}): {', '.join(order)}"
+            label = f"auto's order (padded, batch {int(b)}): {', '.join(order)}"
             xy = path["mean_step_s"], path["peak_allocated_mib"]
             ax.plot(*xy, "--", color="#c44e52", lw=1.2, zorder=1, label=label)
         g = group.dropna(subset=["mean_step_s", "peak_allocated_mib"]).sort_values("mean_step_s")
         ax.plot(g["mean_step_s"], g["peak_allocated_mib"], "-", color="0.75", lw=1, zorder=1)
-        for i, (_, row) in enumerate(g.iterrows()):
+        for _, row in g.iterrows():
             pol, here = row["policy"], (row["mean_step_s"], row["peak_allocated_mib"])
-            ax.plot(*here, "o", ms=9, color=POLICY_COLORS.get(pol, "0.3"), zorder=2)
-            text = f"{pol} (batch {int(b)})"
+            colour = POLICY_COLORS.get(pol, "0.3")
+            ax.plot(*here, "o", ms=9, color=colour, zorder=2)
+            text = f"{pol} (padded, batch {int(b)})"
             if pol != "off":
                 cut, over = row["allocated_cut_pct"], row["step_time_overhead_pct"]
                 text += f"\n{cut:.0f}% memory cut, {over:+.0f}% step time"
-            offset = (7, 4) if i % 2 == 0 else (7, -26)  # alternate, as the packed labels
-            _note(ax, text, here, offset, fontsize=9, color=POLICY_COLORS.get(pol, "0.3"))
-    ax.set(xlabel="mean step time [s]", ylabel="peak allocated [MiB]")
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="lower left", fontsize=8)
-    lo, hi = ax.get_xlim()
-    ax.set_xlim(lo, hi + 0.35 * (hi - lo))  # room for the labels
-    return _finish(fig, ax, tag)
+            labels.append((text, here, colour))
+    return labels
+
+
+#: Pixels of distance from its point a label may move to cross one more point of a line.
+_LINE_WEIGHT = 20.0
+#: Pixels of air kept around each label, so that neighbours do not read as one.
+_LABEL_AIR = 6.0
+_SHIFT = {"left": 0.0, "right": 1.0, "bottom": 0.0, "top": 1.0, "center": 0.5}
+
+
+def _place_labels(fig, ax, labels, fontsize: float = 9, sweeps: int = 3) -> None:
+    """Each label where it stays inside the axes and covers no other label, marker, legend or
+    text (these first), crosses as few lines as it can and keeps near its point: placed one by
+    one, then each placed again among the others until none moves."""
+    renderer = fig.canvas.get_renderer()
+    hard, soft = _label_obstacles(fig, ax, renderer, labels)
+    frame = ax.get_window_extent(renderer).extents
+    spots = _label_spots()
+    points = fig.dpi / 72
+    candidates = []  # per label: each spot's box (x0, y0, x1, y1) with air, and its distance
+    for text, xy, _ in labels:
+        probe = ax.text(0, 0, text, fontsize=fontsize)
+        size = probe.get_window_extent(renderer).size
+        probe.remove()
+        x, y = ax.transData.transform(xy)
+        boxes = []
+        for (dx, dy), ha, va in spots:
+            x0 = x + dx * points - _SHIFT[ha] * size[0]
+            y0 = y + dy * points - _SHIFT[va] * size[1]
+            boxes.append((x0, y0, x0 + size[0], y0 + size[1]))
+        air = np.array([-1, -1, 1, 1]) * _LABEL_AIR
+        candidates.append(np.array(boxes) + air)
+    distance = np.array([np.hypot(*offset) * points for offset, _, _ in spots])
+    chosen = [None] * len(labels)
+    for _ in range(sweeps):
+        moved = False
+        for i, boxes in enumerate(candidates):
+            others = [candidates[j][k] for j, k in enumerate(chosen) if k is not None and j != i]
+            covered = _covered(boxes, frame, np.array(hard + others).reshape(-1, 4))
+            soft_cost = _LINE_WEIGHT * _crossed(boxes, soft) + distance
+            best = int(np.lexsort((soft_cost, covered))[0])
+            moved |= chosen[i] != best
+            chosen[i] = best
+        if not moved:
+            break
+    for (text, xy, colour), k in zip(labels, chosen, strict=True):
+        offset, ha, va = spots[k]
+        # a label away from its point is tied to it by a thin line
+        far = abs(offset[1]) > 12 or abs(offset[0]) > 7
+        tie = dict(arrowstyle="-", color=colour, lw=0.6, shrinkB=6) if far else None
+        ax.annotate(
+            text, xy, textcoords="offset points", xytext=offset, ha=ha, va=va,
+            fontsize=fontsize, color=colour, arrowprops=tie,
+        )  # fmt: skip
+
+
+def _label_spots() -> list[tuple[tuple[float, float], str, str]]:
+    """Where a point's label may go, nearest first: (offset in points, horizontal, vertical
+    anchor); the label beside, above or below its point, then further away."""
+    spots = []
+    for dx in (7, 30, 60):
+        for dy in (0, 3, 12, 26, 40, 54, 68):
+            for side in (1, -1):
+                ha = "left" if side > 0 else "right"
+                if dy == 0:
+                    spots.append(((dx * side, 0), ha, "center"))
+                    continue
+                spots += [((dx * side, dy), ha, "bottom"), ((dx * side, -dy), ha, "top")]
+    return sorted(spots, key=lambda spot: float(np.hypot(*spot[0])))
+
+
+def _label_obstacles(fig, ax, renderer, labels) -> tuple[list, Any]:
+    """What no label may cover (texts, the legend, the markers: boxes ``(x0, y0, x1, y1)``) and
+    what it had better not (points along the lines and label-less arrows), in display pixels."""
+    hard = [tuple(t.get_window_extent(renderer).extents) for t in ax.texts if t.get_text()]
+    if ax.get_legend() is not None:
+        hard.append(tuple(ax.get_legend().get_window_extent(renderer).extents))
+    radius = 6 * fig.dpi / 72  # a marker of 9 points, and a little air
+    for _, xy, _ in labels:
+        x, y = ax.transData.transform(xy)
+        hard.append((x - radius, y - radius, x + radius, y + radius))
+    return hard, np.array(_line_samples(ax)).reshape(-1, 2)
+
+
+def _line_samples(ax, step: float = 4.0) -> list[tuple[float, float]]:
+    """Display points every ``step`` pixels along the axes' lines and label-less arrows."""
+    paths = [line.get_xydata() for line in ax.lines if line.get_linestyle() not in ("None", "")]
+    paths += [np.array([t.xy, t.xyann]) for t in ax.texts if not t.get_text()]
+    samples = []
+    for path in paths:
+        pts = ax.transData.transform(np.asarray(path, dtype=float))
+        for a, b in zip(pts[:-1], pts[1:], strict=True):
+            n = max(int(np.hypot(*(b - a)) / step), 1)
+            samples += [tuple(a + (b - a) * k / n) for k in range(n + 1)]
+    return samples
+
+
+def _covered(boxes, frame, hard) -> Any:
+    """Area of each box outside ``frame`` or over any of ``hard``."""
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    outside = area - _overlaps(boxes, np.array([frame]))[:, 0]
+    return outside + _overlaps(boxes, hard).sum(axis=1)
+
+
+def _overlaps(a, b) -> Any:
+    """Area shared by each box of ``a`` (rows) with each of ``b`` (columns)."""
+    w = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
+    h = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
+    return np.clip(w, 0, None) * np.clip(h, 0, None)
+
+
+def _crossed(boxes, samples) -> Any:
+    """How many of the line ``samples`` each box holds."""
+    x, y = samples[:, 0][None, :], samples[:, 1][None, :]
+    inside = (
+        (boxes[:, [0]] <= x) & (x <= boxes[:, [2]]) & (boxes[:, [1]] <= y) & (y <= boxes[:, [3]])
+    )
+    return inside.sum(axis=1)
 
 
 CATEGORY_COLORS = {

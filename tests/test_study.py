@@ -326,6 +326,36 @@ def test_packing_frame_pairs_the_same_plan_by_round():
     )
 
 
+def test_policy_tradeoff_labels_do_not_overlap_on_the_reference():
+    """The committed reference crowds five plans and their packed runs within a second of step
+    time: every label, the tag and the legend must stay apart and inside the axes."""
+    from itertools import combinations
+
+    from matplotlib.text import Text
+
+    plots.use_style()
+    every = study.reports_frame(study.load_study(ROOT / "experiments" / "cpu_reference"))
+    policies, packing = study.policy_frame(every), study.packing_frame(every)
+    fig = plots.policy_tradeoff(policies, tag=study.figure_tag(every), packing=packing)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    # the text's own box: a label's tie to its point may cross others
+    boxes = {t.get_text(): Text.get_window_extent(t, renderer) for t in ax.texts if t.get_text()}
+    assert len(boxes) == len(policies) + packing["packed_step_s"].notna().sum() + 1  # the tag
+    assert all(f"(padded, batch {b})" in "".join(boxes) for b in policies["batch_size"])
+    boxes["legend"] = ax.get_legend().get_window_extent(renderer)
+    for (a, box_a), (b, box_b) in combinations(boxes.items(), 2):
+        assert not box_a.overlaps(box_b), f"{a!r} overlaps {b!r}"
+    frame = ax.get_window_extent(renderer)
+    outside = [
+        name
+        for name, box in boxes.items()
+        if not frame.contains(*box.min) or not frame.contains(*box.max)
+    ]
+    assert outside == []
+
+
 def _report(name, b, plan, categories=None):
     from heptstudy.measure import report as rp
 
