@@ -591,6 +591,97 @@ def test_predictions_table_has_no_index_and_no_absolute_paths():
     assert "row_heading" not in html  # the pandas index is hidden
 
 
+def test_fit_answers_are_paragraphs_under_the_table_not_a_column():
+    from heptstudy.study.tables import predictions_table
+    from heptstudy.study.text import fit_answers
+
+    predictions = pd.DataFrame(
+        {"platform": ["h100", "lumi_mi250x"], "answer": ["48 fit <b>", "48 do not fit"]}
+    )
+    assert "answer" not in predictions_table(predictions).data.columns
+    h100, lumi = fit_answers(predictions).split("\n\n")
+    assert h100 == "**h100:** 48 fit &lt;b&gt;" and lumi.startswith("**lumi_mi250x:** 48 do not")
+
+
+def test_auto_times_said_once_for_the_runs_sharing_them():
+    from heptstudy.study.tables import auto_predictions_table
+    from heptstudy.study.text import auto_times
+
+    auto = pd.DataFrame(
+        {
+            "run": ["auto_b4", "packed_auto_b4", "auto_b16"],
+            "times": ["none: why", "none: why", "ok"],
+        }
+    )
+    assert "times" not in auto_predictions_table(auto).data.columns
+    assert auto_times(auto).split("\n") == [
+        "- **Expected step times** (auto_b4, packed_auto_b4): none: why.",
+        "- **Expected step times** (auto_b16): ok.",
+    ]
+
+
+def test_every_table_keys_runs_by_batching_batch_size_and_plan():
+    rows = [
+        _row("baseline_b4", 4, False, 1000.0, 1100.0, 2.0),
+        _row("checkpointed_b4", 4, True, 250.0, 400.0, 2.5),
+        _row("checkpointed_every2_b4", 4, True, 500.0, 600.0, 2.3, every=2),
+    ]
+    packed = _row("packed_baseline_b4", 4, False, 900.0, 1000.0, 1.8)
+    df = pd.DataFrame([*rows, {**packed, "packed_batches": True, "batching": "packed"}])
+    runs = study.runs_table(df).set_index("run")
+    assert runs.loc["packed_baseline_b4", ["batch", "batching", "plan"]].tolist() == [
+        4,
+        "packed",
+        "off",
+    ]
+    assert runs.loc["checkpointed_every2_b4", "plan"] == "every 2"
+    # the tables comparing plans with off hold padded batches only, and say so
+    for table in (
+        study.comparison_table(study.comparison_frame(df)),
+        study.overhead_table(study.overhead_frame(df)),
+        study.policy_table(study.policy_frame(df, min_policies=1)),
+    ):
+        columns = list(table.columns)
+        assert columns.index("batching") == columns.index("batch") + 1
+        assert set(table["batching"]) == {"padded"}
+    cats = pd.DataFrame(
+        {
+            "name": ["baseline_b4", "packed_baseline_b4"],
+            "batch_size": [4, 4],
+            "policy": ["off", "off"],
+            "device_kind": ["cpu", "cpu"],
+            "peak_mib": [1000.0, 900.0],
+        }
+    )
+    table = study.categories_table(cats, df)
+    assert table[["run", "batch", "batching", "plan"]].values.tolist() == [
+        ["baseline_b4", 4, "padded", "off"],
+        ["packed_baseline_b4", 4, "packed", "off"],
+    ]
+
+
+def test_parity_table_in_words_with_the_runs_geometry():
+    from heptstudy.study.tables import parity_table
+
+    parity = pd.DataFrame(
+        {
+            "report": ["parity_b1"],
+            "comparison": ["checkpointed vs baseline"],
+            "grad_rel_l2_max": [0.0],
+        }
+    )
+    runs = pd.DataFrame({"name": ["parity_b1"], "batch_size": [1], "batching": ["padded"]})
+    table = parity_table(parity, runs)
+    assert table.columns.tolist() == [
+        "run",
+        "batch",
+        "batching",
+        "comparison",
+        "gradient rel. L2, max",
+    ]
+    assert table.iloc[0].tolist()[:3] == ["parity_b1", 1, "padded"]
+
+
 def test_auto_predictions_answer_for_the_references_auto_run(tiny_data_dir, tmp_path):
     """The aggregate's auto section: `heptstudy fit --checkpointing auto` at the committed
     reference's auto run (batch 4, 3.5 GiB), its memory model and step times from the

@@ -197,3 +197,25 @@ activations). Checkpointing trades saved activations for recomputation; its peak
 reached in backward, where recomputed temporaries and gradients coexist.
 The categories come from the storage tracker (the CPU figure is live tensor storage; on CUDA they
 are reported next to the allocator statistics and do not include allocator caching)."""
+
+
+def fit_answers(predictions) -> str:
+    """The fit's answer for each platform in words, a paragraph each under the predictions
+    table (as a table cell it is hundreds of pixels tall)."""
+    if predictions is None or "answer" not in predictions.columns:
+        return ""
+    return "\n\n".join(
+        f"**{esc(row['platform'])}:** {esc(row['answer'])}"
+        for row in predictions.to_dict("records")
+    )
+
+
+def auto_times(auto) -> str:
+    """Where the auto table's expected step times come from, once for the runs that share it."""
+    if auto is None or "times" not in auto.columns:
+        return ""
+    lines = []
+    for times, rows in auto.groupby("times", sort=False):
+        runs = ", ".join(esc(r) for r in rows["run"])
+        lines.append(f"- **Expected step times** ({runs}): {esc(times)}.")
+    return "\n".join(lines)
