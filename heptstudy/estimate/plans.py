@@ -4,6 +4,7 @@ measurements at the start of a run."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 
@@ -64,69 +65,61 @@ def memory_budget_mib(
     )
 
 
+def plan_model(config: Config, plan: CheckpointPlan, batches, device_type: str, platform=None):
+    """``plan``'s memory model from fake-tensor steps over ``batches`` (at least two shapes),
+    target-faithful on a GPU as the estimated models are."""
+    target = platform.device if platform is not None and platform.device != "cpu" else None
+    if device_type == "cuda" and target is None:
+        target = "cuda"
+    version = platform.torch_version if platform is not None else None
+    fake = f"{target} (target-faithful)" if target in ("cuda", "rocm") else "cpu"
+    fixed = plan_config(config, plan)
+    points = []
+    for batch in batches:
+        est = estimate_step(
+            fixed,
+            batch,
+            "cpu",
+            target=target,
+            torch_version=version,
+            plan=plan if plan.count else None,
+        )
+        points.append(
+            Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, f"fake {fake}")
+        )
+    return fit_points(
+        model_key(fixed.to_dict(), target or device_type),
+        points,
+        source="estimated",
+        source_detail=f"fake-{fake} steps on {len(points)} calibration batches",
+    )
+
+
 def calibrate(
     config: Config,
     batches: Sequence[dict[str, torch.Tensor]],
     device: torch.device,
     budget: tuple[float, str],
-    plans: Sequence[CheckpointPlan] | None = None,
+    plans: Sequence[CheckpointPlan],
     platform: PlatformConfig | None = None,
-    progress: bool = False,
 ) -> PlanPredictor:
-    """Fit each candidate plan's memory model (or only ``plans``'s) on fake-tensor steps over
-    ``batches`` (at least two shapes), target-faithful on a GPU as the estimated models are."""
+    """A predictor of ``plans`` calibrated in this process (tests and small models)."""
     started = time.perf_counter()
-    target = platform.device if platform is not None and platform.device != "cpu" else None
-    if device.type == "cuda" and target is None:
-        target = "cuda"
-    version = platform.torch_version if platform is not None else None
-    fake = f"{target} (target-faithful)" if target in ("cuda", "rocm") else "cpu"
-    given = plans is not None
-    plans = list(plans) if given else candidate_plans(config.model.heptv2, platform)
-    models = {}
-    bar = tqdm(
-        total=len(plans) * len(batches),
-        disable=not progress,
-        desc="auto: calibrating the plans' memory",
-        unit="fake step",
-    )
-    for plan in plans:
-        fixed = plan_config(config, plan)
-        points = []
-        for batch in batches:
-            est = estimate_step(
-                fixed,
-                batch,
-                "cpu",
-                target=target,
-                torch_version=version,
-                plan=plan if plan.count else None,
-            )
-            points.append(
-                Point(est.batch_size, est.longest_padded, est.peak_allocated_mib, f"fake {fake}")
-            )
-            bar.update(1)
-        models[plan.name] = fit_points(
-            model_key(fixed.to_dict(), target or device.type),
-            points,
-            source="estimated",
-            source_detail=f"fake-{fake} steps on {len(points)} calibration batches",
-        )
-    bar.close()
-    source = "as given" if given else plan_order(config.model.heptv2, platform)[1]
+    models = {p.name: plan_model(config, p, batches, device.type, platform) for p in plans}
     return PlanPredictor(
-        plans,
+        list(plans),
         models,
         budget[0],
         budget[1],
         calibration_s=time.perf_counter() - started,
-        order_source=source,
+        order_source="as given",
     )
 
 
-#: ``auto`` calibrates on batches of at most this many events and scales (the memory models are
-#: linear in events and slots): a fake step of the recipe's 64 events costs minutes on a CPU.
-CALIBRATION_EVENTS = 4
+#: ``heptstudy fit`` calibrates ``auto`` on batches of at most this many events and scales (the
+#: memory models are linear in events and slots): fake steps of the recipe's 64 events cost
+#: minutes each on a CPU. A run calibrates on its own batch size.
+FIT_CALIBRATION_EVENTS = 2
 
 
 def predictor_for(
@@ -136,28 +129,47 @@ def predictor_for(
     platform: PlatformConfig | None = None,
     *,
     margin_gib: float | None = None,
+    calibration_events: int | None = None,
     progress: bool = False,
 ) -> PlanPredictor | None:
-    """The predictor of a run of ``config`` (None unless it is ``auto``), calibrated on events
-    of its training data. The budget is resolved first, so a missing one fails at once."""
+    """The predictor of a run of ``config`` (None unless it is ``auto``), calibrated on a random
+    and the longest batch of its training data's events and the longest of half as many (at
+    most ``calibration_events``). The budget is resolved first, so a missing one fails at once."""
     if not config.model.heptv2.adaptive:
         return None
     budget = memory_budget_mib(config, device, platform, margin_gib)
-    # In a child process: fake-tensor steps leave state that made later real CPU steps ~4x slower.
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(
-            _calibrate_child, config, device, per_device_batch, budget, platform, progress
-        ).result()
-
-
-def _calibrate_child(config, device, per_device_batch, budget, platform, progress):
-    # a random and the longest batch of b events, the longest of b/2: three fake steps per plan
+    started = time.perf_counter()
     lengths = dataset_for(config, "train").lengths()
-    b = min(per_device_batch, len(lengths), CALIBRATION_EVENTS)
+    b = min(per_device_batch, len(lengths), calibration_events or per_device_batch)
     sizes = [b, b // 2] if b > 1 else [b]
     picks = fit_batches(lengths, sizes, config.train.seed, random_at={b})
     batches = [load_events(config, idx, "train") for idx in picks]
-    return calibrate(config, batches, device, budget, platform=platform, progress=progress)
+    plans = candidate_plans(config.model.heptv2, platform)
+    # In child processes: fake-tensor steps leave state that made later real CPU steps ~4x
+    # slower. A fake step is bound by Python's dispatch, so plans calibrate side by side.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    spawn = multiprocessing.get_context("spawn")
+    workers = max(1, min(len(plans), os.cpu_count() or 1))
+    desc = f"auto: calibrating {len(plans)} plans on {len(batches)} fake steps each"
+    with (
+        ProcessPoolExecutor(workers, mp_context=spawn) as pool,
+        tqdm(total=len(plans), disable=not progress, desc=desc, unit="plan") as bar,
+    ):
+        futures = {
+            pool.submit(plan_model, config, plan, batches, device.type, platform): plan.name
+            for plan in plans
+        }
+        models = {}
+        for done in as_completed(futures):
+            models[futures[done]] = done.result()
+            bar.update(1)
+    return PlanPredictor(
+        plans,
+        models,
+        budget[0],
+        budget[1],
+        calibration_s=time.perf_counter() - started,
+        order_source=plan_order(config.model.heptv2, platform)[1],
+    )

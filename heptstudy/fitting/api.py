@@ -14,7 +14,11 @@ from heptstudy.estimate.autocast_policy import UnknownTorchVersion, lists_for
 from heptstudy.estimate.fake_step import DEFAULT_TORCH_VERSION, estimate_memory_model
 from heptstudy.estimate.keys import model_key
 from heptstudy.estimate.memory_model import FitError, MemoryModel
-from heptstudy.estimate.plans import DEFAULT_MARGIN_FRACTION, predictor_for
+from heptstudy.estimate.plans import (
+    DEFAULT_MARGIN_FRACTION,
+    FIT_CALIBRATION_EVENTS,
+    predictor_for,
+)
 from heptstudy.fingerprint import commit_reasons
 from heptstudy.fitting.auto import auto_words, evaluate_auto, measured_rates
 from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, peak_mib
@@ -207,8 +211,11 @@ def _margin(request: FitRequest, platform) -> float:
     return float(margin)
 
 
-def _memory_model(request: FitRequest, config, platform, batch: int, notes: list[str]) -> Choice:
-    """The measured, stored or (now) estimated memory model of ``config`` on ``platform``."""
+def _memory_model(
+    request: FitRequest, config, platform, batch: int, notes: list[str], calibrated=None
+) -> Choice:
+    """The measured, stored or (now) estimated memory model of ``config`` on ``platform``;
+    ``calibrated``, auto's own model of the plan, stands in for an estimate made now."""
     key = model_key(config.to_dict(), platform.device)
     reports = [str(repo_path(r)) for r in request.reports]
     fits_dir = repo_path(request.fits_dir) if request.fits_dir else FITS_DIR
@@ -216,6 +223,12 @@ def _memory_model(request: FitRequest, config, platform, batch: int, notes: list
         choice = Choice()
     else:
         choice = choose_model(key, reports, fits_dir, request.stored_if_reports_unusable)
+    if choice.model is None and calibrated is not None and not request.estimate:
+        choice.model, choice.origin = calibrated, "auto's calibration"
+        notes.append(
+            "no measured or stored memory model holds: the cross-check uses auto's own model of "
+            "the plan (fake steps of a few events, scaled; allocated only)"
+        )
     if choice.model is None:
         if not request.estimate_if_missing:
             return choice
@@ -280,7 +293,11 @@ def fit(request: FitRequest) -> FitResult | None:
     ds = dataset_for(config, "train")
     lengths = ds.lengths()
     _check_batch(request, batch, lengths, ds, notes)
-    choice = _memory_model(request, config, platform, batch, notes)
+    predictor = None
+    if auto_config is not None:
+        predictor = _auto_predictor(auto_config, platform, batch, margin)
+    full = predictor.models.get(FULL.name) if predictor is not None else None
+    choice = _memory_model(request, config, platform, batch, notes, calibrated=full)
     if choice.model is None:
         return None
     if batch != rv.per_device_batch:
@@ -310,9 +327,9 @@ def fit(request: FitRequest) -> FitResult | None:
             )
         )
     auto = None
-    if auto_config is not None:
+    if predictor is not None:
         reports = [str(repo_path(r)) for r in request.reports]
-        auto = _auto_answer(auto_config, platform, batch, lengths, reports, margin)
+        auto = _auto_answer(predictor, auto_config, platform, batch, lengths, reports)
     return FitResult(
         auto=auto,
         request=request,
@@ -353,13 +370,22 @@ def expandable_segments(platform) -> bool:
     )
 
 
-def _auto_answer(config, platform, batch: int, lengths, reports: list[str], margin_gib: float):
+def _auto_predictor(config, platform, batch: int, margin_gib: float):
     import torch
 
     # the fake steps run on the host, target-faithful to the platform's device (cuda or rocm)
-    predictor = predictor_for(
-        config, torch.device("cpu"), batch, platform, margin_gib=margin_gib, progress=True
+    return predictor_for(
+        config,
+        torch.device("cpu"),
+        batch,
+        platform,
+        margin_gib=margin_gib,
+        calibration_events=FIT_CALIBRATION_EVENTS,
+        progress=True,
     )
+
+
+def _auto_answer(predictor, config, platform, batch: int, lengths, reports: list[str]):
     found = []
     for f in expand_report_paths(reports):
         try:

@@ -297,19 +297,7 @@ def run_study(
     with holding_all((out, "study folder (--out)"), (folders.figures, "figures folder")):
         superseded = Superseded(out)
         done = StudyRun(folders)
-        expected = {out / p.execution.report for p in prepared}
-        foreign = []  # reports of runs not in this matrix: the report shows this matrix only
-        for path in report_files(out):
-            if path not in expected:
-                rel = path.relative_to(out)
-                superseded.move_aside(path)
-                superseded.move_aside(out / "notebooks" / rel.with_suffix(".ipynb"))
-                foreign.append(str(rel))
-        if foreign:
-            print(
-                f"moved {len(foreign)} report(s) of runs not in this matrix to "
-                f"{shown(superseded.folder)}/: {', '.join(foreign)}"
-            )
+        _move_aside_foreign(out, {out / p.execution.report for p in prepared}, superseded)
         copy = out / "matrix.yaml"
         text = matrix.path.read_text()
         if copy.exists() and copy.read_text() != text:
@@ -353,6 +341,22 @@ def run_study(
                 ) from None
         done.superseded = superseded.folder if superseded.moved else None
         return done
+
+
+def _move_aside_foreign(out: Path, expected: set[Path], superseded: Superseded) -> None:
+    """Reports of runs not in this matrix go aside: the report shows this matrix only."""
+    foreign = []
+    for path in report_files(out):
+        if path not in expected:
+            rel = path.relative_to(out)
+            superseded.move_aside(path)
+            superseded.move_aside(out / "notebooks" / rel.with_suffix(".ipynb"))
+            foreign.append(str(rel))
+    if foreign:
+        print(
+            f"moved {len(foreign)} report(s) of runs not in this matrix to "
+            f"{shown(superseded.folder)}/: {', '.join(foreign)}"
+        )
 
 
 def _remove_empty(folder: Path) -> None:
