@@ -12,11 +12,12 @@ import torch
 
 from heptstudy.config import load_config
 from heptstudy.errors import HeptstudyError
+from heptstudy.estimate.fake_step import estimate_step
 from heptstudy.estimate.group_bytes import op_group_bytes
 from heptstudy.measure.parity import build_seeded
 from heptstudy.meters.memory import StorageTracker
 from heptstudy.model import example_batch, heptv2
-from heptstudy.model.checkpoint_plan import FULL, apply_plan, plan_named, unwrapped_name
+from heptstudy.model.checkpoint_plan import FULL, OFF, apply_plan, plan_named, unwrapped_name
 from heptstudy.model.heptv2 import HEPTv2Layer, hit_coordinates
 from heptstudy.model.op_groups import GROUP_NAMES, GROUPS, kept_pairs
 from heptstudy.train.step import run_step
@@ -179,3 +180,15 @@ def test_decoder_group_bytes_count_each_kept_output():
     assert sizes["cross_q"] == sizes["cross_out"] == E * Q * D * 4
     assert sizes["cross_kv"] == batch["mask"].numel() * 2 * D * 4
     assert sizes["dropout"] == 3 * E * Q * D  # three boolean masks
+
+
+def test_fake_step_estimates_an_ops_plan_between_full_and_off():
+    """The estimator's fake step runs the dispatcher ops under an ``ops`` plan; keeping a few
+    groups costs more than ``full`` and less than ``off``."""
+    auto = _config("model.heptv2.activation_checkpointing=auto")
+    batch = example_batch(auto, len(LENGTHS), LENGTHS, seed=5)
+    peaks = {
+        name: estimate_step(auto, batch, plan=plan, target="cuda").peak_allocated_bytes
+        for name, plan in [("off", OFF), ("full", FULL), ("ops", plan_named("k", keep=KEEP))]
+    }
+    assert peaks["full"] < peaks["ops"] < peaks["off"], peaks

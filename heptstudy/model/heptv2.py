@@ -12,7 +12,7 @@ from torch import nn
 
 from heptstudy import stand_ins
 from heptstudy.config import HEPTv2Config
-from heptstudy.data.layout import EventLayout
+from heptstudy.data.layout import EventLayout, EventSpan
 from heptstudy.model import custom_ops
 from heptstudy.model.activation_checkpointing import recompute_is_lean
 from heptstudy.model.buckets import MASKED, BucketOrder
@@ -68,6 +68,7 @@ def _rms_norm_fake(x, weight, eps):
 def _rms_norm_setup(ctx, inputs, output):
     x, weight, _eps = inputs
     ctx.save_for_backward(x, output[1], weight)
+    _no_gradient_for(ctx, output[1:])
 
 
 def _rms_norm_backward(ctx, d_y, _d_rstd):
@@ -256,26 +257,22 @@ class HEPTv2Layer(nn.Module):
     def bucket_order(
         self, coords: torch.Tensor, mask: torch.Tensor, layout: EventLayout
     ) -> BucketOrder:
-        """Hash and sort every event's hits, in float32 (one op, ``heptstudy::bucket_order``;
-        the bucket geometry depends on the layout alone and is made here)."""
+        """Hash and sort every event's hits, in float32: one op, ``heptstudy::bucket_order``,
+        given the layout's host integers."""
         with torch.autocast(device_type=coords.device.type, enabled=False):
-            dev = coords.device
-            event = layout.slot_event(dev)  # [R, S]
-            n_valid = torch.tensor([s.hits for s in layout.spans], device=dev)[event]
-            position, source, valid = layout.bucket_geometry(self.block_size, dev)
-            order = BUCKET_ORDER(
-                coords.float(),
-                mask,
-                self.hash_directions,
-                self.region_shape,
-                event,
-                layout.slot_start(dev),
-                n_valid,
-                source,
-                layout.num_events,
-                layout.one_event_per_row,
+            spans = layout.spans
+            return BucketOrder(
+                *BUCKET_ORDER(
+                    coords.float(),
+                    mask,
+                    self.hash_directions,
+                    self.region_shape,
+                    self.block_size,
+                    layout.rows,
+                    layout.row_slots,
+                    *([getattr(s, f) for s in spans] for f in ("row", "start", "slots", "hits")),
+                )
             )
-            return BucketOrder(order, position, valid)
 
     def forward(
         self,
@@ -315,11 +312,13 @@ def merge_rounds(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return (weights.unsqueeze(-1) * out).sum(dim=1)
 
 
-def _hash_and_sort(
-    coords, mask, hash_directions, region_shape, event, start, n_valid, source, events, one_per_row
-):
-    """[R, C, H, Sp] int32: the slot read at each bucket position of every (row, round, head)."""
-    sort = _event_sort(event, one_per_row)
+def _hash_and_sort(coords, mask, hash_directions, region_shape, layout, block_size):
+    """``(order, position, valid)`` of :class:`BucketOrder`, the order in int32."""
+    dev = coords.device
+    event = layout.slot_event(dev)  # [R, S]
+    start = layout.slot_start(dev)
+    sort = _event_sort(event, layout.one_event_per_row)
+    n_valid = torch.tensor([s.hits for s in layout.spans], device=dev)[event]
     valid_f = mask[:, None, None, :]
 
     # Quantile bins from each hit's rank among its event's valid hits; padding ranks last.
@@ -338,33 +337,48 @@ def _hash_and_sort(
     region = eta_bin * n_phi + phi_bin  # [R,C,H,S]
 
     proj = torch.einsum("bsk,chk->bchs", coords.masked_fill(~mask[..., None], 0.0), hash_directions)
-    lo = _event_extreme(proj.masked_fill(~valid_f, big), event, "amin", events)
-    hi = _event_extreme(proj.masked_fill(~valid_f, -big), event, "amax", events)
+    lo = _event_extreme(proj.masked_fill(~valid_f, big), event, "amin", layout.num_events)
+    hi = _event_extreme(proj.masked_fill(~valid_f, -big), event, "amax", layout.num_events)
     span = (hi - lo).clamp(min=1e-6)
     # Normalised projection lies in [0, 1): adding the region index sorts by region first.
     key = region + (proj - lo) / (span * (1 + 1e-4))
     key = key.masked_fill(~valid_f, float("inf"))
     order = sort(key)  # [R,C,H,S], every event's slots in its own run
+    position, source, valid = layout.bucket_geometry(block_size, dev)
     R, C, H, _ = order.shape
     order = order.gather(-1, source[:, None, None, :].expand(R, C, H, -1))
-    return order.to(torch.int32)
+    return order.to(torch.int32), position, valid
 
 
-def _bucket_order_kernel(*args):
-    return _hash_and_sort(*args)  # looked up per call: a test counts the hashing
+def _layout(rows, row_slots, *spans) -> EventLayout:
+    return EventLayout(rows, row_slots, tuple(EventSpan(*s) for s in zip(*spans, strict=True)))
 
 
-def _bucket_order_fake(coords, mask, hash_directions, *rest):
-    source = rest[4]
-    R, (C, H) = coords.shape[0], hash_directions.shape[:2]
-    return coords.new_empty(R, C, H, source.shape[1], dtype=torch.int32)
+def _bucket_order_kernel(coords, mask, hash_directions, region_shape, block_size, *layout):
+    # _hash_and_sort looked up per call: a test counts the hashing
+    return _hash_and_sort(coords, mask, hash_directions, region_shape, _layout(*layout), block_size)
+
+
+def _bucket_order_fake(coords, mask, hash_directions, region_shape, block_size, *layout):
+    layout = _layout(*layout)
+    # as EventLayout.bucket_geometry: each event rounded up to whole buckets, rows of equal length
+    padded_len = max(
+        sum(-(-s.slots // block_size) * block_size for s in layout.spans if s.row == r)
+        for r in range(layout.rows)
+    )
+    R, (C, H) = layout.rows, hash_directions.shape[:2]
+    return (
+        coords.new_empty(R, C, H, padded_len, dtype=torch.int32),
+        coords.new_empty(R, layout.row_slots, dtype=torch.long),
+        coords.new_empty(R, padded_len, dtype=torch.bool),
+    )
 
 
 BUCKET_ORDER = custom_ops.define(
     "bucket_order",
-    "(Tensor coords, Tensor mask, Tensor hash_directions, Tensor region_shape, Tensor event, "
-    "Tensor start, Tensor n_valid, Tensor source, int num_events, bool one_event_per_row) "
-    "-> Tensor",
+    "(Tensor coords, Tensor mask, Tensor hash_directions, Tensor region_shape, int block_size, "
+    "int rows, int row_slots, int[] span_rows, int[] span_starts, int[] span_slots, "
+    "int[] span_hits) -> (Tensor, Tensor, Tensor)",
     _bucket_order_kernel,
     _bucket_order_fake,
 )
@@ -450,6 +464,14 @@ def _bucket_attention_setup(ctx, inputs, output):
     B, C, H, Sp = order.shape
     ctx.slices = (B, C, H, Sp, position.shape[1], block_size), _head_group(B, H, Sp, block_size)
     ctx.save_for_backward(q, k, v, *output)
+    _no_gradient_for(ctx, output[1:])
+
+
+def _no_gradient_for(ctx, outputs) -> None:
+    """Outputs backward reads but never differentiates: no zero gradient is made for them
+    (autograd would materialise one of each, in backward, at the layer's peak)."""
+    ctx.mark_non_differentiable(*outputs)
+    ctx.set_materialize_grads(False)
 
 
 def _bucket_attention_backward(ctx, d_out, *_unused):
