@@ -46,11 +46,13 @@ _RMS_NORM = ("heptstudy::rms_norm",)
 #: Per layer kind (the slot's group of :func:`heptstudy.model.checkpoint_plan.checkpoint_slots`).
 GROUPS: dict[str, tuple[OpGroup, ...]] = {
     "backbone": (
+        # the int32 order with its positions and valid flags
         OpGroup("order", ("heptstudy::bucket_order",), None, "hashing and sorting"),
         OpGroup("pos_embed", (*_PRODUCTS, "aten::silu"), ("pos_embed",), "the positional MLP"),
         OpGroup("attn_norm", _RMS_NORM, ("attn_norm",), "the attention's input norm"),
         OpGroup("qkv", _PRODUCTS, ("qkv",), "the qkv projection"),
         OpGroup("qk_norm", _RMS_NORM, ("q_norm", "k_norm"), "the q and k norms"),
+        # the plain path only: the fused path (flex_attention, CUDA) is no heptstudy op yet
         OpGroup(
             "attention", ("heptstudy::bucket_attention",), None, "the bucket attention forward"
         ),
