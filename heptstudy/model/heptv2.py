@@ -72,6 +72,8 @@ def _rms_norm_setup(ctx, inputs, output):
 
 
 def _rms_norm_backward(ctx, d_y, _d_rstd):
+    if d_y is None:  # no gradient reached the output (grads are not materialised)
+        return None, None, None
     x, rstd, weight = ctx.saved_tensors
     normed = x.to(rstd.dtype) * rstd
     d_y = d_y.to(rstd.dtype)
@@ -475,6 +477,8 @@ def _no_gradient_for(ctx, outputs) -> None:
 
 
 def _bucket_attention_backward(ctx, d_out, *_unused):
+    if d_out is None:  # no gradient reached the output (grads are not materialised)
+        return (None,) * 7
     q, k, v, out, lse, *indices = ctx.saved_tensors
     slices = _Slices.__new__(_Slices)
     slices.shape, slices.group = ctx.slices
