@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from heptstudy.errors import HeptstudyError
+from heptstudy.model.custom_ops import implementation
 from heptstudy.units import MIB
 
 #: In stacking order (reports, tables, figures).
@@ -255,6 +256,10 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        inside = implementation(func)
+        if inside is not None:  # heptstudy's own op: its ATen ops are tracked one by one
+            with self:
+                return inside(*args, **kwargs)
         live = self._live
         for t in iter_tensors((args, kwargs)):
             storage = _storage_of(t)

@@ -1,6 +1,7 @@
 """What a checkpointed layer keeps for backward. ``full``: only its inputs, recomputed *lean*
 (SwiGLU keeps nothing it can recompute by slice, so recomputation holds no hidden-width tensor of
-the batch). ``selective``: the dense projections' products (:data:`SELECTIVE_SAVE_OPS`)."""
+the batch). ``selective``: the dense projections' products (:data:`SELECTIVE_SAVE_OPS`).
+``ops``: the outputs of chosen op groups (:mod:`heptstudy.model.op_groups`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from functools import partial
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
+
+from heptstudy.model import op_groups
 
 
 class _ThreadState(threading.local):
@@ -69,13 +72,20 @@ def _save_dense_projections(saved: frozenset[int], ctx, op, *args, **kwargs):
     return torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def policy_context(policy: str, layer: nn.Module) -> Callable:
-    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for ``policy``."""
+def policy_context(
+    policy: str, layer: nn.Module, kind: str = "backbone", keep: frozenset[str] = frozenset()
+) -> Callable:
+    """The ``context_fn`` of ``torch.utils.checkpoint.checkpoint`` for ``policy``; ``ops``
+    keeps the op groups ``keep`` of a ``kind`` layer (:mod:`heptstudy.model.op_groups`)."""
     if policy == "full":
         return torch_checkpoint.noop_context_fn
+    if policy == "ops":
+        return op_groups.policy_context(layer, kind, keep)
     if policy == "selective":
         projections = layer.dense_projections()
         _track_projections(projections)
         keep = partial(_save_dense_projections, frozenset(id(m) for m in projections))
         return partial(torch_checkpoint.create_selective_checkpoint_contexts, keep)
-    raise ValueError(f"checkpointing policy {policy!r} is not implemented; use full or selective")
+    raise ValueError(
+        f"checkpointing policy {policy!r} is not implemented; use full, selective or ops"
+    )

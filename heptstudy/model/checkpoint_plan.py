@@ -19,6 +19,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from heptstudy.config import count_plan, parse_plan_name
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.activation_checkpointing import lean_recompute, policy_context
+from heptstudy.model.op_groups import check_keep
 
 Slot = tuple[str, int]
 
@@ -30,10 +31,17 @@ class CheckpointPlan:
 
     name: str  # off, full, selective, every2, every3, auto, layers3, ...
     label: str  # for figures and tables
-    policy: str = "full"  # full | selective
+    policy: str = "full"  # full | selective | ops
     every: int = 0  # fixed plans: every k-th layer; 0: none
     count: int | None = None
     order: tuple[Slot, ...] = ()
+    #: ``ops`` plans: the op groups a checkpointed layer keeps (heptstudy.model.op_groups)
+    keep: frozenset[str] = frozenset()
+
+    @property
+    def lean(self) -> bool:
+        """Recompute lean (SwiGLU keeps nothing): unless its products are kept anyway."""
+        return self.policy == "full" or (self.policy == "ops" and "mlp" not in self.keep)
 
     def checkpoints(self, slot: Slot) -> bool:
         if self.count is not None:
@@ -58,8 +66,19 @@ AUTO = CheckpointPlan("auto", "auto")
 NAMED = {p.name: p for p in (OFF, FULL, SELECTIVE, EVERY_2, EVERY_3, AUTO)}
 
 
-def plan_named(value: Any, num_layers: int | None = None) -> CheckpointPlan:
-    """The plan of a checkpointing value (a name or true/false); count plans need ``num_layers``."""
+def ops_plan(keep, name: str = "ops") -> CheckpointPlan:
+    """Every layer checkpointed, keeping the op groups ``keep`` (not a configuration value yet:
+    a model built with ``auto`` runs it as a step's plan)."""
+    keep = check_keep(keep)
+    label = f"keeps {', '.join(sorted(keep))}" if keep else "keeps nothing"
+    return CheckpointPlan(name, label, "ops", every=1, keep=keep)
+
+
+def plan_named(value: Any, num_layers: int | None = None, *, keep=None) -> CheckpointPlan:
+    """The plan of a checkpointing value (a name or true/false); count plans need ``num_layers``;
+    ``keep`` (internal): an ``ops`` plan named ``value`` keeping those op groups."""
+    if keep is not None:
+        return ops_plan(keep, str(value))
     try:
         name = parse_plan_name(value)
     except ValueError as err:
@@ -120,11 +139,11 @@ def _run(
     if not plan.checkpoints(slot):
         return module(*args)
     return torch_checkpoint.checkpoint(
-        partial(_lean, module) if plan.policy == "full" else module,
+        partial(_lean, module) if plan.lean else module,
         *args,
         use_reentrant=False,
         preserve_rng_state=True,
-        context_fn=policy_context(plan.policy, module),
+        context_fn=policy_context(plan.policy, module, slot[0], plan.keep),
     )
 
 

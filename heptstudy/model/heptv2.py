@@ -12,7 +12,8 @@ from torch import nn
 
 from heptstudy import stand_ins
 from heptstudy.config import HEPTv2Config
-from heptstudy.data.layout import EventLayout
+from heptstudy.data.layout import EventLayout, EventSpan
+from heptstudy.model import custom_ops
 from heptstudy.model.activation_checkpointing import recompute_is_lean
 from heptstudy.model.buckets import MASKED, BucketOrder
 from heptstudy.model.encoding import COS_PHI, ETA, SIN_PHI
@@ -41,7 +42,8 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 
 class RMSNorm(nn.Module):
-    """RMS norm keeping its input and one float per row (``F.rms_norm`` also keeps the output)."""
+    """RMS norm keeping its input and one float per row (``F.rms_norm`` also keeps the output);
+    one dispatcher op (``heptstudy::rms_norm``) whose output and rstd a policy may keep."""
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -50,38 +52,88 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=x.device.type, enabled=False):
-            return _RMSNormFunction.apply(x, self.weight, self.eps)
+            return RMS_NORM(x, self.weight, self.eps)[0]
 
 
-class _RMSNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        xs = x.to(_stats_dtype(x))
-        rstd = torch.rsqrt(xs.pow(2).mean(dim=-1, keepdim=True) + eps)
-        ctx.save_for_backward(x, rstd, weight)
-        return (xs * rstd * weight).to(x.dtype)
+def _rms_norm(x, weight, eps):
+    xs = x.to(_stats_dtype(x))
+    rstd = torch.rsqrt(xs.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (xs * rstd * weight).to(x.dtype), rstd
 
-    @staticmethod
-    def backward(ctx, d_y):
-        x, rstd, weight = ctx.saved_tensors
-        normed = x.to(rstd.dtype) * rstd
-        d_y = d_y.to(rstd.dtype)
-        d_weight = None
-        if ctx.needs_input_grad[1]:
-            d_weight = (d_y * normed).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
-        d_normed = d_y * weight
-        correction = (d_normed * normed).mean(dim=-1, keepdim=True)
-        d_x = d_normed.sub_(normed.mul_(correction)).mul_(rstd).to(x.dtype)
-        return d_x, d_weight, None
+
+def _rms_norm_fake(x, weight, eps):
+    return torch.empty_like(x), x.new_empty(*x.shape[:-1], 1, dtype=_stats_dtype(x))
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _eps = inputs
+    ctx.save_for_backward(x, output[1], weight)
+    _no_gradient_for(ctx, output[1:])
+
+
+def _rms_norm_backward(ctx, d_y, _d_rstd):
+    if d_y is None:  # no gradient reached the output (grads are not materialised)
+        return None, None, None
+    x, rstd, weight = ctx.saved_tensors
+    normed = x.to(rstd.dtype) * rstd
+    d_y = d_y.to(rstd.dtype)
+    d_weight = None
+    if ctx.needs_input_grad[1]:
+        d_weight = (d_y * normed).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+    d_normed = d_y * weight
+    correction = (d_normed * normed).mean(dim=-1, keepdim=True)
+    d_x = d_normed.sub_(normed.mul_(correction)).mul_(rstd).to(x.dtype)
+    return d_x, d_weight, None
+
+
+RMS_NORM = custom_ops.define(
+    "rms_norm",
+    "(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)",
+    _rms_norm,
+    _rms_norm_fake,
+)
+torch.library.register_autograd(RMS_NORM, _rms_norm_backward, setup_context=_rms_norm_setup)
 
 
 class Dropout(nn.Dropout):
-    """Dropout keeping a boolean mask on CPU too (``F.dropout`` keeps it in the input's dtype)."""
+    """Dropout keeping a boolean mask on CPU too (``F.dropout`` keeps it in the input's dtype).
+    On CPU the mask is its own op (``heptstudy::dropout_mask``, the draws of ``native_dropout``'s
+    CPU kernel), so a policy may keep the mask (a byte per element) without the output."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        return torch.native_dropout(x, self.p, True)[0]
+        if x.device.type != "cpu":  # CUDA's fused kernel draws its own way: as it always ran
+            return torch.native_dropout(x, self.p, True)[0]
+        mask = DROPOUT_MASK(x.detach(), self.p)
+        return _MaskedScale.apply(x, mask, 1.0 / (1.0 - self.p) if self.p < 1 else 0.0)
+
+
+def _dropout_mask(x, p):
+    return torch.empty_like(x, dtype=torch.bool).bernoulli_(1.0 - p)
+
+
+DROPOUT_MASK = custom_ops.define(
+    "dropout_mask",
+    "(Tensor x, float p) -> Tensor",
+    _dropout_mask,
+    lambda x, p: torch.empty_like(x, dtype=torch.bool),
+)
+
+
+class _MaskedScale(torch.autograd.Function):
+    """``native_dropout``'s output and gradient from a given mask, keeping only the mask."""
+
+    @staticmethod
+    def forward(ctx, x, mask, scale):
+        ctx.scale = scale
+        ctx.save_for_backward(mask)
+        return x.mul(mask).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        (mask,) = ctx.saved_tensors
+        return torch.ops.aten.native_dropout_backward(d_out, mask, ctx.scale), None, None
 
 
 class SwiGLU(nn.Module):
@@ -207,45 +259,22 @@ class HEPTv2Layer(nn.Module):
     def bucket_order(
         self, coords: torch.Tensor, mask: torch.Tensor, layout: EventLayout
     ) -> BucketOrder:
-        """Hash and sort every event's hits, in float32."""
+        """Hash and sort every event's hits, in float32: one op, ``heptstudy::bucket_order``,
+        given the layout's host integers."""
         with torch.autocast(device_type=coords.device.type, enabled=False):
-            coords = coords.float()
-            dev = coords.device
-            event = layout.slot_event(dev)  # [R, S]
-            start = layout.slot_start(dev)
-            sort = _event_sort(event, layout.one_event_per_row)
-            n_valid = torch.tensor([s.hits for s in layout.spans], device=dev)[event]
-            valid_f = mask[:, None, None, :]
-
-            # Quantile bins from each hit's rank among its event's valid hits; padding ranks last.
-            big = torch.finfo(torch.float32).max
-            eta = coords[..., 0].masked_fill(~mask, big)
-            phi = coords[..., 1].masked_fill(~mask, big)
-            eta_rank = _ranks(eta, sort).sub_(start).float()
-            phi_rank = _ranks(phi, sort).sub_(start).float()
-            denom = n_valid.clamp(min=1).float()
-            eta_q = (eta_rank / denom)[:, None, None, :]  # [R,1,1,S] in [0,1) for valid hits
-            phi_q = (phi_rank / denom)[:, None, None, :]
-            n_eta = self.region_shape[..., 0].float()[None, :, :, None]  # [1,C,H,1]
-            n_phi = self.region_shape[..., 1].float()[None, :, :, None]
-            eta_bin = torch.minimum(torch.floor(eta_q * n_eta), n_eta - 1)
-            phi_bin = torch.minimum(torch.floor(phi_q * n_phi), n_phi - 1)
-            region = eta_bin * n_phi + phi_bin  # [R,C,H,S]
-
-            proj = torch.einsum(
-                "bsk,chk->bchs", coords.masked_fill(~mask[..., None], 0.0), self.hash_directions
+            spans = layout.spans
+            return BucketOrder(
+                *BUCKET_ORDER(
+                    coords.float(),
+                    mask,
+                    self.hash_directions,
+                    self.region_shape,
+                    self.block_size,
+                    layout.rows,
+                    layout.row_slots,
+                    *([getattr(s, f) for s in spans] for f in ("row", "start", "slots", "hits")),
+                )
             )
-            lo = _event_extreme(proj.masked_fill(~valid_f, big), event, "amin", layout.num_events)
-            hi = _event_extreme(proj.masked_fill(~valid_f, -big), event, "amax", layout.num_events)
-            span = (hi - lo).clamp(min=1e-6)
-            # Normalised projection lies in [0, 1): adding the region index sorts by region first.
-            key = region + (proj - lo) / (span * (1 + 1e-4))
-            key = key.masked_fill(~valid_f, float("inf"))
-            order = sort(key)  # [R,C,H,S], every event's slots in its own run
-            position, source, valid = layout.bucket_geometry(self.block_size, dev)
-            R, C, H, _ = order.shape
-            order = order.gather(-1, source[:, None, None, :].expand(R, C, H, -1))
-            return BucketOrder(order.to(torch.int32), position, valid)
 
     def forward(
         self,
@@ -284,6 +313,78 @@ def merge_rounds(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """``out [B,C,S,H,dh]``, ``lse [B,C,S,H]`` -> [B,S,H,dh], rounds weighted by softmax(lse)."""
     weights = torch.softmax(lse.to(_stats_dtype(lse)), dim=1).to(out.dtype)
     return (weights.unsqueeze(-1) * out).sum(dim=1)
+
+
+def _hash_and_sort(coords, mask, hash_directions, region_shape, layout, block_size):
+    """``(order, position, valid)`` of :class:`BucketOrder`, the order in int32."""
+    dev = coords.device
+    event = layout.slot_event(dev)  # [R, S]
+    start = layout.slot_start(dev)
+    sort = _event_sort(event, layout.one_event_per_row)
+    n_valid = torch.tensor([s.hits for s in layout.spans], device=dev)[event]
+    valid_f = mask[:, None, None, :]
+
+    # Quantile bins from each hit's rank among its event's valid hits; padding ranks last.
+    big = torch.finfo(torch.float32).max
+    eta = coords[..., 0].masked_fill(~mask, big)
+    phi = coords[..., 1].masked_fill(~mask, big)
+    eta_rank = _ranks(eta, sort).sub_(start).float()
+    phi_rank = _ranks(phi, sort).sub_(start).float()
+    denom = n_valid.clamp(min=1).float()
+    eta_q = (eta_rank / denom)[:, None, None, :]  # [R,1,1,S] in [0,1) for valid hits
+    phi_q = (phi_rank / denom)[:, None, None, :]
+    n_eta = region_shape[..., 0].float()[None, :, :, None]  # [1,C,H,1]
+    n_phi = region_shape[..., 1].float()[None, :, :, None]
+    eta_bin = torch.minimum(torch.floor(eta_q * n_eta), n_eta - 1)
+    phi_bin = torch.minimum(torch.floor(phi_q * n_phi), n_phi - 1)
+    region = eta_bin * n_phi + phi_bin  # [R,C,H,S]
+
+    proj = torch.einsum("bsk,chk->bchs", coords.masked_fill(~mask[..., None], 0.0), hash_directions)
+    lo = _event_extreme(proj.masked_fill(~valid_f, big), event, "amin", layout.num_events)
+    hi = _event_extreme(proj.masked_fill(~valid_f, -big), event, "amax", layout.num_events)
+    span = (hi - lo).clamp(min=1e-6)
+    # Normalised projection lies in [0, 1): adding the region index sorts by region first.
+    key = region + (proj - lo) / (span * (1 + 1e-4))
+    key = key.masked_fill(~valid_f, float("inf"))
+    order = sort(key)  # [R,C,H,S], every event's slots in its own run
+    position, source, valid = layout.bucket_geometry(block_size, dev)
+    R, C, H, _ = order.shape
+    order = order.gather(-1, source[:, None, None, :].expand(R, C, H, -1))
+    return order.to(torch.int32), position, valid
+
+
+def _layout(rows, row_slots, *spans) -> EventLayout:
+    return EventLayout(rows, row_slots, tuple(EventSpan(*s) for s in zip(*spans, strict=True)))
+
+
+def _bucket_order_kernel(coords, mask, hash_directions, region_shape, block_size, *layout):
+    # _hash_and_sort looked up per call: a test counts the hashing
+    return _hash_and_sort(coords, mask, hash_directions, region_shape, _layout(*layout), block_size)
+
+
+def _bucket_order_fake(coords, mask, hash_directions, region_shape, block_size, *layout):
+    layout = _layout(*layout)
+    # as EventLayout.bucket_geometry: each event rounded up to whole buckets, rows of equal length
+    padded_len = max(
+        sum(-(-s.slots // block_size) * block_size for s in layout.spans if s.row == r)
+        for r in range(layout.rows)
+    )
+    R, (C, H) = layout.rows, hash_directions.shape[:2]
+    return (
+        coords.new_empty(R, C, H, padded_len, dtype=torch.int32),
+        coords.new_empty(R, layout.row_slots, dtype=torch.long),
+        coords.new_empty(R, padded_len, dtype=torch.bool),
+    )
+
+
+BUCKET_ORDER = custom_ops.define(
+    "bucket_order",
+    "(Tensor coords, Tensor mask, Tensor hash_directions, Tensor region_shape, int block_size, "
+    "int rows, int row_slots, int[] span_rows, int[] span_starts, int[] span_slots, "
+    "int[] span_hits) -> (Tensor, Tensor, Tensor)",
+    _bucket_order_kernel,
+    _bucket_order_fake,
+)
 
 
 def _event_sort(event: torch.Tensor, one_event_per_row: bool):
@@ -328,7 +429,7 @@ def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> to
     """Softmax attention inside the buckets, rounds merged; ``q`` already scaled, [B, S, H, dh]."""
     dtype = compute_dtype(q, k, v)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        return _BucketAttention.apply(
+        return BUCKET_ATTENTION(
             q.to(dtype),
             k.to(dtype),
             v.to(dtype),
@@ -336,31 +437,73 @@ def plain_bucket_attention(q, k, v, buckets: BucketOrder, block_size: int) -> to
             buckets.position,
             buckets.valid,
             block_size,
-        )
+        )[0]
 
 
-class _BucketAttention(torch.autograd.Function):
-    """Keeps q, k, v, merged O, its lse L and indices; with P = exp(s - L) backward needs no
+def _bucket_attention(q, k, v, order, position, valid, block_size):
+    """``(out, lse, sort_index, unsort_index, key_bias)``: the merged output, its log-sum-exp and
+    the slices' indices, all of which backward keeps. With P = exp(s - L) backward needs no
     per-round output: dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), s recomputed."""
+    slices = _Slices(BucketOrder(order, position, valid), block_size)
+    out, lse = _attention_forward(q, k, v, slices)
+    return out, lse, slices.sort_index, slices.unsort_index, slices.key_bias
 
-    @staticmethod
-    def forward(ctx, q, k, v, order, position, valid, block_size):
-        buckets = BucketOrder(order, position, valid)
-        slices = _Slices(buckets, block_size)
-        out, lse = _attention_forward(q, k, v, slices)
-        ctx.slices = slices.shape, slices.group  # backward reads the same slices
-        ctx.save_for_backward(
-            q, k, v, out, lse, slices.sort_index, slices.unsort_index, slices.key_bias
-        )
-        return out
 
-    @staticmethod
-    def backward(ctx, d_out):
-        q, k, v, out, lse, *indices = ctx.saved_tensors
-        slices = _Slices.__new__(_Slices)
-        slices.shape, slices.group = ctx.slices
-        slices.sort_index, slices.unsort_index, slices.key_bias = indices
-        return (*_attention_backward(d_out, q, k, v, out, lse, slices), None, None, None, None)
+def _bucket_attention_fake(q, k, v, order, position, valid, block_size):
+    B, C, H, Sp = order.shape
+    S, dh = position.shape[1], q.shape[-1]
+    g = _head_group(B, H, Sp, block_size)
+    return (
+        q.new_empty(B, S, H, dh),
+        q.new_empty(B, S, H, dtype=_stats_dtype(q)),
+        order.new_empty(C, H // g, B * g * Sp, dtype=torch.int32),
+        order.new_empty(C, H // g, B * g * S, dtype=torch.long),
+        q.new_empty(B * g * (Sp // block_size), 1, block_size, dtype=torch.float32),
+    )
+
+
+def _bucket_attention_setup(ctx, inputs, output):
+    q, k, v, order, position, _valid, block_size = inputs
+    B, C, H, Sp = order.shape
+    ctx.slices = (B, C, H, Sp, position.shape[1], block_size), _head_group(B, H, Sp, block_size)
+    ctx.save_for_backward(q, k, v, *output)
+    _no_gradient_for(ctx, output[1:])
+
+
+def _no_gradient_for(ctx, outputs) -> None:
+    """Outputs backward reads but never differentiates: no zero gradient is made for them
+    (autograd would materialise one of each, in backward, at the layer's peak)."""
+    ctx.mark_non_differentiable(*outputs)
+    ctx.set_materialize_grads(False)
+
+
+def _bucket_attention_backward(ctx, d_out, *_unused):
+    if d_out is None:  # no gradient reached the output (grads are not materialised)
+        return (None,) * 7
+    q, k, v, out, lse, *indices = ctx.saved_tensors
+    slices = _Slices.__new__(_Slices)
+    slices.shape, slices.group = ctx.slices
+    slices.sort_index, slices.unsort_index, slices.key_bias = indices
+    return (*_attention_backward(d_out, q, k, v, out, lse, slices), None, None, None, None)
+
+
+BUCKET_ATTENTION = custom_ops.define(
+    "bucket_attention",
+    "(Tensor q, Tensor k, Tensor v, Tensor order, Tensor position, Tensor valid, int block_size) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    _bucket_attention,
+    _bucket_attention_fake,
+)
+torch.library.register_autograd(
+    BUCKET_ATTENTION, _bucket_attention_backward, setup_context=_bucket_attention_setup
+)
+
+
+def _head_group(B: int, H: int, Sp: int, block_size: int) -> int:
+    """The most heads of a round whose scores fit in ATTENTION_SLICE_ELEMENTS."""
+    per_head = B * Sp * block_size
+    fits = [g for g in range(1, H + 1) if H % g == 0 and g * per_head <= ATTENTION_SLICE_ELEMENTS]
+    return max(fits, default=1)
 
 
 class _Slices:
@@ -370,12 +513,7 @@ class _Slices:
     def __init__(self, buckets: BucketOrder, block_size):
         B, C, H, Sp = buckets.order.shape
         self.shape = (B, C, H, Sp, buckets.num_hits, block_size)
-        # the most heads of a round whose scores fit in ATTENTION_SLICE_ELEMENTS
-        per_head = B * Sp * block_size
-        fits = [
-            g for g in range(1, H + 1) if H % g == 0 and g * per_head <= ATTENTION_SLICE_ELEMENTS
-        ]
-        self.group = g = max(fits, default=1)
+        self.group = g = _head_group(B, H, Sp, block_size)
         S, G, dev = buckets.num_hits, H // g, buckets.order.device
         b = torch.arange(B, device=dev).view(1, 1, B, 1, 1)
         within = torch.arange(g, device=dev).view(1, 1, 1, g, 1)
