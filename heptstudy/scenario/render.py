@@ -143,8 +143,9 @@ def local_script(res: Resolution, v: ResolvedVariant, workdir: Path) -> str:
     )
 
 
-def checked_resume(resume: str | None, res: Resolution) -> str | None:
-    """``--resume`` as given, once it names a file and the render has a single variant."""
+def checked_resume(resume: str | None, res: Resolution, workdir: Path) -> str | None:
+    """``--resume`` as given, once it names a file (from ``workdir``, where the launch runs)
+    and the render has a single variant."""
     if resume is None:
         return None
     names = [v.name for v in res.variants]
@@ -159,7 +160,7 @@ def checked_resume(resume: str | None, res: Resolution) -> str | None:
             f"was rendered. Render the variant it belongs to alone: --variant NAME --resume "
             f"{resume} (one render per variant to resume)"
         )
-    path = real_path(resume, "--resume")
+    path = workdir / Path(resume).expanduser()  # as the launch script reads it, after its cd
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no file (it does not exist)"
         raise ConfigError(
@@ -203,9 +204,9 @@ def render(
     ``launch_scripts.txt`` into ``out`` (else experiments/local/train/_rendered/SCENARIO/PLATFORM);
     ``option`` is the flag that named ``out``."""
     res = resolve(scenario, platform, variants, overrides)
-    resume = checked_resume(resume, res)
-    out = _render_folder(out or _default_out(res), option)
     workdir = real_path(workdir or Path.cwd(), "working directory")
+    resume = checked_resume(resume, res, workdir)
+    out = _render_folder(out or _default_out(res), option)
     files: list[tuple[Path, str, Output]] = []
     scripts = []
     slurm = res.platform.launcher == "slurm"

@@ -89,7 +89,8 @@ def peak_batch(report) -> dict[str, int | None]:
     if not counted:
         return {"peak_batch_hits": None, "peak_batch_slots": None}
     st = max(counted, key=lambda s: s.peak_allocated_mib)
-    return {"peak_batch_hits": sum(st.hits), "peak_batch_slots": st.geometry.slots}
+    slots = None if st.geometry is None else st.geometry.slots
+    return {"peak_batch_hits": sum(st.hits), "peak_batch_slots": slots}
 
 
 def reports_frame(reports) -> Any:
