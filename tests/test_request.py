@@ -243,8 +243,10 @@ def test_config_is_built_directly(tmp_path):
         (
             {"checkpointing": 1},
             "checkpointing=1 is not allowed: allowed values are off, full, selective, every2, "
-            "every3, layersK or lastK (the first or last K backbone layers) or auto "
-            "(true/false: full/off); a number is not a checkpointing plan",
+            "every3, layersK or lastK (the first or last K backbone layers), keepNN (every "
+            "layer checkpointed, keeping what a solver chose within NN % of the uncheckpointed "
+            "activation memory, NN 0 to 100) or auto (true/false: full/off); a number is not a "
+            "checkpointing plan",
         ),
         ({"checkpointing": "every4"}, "allowed values are off, full, selective"),
         (

@@ -5,7 +5,13 @@ refuses true/false and a true/false key refuses numbers."""
 from heptstudy.config.data import DataConfig
 from heptstudy.config.load import Config, load_config, load_platform, merge, validate
 from heptstudy.config.model import HIT_VARIANT, TRACK_CLUSTER_VARIANT, HEPTv2Config, ModelConfig
-from heptstudy.config.plans import FIXED_PLANS, PLAN_WORDS, count_plan, parse_plan_name
+from heptstudy.config.plans import (
+    FIXED_PLANS,
+    PLAN_WORDS,
+    count_plan,
+    keep_percent,
+    parse_plan_name,
+)
 from heptstudy.config.platform import ALLOC_CONF_VARS, PlatformConfig
 from heptstudy.config.strict import StrictInput
 from heptstudy.config.train import LossConfig, TrainConfig
@@ -29,6 +35,7 @@ __all__ = [
     "TrainConfig",
     "as_yaml",
     "count_plan",
+    "keep_percent",
     "load_config",
     "load_platform",
     "merge",

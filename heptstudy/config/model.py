@@ -4,12 +4,25 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from heptstudy.config.plans import PLAN_WORDS, PlanOrder, count_plan, parse_plan_name
 from heptstudy.config.strict import StrictInput
 
 HIT_VARIANT = "hit_heptv2_grouped_tracker_features"
+#: The cost table of the recommended model, measured on a CPU (configs/checkpointing/README.md).
+DEFAULT_OP_COSTS = "configs/checkpointing/op_costs_cpu.json"
+
+
+def _json_path(value: str) -> str:
+    if not value.strip() or not value.endswith(".json"):
+        raise ValueError(
+            f"is the path of a cost table written by `heptstudy costs` (a .json file), not "
+            f"{value!r}; e.g. {DEFAULT_OP_COSTS}"
+        )
+    return value
+
+
 TRACK_CLUSTER_VARIANT = "track_cluster_mlpf"
 
 
@@ -40,6 +53,12 @@ class HEPTv2Config(StrictInput):
         description="activation_checkpointing=auto: the plans tried after off (always tried "
         "first), cheapest first. None: the platform profile's auto_plan_order, else "
         "heptstudy.model.adaptive_checkpointing.DEFAULT_PLAN_ORDER",
+    )
+    op_costs: Annotated[str, AfterValidator(_json_path)] = Field(
+        DEFAULT_OP_COSTS,
+        description="keepNN plans: the measured op-group cost table (`heptstudy costs`) their "
+        "keep-sets are solved on, for this model configuration; a relative path is read from "
+        "the repository",
     )
     attention_backend: Literal["auto", "fused", "plain"] = Field(
         "auto", description="auto: fused flex_attention on CUDA, plain PyTorch elsewhere"

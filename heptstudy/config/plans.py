@@ -14,14 +14,32 @@ from heptstudy.config.yaml_text import as_yaml
 FIXED_PLANS = ("off", "full", "selective", "every2", "every3")
 PLAN_WORDS = (
     "off, full, selective, every2, every3, layersK or lastK (the first or last K backbone "
-    "layers) or auto"
+    "layers), keepNN (every layer checkpointed, keeping what a solver chose within NN % of the "
+    "uncheckpointed activation memory, NN 0 to 100) or auto"
 )
+KEEP_PREFIX = "keep"
 
 
 def count_plan(name: str) -> tuple[bool, int] | None:
     """``(last, K)`` of a count plan (``layersK``: first K backbone layers, ``lastK``: last K)."""
     match = re.fullmatch(r"(layers|last)(\d+)", name)
     return None if match is None else (match[1] == "last", int(match[2]))
+
+
+def keep_percent(name: str) -> int | None:
+    """NN of a solver plan ``keepNN`` (its budget: NN % of the uncheckpointed activation
+    memory); None for another name. ``keep`` followed by anything but a whole number 0..100 is
+    refused, naming what is allowed."""
+    if not name.startswith(KEEP_PREFIX):
+        return None
+    digits = name[len(KEEP_PREFIX) :]
+    if not re.fullmatch(r"[0-9]{1,3}", digits) or not 0 <= int(digits) <= 100:
+        raise ValueError(
+            f"{name!r}: a solver plan is keepNN with NN a whole number from 0 to 100, the percent "
+            "of the uncheckpointed activation memory it may keep (e.g. keep30), not "
+            f"{digits!r}"
+        )
+    return int(digits)
 
 
 def parse_plan_name(value: Any) -> str:
@@ -35,6 +53,8 @@ def parse_plan_name(value: Any) -> str:
         count = count_plan(word)
         if count is not None:
             return f"{'last' if count[0] else 'layers'}{count[1]}"
+        if (percent := keep_percent(word)) is not None:
+            return f"{KEEP_PREFIX}{percent}"
         if word in (*FIXED_PLANS, "auto"):
             return word
     why = "; a number is not a checkpointing plan" if isinstance(value, (int, float)) else ""

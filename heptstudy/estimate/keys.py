@@ -23,6 +23,7 @@ _IN_SETTINGS = (
     "activation_checkpointing",
     "memory_budget_gib",
     "auto_plan_order",
+    "op_costs",
 )
 #: Sections of the model configuration the other variant's network does not read.
 _UNUSED_SECTIONS = {

@@ -77,7 +77,7 @@ def run_backbone_bench(
     torch.manual_seed(seed)
     holder = torch.nn.Module()
     holder.backbone = torch.nn.ModuleList(HEPTv2Layer(cfg, i) for i in range(cfg.num_convs))
-    layers = apply_plan(holder, plan_of(cfg)).backbone.to(dev).train()
+    layers = apply_plan(holder, plan_of(config)).backbone.to(dev).train()
     batch = to_device(example_batch(config, 1, hits, seed=seed), dev)
     mask, coords, layout = batch["mask"], hit_coordinates(batch["X"]), batch["layout"]
     x = torch.randn(*mask.shape, cfg.embedding_dim, device=dev, requires_grad=True)

@@ -200,7 +200,10 @@ def report_header(
         ),
         config=config.to_dict(),
         batch_size=m.batch_size,
-        checkpointing=rp.Checkpointing(plan=m.plan.name if m.request.kind != PARITY else None),
+        checkpointing=rp.Checkpointing(
+            plan=m.plan.name if m.request.kind != PARITY else None,
+            keep={k: sorted(v) for k, v in m.plan.kind_keep} if m.plan.kind_keep else None,
+        ),
         notes=[*notes, *(["data: synthetic (generated) events"] if synthetic else [])],
     )
 

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from heptstudy.atomic import Output, atomic_write_text, json_text, write_text_or_keep
 from heptstudy.data.layout import BATCHINGS, BatchGeometry, is_packed
@@ -171,6 +178,17 @@ class Checkpointing(_Strict):
     # model.heptv2.activation_checkpointing; None in a parity report (off against full)
     plan: str | None = None
     memory_budget_mib: NonNegative | None = None  # auto only: what each step's plan must fit
+    #: solver plans (keepNN) only: the op groups each layer kind kept, as the solver chose them
+    #: on model.heptv2.op_costs (heptstudy.model.solver)
+    keep: dict[str, list[str]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _keep_only_when_kept(self, handler) -> dict[str, Any]:
+        # reports of the other plans stay as they were written before the field existed
+        data = handler(self)
+        if self.keep is None:
+            data.pop("keep", None)
+        return data
 
 
 class StepRecord(_Strict):

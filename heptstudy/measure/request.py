@@ -278,7 +278,7 @@ class MeasurementRequest(Parameters):
         )
         path = Path(self.output) if self.output else SCRATCH_DIR / f"{self.name}.json"
         return Measurement(
-            self, config, plan_of(config.model.heptv2), device, profile, allocator, self.name, path
+            self, config, plan_of(config), device, profile, allocator, self.name, path
         )
 
     @property

@@ -19,7 +19,7 @@ def build_model(config: Config) -> nn.Module:
         from heptstudy.model.checkpoint_plan import apply_plan, plan_of
         from heptstudy.model.hit_model import HitModel
 
-        return apply_plan(HitModel(config), plan_of(config.model.heptv2))
+        return apply_plan(HitModel(config), plan_of(config))
     if config.model.variant == TRACK_CLUSTER_VARIANT:
         from heptstudy.model.track_cluster import TrackClusterModel
 

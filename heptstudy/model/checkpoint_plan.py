@@ -16,7 +16,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 
-from heptstudy.config import count_plan, parse_plan_name
+from heptstudy.config import Config, count_plan, keep_percent, parse_plan_name
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.activation_checkpointing import lean_recompute, policy_context
 from heptstudy.model.op_groups import check_keep
@@ -37,11 +37,23 @@ class CheckpointPlan:
     order: tuple[Slot, ...] = ()
     #: ``ops`` plans: the op groups a checkpointed layer keeps (heptstudy.model.op_groups)
     keep: frozenset[str] = frozenset()
+    #: solver plans (``keepNN``): a keep-set per layer kind, in place of ``keep`` (both kinds
+    #: have a ``dropout`` group); empty until solved on a configuration's cost table
+    kind_keep: tuple[tuple[str, frozenset[str]], ...] = ()
+
+    def keep_for(self, kind: str) -> frozenset[str]:
+        return dict(self.kind_keep).get(kind, self.keep)
+
+    @property
+    def solver_plan(self) -> bool:
+        return keep_percent(self.name) is not None and self.policy == "ops"
 
     @property
     def lean(self) -> bool:
         """Recompute lean (SwiGLU keeps nothing): unless its products are kept anyway."""
-        return self.policy == "full" or (self.policy == "ops" and "mlp" not in self.keep)
+        return self.policy == "full" or (
+            self.policy == "ops" and "mlp" not in self.keep_for("backbone")
+        )
 
     def checkpoints(self, slot: Slot) -> bool:
         if self.count is not None:
@@ -74,9 +86,34 @@ def ops_plan(keep, name: str = "ops") -> CheckpointPlan:
     return CheckpointPlan(name, label, "ops", every=1, keep=keep)
 
 
-def plan_named(value: Any, num_layers: int | None = None, *, keep=None) -> CheckpointPlan:
+def solver_plan(name: str, config: Config | None = None) -> CheckpointPlan:
+    """``keepNN``: every backbone and decoder layer checkpointed, keeping per layer kind the op
+    groups the solver chose for NN % of the uncheckpointed activation memory on ``config``'s
+    cost table (model.heptv2.op_costs). Without ``config``: named and labelled only (a report's
+    plan), refused by :func:`apply_plan`."""
+    percent = keep_percent(name)
+    if config is None:
+        return CheckpointPlan(name, f"keep {percent}%", "ops", every=1)
+    from heptstudy.model.cost_table import solved_keep
+
+    choice = solved_keep(config, name)
+    keep = {kind: check_keep(names) for kind, names in choice.keep.items()}
+    return CheckpointPlan(
+        name,
+        f"keep {percent}% ({choice.words()})",
+        "ops",
+        every=1,
+        keep=frozenset().union(*keep.values()),
+        kind_keep=tuple(sorted(keep.items())),
+    )
+
+
+def plan_named(
+    value: Any, num_layers: int | None = None, *, keep=None, config: Config | None = None
+) -> CheckpointPlan:
     """The plan of a checkpointing value (a name or true/false); count plans need ``num_layers``;
-    ``keep`` (internal): an ``ops`` plan named ``value`` keeping those op groups."""
+    solver plans (``keepNN``) the whole ``config`` to be solved (:func:`solver_plan`); ``keep``
+    (internal): an ``ops`` plan named ``value`` keeping those op groups."""
     if keep is not None:
         return ops_plan(keep, str(value))
     try:
@@ -87,6 +124,8 @@ def plan_named(value: Any, num_layers: int | None = None, *, keep=None) -> Check
         ) from None
     if name in NAMED:
         return NAMED[name]
+    if keep_percent(name) is not None:
+        return solver_plan(name, config)
     last, count = count_plan(name)
     if num_layers is None or not 1 <= count < num_layers:
         raise HeptstudyError(
@@ -102,8 +141,13 @@ def plan_named(value: Any, num_layers: int | None = None, *, keep=None) -> Check
     )
 
 
-def plan_of(heptv2) -> CheckpointPlan:
-    return plan_named(heptv2.activation_checkpointing, heptv2.num_convs)
+def plan_of(config) -> CheckpointPlan:
+    """The configured plan: of a whole :class:`Config` (solver plans solved on its cost table),
+    or of its ``model.heptv2`` section (solver plans named only)."""
+    if isinstance(config, Config):
+        heptv2 = config.model.heptv2
+        return plan_named(heptv2.activation_checkpointing, heptv2.num_convs, config=config)
+    return plan_named(config.activation_checkpointing, config.num_convs)
 
 
 def running_plan(model: nn.Module, plan: CheckpointPlan | None) -> dict[str, CheckpointPlan]:
@@ -116,6 +160,7 @@ def running_plan(model: nn.Module, plan: CheckpointPlan | None) -> dict[str, Che
             f"{type(model).__name__} was not built with activation_checkpointing=auto; a plan "
             "per step needs a model whose layers auto wrapped"
         )
+    _refuse_unsolved(plan)
     return {"running_plan": plan}
 
 
@@ -143,7 +188,7 @@ def _run(
         *args,
         use_reentrant=False,
         preserve_rng_state=True,
-        context_fn=policy_context(plan.policy, module, slot[0], plan.keep),
+        context_fn=policy_context(plan.policy, module, slot[0], plan.keep_for(slot[0])),
     )
 
 
@@ -173,6 +218,7 @@ def apply_plan(model: nn.Module, plan: CheckpointPlan) -> nn.Module:
             f"a checkpoint plan ({model.checkpoint_plan.name}) is already applied to this "
             "model; build a new model for another plan"
         )
+    _refuse_unsolved(plan)
     slots = checkpoint_slots(model)
     _refuse_checkpointing_nothing(model, plan, slots)
     _refuse_a_simpler_plan_in_disguise(plan, slots)
@@ -183,6 +229,15 @@ def apply_plan(model: nn.Module, plan: CheckpointPlan) -> nn.Module:
             )
     model.checkpoint_plan = plan
     return model
+
+
+def _refuse_unsolved(plan: CheckpointPlan) -> None:
+    if plan.solver_plan and not plan.kind_keep:
+        raise HeptstudyError(
+            f"checkpoint plan {plan.name} was named but not solved: build it with "
+            "plan_of(config) or plan_named(name, config=config), which read the configuration's "
+            "cost table (model.heptv2.op_costs)"
+        )
 
 
 def _refuse_checkpointing_nothing(model: nn.Module, plan: CheckpointPlan, slots) -> None:
