@@ -57,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(show)
     show.set_defaults(func=lambda a: print(load_config(a.config, a.overrides).to_yaml(), end=""))
     # each area adds its subcommands; imported here, as they import this module's helpers
-    from heptstudy.cli import bench, data, fit, scenario, study, train
+    from heptstudy.cli import bench, costs, data, fit, scenario, study, train
 
-    for area in (data, train, bench, scenario, study, fit):
+    for area in (data, train, bench, costs, scenario, study, fit):
         area.register_cli(sub)
     return parser
 

@@ -1,0 +1,84 @@
+"""`heptstudy costs`: the op-group cost table solver plans (``keepNN``) are chosen from."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+_NOTHING_WRITTEN = "nothing was written (the table appears only whole); run the same command again"
+
+
+def _costs(args: argparse.Namespace) -> int:
+    import torch
+
+    from heptstudy.config import load_config
+    from heptstudy.data.batching import dataset_for, event_indices, load_events
+    from heptstudy.measure import op_costs
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    out = Path(args.out) if args.out else op_costs.default_out(device)
+    op_costs.check_out(out, "--out" if args.out else "the default output")
+    given = [*args.overrides, *([f"data.data_dir={args.data_dir}"] if args.data_dir else [])]
+    config = load_config(args.config, given)
+    indices = event_indices(config, args.batch_size, 1)[0]
+    batch = load_events(config, indices)
+    dataset = dataset_for(config, "train")
+    data = {
+        "dataset": config.data.dataset,
+        "data_dir": _as_given(config.data.data_dir),
+        "split": "train",
+        "event_indices": [int(i) for i in indices],
+        "batching": config.data.batching,
+        "synthetic": bool(dataset.metadata.get("synthetic", False)),
+    }
+    table = op_costs.measure_op_costs(config, batch, repeats=args.repeats, device=device, data=data)
+    print(op_costs.table_text(table))
+    op_costs.write_table(table, out)
+    print(f"written: {out}")
+    return 0
+
+
+def _as_given(data_dir) -> str:
+    """The data folder relative to the repository when it lies inside (a committed table names
+    no one's home folder)."""
+    from heptstudy.paths import base_dir
+
+    path = Path(data_dir)
+    return str(path.relative_to(base_dir())) if path.is_relative_to(base_dir()) else str(path)
+
+
+def register_cli(sub) -> None:
+    from heptstudy.cli import add_config_args, whole_number
+
+    p = sub.add_parser(
+        "costs",
+        help="measure the op-group cost table keepNN checkpointing plans are solved on",
+        description="For each layer kind and op group a checkpointed layer may keep: the bytes "
+        "kept (exact, fake tensors) and the seconds its recomputation costs (measured on this "
+        "machine's --device), per slot of the batch; printed and written as JSON",
+    )
+    p.add_argument("--data-dir", help="shorthand for --set data.data_dir=DIR")
+    p.add_argument(
+        "--batch-size", type=whole_number(1, 4), default=4, help="events measured (default 4)"
+    )
+    p.add_argument(
+        "--repeats",
+        type=whole_number(1, 3),
+        default=3,
+        help="timed forwards per layer kind; the median counts (default 3)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda (GPU seconds)")
+    p.add_argument(
+        "--threads",
+        type=whole_number(1, 2),
+        help="torch intra-op threads (default: PyTorch's choice)",
+    )
+    p.add_argument(
+        "--out",
+        help="JSON file for the table (default experiments/local/costs/op_costs_DEVICE.json); "
+        "replaces only a cost table",
+    )
+    add_config_args(p)
+    p.set_defaults(func=_costs, interrupted=_NOTHING_WRITTEN)

@@ -1,0 +1,228 @@
+"""Solver plans (``keepNN``): the keep-sets an integer program chooses from the measured op-group
+cost table (`heptstudy costs`), for a budget read in the name, with the results of ``off``.
+
+Tolerance: outputs and losses exactly equal; gradients within relative L2 ``GRAD_RTOL`` (the
+packed/padded parity tolerance of tests/test_packed.py, as tests/test_op_plans.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from heptstudy.config import load_config
+from heptstudy.errors import HeptstudyError
+from heptstudy.measure.op_costs import measure_op_costs, write_table
+from heptstudy.measure.parity import build_seeded
+from heptstudy.measure.report import read_report
+from heptstudy.model import example_batch
+from heptstudy.model.checkpoint_plan import apply_plan, plan_named, plan_of, unwrapped_name
+from heptstudy.model.cost_table import read_cost_table
+from heptstudy.model.op_groups import GROUPS
+from heptstudy.model.solver import CostModel, GroupCost, choose_keep, front
+from heptstudy.train.step import run_step
+from tests.conftest import TINY_MODEL, run_cli, set_options
+
+GRAD_RTOL = 1e-5
+CPU = torch.device("cpu")
+LENGTHS = [70, 41, 23]
+
+
+def _hand_made(layers=None) -> CostModel:
+    """bytes, seconds per slot; ``b`` is dear to keep and cheap to redo, ``c`` the opposite."""
+    groups = {
+        "backbone": {
+            "a": GroupCost(4.0, 3.0),
+            "b": GroupCost(10.0, 1.0),
+            "c": GroupCost(2.0, 5.0),
+            "d": GroupCost(0.0, 0.0),
+        },
+        "decoder": {"e": GroupCost(1.0, 0.5), "f": GroupCost(3.0, 2.2)},
+    }
+    return CostModel(
+        groups, {"backbone": 7.0, "decoder": 1.0}, layers or {"backbone": 2, "decoder": 3}
+    )
+
+
+def _brute_force(model: CostModel, fraction: float) -> float:
+    items = model.items()
+    best = float("inf")
+    for chosen in itertools.product([False, True], repeat=len(items)):
+        keep = {k: frozenset() for k in model.groups}
+        for (kind, name, _), kept in zip(items, chosen, strict=True):
+            if kept:
+                keep[kind] |= {name}
+        if model.kept_bytes_per_slot(keep) <= fraction * model.total_bytes_per_slot + 1e-12:
+            best = min(best, model.recompute_seconds_per_slot(keep))
+    return best
+
+
+def test_solver_chooses_exactly_within_the_budget_and_gains_with_it():
+    model = _hand_made()
+    total = model.total_bytes_per_slot  # 2*16 + 3*4 = 44
+    assert total == 44
+    # 30 %: 13.2 bytes; c (2 layers: 4 bytes, spares 10 s) and f (3 layers: 9 bytes, 6.6 s)
+    # beat c and a (12 bytes, 16 s); adding a to them would take 21
+    choice = choose_keep(model, 0.30)
+    assert dict(choice.keep) == {"backbone": frozenset({"c"}), "decoder": frozenset({"f"})}
+    assert choice.kept_bytes_per_slot == 13.0
+    every = model.recompute_seconds_per_slot({"backbone": frozenset(), "decoder": frozenset()})
+    assert choice.recompute_seconds_per_slot == pytest.approx(every - 10.0 - 6.6)
+    previous = float("inf")
+    for choice in front(model, range(0, 101, 5)):
+        assert choice.kept_bytes_per_slot <= choice.fraction * total + 1e-9
+        assert choice.recompute_seconds_per_slot == pytest.approx(
+            _brute_force(model, choice.fraction)
+        )
+        assert choice.recompute_seconds_per_slot <= previous
+        assert "d" not in choice.keep["backbone"]  # keeping it spares nothing
+        previous = choice.recompute_seconds_per_slot
+    assert choose_keep(model, 0.0).kept_bytes_per_slot == 0
+    assert choose_keep(model, 1.0).keep["backbone"] == {"a", "b", "c"}
+    with pytest.raises(HeptstudyError, match="from 0 to 1"):
+        choose_keep(model, 1.5)
+
+
+def test_layer_counts_weigh_the_kinds():
+    """With one backbone layer and many decoder layers, the decoder's groups cost more bytes."""
+    few = choose_keep(_hand_made({"backbone": 1, "decoder": 10}), 0.25)
+    assert few.kept_bytes_per_slot <= 0.25 * few.total_bytes_per_slot
+    assert few.total_bytes_per_slot == 16 + 40
+
+
+def _config(*extra):
+    return load_config(overrides=[*TINY_MODEL, "model.heptv2.dropout=0.3", *extra])
+
+
+@pytest.fixture(scope="module")
+def tiny_table(tmp_path_factory):
+    """A cost table of the tiny model, measured by the real `costs` code on an example batch."""
+    config = _config()
+    batch = example_batch(config, len(LENGTHS), LENGTHS, seed=5)
+    table = measure_op_costs(config, batch, repeats=1, device=CPU, data={"synthetic": True})
+    return write_table(table, tmp_path_factory.mktemp("costs") / "op_costs_tiny.json")
+
+
+def _step(config, batch, seed=7):
+    model = build_seeded(config, CPU).train()
+    torch.manual_seed(seed)
+    result = run_step(model, batch, None, None, config, None, keep_outputs=True)
+    grads = {
+        unwrapped_name(n): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
+    return result, grads, torch.get_rng_state()
+
+
+def _assert_solver_parity(tiny_table, batching, plan_name):
+    off = _config(f"model.heptv2.op_costs={tiny_table}")
+    solver = _config(
+        f"model.heptv2.op_costs={tiny_table}",
+        f"model.heptv2.activation_checkpointing={plan_name}",
+    )
+    plan = plan_of(solver)
+    kept = [names for _, names in plan.kind_keep]
+    # the budget keeps some groups and recomputes others: not full, not off in disguise
+    assert any(kept) and sum(map(len, kept)) < sum(map(len, GROUPS.values())), plan.label
+    batch = example_batch(off, len(LENGTHS), LENGTHS, seed=5, batching=batching)
+    base, base_grads, base_rng = _step(off, batch)
+    ops, ops_grads, ops_rng = _step(solver, batch)
+    assert base.outputs.keys() == ops.outputs.keys()
+    for k in base.outputs:
+        assert torch.equal(base.outputs[k], ops.outputs[k]), k
+    assert torch.equal(base.losses["total"], ops.losses["total"])
+    assert base_grads.keys() == ops_grads.keys() and len(base_grads) > 50
+    for n in base_grads:
+        diff = float((base_grads[n] - ops_grads[n]).norm())
+        assert diff <= GRAD_RTOL * float(base_grads[n].norm()), n
+    assert torch.equal(base_rng, ops_rng)  # dropout replayed: the same draws, no more
+    other, _, _ = _step(off, batch, seed=8)
+    assert not torch.equal(base.outputs["class_logits"], other.outputs["class_logits"])
+
+
+def test_solver_plan_parity_padded(tiny_table):
+    _assert_solver_parity(tiny_table, "padded", "keep30")
+
+
+def test_solver_plan_parity_packed(tiny_table):
+    _assert_solver_parity(tiny_table, "packed", "keep60")
+
+
+def test_bench_runs_a_solver_plan_and_its_report_names_the_keep_sets(
+    tiny_table, tiny_data_dir, tmp_path
+):
+    report = tmp_path / "keep30.json"
+    overrides = [*TINY_MODEL, "model.heptv2.dropout=0.3", f"model.heptv2.op_costs={tiny_table}"]
+    argv = ["bench", "--batch-size", "2", "--checkpointing", "keep30", "--steps", "1"]
+    argv += ["--warmup", "0", "--passes", "timing", "--no-progress"]
+    argv += ["--data-dir", str(tiny_data_dir), "--output", str(report), *set_options(overrides)]
+    code, out, err = run_cli(*argv)
+    assert code == 0, err
+    written = read_report(report)
+    assert written.checkpointing.plan == "keep30"
+    expected = plan_named("keep30", config=load_config(overrides=overrides))
+    assert written.checkpointing.keep == {k: sorted(v) for k, v in expected.kind_keep}
+    assert written.plan.label == "keep 30%"
+    assert "keep 30% (backbone: " in expected.label
+
+
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ("keep101", "whole number from 0 to 100"),
+        ("keep2.5", "whole number from 0 to 100"),
+        ("keep", "whole number from 0 to 100"),
+    ],
+)
+def test_bad_solver_plan_names_are_refused(value, words):
+    code, _, err = run_cli("bench", "--batch-size", "1", "--checkpointing", value)
+    assert code == 2 and words in err and value in err, err
+    with pytest.raises(HeptstudyError, match=words):
+        plan_named(value)
+
+
+def test_a_missing_or_foreign_table_is_refused_with_the_command_that_makes_one(
+    tiny_table, tmp_path
+):
+    missing = _config(f"model.heptv2.op_costs={tmp_path / 'none.json'}")
+    with pytest.raises(HeptstudyError, match="none.json.*no such cost table.*heptstudy costs"):
+        plan_named("keep30", config=missing)
+    other = _config(f"model.heptv2.op_costs={tiny_table}", "model.heptv2.embedding_dim=32")
+    with pytest.raises(HeptstudyError, match="another model configuration.*embedding_dim 16"):
+        read_cost_table(other)
+    damaged = tmp_path / "damaged.json"
+    table = json.loads(tiny_table.read_text())
+    del table["kinds"]["decoder"]["groups"]["ffn"]
+    damaged.write_text(json.dumps(table))
+    with pytest.raises(HeptstudyError, match="groups.ffn.bytes_per_slot.*heptstudy costs"):
+        plan_named("keep30", config=_config(f"model.heptv2.op_costs={damaged}"))
+    named = plan_named("keep30")  # a report's plan: named, not solved, never applied
+    assert named.label == "keep 30%"
+    with pytest.raises(HeptstudyError, match="not solved"):
+        apply_plan(torch.nn.Module(), named)
+
+
+def test_costs_command_writes_the_table_a_plan_reads_and_replaces_only_its_own(
+    tiny_data_dir, tmp_path
+):
+    out = tmp_path / "costs.json"
+    overrides = set_options([*TINY_MODEL, "model.heptv2.dropout=0.3"])
+    argv = ["costs", "--data-dir", str(tiny_data_dir), "--repeats", "1", "--batch-size", "2"]
+    code, printed, err = run_cli(*argv, "--out", str(out), *overrides)
+    assert code == 0, err
+    assert all(g.name in printed for groups in GROUPS.values() for g in groups)
+    table = json.loads(out.read_text())
+    assert table["data"]["synthetic"] and table["geometry"]["events"] == 2
+    assert table["torch_version"] == torch.__version__ and table["device_type"] == "cpu"
+    slots = table["geometry"]["slots"]
+    for entry in table["kinds"].values():
+        for cost in entry["groups"].values():
+            assert cost["bytes_per_slot"] * slots == pytest.approx(cost["bytes"])
+    config = _config(f"model.heptv2.op_costs={out}")
+    assert read_cost_table(config)[1].total_bytes_per_slot > 0
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"mine": true}\n')
+    code, _, err = run_cli(*argv, "--out", str(foreign), *overrides)
+    assert code == 2 and "is not a heptstudy op cost table" in err
+    assert foreign.read_text() == '{"mine": true}\n'
