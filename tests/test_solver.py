@@ -191,6 +191,11 @@ def test_a_missing_or_foreign_table_is_refused_with_the_command_that_makes_one(
     other = _config(f"model.heptv2.op_costs={tiny_table}", "model.heptv2.embedding_dim=32")
     with pytest.raises(HeptstudyError, match="another model configuration.*embedding_dim 16"):
         read_cost_table(other)
+    fused = _config(f"model.heptv2.op_costs={tiny_table}", "model.heptv2.attention_backend=fused")
+    with pytest.raises(HeptstudyError, match="timed the plain bucket attention.*is fused"):
+        read_cost_table(fused)
+    plain = _config(f"model.heptv2.op_costs={tiny_table}", "model.heptv2.attention_backend=plain")
+    assert read_cost_table(plain)[0]["attention_backend"] == "plain"
     damaged = tmp_path / "damaged.json"
     table = json.loads(tiny_table.read_text())
     del table["kinds"]["decoder"]["groups"]["ffn"]

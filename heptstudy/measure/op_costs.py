@@ -26,7 +26,14 @@ from heptstudy.estimate.group_bytes import op_group_bytes
 from heptstudy.measure.report import device_name
 from heptstudy.model import build_model
 from heptstudy.model.checkpoint_plan import checkpoint_slots
-from heptstudy.model.cost_table import COSTS_FILE, KINDS, SCHEMA, configuration_key, layer_counts
+from heptstudy.model.cost_table import (
+    COSTS_FILE,
+    KINDS,
+    SCHEMA,
+    backend_in_effect,
+    configuration_key,
+    layer_counts,
+)
 from heptstudy.model.heptv2 import hit_coordinates
 from heptstudy.model.op_groups import group_of, groups_of, kept_pairs, track_roles
 from heptstudy.paths import OUTPUT_ROOT, git
@@ -125,6 +132,7 @@ def measure_op_costs(
     return {
         "schema": SCHEMA,
         "model_key": configuration_key(config),
+        "attention_backend": backend_in_effect(config, device.type),
         "layers": layer_counts(config),
         "device": device_name(device),
         "device_type": device.type,

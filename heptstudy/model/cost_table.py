@@ -24,12 +24,26 @@ MAKE_ONE = (
     "(with the same --config/--set as the run) and point model.heptv2.op_costs at it"
 )
 #: Settings that choose a plan or where a table lies: a table measured under any of them holds.
-_NOT_COSTS = ("activation_checkpointing", "memory_budget_gib", "auto_plan_order", "op_costs")
+#: The attention backend is compared as it ran (:func:`backend_in_effect`), not as spelled.
+_NOT_COSTS = (
+    "activation_checkpointing",
+    "memory_budget_gib",
+    "auto_plan_order",
+    "op_costs",
+    "attention_backend",
+)
+
+
+def backend_in_effect(config: Config, device_type: str) -> str:
+    """The bucket attention a layer runs on ``device_type`` (auto: fused on CUDA, else plain;
+    heptstudy.model.heptv2.HEPTv2Layer)."""
+    backend = config.model.heptv2.attention_backend
+    return ("fused" if device_type == "cuda" else "plain") if backend == "auto" else backend
 
 
 def configuration_key(config: Config) -> dict[str, Any]:
-    """What a table's costs depend on: the layers' sizes and counts, the variant, the dtype and
-    the attention backend (every heptv2 and decoder field but the plan settings)."""
+    """What a table's costs depend on: the layers' sizes and counts, the variant and the dtype
+    (every heptv2 and decoder field but the plan settings and the attention backend)."""
     model = config.model.model_dump(mode="json")
     heptv2 = {k: v for k, v in model["heptv2"].items() if k not in _NOT_COSTS}
     fields = {
@@ -67,6 +81,7 @@ def read_cost_table(config: Config) -> tuple[dict[str, Any], CostModel]:
     if not isinstance(table, dict) or table.get("schema") != SCHEMA:
         raise CostTableError(f"{where} is not a cost table of schema {SCHEMA}; {MAKE_ONE}")
     _check_configuration(table, configuration_key(config), where)
+    _check_backend(table, config, where)
     return table, _cost_model(table, layer_counts(config), where)
 
 
@@ -79,6 +94,17 @@ def _check_configuration(table: dict[str, Any], key: dict[str, Any], where: str)
         f"{where} was measured for another model configuration (differing: {differ}); its "
         f"costs do not hold for this one. {MAKE_ONE}"
     )
+
+
+def _check_backend(table: dict[str, Any], config: Config, where: str) -> None:
+    """A table measured on one attention path holds for a configuration that runs the same one:
+    ``auto`` runs the one of the device it meets, so it takes any table."""
+    wanted, measured = config.model.heptv2.attention_backend, table.get("attention_backend")
+    if wanted != "auto" and measured != wanted:
+        raise CostTableError(
+            f"{where} timed the {measured} bucket attention, and model.heptv2.attention_backend "
+            f"is {wanted}; {MAKE_ONE}"
+        )
 
 
 def _differences(measured: dict[str, Any], key: dict[str, Any], prefix: str = "") -> str:
