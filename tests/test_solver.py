@@ -18,7 +18,13 @@ from heptstudy.measure.op_costs import measure_op_costs, write_table
 from heptstudy.measure.parity import build_seeded
 from heptstudy.measure.report import read_report
 from heptstudy.model import example_batch
-from heptstudy.model.checkpoint_plan import apply_plan, plan_named, plan_of, unwrapped_name
+from heptstudy.model.checkpoint_plan import (
+    apply_plan,
+    plan_named,
+    plan_of,
+    solver_plans,
+    unwrapped_name,
+)
 from heptstudy.model.cost_table import read_cost_table
 from heptstudy.model.op_groups import GROUPS
 from heptstudy.model.solver import CostModel, GroupCost, choose_keep, front
@@ -231,3 +237,15 @@ def test_costs_command_writes_the_table_a_plan_reads_and_replaces_only_its_own(
     code, _, err = run_cli(*argv, "--out", str(foreign), *overrides)
     assert code == 2 and "is not a heptstudy op cost table" in err
     assert foreign.read_text() == '{"mine": true}\n'
+
+
+def test_solver_plans_list_the_front_with_its_estimated_costs(tiny_table):
+    config = _config(f"model.heptv2.op_costs={tiny_table}")
+    listed = solver_plans(config, [0, 30, 100])
+    assert [plan.name for plan, _ in listed] == ["keep0", "keep30", "keep100"]
+    seconds = [choice.recompute_seconds_per_slot for _, choice in listed]
+    assert seconds == sorted(seconds, reverse=True) and seconds[0] > seconds[-1]
+    assert listed[1][0] == plan_named("keep30", config=config)
+    assert listed[0][1].kept_bytes_per_slot == 0
+    with pytest.raises(HeptstudyError, match="whole number from 0 to 100"):
+        solver_plans(config, [120])

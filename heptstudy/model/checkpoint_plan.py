@@ -19,7 +19,9 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from heptstudy.config import Config, count_plan, keep_percent, parse_plan_name
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.activation_checkpointing import lean_recompute, policy_context
+from heptstudy.model.cost_table import read_cost_table, solved_keep
 from heptstudy.model.op_groups import check_keep
+from heptstudy.model.solver import KeepChoice, choose_keep
 
 Slot = tuple[str, int]
 
@@ -94,13 +96,28 @@ def solver_plan(name: str, config: Config | None = None) -> CheckpointPlan:
     percent = keep_percent(name)
     if config is None:
         return CheckpointPlan(name, f"keep {percent}%", "ops", every=1)
-    from heptstudy.model.cost_table import solved_keep
+    return _solved(name, solved_keep(config, name))
 
-    choice = solved_keep(config, name)
+
+def solver_plans(
+    config: Config, percents=range(0, 101, 10)
+) -> list[tuple[CheckpointPlan, KeepChoice]]:
+    """The solver plans ``keepNN`` for each NN of ``percents`` (whole numbers 0..100), each with
+    its :class:`heptstudy.model.solver.KeepChoice` (kept bytes and recompute seconds per slot of
+    the batch, estimated from the cost table), the table read once. Neighbouring budgets may
+    choose the same keep-sets."""
+    names = [plan_named(f"keep{p}").name for p in percents]  # refuses what is no keepNN
+    costs = read_cost_table(config)[1]
+    return [
+        (_solved(n, choice := choose_keep(costs, keep_percent(n) / 100)), choice) for n in names
+    ]
+
+
+def _solved(name: str, choice: KeepChoice) -> CheckpointPlan:
     keep = {kind: check_keep(names) for kind, names in choice.keep.items()}
     return CheckpointPlan(
         name,
-        f"keep {percent}% ({choice.words()})",
+        f"keep {keep_percent(name)}% ({choice.words()})",
         "ops",
         every=1,
         keep=frozenset().union(*keep.values()),
