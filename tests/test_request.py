@@ -329,3 +329,15 @@ def test_a_plans_name_is_the_only_checkpointing_field(tmp_path):
     assert rp.read_report(path).plan is m.plan
     with pytest.raises(RequestError, match="unknown parameter checkpoint_every"):
         MeasurementRequest.build(checkpoint_every=2)
+
+
+@pytest.mark.parametrize(
+    "command", ["bench", "fit", "train", "study", "costs", "data", "scenario", "config"]
+)
+def test_every_command_prints_its_help(command, capsys):
+    from heptstudy.cli import main
+
+    # argparse formats help strings with %: a bare % in a description breaks --help
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0 and "usage:" in capsys.readouterr().out

@@ -14,7 +14,7 @@ from heptstudy.config.yaml_text import as_yaml
 FIXED_PLANS = ("off", "full", "selective", "every2", "every3")
 PLAN_WORDS = (
     "off, full, selective, every2, every3, layersK or lastK (the first or last K backbone "
-    "layers), keepNN (every layer checkpointed, keeping what a solver chose within NN % of the "
+    "layers), keepNN (every layer checkpointed, keeping what a solver chose within NN percent of the "
     "uncheckpointed activation memory, NN 0 to 100) or auto"
 )
 KEEP_PREFIX = "keep"

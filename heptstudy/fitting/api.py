@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,7 +382,7 @@ def _auto_predictor(config, platform, batch: int, margin_gib: float):
         platform,
         margin_gib=margin_gib,
         calibration_events=FIT_CALIBRATION_EVENTS,
-        progress=True,
+        progress=sys.stderr.isatty(),  # a terminal's bar; no widget in a notebook's report
     )
 
 
