@@ -202,3 +202,18 @@ def test_bench_report_has_plan_and_predicted_peak_next_to_measured(tiny_data_dir
     assert "checkpointing auto (budget 65,536 MiB; plans per step in the report)" in describe(
         report
     )
+
+
+def test_auto_budget_follows_the_margin_given():
+    from heptstudy.config import load_platform
+    from heptstudy.paths import ROOT
+
+    h100 = load_platform(ROOT / "configs" / "training" / "platforms" / "h100.yaml")
+    config = load_config(overrides=AUTO)
+    # fit --safety-margin-gib 79.9 on an 80 GiB device: auto's budget is what is left
+    mib, source = memory_budget_mib(config, CPU, h100, margin_gib=79.9)
+    assert mib == pytest.approx(0.1 * 1024) and "79.9 GiB safety margin given" in source
+    assert memory_budget_mib(config, CPU, h100)[0] == pytest.approx(80 * 0.9 * 1024)
+    # a budget set in the configuration wins over any margin
+    given = load_config(overrides=[*AUTO, "model.heptv2.memory_budget_gib=2.5"])
+    assert memory_budget_mib(given, CPU, h100, margin_gib=79.9)[0] == 2560.0

@@ -296,7 +296,7 @@ def fit(request: FitRequest) -> FitResult | None:
     _check_batch(request, batch, lengths, ds, notes)
     predictor = None
     if auto_config is not None:
-        predictor = _auto_predictor(auto_config, platform, batch, margin)
+        predictor = _auto_predictor(auto_config, platform, batch, request.safety_margin_gib)
     full = predictor.models.get(FULL.name) if predictor is not None else None
     choice = _memory_model(request, config, platform, batch, notes, calibrated=full)
     if choice.model is None:
@@ -371,7 +371,7 @@ def expandable_segments(platform) -> bool:
     )
 
 
-def _auto_predictor(config, platform, batch: int, margin_gib: float):
+def _auto_predictor(config, platform, batch: int, margin_gib: float | None):
     import torch
 
     # the fake steps run on the host, target-faithful to the platform's device (cuda or rocm)
