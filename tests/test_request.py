@@ -244,7 +244,7 @@ def test_config_is_built_directly(tmp_path):
             {"checkpointing": 1},
             "checkpointing=1 is not allowed: allowed values are off, full, selective, every2, "
             "every3, layersK or lastK (the first or last K backbone layers), keepNN (every "
-            "layer checkpointed, keeping what a solver chose within NN % of the uncheckpointed "
+            "layer checkpointed, keeping what a solver chose within NN percent of the uncheckpointed "
             "activation memory, NN 0 to 100) or auto (true/false: full/off); a number is not a "
             "checkpointing plan",
         ),
