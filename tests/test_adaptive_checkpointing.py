@@ -120,21 +120,21 @@ def test_configuration_of_auto_and_budget():
         memory_budget_mib(load_config(overrides=AUTO), CPU)
     given = load_config(overrides=[*AUTO, "model.heptv2.memory_budget_gib=2.5"])
     assert memory_budget_mib(given, CPU) == (2560.0, "model.heptv2.memory_budget_gib")
-    heptv2 = load_config(overrides=AUTO).model.heptv2
-    assert [p.name for p in candidate_plans(heptv2)] == ["off", "layers1", "layers2", "full"]
+    auto = load_config(overrides=AUTO)
+    assert [p.name for p in candidate_plans(auto)] == ["off", "layers1", "layers2", "full"]
     one_layer = load_config(
         overrides=[
             *AUTO,
             "model.heptv2.num_convs=1",
             "model.heptv2.auto_plan_order=[selective,every2,full]",
         ]
-    ).model.heptv2
+    )
     assert [p.name for p in candidate_plans(one_layer)] == ["off", "selective", "full"]
 
 
 def test_plan_order_is_configurable_and_checked():
     order = load_config(overrides=[*AUTO, "model.heptv2.auto_plan_order=[every2,full]"])
-    assert [p.name for p in candidate_plans(order.model.heptv2)] == ["off", "every2", "full"]
+    assert [p.name for p in candidate_plans(order)] == ["off", "every2", "full"]
     for bad in ("[full,full]", "[]", "[off,full]", "[partial]"):
         with pytest.raises(ConfigError, match="auto_plan_order"):
             load_config(overrides=[*AUTO, f"model.heptv2.auto_plan_order={bad}"])

@@ -12,12 +12,15 @@ import json
 import pytest
 import torch
 
-from heptstudy.config import load_config
+from heptstudy.config import keep_percent, load_config
+from heptstudy.data.layout import geometry_of
 from heptstudy.errors import HeptstudyError
+from heptstudy.estimate.plans import calibrate
 from heptstudy.measure.op_costs import measure_op_costs, write_table
 from heptstudy.measure.parity import build_seeded
 from heptstudy.measure.report import read_report
 from heptstudy.model import example_batch
+from heptstudy.model.adaptive_checkpointing import DEFAULT_PLAN_ORDER, candidate_plans, plan_order
 from heptstudy.model.checkpoint_plan import (
     apply_plan,
     plan_named,
@@ -27,6 +30,7 @@ from heptstudy.model.checkpoint_plan import (
 )
 from heptstudy.model.cost_table import read_cost_table
 from heptstudy.model.op_groups import GROUPS
+from heptstudy.model.plan_front import order_by_cost, priced_plans
 from heptstudy.model.solver import CostModel, GroupCost, choose_keep, front
 from heptstudy.train.step import run_step
 from tests.conftest import TINY_MODEL, run_cli, set_options
@@ -249,3 +253,57 @@ def test_solver_plans_list_the_front_with_its_estimated_costs(tiny_table):
     assert listed[0][1].kept_bytes_per_slot == 0
     with pytest.raises(HeptstudyError, match="whole number from 0 to 100"):
         solver_plans(config, [120])
+
+
+def test_auto_runs_the_fastest_plan_of_the_front_that_fits(tiny_table):
+    """Without a configured order, ``auto`` tries the plans of the cost table's front, least
+    estimated recomputation first, and runs the first whose predicted peak fits the budget."""
+    config = _config(
+        f"model.heptv2.op_costs={tiny_table}",
+        "model.heptv2.activation_checkpointing=auto",
+        "model.heptv2.memory_budget_gib=1",
+    )
+    order, source = plan_order(config)
+    assert "front of the cost table" in source
+    priced = priced_plans(read_cost_table(config)[1])
+    assert any(keep_percent(name) is not None for name in order), order
+    # on the front: each plan slower and keeping fewer bytes than the one before, off first
+    seconds = [priced[name][0] for name in ["off", *order]]
+    kept = [priced[name][1] for name in ["off", *order]]
+    assert seconds == sorted(seconds) and all(a > b for a, b in itertools.pairwise(kept))
+    dominated = set(priced) - set(order) - {"off"}
+    for name in dominated:  # a plan left out keeps as much as a faster plan, or more
+        assert any(
+            priced[o][0] <= priced[name][0] and priced[o][1] <= priced[name][1]
+            for o in ["off", *order]
+            if o != name
+        ), name
+    plans = candidate_plans(config)
+    assert [p.name for p in plans] == ["off", *order]
+    assert all(p.kind_keep for p in plans if p.solver_plan)  # solved on the table
+    batches = [example_batch(config, b, n, seed=i) for i, (b, n) in enumerate([(1, 64), (2, 480)])]
+    predictor = calibrate(config, batches, CPU, (1.0, "test"), plans)
+    geometry = geometry_of(example_batch(config, 2, [300, 200], seed=3))
+    peaks = predictor.predictions(geometry)
+    for budget in sorted(peaks.values()):
+        predictor.budget_mib = budget
+        chosen = predictor.choose(geometry).plan.name
+        fits = [p.name for p in plans if peaks[p.name] <= budget]
+        assert chosen == fits[0]  # the least estimated recomputation that fits
+
+
+def test_auto_without_a_cost_table_for_the_model_says_so_and_tries_layers():
+    config = _config("model.heptv2.activation_checkpointing=auto")  # the full model's table
+    order, source = plan_order(config)
+    assert order == list(DEFAULT_PLAN_ORDER)
+    assert source.startswith("the default order, without a cost table")
+    assert "another model configuration" in source
+    given = _config(
+        "model.heptv2.activation_checkpointing=auto", "model.heptv2.auto_plan_order=[keep30,full]"
+    )
+    assert plan_order(given) == (["keep30", "full"], "model.heptv2.auto_plan_order")
+
+
+def test_order_by_cost_leaves_out_a_plan_that_keeps_as_much_as_off():
+    priced = {"off": (0.0, 100.0), "keep100": (1.0, 100.0), "keep50": (2.0, 50.0)}
+    assert order_by_cost(priced) == ["keep50"]

@@ -71,17 +71,25 @@ def _off_not_listed(value: Any) -> Any:
     return value
 
 
+def _solver_name(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and keep_percent(value) is not None
+    except ValueError:
+        return False
+
+
 def check_plan_order(value: list[str] | None) -> list[str] | None:
     """An ``auto_plan_order``: plan names other than off and auto, each once, at least one."""
     if value is not None and (
         not value
         or len(set(value)) != len(value)
-        or not all(v in FIXED_PLANS[1:] or count_plan(v) for v in value)
+        or not all(v in FIXED_PLANS[1:] or count_plan(v) or _solver_name(v) for v in value)
     ):
         raise PydanticCustomError(
             "plan_order",
             "takes each of selective, every2, every3, full, layersK (the first K backbone "
-            "layers) and lastK (the last K) at most once, at least one, cheapest first, not "
+            "layers), lastK (the last K) and keepNN (a solver plan) at most once, at least one, "
+            "cheapest first, not "
             f"{as_yaml(value)}; for example [every2, full]",
         )
     return value if value is None else [parse_plan_name(v) for v in value]

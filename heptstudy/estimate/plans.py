@@ -144,7 +144,7 @@ def predictor_for(
     sizes = [b, b // 2] if b > 1 else [b]
     picks = fit_batches(lengths, sizes, config.train.seed, random_at={b})
     batches = [load_events(config, idx, "train") for idx in picks]
-    plans = candidate_plans(config.model.heptv2, platform)
+    plans = candidate_plans(config, platform)
     # In child processes: fake-tensor steps leave state that made later real CPU steps ~4x
     # slower. A fake step is bound by Python's dispatch, so plans calibrate side by side.
     import multiprocessing
@@ -171,5 +171,5 @@ def predictor_for(
         budget[0],
         budget[1],
         calibration_s=time.perf_counter() - started,
-        order_source=plan_order(config.model.heptv2, platform)[1],
+        order_source=plan_order(config, platform)[1],
     )

@@ -15,43 +15,42 @@ from heptstudy.config import Config, count_plan
 from heptstudy.data.layout import BatchGeometry, geometry_of
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.checkpoint_plan import OFF, CheckpointPlan, plan_named
+from heptstudy.model.cost_table import CostTableError
+from heptstudy.model.plan_front import front_order
 
-#: ``auto``'s order after ``off`` when none is configured: each further layer saves and costs
-#: the same (experiments/checkpointing_limit_cpu_b4/layer_order.json).
+#: ``auto``'s order after ``off`` for a model no cost table holds for: each further layer saves
+#: and costs the same (experiments/checkpointing_limit_cpu_b4/layer_order.json).
 DEFAULT_PLAN_ORDER = ("layers1", "layers2", "layers3", "layers4", "layers5", "full")
 
 
-def order_by_cost(measured: dict[str, tuple[float, float]]) -> list[str]:
-    """``auto``'s order from measured ``(cost, peak)``: cheapest first, a plan kept only if its
-    peak lies below every cheaper plan's. ``off`` (always first) is not listed."""
-    order, lowest = [], float("inf")
-    for name, (_cost, peak) in sorted(
-        ((n, v) for n, v in measured.items() if n != "off"), key=lambda kv: (kv[1][0], kv[1][1])
-    ):
-        if peak < lowest:
-            order.append(name)
-            lowest = peak
-    return order
-
-
-def plan_order(heptv2, platform=None) -> tuple[list[str], str]:
+def plan_order(config: Config, platform=None) -> tuple[list[str], str]:
+    """The plans ``auto`` tries after off and where the order comes from: configured, the
+    platform's, else the front of the model's cost table (without a table that holds for the
+    model: :data:`DEFAULT_PLAN_ORDER`, and the source says why)."""
+    heptv2 = config.model.heptv2
     if heptv2.auto_plan_order is not None:
         return list(heptv2.auto_plan_order), "model.heptv2.auto_plan_order"
     if platform is not None and getattr(platform, "auto_plan_order", None):
         return list(platform.auto_plan_order), f"measured on platform {platform.name}"
-    return list(DEFAULT_PLAN_ORDER), "the default order"
+    try:
+        order = front_order(config)
+    except CostTableError as err:
+        why = str(err).split(";")[0]
+        return list(DEFAULT_PLAN_ORDER), f"the default order, without a cost table: {why}"
+    return order, f"least recomputation first on the front of the cost table {heptv2.op_costs}"
 
 
-def candidate_plans(heptv2, platform=None) -> list[CheckpointPlan]:
-    """``off``, then :func:`plan_order`; a smaller backbone than the platform's measured one
-    skips the count plans it cannot run and ``everyK`` where it equals ``full``."""
-    n = heptv2.num_convs
+def candidate_plans(config: Config, platform=None) -> list[CheckpointPlan]:
+    """``off``, then :func:`plan_order`, solver plans solved on ``config``'s cost table; a
+    smaller backbone than the platform's measured one skips the count plans it cannot run and
+    ``everyK`` where it equals ``full``."""
+    n = config.model.heptv2.num_convs
     plans = [OFF]
-    for name in plan_order(heptv2, platform)[0]:
+    for name in plan_order(config, platform)[0]:
         count = count_plan(name)
         if (count is not None and count[1] >= n) or (name.startswith("every") and n < 2):
             continue
-        plans.append(plan_named(name, n))
+        plans.append(plan_named(name, n, config=config))
     return plans
 
 

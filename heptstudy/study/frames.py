@@ -15,8 +15,8 @@ from heptstudy.measure.report import ReportError
 from heptstudy.measure.report_checks import checked_report, untrusted
 from heptstudy.meters.allocator import allocator_label
 from heptstudy.meters.memory import CATEGORIES
-from heptstudy.model.adaptive_checkpointing import order_by_cost
 from heptstudy.model.checkpoint_plan import AUTO, NAMED, OFF
+from heptstudy.model.plan_front import order_by_cost
 from heptstudy.study.common import MEMORY, PARITY, StudyError
 from heptstudy.study.schedule import locate, report_files
 from heptstudy.units import MIB
