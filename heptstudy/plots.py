@@ -12,7 +12,6 @@ from heptstudy.atomic import atomic_savefig
 from heptstudy.data.layout import EventLayout, layout_of
 from heptstudy.measure.summary import PHASE_LABELS
 from heptstudy.model.heptv2 import hit_coordinates
-from heptstudy.study.frames import auto_order
 from heptstudy.units import MIB
 
 COLORS = {False: "#1f77b4", True: "#d62728"}  # baseline blue, checkpointed red
@@ -335,66 +334,60 @@ POLICY_COLORS = {
 }
 
 
-def policy_tradeoff(policies, tag: str = "", packing=None) -> Any:
-    """Peak allocated against mean step time per policy on padded batches, dashed through the
-    plans in ``auto``'s order; ``packing`` (:func:`~heptstudy.study.packing.packing_frame`) adds
-    packed batches as diamonds, an arrow from the same plan's padded point. Each point's label is
-    placed where it covers no other label, point, legend or the tag."""
-    fig, ax = _ax((10.5, 6.5))
-    labels = _padded_points(ax, policies) + _packed_points(ax, packing)
-    ax.set(xlabel="mean step time [s]", ylabel="peak allocated [MiB]")
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="lower left", fontsize=8)
-    lo, hi = ax.get_xlim()
-    ax.set_xlim(lo - 0.25 * (hi - lo), hi + 0.3 * (hi - lo))  # room for the labels
-    _finish(fig, ax, tag)
-    _place_labels(fig, ax, labels)
+def policy_front(front, tag: str = "") -> Any:
+    """Peak allocated against the step-time overhead over off, a panel per batching and batch
+    size of ``front`` (:func:`heptstudy.study.front.front_frame`): a dot per layer plan, a
+    square per solver plan, each with the range of its overhead over the rounds; hollow where
+    another plan dominates it, the plans on the front joined by a line."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    front = front.dropna(subset=["step_time_overhead_pct", "peak_allocated_mib"])
+    panels = list(front.groupby(["batching", "batch_size"], sort=False))
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(7.5 * len(panels), 6.5), sharey=True, squeeze=False
+    )
+    placed = []
+    for ax, ((batching, b), rows) in zip(axes[0], panels, strict=True):
+        best = rows[rows["dominated_by"] == ""].sort_values("step_time_overhead_pct")
+        xy = best["step_time_overhead_pct"], best["peak_allocated_mib"]
+        ax.plot(*xy, "-", color="0.6", lw=1.2, zorder=1)
+        placed.append((ax, [_front_point(ax, row) for _, row in rows.iterrows()]))
+        ax.set_xlabel(f"step-time overhead over off [%], {batching} batches of {int(b)}")
+        lo, hi = ax.get_xlim()
+        ax.set_xlim(lo - 0.2 * (hi - lo), hi + 0.25 * (hi - lo))  # room for the labels
+    axes[0][0].set_ylabel("peak allocated [MiB]")
+    axes[0][0].set_ylim(0, axes[0][0].get_ylim()[1] * 1.15)
+    key = [
+        Line2D([], [], marker="o", ls="", color="0.3", label="layer plan"),
+        Line2D([], [], marker="s", ls="", color="0.3", label="solver plan (keepNN)"),
+        Line2D([], [], marker="o", ls="", color="0.3", mfc="white", label="dominated"),
+        Line2D([], [], color="0.6", label="the front"),
+    ]
+    axes[0][-1].legend(handles=key, loc="upper right", fontsize=8)
+    _finish(fig, axes[0][0], tag)
+    for ax, labels in placed:
+        _place_labels(fig, ax, labels)
     return fig
 
 
-def _packed_points(ax, packing) -> list[tuple[str, tuple[float, float], str]]:
-    """Diamonds of the packed runs, arrows from padded; their ``(label, point, colour)``."""
-    labels = []
-    rows = () if packing is None else packing.sort_values("packed_step_s").iterrows()
-    for _, row in rows:
-        if row["packed_step_s"] is None or row["packed_step_s"] != row["packed_step_s"]:
-            continue
-        pol, colour = row["policy"], POLICY_COLORS.get(row["policy"], "0.3")
-        here = (row["packed_step_s"], row["packed_allocated_mib"])
-        padded = (row["padded_step_s"], row["padded_allocated_mib"])
-        ax.annotate("", here, padded, arrowprops=dict(arrowstyle="->", color=colour, lw=1))
-        ax.plot(*here, "D", ms=9, color=colour, mfc="white", mew=2, zorder=2)
-        text = (
-            f"{pol} (packed, batch {int(row['batch_size'])})\n"
-            f"x{row['allocated_ratio']:.2f} memory, x{row['step_ratio_median']:.2f} step time"
-        )
-        labels.append((text, here, colour))
-    return labels
+def _front_point(ax, row) -> tuple[str, tuple[float, float], str]:
+    """One plan's marker and its overhead's range over the rounds; its ``(label, point,
+    colour)``."""
+    import matplotlib.pyplot as plt
 
-
-def _padded_points(ax, policies) -> list[tuple[str, tuple[float, float], str]]:
-    """A dot per policy and batch size, auto's order dashed; their ``(label, point, colour)``."""
-    labels = []
-    for b, group in policies.groupby("batch_size"):
-        order = ["off", *auto_order(policies, b)]
-        path = group.set_index("policy").reindex(order).dropna(subset=["mean_step_s"])
-        if len(path) > 1:
-            label = f"auto's order (padded, batch {int(b)}): {', '.join(order)}"
-            xy = path["mean_step_s"], path["peak_allocated_mib"]
-            ax.plot(*xy, "--", color="#c44e52", lw=1.2, zorder=1, label=label)
-        g = group.dropna(subset=["mean_step_s", "peak_allocated_mib"]).sort_values("mean_step_s")
-        ax.plot(g["mean_step_s"], g["peak_allocated_mib"], "-", color="0.75", lw=1, zorder=1)
-        for _, row in g.iterrows():
-            pol, here = row["policy"], (row["mean_step_s"], row["peak_allocated_mib"])
-            colour = POLICY_COLORS.get(pol, "0.3")
-            ax.plot(*here, "o", ms=9, color=colour, zorder=2)
-            text = f"{pol} (padded, batch {int(b)})"
-            if pol != "off":
-                cut, over = row["allocated_cut_pct"], row["step_time_overhead_pct"]
-                text += f"\n{cut:.0f}% memory cut, {over:+.0f}% step time"
-            labels.append((text, here, colour))
-    return labels
+    pol, over = row["policy"], row["step_time_overhead_pct"]
+    solver = pol.startswith("keep ")
+    colour = (
+        plt.cm.viridis(0.85 * float(pol[5:-1]) / 100) if solver else POLICY_COLORS.get(pol, "0.3")
+    )
+    here = (over, row["peak_allocated_mib"])
+    lo, hi = row["overhead_min_pct"], row["overhead_max_pct"]
+    if lo == lo and hi == hi and hi > lo:  # a range over the rounds (not NaN)
+        ax.errorbar(*here, xerr=[[over - lo], [hi - over]], fmt="none", ecolor=colour, capsize=3)
+    face = colour if row["dominated_by"] == "" else "white"
+    ax.plot(*here, "s" if solver else "o", ms=8, color=colour, mfc=face, mew=2, zorder=2)
+    return pol, here, colour
 
 
 #: Pixels of distance from its point a label may move to cross one more point of a line.

@@ -103,7 +103,7 @@ def test_make_study_on_a_fresh_copy(tiny_data_dir, tmp_path):
         "memory_reduction_vs_batch",
         "step_time_overhead_vs_batch",
         "hits_per_event",
-        "policy_tradeoff",
+        "policy_front",
         "memory_categories",
     ):
         assert (figures / f"{fig}.png").exists() and (figures / f"{fig}.pdf").exists()

@@ -653,8 +653,8 @@ def test_a_smaller_aggregate_moves_the_old_tables_and_figures_aside(tmp_path, mo
 
     out, figures = tmp_path / "study", tmp_path / "study" / "figures"
     figures.mkdir(parents=True)
-    (out / "policies.csv").write_text("batch_size,policy\n4,full\n")  # one the study wrote
-    for old in (figures / "policy_tradeoff.png", figures / "kept.png"):
+    (out / "front.csv").write_text("batch_size,policy\n4,full\n")  # one the study wrote
+    for old in (figures / "policy_front.png", figures / "kept.png"):
         old.write_text("old")
 
     def fake_aggregate(input_path, output_path, **_):
@@ -665,9 +665,9 @@ def test_a_smaller_aggregate_moves_the_old_tables_and_figures_aside(tmp_path, mo
     monkeypatch.setattr(runner, "render_html", lambda nb, html: Path(html))
     runner.aggregate_study(out, figures)
     assert (figures / "kept.png").read_text() == "new"
-    assert not (out / "policies.csv").exists() and not (figures / "policy_tradeoff.png").exists()
+    assert not (out / "front.csv").exists() and not (figures / "policy_front.png").exists()
     moved = sorted(p.name for p in (out / "superseded").rglob("*") if p.is_file())
-    assert moved == ["policies.csv", "policy_tradeoff.png"]
+    assert moved == ["front.csv", "policy_front.png"]
 
 
 # ---------------------------------------------------------------------- notebook users

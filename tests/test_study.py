@@ -296,9 +296,56 @@ def test_policy_frame_and_table():
     assert off["allocated_cut_pct"] == 0 and off["step_time_overhead_pct"] == 0
     assert "allocated cut vs off [%]" in study.policy_table(policies).columns
     assert study.policy_frame(_policies_b4(), min_policies=1)["batch_size"].nunique() == 2
-    fig = plots.policy_tradeoff(policies, tag="test")
-    labels = [t.get_text() for t in fig.axes[0].texts]
-    assert any(t.startswith("selective") and "65% memory cut, +5% step time" in t for t in labels)
+
+
+def _front_rows():
+    """Three rounds of batch 4: padded off and five plans, packed off, full and keep 10%. Per
+    round ``(MiB, step s)``; off takes 10, 11 and 9 s (padded) and 8 s (packed)."""
+    plans = {
+        ("padded", "off"): (1000.0, [10.0, 11.0, 9.0]),
+        ("padded", "full"): (200.0, [13.0, 14.3, 11.7]),  # +30 %
+        ("padded", "every 2"): (500.0, [11.0, 12.1, 9.9]),  # +10 %
+        ("padded", "every 3"): (700.0, [11.5, 12.65, 10.35]),  # +15 %: three plans beat it
+        ("padded", "keep 10%"): (250.0, [11.2, 12.1, 10.2]),  # +12, +10, +13.3 %
+        ("padded", "keep 50%"): (550.0, [10.5, 11.55, 9.45]),  # +5 %
+        ("packed", "off"): (850.0, [8.0, 8.0, 8.0]),
+        ("packed", "full"): (170.0, [10.4, 10.4, 10.4]),
+        ("packed", "keep 10%"): (210.0, [8.8, 8.8, 8.8]),
+    }
+    rows = []
+    for (batching, label), (mib, steps) in plans.items():
+        every = int(label[-1]) if label.startswith("every") else 1
+        policy = "full" if every > 1 else label
+        for rnd, t in enumerate(steps, start=1):
+            row = _row(f"{batching}_{label}", 4, label != "off", mib, 2 * mib, t, policy=policy,
+                       every=every)  # fmt: skip
+            row.update(round=rnd, batching=batching, packed_batches=batching == "packed")
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_front_names_the_plans_that_dominate_each_padded_and_packed():
+    front = study.front_frame(_front_rows()).set_index(["batching", "policy"])
+    assert front.loc[("padded", "every 3"), "dominated_by"] == "every 2, keep 10%, keep 50%"
+    assert front.loc[("padded", "keep 10%"), "dominated_by"] == ""  # less memory than every 2
+    assert front.loc[("padded", "full"), "dominated_by"] == ""
+    keep10 = front.loc[("padded", "keep 10%")]
+    assert keep10["step_time_overhead_pct"] == pytest.approx(12.0)  # median of three rounds
+    assert (keep10["overhead_min_pct"], keep10["overhead_max_pct"]) == pytest.approx(
+        (10.0, 13.333), rel=1e-3
+    )
+    # packed plans are compared with packed off, not padded off
+    assert front.loc[("packed", "keep 10%"), "step_time_overhead_pct"] == pytest.approx(10.0)
+    assert front.loc[("packed", "full"), "allocated_cut_pct"] == pytest.approx(80.0)
+    table = study.front_table(study.front_frame(_front_rows()))
+    assert (table["dominated by"] == "none (on the front)").sum() == len(table) - 1
+    fig = plots.policy_front(study.front_frame(_front_rows()), tag="test")
+    assert [ax.get_xlabel().split(", ")[1] for ax in fig.axes] == [
+        "padded batches of 4",
+        "packed batches of 4",
+    ]
+    padded_labels = {t.get_text() for t in fig.axes[0].texts} - {"test"}
+    assert padded_labels == {"off", "full", "every 2", "every 3", "keep 10%", "keep 50%"}
 
 
 def test_packing_frame_pairs_the_same_plan_by_round():
@@ -317,43 +364,37 @@ def test_packing_frame_pairs_the_same_plan_by_round():
     assert (frame["step_ratio_min"], frame["step_ratio_max"]) == pytest.approx((0.8, 0.9))
     # checkpointing comparisons stay on padded batches
     assert study.comparison_frame(pd.DataFrame(rows)).empty
-    fig = plots.policy_tradeoff(
-        study.policy_frame(pd.DataFrame(rows), min_policies=0),
-        packing=study.packing_frame(pd.DataFrame(rows)),
-    )
-    assert any(
-        "packed" in t.get_text() and "x0.85 memory" in t.get_text() for t in fig.axes[0].texts
-    )
 
 
-def test_policy_tradeoff_labels_do_not_overlap_on_the_reference():
-    """The committed reference crowds five plans and their packed runs within a second of step
-    time: every label, the tag and the legend must stay apart and inside the axes."""
+def test_front_labels_do_not_overlap_on_the_reference():
+    """The committed reference crowds nine plans within a few per cent of step time: in each
+    panel every label, the tag and the legend must stay apart and inside the axes."""
     from itertools import combinations
 
     from matplotlib.text import Text
 
     plots.use_style()
     every = study.reports_frame(study.load_study(ROOT / "experiments" / "cpu_reference"))
-    policies, packing = study.policy_frame(every), study.packing_frame(every)
-    fig = plots.policy_tradeoff(policies, tag=study.figure_tag(every), packing=packing)
-    ax = fig.axes[0]
+    front = study.front_frame(every)
+    fig = plots.policy_front(front, tag=study.figure_tag(every))
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    # the text's own box: a label's tie to its point may cross others
-    boxes = {t.get_text(): Text.get_window_extent(t, renderer) for t in ax.texts if t.get_text()}
-    assert len(boxes) == len(policies) + packing["packed_step_s"].notna().sum() + 1  # the tag
-    assert all(f"(padded, batch {b})" in "".join(boxes) for b in policies["batch_size"])
-    boxes["legend"] = ax.get_legend().get_window_extent(renderer)
-    for (a, box_a), (b, box_b) in combinations(boxes.items(), 2):
-        assert not box_a.overlaps(box_b), f"{a!r} overlaps {b!r}"
-    frame = ax.get_window_extent(renderer)
-    outside = [
-        name
-        for name, box in boxes.items()
-        if not frame.contains(*box.min) or not frame.contains(*box.max)
-    ]
-    assert outside == []
+    assert len(fig.axes) == front.groupby(["batching", "batch_size"]).ngroups == 2
+    for ax in fig.axes:
+        # the text's own box: a label's tie to its point may cross others
+        boxes = {t.get_text(): Text.get_window_extent(t, renderer) for t in ax.texts}
+        if ax.get_legend() is not None:
+            boxes["legend"] = ax.get_legend().get_window_extent(renderer)
+        for (a, box_a), (b, box_b) in combinations(boxes.items(), 2):
+            assert not box_a.overlaps(box_b), f"{a!r} overlaps {b!r}"
+        frame = ax.get_window_extent(renderer)
+        outside = [
+            name
+            for name, box in boxes.items()
+            if not frame.contains(*box.min) or not frame.contains(*box.max)
+        ]
+        assert outside == []
+    assert {t.get_text() for ax in fig.axes for t in ax.texts} >= set(front["policy"])
 
 
 def _report(name, b, plan, categories=None):

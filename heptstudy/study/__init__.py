@@ -24,6 +24,7 @@ from heptstudy.study.frames import (
     reports_frame,
     step_frame,
 )
+from heptstudy.study.front import front_frame, front_table
 from heptstudy.study.matrix import Run, load_matrix
 from heptstudy.study.packing import packing_frame, packing_table
 from heptstudy.study.pipeline import (

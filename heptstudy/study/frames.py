@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,6 @@ from heptstudy.measure.report_checks import checked_report, untrusted
 from heptstudy.meters.allocator import allocator_label
 from heptstudy.meters.memory import CATEGORIES
 from heptstudy.model.checkpoint_plan import AUTO, NAMED, OFF
-from heptstudy.model.plan_front import order_by_cost
 from heptstudy.study.common import MEMORY, PARITY, StudyError
 from heptstudy.study.schedule import locate, report_files
 from heptstudy.units import MIB
@@ -181,16 +181,24 @@ def memory_frame(df) -> Any:
 
 def padded(df):
     """The padded batches' runs: checkpointing is compared with ``off`` on the recipe's batches."""
-    return df[~df["packed_batches"].astype(bool)] if "packed_batches" in df.columns else df
+    return of_batching(df, packed=False)
 
 
-def against_off(df):
+def of_batching(df, packed: bool):
+    """The runs of packed (else padded) batches; a frame without the column holds padded ones."""
+    if "packed_batches" not in df.columns:
+        return df.iloc[0:0] if packed else df
+    chosen = df["packed_batches"].astype(bool)
+    return df[chosen if packed else ~chosen]
+
+
+def against_off(df, packed: bool = False):
     """``(batch size, its runs by policy label, the off run, its overhead_frame rows by policy)``
-    for every batch size with a successful first-round off run of padded batches."""
-    mem = memory_frame(padded(df))
+    for every batch size with a successful first-round off run of padded (or packed) batches."""
+    mem = memory_frame(of_batching(df, packed))
     if mem.empty:
         return
-    over = overhead_frame(df)
+    over = overhead_frame(df, packed)
     over = over[over["allocator_line"] == "platform"]
     for b, group in mem.groupby("batch_size"):
         runs = group.drop_duplicates("policy_label").set_index("policy_label")
@@ -276,9 +284,10 @@ def comparison_frame(df) -> Any:
     return pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
 
 
-def overhead_frame(df) -> Any:
-    """Step-time overhead of every policy against ``off``: per round, since compared runs of a
-    round ran one after the other, then the median and range over the rounds both have."""
+def overhead_frame(df, packed: bool = False) -> Any:
+    """Step-time overhead of every policy against ``off`` on padded (or packed) batches: per
+    round, since compared runs of a round ran one after the other, then the median and range
+    over the rounds both have."""
     import statistics
 
     import pandas as pd
@@ -286,7 +295,7 @@ def overhead_frame(df) -> Any:
     columns = [*OVERHEAD_COLUMNS, "allocator"]
     if df.empty or "mean_step_s" not in df.columns:
         return pd.DataFrame(columns=columns)
-    df = padded(df)
+    df = of_batching(df, packed)
     ok = df[(df["kind"] == MEMORY) & (df["status"] == "ok") & df["mean_step_s"].notna()]
     rows = []
     for (line, b), group in ok.groupby(["allocator_line", "batch_size"], sort=True):
@@ -367,8 +376,13 @@ def _joined(*flags: str) -> str:
     return "; ".join(f for f in flags if f)
 
 
-def policy_rank(label: str) -> int:
-    return POLICY_ORDER.index(label) if label in POLICY_ORDER else len(POLICY_ORDER)
+def policy_rank(label: str) -> tuple[int, int]:
+    """Where a plan's label sorts: the named plans in their order, then the solver plans by the
+    memory they keep (``keep 5%`` before ``keep 30%``), then the rest."""
+    if label in POLICY_ORDER:
+        return POLICY_ORDER.index(label), 0
+    kept = re.fullmatch(r"keep (\d+)%", str(label))
+    return (len(POLICY_ORDER), int(kept[1])) if kept else (len(POLICY_ORDER) + 1, 0)
 
 
 def _max_pct(fractions) -> float | None:
@@ -479,13 +493,14 @@ def hits_stats_for(df) -> dict[str, Any] | None:
     return None
 
 
-def policy_frame(df, min_policies: int = 2) -> Any:
-    """One row per policy for every batch size with ``off`` and ``min_policies`` others."""
+def policy_frame(df, min_policies: int = 2, packed: bool = False) -> Any:
+    """One row per policy for every batch size with ``off`` and ``min_policies`` others, on
+    padded (or packed) batches."""
     import pandas as pd
 
     columns = [*POLICY_COLUMNS, "name"]
     rows = []
-    for b, runs, off, timed in against_off(df):
+    for b, runs, off, timed in against_off(df, packed):
         if len(runs) - 1 < min_policies:
             continue
         for label in sorted(runs.index, key=lambda x: (policy_rank(x), x)):
@@ -539,14 +554,3 @@ def categories_frame(reports) -> Any:
     )
     columns = ["name", "batch_size", "policy", "device_kind", "peak_mib", *CATEGORIES]
     return pd.DataFrame(rows, columns=columns)
-
-
-def auto_order(policies, batch_size: int) -> list[str]:
-    """The order ``auto`` would try the measured plans in at ``batch_size``."""
-    rows = policies[(policies["batch_size"] == batch_size) & (policies["policy"] != "auto")]
-    rows = rows.dropna(subset=["step_time_overhead_pct", "peak_allocated_mib"])
-    measured = {
-        r["policy"]: (float(r["step_time_overhead_pct"]), float(r["peak_allocated_mib"]))
-        for _, r in rows.iterrows()
-    }
-    return order_by_cost(measured)

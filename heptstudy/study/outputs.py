@@ -28,7 +28,7 @@ PENDING = ".pending"
 REPORT_PAGE = Output("heptstudy study report page", ".html", b"<title>aggregate</title>")
 AGGREGATE_NOTEBOOK = Output("heptstudy aggregate notebook", ".ipynb", b'experiments_dir = \\"')
 STUDY_TABLE = Output("heptstudy study table", ".csv", b"batch_size")
-TABLES = ("comparison.csv", "packing.csv", "overhead.csv", "policies.csv")
+TABLES = ("comparison.csv", "packing.csv", "overhead.csv", "front.csv")
 
 
 @dataclass(frozen=True)
