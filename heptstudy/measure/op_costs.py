@@ -69,7 +69,7 @@ class _OpTimer(TorchDispatchMode):
         return out
 
 
-def _layer(config: Config, kind: str, device: torch.device) -> torch.nn.Module:
+def one_layer(config: Config, kind: str, device: torch.device) -> torch.nn.Module:
     """The first ``kind`` layer of the model, as initialised, uncheckpointed, training."""
     plain = config.model_copy(deep=True)
     plain.model.heptv2.activation_checkpointing = "off"
@@ -80,7 +80,7 @@ def _layer(config: Config, kind: str, device: torch.device) -> torch.nn.Module:
     return layer
 
 
-def _layer_inputs(kind: str, batch, config: Config, device: torch.device) -> tuple:
+def layer_inputs(kind: str, batch, config: Config, device: torch.device) -> tuple:
     """The inputs one layer sees in a step: hit embeddings (random: the ops' time does not follow
     their values), the real mask, coordinates and layout; the decoder's queries (random)."""
     mask, layout = batch["mask"], layout_of(batch)
@@ -99,12 +99,12 @@ def time_groups(
     """Per group of a ``kind`` layer (and ``rest``): the median over ``repeats`` forwards (after
     one unmeasured) of its ops' summed seconds on ``batch``."""
     batch = to_device(batch, device)
-    layer = _layer(config, kind, device)
+    layer = one_layer(config, kind, device)
     pairs = kept_pairs(kind, frozenset(g.name for g in groups_of(kind)))
     dtype = autocast_dtype(config, device)
     runs: list[dict[str, float]] = []
     for _ in range(repeats + 1):
-        args = _layer_inputs(kind, batch, config, device)
+        args = layer_inputs(kind, batch, config, device)
         timer = _OpTimer(pairs, device)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None), timer:
             layer(*args)
