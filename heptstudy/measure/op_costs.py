@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -145,13 +146,7 @@ def measure_op_costs(
         "git_commit": (git("rev-parse", "HEAD") or "").strip() or None,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "data": data,
-        "geometry": {
-            "events": geometry.events,
-            "slots": geometry.slots,
-            "longest": geometry.longest,
-            "packed": geometry.packed,
-            "hits": [s.hits for s in layout.spans],
-        },
+        "geometry": {**asdict(geometry), "hits": [s.hits for s in layout.spans]},
         "timing": f"median of {repeats} forwards of one layer (after one unmeasured) of each "
         "group's summed op seconds" + ("; each op synchronised" if device.type == "cuda" else ""),
         "kinds": kinds,
