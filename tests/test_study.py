@@ -139,8 +139,13 @@ def test_default_matrices_hold_the_original_set():
     gpu = study.load_matrix(ROOT / "configs" / "study" / "gpu.yaml")
     cpu_names = {r.name for r in cpu.runs} | {r.name for r in cpu_b16.runs}
     packed = {"packed_baseline_b4", "packed_checkpointed_b4", "packed_auto_b4"}
+    # the front at batch 4: four solver plans, padded and packed
+    solver = {
+        f"{prefix}checkpointed_keep{n}_b4" for prefix in ("", "packed_") for n in (5, 10, 30, 50)
+    }
     # the CPU keeps the deterministic parity only (the GPU both)
-    assert cpu_names == original - {"parity_b1"} | policies | packed | {"auto_b4", "auto_b16"}
+    expected = original - {"parity_b1"} | policies | packed | solver | {"auto_b4", "auto_b16"}
+    assert cpu_names == expected
     assert original | policies <= {r.name for r in gpu.runs}
     assert {f"packed_{p}_b{b}" for p in ("baseline", "checkpointed") for b in (48, 64)} <= {
         r.name for r in gpu.runs
