@@ -54,8 +54,8 @@ def study_statement(df, description: str = "", notes: list[str] | tuple[str, ...
         lines.append(f"- **Steps per memory run:** {desc}.")
         if any(c < 5 for c, _ in pairs):
             lines.append(
-                "  Fewer than the 5 counted + 2 warm-up steps of the GPU protocol: one full-size step "
-                "takes tens of seconds on CPU, and the whole CPU matrix has to fit in about 30 minutes."
+                "  Fewer than the 5 counted + 2 warm-up steps of the GPU protocol: a full-size step "
+                "takes seconds to tens of seconds on a CPU, and every run is measured in rounds."
             )
     for part in (hosts_lines, allocator_lines, rounds_lines, untrusted_lines, system_time_lines):
         lines += part(df)
