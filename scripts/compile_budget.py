@@ -16,7 +16,8 @@ On the recommended model's first backbone layer, fed the 4 events of the committ
   weights), the graphs and graph breaks dynamo made, and the compile time.
 
 Seconds are forward+backward wall time, the median of ``--repeats`` after one unmeasured (which,
-compiled, compiles). A variant that fails is written with its error: what a user would meet.
+compiled, compiles), under the ``local_cpu`` allocator settings the study's runs apply. A
+variant that fails is written with its error: what a user would meet.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import statistics
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -34,6 +36,7 @@ from heptstudy.atomic import json_text, write_text_or_keep
 from heptstudy.config import load_config
 from heptstudy.data.batching import load_events
 from heptstudy.measure.op_costs import layer_inputs, one_layer
+from heptstudy.meters.allocator import apply_allocator, measurement_allocator
 from heptstudy.model.checkpoint_plan import FULL, apply_plan, plan_named
 from heptstudy.model.cost_table import read_cost_table, solved_keep
 
@@ -114,6 +117,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="experiments/compile_budget/result.json")
     args = parser.parse_args()
+    # as every study run: glibc keeps freed memory, so that no variant pays page faults for
+    # returning its activations to the kernel (docs/allocator.md)
+    allocator = apply_allocator(measurement_allocator(None, "cpu"))
     config = load_config(overrides=[f"data.data_dir={args.data_dir}"])
     table = read_cost_table(config)[0]
     batch = load_events(config, table["data"]["event_indices"], "train")
@@ -150,6 +156,7 @@ def main() -> int:
         "data": {"event_indices": table["data"]["event_indices"], "synthetic": True},
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
+        "allocator": asdict(allocator),
         "uncheckpointed_group_bytes": total,
         "variants": variants,
     }
