@@ -299,7 +299,9 @@ def test_policy_frame_and_table():
     assert row["step_time_overhead_pct"] == pytest.approx(5.0)
     off = policies.set_index("policy").loc["off"]
     assert off["allocated_cut_pct"] == 0 and off["step_time_overhead_pct"] == 0
-    assert "allocated cut vs off [%]" in study.policy_table(policies).columns
+    assert (
+        "allocated cut vs off [%]" in study.front_table(study.front_frame(_policies_b4())).columns
+    )
     assert study.policy_frame(_policies_b4(), min_policies=1)["batch_size"].nunique() == 2
 
 
@@ -685,7 +687,6 @@ def test_every_table_keys_runs_by_batching_batch_size_and_plan():
     for table in (
         study.comparison_table(study.comparison_frame(df)),
         study.overhead_table(study.overhead_frame(df)),
-        study.policy_table(study.policy_frame(df, min_policies=1)),
     ):
         columns = list(table.columns)
         assert columns.index("batching") == columns.index("batch") + 1

@@ -38,7 +38,6 @@ from heptstudy.study.tables import (
     categories_table,
     comparison_table,
     overhead_table,
-    policy_table,
     runs_table,
     show,
 )

@@ -238,20 +238,6 @@ OVERHEAD_COLUMNS = {
     "on_sys_pct": "system time on [% of step]",
     "flag": "flag",
 }
-POLICY_COLUMNS = {
-    "batch_size": "batch",
-    "policy": "policy",
-    "peak_allocated_mib": "peak allocated [MiB]",
-    "peak_reserved_mib": "peak reserved [MiB]",
-    "mean_step_s": "step [s]",
-    "allocated_cut_pct": "allocated cut vs off [%]",
-    "reserved_cut_pct": "reserved cut vs off [%]",
-    "step_time_overhead_pct": "step-time overhead vs off, median [%]",
-    "overhead_min_pct": "overhead min [%]",
-    "overhead_max_pct": "overhead max [%]",
-    "rounds": "rounds",
-    "flag": "flag",
-}
 _TIME_COLUMNS = {
     "baseline_step_s": "off_step_s",
     "checkpointed_step_s": "on_step_s",
@@ -498,7 +484,6 @@ def policy_frame(df, min_policies: int = 2, packed: bool = False) -> Any:
     padded (or packed) batches."""
     import pandas as pd
 
-    columns = [*POLICY_COLUMNS, "name"]
     rows = []
     for b, runs, off, timed in against_off(df, packed):
         if len(runs) - 1 < min_policies:
@@ -527,7 +512,14 @@ def policy_frame(df, min_policies: int = 2, packed: bool = False) -> Any:
                     "name": r["name"],
                 }
             )
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=_POLICY_FIELDS)
+
+
+#: The columns of :func:`policy_frame` (the report shows them through the front's table).
+_POLICY_FIELDS = (
+    "batch_size policy peak_allocated_mib peak_reserved_mib mean_step_s allocated_cut_pct "
+    "reserved_cut_pct step_time_overhead_pct overhead_min_pct overhead_max_pct rounds flag name"
+).split()
 
 
 def categories_frame(reports) -> Any:

@@ -8,7 +8,6 @@ from heptstudy.paths import ROOT
 from heptstudy.study.frames import (
     COMPARISON_COLUMNS,
     OVERHEAD_COLUMNS,
-    POLICY_COLUMNS,
     policy_rank,
 )
 
@@ -109,10 +108,6 @@ def overhead_table(over) -> Any:
         {"platform": "platform setting", "default": "default (as it comes)"}
     )
     return table
-
-
-def policy_table(policies) -> Any:
-    return _on_padded_batches(_shown(policies, POLICY_COLUMNS))
 
 
 def _on_padded_batches(table) -> Any:
