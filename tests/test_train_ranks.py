@@ -22,22 +22,30 @@ RANKS = 2
 STEPS, STOPPED_IN = 4, 4
 
 #: ``heptstudy ARGV`` with Ctrl-C arriving on every rank as step STOPPED_IN starts (the way
-#: tests/test_train.py stops a run in process), so that it needs no timing.
+#: tests/test_train.py stops a run in process), so that it needs no timing. Rank 1 is slow to
+#: clean up: rank 0 ends first, and torchrun's SIGTERM must not cut rank 1's line.
 INTERRUPTING = textwrap.dedent(
     f"""
+    import os
     import sys
+    import time
 
     import heptstudy.train.trainer as trainer
     from heptstudy.cli import run_command
 
-    real = trainer._step
+    real, real_unblock = trainer._step, trainer._unblock_resume
 
     def step(*args):
         if args[7] == {STOPPED_IN}:
             raise KeyboardInterrupt
         return real(*args)
 
-    trainer._step = step
+    def unblock(*args):
+        if os.environ["RANK"] == "1":
+            time.sleep(2)
+        return real_unblock(*args)
+
+    trainer._step, trainer._unblock_resume = step, unblock
     sys.argv[0] = "heptstudy"
     run_command()
     """

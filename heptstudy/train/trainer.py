@@ -249,8 +249,9 @@ def _loop(run: _Run, progress: bool) -> dict[str, Any]:
     run.net.train()
     step = run.start
     with (
-        _interrupt_said(run.out, lambda: step, bar, writes=run.ctx.is_main),
         PrefetchingLoader(run.loader, config.data.prefetch_batches) as batches,
+        # inside the loader, so that the line is said before the loader's thread is joined
+        _interrupt_said(run.out, lambda: step, bar, run.ctx),
     ):
         for step in range(run.start + 1, config.train.num_steps + 1):
             last = _train_step(run, batches, step, bar)
@@ -355,17 +356,19 @@ def _unblock_resume(out: Path, step: int) -> Path | None:
 
 
 @contextlib.contextmanager
-def _interrupt_said(out: Path, step: Callable[[], int], bar: Any, writes: bool):
+def _interrupt_said(out: Path, step: Callable[[], int], bar: Any, ctx: distributed.DistContext):
     """Ctrl-C during training: one line with the checkpoint kept and the command that goes on;
-    the records of the steps after it are removed (by the rank that ``writes`` them)."""
+    the records of the steps after it are removed (by the main rank, which writes them)."""
     try:
         yield
     except KeyboardInterrupt:
+        if ctx.distributed:
+            _outlive_torchrun_s_sigterm()
         with _ctrl_c_ignored():
             bar.close()  # the line below starts a line of its own
             now = step()
             latest = _unblock_resume(out, now)
-            if writes:
+            if ctx.is_main:
                 drop_records_after(out, step_of(latest) if latest is not None else 0)
         kept = (
             f"the checkpoint {latest} and the steps up to it are kept; later steps were not. Go "
@@ -375,6 +378,14 @@ def _interrupt_said(out: Path, step: Callable[[], int], bar: Any, writes: bool):
             "the same command and --new-run (a new numbered run folder beside this one)"
         )
         raise Interrupted(f"training stopped during step {now} in {out}: {kept}") from None
+
+
+def _outlive_torchrun_s_sigterm() -> None:
+    """The first rank to end makes torchrun SIGTERM the others, which would end them before
+    they say what was kept: an interrupted process is ending anyway (and torchrun kills one
+    that lingers), so from here on SIGTERM is ignored."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
