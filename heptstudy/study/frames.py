@@ -179,11 +179,6 @@ def memory_frame(df) -> Any:
     return ok.sort_values(keys).reset_index(drop=True)
 
 
-def padded(df):
-    """The padded batches' runs: checkpointing is compared with ``off`` on the recipe's batches."""
-    return of_batching(df, packed=False)
-
-
 def of_batching(df, packed: bool):
     """The runs of packed (else padded) batches; a frame without the column holds padded ones."""
     if "packed_batches" not in df.columns:

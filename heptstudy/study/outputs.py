@@ -81,16 +81,17 @@ def study_folders(
         return StudyFolders(ROOT / "experiments" / reference, ROOT / "figures" / reference)
     out_dir = real_path(out, "--out") if out is not None else default_study_dir()
     fig_dir = real_path(figures, "--figures") if figures is not None else out_dir / "figures"
-    for flag, path in (("--out", out_dir), ("--figures", fig_dir)):
-        refuse_committed(path, flag, _own_study(flag))
+    _refuse_committed(out_dir, fig_dir)
     return StudyFolders(out_dir, fig_dir)
 
 
-def _own_study(flag: str) -> str:
-    return (
-        f"For your own study leave out {flag} (it goes to {shown(default_study_dir())}) or "
-        "choose a folder outside experiments/ and figures/, e.g. experiments/local/NAME"
-    )
+def _refuse_committed(out_dir: Path, fig_dir: Path) -> None:
+    for flag, path in (("--out", out_dir), ("--figures", fig_dir)):
+        own = (
+            f"For your own study leave out {flag} (it goes to {shown(default_study_dir())}) or "
+            "choose a folder outside experiments/ and figures/, e.g. experiments/local/NAME"
+        )
+        refuse_committed(path, flag, own)
 
 
 def aggregate_folders(
@@ -103,8 +104,7 @@ def aggregate_folders(
             f"--out {shown(out_dir)} is not a folder of reports; run `heptstudy study run` first"
         )
     fig_dir = real_path(figures, "--figures") if figures is not None else default_figures(out_dir)
-    refuse_committed(out_dir, "--out", _own_study("--out"))
-    refuse_committed(fig_dir, "--figures", _own_study("--figures"))
+    _refuse_committed(out_dir, fig_dir)
     require_study(out_dir)
     return out_dir, fig_dir
 
@@ -153,6 +153,6 @@ def aggregate_outputs(out: Path) -> list[tuple[Path, Output]]:
     return files + [(out / name, STUDY_TABLE) for name in TABLES]
 
 
-def refuse_foreign_outputs(out: Path, option: str = "--out") -> None:
+def refuse_foreign_outputs(out: Path) -> None:
     """Before anything runs: no file heptstudy did not write is in the way of the aggregate."""
-    check_outputs(aggregate_outputs(out), option)
+    check_outputs(aggregate_outputs(out), "--out")

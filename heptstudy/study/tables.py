@@ -112,8 +112,8 @@ def overhead_table(over) -> Any:
 
 def _on_padded_batches(table) -> Any:
     """A batching column next to the batch size: the frames that compare plans with ``off``
-    take padded batches only (:func:`heptstudy.study.frames.padded`), packed ones are compared
-    in the packing table."""
+    take padded batches only (:func:`heptstudy.study.frames.of_batching`), packed ones are
+    compared in the packing table."""
     at = list(table.columns).index("batch") + 1 if "batch" in table.columns else 0
     table.insert(at, "batching", "padded")
     return table
