@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 import yaml
 
 from heptstudy import fingerprint as code_fingerprint
+from heptstudy.atomic import _non_finite
 from heptstudy.errors import HeptstudyError
 from heptstudy.paths import base_dir, real_path, resolve_in_repo
 from heptstudy.units import MIB
@@ -53,24 +53,6 @@ def _refuse(path: Path, field: str, value, allowed: str):
     )
 
 
-def _non_finite(value, field: str):
-    """The first NaN or Infinity in ``value`` as (field, value)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return field, value
-    items = (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value)
-        if isinstance(value, list)
-        else ()
-    )
-    for key, item in items:
-        found = _non_finite(item, f"{field}.{key}" if field else str(key))
-        if found:
-            return found
-    return None
-
-
 def read_predictions(path: str | os.PathLike | None = None) -> dict:
     """The blind predictions at ``path`` (default: the committed file), checked."""
     path = Path(path) if path is not None else resolve_in_repo(PREDICTIONS)
@@ -93,7 +75,7 @@ def read_predictions(path: str | os.PathLike | None = None) -> dict:
     for key in ("runs", "not_predicted", "fingerprint"):
         if not isinstance(doc.get(key), dict):
             _refuse(path, key, doc.get(key), "a JSON object")
-    found = _non_finite(doc, "")
+    found = _non_finite(doc)
     if found:
         _refuse(path, *found, "finite numbers only (JSON has no NaN or Infinity)")
     for name, run in doc["runs"].items():
