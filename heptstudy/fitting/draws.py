@@ -133,11 +133,7 @@ class PackedDraws:
         hi = int(self.plen.sum())
         while fits(b, hi / b):
             hi *= 2
-        lo = b
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(b, mid / b) else (lo, mid)
-        return lo
+        return _last_ok(lambda slots: fits(b, slots / b), b, hi)
 
     def tail(self, fits, world_size: int, num_steps: int) -> dict:
         most = self._most_slots(fits)
@@ -161,9 +157,12 @@ def _largest(ok, num_events: int) -> int | None:
     hi = min(MAX_BATCH, num_events)
     if not ok(1):
         return None
-    if ok(hi):
-        return hi
-    lo = 1  # ok(lo), not ok(hi)
+    return hi if ok(hi) else _last_ok(ok, 1, hi)
+
+
+def _last_ok(ok, lo: int, hi: int) -> int:
+    """Bisection: the largest ``n`` in ``[lo, hi)`` that ``ok`` holds for, given ``ok(lo)`` and
+    not ``ok(hi)``."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)

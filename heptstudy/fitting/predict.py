@@ -14,10 +14,8 @@ import numpy as np
 from heptstudy.data.batching import padded_sizes
 from heptstudy.data.layout import BatchGeometry, is_packed
 from heptstudy.estimate.memory_model import MemoryModel
-from heptstudy.fitting.draws import QUANTILES, SAMPLED_BATCHES, draws_for
+from heptstudy.fitting.draws import QUANTILES, draws_for
 from heptstudy.units import GIB, MIB
-
-__all__ = ["SAMPLED_BATCHES", "QUANTILES"]
 
 
 @dataclass
@@ -59,11 +57,8 @@ class FitAnswer:
 
 
 def peak_mib(model: MemoryModel, quantity: str, batch_size, longest):
-    if quantity == "reserved":
-        return model.predict_reserved_mib(batch_size, longest)
-    if quantity == "reserved_expandable":
-        return model.predict_reserved_expandable_mib(batch_size, longest)
-    return model.predict_allocated_mib(batch_size, longest)
+    """``quantity``: allocated, reserved or reserved_expandable."""
+    return getattr(model, f"predict_{quantity}_mib")(batch_size, longest)
 
 
 def gib(mib) -> float | None:

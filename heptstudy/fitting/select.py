@@ -26,8 +26,9 @@ class Choice:
     cross_checks: list[tuple[str, MemoryModel, list[str]]] = field(default_factory=list)
 
 
-def _sort_into(choice: Choice, candidates, key: dict[str, Any]) -> list[tuple[str, MemoryModel]]:
-    """Models of ``candidates`` that hold for ``key``, best first; the others are not used."""
+def _choose(choice: Choice, candidates, key: dict[str, Any]) -> bool:
+    """Whether one of ``candidates`` holds for ``key``, the best becoming ``choice``'s model;
+    the others are not used."""
     holding = []
     for origin, model in candidates:
         diffs, assumed = mismatches(model.key, key)
@@ -43,7 +44,9 @@ def _sort_into(choice: Choice, candidates, key: dict[str, Any]) -> list[tuple[st
             choice.cross_checks.append((origin, model, diffs))
     # measured first, then the best validated
     holding.sort(key=lambda c: (c[1].source != "measured", c[1].held_out_error("allocated") or 0))
-    return holding
+    if holding:
+        choice.origin, choice.model, choice.assumptions = holding[0]
+    return bool(holding)
 
 
 def _report_names(model: MemoryModel) -> str:
@@ -88,9 +91,7 @@ def choose_model(
     if reports:
         models, rejected = fit_reports(reports)
         choice.not_used += rejected
-        holding = _sort_into(choice, [(_report_names(m), m) for m in models], key)
-        if holding:
-            choice.origin, choice.model, choice.assumptions = holding[0]
+        if _choose(choice, [(_report_names(m), m) for m in models], key):
             return choice
         if not stored_if_reports_unusable:
             lines = "\n".join(f"  {r}" for r in choice.not_used) or "  (no reports found)"
@@ -109,7 +110,5 @@ def choose_model(
                 stored.append((str(path), MemoryModel.load(path)))
             except FitError as err:
                 choice.not_used.append(Rejected(str(path), str(err)))
-        holding = _sort_into(choice, _of_this_code(choice, stored, key), key)
-        if holding:
-            choice.origin, choice.model, choice.assumptions = holding[0]
+        _choose(choice, _of_this_code(choice, stored, key), key)
     return choice

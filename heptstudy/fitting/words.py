@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from heptstudy.fitting.auto import auto_words
-from heptstudy.fitting.predict import SAMPLED_BATCHES, FitAnswer, Tail
+from heptstudy.fitting.draws import SAMPLED_BATCHES
+from heptstudy.fitting.predict import FitAnswer, Tail
 
 DEVICE_WORDS = {"rocm": "GCD", "cuda": "GPU", "cpu": "CPU process"}
 #: The criterion's peak in words (a batch row holds it as ``QUANTITY_gib``).
