@@ -106,13 +106,9 @@ def calibrate(
     """A predictor of ``plans`` calibrated in this process (tests and small models)."""
     started = time.perf_counter()
     models = {p.name: plan_model(config, p, batches, device.type, platform) for p in plans}
+    seconds = time.perf_counter() - started
     return PlanPredictor(
-        list(plans),
-        models,
-        budget[0],
-        budget[1],
-        calibration_s=time.perf_counter() - started,
-        order_source="as given",
+        list(plans), models, *budget, calibration_s=seconds, order_source="as given"
     )
 
 
@@ -165,11 +161,6 @@ def predictor_for(
         for done in as_completed(futures):
             models[futures[done]] = done.result()
             bar.update(1)
-    return PlanPredictor(
-        plans,
-        models,
-        budget[0],
-        budget[1],
-        calibration_s=time.perf_counter() - started,
-        order_source=plan_order(config, platform)[1],
-    )
+    seconds = time.perf_counter() - started
+    order = plan_order(config, platform)[1]
+    return PlanPredictor(plans, models, *budget, calibration_s=seconds, order_source=order)

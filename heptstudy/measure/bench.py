@@ -5,7 +5,6 @@ folder and the data set's size are checked first, so a measurement is never run 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -162,8 +161,7 @@ def run_bench(
         )
     else:
         report = _memory_report(m, dtype, batches, header)
-    with contextlib.suppress(OSError):  # the load average cannot be read: None
-        report.environment.load_average_1min = round(os.getloadavg()[0], 2)
+    report.environment.load_average_1min = rp.load_average()
     report.notes += untrusted(report)
     # read after the run: the kernel compiles happen during it
     report.environment.attention = rp.AttentionInfo(**attention_status(config))

@@ -9,7 +9,6 @@ with events rather than slots: per slot holds for batches of events like the mea
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import asdict
@@ -25,7 +24,7 @@ from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.data.layout import layout_of
 from heptstudy.estimate.group_bytes import op_group_bytes
-from heptstudy.measure.report import device_name
+from heptstudy.measure.report import device_name, load_average
 from heptstudy.model import build_model
 from heptstudy.model.checkpoint_plan import checkpoint_slots
 from heptstudy.model.cost_table import (
@@ -126,7 +125,7 @@ def measure_op_costs(
     """The cost table of ``config`` on ``batch`` (``data`` says where it came from)."""
     layout = layout_of(batch)
     geometry = layout.geometry
-    load_before = _load_average()
+    load_before = load_average()
     kinds = {}
     for kind in KINDS:
         sizes = op_group_bytes(config, batch, kind)
@@ -142,7 +141,7 @@ def measure_op_costs(
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
         # other work on the machine inflates the seconds (threads wait for cores): say how busy
-        "load_average_1min": {"before": load_before, "after": _load_average()},
+        "load_average_1min": {"before": load_before, "after": load_average()},
         "git_commit": (git("rev-parse", "HEAD") or "").strip() or None,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "data": data,
@@ -151,13 +150,6 @@ def measure_op_costs(
         "group's summed op seconds" + ("; each op synchronised" if device.type == "cuda" else ""),
         "kinds": kinds,
     }
-
-
-def _load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:  # not every platform keeps one
-        return None
 
 
 def _per_slot(sizes: dict[str, int], seconds: dict[str, float], slots: int) -> dict[str, Any]:
@@ -176,12 +168,13 @@ def _per_slot(sizes: dict[str, int], seconds: dict[str, float], slots: int) -> d
 
 def table_text(table: dict[str, Any]) -> str:
     """The table as a user reads it: per kind, each group's bytes and milliseconds per batch."""
-    g = table["geometry"]
+    g, load = table["geometry"], table.get("load_average_1min") or {}
     lines = [
         f"op-group costs of one layer: {table['device']}, torch {table['torch_version']}, "
         f"{g['events']} events in {g['slots']:,} slots "
         f"({'synthetic' if table['data'].get('synthetic') else 'real'} data), "
-        f"model {table['model_key']['digest']}, load average {_load_words(table)}",
+        f"model {table['model_key']['digest']}, load average {load.get('before')} before, "
+        f"{load.get('after')} after",
         f"{'layer':<9} {'group':<16} {'kept MiB':>9} {'recompute ms':>13} {'ms/MiB':>8}",
     ]
     for kind, entry in table["kinds"].items():
@@ -196,11 +189,6 @@ def table_text(table: dict[str, Any]) -> str:
 def check_out(out: Path, option: str = "--out") -> None:
     """Refused before measuring: ``out`` holds a file that is not a cost table, or no .json."""
     COSTS_FILE.check(out, option)
-
-
-def _load_words(table: dict[str, Any]) -> str:
-    load = table.get("load_average_1min") or {}
-    return f"{load.get('before')} before, {load.get('after')} after"
 
 
 def write_table(table: dict[str, Any], out: Path) -> Path:

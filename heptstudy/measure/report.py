@@ -451,6 +451,14 @@ def git_dirty(repo_dir: str | os.PathLike | None = None) -> bool | None:
     return None if out is None else bool(out.strip())
 
 
+def load_average() -> float | None:
+    """The 1-minute load average; None where the platform keeps none."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 _CLAIMS = itertools.count()
 
 
