@@ -247,15 +247,13 @@ def outputs(out_dir: Path) -> list[tuple[Path, Output]]:
     return [(out_dir / "validation.json", VALIDATION_FILE), (out_dir / "table.md", TABLE_FILE)]
 
 
-def check_out(out_dir: Path, option: str = "--out") -> None:
+def check_out(out_dir: Path) -> None:
     """Refused before the minutes of estimating: a file in the way that heptstudy did not write."""
-    check_outputs(outputs(Path(out_dir)), option)
+    check_outputs(outputs(Path(out_dir)), "--out")
 
 
-def write_outputs(doc: dict, out_dir: Path, option: str = "--out") -> list[Path]:
-    (json_path, json_kind), (md_path, md_kind) = outputs(Path(out_dir))
-    files = [
-        (json_path, json.dumps(doc, indent=2) + "\n", json_kind),
-        (md_path, table(doc) + "\n", md_kind),
-    ]
-    return write_output_files(files, option)
+def write_outputs(doc: dict, out_dir: Path) -> list[Path]:
+    texts = [json.dumps(doc, indent=2), table(doc)]
+    paths = outputs(Path(out_dir))
+    files = [(path, text + "\n", kind) for (path, kind), text in zip(paths, texts, strict=True)]
+    return write_output_files(files, "--out")

@@ -329,8 +329,7 @@ def fit(request: FitRequest) -> FitResult | None:
         )
     auto = None
     if predictor is not None:
-        reports = [str(repo_path(r)) for r in request.reports]
-        auto = _auto_answer(predictor, auto_config, platform, batch, lengths, reports)
+        auto = _auto_answer(predictor, auto_config, platform, batch, lengths, request.reports)
     return FitResult(
         auto=auto,
         request=request,
@@ -386,9 +385,9 @@ def _auto_predictor(config, platform, batch: int, margin_gib: float | None):
     )
 
 
-def _auto_answer(predictor, config, platform, batch: int, lengths, reports: list[str]):
+def _auto_answer(predictor, config, platform, batch: int, lengths, reports):
     found = []
-    for f in expand_report_paths(reports):
+    for f in expand_report_paths(map(repo_path, reports)):
         try:
             found.append(checked_report(f))
         except ReportError:

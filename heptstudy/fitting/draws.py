@@ -82,13 +82,13 @@ class PackedDraws:
     packed = True
     worst_words = "holding the longest events"
 
-    def __init__(self, plen: np.ndarray, batch: int, seed: int = 0) -> None:
+    def __init__(self, plen: np.ndarray, batch: int) -> None:
         self.plen, self.batch = plen, batch
         self.desc = np.sort(plen)[::-1]
         if batch >= len(plen):
             self.slots, self.longest = np.full(1, plen.sum()), np.full(1, plen.max())
         else:
-            rng = np.random.default_rng(seed)
+            rng = np.random.default_rng(0)
             picks = [
                 plen[rng.choice(len(plen), batch, replace=False)] for _ in range(SAMPLED_BATCHES)
             ]
