@@ -41,11 +41,10 @@ class PredictionsError(HeptstudyError, ValueError):
 
 
 def _refuse(path: Path, field: str, value, allowed: str):
-    shown = (
-        json.dumps(value, allow_nan=True)
-        if not isinstance(value, (dict, list))
-        else (f"a JSON {'object' if isinstance(value, dict) else 'list'}")
-    )
+    if isinstance(value, (dict, list)):
+        shown = f"a JSON {'object' if isinstance(value, dict) else 'list'}"
+    else:
+        shown = json.dumps(value, allow_nan=True)
     raise PredictionsError(
         f"{path}: {field} is {shown[:80]}; allowed: {allowed}. The file is not as `heptstudy "
         f"study predict` writes it: restore the committed one (git checkout -- {path}) or "

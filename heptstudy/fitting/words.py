@@ -186,24 +186,21 @@ def render(result) -> str:
             f"{', '.join(c[:9] for c in prov.get('git_commits') or ['?'])}"
         )
     lines += _validation_lines(mm)
+    crit, pool = CRITERION_WORDS[a.criterion.quantity], a.criterion.quantity != "allocated"
     lines.append(
         f"  fit residuals: allocated max {mm.allocated.max_abs_rel_residual:.1%}"
         + (f", reserved max {mm.reserved.max_abs_rel_residual:.1%}" if mm.reserved else "")
     )
     lines += [
         f"Device: {a.device_memory_gib:g} GiB; safety margin {a.safety_margin_gib:g} GiB; usable "
-        f"{a.usable_gib:.1f} GiB. Criterion: peak {CRITERION_WORDS[a.criterion.quantity]}"
-        + (
-            " (the allocator's pool, fragmentation included) + the safety margin"
-            if a.criterion.quantity != "allocated"
-            else ""
-        ),
+        f"{a.usable_gib:.1f} GiB. Criterion: peak {crit}"
+        + (" (the allocator's pool, fragmentation included) + the safety margin" if pool else ""),
         f"Batches of {a.per_device_batch} on this data ({a.world_size} ranks per step):",
         *(_row(r) for r in a.typical_batches),
         _row(a.worst_batch),
-        f"Tail on peak {CRITERION_WORDS[a.criterion.quantity]}: {_tail_words(a.criterion, a)}",
+        f"Tail on peak {crit}: {_tail_words(a.criterion, a)}",
     ]
-    if a.criterion.quantity != "allocated":
+    if pool:
         lines.append(f"Tail on peak allocated alone: {_tail_words(a.allocated_only, a)}")
     for c in result.cross_checks:
         lines.append(

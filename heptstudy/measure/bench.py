@@ -218,7 +218,6 @@ def _step_records(batches, warmup: int) -> list[dict[str, Any]]:
             "time_s": None,
             "peak_allocated_mib": None,
             "peak_reserved_mib": None,
-            "loss": {},
         }
         for i, b in enumerate(batches)
     ]
