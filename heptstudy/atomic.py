@@ -45,11 +45,6 @@ class Output:
     suffix: str  # e.g. ".json"
     mark: bytes | re.Pattern[bytes]
 
-    def carries_mark(self, ends: bytes) -> bool:
-        if isinstance(self.mark, bytes):
-            return self.mark in ends
-        return self.mark.fullmatch(ends) is not None
-
     def check(
         self, path: str | os.PathLike, option: str = "the output", *, in_folder: bool = False
     ) -> bool:
@@ -78,7 +73,8 @@ class Output:
                 f"{subject} exists and cannot be read ({exc.strerror or exc}), so it cannot be "
                 f"told to be a {self.what}; {self._keep(option, in_folder)}"
             ) from None
-        if not self.carries_mark(ends):
+        mark = self.mark
+        if not (mark in ends if isinstance(mark, bytes) else mark.fullmatch(ends)):
             raise NotOurs(
                 f"{subject} exists ({path.stat().st_size:,} bytes) and is not a {self.what}; "
                 f"heptstudy replaces only its own {self.what}s, so "

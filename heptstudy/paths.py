@@ -62,18 +62,6 @@ SCENARIO_DIR = ROOT / "configs" / "training" / "scenarios"
 PLATFORM_DIR = ROOT / "configs" / "training" / "platforms"
 
 
-def find_file(name_or_path: str | Path, directory: Path) -> Path | None:
-    """A path as given, else for a bare name ``directory/NAME`` or ``directory/NAME.yaml``."""
-    p = Path(name_or_path)
-    if p.is_file():
-        return p
-    if p.parent == Path("."):
-        for candidate in (directory / p.name, directory / f"{p.name}.yaml"):
-            if candidate.is_file():
-                return candidate
-    return None
-
-
 def git_bytes(*args: str, cwd: str | os.PathLike | None = None) -> bytes | None:
     """The output of ``git ARGS``; None where git is missing or fails."""
     try:

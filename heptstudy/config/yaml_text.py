@@ -33,23 +33,15 @@ def _yaml_problem(err: Exception) -> str:
     return "a date or !!tagged value that cannot be built"
 
 
-def _no_file(p: Path) -> str | None:
-    """Why ``p`` is no file to read YAML from, or None."""
-    if p.is_file():
-        return None
-    if p.is_dir():
-        return "is a folder"
-    # /dev/null would read as an empty file; /dev/zero or a named pipe would never end
-    return (
-        "is not a regular file (a device, a pipe or a socket)" if p.exists() else "does not exist"
-    )
-
-
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     """The mapping of a user's YAML file; every problem a :class:`ConfigError` naming the file."""
     p = Path(path)
-    if (problem := _no_file(p)) is not None:
+    if not p.is_file():
+        # /dev/null would read as an empty file; /dev/zero or a named pipe would never end
+        problem = "is not a regular file (a device, a pipe or a socket)"
+        problem = "is a folder" if p.is_dir() else problem if p.exists() else "does not exist"
         raise ConfigError(f"{what} file {str(p)!r} {problem}; give the path of a YAML file")
+    problem = None
     try:
         data = yaml.safe_load(p.read_text())
     except UnicodeDecodeError:
@@ -125,16 +117,11 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
     except OmegaConfBaseException as err:
         raise ConfigError(f"could not parse overrides {items}: {err}") from None
     except (yaml.YAMLError, *_UNBUILDABLE) as err:
-        raise ConfigError(_unreadable_override(item, err)) from None
-
-
-def _unreadable_override(item: str, err: Exception) -> str:
-    key, _, value = item.partition("=")
-    short = len(value) <= 60  # a long value shown whole would bury the rest of the message
-    quoted = json.dumps(value if short else "TEXT")
-    return (
-        f"override {key}: its value {(value if short else value[:57] + '...')!r} is not YAML "
-        f"that can be read ({_yaml_problem(err)}); a value is a number, true/false, null, a word "
-        "or a [list] of them, without !!tags or *aliases; to give it as text, quote it: "
-        f"--set '{key}={quoted}'"
-    )
+        key, _, value = item.partition("=")
+        short = len(value) <= 60  # a long value shown whole would bury the rest of the message
+        raise ConfigError(
+            f"override {key}: its value {(value if short else value[:57] + '...')!r} is not YAML "
+            f"that can be read ({_yaml_problem(err)}); a value is a number, true/false, null, a "
+            "word or a [list] of them, without !!tags or *aliases; to give it as text, quote it: "
+            f"--set '{key}={json.dumps(value if short else 'TEXT')}'"
+        ) from None

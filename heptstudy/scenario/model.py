@@ -10,7 +10,7 @@ from typing import Any
 from heptstudy.config import PlatformConfig, load_platform, read_yaml
 from heptstudy.errors import ConfigError
 from heptstudy.names import check_name
-from heptstudy.paths import PLATFORM_DIR, SCENARIO_DIR, find_file
+from heptstudy.paths import PLATFORM_DIR, SCENARIO_DIR
 from heptstudy.scenario.rules import ScenarioError
 
 _SCENARIO_KEYS = {"name", "description", "shared", "variants", "test_split_events"}
@@ -27,7 +27,11 @@ class Scenario:
 
 
 def _find_or_refuse(name_or_path: str | Path, directory: Path, rule: str, what: str) -> Path:
-    if (path := find_file(name_or_path, directory)) is None:
+    """A path as given, else for a bare name ``directory/NAME`` or ``directory/NAME.yaml``."""
+    p = Path(name_or_path)
+    bare = p.parent == Path(".")
+    candidates = (p, directory / p.name, directory / f"{p.name}.yaml") if bare else (p,)
+    if (path := next((c for c in candidates if c.is_file()), None)) is None:
         known = sorted(p.stem for p in directory.glob("*.yaml"))
         raise ScenarioError(
             rule,

@@ -127,7 +127,7 @@ def _what_to_lower(config: Config) -> str:
     """Advice naming the size setting whose default shrinks the model most, else them all."""
     best = None
     for key in SIZE_SETTINGS[config.model.variant]:
-        value, default = _setting(config, key), _default(config, key)
+        value, default = _setting(config, key), _setting(Config(), key)
         if value == default:
             continue
         size = model_size(_with(config, key, default))
@@ -153,11 +153,6 @@ def _words(nbytes: float) -> str:
 def _setting(config: Config, key: str):
     section, field = key.split(".")
     return getattr(getattr(config.model, section), field)
-
-
-def _default(config: Config, key: str):
-    section, field = key.split(".")
-    return type(getattr(config.model, section)).model_fields[field].default
 
 
 def _with(config: Config, key: str, value) -> Config:

@@ -306,36 +306,34 @@ def _open_run(run: _Run) -> None:
 def _validate_and_save(run: _Run, batches, step: int, last: dict[str, Any]) -> dict[str, Any]:
     """Validation and a training-state file when due; ``last`` with the validation's records."""
     tc = run.config.train
-    predictions_file = run.step_file("predictions", step)
-    checkpoint_file = run.step_file("checkpoints", step)
     try:
         if step % tc.val_freq == 0 or step == tc.num_steps:
-            last = _validation(run, step, predictions_file, last)
+            last = _validation(run, step, last)
         if step % tc.checkpoint_freq == 0 or step == tc.num_steps:
-            _checkpoint(run, batches, step, checkpoint_file)
+            _checkpoint(run, batches, step)
     except OSError as exc:
-        raise _write_failed(exc, run.out, step, predictions_file, checkpoint_file) from None
+        raise _write_failed(exc, run, step) from None
     return last
 
 
-def _validation(run: _Run, step: int, predictions_file: Path, last: dict[str, Any]):
+def _validation(run: _Run, step: int, last: dict[str, Any]):
     """Rank 0 validates and writes the predictions; the other ranks wait for it."""
     if run.ctx.is_main:
         metrics, predictions = validate(run.model, run.valid, run.config, run.ctx.device, run.dtype)
         _write_json_line(run.metrics_path, {"kind": "validation", "step": step, **metrics})
-        with atomic_open(predictions_file, "wb") as fh:
+        with atomic_open(run.step_file("predictions", step), "wb") as fh:
             np.savez_compressed(fh, **predictions)
         last = {**last, **{f"val_{k}": v for k, v in metrics.items()}}
     distributed.barrier(run.ctx)
     return last
 
 
-def _checkpoint(run: _Run, batches, step: int, checkpoint_file: Path) -> None:
+def _checkpoint(run: _Run, batches, step: int) -> None:
     """Rank 0 writes the training state, with every rank's random generators."""
     rng_by_rank = distributed.gather_on_main(rng_state(), run.ctx)
     if run.ctx.is_main:
         save_training_state(
-            checkpoint_file,
+            run.step_file("checkpoints", step),
             model=run.model,
             optimizer=run.optimizer,
             scheduler=run.scheduler,
@@ -401,11 +399,14 @@ def _ctrl_c_ignored():
             signal.signal(signal.SIGINT, previous)
 
 
-def _write_failed(exc: OSError, out: Path, step: int, predictions: Path, checkpoint: Path):
+def _write_failed(exc: OSError, run: _Run, step: int):
     """A step's files could not be written: remove its predictions too, so a resume is unblocked."""
+    predictions = run.step_file("predictions", step)
     # the predictions are written first: when they are there, the checkpoint is what failed
-    where = exc.filename or (checkpoint if predictions.exists() else predictions)
-    latest = _unblock_resume(out, step)
+    where = exc.filename or (
+        run.step_file("checkpoints", step) if predictions.exists() else predictions
+    )
+    latest = _unblock_resume(run.out, step)
     again = (
         f"resume with --resume {latest}"
         if latest is not None
