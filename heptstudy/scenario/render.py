@@ -32,10 +32,6 @@ SCRIPT_LIST = Output(
 )
 
 
-def script_kind(script: Path) -> Output:
-    return Output("launch script rendered by heptstudy", script.suffix, RENDERED.encode())
-
-
 #: How a launched job calls the trainer (torchrun runs the module with the environment's Python).
 LOCAL_TRAIN = ["heptstudy", "train"]
 MODULE_TRAIN = ["-m", "heptstudy.cli", "train"]
@@ -136,10 +132,9 @@ def _rendered_head(res: Resolution, v: ResolvedVariant) -> str:
 
 
 def local_script(res: Resolution, v: ResolvedVariant, workdir: Path) -> str:
-    head = _rendered_head(res, v)
     return (
-        f"#!/bin/bash\n{head}\nset -eo pipefail\ncd {shlex.quote(str(workdir))}\n"
-        f"{shell_join(v.launch)}\n"
+        f"#!/bin/bash\n{_rendered_head(res, v)}\nset -eo pipefail\n"
+        f"cd {shlex.quote(str(workdir))}\n{shell_join(v.launch)}\n"
     )
 
 
@@ -169,10 +164,6 @@ def checked_resume(resume: str | None, res: Resolution, workdir: Path) -> str | 
             "in its train.out_dir's checkpoints/ folder"
         )
     return resume
-
-
-def _default_out(res: Resolution) -> Path:
-    return OUTPUT_ROOT / "train" / "_rendered" / res.scenario.name / res.platform.name
 
 
 def _render_folder(out: str | Path, option: str) -> Path:
@@ -206,7 +197,8 @@ def render(
     res = resolve(scenario, platform, variants, overrides)
     workdir = real_path(workdir or Path.cwd(), "working directory")
     resume = checked_resume(resume, res, workdir)
-    out = _render_folder(out or _default_out(res), option)
+    default = OUTPUT_ROOT / "train" / "_rendered" / res.scenario.name / res.platform.name
+    out = _render_folder(out or default, option)
     files: list[tuple[Path, str, Output]] = []
     scripts = []
     slurm = res.platform.launcher == "slurm"
@@ -217,7 +209,10 @@ def render(
         script = inside(out, name, f"variant {v.name!r}: {kind} script")
         text = slurm_script(res, v, workdir, out) if slurm else local_script(res, v, workdir)
         config_text = f"{_rendered_head(res, v)}\n{v.config.to_yaml()}"
-        files += [(v.config_path, config_text, CONFIG_FILE), (script, text, script_kind(script))]
+        script_kind = Output(
+            "launch script rendered by heptstudy", script.suffix, RENDERED.encode()
+        )
+        files += [(v.config_path, config_text, CONFIG_FILE), (script, text, script_kind)]
         scripts.append(script)
     resolution = json.dumps({"schema": RESOLUTION_SCHEMA, **res.to_dict()}, indent=2) + "\n"
     files.append((out / "resolution.json", resolution, RESOLUTION_FILE))
