@@ -14,6 +14,7 @@ def _costs(args: argparse.Namespace) -> int:
     from heptstudy.config import load_config
     from heptstudy.data.batching import dataset_for, event_indices, load_events
     from heptstudy.measure import op_costs
+    from heptstudy.paths import base_dir
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -24,29 +25,21 @@ def _costs(args: argparse.Namespace) -> int:
     config = load_config(args.config, given)
     indices = event_indices(config, args.batch_size, 1)[0]
     batch = load_events(config, indices)
-    dataset = dataset_for(config, "train")
+    # relative to the repository when it lies inside: a committed table names no one's home folder
+    data_dir, repo = Path(config.data.data_dir), base_dir()
     data = {
         "dataset": config.data.dataset,
-        "data_dir": _as_given(config.data.data_dir),
+        "data_dir": str(data_dir.relative_to(repo) if data_dir.is_relative_to(repo) else data_dir),
         "split": "train",
         "event_indices": [int(i) for i in indices],
         "batching": config.data.batching,
-        "synthetic": bool(dataset.metadata.get("synthetic", False)),
+        "synthetic": bool(dataset_for(config, "train").metadata.get("synthetic", False)),
     }
     table = op_costs.measure_op_costs(config, batch, repeats=args.repeats, device=device, data=data)
     print(op_costs.table_text(table))
     op_costs.write_table(table, out)
     print(f"written: {out}")
     return 0
-
-
-def _as_given(data_dir) -> str:
-    """The data folder relative to the repository when it lies inside (a committed table names
-    no one's home folder)."""
-    from heptstudy.paths import base_dir
-
-    path = Path(data_dir)
-    return str(path.relative_to(base_dir())) if path.is_relative_to(base_dir()) else str(path)
 
 
 def register_cli(sub) -> None:
