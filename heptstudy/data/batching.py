@@ -155,13 +155,7 @@ class BatchLoader:
         self.config = config
         self.dataset = dataset_for(config, split)
         self.batch_size = int(per_device_batch)
-        self.sampler = InterleavedShardSampler(
-            self.dataset.shard_sizes,
-            seed=config.train.seed,
-            rank=rank,
-            world_size=world_size,
-            mode=config.data.sampler,
-        )
+        self.sampler = _sampler(config, self.dataset, rank, world_size)
 
     def __next__(self) -> dict[str, torch.Tensor]:
         return _batch(self.config, self.dataset, self.sampler.take(self.batch_size))
@@ -175,8 +169,11 @@ class BatchLoader:
 
 def event_indices(config, batch_size: int, num_batches: int) -> list[list[int]]:
     """The events of each measured step: the first batches of the seeded training sampler."""
-    ds = dataset_for(config, "train")
-    sampler = InterleavedShardSampler(
-        ds.shard_sizes, seed=config.train.seed, mode=config.data.sampler
-    )
+    sampler = _sampler(config, dataset_for(config, "train"))
     return [sampler.take(batch_size) for _ in range(num_batches)]
+
+
+def _sampler(config, ds: ShardedDataset, rank: int = 0, world_size: int = 1):
+    """The seeded training sampler of ``ds`` for one rank."""
+    mode = config.data.sampler
+    return InterleavedShardSampler(ds.shard_sizes, config.train.seed, rank, world_size, mode)
