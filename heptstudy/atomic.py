@@ -182,19 +182,20 @@ class NotJson(HeptstudyError, ValueError):
     """A value to be written holds a number JSON cannot hold (NaN, an infinity)."""
 
 
-def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+def first_non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+    """The first NaN or infinity in ``value`` (dicts and lists within): its dotted path and it."""
     if isinstance(value, float) and not math.isfinite(value):
         return where, value
     items = value.items() if isinstance(value, dict) else ()
     for key, item in enumerate(value) if isinstance(value, (list, tuple)) else items:
-        if (found := _non_finite(item, f"{where}.{key}" if where else str(key))) is not None:
+        if (found := first_non_finite(item, f"{where}.{key}" if where else str(key))) is not None:
             return found
     return None
 
 
 def json_text(value: Any, what: str) -> str:
     """``value`` as indented JSON text; NaN and the infinities, not JSON, are refused."""
-    if (found := _non_finite(value)) is not None:
+    if (found := first_non_finite(value)) is not None:
         raise NotJson(
             f"{what}: {found[0] or 'the value'} is {found[1]}, which JSON cannot hold; nothing "
             "was written. A result that is not a number is a failed measurement or a value out "

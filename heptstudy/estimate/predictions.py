@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from heptstudy import fingerprint as code_fingerprint
-from heptstudy.atomic import _non_finite
+from heptstudy.atomic import first_non_finite
 from heptstudy.errors import HeptstudyError
 from heptstudy.paths import base_dir, real_path, resolve_in_repo
 from heptstudy.units import MIB
@@ -74,7 +74,7 @@ def read_predictions(path: str | os.PathLike | None = None) -> dict:
     for key in ("runs", "not_predicted", "fingerprint"):
         if not isinstance(doc.get(key), dict):
             _refuse(path, key, doc.get(key), "a JSON object")
-    found = _non_finite(doc)
+    found = first_non_finite(doc)
     if found:
         _refuse(path, *found, "finite numbers only (JSON has no NaN or Infinity)")
     for name, run in doc["runs"].items():
