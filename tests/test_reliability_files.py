@@ -189,6 +189,13 @@ def _generate_argv(data_dir: Path, train: int) -> list[str]:
     ]
 
 
+def _text_or_empty(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
 def test_a_second_generator_into_one_data_directory_is_refused(tmp_path):
     from heptstudy.data.tfds import open_dataset
     from heptstudy.locks import LOCK_NAME
@@ -198,7 +205,8 @@ def test_a_second_generator_into_one_data_directory_is_refused(tmp_path):
     first = subprocess.Popen(_generate_argv(data, 40), env=env, stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not (data / LOCK_NAME).exists():
+        # the holder's pid is written once the lock is taken (the file exists a moment before)
+        while f'"pid": {first.pid},' not in _text_or_empty(data / LOCK_NAME):
             assert time.monotonic() < deadline and first.poll() is None
             time.sleep(0.05)
         first.send_signal(signal.SIGSTOP)  # mid-generation, holding the data directory
