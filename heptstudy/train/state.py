@@ -186,14 +186,20 @@ def load_training_state(path: str | Path, config: Config, world_size: int = 1) -
         )
     if fmt == ONE_RNG_FORMAT:
         return {**state, "rng": {"world_size": None, "by_rank": [state["rng"]]}}
-    if (saved := state["rng"].get("world_size")) != world_size:
-        raise refused(
-            f" was written by a run of {saved} processes and this one has {world_size}: each "
-            "process continues its own random sequence (dropout) and its own share of the "
-            f"batches, so a resume needs the same number. Resume with {saved} processes "
-            f"(torchrun's --nnodes x --nproc-per-node = {saved}), or start a new run (--new-run)"
-        )
+    if (problem := _other_world_size(state["rng"].get("world_size"), world_size)) is not None:
+        raise refused(problem)
     return state
+
+
+def _other_world_size(saved, world_size: int) -> str | None:
+    if saved == world_size:
+        return None
+    return (
+        f" was written by a run of {saved} processes and this one has {world_size}: each "
+        "process continues its own random sequence (dropout) and its own share of the "
+        f"batches, so a resume needs the same number. Resume with {saved} processes (torchrun's "
+        f"--nnodes x --nproc-per-node = {saved}), or start a new run (--new-run)"
+    )
 
 
 def restore_training_state(
