@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -223,7 +225,9 @@ def test_costs_command_writes_the_table_a_plan_reads_and_replaces_only_its_own(
 ):
     out = tmp_path / "costs.json"
     overrides = set_options([*TINY_MODEL, "model.heptv2.dropout=0.3"])
+    # in this process, the allocator as it comes (glibc's settings could not be undone)
     argv = ["costs", "--data-dir", str(tiny_data_dir), "--repeats", "1", "--batch-size", "2"]
+    argv += ["--allocator", "default"]
     code, printed, err = run_cli(*argv, "--out", str(out), *overrides)
     assert code == 0, err
     assert all(g.name in printed for groups in GROUPS.values() for g in groups)
@@ -307,3 +311,21 @@ def test_auto_without_a_cost_table_for_the_model_says_so_and_tries_layers():
 def test_order_by_cost_leaves_out_a_plan_that_keeps_as_much_as_off():
     priced = {"off": (0.0, 100.0), "keep100": (1.0, 100.0), "keep50": (2.0, 50.0)}
     assert order_by_cost(priced) == ["keep50"]
+
+
+def test_costs_times_with_the_allocator_settings_of_the_study_s_runs(tiny_data_dir, tmp_path):
+    """On a CPU the forwards are timed with local_cpu's allocator settings, as a study's step is,
+    and the table says so; its own process, since glibc's settings cannot be undone."""
+    from heptstudy.config import load_platform
+    from heptstudy.meters.allocator import allocator_settings
+    from heptstudy.paths import PLATFORM_DIR
+
+    out = tmp_path / "costs.json"
+    argv = ["costs", "--data-dir", str(tiny_data_dir), "--repeats", "1", "--batch-size", "1"]
+    argv += ["--out", str(out), *set_options([*TINY_MODEL])]
+    done = subprocess.run(
+        [sys.executable, "-m", "heptstudy", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    wanted = allocator_settings(load_platform(PLATFORM_DIR / "local_cpu.yaml").env)
+    assert wanted and json.loads(out.read_text())["allocator"]["settings"] == wanted

@@ -14,6 +14,7 @@ def _costs(args: argparse.Namespace) -> int:
     from heptstudy.config import load_config
     from heptstudy.data.batching import dataset_for, event_indices, load_events
     from heptstudy.measure import op_costs
+    from heptstudy.meters.allocator import apply_allocator, measurement_allocator
     from heptstudy.paths import base_dir
 
     if args.threads:
@@ -35,7 +36,12 @@ def _costs(args: argparse.Namespace) -> int:
         "batching": config.data.batching,
         "synthetic": bool(dataset_for(config, "train").metadata.get("synthetic", False)),
     }
+    # the forwards timed as the study's steps run them (on a CPU, glibc keeping freed memory):
+    # returning it to the kernel would price page faults as recomputation
+    settings = {} if args.allocator == "default" else measurement_allocator(None, device.type)
+    allocator = apply_allocator(settings or {})
     table = op_costs.measure_op_costs(config, batch, repeats=args.repeats, device=device, data=data)
+    table["allocator"] = {"name": allocator.name, "settings": allocator.settings}
     print(op_costs.table_text(table))
     op_costs.write_table(table, out)
     print(f"written: {out}")
@@ -67,6 +73,13 @@ def register_cli(sub) -> None:
         "--threads",
         type=whole_number(1, 2),
         help="torch intra-op threads (default: PyTorch's choice)",
+    )
+    p.add_argument(
+        "--allocator",
+        choices=("platform", "default"),
+        default="platform",
+        help="platform (default): on a CPU, local_cpu's host allocator settings, as the study's "
+        "runs measure; default: the allocator as it comes",
     )
     p.add_argument(
         "--out",
