@@ -329,3 +329,39 @@ def test_costs_times_with_the_allocator_settings_of_the_study_s_runs(tiny_data_d
     assert done.returncode == 0, done.stderr
     wanted = allocator_settings(load_platform(PLATFORM_DIR / "local_cpu.yaml").env)
     assert wanted and json.loads(out.read_text())["allocator"]["settings"] == wanted
+
+
+def _layer_by_layer_brute_force(model: CostModel, fraction: float) -> float:
+    """Every layer on its own: a keep-set, or left uncheckpointed (all kept, nothing redone)."""
+    options = []
+    for kind, groups in model.groups.items():
+        names = list(groups)
+        per_layer = [("off", sum(c.bytes_per_slot for c in groups.values()), 0.0)]
+        for chosen in itertools.product([False, True], repeat=len(names)):
+            kept = [n for n, k in zip(names, chosen, strict=True) if k]
+            redone = sum(groups[n].seconds_per_slot for n in names if n not in kept)
+            size = sum(groups[n].bytes_per_slot for n in kept)
+            per_layer.append((kept, size, model.rest_seconds_per_slot[kind] + redone))
+        options += [per_layer] * model.layers[kind]
+    budget = fraction * model.total_bytes_per_slot + 1e-12
+    return min(
+        sum(o[2] for o in choice)
+        for choice in itertools.product(*options)
+        if sum(o[1] for o in choice) <= budget
+    )
+
+
+def test_the_per_layer_bound_is_the_best_of_every_layer_by_layer_choice():
+    """scripts/keep_bound.py: the integer program over layer counts is the exact optimum of the
+    choices made layer by layer, never above the solver's per-kind keep-sets."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "keep_bound.py"
+    least_recompute = runpy.run_path(str(script))["least_recompute"]
+    model = _hand_made()
+    for percent in range(0, 101, 10):
+        bound = least_recompute(model, percent / 100)
+        assert bound == pytest.approx(_layer_by_layer_brute_force(model, percent / 100))
+        assert bound <= choose_keep(model, percent / 100).recompute_seconds_per_slot + 1e-9
+    assert least_recompute(model, 1.0) == pytest.approx(0.0)  # every layer left uncheckpointed
