@@ -30,10 +30,9 @@ def least_recompute(costs: CostModel, fraction: float) -> float:
     """Seconds per slot: the least recomputation of any per-layer choice within ``fraction``."""
     kinds = list(costs.groups)
     groups = [(k, c) for k in kinds for c in costs.groups[k].values()]
-    layers = np.array([costs.layers[k] for k in kinds], dtype=float)
     # variables: per group, the checkpointed layers keeping it; then per kind, the layers left out
     n_groups = len(groups)
-    upper = [costs.layers[k] for k, _ in groups] + list(layers)
+    upper = [costs.layers[k] for k, _ in groups] + [costs.layers[k] for k in kinds]
     kind_bytes = [sum(c.bytes_per_slot for c in costs.groups[k].values()) for k in kinds]
     kind_seconds = [
         costs.rest_seconds_per_slot[k] + sum(c.seconds_per_slot for c in costs.groups[k].values())
