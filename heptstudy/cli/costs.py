@@ -37,7 +37,8 @@ def _costs(args: argparse.Namespace) -> int:
         "synthetic": bool(dataset_for(config, "train").metadata.get("synthetic", False)),
     }
     # the forwards timed as the study's steps run them (on a CPU, glibc keeping freed memory):
-    # returning it to the kernel would price page faults as recomputation
+    # as it comes, the page faults of returned memory land in the ungrouped ops' seconds
+    # (experiments/cost_table_allocator/)
     settings = {} if args.allocator == "default" else measurement_allocator(None, device.type)
     allocator = apply_allocator(settings or {})
     table = op_costs.measure_op_costs(config, batch, repeats=args.repeats, device=device, data=data)
