@@ -196,7 +196,14 @@ def test_bench_report_has_plan_and_predicted_peak_next_to_measured(tiny_data_dir
     for step in report.steps:
         assert step.checkpoint_plan == "off"  # nothing needs checkpointing in 64 GiB
         assert step.peak_allocated_mib <= step.predicted_peak_mib * 1.1
-    assert any("adaptive checkpointing" in n for n in report.notes)
+    # off fits every batch of the run in 64 GiB: the first round of plans (one per core) is
+    # calibrated, the dearer ones are named as skipped
+    described = next(n for n in report.notes if "adaptive checkpointing" in n)
+    plans = candidate_plans(load_config(overrides=[*request.overrides, *AUTO]))
+    calibrated = described.split("; plans ")[1].split(" (cheapest")[0].split(", ")
+    assert calibrated[0] == "off" and 1 <= len(calibrated) < len(plans)
+    skipped = [p.name for p in plans[len(calibrated) :]]
+    assert f"{', '.join(skipped)} not calibrated, as every batch of the run fits" in described
     from heptstudy.measure.summary import describe
 
     assert "checkpointing auto (budget 65,536 MiB; plans per step in the report)" in describe(
@@ -217,3 +224,23 @@ def test_auto_budget_follows_the_margin_given():
     # a budget set in the configuration wins over any margin
     given = load_config(overrides=[*AUTO, "model.heptv2.memory_budget_gib=2.5"])
     assert memory_budget_mib(given, CPU, h100, margin_gib=79.9)[0] == 2560.0
+
+
+def test_calibration_stops_once_every_batch_fits_a_plan():
+    from heptstudy.data.layout import BatchGeometry
+    from heptstudy.estimate.plans import _covered
+    from heptstudy.model.adaptive_checkpointing import PlanPredictor
+    from tests.test_fit import _model
+
+    # per padded hit: off 1 MiB, full 0.25 MiB, budget 15 MiB
+    off, full = _model(0.0, 1.0), _model(0.0, 0.25)
+    ten, twenty = BatchGeometry(1, 10, 10), BatchGeometry(1, 20, 20)
+    assert _covered([ten], [off], 15.0)
+    assert not _covered([ten, twenty], [off], 15.0)  # 20 hits need full: calibrate on
+    assert _covered([ten, twenty], [off, full], 15.0)
+    # a batch fuller than any the plans were calibrated for says which plans were skipped
+    skipping = PlanPredictor([OFF], {"off": off}, 15.0, "hand-made", not_calibrated=["full"])
+    assert skipping.choose(ten).plan is OFF
+    with pytest.raises(NoPlanFits, match="plans full were not calibrated"):
+        skipping.choose(twenty)
+    assert "full not calibrated, as every batch of the run fits an earlier" in skipping.describe()

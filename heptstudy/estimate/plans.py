@@ -13,10 +13,11 @@ from tqdm.auto import tqdm
 
 from heptstudy.config import Config, PlatformConfig
 from heptstudy.data.batching import dataset_for, load_events
+from heptstudy.data.layout import BatchGeometry, geometry_of
 from heptstudy.errors import ConfigError
 from heptstudy.estimate.fake_step import estimate_step, fit_batches
 from heptstudy.estimate.keys import model_key
-from heptstudy.estimate.memory_model import Point, fit_points
+from heptstudy.estimate.memory_model import MemoryModel, Point, fit_points
 from heptstudy.model.adaptive_checkpointing import (
     PlanPredictor,
     candidate_plans,
@@ -126,11 +127,17 @@ def predictor_for(
     *,
     margin_gib: float | None = None,
     calibration_events: int | None = None,
+    covering: Sequence[BatchGeometry] | None = None,
     progress: bool = False,
 ) -> PlanPredictor | None:
     """The predictor of a run of ``config`` (None unless it is ``auto``), calibrated on a random
     and the longest batch of its training data's events and the longest of half as many (at
-    most ``calibration_events``). The budget is resolved first, so a missing one fails at once."""
+    most ``calibration_events``). The budget is resolved first, so a missing one fails at once.
+
+    Plans are calibrated cheapest first and no further than the run needs: once every geometry
+    of ``covering`` (default: the longest calibration batch, when it has the run's batch size,
+    as no batch of the run holds more) fits a plan calibrated so far, the dearer plans are never
+    chosen. Without a covering (a calibration scaled to another batch size), every plan is."""
     if not config.model.heptv2.adaptive:
         return None
     budget = memory_budget_mib(config, device, platform, margin_gib)
@@ -140,6 +147,8 @@ def predictor_for(
     sizes = [b, b // 2] if b > 1 else [b]
     picks = fit_batches(lengths, sizes, config.train.seed, random_at={b})
     batches = [load_events(config, idx, "train") for idx in picks]
+    if covering is None and b == per_device_batch:
+        covering = [max(map(geometry_of, batches), key=lambda g: (g.events, g.slots))]
     plans = candidate_plans(config, platform)
     # In child processes: fake-tensor steps leave state that made later real CPU steps ~4x
     # slower. A fake step is bound by Python's dispatch, so plans calibrate side by side.
@@ -148,19 +157,43 @@ def predictor_for(
 
     spawn = multiprocessing.get_context("spawn")
     workers = max(1, min(len(plans), os.cpu_count() or 1))
-    desc = f"auto: calibrating {len(plans)} plans on {len(batches)} fake steps each"
+    # a round of as many plans as there are workers, so none idles and none calibrates in vain
+    rounds = workers if covering else len(plans)
+    desc = f"auto: calibrating up to {len(plans)} plans on {len(batches)} fake steps each"
+    models: dict[str, MemoryModel] = {}
     with (
         ProcessPoolExecutor(workers, mp_context=spawn) as pool,
         tqdm(total=len(plans), disable=not progress, desc=desc, unit="plan") as bar,
     ):
-        futures = {
-            pool.submit(plan_model, config, plan, batches, device.type, platform): plan.name
-            for plan in plans
-        }
-        models = {}
-        for done in as_completed(futures):
-            models[futures[done]] = done.result()
-            bar.update(1)
+        for start in range(0, len(plans), rounds):
+            futures = {
+                pool.submit(plan_model, config, plan, batches, device.type, platform): plan.name
+                for plan in plans[start : start + rounds]
+            }
+            for done in as_completed(futures):
+                models[futures[done]] = done.result()
+                bar.update(1)
+            if covering and _covered(
+                covering, [models[p.name] for p in plans if p.name in models], budget[0]
+            ):
+                break
     seconds = time.perf_counter() - started
     order = plan_order(config, platform)[1]
-    return PlanPredictor(plans, models, *budget, calibration_s=seconds, order_source=order)
+    calibrated = [p for p in plans if p.name in models]
+    return PlanPredictor(
+        calibrated,
+        models,
+        *budget,
+        calibration_s=seconds,
+        order_source=order,
+        not_calibrated=[p.name for p in plans if p.name not in models],
+    )
+
+
+def _covered(geometries: Sequence[BatchGeometry], models, budget_mib: float) -> bool:
+    """Whether every geometry fits one of ``models``: a memory model's terms are non-negative,
+    so a plan that fits the fullest batch fits every batch with fewer events and slots."""
+    return all(
+        any(m.predict_allocated_mib(g.events, g.length) <= budget_mib for m in models)
+        for g in geometries
+    )

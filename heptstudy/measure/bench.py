@@ -230,7 +230,13 @@ class _Steps:
         self.m, self.dtype, self.batches = m, dtype, batches
         self.records = _step_records(batches, m.request.warmup)
         # activation_checkpointing=auto: every step's plan chosen before any model exists
-        plans = predictor_for(m.config, m.device, m.request.batch_size, m.profile)
+        plans = predictor_for(
+            m.config,
+            m.device,
+            m.request.batch_size,
+            m.profile,
+            covering=[geometry_of(b) for b in batches],
+        )
         self.plans = [plans.choose_for(b) if plans is not None else None for b in batches]
         for record, choice in zip(self.records, self.plans, strict=True):
             record.update(choice.fields() if choice is not None else {})
