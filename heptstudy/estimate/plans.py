@@ -158,17 +158,17 @@ def predictor_for(
     spawn = multiprocessing.get_context("spawn")
     workers = max(1, min(len(plans), os.cpu_count() or 1))
     # a round of as many plans as there are workers, so none idles and none calibrates in vain
-    rounds = workers if covering else len(plans)
+    per_round = workers if covering else len(plans)
     desc = f"auto: calibrating up to {len(plans)} plans on {len(batches)} fake steps each"
     models: dict[str, MemoryModel] = {}
     with (
         ProcessPoolExecutor(workers, mp_context=spawn) as pool,
         tqdm(total=len(plans), disable=not progress, desc=desc, unit="plan") as bar,
     ):
-        for start in range(0, len(plans), rounds):
+        for start in range(0, len(plans), per_round):
             futures = {
                 pool.submit(plan_model, config, plan, batches, device.type, platform): plan.name
-                for plan in plans[start : start + rounds]
+                for plan in plans[start : start + per_round]
             }
             for done in as_completed(futures):
                 models[futures[done]] = done.result()
@@ -176,6 +176,7 @@ def predictor_for(
             if covering and _covered(
                 covering, [models[p.name] for p in plans if p.name in models], budget[0]
             ):
+                bar.total = bar.n  # the bar ends full: the rest is not needed, not left undone
                 break
     seconds = time.perf_counter() - started
     order = plan_order(config, platform)[1]
