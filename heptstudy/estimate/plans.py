@@ -128,6 +128,7 @@ def predictor_for(
     margin_gib: float | None = None,
     calibration_events: int | None = None,
     covering: Sequence[BatchGeometry] | None = None,
+    every_plan: bool = False,
     progress: bool = False,
 ) -> PlanPredictor | None:
     """The predictor of a run of ``config`` (None unless it is ``auto``), calibrated on a random
@@ -137,7 +138,7 @@ def predictor_for(
     Plans are calibrated cheapest first and no further than the run needs: once every geometry
     of ``covering`` (default: the longest calibration batch, when it has the run's batch size,
     as no batch of the run holds more) fits a plan calibrated so far, the dearer plans are never
-    chosen. Without a covering (a calibration scaled to another batch size), every plan is."""
+    chosen. With ``every_plan``, or a calibration scaled to another batch size, every plan is."""
     if not config.model.heptv2.adaptive:
         return None
     budget = memory_budget_mib(config, device, platform, margin_gib)
@@ -147,7 +148,9 @@ def predictor_for(
     sizes = [b, b // 2] if b > 1 else [b]
     picks = fit_batches(lengths, sizes, config.train.seed, random_at={b})
     batches = [load_events(config, idx, "train") for idx in picks]
-    if covering is None and b == per_device_batch:
+    if every_plan:
+        covering = None
+    elif covering is None and b == per_device_batch:
         covering = [max(map(geometry_of, batches), key=lambda g: (g.events, g.slots))]
     plans = candidate_plans(config, platform)
     # In child processes: fake-tensor steps leave state that made later real CPU steps ~4x

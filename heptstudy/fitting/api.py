@@ -381,6 +381,7 @@ def _auto_predictor(config, platform, batch: int, margin_gib: float | None):
         platform,
         margin_gib=margin_gib,
         calibration_events=FIT_CALIBRATION_EVENTS,
+        every_plan=True,  # the answer covers the whole data set, and full's model cross-checks
         progress=sys.stderr.isatty(),  # a terminal's bar; no widget in a notebook's report
     )
 
