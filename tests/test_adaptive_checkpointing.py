@@ -229,7 +229,6 @@ def test_auto_budget_follows_the_margin_given():
 def test_calibration_stops_once_every_batch_fits_a_plan():
     from heptstudy.data.layout import BatchGeometry
     from heptstudy.estimate.plans import _covered
-    from heptstudy.model.adaptive_checkpointing import PlanPredictor
     from tests.test_fit import _model
 
     # per padded hit: off 1 MiB, full 0.25 MiB, budget 15 MiB
@@ -238,9 +237,3 @@ def test_calibration_stops_once_every_batch_fits_a_plan():
     assert _covered([ten], [off], 15.0)
     assert not _covered([ten, twenty], [off], 15.0)  # 20 hits need full: calibrate on
     assert _covered([ten, twenty], [off, full], 15.0)
-    # a batch fuller than any the plans were calibrated for says which plans were skipped
-    skipping = PlanPredictor([OFF], {"off": off}, 15.0, "hand-made", not_calibrated=["full"])
-    assert skipping.choose(ten).plan is OFF
-    with pytest.raises(NoPlanFits, match="plans full were not calibrated"):
-        skipping.choose(twenty)
-    assert "full not calibrated, as every batch of the run fits an earlier" in skipping.describe()

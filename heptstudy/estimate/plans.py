@@ -183,15 +183,12 @@ def predictor_for(
                 break
     seconds = time.perf_counter() - started
     order = plan_order(config, platform)[1]
+    if skipped := [p.name for p in plans if p.name not in models]:
+        order += (
+            f"; {', '.join(skipped)} not calibrated, as every batch of the run fits an earlier plan"
+        )
     calibrated = [p for p in plans if p.name in models]
-    return PlanPredictor(
-        calibrated,
-        models,
-        *budget,
-        calibration_s=seconds,
-        order_source=order,
-        not_calibrated=[p.name for p in plans if p.name not in models],
-    )
+    return PlanPredictor(calibrated, models, *budget, calibration_s=seconds, order_source=order)
 
 
 def _covered(geometries: Sequence[BatchGeometry], models, budget_mib: float) -> bool:

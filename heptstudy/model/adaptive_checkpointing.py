@@ -6,7 +6,7 @@ memory; the budget's margin must cover the caching allocator's pool and workspac
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -85,8 +85,6 @@ class PlanPredictor:
     budget_source: str
     calibration_s: float = 0.0
     order_source: str = ""
-    #: dearer plans than the run needs: every batch it was calibrated for fits an earlier one
-    not_calibrated: list[str] = field(default_factory=list)
 
     def predictions(self, geometry: BatchGeometry) -> dict[str, float]:
         """Every plan's predicted peak allocated MiB for a batch of ``geometry``."""
@@ -104,18 +102,11 @@ class PlanPredictor:
             if predictions[plan.name] <= self.budget_mib:
                 return PlanChoice(plan, predictions[plan.name], self.budget_mib, predictions)
         listed = ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in predictions.items())
-        skipped = (
-            f" (plans {', '.join(self.not_calibrated)} were not calibrated: the batches auto "
-            "was calibrated for fit an earlier plan, and this one holds more)"
-            if self.not_calibrated
-            else ""
-        )
         raise NoPlanFits(
             f"no checkpointing plan fits {what() if what else 'the batch'} ({geometry.words()}) "
             f"in the memory budget of {self.budget_mib:,.0f} MiB ({self.budget_source}): "
-            f"predicted peaks {listed}{skipped}. Nothing of this step was run; lower the "
-            "per-device batch or raise model.heptv2.memory_budget_gib if the device has the "
-            "memory"
+            f"predicted peaks {listed}. Nothing of this step was run; lower the per-device batch "
+            "or raise model.heptv2.memory_budget_gib if the device has the memory"
         )
 
     def choose_for(self, batch: dict[str, torch.Tensor]) -> PlanChoice:
@@ -131,10 +122,4 @@ class PlanPredictor:
             f"plans {', '.join(p.name for p in self.plans)} (cheapest first"
             f"{': ' + self.order_source if self.order_source else ''}), each with a memory "
             f"model estimated on fake tensors in {self.calibration_s:.1f} s"
-            + (
-                f"; {', '.join(self.not_calibrated)} not calibrated, as every batch of the run "
-                "fits an earlier plan"
-                if self.not_calibrated
-                else ""
-            )
         )
