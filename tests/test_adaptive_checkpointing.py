@@ -145,7 +145,7 @@ def test_plan_order_is_configurable_and_checked():
     assert model_key(order.to_dict(), "cpu") == model_key(plain, "cpu")
 
 
-@pytest.mark.slow  # a calibration of four plans on fake tensors (about 18 s)
+@pytest.mark.slow  # auto calibrated on fake tensors, then two training steps (about 20 s)
 def test_training_records_plan_and_predicted_peak_per_step(tiny_data_dir, tmp_path):
     import json
 
@@ -172,7 +172,7 @@ def test_training_records_plan_and_predicted_peak_per_step(tiny_data_dir, tmp_pa
     assert summary["step"] == 2
 
 
-@pytest.mark.slow  # a calibration of four plans on fake tensors, then a bench (about 25 s)
+@pytest.mark.slow  # auto calibrated on fake tensors, then a bench (about 17 s)
 def test_bench_report_has_plan_and_predicted_peak_next_to_measured(tiny_data_dir, tmp_path):
     from heptstudy.measure import bench
     from heptstudy.measure import report as rp
