@@ -121,7 +121,7 @@ def train(
     with holding(out, "train.out_dir") if ctx.is_main else contextlib.nullcontext():
         if ctx.is_main:
             recheck_held(out, resume_step)
-        run = _set_up(config, ctx, out, dtype, state, resume, per_device, plan_predictor)
+        run = _set_up(config, ctx, out, dtype, state, resume, per_device, plan_predictor, progress)
         last = _loop(run, progress)
         distributed.teardown()
         return {
@@ -190,7 +190,7 @@ def _claim_out_dir(config: Config, ctx: DistContext, resume, resume_step, new_ru
     return out
 
 
-def _set_up(config, ctx, out, dtype, state, resume, per_device, plan_predictor) -> _Run:
+def _set_up(config, ctx, out, dtype, state, resume, per_device, plan_predictor, progress) -> _Run:
     """Model, optimizer, schedule and batches, from ``state`` when resuming."""
     model, optimizer, scheduler = fresh_state(config, ctx.device)  # as the bench's
     loader = BatchLoader(
@@ -224,8 +224,11 @@ def _set_up(config, ctx, out, dtype, state, resume, per_device, plan_predictor) 
         loader=loader,
         valid=validation_batches(config, per_device) if ctx.is_main else [],
         # activation_checkpointing=auto: one memory model per plan, before the first step
+        # (the main process shows the calibration's progress: fake steps take seconds each)
         plans=(
-            plan_predictor(config, ctx.device, per_device) if config.model.heptv2.adaptive else None
+            plan_predictor(config, ctx.device, per_device, progress=progress and ctx.is_main)
+            if config.model.heptv2.adaptive
+            else None
         ),
         start=start,
         resume=resume,
