@@ -236,6 +236,7 @@ class _Steps:
             m.request.batch_size,
             m.profile,
             covering=[geometry_of(b) for b in batches],
+            progress=m.request.progress,
         )
         self.plans = [plans.choose_for(b) if plans is not None else None for b in batches]
         for record, choice in zip(self.records, self.plans, strict=True):
