@@ -203,7 +203,7 @@ def test_bench_report_has_plan_and_predicted_peak_next_to_measured(tiny_data_dir
     calibrated = described.split("; plans ")[1].split(" (cheapest")[0].split(", ")
     assert calibrated[0] == "off" and 1 <= len(calibrated) < len(plans)
     skipped = [p.name for p in plans[len(calibrated) :]]
-    assert f"{', '.join(skipped)} not calibrated, as every batch of the run fits" in described
+    assert f"{', '.join(skipped)} not tried, as every batch of the run fits" in described
     from heptstudy.measure.summary import describe
 
     assert "checkpointing auto (budget 65,536 MiB; plans per step in the report)" in describe(
@@ -237,3 +237,10 @@ def test_calibration_stops_once_every_batch_fits_a_plan():
     assert _covered([ten], [off], 15.0)
     assert not _covered([ten, twenty], [off], 15.0)  # 20 hits need full: calibrate on
     assert _covered([ten, twenty], [off, full], 15.0)
+    # full calibrated out of turn (fit's cross-check) is not tried before the plans ahead of it
+    from heptstudy.estimate.plans import _tried_in_order
+    from heptstudy.model.checkpoint_plan import EVERY_2
+
+    plans = [OFF, EVERY_2, FULL]
+    assert _tried_in_order(plans, {"off": off, "full": full}) == [OFF]
+    assert _tried_in_order(plans, {"off": off, "every2": off, "full": full}) == plans

@@ -128,7 +128,7 @@ def predictor_for(
     margin_gib: float | None = None,
     calibration_events: int | None = None,
     covering: Sequence[BatchGeometry] | None = None,
-    every_plan: bool = False,
+    also: Sequence[str] = (),
     progress: bool = False,
 ) -> PlanPredictor | None:
     """The predictor of a run of ``config`` (None unless it is ``auto``), calibrated on a random
@@ -138,7 +138,8 @@ def predictor_for(
     Plans are calibrated cheapest first and no further than the run needs: once every geometry
     of ``covering`` (default: the longest calibration batch, when it has the run's batch size,
     as no batch of the run holds more) fits a plan calibrated so far, the dearer plans are never
-    chosen. With ``every_plan``, or a calibration scaled to another batch size, every plan is."""
+    chosen. The plans named in ``also`` are calibrated whatever the covering; without one (a
+    calibration scaled to another batch size and no covering given), every plan is."""
     if not config.model.heptv2.adaptive:
         return None
     budget = memory_budget_mib(config, device, platform, margin_gib)
@@ -148,11 +149,11 @@ def predictor_for(
     sizes = [b, b // 2] if b > 1 else [b]
     picks = fit_batches(lengths, sizes, config.train.seed, random_at={b})
     batches = [load_events(config, idx, "train") for idx in picks]
-    if every_plan:
-        covering = None
-    elif covering is None and b == per_device_batch:
+    if covering is None and b == per_device_batch:
         covering = [max(map(geometry_of, batches), key=lambda g: (g.events, g.slots))]
-    plans = candidate_plans(config, platform)
+    plans = candidate_plans(config, platform)  # auto's order, cheapest first
+    # the plans named in ``also`` first, then the rest cheapest first
+    queue = sorted(plans, key=lambda p: p.name not in also) if covering else plans
     # In child processes: fake-tensor steps leave state that made later real CPU steps ~4x
     # slower. A fake step is bound by Python's dispatch, so plans calibrate side by side.
     import multiprocessing
@@ -168,27 +169,35 @@ def predictor_for(
         ProcessPoolExecutor(workers, mp_context=spawn) as pool,
         tqdm(total=len(plans), disable=not progress, desc=desc, unit="plan") as bar,
     ):
-        for start in range(0, len(plans), per_round):
+        for start in range(0, len(queue), per_round):
             futures = {
                 pool.submit(plan_model, config, plan, batches, device.type, platform): plan.name
-                for plan in plans[start : start + per_round]
+                for plan in queue[start : start + per_round]
             }
             for done in as_completed(futures):
                 models[futures[done]] = done.result()
                 bar.update(1)
-            if covering and _covered(
-                covering, [models[p.name] for p in plans if p.name in models], budget[0]
-            ):
+            tried = _tried_in_order(plans, models)
+            if covering and _covered(covering, [models[p.name] for p in tried], budget[0]):
                 bar.total = bar.n  # the bar ends full: the rest is not needed, not left undone
                 break
     seconds = time.perf_counter() - started
     order = plan_order(config, platform)[1]
-    if skipped := [p.name for p in plans if p.name not in models]:
-        order += (
-            f"; {', '.join(skipped)} not calibrated, as every batch of the run fits an earlier plan"
-        )
-    calibrated = [p for p in plans if p.name in models]
-    return PlanPredictor(calibrated, models, *budget, calibration_s=seconds, order_source=order)
+    tried = _tried_in_order(plans, models)
+    if skipped := [p.name for p in plans[len(tried) :]]:
+        order += f"; {', '.join(skipped)} not tried, as every batch of the run fits an earlier plan"
+    # models holds the ``also`` plans' whether auto would try them or not
+    return PlanPredictor(tried, models, *budget, calibration_s=seconds, order_source=order)
+
+
+def _tried_in_order(plans: list[CheckpointPlan], models) -> list[CheckpointPlan]:
+    """The plans auto tries, in its order up to the first one not calibrated."""
+    tried = []
+    for plan in plans:
+        if plan.name not in models:
+            break
+        tried.append(plan)
+    return tried
 
 
 def _covered(geometries: Sequence[BatchGeometry], models, budget_mib: float) -> bool:

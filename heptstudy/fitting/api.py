@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from heptstudy.config import ALLOC_CONF_VARS
-from heptstudy.data.batching import dataset_for
+from heptstudy.data.batching import dataset_for, padded_sizes
 from heptstudy.data.layout import is_packed
 from heptstudy.estimate.autocast_policy import UnknownTorchVersion, lists_for
 from heptstudy.estimate.fake_step import DEFAULT_TORCH_VERSION, estimate_memory_model
@@ -22,6 +22,7 @@ from heptstudy.estimate.plans import (
 )
 from heptstudy.fingerprint import commit_reasons
 from heptstudy.fitting.auto import auto_words, evaluate_auto, measured_rates
+from heptstudy.fitting.draws import draws_for
 from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, peak_mib
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
@@ -296,7 +297,9 @@ def fit(request: FitRequest) -> FitResult | None:
     _check_batch(request, batch, lengths, ds, notes)
     predictor = None
     if auto_config is not None:
-        predictor = _auto_predictor(auto_config, platform, batch, request.safety_margin_gib)
+        predictor = _auto_predictor(
+            auto_config, platform, batch, request.safety_margin_gib, lengths
+        )
     full = predictor.models.get(FULL.name) if predictor is not None else None
     choice = _memory_model(request, config, platform, batch, notes, calibrated=full)
     if choice.model is None:
@@ -370,8 +373,10 @@ def expandable_segments(platform) -> bool:
     )
 
 
-def _auto_predictor(config, platform, batch: int, margin_gib: float | None):
+def _auto_predictor(config, platform, batch: int, margin_gib: float | None, lengths):
     import torch
+
+    packed, pad_to_multiple = is_packed(config.data.batching), config.data.pad_to_multiple
 
     # the fake steps run on the host, target-faithful to the platform's device (cuda or rocm)
     return predictor_for(
@@ -381,7 +386,9 @@ def _auto_predictor(config, platform, batch: int, margin_gib: float | None):
         platform,
         margin_gib=margin_gib,
         calibration_events=FIT_CALIBRATION_EVENTS,
-        every_plan=True,  # the answer covers the whole data set, and full's model cross-checks
+        # no batch of the data holds more than its fullest; full's model cross-checks the answer
+        covering=[draws_for(packed, padded_sizes(lengths, pad_to_multiple), batch).worst],
+        also=[FULL.name],
         progress=sys.stderr.isatty(),  # a terminal's bar; no widget in a notebook's report
     )
 
