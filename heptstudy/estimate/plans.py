@@ -138,8 +138,8 @@ def predictor_for(
     Plans are calibrated cheapest first and no further than the run needs: once every geometry
     of ``covering`` (default: the longest calibration batch, when it has the run's batch size,
     as no batch of the run holds more) fits a plan calibrated so far, the dearer plans are never
-    chosen. The plans named in ``also`` are calibrated whatever the covering; without one (a
-    calibration scaled to another batch size and no covering given), every plan is."""
+    chosen. The plans named in ``also`` are calibrated whatever the covering; without one (an
+    empty one, or a calibration scaled to another batch size and none given), every plan is."""
     if not config.model.heptv2.adaptive:
         return None
     budget = memory_budget_mib(config, device, platform, margin_gib)
