@@ -186,7 +186,7 @@ def predictor_for(
     tried = _tried_in_order(plans, models)
     if skipped := [p.name for p in plans[len(tried) :]]:
         order += f"; {', '.join(skipped)} not tried, as every batch of the run fits an earlier plan"
-    # models holds the ``also`` plans' whether auto would try them or not
+    # models also holds the ``also`` plans' models, tried or not (fit's cross-check reads full's)
     return PlanPredictor(tried, models, *budget, calibration_s=seconds, order_source=order)
 
 
