@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from itertools import takewhile
 
 import torch
 from tqdm.auto import tqdm
@@ -183,7 +184,6 @@ def predictor_for(
                 break
     seconds = time.perf_counter() - started
     order = plan_order(config, platform)[1]
-    tried = _tried_in_order(plans, models)
     if skipped := [p.name for p in plans[len(tried) :]]:
         order += f"; {', '.join(skipped)} not tried, as every batch of the run fits an earlier plan"
     # models also holds the ``also`` plans' models, tried or not (fit's cross-check reads full's)
@@ -192,12 +192,7 @@ def predictor_for(
 
 def _tried_in_order(plans: list[CheckpointPlan], models) -> list[CheckpointPlan]:
     """The plans auto tries, in its order up to the first one not calibrated."""
-    tried = []
-    for plan in plans:
-        if plan.name not in models:
-            break
-        tried.append(plan)
-    return tried
+    return list(takewhile(lambda plan: plan.name in models, plans))
 
 
 def _covered(geometries: Sequence[BatchGeometry], models, budget_mib: float) -> bool:

@@ -376,7 +376,7 @@ def expandable_segments(platform) -> bool:
 def _auto_predictor(config, platform, batch: int, margin_gib: float | None, lengths):
     import torch
 
-    packed, pad_to_multiple = is_packed(config.data.batching), config.data.pad_to_multiple
+    sizes = padded_sizes(lengths, config.data.pad_to_multiple)
 
     # the fake steps run on the host, target-faithful to the platform's device (cuda or rocm)
     return predictor_for(
@@ -387,7 +387,7 @@ def _auto_predictor(config, platform, batch: int, margin_gib: float | None, leng
         margin_gib=margin_gib,
         calibration_events=FIT_CALIBRATION_EVENTS,
         # no batch of the data holds more than its fullest; full's model cross-checks the answer
-        covering=[draws_for(packed, padded_sizes(lengths, pad_to_multiple), batch).worst],
+        covering=[draws_for(is_packed(config.data.batching), sizes, batch).worst],
         also=[FULL.name],
         progress=sys.stderr.isatty(),  # a terminal's bar; no widget in a notebook's report
     )

@@ -235,7 +235,7 @@ class _Steps:
             m.device,
             m.request.batch_size,
             m.profile,
-            covering=[geometry_of(b) for b in batches],
+            covering=[r["geometry"] for r in self.records],
             progress=m.request.progress,
         )
         self.plans = [plans.choose_for(b) if plans is not None else None for b in batches]
