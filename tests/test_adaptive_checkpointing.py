@@ -206,9 +206,9 @@ def test_bench_report_has_plan_and_predicted_peak_next_to_measured(tiny_data_dir
     assert f"{', '.join(skipped)} not tried, as every batch of the run fits" in described
     from heptstudy.measure.summary import describe
 
-    assert "checkpointing auto (budget 65,536 MiB; plans per step in the report)" in describe(
-        report
-    )
+    said = describe(report)
+    assert "checkpointing auto (budget 65,536 MiB; plans per step in the report)" in said
+    assert f"\n  {described}" in said  # the plans tried and why in that order, on the console
 
 
 def test_auto_budget_follows_the_margin_given():

@@ -197,6 +197,12 @@ def test_variant_overrides_reach_the_named_variant_only():
         sc.resolve(RECIPE, "local_cpu", overrides=over, variant_overrides={"nope": []})
 
 
+def test_a_value_every_variant_refuses_is_refused_in_the_name_of_the_one_asked_for():
+    for asked in (HIT_VARIANT, TRACK_CLUSTER_VARIANT):
+        with pytest.raises(ConfigError, match=f"(?s)variant '{asked}':.*dropout"):
+            sc.resolve(RECIPE, "local_cpu", [asked], overrides=["model.heptv2.dropout=-1"])
+
+
 # ----------------------------------------------------------------------------- invariants
 
 

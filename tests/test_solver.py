@@ -308,6 +308,22 @@ def test_auto_without_a_cost_table_for_the_model_says_so_and_tries_layers():
     assert plan_order(given) == (["keep30", "full"], "model.heptv2.auto_plan_order")
 
 
+def test_costs_refuses_a_device_or_an_out_it_cannot_use_before_measuring(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    for args, says in (
+        (["--device", "gpu"], "'gpu' is not a device to measure on: give cpu, cuda or cuda:N"),
+        (["--out", ""], "an empty path: give the .json file"),
+        (["--out", str(notes / "costs.json")], f"{notes} is a file, not a folder"),
+    ):
+        code, _, err = run_cli("costs", *args)
+        assert code == 2 and says in err, err
+    if not torch.cuda.is_available():
+        code, _, err = run_cli("costs", "--device", "cuda")
+        assert code == 2 and "no CUDA device" in err and "--device cpu" in err
+    assert notes.read_text() == "mine\n"
+
+
 def test_order_by_cost_leaves_out_a_plan_that_keeps_as_much_as_off():
     priced = {"off": (0.0, 100.0), "keep100": (1.0, 100.0), "keep50": (2.0, 50.0)}
     assert order_by_cost(priced) == ["keep50"]

@@ -13,6 +13,7 @@ def _costs(args: argparse.Namespace) -> int:
 
     from heptstudy.config import load_config
     from heptstudy.data.batching import dataset_for, event_indices, load_events
+    from heptstudy.errors import HeptstudyError
     from heptstudy.measure import op_costs
     from heptstudy.meters.allocator import apply_allocator, measurement_allocator
     from heptstudy.paths import base_dir
@@ -20,8 +21,13 @@ def _costs(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    out = Path(args.out) if args.out else op_costs.default_out(device)
-    op_costs.check_out(out, "--out" if args.out else "the default output")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise HeptstudyError(
+            f"--device {args.device}: this machine has no CUDA device PyTorch can use (torch "
+            f"{torch.__version__}); measure GPU seconds on a GPU machine, or give --device cpu"
+        )
+    out = Path(args.out) if args.out is not None else op_costs.default_out(device)
+    op_costs.check_out(out, "--out" if args.out is not None else "the default output")
     given = [*args.overrides, *([f"data.data_dir={args.data_dir}"] if args.data_dir else [])]
     config = load_config(args.config, given)
     indices = event_indices(config, args.batch_size, 1)[0]
@@ -49,6 +55,25 @@ def _costs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device(value: str) -> str:
+    """``cpu``, ``cuda`` or ``cuda:N``: the devices a table's seconds are measured on."""
+    kind, _, index = value.partition(":")
+    if (kind == "cpu" and not index) or (kind == "cuda" and (not index or index.isdigit())):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is not a device to measure on: give cpu, cuda or cuda:N (N a GPU's index)"
+    )
+
+
+def _json_path(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError(
+            "an empty path: give the .json file to write the table to, or leave --out out for "
+            "the default (experiments/local/costs/op_costs_DEVICE.json)"
+        )
+    return value
+
+
 def register_cli(sub) -> None:
     from heptstudy.cli import add_config_args, whole_number
 
@@ -69,7 +94,9 @@ def register_cli(sub) -> None:
         default=3,
         help="timed forwards per layer kind; the median counts (default 3)",
     )
-    p.add_argument("--device", default="cpu", help="cpu or cuda (GPU seconds)")
+    p.add_argument(
+        "--device", type=_device, default="cpu", help="cpu, cuda or cuda:N (GPU seconds)"
+    )
     p.add_argument(
         "--threads",
         type=whole_number(1, 2),
@@ -84,6 +111,7 @@ def register_cli(sub) -> None:
     )
     p.add_argument(
         "--out",
+        type=_json_path,
         help="JSON file for the table (default experiments/local/costs/op_costs_DEVICE.json); "
         "replaces only a cost table",
     )

@@ -23,6 +23,7 @@ from heptstudy.atomic import json_text, write_text_or_keep
 from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.data.layout import layout_of
+from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.group_bytes import op_group_bytes
 from heptstudy.measure.report import device_name, load_average
 from heptstudy.model import build_model
@@ -187,8 +188,15 @@ def table_text(table: dict[str, Any]) -> str:
 
 
 def check_out(out: Path, option: str = "--out") -> None:
-    """Refused before measuring: ``out`` holds a file that is not a cost table, or no .json."""
+    """Refused before measuring: ``out`` holds a file that is not a cost table, or no .json,
+    or lies below a file."""
     COSTS_FILE.check(out, option)
+    above = next(p for p in out.absolute().parents if p.exists())
+    if not above.is_dir():
+        raise HeptstudyError(
+            f"{option} {out}: {above} is a file, not a folder, so nothing can be written below "
+            "it; give a path in a folder"
+        )
 
 
 def write_table(table: dict[str, Any], out: Path) -> Path:

@@ -47,6 +47,8 @@ def describe(report: BenchReport) -> str:
         f"{'not timed' if s.mean_step_time_s is None else f'{s.mean_step_time_s * 1000:,.0f} ms'}"
         f" over {s.counted_steps} counted steps"
     )
+    # which plans auto tried and why in that order (a cost table passed over says why here)
+    text += "".join(f"\n  {n}" for n in report.notes if n.startswith("adaptive checkpointing:"))
     if s.mean_phase_time_s:
         parts = ", ".join(
             f"{PHASE_LABELS.get(k, k)} {v * 1000:,.0f} ms" for k, v in s.mean_phase_time_s.items()

@@ -134,16 +134,16 @@ def resolve(
                 f"variant {name!r} is not in scenario {sc.name!r}; its variants are "
                 f"{list(sc.variants)}",
             )
+    wanted = list(variants) if variants else list(sc.variants)
+    # the requested variants first: a refusal names the one asked about when it applies to it
     configs = {
         name: _resolve_one(sc, name, plat, parse_overrides([*shared, *extra.get(name, ())]))
-        for name in sc.variants
+        for name in sorted(sc.variants, key=lambda name: name not in wanted)
     }
     rules.check_shared_budget(sc.name, configs)
     resolved = {}
     given_data_dir = any(str(o).split("=", 1)[0].strip() == "data.data_dir" for o in shared)
-    wanted = list(variants) if variants else list(sc.variants)
-    # the requested variants first: a refusal names the one asked about when it applies to it
-    for name, cfg in sorted(configs.items(), key=lambda item: item[0] not in wanted):
+    for name, cfg in configs.items():
         split = rules.check_variant(sc.name, name, cfg, plat, sc.test_split_events, given_data_dir)
         t = cfg.train
         resolved[name] = ResolvedVariant(
@@ -165,7 +165,7 @@ def resolve(
         scenario=sc,
         platform=plat,
         platform_path=plat_path,
-        variants=[resolved[name] for name in configs if name in wanted],
+        variants=[resolved[name] for name in sc.variants if name in wanted],
     )
 
 
