@@ -212,8 +212,17 @@ def test_a_missing_or_foreign_table_is_refused_with_the_command_that_makes_one(
     table = json.loads(tiny_table.read_text())
     del table["kinds"]["decoder"]["groups"]["ffn"]
     damaged.write_text(json.dumps(table))
-    with pytest.raises(HeptstudyError, match="groups.ffn.bytes_per_slot.*heptstudy costs"):
+    with pytest.raises(
+        HeptstudyError, match="kinds.decoder.groups.ffn.bytes_per_slot is missing.*heptstudy costs"
+    ):
         plan_named("keep30", config=_config(f"model.heptv2.op_costs={damaged}"))
+    # a field edited by hand, its digest left alone: the table holds for the model it names
+    edited = tmp_path / "edited.json"
+    table = json.loads(tiny_table.read_text())
+    table["model_key"]["heptv2"]["width"] += 1
+    edited.write_text(json.dumps(table))
+    with pytest.raises(HeptstudyError, match="another model configuration.*heptv2.width"):
+        read_cost_table(_config(f"model.heptv2.op_costs={edited}"))
     named = plan_named("keep30")  # a report's plan: named, not solved, never applied
     assert named.label == "keep 30%"
     with pytest.raises(HeptstudyError, match="not solved"):
@@ -308,13 +317,29 @@ def test_auto_without_a_cost_table_for_the_model_says_so_and_tries_layers():
     assert plan_order(given) == (["keep30", "full"], "model.heptv2.auto_plan_order")
 
 
+def test_auto_refuses_a_damaged_cost_table_rather_than_passing_it_over(tiny_table, tmp_path):
+    """Only a sound table of another model sends auto to the default order; a damaged or
+    missing one is an error naming it, as it is for a solver plan."""
+    damaged = tmp_path / "damaged.json"
+    table = json.loads(tiny_table.read_text())
+    table["kinds"]["backbone"]["groups"]["attention"]["seconds_per_slot"] = -1
+    damaged.write_text(json.dumps(table))
+    missing = tmp_path / "none.json"
+    for path, why in ((damaged, "seconds_per_slot is -1, below 0"), (missing, "no such")):
+        config = _config(
+            "model.heptv2.activation_checkpointing=auto", f"model.heptv2.op_costs={path}"
+        )
+        with pytest.raises(HeptstudyError, match=f"{path}.*{why}.*heptstudy costs"):
+            plan_order(config)
+
+
 def test_costs_refuses_a_device_or_an_out_it_cannot_use_before_measuring(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("mine\n")
     for args, says in (
         (["--device", "gpu"], "'gpu' is not a device to measure on: give cpu, cuda or cuda:N"),
         (["--out", ""], "an empty path: give the .json file"),
-        (["--out", str(notes / "costs.json")], f"{notes} is a file, not a folder"),
+        (["--out", str(notes / "costs.json")], f"{str(notes)!r} is a file, not a folder"),
     ):
         code, _, err = run_cli("costs", *args)
         assert code == 2 and says in err, err

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from heptstudy.atomic import json_text, write_text_or_keep
+from heptstudy.atomic import folder_write_problem, json_text, write_text_or_keep
 from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.data.layout import layout_of
@@ -189,13 +189,13 @@ def table_text(table: dict[str, Any]) -> str:
 
 def check_out(out: Path, option: str = "--out") -> None:
     """Refused before measuring: ``out`` holds a file that is not a cost table, or no .json,
-    or lies below a file."""
+    or lies where nothing can be written."""
     COSTS_FILE.check(out, option)
-    above = next(p for p in out.absolute().parents if p.exists())
-    if not above.is_dir():
+    problem = folder_write_problem(out.absolute().parent)
+    if problem:
         raise HeptstudyError(
-            f"{option} {out}: {above} is a file, not a folder, so nothing can be written below "
-            "it; give a path in a folder"
+            f"{option} {out}: {problem}, so the table cannot be written there; give a path in a "
+            "folder you can write to"
         )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from heptstudy.measure.report import BenchReport
 from heptstudy.measure.report_checks import untrusted
 from heptstudy.meters.allocator import allocator_label
+from heptstudy.model.adaptive_checkpointing import AUTO_NOTE
 from heptstudy.model.checkpoint_plan import AUTO, OFF
 
 
@@ -48,7 +49,7 @@ def describe(report: BenchReport) -> str:
         f" over {s.counted_steps} counted steps"
     )
     # which plans auto tried and why in that order (a cost table passed over says why here)
-    text += "".join(f"\n  {n}" for n in report.notes if n.startswith("adaptive checkpointing:"))
+    text += "".join(f"\n  {n}" for n in report.notes if n.startswith(AUTO_NOTE))
     if s.mean_phase_time_s:
         parts = ", ".join(
             f"{PHASE_LABELS.get(k, k)} {v * 1000:,.0f} ms" for k, v in s.mean_phase_time_s.items()

@@ -15,7 +15,7 @@ from heptstudy.config import Config, count_plan
 from heptstudy.data.layout import BatchGeometry, geometry_of
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.checkpoint_plan import OFF, CheckpointPlan, plan_named
-from heptstudy.model.cost_table import CostTableError
+from heptstudy.model.cost_table import CostTableMismatch
 from heptstudy.model.plan_front import front_order
 
 #: ``auto``'s order after ``off`` for a model no cost table holds for: each further layer saves
@@ -23,10 +23,15 @@ from heptstudy.model.plan_front import front_order
 DEFAULT_PLAN_ORDER = ("layers1", "layers2", "layers3", "layers4", "layers5", "full")
 
 
+#: How a run's description of its ``auto`` predictor begins.
+AUTO_NOTE = "adaptive checkpointing"
+
+
 def plan_order(config: Config, platform=None) -> tuple[list[str], str]:
     """The plans ``auto`` tries after off and where the order comes from: configured, the
-    platform's, else the front of the model's cost table (without a table that holds for the
-    model: :data:`DEFAULT_PLAN_ORDER`, and the source says why)."""
+    platform's, else the front of the model's cost table (a sound table measured for another
+    model: :data:`DEFAULT_PLAN_ORDER`, and the source says why; a missing or damaged one:
+    :class:`heptstudy.model.cost_table.CostTableError`)."""
     heptv2 = config.model.heptv2
     if heptv2.auto_plan_order is not None:
         return list(heptv2.auto_plan_order), "model.heptv2.auto_plan_order"
@@ -34,7 +39,7 @@ def plan_order(config: Config, platform=None) -> tuple[list[str], str]:
         return list(platform.auto_plan_order), f"measured on platform {platform.name}"
     try:
         order = front_order(config)
-    except CostTableError as err:
+    except CostTableMismatch as err:  # a damaged or missing table is refused, not passed over
         why = str(err).split(";")[0]
         return list(DEFAULT_PLAN_ORDER), f"the default order, without a cost table: {why}"
     return order, f"least recomputation first on the front of the cost table {heptv2.op_costs}"
@@ -118,7 +123,7 @@ class PlanPredictor:
 
     def describe(self) -> str:
         return (
-            f"adaptive checkpointing: budget {self.budget_mib:,.0f} MiB ({self.budget_source}); "
+            f"{AUTO_NOTE}: budget {self.budget_mib:,.0f} MiB ({self.budget_source}); "
             f"plans {', '.join(p.name for p in self.plans)} (cheapest first"
             f"{': ' + self.order_source if self.order_source else ''}), each with a memory "
             f"model estimated on fake tensors in {self.calibration_s:.1f} s"

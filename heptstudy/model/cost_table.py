@@ -64,6 +64,10 @@ class CostTableError(HeptstudyError):
     """A cost table is missing, unreadable, malformed or for another model configuration."""
 
 
+class CostTableMismatch(CostTableError):
+    """A sound cost table, measured for another model configuration or attention path."""
+
+
 def read_cost_table(config: Config) -> tuple[dict[str, Any], CostModel]:
     """The table ``model.heptv2.op_costs`` names, checked against ``config``."""
     given = config.model.heptv2.op_costs
@@ -87,12 +91,17 @@ def read_cost_table(config: Config) -> tuple[dict[str, Any], CostModel]:
 
 def _check_configuration(table: dict[str, Any], key: dict[str, Any], where: str) -> None:
     measured = table.get("model_key")
-    if isinstance(measured, dict) and measured.get("digest") == key["digest"]:
+    if measured == key:
         return
-    differ = _differences(measured if isinstance(measured, dict) else {}, key)
-    raise CostTableError(
+    if not isinstance(measured, dict):
+        raise CostTableError(f"{where} names no model configuration (model_key); {MAKE_ONE}")
+    # the digest is of the fields listed: one without the other means an edited table
+    differ = _differences(measured, key) or (
+        f"digest {measured.get('digest')!r} there, {key['digest']!r} here"
+    )
+    raise CostTableMismatch(
         f"{where} was measured for another model configuration (differing: {differ}); its "
-        f"costs do not hold for this one. {MAKE_ONE}"
+        f"costs do not hold for this one; {MAKE_ONE}"
     )
 
 
@@ -101,7 +110,7 @@ def _check_backend(table: dict[str, Any], config: Config, where: str) -> None:
     ``auto`` runs the one of the device it meets, so it takes any table."""
     wanted, measured = config.model.heptv2.attention_backend, table.get("attention_backend")
     if wanted != "auto" and measured != wanted:
-        raise CostTableError(
+        raise CostTableMismatch(
             f"{where} timed the {measured} bucket attention, and model.heptv2.attention_backend "
             f"is {wanted}; {MAKE_ONE}"
         )
@@ -129,23 +138,24 @@ def _cost_model(table: dict[str, Any], layers: dict[str, int], where: str) -> Co
             raise CostTableError(f"{where} has no costs of the {kind} layer; {MAKE_ONE}")
         groups[kind] = {
             g.name: GroupCost(
-                _number(entry, ("groups", g.name, "bytes_per_slot"), where),
-                _number(entry, ("groups", g.name, "seconds_per_slot"), where),
+                _number(table, ("kinds", kind, "groups", g.name, "bytes_per_slot"), where),
+                _number(table, ("kinds", kind, "groups", g.name, "seconds_per_slot"), where),
             )
             for g in groups_of(kind)
         }
-        rest[kind] = _number(entry, ("rest", "seconds_per_slot"), where)
+        rest[kind] = _number(table, ("kinds", kind, "rest", "seconds_per_slot"), where)
     return CostModel(groups, rest, layers)
 
 
-def _number(entry: dict[str, Any], path: tuple[str, ...], where: str) -> float:
-    value: Any = entry
+def _number(table: dict[str, Any], path: tuple[str, ...], where: str) -> float:
+    value: Any = table
     for part in path:
         value = value.get(part) if isinstance(value, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        found = "missing" if value is None else f"{value!r}, not a number"
         raise CostTableError(
-            f"{where}: {'.'.join(path)} is {value!r}, not a number; the table is damaged or "
-            f"older than the op groups of this code: {MAKE_ONE}"
+            f"{where}: {'.'.join(path)} is {found}; the table is damaged or older than the op "
+            f"groups of this code: {MAKE_ONE}"
         )
     if value < 0:
         raise CostTableError(f"{where}: {'.'.join(path)} is {value}, below 0; {MAKE_ONE}")
