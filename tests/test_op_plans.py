@@ -95,11 +95,13 @@ def _counting(monkeypatch, name):
 
 
 @pytest.mark.parametrize(
-    "group,kernel", [("order", "_hash_and_sort"), ("attention", "_attention_forward")]
+    "group,kernel",
+    [("order", "_hash_and_sort"), ("attention", "_attention_forward"), ("mlp", "_swiglu_rows")],
 )
 def test_a_kept_group_is_not_recomputed(monkeypatch, group, kernel):
     """Keeping the bucket order: backward neither hashes nor sorts (as many hashings as an
-    uncheckpointed step); ``full`` hashes again in every layer's backward."""
+    uncheckpointed step); ``full`` hashes again in every layer's backward. Keeping the
+    attention or the SwiGLU: backward does not run its forward again."""
     calls = _counting(monkeypatch, kernel)
     batch = example_batch(_config(), 2, [40, 30], seed=1)
     counts = {}
@@ -166,6 +168,7 @@ def test_group_bytes_are_what_an_ops_plan_holds_beyond_full(batching):
     D = config.model.heptv2.embedding_dim
     assert sizes["qkv"] == R * S * 3 * D * 4
     assert sizes["dropout"] == 2 * R * S * D  # two boolean masks
+    assert sizes["mlp"] == R * S * D * 4  # the SwiGLU's output, not its hidden products
     full = _held_after_forward(FULL, config, batch)
     for keep in ({"order"}, KEEP, set(sizes) - {"mlp"}, set(sizes)):
         held = _held_after_forward(plan_named("k", keep=keep), config, batch)

@@ -13,6 +13,7 @@ from heptstudy.data.batching import map_tensors
 from heptstudy.data.layout import layout_of
 from heptstudy.meters.memory import iter_tensors
 from heptstudy.model import build_model
+from heptstudy.model.activation_checkpointing import lean_recompute
 from heptstudy.model.checkpoint_plan import checkpoint_slots
 from heptstudy.model.heptv2 import hit_coordinates
 from heptstudy.model.op_groups import group_of, groups_of, kept_pairs, track_roles
@@ -58,8 +59,10 @@ def op_group_bytes(config: Config, batch: dict[str, torch.Tensor], kind: str) ->
         layer.to_empty(device="cpu")
         fake = map_tensors(batch, mode.from_tensor)
         args = _layer_inputs(kind, fake, config)
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None), recorder:
-            layer(*args)
+        # lean, as a checkpointed layer of an ops plan runs: the SwiGLU keeps no hidden products
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None), lean_recompute():
+            with recorder:
+                layer(*args)
     return {g.name: recorder.bytes.get(g.name, 0) for g in groups_of(kind)}
 
 

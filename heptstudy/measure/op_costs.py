@@ -27,6 +27,7 @@ from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.group_bytes import op_group_bytes
 from heptstudy.measure.report import device_name, load_average
 from heptstudy.model import build_model
+from heptstudy.model.activation_checkpointing import lean_recompute
 from heptstudy.model.checkpoint_plan import checkpoint_slots
 from heptstudy.model.cost_table import (
     COSTS_FILE,
@@ -107,8 +108,10 @@ def time_groups(
     for _ in range(repeats + 1):
         args = layer_inputs(kind, batch, config, device)
         timer = _OpTimer(pairs, device)
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None), timer:
-            layer(*args)
+        # lean, as a checkpointed layer of an ops plan recomputes
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None), lean_recompute():
+            with timer:
+                layer(*args)
         runs.append(timer.seconds)
         del args
     names = [*(g.name for g in groups_of(kind)), REST]

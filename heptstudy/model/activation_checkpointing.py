@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 
-import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
 
@@ -40,9 +39,10 @@ def recompute_is_lean() -> bool:
     return _STATE.lean
 
 
-#: ``selective`` keeps these ops' outputs inside ``dense_projections`` (most of the arithmetic);
-#: the bucket attention (the bulk of the activation memory, cheap to redo) is recomputed.
-SELECTIVE_SAVE_OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
+#: ``selective`` keeps these ops' outputs inside ``dense_projections`` (most of the arithmetic;
+#: the SwiGLU with its hidden products); the bucket attention (the bulk of the activation
+#: memory, cheap to redo) is recomputed.
+SELECTIVE_SAVE_OPS = frozenset({"aten::mm", "aten::addmm", "heptstudy::swiglu"})
 
 
 _HOOKED_ATTR = "_selective_checkpoint_hooks"
@@ -67,7 +67,7 @@ def _track_projections(modules: Sequence[nn.Module]) -> None:
 
 def _save_dense_projections(saved: frozenset[int], ctx, op, *args, **kwargs):
     running = _STATE.projection
-    if op in SELECTIVE_SAVE_OPS and running is not None and id(running) in saved:
+    if op_groups.op_name(op) in SELECTIVE_SAVE_OPS and running is not None and id(running) in saved:
         return torch_checkpoint.CheckpointPolicy.MUST_SAVE
     return torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -52,10 +52,8 @@ class CheckpointPlan:
 
     @property
     def lean(self) -> bool:
-        """Recompute lean (SwiGLU keeps nothing): unless its products are kept anyway."""
-        return self.policy == "full" or (
-            self.policy == "ops" and "mlp" not in self.keep_for("backbone")
-        )
+        """Recompute lean (SwiGLU keeps only its input): unless its products are kept anyway."""
+        return self.policy in ("full", "ops")
 
     def checkpoints(self, slot: Slot) -> bool:
         if self.count is not None:

@@ -138,7 +138,9 @@ class _MaskedScale(torch.autograd.Function):
 
 class SwiGLU(nn.Module):
     """``down(silu(gate) * up)`` a slice of rows at a time, keeping ``x`` and ``gate_up(x)``;
-    under ``full`` recomputation only ``x``, so recompute never holds the whole product."""
+    recomputed lean (every checkpointed plan but ``selective``), only ``x``, so recompute never
+    holds the whole product. One dispatcher op (``heptstudy::swiglu``) whose output a policy may
+    keep without the hidden products."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -149,7 +151,7 @@ class SwiGLU(nn.Module):
         dtype = compute_dtype(x, self.gate_up.weight)
         w_gate_up, w_down = self.gate_up.weight.to(dtype), self.down.weight.to(dtype)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            return _SwiGLUFunction.apply(x.to(dtype), w_gate_up, w_down, not recompute_is_lean())
+            return SWIGLU(x.to(dtype), w_gate_up, w_down, not recompute_is_lean())[0]
 
 
 def _row_slices(rows: int, width: int):
@@ -165,45 +167,60 @@ def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> 
         acc.add_(torch.mm(a, b))
 
 
-class _SwiGLUFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, keep_gate_up):
-        hidden = w_down.shape[1]
-        rows = x.reshape(-1, x.shape[-1])
-        out = rows.new_empty(rows.shape[0], w_down.shape[0])
-        gate_up = rows.new_empty(rows.shape[0], 2 * hidden) if keep_gate_up else None
-        # plain products (no out=): the selective policy recognises and keeps them
-        for r in _row_slices(rows.shape[0], 2 * hidden):
-            part = torch.mm(rows[r], w_gate_up.t())
-            if gate_up is not None:
-                gate_up[r] = part
-            hidden_out = F.silu(part[:, :hidden]).mul_(part[:, hidden:])
-            out[r] = torch.mm(hidden_out, w_down.t())
-            del part, hidden_out
-        ctx.keep_gate_up = keep_gate_up
-        ctx.save_for_backward(x, *([gate_up] if keep_gate_up else []), w_gate_up, w_down)
-        return out.view(*x.shape[:-1], w_down.shape[0])
+def _swiglu(x, w_gate_up, w_down, keep_gate_up):
+    """``(out, gate_up)``; ``gate_up`` is empty unless kept for backward."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = x.new_empty(*x.shape[:-1], w_down.shape[0])
+    gate_up = rows.new_empty(rows.shape[0] if keep_gate_up else 0, w_gate_up.shape[0])
+    # looked up per call: a test counts the forwards
+    _swiglu_rows(rows, w_gate_up, w_down, out.view(-1, w_down.shape[0]), gate_up)
+    return out, gate_up
 
-    @staticmethod
-    def backward(ctx, d_out):
-        if ctx.keep_gate_up:
-            x, gate_up, w_gate_up, w_down = ctx.saved_tensors
-        else:
-            (x, w_gate_up, w_down), gate_up = ctx.saved_tensors, None
-        hidden = w_down.shape[1]
-        rows = x.reshape(-1, x.shape[-1])
-        d_rows = d_out.reshape(-1, d_out.shape[-1]).to(x.dtype)
-        d_x = torch.empty_like(rows)
-        d_w_gate_up = torch.zeros_like(w_gate_up, dtype=_stats_dtype(w_gate_up))
-        d_w_down = torch.zeros_like(w_down, dtype=_stats_dtype(w_down))
-        for r in _row_slices(rows.shape[0], 2 * hidden):
-            part = torch.mm(rows[r], w_gate_up.t()) if gate_up is None else gate_up[r]
-            _swiglu_slice_backward(
-                d_rows[r], rows[r], part, (w_gate_up, w_down), (d_w_gate_up, d_w_down), d_x[r]
-            )
-            del part
-        grads = d_x.view_as(x), d_w_gate_up.to(w_gate_up.dtype), d_w_down.to(w_down.dtype)
-        return (*grads, None)
+
+def _swiglu_rows(rows, w_gate_up, w_down, out_rows, gate_up) -> None:
+    """``out_rows`` and, unless empty, ``gate_up`` of ``rows``, a slice at a time."""
+    hidden, keep_gate_up = w_down.shape[1], gate_up.numel() > 0
+    for r in _row_slices(rows.shape[0], 2 * hidden):
+        part = torch.mm(rows[r], w_gate_up.t())
+        if keep_gate_up:
+            gate_up[r] = part
+        hidden_out = F.silu(part[:, :hidden]).mul_(part[:, hidden:])
+        out_rows[r] = torch.mm(hidden_out, w_down.t())
+        del part, hidden_out
+
+
+def _swiglu_fake(x, w_gate_up, w_down, keep_gate_up):
+    rows = x.numel() // x.shape[-1] if keep_gate_up else 0
+    return x.new_empty(*x.shape[:-1], w_down.shape[0]), x.new_empty(rows, w_gate_up.shape[0])
+
+
+def _swiglu_setup(ctx, inputs, output):
+    x, w_gate_up, w_down, keep_gate_up = inputs
+    ctx.keep_gate_up = keep_gate_up
+    ctx.save_for_backward(x, *([output[1]] if keep_gate_up else []), w_gate_up, w_down)
+    _no_gradient_for(ctx, output[1:])
+
+
+def _swiglu_backward(ctx, d_out, _d_gate_up):
+    if d_out is None:  # no gradient reached the output (grads are not materialised)
+        return None, None, None, None
+    if ctx.keep_gate_up:
+        x, gate_up, w_gate_up, w_down = ctx.saved_tensors
+    else:
+        (x, w_gate_up, w_down), gate_up = ctx.saved_tensors, None
+    hidden = w_down.shape[1]
+    rows = x.reshape(-1, x.shape[-1])
+    d_rows = d_out.reshape(-1, d_out.shape[-1]).to(x.dtype)
+    d_x = torch.empty_like(rows)
+    d_w_gate_up = torch.zeros_like(w_gate_up, dtype=_stats_dtype(w_gate_up))
+    d_w_down = torch.zeros_like(w_down, dtype=_stats_dtype(w_down))
+    for r in _row_slices(rows.shape[0], 2 * hidden):
+        part = torch.mm(rows[r], w_gate_up.t()) if gate_up is None else gate_up[r]
+        _swiglu_slice_backward(
+            d_rows[r], rows[r], part, (w_gate_up, w_down), (d_w_gate_up, d_w_down), d_x[r]
+        )
+        del part
+    return d_x.view_as(x), d_w_gate_up.to(w_gate_up.dtype), d_w_down.to(w_down.dtype), None
 
 
 def _swiglu_slice_backward(d_out, x, gate_up, weights, weight_grads, d_x) -> None:
@@ -221,6 +238,15 @@ def _swiglu_slice_backward(d_out, x, gate_up, weights, weight_grads, d_x) -> Non
     torch.mul(d_hidden, act, out=d_up)
     _accumulate_product(d_w_gate_up, d_gate_up.t(), x)
     torch.mm(d_gate_up, w_gate_up, out=d_x)
+
+
+SWIGLU = custom_ops.define(
+    "swiglu",
+    "(Tensor x, Tensor w_gate_up, Tensor w_down, bool keep_gate_up) -> (Tensor, Tensor)",
+    _swiglu,
+    _swiglu_fake,
+)
+torch.library.register_autograd(SWIGLU, _swiglu_backward, setup_context=_swiglu_setup)
 
 
 class HEPTv2Layer(nn.Module):

@@ -58,7 +58,8 @@ GROUPS: dict[str, tuple[OpGroup, ...]] = {
         ),
         OpGroup("out_proj", _PRODUCTS, ("out",), "the output projection"),
         OpGroup("mlp_norm", _RMS_NORM, ("mlp_norm",), "the SwiGLU's input norm"),
-        OpGroup("mlp", _PRODUCTS, ("mlp",), "SwiGLU's products"),
+        # its output only: a checkpointed layer's backward recomputes the hidden products
+        OpGroup("mlp", ("heptstudy::swiglu",), ("mlp",), "the SwiGLU"),
         OpGroup("dropout", _DROPOUT, ("dropout",), "drawing the dropout masks"),
     ),
     "decoder": (
