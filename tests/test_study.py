@@ -141,7 +141,7 @@ def test_default_matrices_hold_the_original_set():
     packed = {"packed_baseline_b4", "packed_checkpointed_b4", "packed_auto_b4"}
     # the front at batch 4: four solver plans, padded and packed
     solver = {
-        f"{prefix}checkpointed_keep{n}_b4" for prefix in ("", "packed_") for n in (5, 10, 30, 50)
+        f"{prefix}checkpointed_keep{n}_b4" for prefix in ("", "packed_") for n in (10, 20, 25, 70)
     }
     # the CPU keeps the deterministic parity only (the GPU both)
     expected = original - {"parity_b1"} | policies | packed | solver | {"auto_b4", "auto_b16"}
