@@ -49,8 +49,10 @@ def least_recompute(costs: CostModel, fraction: float) -> float:
         rows[i, i] = 1.0
         rows[i, n_groups + kinds.index(kind)] = 1.0
     within = LinearConstraint(rows, -np.inf, [costs.layers[k] for k, _ in groups])
+    # scaled to order one, as the solver's: in seconds per slot the solver's gap tolerance would
+    # take a layout a few per cent from the best
     result = milp(
-        -spared,
+        -spared / spared.sum(),
         constraints=[fits, within],
         integrality=np.ones(spared.size),
         bounds=Bounds(0, upper),
