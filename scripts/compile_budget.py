@@ -40,7 +40,7 @@ from heptstudy.meters.allocator import apply_allocator, measurement_allocator
 from heptstudy.model.checkpoint_plan import FULL, apply_plan, plan_named
 from heptstudy.model.cost_table import read_cost_table, solved_keep
 
-BUDGETS = (0.05, 0.10, 0.30, 0.50)
+BUDGETS = (0.10, 0.20, 0.25, 0.70)
 CPU = torch.device("cpu")
 
 
