@@ -190,6 +190,16 @@ def test_numbers_that_are_not_finite_are_refused(value):
         load_config(overrides=[f"train.lr={value}"])
 
 
+def test_an_empty_value_is_refused_as_null_and_says_so():
+    """`--set model.heptv2.op_costs=` reads as null: the error says why a path became null."""
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["model.heptv2.op_costs="])
+    assert "model.heptv2.op_costs=null is not allowed: Input should be a valid string" in str(
+        err.value
+    )
+    assert "give model.heptv2.op_costs a value (an empty one reads as null)" in str(err.value)
+
+
 @pytest.mark.parametrize("command", [["config", "show"], ["bench"]])
 @pytest.mark.parametrize(
     "value,problem",

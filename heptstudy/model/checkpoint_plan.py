@@ -52,7 +52,8 @@ class CheckpointPlan:
 
     @property
     def lean(self) -> bool:
-        """Recompute lean (SwiGLU keeps only its input): unless its products are kept anyway."""
+        """Run the layers lean (SwiGLU keeps only its input, its backward recomputes the hidden
+        products by slice): full and every ops plan; selective keeps those products."""
         return self.policy in ("full", "ops")
 
     def checkpoints(self, slot: Slot) -> bool:

@@ -15,11 +15,22 @@ NAMESPACE = "heptstudy"
 _KERNELS: dict[str, Callable] = {}
 
 
-def define(name: str, schema: str, kernel: Callable, fake: Callable) -> torch._ops.OpOverload:
+def define(
+    name: str,
+    schema: str,
+    kernel: Callable,
+    fake: Callable,
+    *,
+    backward: Callable | None = None,
+    setup: Callable | None = None,
+) -> torch._ops.OpOverload:
     """``heptstudy::name`` with ``schema`` (``(Tensor x, ...) -> Tensor``), run by ``kernel`` on
-    every device; ``fake`` gives the outputs' shapes and dtypes only."""
+    every device; ``fake`` gives the outputs' shapes and dtypes only. An op with a gradient gives
+    its formula, ``backward``, and ``setup``, which saves what the formula reads."""
     op = torch.library.custom_op(f"{NAMESPACE}::{name}", kernel, mutates_args=(), schema=schema)
     op.register_fake(fake)
+    if backward is not None:
+        op.register_autograd(backward, setup_context=setup)
     _KERNELS[f"{NAMESPACE}::{name}"] = kernel
     return getattr(torch.ops.heptstudy, name).default
 

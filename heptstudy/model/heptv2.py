@@ -91,8 +91,9 @@ RMS_NORM = custom_ops.define(
     "(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)",
     _rms_norm,
     _rms_norm_fake,
+    backward=_rms_norm_backward,
+    setup=_rms_norm_setup,
 )
-torch.library.register_autograd(RMS_NORM, _rms_norm_backward, setup_context=_rms_norm_setup)
 
 
 class Dropout(nn.Dropout):
@@ -245,8 +246,9 @@ SWIGLU = custom_ops.define(
     "(Tensor x, Tensor w_gate_up, Tensor w_down, bool keep_gate_up) -> (Tensor, Tensor)",
     _swiglu,
     _swiglu_fake,
+    backward=_swiglu_backward,
+    setup=_swiglu_setup,
 )
-torch.library.register_autograd(SWIGLU, _swiglu_backward, setup_context=_swiglu_setup)
 
 
 class HEPTv2Layer(nn.Module):
@@ -519,9 +521,8 @@ BUCKET_ATTENTION = custom_ops.define(
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     _bucket_attention,
     _bucket_attention_fake,
-)
-torch.library.register_autograd(
-    BUCKET_ATTENTION, _bucket_attention_backward, setup_context=_bucket_attention_setup
+    backward=_bucket_attention_backward,
+    setup=_bucket_attention_setup,
 )
 
 

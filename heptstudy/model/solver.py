@@ -12,7 +12,8 @@ Why the seconds add up: eager recomputation reruns every op it does not keep, ne
 spares exactly its own ops' time and nothing upstream of it. The seconds a group counts as saved
 are therefore only its own ops' seconds, and the ops no group holds (the table's ``rest``) are
 always recomputed. What the sum does not see: a recomputation holding fewer tensors at once (its
-peak), the lean SwiGLU recompute when ``mlp`` is not kept, and the time backward itself takes.
+peak); the SwiGLU's hidden products, which the backward of every ``keepNN`` plan recomputes by
+slice, ``mlp`` kept or not (the plans run lean); and the time backward itself takes.
 """
 
 from __future__ import annotations
