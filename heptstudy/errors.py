@@ -75,7 +75,9 @@ def describe_invalid(
         elif not key or msg.startswith((key.split(".")[-1] + "=", key + ".")):  # names them itself
             lines.append(msg)
         elif e.get("input", "") is None:  # YAML reads `key:` and `--set key=` as null
-            lines.append(f"{given} is not allowed: {msg}; give {key} a value (an empty one reads as null)")
+            lines.append(
+                f"{given} is not allowed: {msg}; give {key} a value (an empty one reads as null)"
+            )
         else:
             lines.append(f"{given} is not allowed: {msg}")
     if header:
