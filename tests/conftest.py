@@ -2,6 +2,7 @@ import contextlib
 import io
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,22 @@ def _few_threads():
     # Two-core CI: keep intra-op threads predictable across tests; under pytest-xdist each of
     # the two workers gets one core.
     torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+
+
+def _ctrl_c_state():
+    interrupts = (signal.SIGINT, signal.SIGTERM)
+    return [signal.getsignal(s) for s in interrupts], signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+@pytest.fixture(autouse=True)
+def _interrupts_left_as_found():
+    """A test that leaves Ctrl-C (or SIGTERM) ignored or blocked in the worker would make every
+    later subprocess of that worker ignore it too (both are inherited), and the Ctrl-C tests of
+    tests/test_reliability_files.py fail far from the cause: this names the test that did it."""
+    before = _ctrl_c_state()
+    yield
+    after = _ctrl_c_state()
+    assert after == before, f"SIGINT/SIGTERM handlers and mask changed: {before} -> {after}"
 
 
 @pytest.fixture

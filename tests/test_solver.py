@@ -295,13 +295,16 @@ def test_auto_runs_the_fastest_plan_of_the_front_that_fits(tiny_table):
     assert [p.name for p in plans] == ["off", *order]
     assert all(p.kind_keep for p in plans if p.solver_plan)  # solved on the table
     batches = [example_batch(config, b, n, seed=i) for i, (b, n) in enumerate([(1, 64), (2, 480)])]
-    predictor = calibrate(config, batches, CPU, (1.0, "test"), plans)
+    # four plans along the front, off and the last among them (each calibration is fake steps)
+    tried = [plans[i] for i in sorted({round(k * (len(plans) - 1) / 3) for k in range(4)})]
+    predictor = calibrate(config, batches, CPU, (1.0, "test"), tried)
     geometry = geometry_of(example_batch(config, 2, [300, 200], seed=3))
     peaks = predictor.predictions(geometry)
+    assert len(peaks) == len(tried) == 4
     for budget in sorted(peaks.values()):
         predictor.budget_mib = budget
         chosen = predictor.choose(geometry).plan.name
-        fits = [p.name for p in plans if peaks[p.name] <= budget]
+        fits = [p.name for p in tried if peaks[p.name] <= budget]
         assert chosen == fits[0]  # the least estimated recomputation that fits
 
 
