@@ -52,7 +52,8 @@ def _few_threads():
     torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
-def _ctrl_c_state():
+def ctrl_c_state():
+    """The SIGINT and SIGTERM handlers and this thread's blocked signals: what a child inherits."""
     interrupts = (signal.SIGINT, signal.SIGTERM)
     return [signal.getsignal(s) for s in interrupts], signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
@@ -62,9 +63,9 @@ def _interrupts_left_as_found():
     """A test that leaves Ctrl-C (or SIGTERM) ignored or blocked in the worker would make every
     later subprocess of that worker ignore it too (both are inherited), and the Ctrl-C tests of
     tests/test_reliability_files.py fail far from the cause: this names the test that did it."""
-    before = _ctrl_c_state()
+    before = ctrl_c_state()
     yield
-    after = _ctrl_c_state()
+    after = ctrl_c_state()
     assert after == before, f"SIGINT/SIGTERM handlers and mask changed: {before} -> {after}"
 
 

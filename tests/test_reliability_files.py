@@ -305,12 +305,14 @@ def _interrupt(argv: list[str], started, *, group: bool = True, cwd: Path = ROOT
     seconds from the signal to the exit, the children it had)."""
     import psutil
 
+    from tests.conftest import ctrl_c_state
+
     # the child inherits an ignored or blocked SIGINT: it would run on, and this test time out
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, (
-        f"SIGINT is {signal.getsignal(signal.SIGINT)} in this worker: an earlier test or fixture "
-        "left it so (tests/conftest.py checks every test's teardown)"
+    (sigint, _), blocked = ctrl_c_state()
+    assert sigint is signal.default_int_handler and signal.SIGINT not in blocked, (
+        f"SIGINT is {sigint} (blocked: {blocked}) in this worker: an earlier test or fixture left "
+        "it so (tests/conftest.py checks every test's teardown)"
     )
-    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, []), "SIGINT blocked"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "heptstudy", *map(str, argv)],
