@@ -54,6 +54,23 @@ def _bench_backbone(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_paired(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from heptstudy.measure.paired import describe_paired, run_paired
+
+    # the layers wrapped as auto wraps them, so that every step can run its own plan
+    args.checkpointing, args.passes = "auto", "timing"
+    m = request_from_args(args).resolve()
+    name = m.name.replace("auto", "paired")
+    path = m.report_path if m.request.output else m.report_path.with_name(f"{name}.json")
+    m = replace(m, name=name, report_path=path)
+    report = run_paired(m, args.plans, args.rounds)
+    print(describe_paired(report))
+    print(f"report: {m.report_path}")
+    return 0
+
+
 _NOTHING_MEASURED = "nothing was measured or written; run the same command again"
 
 #: Request fields whose option is not the plain ``--field-name VALUE``.
@@ -83,9 +100,8 @@ def register_cli(sub) -> None:
         description="heptstudy bench --batch-size B [...] measures one configuration; "
         "heptstudy bench backbone --hits N times the backbone alone",
     )
-    b = p.add_subparsers(dest="bench_command").add_parser(
-        "backbone", help="forward+backward of the HEPTv2 backbone alone on N hits"
-    )
+    kinds = p.add_subparsers(dest="bench_command")
+    b = kinds.add_parser("backbone", help="forward+backward of the HEPTv2 backbone alone on N hits")
     b.add_argument("--hits", type=int, default=10000)
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--threads", type=int, help="torch intra-op threads (default: PyTorch's choice)")
@@ -93,10 +109,42 @@ def register_cli(sub) -> None:
     b.add_argument("--output", help="JSON file for the result")
     add_config_args(b)
     b.set_defaults(func=_bench_backbone, interrupted=_NOTHING_MEASURED)
+    paired = kinds.add_parser(
+        "paired",
+        help="step-time overheads of plans against off, paired step by step in one process",
+        description="heptstudy bench paired PLAN [PLAN ...] times each plan between two off "
+        "steps on the same batch, in one process, for --rounds rounds: the overhead of each plan "
+        "over off with the machine's drift cancelled (memory: heptstudy bench)",
+    )
+    paired.add_argument("plans", nargs="+", metavar="PLAN", help="plans to compare with off")
+    paired.add_argument("--rounds", type=int, default=3, help="paired rounds (default 3)")
+    paired.set_defaults(func=_bench_paired, interrupted=_NOTHING_MEASURED)
     # an option per request field; one not given is not passed: the request's default applies
     for field, info in MeasurementRequest.model_fields.items():
         flag, extra = _flag(field)
         p.add_argument(
             flag, dest=field, default=argparse.SUPPRESS, **{"help": info.description, **extra}
         )
+        if field in _PAIRED_FIELDS:
+            paired.add_argument(
+                flag, dest=field, default=argparse.SUPPRESS, **{"help": info.description, **extra}
+            )
     p.set_defaults(func=_bench, interrupted=_NOTHING_MEASURED)
+
+
+#: The request fields a paired timing takes (its plans are its own; it measures no memory).
+_PAIRED_FIELDS = (
+    "batch_size",
+    "batching",
+    "steps",
+    "warmup",
+    "variant",
+    "platform",
+    "allocator",
+    "data_dir",
+    "dtype",
+    "seed",
+    "overrides",
+    "output",
+    "progress",
+)

@@ -1,0 +1,202 @@
+"""Step-time overheads of checkpointing plans against ``off``, paired step by step in one process.
+
+Plans timed in fresh processes minutes apart differ by the machine's drift as much as by their
+recomputation (docs/results.md, "How far to trust the times"). Here one model, built with every
+layer wrapped (as ``auto`` builds it), runs each plan's step between two ``off`` steps on the same
+batch: a plan's overhead in a round is its step time over the mean of its two neighbours', so a
+drift slower than a step cancels. The plans run in reverse order every other round, so no plan
+always follows the same one. Memory is not measured: ``heptstudy bench`` measures it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from heptstudy.atomic import Output, json_text, write_text_or_keep
+from heptstudy.data.batching import dataset_for, event_indices, load_events, to_device
+from heptstudy.data.layout import geometry_of
+from heptstudy.errors import HeptstudyError
+from heptstudy.measure import report as rp
+from heptstudy.measure.bench import check_enough_events, check_writable
+from heptstudy.measure.request import Measurement
+from heptstudy.meters.allocator import apply_allocator
+from heptstudy.meters.timing import StepTimer
+from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
+from heptstudy.train.model_size import check_model_fits
+from heptstudy.train.precision import autocast_dtype
+from heptstudy.train.step import fresh_state, run_step
+
+KIND = "paired_timing"
+PAIRED_FILE = Output("heptstudy paired-timing report", ".json", f'"kind": "{KIND}"'.encode())
+REFERENCE = "off"
+
+PROTOCOL = (
+    "one process, one model with every layer wrapped; after one untimed warm-up step of every "
+    "plan, each round runs off, plan, off, plan, ..., off on one counted batch (the plans in "
+    "reverse order every other round, the rounds taking the counted batches in turn); a plan's "
+    "overhead in a round is its step time over the mean of the two off steps around it, minus 1"
+)
+
+
+def paired_plans(names: Sequence[str], m: Measurement) -> list[CheckpointPlan]:
+    """The plans to pair with ``off``, each named once; ``off`` itself and ``auto`` (a plan per
+    step, not one plan) are refused by name."""
+    if not names:
+        raise HeptstudyError(
+            "heptstudy bench paired: name at least one checkpointing plan to pair with off, "
+            "e.g. full keep70"
+        )
+    plans, num_layers = [], m.config.model.heptv2.num_convs
+    for name in names:
+        plan = plan_named(name, num_layers, config=m.config)
+        if plan.name in (REFERENCE, "auto"):
+            why = "every plan is paired with it" if plan.name == REFERENCE else "it is no one plan"
+            raise HeptstudyError(
+                f"heptstudy bench paired: plan {name!r} cannot be paired ({why}); name the plans "
+                "to compare with off, e.g. full keep70"
+            )
+        if any(p.name == plan.name for p in plans):
+            raise HeptstudyError(
+                f"heptstudy bench paired: plan {plan.name!r} is named twice; name each plan once"
+            )
+        plans.append(plan)
+    return plans
+
+
+def check_rounds(rounds: int) -> int:
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise HeptstudyError(
+            f"heptstudy bench paired: --rounds {rounds!r} is not a whole number >= 1; give the "
+            "number of rounds, e.g. --rounds 5"
+        )
+    return rounds
+
+
+def run_paired(m: Measurement, names: Sequence[str], rounds: int) -> dict[str, Any]:
+    """Time ``names`` against ``off`` in ``rounds`` paired rounds; write and return the report.
+
+    ``m`` must be resolved with ``checkpointing=auto`` (the layers wrapped so that a step can run
+    any plan); its ``warmup`` and ``steps`` give the warm-up batch and the counted batches."""
+    if m.config.model.heptv2.activation_checkpointing != "auto":
+        raise HeptstudyError("run_paired needs a measurement resolved with checkpointing=auto")
+    fresh = rp.claim_fresh_process()
+    allocator = apply_allocator(m.allocator)  # before anything is allocated
+    plans = paired_plans(names, m)
+    rounds = check_rounds(rounds)
+    check_writable(m.report_path, PAIRED_FILE)
+    check_enough_events(m)
+    check_model_fits(m.config, m.device)
+    request, config, device = m.request, m.config, m.device
+    dtype = autocast_dtype(config, device)
+    indices = event_indices(config, request.batch_size, request.warmup + request.steps)
+    batches = [to_device(load_events(config, idx, "train"), device) for idx in indices]
+    off = plan_named(REFERENCE)
+    state = fresh_state(config, device)
+    timer = StepTimer(device)
+
+    def step(plan: CheckpointPlan, batch) -> float:
+        with timer.step():
+            run_step(*state[:1], batch, *state[1:], config, dtype, plan=plan)
+        return timer.seconds
+
+    counted = batches[request.warmup :]
+    total = len(plans) + 1 + rounds * (2 * len(plans) + 1)
+    bar = tqdm(total=total, disable=not request.progress, desc=f"paired {m.name}", unit="step")
+    steps: list[dict[str, Any]] = []
+    with bar:
+        for plan in (off, *plans):  # one-time costs (first calls, the heap) left out of the times
+            step(plan, batches[0])
+            bar.update(1)
+        for r in range(rounds):
+            b = request.warmup + r % len(counted)
+            order = plans if r % 2 == 0 else plans[::-1]
+            for plan in (off, *[p for q in order for p in (q, off)]):
+                seconds = step(plan, batches[b])
+                steps.append({"round": r + 1, "plan": plan.name, "batch": b, "time_s": seconds})
+                bar.update(1)
+    report = _report(m, plans, rounds, steps, batches, fresh, allocator)
+    write_text_or_keep(
+        m.report_path, json_text(report, "the paired timing"), "the paired timing", PAIRED_FILE
+    )
+    return report
+
+
+def overheads(steps: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each plan's overhead over ``off`` per round: its time over the mean of the ``off`` steps
+    just before and after it, minus 1."""
+    out: dict[str, list[float]] = {}
+    for before, here, after in zip(steps, steps[1:], steps[2:], strict=False):
+        if here["plan"] != REFERENCE and before["plan"] == after["plan"] == REFERENCE:
+            out.setdefault(here["plan"], []).append(
+                here["time_s"] / ((before["time_s"] + after["time_s"]) / 2) - 1
+            )
+    return out
+
+
+def _report(m, plans, rounds, steps, batches, fresh, allocator) -> dict[str, Any]:
+    config = m.config
+    synthetic = bool(dataset_for(config, "train").metadata.get("synthetic", False))
+    environment = rp.environment_info(
+        m.device,
+        config.train.dtype,
+        m.profile.name if m.profile else None,
+        fresh_process=fresh,
+        allocator=allocator,
+    )
+    environment.load_average_1min = rp.load_average()
+    per_round = overheads(steps)
+    return {
+        "kind": KIND,
+        "name": m.name,
+        "protocol": PROTOCOL,
+        "notes": ["data: synthetic (generated) events"] if synthetic else [],
+        "environment": environment.model_dump(mode="json"),
+        "data": {"dataset": config.data.dataset, "data_dir": config.data.data_dir},
+        "synthetic": synthetic,
+        "batch_size": m.batch_size,
+        "batching": config.data.batching,
+        "rounds": rounds,
+        "plans": {p.name: p.label for p in plans},
+        "batches": [
+            {
+                "event_indices": b["event_index"].tolist(),
+                "hits": b["length"].tolist(),
+                "padded_hits": b["padded_length"].tolist(),
+                "geometry": asdict(geometry_of(b)),
+            }
+            for b in batches
+        ],
+        "steps": steps,
+        "overhead": {
+            name: {
+                "per_round": values,
+                "median": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+            }
+            for name, values in per_round.items()
+        },
+        "off_step_time_s": statistics.median(s["time_s"] for s in steps if s["plan"] == REFERENCE),
+        "config": config.to_dict(),
+    }
+
+
+def describe_paired(report: dict[str, Any]) -> str:
+    """The report's overheads as a console table, plans in the order given."""
+    head = (
+        f"{report['name']}: {report['rounds']} paired round(s), batch {report['batch_size']} "
+        f"{report['batching']}, off {report['off_step_time_s']:.2f} s a step (median)"
+        + (", synthetic events" if report["synthetic"] else "")
+    )
+    rows = [f"  {'plan':<12} {'median':>8} {'range':>18}   per round"]
+    for name, o in report["overhead"].items():
+        rounds = ", ".join(f"{v:+.1%}" for v in o["per_round"])
+        rows.append(
+            f"  {name:<12} {o['median']:>+8.1%} {o['min']:>+8.1%} to {o['max']:<+7.1%}   {rounds}"
+        )
+    return "\n".join([head, *rows])

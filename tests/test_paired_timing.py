@@ -1,0 +1,98 @@
+"""`heptstudy bench paired`: plans timed between off steps in one process."""
+
+import json
+
+import pytest
+
+from heptstudy.measure.paired import overheads
+from tests.conftest import TINY_MODEL, run_cli, set_options
+
+
+def _step(plan, seconds, round_=1):
+    return {"round": round_, "plan": plan, "batch": 1, "time_s": seconds}
+
+
+def test_overhead_is_time_over_the_mean_of_the_neighbouring_off_steps():
+    steps = [
+        _step("off", 10.0),
+        _step("full", 15.0),
+        _step("off", 14.0),
+        _step("keep70", 12.6),
+        _step("off", 11.2),
+        _step("off", 10.0, 2),
+        _step("keep70", 10.5, 2),
+        _step("off", 10.0, 2),
+        _step("full", 11.0, 2),
+        _step("off", 12.0, 2),
+    ]
+    got = overheads(steps)
+    assert list(got) == ["full", "keep70"]
+    assert got["full"] == pytest.approx([15 / 12 - 1, 11 / 11 - 1])
+    assert got["keep70"] == pytest.approx([12.6 / 12.6 - 1, 0.05])
+
+
+def _paired(data_dir, out, *argv):
+    return run_cli(
+        "bench",
+        "paired",
+        *argv,
+        "--batch-size",
+        "2",
+        "--data-dir",
+        str(data_dir),
+        *set_options(TINY_MODEL),
+        "--output",
+        str(out),
+        "--no-progress",
+    )
+
+
+@pytest.mark.slow  # 13 steps of the tiny model
+def test_paired_timing_alternates_off_with_each_plan_and_writes_its_report(
+    tiny_data_dir, tmp_path
+):
+    out = tmp_path / "paired_b2.json"
+    code, said, err = _paired(tiny_data_dir, out, "full", "every2", "--rounds", "2")
+    assert code == 0, err
+    report = json.loads(out.read_text())
+    assert report["kind"] == "paired_timing" and report["synthetic"] is True
+    assert report["notes"] == ["data: synthetic (generated) events"]
+    sequence = [(s["round"], s["plan"]) for s in report["steps"]]
+    assert sequence == [
+        *[(1, p) for p in ("off", "full", "off", "every2", "off")],
+        *[(2, p) for p in ("off", "every2", "off", "full", "off")],  # the other way round
+    ]
+    # the rounds take the counted batches (after the one warm-up batch) in turn
+    assert [s["batch"] for s in report["steps"]] == [1] * 5 + [2] * 5
+    assert report["overhead"]["full"]["per_round"] == pytest.approx(
+        overheads(report["steps"])["full"]
+    )
+    assert len(report["overhead"]["every2"]["per_round"]) == 2
+    assert "paired_b2: 2 paired round(s), batch 2 padded" in said
+    assert "synthetic events" in said and "every2" in said
+    # a second run replaces the report it wrote, and only that kind of file
+    code, _, err = _paired(tiny_data_dir, out, "full", "--rounds", "1")
+    assert code == 0, err
+    assert json.loads(out.read_text())["rounds"] == 1
+    bench_report = tmp_path / "bench.json"
+    bench_report.write_text('{"other": 1}\n')
+    code, _, err = _paired(tiny_data_dir, bench_report, "full", "--rounds", "1")
+    assert code == 2 and "paired-timing report" in err and "Traceback" not in err
+    assert bench_report.read_text() == '{"other": 1}\n'
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["off"], "plan 'off' cannot be paired (every plan is paired with it)"),
+        (["auto"], "plan 'auto' cannot be paired (it is no one plan)"),
+        (["full", "true"], "plan 'full' is named twice"),
+        (["bogus"], "checkpointing='bogus' is not a checkpointing plan"),
+        (["full", "--rounds", "0"], "--rounds 0 is not a whole number >= 1"),
+    ],
+)
+def test_paired_timing_refuses_bad_plans_and_rounds_by_name(tiny_data_dir, tmp_path, argv, says):
+    out = tmp_path / "paired.json"
+    code, _, err = _paired(tiny_data_dir, out, *argv)
+    assert code == 2 and says in err, err
+    assert "Traceback" not in err and not out.exists()
