@@ -48,9 +48,7 @@ def _paired(data_dir, out, *argv):
 
 
 @pytest.mark.slow  # 13 steps of the tiny model
-def test_paired_timing_alternates_off_with_each_plan_and_writes_its_report(
-    tiny_data_dir, tmp_path
-):
+def test_paired_timing_alternates_off_with_each_plan_and_writes_its_report(tiny_data_dir, tmp_path):
     out = tmp_path / "paired_b2.json"
     code, said, err = _paired(tiny_data_dir, out, "full", "every2", "--rounds", "2")
     assert code == 0, err

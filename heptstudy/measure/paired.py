@@ -11,8 +11,8 @@ always follows the same one. Memory is not measured: ``heptstudy bench`` measure
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from tqdm.auto import tqdm

@@ -39,11 +39,11 @@ def front_frame(df) -> Any:
     if not parts:
         return pd.DataFrame(columns=list(FRONT_COLUMNS))
     front = pd.concat(parts, ignore_index=True)
-    front["dominated_by"] = [_dominators(front, row) for _, row in front.iterrows()]
+    front["dominated_by"] = [dominators(front, row) for _, row in front.iterrows()]
     return front[list(FRONT_COLUMNS)]
 
 
-def _dominators(front, row) -> str:
+def dominators(front, row) -> str:
     """The plans of ``row``'s batching and batch size that need no more memory and no more
     time than it, and less of one; empty for a plan on the front or one without a time."""
     peak, over = row["peak_allocated_mib"], row["step_time_overhead_pct"]
