@@ -66,7 +66,7 @@ def test_paired_timing_alternates_off_with_each_plan_and_writes_its_report(tiny_
         overheads(report["steps"])["full"]
     )
     assert len(report["overhead"]["every2"]["per_round"]) == 2
-    assert "paired_b2: 2 paired round(s), batch 2 padded" in said
+    assert "paired_b2: 2 paired round(s) of 2, batch 2 padded" in said
     assert "synthetic events" in said and "every2" in said
     # a second run replaces the report it wrote, and only that kind of file
     code, _, err = _paired(tiny_data_dir, out, "full", "--rounds", "1")
@@ -94,3 +94,32 @@ def test_paired_timing_refuses_bad_plans_and_rounds_by_name(tiny_data_dir, tmp_p
     code, _, err = _paired(tiny_data_dir, out, *argv)
     assert code == 2 and says in err, err
     assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("stop_at, kept", [(2, 0), (6, 1)])
+def test_ctrl_c_keeps_the_rounds_completed_before_it(
+    tiny_data_dir, tmp_path, monkeypatch, stop_at, kept
+):
+    """Ctrl-C in the warm-up writes nothing; in round 2 the report holds round 1 and says so."""
+    from heptstudy.measure import paired
+
+    calls = []
+
+    def interrupted_step(*args, **kwargs):
+        calls.append(kwargs["plan"].name)
+        if len(calls) == stop_at:  # warm-up: off, full; round 1: off, full, off; round 2: ...
+            raise KeyboardInterrupt
+        return run_step(*args, **kwargs)
+
+    run_step = paired.run_step
+    monkeypatch.setattr(paired, "run_step", interrupted_step)
+    out = tmp_path / "paired_b2.json"
+    code, _, err = _paired(tiny_data_dir, out, "full", "--rounds", "3")
+    assert code == 130 and "Traceback" not in err
+    if kept:
+        report = json.loads(out.read_text())
+        assert (report["rounds"], report["rounds_asked"]) == (1, 3)
+        assert [s["plan"] for s in report["steps"]] == ["off", "full", "off"]
+        assert f"the 1 round(s) completed of 3 are in {out}" in err
+    else:
+        assert not out.exists() and "no round was complete, so nothing was written" in err

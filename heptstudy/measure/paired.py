@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from heptstudy.atomic import Output, json_text, write_text_or_keep
 from heptstudy.data.batching import dataset_for, event_indices, load_events, to_device
 from heptstudy.data.layout import geometry_of
-from heptstudy.errors import HeptstudyError
+from heptstudy.errors import HeptstudyError, Interrupted
 from heptstudy.measure import report as rp
 from heptstudy.measure.bench import check_enough_events, check_writable
 from heptstudy.measure.request import Measurement
@@ -108,21 +108,32 @@ def run_paired(m: Measurement, names: Sequence[str], rounds: int) -> dict[str, A
     total = len(plans) + 1 + rounds * (2 * len(plans) + 1)
     bar = tqdm(total=total, disable=not request.progress, desc=f"paired {m.name}", unit="step")
     steps: list[dict[str, Any]] = []
+    header = _header(m, plans, batches, fresh, allocator)
+    written = 0
     with bar:
-        for plan in (off, *plans):  # one-time costs (first calls, the heap) left out of the times
-            step(plan, batches[0])
-            bar.update(1)
-        for r in range(rounds):
-            b = request.warmup + r % len(counted)
-            order = plans if r % 2 == 0 else plans[::-1]
-            for plan in (off, *[p for q in order for p in (q, off)]):
-                seconds = step(plan, batches[b])
-                steps.append({"round": r + 1, "plan": plan.name, "batch": b, "time_s": seconds})
+        try:
+            for plan in (off, *plans):  # one-time costs (first calls, the heap) left untimed
+                step(plan, batches[0])
                 bar.update(1)
-    report = _report(m, plans, rounds, steps, batches, fresh, allocator)
-    write_text_or_keep(
-        m.report_path, json_text(report, "the paired timing"), "the paired timing", PAIRED_FILE
-    )
+            for r in range(rounds):
+                b = request.warmup + r % len(counted)
+                order = plans if r % 2 == 0 else plans[::-1]
+                for plan in (off, *[p for q in order for p in (q, off)]):
+                    seconds = step(plan, batches[b])
+                    steps.append({"round": r + 1, "plan": plan.name, "batch": b, "time_s": seconds})
+                    bar.update(1)
+                # every round written as it ends: an interruption keeps the rounds before it
+                report = _report(header, r + 1, rounds, steps)
+                text = json_text(report, "the paired timing")
+                write_text_or_keep(m.report_path, text, "the paired timing", PAIRED_FILE)
+                written = r + 1
+        except KeyboardInterrupt:
+            kept = (
+                f"the {written} round(s) completed of {rounds} are in {m.report_path}"
+                if written
+                else "no round was complete, so nothing was written"
+            )
+            raise Interrupted(f"{kept}; run the same command again for all of them") from None
     return report
 
 
@@ -138,7 +149,7 @@ def overheads(steps: list[dict[str, Any]]) -> dict[str, list[float]]:
     return out
 
 
-def _report(m, plans, rounds, steps, batches, fresh, allocator) -> dict[str, Any]:
+def _header(m: Measurement, plans, batches, fresh, allocator) -> dict[str, Any]:
     config = m.config
     synthetic = bool(dataset_for(config, "train").metadata.get("synthetic", False))
     environment = rp.environment_info(
@@ -148,8 +159,6 @@ def _report(m, plans, rounds, steps, batches, fresh, allocator) -> dict[str, Any
         fresh_process=fresh,
         allocator=allocator,
     )
-    environment.load_average_1min = rp.load_average()
-    per_round = overheads(steps)
     return {
         "kind": KIND,
         "name": m.name,
@@ -160,7 +169,6 @@ def _report(m, plans, rounds, steps, batches, fresh, allocator) -> dict[str, Any
         "synthetic": synthetic,
         "batch_size": m.batch_size,
         "batching": config.data.batching,
-        "rounds": rounds,
         "plans": {p.name: p.label for p in plans},
         "batches": [
             {
@@ -171,25 +179,38 @@ def _report(m, plans, rounds, steps, batches, fresh, allocator) -> dict[str, Any
             }
             for b in batches
         ],
-        "steps": steps,
-        "overhead": {
-            name: {
-                "per_round": values,
-                "median": statistics.median(values),
-                "min": min(values),
-                "max": max(values),
-            }
-            for name, values in per_round.items()
-        },
-        "off_step_time_s": statistics.median(s["time_s"] for s in steps if s["plan"] == REFERENCE),
         "config": config.to_dict(),
+    }
+
+
+def _report(header, rounds: int, asked: int, steps) -> dict[str, Any]:
+    """The report after ``rounds`` of the ``asked`` rounds."""
+    environment = {**header["environment"], "load_average_1min": rp.load_average()}
+    overhead = {
+        name: {
+            "per_round": values,
+            "median": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+        }
+        for name, values in overheads(steps).items()
+    }
+    off_median = statistics.median(s["time_s"] for s in steps if s["plan"] == REFERENCE)
+    return {
+        **header,
+        "environment": environment,
+        "rounds": rounds,
+        "rounds_asked": asked,
+        "steps": list(steps),
+        "overhead": overhead,
+        "off_step_time_s": off_median,
     }
 
 
 def describe_paired(report: dict[str, Any]) -> str:
     """The report's overheads as a console table, plans in the order given."""
     head = (
-        f"{report['name']}: {report['rounds']} paired round(s), batch {report['batch_size']} "
+        f"{report['name']}: {report['rounds']} paired round(s) of {report.get('rounds_asked', report['rounds'])}, batch {report['batch_size']} "
         f"{report['batching']}, off {report['off_step_time_s']:.2f} s a step (median)"
         + (", synthetic events" if report["synthetic"] else "")
     )
