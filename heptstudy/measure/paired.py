@@ -209,8 +209,9 @@ def _report(header, rounds: int, asked: int, steps) -> dict[str, Any]:
 
 def describe_paired(report: dict[str, Any]) -> str:
     """The report's overheads as a console table, plans in the order given."""
+    done, asked = report["rounds"], report.get("rounds_asked", report["rounds"])
     head = (
-        f"{report['name']}: {report['rounds']} paired round(s) of {report.get('rounds_asked', report['rounds'])}, batch {report['batch_size']} "
+        f"{report['name']}: {done} paired round(s) of {asked}, batch {report['batch_size']} "
         f"{report['batching']}, off {report['off_step_time_s']:.2f} s a step (median)"
         + (", synthetic events" if report["synthetic"] else "")
     )
