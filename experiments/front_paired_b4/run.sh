@@ -16,3 +16,9 @@ cp "$out"/paired_b4.json "$out"/packed_paired_b4.json experiments/front_paired_b
 # goal 2 (at every2's memory or less, at most +3%): keep70 alone in more rounds
 .venv/bin/heptstudy bench paired keep70 --rounds 12 "${common[@]}" --output "$out/keep70_paired_b4.json"
 cp "$out"/keep70_paired_b4.json experiments/front_paired_b4/
+# the floor of every solver plan: every layer checkpointed keeping every group (keep100), its time
+# paired and its peak (one memory pass)
+.venv/bin/heptstudy bench paired keep100 --rounds 8 "${common[@]}" --output "$out/keep100_paired_b4.json"
+.venv/bin/heptstudy bench --checkpointing keep100 --passes memory "${common[@]}" \
+  --output "$out/keep100_memory_b4.json"
+cp "$out"/keep100_paired_b4.json "$out"/keep100_memory_b4.json experiments/front_paired_b4/
