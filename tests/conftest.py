@@ -45,6 +45,12 @@ TINY_MODEL = [
 ]
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The processes a test starts (kernels, torchrun ranks, the CLI) get one core too: with two
+    # workers busy, a second OpenMP thread would only wait for a core, spinning.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 @pytest.fixture(autouse=True)
 def _few_threads():
     # Two-core CI: keep intra-op threads predictable across tests; under pytest-xdist each of
