@@ -1,7 +1,8 @@
 """The front at batch 4 with the paired overheads: each plan's peak allocated memory from the
 CPU reference (experiments/cpu_reference, round 1) and its step-time overhead over ``off`` from
 this folder's paired timing (``heptstudy bench paired``), the plans that dominate it by the
-study's own rule (no more memory and no more overhead, less of one).
+study's own rule (no more memory and no more overhead, less of one). Prints the table and draws
+it as the study draws its front (paired_front.png and .pdf here).
 
     .venv/bin/python experiments/front_paired_b4/front.py
 """
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from heptstudy import plots
+from heptstudy.model.checkpoint_plan import plan_named
 from heptstudy.study.front import dominators
 
 HERE = Path(__file__).parent
@@ -50,7 +53,7 @@ def front() -> pd.DataFrame:
                 dict(
                     batching=batching,
                     batch_size=4,
-                    policy=plan,
+                    policy=plan_named(plan, 6).label,  # as the study labels it
                     peak_allocated_mib=_peak(plan, batching),
                     step_time_overhead_pct=100 * o["median"],
                     overhead_min_pct=100 * o["min"],
@@ -64,4 +67,8 @@ def front() -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    print(front().round(1).to_string(index=False))
+    table = front()
+    print(table.round(1).to_string(index=False))
+    plots.use_style()
+    tag = "paired timing, peaks from the CPU reference; synthetic data"
+    print(*plots.save(plots.policy_front(table, tag), HERE, "paired_front"), sep="\n")
