@@ -114,7 +114,7 @@ def register_cli(sub) -> None:
         help="step-time overheads of plans against off, paired step by step in one process",
         description="heptstudy bench paired PLAN [PLAN ...] times each plan between two off "
         "steps on the same batch, in one process, for --rounds rounds: the overhead of each plan "
-        "over off with the machine's drift cancelled (memory: heptstudy bench)",
+        "over off, with drift slower than a step cancelled (memory: heptstudy bench)",
     )
     paired.add_argument("plans", nargs="+", metavar="PLAN", help="plans to compare with off")
     paired.add_argument("--rounds", type=int, default=3, help="paired rounds (default 3)")
@@ -126,25 +126,26 @@ def register_cli(sub) -> None:
             flag, dest=field, default=argparse.SUPPRESS, **{"help": info.description, **extra}
         )
         if field in _PAIRED_FIELDS:
-            paired.add_argument(
-                flag, dest=field, default=argparse.SUPPRESS, **{"help": info.description, **extra}
-            )
+            said = {"help": _PAIRED_FIELDS[field] or extra.get("help") or info.description}
+            paired.add_argument(flag, dest=field, default=argparse.SUPPRESS, **{**extra, **said})
     p.set_defaults(func=_bench, interrupted=_NOTHING_MEASURED)
 
 
-#: The request fields a paired timing takes (its plans are its own; it measures no memory).
-_PAIRED_FIELDS = (
-    "batch_size",
-    "batching",
-    "steps",
-    "warmup",
-    "variant",
-    "platform",
-    "allocator",
-    "data_dir",
-    "dtype",
-    "seed",
-    "overrides",
-    "output",
-    "progress",
-)
+#: The request fields a paired timing takes (its plans are its own; it measures no memory), with
+#: their help where it differs from a measurement's.
+_PAIRED_FIELDS: dict[str, str | None] = {
+    "batch_size": None,
+    "batching": None,
+    "steps": "counted batches, taken by the rounds in turn; None: 2 on cpu, 5 on cuda",
+    "warmup": "warm-up batches (every plan's untimed warm-up step runs on the first); None: 1 on "
+    "cpu, 2 on cuda",
+    "variant": None,
+    "platform": None,
+    "allocator": None,
+    "data_dir": None,
+    "dtype": None,
+    "seed": None,
+    "overrides": None,
+    "output": "report path; None: experiments/local/scratch/[packed_]paired_bB.json",
+    "progress": None,
+}
