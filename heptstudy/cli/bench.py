@@ -125,27 +125,18 @@ def register_cli(sub) -> None:
         p.add_argument(
             flag, dest=field, default=argparse.SUPPRESS, **{"help": info.description, **extra}
         )
-        if field in _PAIRED_FIELDS:
-            said = {"help": _PAIRED_FIELDS[field] or extra.get("help") or info.description}
+        if field not in _NOT_PAIRED:
+            said = {"help": _PAIRED_HELP.get(field) or extra.get("help") or info.description}
             paired.add_argument(flag, dest=field, default=argparse.SUPPRESS, **{**extra, **said})
     p.set_defaults(func=_bench, interrupted=_NOTHING_MEASURED)
 
 
-#: The request fields a paired timing takes (its plans are its own; it measures no memory), with
-#: their help where it differs from a measurement's.
-_PAIRED_FIELDS: dict[str, str | None] = {
-    "batch_size": None,
-    "batching": None,
+#: Request fields a paired timing does not take: its plans are its own, and it measures time only.
+_NOT_PAIRED = ("kind", "checkpointing", "passes", "deterministic")
+#: What a paired timing's options mean where that differs from a measurement.
+_PAIRED_HELP = {
     "steps": "counted batches, taken by the rounds in turn; None: 2 on cpu, 5 on cuda",
     "warmup": "warm-up batches (every plan's untimed warm-up step runs on the first); None: 1 on "
     "cpu, 2 on cuda",
-    "variant": None,
-    "platform": None,
-    "allocator": None,
-    "data_dir": None,
-    "dtype": None,
-    "seed": None,
-    "overrides": None,
     "output": "report path; None: experiments/local/scratch/[packed_]paired_bB.json",
-    "progress": None,
 }

@@ -22,7 +22,7 @@ from heptstudy.data.batching import dataset_for, event_indices, load_events, to_
 from heptstudy.data.layout import geometry_of
 from heptstudy.errors import HeptstudyError, Interrupted
 from heptstudy.measure import report as rp
-from heptstudy.measure.bench import check_enough_events, check_writable
+from heptstudy.measure.bench import check_enough_events, check_writable, report_header
 from heptstudy.measure.request import Measurement
 from heptstudy.meters.allocator import apply_allocator
 from heptstudy.meters.timing import StepTimer
@@ -46,11 +46,6 @@ PROTOCOL = (
 def paired_plans(names: Sequence[str], m: Measurement) -> list[CheckpointPlan]:
     """The plans to pair with ``off``, each named once; ``off`` itself and ``auto`` (a plan per
     step, not one plan) are refused by name."""
-    if not names:
-        raise HeptstudyError(
-            "heptstudy bench paired: name at least one checkpointing plan to pair with off, "
-            "e.g. full keep70"
-        )
     plans, num_layers = [], m.config.model.heptv2.num_convs
     for name in names:
         plan = plan_named(name, num_layers, config=m.config)
@@ -69,7 +64,7 @@ def paired_plans(names: Sequence[str], m: Measurement) -> list[CheckpointPlan]:
 
 
 def check_rounds(rounds: int) -> int:
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+    if rounds < 1:
         raise HeptstudyError(
             f"heptstudy bench paired: --rounds {rounds!r} is not a whole number >= 1; give the "
             "number of rounds, e.g. --rounds 5"
@@ -152,22 +147,16 @@ def overheads(steps: list[dict[str, Any]]) -> dict[str, list[float]]:
 def _header(m: Measurement, plans, batches, fresh, allocator) -> dict[str, Any]:
     config = m.config
     synthetic = bool(dataset_for(config, "train").metadata.get("synthetic", False))
-    environment = rp.environment_info(
-        m.device,
-        config.train.dtype,
-        m.profile.name if m.profile else None,
-        fresh_process=fresh,
-        allocator=allocator,
-    )
+    shared = report_header(m, fresh_process=fresh, synthetic=synthetic, allocator=allocator)
+    del shared["checkpointing"]  # the model's auto wrapping; the plans timed are listed below
     return {
-        "kind": KIND,
-        "name": m.name,
+        "kind": KIND,  # first: the mark PAIRED_FILE recognises
         "protocol": PROTOCOL,
-        "notes": ["data: synthetic (generated) events"] if synthetic else [],
-        "environment": environment.model_dump(mode="json"),
-        "data": {"dataset": config.data.dataset, "data_dir": config.data.data_dir},
+        **{
+            k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v
+            for k, v in shared.items()
+        },
         "synthetic": synthetic,
-        "batch_size": m.batch_size,
         "batching": config.data.batching,
         "plans": {p.name: p.label for p in plans},
         "batches": [
@@ -179,7 +168,6 @@ def _header(m: Measurement, plans, batches, fresh, allocator) -> dict[str, Any]:
             }
             for b in batches
         ],
-        "config": config.to_dict(),
     }
 
 
