@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 
 import nbformat
+import pandas as pd
+import pytest
 import yaml
 
 from heptstudy.measure.report import read_report
@@ -51,8 +53,10 @@ def test_make_study_on_a_fresh_copy(tiny_data_dir, tmp_path):
     matrix["runs"] = [
         {"batch_size": 2, "checkpointing": False},
         {"batch_size": 2, "checkpointing": "true"},
-        {"batch_size": 2, "checkpointing": "selective"},
+        # memory only: its step time is the paired run's
+        {"batch_size": 2, "checkpointing": "selective", "passes": "memory"},
         {"batch_size": 2, "checkpointing": False, "allocator": "default", "passes": "timing"},
+        {"notebook": "paired", "batch_size": 2, "plans": ["full", "selective"], "rounds": 1},
     ]
     path = tmp_path / "matrix.yaml"  # outside the checkout: nothing added to it
     path.write_text(yaml.safe_dump(matrix))
@@ -65,7 +69,7 @@ def test_make_study_on_a_fresh_copy(tiny_data_dir, tmp_path):
     out = copy / out_line.removeprefix("reports: ").rstrip("/")
     assert out.parent == copy / "experiments" / "local", "a user's study goes to its own folder"
     table = res.stdout[res.stdout.index("\nrun ") :]
-    assert table.count(" measured ") == 4 and "resumed" not in table and "skipped" not in table
+    assert table.count(" measured ") == 5 and "resumed" not in table and "skipped" not in table
     assert "report: experiments/local/" in res.stdout
     status = subprocess.run(
         ["git", "status", "--porcelain"], cwd=copy, capture_output=True, text=True, check=True
@@ -78,16 +82,31 @@ def test_make_study_on_a_fresh_copy(tiny_data_dir, tmp_path):
         assert report.status == "ok" and report.fingerprint
         assert report.environment.allocator_settings == settings["env"]
         assert report.environment.allocator_applied["MALLOC_TOP_PAD_"] == 2**30  # in the kernel
-        counted = [s for s in report.steps if s.counted]
-        assert counted and all(s.minor_page_faults is not None for s in counted)
-        assert all(s.system_time_s is not None for s in counted)
+        counted = [s for s in report.steps if s.counted and s.time_s is not None]
+        if name != "checkpointed_selective_b2":  # memory only: no timed steps
+            assert counted and all(s.minor_page_faults is not None for s in counted)
+            assert all(s.system_time_s is not None for s in counted)
         assert (out / "notebooks" / f"{name}.ipynb").exists()
     selective = read_report(out / "checkpointed_selective_b2.json")
     assert selective.checkpointing.plan == selective.plan.name == "selective"
+    assert selective.summary.max_peak_allocated_mib and selective.summary.mean_step_time_s is None
     default = read_report(out / "default_allocator" / "baseline_b2.json")
     assert default.environment.allocator_settings == {} and default.summary.mean_step_time_s
     assert default.environment.allocator_applied is None
     assert default.summary.max_peak_allocated_mib is None  # timing only
+
+    # the paired run: its own report kind, stamped, and the front's times are its rounds
+    paired = json.loads((out / "paired" / "paired_b2.json").read_text())
+    assert paired["kind"] == "paired_timing" and paired["fingerprint"]
+    assert set(paired["overhead"]) == {"full", "selective"} and paired["rounds"] == 1
+    assert (out / "notebooks" / "paired" / "paired_b2.ipynb").exists()
+    front = pd.read_csv(out / "front.csv").set_index("policy")
+    assert front.loc["off", "timing"] == "fresh processes"
+    for plan in ("full", "selective"):  # memory from its memory run, time from the paired rounds
+        assert front.loc[plan, "timing"] == "paired, one process"
+        assert front.loc[plan, "peak_allocated_mib"] > 0
+        overhead = front.loc[plan, "step_time_overhead_pct"]
+        assert overhead == pytest.approx(100 * paired["overhead"][plan]["median"], abs=1e-6)
 
     html = (out / "report.html").read_text()
     assert "data:image/png;base64" in html, "figures are embedded in the report"

@@ -162,6 +162,19 @@ def test_default_matrices_hold_the_original_set():
     ), "the CPU default measures the full-size model"
 
 
+def test_a_paired_run_is_named_by_its_batching_and_batch_size(tmp_path):
+    path = tmp_path / "m.yaml"
+    paired = {"notebook": "paired", "batch_size": 4, "plans": ["full", "keep70"], "rounds": 3}
+    runs = [paired, {**paired, "batching": "packed"}, {"batch_size": 4}]
+    path.write_text(yaml.safe_dump({"repeats": 3, "runs": runs}))
+    padded, packed, memory = study.load_matrix(path).runs
+    assert (padded.name, packed.name) == ("paired_b4", "packed_paired_b4")
+    assert padded.repeats == packed.repeats == 1 and memory.repeats == 3
+    assert padded.parameters["plans"] == ["full", "keep70"] and padded.parameters["rounds"] == 3
+    request = padded.request(progress=False)
+    assert (request.checkpointing, request.passes) == ("auto", "timing")
+
+
 def test_run_overrides_add_to_the_defaults(tmp_path):
     path = tmp_path / "m.yaml"
     matrix = {
@@ -190,6 +203,11 @@ def test_run_overrides_add_to_the_defaults(tmp_path):
         ([{"batch_size": 1, "checkpointing": "maybe"}], "run 1: parameter checkpointing"),
         ([{"notebook": "train"}], "notebook 'train'"),
         ([], "non-empty"),
+        ([{"notebook": "paired", "plans": "full", "rounds": 3}], "plans='full' is not allowed"),
+        ([{"notebook": "paired", "plans": ["full"], "rounds": 0}], "rounds=0 is not allowed"),
+        ([{"notebook": "paired", "plans": ["full"], "repeats": 3}], "has rounds: give rounds"),
+        ([{"notebook": "paired", "plans": ["full"], "checkpointing": "full"}], "do not apply"),
+        ([{"notebook": "memory", "plans": ["full"]}], "do not apply to memory.ipynb"),
     ],
 )
 def test_bad_matrix(tmp_path, runs, match):
@@ -757,3 +775,82 @@ def test_auto_predictions_answer_for_the_references_auto_run(tiny_data_dir, tmp_
     assert row["expected step auto [s]"] > 0 and row["expected step full [s]"] > 0
     assert row["measured step auto, round 1 [s]"] < row["measured step full, round 1 [s]"]
     assert {p.rsplit(" ", 1)[0] for p in row["plans [% of steps]"].split(", ")} <= {"off", "full"}
+
+
+def _paired_report(batching="padded", rounds=3, asked=3):
+    """A paired timing at batch 4: every 2 at +20, +30, +10 % and keep 10% at +1, +2, +3 % of
+    the off steps around them (10 s each)."""
+    steps = []
+    for r in range(1, rounds + 1):
+        for plan, t in (("off", 10.0), ("every2", 10 + r % 3 + 1), ("off", 10.0),
+                        ("keep10", 10 + 0.1 * r), ("off", 10.0)):  # fmt: skip
+            steps.append({"round": r, "plan": plan, "batch": 1, "time_s": t})
+    from heptstudy.measure.paired import overheads
+
+    over = {
+        name: {"per_round": v, "median": 0, "min": 0, "max": 0}
+        for name, v in overheads(steps).items()
+    }
+    plans = {"every2": "every 2", "keep10": "keep 10%"}
+    return {"kind": "paired_timing", "batch_size": 4, "batching": batching, "plans": plans,
+            "rounds": rounds, "rounds_asked": asked, "steps": steps, "overhead": over}  # fmt: skip
+
+
+def test_paired_rounds_replace_the_fresh_process_rounds_of_their_plans():
+    paired = [(Path("paired_b4.json"), _paired_report())]
+    front = study.front_frame(_front_rows(), paired).set_index(["batching", "policy"])
+    every2, keep10 = front.loc[("padded", "every 2")], front.loc[("padded", "keep 10%")]
+    assert every2["step_time_overhead_pct"] == pytest.approx(20.0)
+    assert (every2["overhead_min_pct"], every2["overhead_max_pct"]) == pytest.approx((10.0, 30.0))
+    assert keep10["step_time_overhead_pct"] == pytest.approx(2.0)
+    assert every2["timing"] == keep10["timing"] == "paired, one process"
+    # plans the paired timing did not time keep their rounds; packed ones are not touched
+    assert front.loc[("padded", "full"), "timing"] == "fresh processes"
+    assert front.loc[("padded", "full"), "step_time_overhead_pct"] == pytest.approx(30.0)
+    assert front.loc[("packed", "keep 10%"), "step_time_overhead_pct"] == pytest.approx(10.0)
+    # keep 10% is now faster than every 2 with less memory: it dominates it
+    assert "keep 10%" in front.loc[("padded", "every 2"), "dominated_by"]
+    over = study.overhead_frame(_front_rows(), paired=paired)
+    assert len(over[(over["policy"] == "every 2") & (over["batch_size"] == 4)]) == 1
+    assert "timed in" in study.overhead_table(over).columns
+
+
+def test_an_interrupted_paired_timing_is_flagged_and_a_failed_one_skipped(tmp_path):
+    paired = [(Path("paired_b4.json"), _paired_report(rounds=2, asked=3))]
+    row = study.overhead_frame(_front_rows(), paired=paired).set_index("policy").loc["every 2"]
+    assert row["rounds"] == 2 and row["flag"] == "2 of 3 rounds (interrupted)"
+    folder = tmp_path / "paired"
+    folder.mkdir()
+    (folder / "paired_b4.json").write_text(json.dumps(_paired_report()))
+    (folder / "packed_paired_b4.json").write_text('{"kind": "memory", "status": "error"}')
+    with pytest.warns(UserWarning, match="packed_paired_b4.json: .*not a paired-timing report"):
+        found = study.load_paired(tmp_path)
+    assert [p.name for p, _ in found] == ["paired_b4.json"]
+
+
+def test_a_paired_report_is_resumed_only_when_stamped_as_this_run(tmp_path):
+    from heptstudy.study.resume import report_status, resumable, stamp
+
+    env = {"hostname": "h", "git_commit": "c", "torch_version": "t"}
+    report = {**_paired_report(), "environment": env, "config": {"a": 1}}
+    identity = {"machine": {"hostname": "h"}, "code": {"git_commit": "c"}, "torch": "t",
+                "config": {"a": 1}, "paired": {"plans": ["every2", "keep10"], "rounds": 3}}  # fmt: skip
+    path = tmp_path / "paired_b4.json"
+    path.write_text(json.dumps(report))
+    assert resumable(path, "f1", identity)[0] is False  # not stamped yet
+    assert stamp(path, "f1", identity) == "" and report_status(path) == "ok"
+    assert json.loads(path.read_text())["fingerprint"] == "f1"
+    assert resumable(path, "f1", identity) == (
+        True,
+        "resumed: report with the same fingerprint (ok)",
+    )
+    assert resumable(path, "f2", identity)[0] is False  # another machine, code or plans
+    # an interrupted timing and one of other plans are never stamped
+    path.write_text(json.dumps({**report, "rounds": 2}))
+    assert stamp(path, "f1", identity) == "not resumable: 2 of 3 rounds"
+    assert report_status(path) == "error" and resumable(path, "f1", identity)[0] is False
+    path.write_text(json.dumps(report))
+    other = {**identity, "paired": {"plans": ["full"], "rounds": 3}}
+    assert stamp(path, "f1", other).startswith(
+        "not resumable, the report differs from the run: plans"
+    )

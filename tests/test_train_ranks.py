@@ -166,7 +166,13 @@ def test_ctrl_c_of_the_launcher_leaves_one_line_per_process(tiny_data_dir, tmp_p
             proc.wait()
     assert proc.returncode == -signal.SIGINT, err
     lines = err.splitlines()
-    assert len(lines) == RANKS and len(set(lines)) == 1, err
+    # A rank that has finished its step's all-reduce may be one step ahead of the other when
+    # the signal lands; each names its own step, and both name the same kept checkpoint.
+    during = [re.search(r"during step (\d+)", line) for line in lines]
+    assert len(lines) == RANKS and all(during), err
+    steps = [int(found.group(1)) for found in during]
+    assert max(steps) - min(steps) <= 1, err
+    assert len({re.sub(r"during step \d+", "", line) for line in lines}) == 1, err
     kept = re.search(r"heptstudy: interrupted: .* --resume (\S+step_(\d{6})\.pt)$", lines[0])
     assert kept and Path(kept.group(1)).is_file(), err
     assert max(r["step"] for r in _records(out)) == int(kept.group(2))

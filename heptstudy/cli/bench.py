@@ -55,16 +55,11 @@ def _bench_backbone(args: argparse.Namespace) -> int:
 
 
 def _bench_paired(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from heptstudy.measure.paired import describe_paired, run_paired
+    from heptstudy.measure.paired import describe_paired, paired_measurement, run_paired
 
     # the layers wrapped as auto wraps them, so that every step can run its own plan
     args.checkpointing, args.passes = "auto", "timing"
-    m = request_from_args(args).resolve()
-    name = m.name.replace("auto", "paired")
-    path = m.report_path if m.request.output else m.report_path.with_name(f"{name}.json")
-    m = replace(m, name=name, report_path=path)
+    m = paired_measurement(request_from_args(args))
     report = run_paired(m, args.plans, args.rounds)
     print(describe_paired(report))
     print(f"report: {m.report_path}")
@@ -92,7 +87,7 @@ _FLAGS: dict[str, tuple[str, dict]] = {
 
 def register_cli(sub) -> None:
     from heptstudy.cli import add_config_args
-    from heptstudy.measure.request import MeasurementRequest
+    from heptstudy.measure.request import NOT_PAIRED, MeasurementRequest
 
     p = sub.add_parser(
         "bench",
@@ -125,14 +120,12 @@ def register_cli(sub) -> None:
         p.add_argument(
             flag, dest=field, default=argparse.SUPPRESS, **{"help": info.description, **extra}
         )
-        if field not in _NOT_PAIRED:
+        if field not in NOT_PAIRED:
             said = {"help": _PAIRED_HELP.get(field) or extra.get("help") or info.description}
             paired.add_argument(flag, dest=field, default=argparse.SUPPRESS, **{**extra, **said})
     p.set_defaults(func=_bench, interrupted=_NOTHING_MEASURED)
 
 
-#: Request fields a paired timing does not take: its plans are its own, and it measures time only.
-_NOT_PAIRED = ("kind", "checkpointing", "passes", "deterministic")
 #: What a paired timing's options mean where that differs from a measurement.
 _PAIRED_HELP = {
     "steps": "counted batches, taken by the rounds in turn; None: 2 on cpu, 5 on cuda",

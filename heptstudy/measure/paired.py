@@ -10,9 +10,11 @@ always follows the same one. Memory is not measured: ``heptstudy bench`` measure
 
 from __future__ import annotations
 
+import json
 import statistics
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -23,7 +25,13 @@ from heptstudy.data.layout import geometry_of
 from heptstudy.errors import HeptstudyError, Interrupted
 from heptstudy.measure import report as rp
 from heptstudy.measure.bench import check_enough_events, check_writable, report_header
-from heptstudy.measure.request import Measurement
+from heptstudy.measure.request import (
+    MEMORY,
+    NOTEBOOK_PARAMETERS,
+    PAIRED,
+    Measurement,
+    MeasurementRequest,
+)
 from heptstudy.meters.allocator import apply_allocator
 from heptstudy.meters.timing import StepTimer
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
@@ -70,6 +78,69 @@ def check_rounds(rounds: int) -> int:
             "number of rounds, e.g. --rounds 5"
         )
     return rounds
+
+
+#: A paired timing's parameters besides its request's.
+PAIRED_ONLY = ("plans", "rounds")
+
+
+def paired_request(**fields: Any) -> MeasurementRequest:
+    """The request of a paired timing: the layers wrapped as ``auto`` wraps them, so that every
+    step can run its own plan, and time only."""
+    return MeasurementRequest.build(kind=MEMORY, checkpointing="auto", passes="timing", **fields)
+
+
+def paired_name(request: MeasurementRequest) -> str:
+    """``[packed_]paired_bB``: the request's name with ``auto`` (its wrapping) replaced."""
+    return request.name.replace("auto", "paired")
+
+
+def paired_measurement(request: MeasurementRequest) -> Measurement:
+    """``request`` resolved, named by :func:`paired_name` (its report too, unless given)."""
+    m = request.resolve()
+    name = paired_name(request)
+    path = m.report_path if request.output else m.report_path.with_name(f"{name}.json")
+    return replace(m, name=name, report_path=path)
+
+
+def from_notebook(namespace: Mapping[str, Any]) -> tuple[Measurement, list[str], int]:
+    """``paired.ipynb``'s measurement, plans and rounds from its kernel's globals."""
+    plans, rounds = namespace.get("plans"), namespace.get("rounds")
+    if isinstance(plans, str) or not isinstance(plans, list | tuple) or not plans:
+        raise HeptstudyError(
+            f"paired.ipynb: plans={plans!r} is not a list of plans; give the plans to compare "
+            'with off, e.g. -y \'plans: ["full", "keep70"]\''
+        )
+    if isinstance(rounds, bool) or not isinstance(rounds, int):
+        raise HeptstudyError(
+            f"paired.ipynb: rounds={rounds!r} is not a whole number; give e.g. -p rounds 3"
+        )
+    request = MeasurementRequest.from_namespace(
+        namespace,
+        NOTEBOOK_PARAMETERS[PAIRED],
+        "paired.ipynb",
+        also=PAIRED_ONLY,
+        kind=MEMORY,
+        checkpointing="auto",
+        passes="timing",
+    )
+    return paired_measurement(request), [str(p) for p in plans], check_rounds(rounds)
+
+
+def read_paired(path: str | Path) -> dict[str, Any]:
+    """A paired-timing report; a file of another kind or an unreadable one is refused."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise HeptstudyError(f"{path}: not a readable paired-timing report ({err})") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise HeptstudyError(f"{path}: not a paired-timing report (kind {KIND!r})")
+    return data
+
+
+def complete(report: Mapping[str, Any]) -> bool:
+    """Whether every round asked for was timed (an interrupted timing keeps fewer)."""
+    return report.get("rounds") == report.get("rounds_asked", report.get("rounds"))
 
 
 def run_paired(m: Measurement, names: Sequence[str], rounds: int) -> dict[str, Any]:

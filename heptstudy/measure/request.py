@@ -55,7 +55,7 @@ Variant = ModelConfig.model_fields["variant"].annotation
 Dtype = TrainConfig.model_fields["dtype"].annotation
 Batching = DataConfig.model_fields["batching"].annotation
 
-MEMORY, PARITY = "memory", "parity"
+MEMORY, PARITY, PAIRED = "memory", "parity", "paired"
 
 #: Default counted and warm-up steps by device: fewer on CPU, where a step takes seconds per
 #: event and every memory run executes its steps twice.
@@ -158,11 +158,17 @@ class Parameters(StrictInput):
 
     @classmethod
     def from_namespace(
-        cls, namespace: Mapping[str, Any], allowed: tuple[str, ...], where: str, **fixed: Any
+        cls,
+        namespace: Mapping[str, Any],
+        allowed: tuple[str, ...],
+        where: str,
+        also: tuple[str, ...] = (),
+        **fixed: Any,
     ) -> Self:
-        """The ``allowed`` parameters of notebook ``where`` from its kernel's globals. One
-        papermill injected that the notebook does not have is refused: papermill only warns and
-        runs on with the defaults, which measures something else than was asked."""
+        """The ``allowed`` parameters of notebook ``where`` from its kernel's globals (``also``:
+        parameters of the notebook that are not the request's). One papermill injected that the
+        notebook does not have is refused: papermill only warns and runs on with the defaults,
+        which measures something else than was asked."""
         # papermill's cell is the one before the running one (IPython's ``In``)
         history, injected = namespace.get("In"), set()
         cell = history[-2] if isinstance(history, list) and len(history) >= 2 else None
@@ -174,14 +180,15 @@ class Parameters(StrictInput):
                     else [getattr(node, "target", None)]
                 )
                 injected.update(t.id for t in targets if isinstance(t, ast.Name))
+        known = (*allowed, *also)
         hints = [
-            name + "".join(f" (did you mean {n}?)" for n in get_close_matches(name, allowed, n=1))
-            for name in sorted(injected - set(allowed))
+            name + "".join(f" (did you mean {n}?)" for n in get_close_matches(name, known, n=1))
+            for name in sorted(injected - set(known))
         ]
         if hints:
             raise RequestError(
                 f"{where} has no parameter {', '.join(hints)}; its parameters are "
-                f"{', '.join(allowed)}. Fix the -p/-y name and run it again"
+                f"{', '.join(known)}. Fix the -p/-y name and run it again"
             )
         return cls.build(**fixed, **{k: namespace[k] for k in allowed if k in namespace})
 
@@ -340,12 +347,18 @@ class Measurement:
         return self.request.batch_size
 
 
-#: Parameters of each notebook (and keys of a matrix run of that notebook).
+#: Request fields a paired timing does not take: its plans are its own, it measures time only,
+#: with every layer wrapped (heptstudy.measure.paired).
+NOT_PAIRED = ("kind", "checkpointing", "passes", "deterministic")
+
+#: Parameters of each notebook (and keys of a matrix run of that notebook) that are the request's
+#: (``paired.ipynb`` has its plans and rounds besides).
 NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
     MEMORY: tuple(f for f in MeasurementRequest.model_fields if f not in ("kind", "progress")),
     PARITY: tuple(
         f for f in MeasurementRequest.model_fields if f not in ("kind", "progress", *_MEMORY_ONLY)
     ),
+    PAIRED: tuple(f for f in MeasurementRequest.model_fields if f not in ("progress", *NOT_PAIRED)),
 }
 
 

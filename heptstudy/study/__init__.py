@@ -27,6 +27,7 @@ from heptstudy.study.frames import (
 from heptstudy.study.front import front_frame, front_table
 from heptstudy.study.matrix import Run, load_matrix
 from heptstudy.study.packing import packing_frame, packing_table
+from heptstudy.study.paired import load_paired
 from heptstudy.study.pipeline import (
     compare_resume,
     fresh_output_dir,

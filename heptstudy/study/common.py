@@ -1,4 +1,4 @@
-"""What the study modules share: the two notebooks, the errors, the paths."""
+"""What the study modules share: the notebooks, the errors, the paths."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 from heptstudy.errors import HeptstudyError
-from heptstudy.measure.request import MEMORY, PARITY
+from heptstudy.measure.request import MEMORY, PAIRED, PARITY
 from heptstudy.paths import ROOT
 
-NOTEBOOKS = {MEMORY: "memory.ipynb", PARITY: "parity.ipynb"}
+NOTEBOOKS = {MEMORY: "memory.ipynb", PARITY: "parity.ipynb", PAIRED: "paired.ipynb"}
 
 
 class StudyError(HeptstudyError):

@@ -18,6 +18,7 @@ from heptstudy.meters.allocator import allocator_label
 from heptstudy.meters.memory import CATEGORIES
 from heptstudy.model.checkpoint_plan import AUTO, NAMED, OFF
 from heptstudy.study.common import MEMORY, PARITY, StudyError
+from heptstudy.study.paired import FRESH_PROCESSES, paired_rows
 from heptstudy.study.schedule import locate, report_files
 from heptstudy.units import MIB
 
@@ -187,13 +188,13 @@ def of_batching(df, packed: bool):
     return df[chosen if packed else ~chosen]
 
 
-def against_off(df, packed: bool = False):
+def against_off(df, packed: bool = False, paired=()):
     """``(batch size, its runs by policy label, the off run, its overhead_frame rows by policy)``
     for every batch size with a successful first-round off run of padded (or packed) batches."""
     mem = memory_frame(of_batching(df, packed))
     if mem.empty:
         return
-    over = overhead_frame(df, packed)
+    over = overhead_frame(df, packed, paired)
     over = over[over["allocator_line"] == "platform"]
     for b, group in mem.groupby("batch_size"):
         runs = group.drop_duplicates("policy_label").set_index("policy_label")
@@ -217,6 +218,7 @@ COMPARISON_COLUMNS = {
     "overhead_min_pct": "overhead min [%]",
     "overhead_max_pct": "overhead max [%]",
     "rounds": "rounds",
+    "timing": "timed in",
     "flag": "flag",
 }
 OVERHEAD_COLUMNS = {
@@ -232,6 +234,7 @@ OVERHEAD_COLUMNS = {
     "off_sys_pct": "system time off [% of step]",
     "on_sys_pct": "system time on [% of step]",
     "flag": "flag",
+    "timing": "timed in",
 }
 _TIME_COLUMNS = {
     "baseline_step_s": "off_step_s",
@@ -240,16 +243,17 @@ _TIME_COLUMNS = {
     "overhead_min_pct": "overhead_min_pct",
     "overhead_max_pct": "overhead_max_pct",
     "rounds": "rounds",
+    "timing": "timing",
     "flag": "flag",
 }
 
 
-def comparison_frame(df) -> Any:
+def comparison_frame(df, paired=()) -> Any:
     """Off against full checkpointing (the original measurement) per batch size."""
     import pandas as pd
 
     rows = []
-    for b, runs, off, timed in against_off(df):
+    for b, runs, off, timed in against_off(df, paired=paired):
         if "full" not in runs.index:
             continue
         full = runs.loc["full"]
@@ -265,18 +269,29 @@ def comparison_frame(df) -> Any:
     return pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
 
 
-def overhead_frame(df, packed: bool = False) -> Any:
+def overhead_frame(df, packed: bool = False, paired=()) -> Any:
     """Step-time overhead of every policy against ``off`` on padded (or packed) batches: per
     round, since compared runs of a round ran one after the other, then the median and range
-    over the rounds both have."""
-    import statistics
-
+    over the rounds both have; a policy of a ``paired`` timing (:func:`heptstudy.study.paired.
+    load_paired`) at the same batch size takes its paired rounds instead."""
     import pandas as pd
 
     columns = [*OVERHEAD_COLUMNS, "allocator"]
+    timed = paired_rows(paired, packed)
     if df.empty or "mean_step_s" not in df.columns:
-        return pd.DataFrame(columns=columns)
-    df = of_batching(df, packed)
+        return pd.DataFrame(timed, columns=columns)
+    taken = {(r["batch_size"], r["policy"]) for r in timed}
+    rows = [
+        r
+        for r in _round_rows(of_batching(df, packed))
+        if r["allocator_line"] != "platform" or (r["batch_size"], r["policy"]) not in taken
+    ]
+    return pd.DataFrame(rows + timed, columns=columns)
+
+
+def _round_rows(df) -> list[dict[str, Any]]:
+    import statistics
+
     ok = df[(df["kind"] == MEMORY) & (df["status"] == "ok") & df["mean_step_s"].notna()]
     rows = []
     for (line, b), group in ok.groupby(["allocator_line", "batch_size"], sort=True):
@@ -293,7 +308,7 @@ def overhead_frame(df, packed: bool = False) -> Any:
             paired = [k for k in paired if not apart[k]]
             row = dict(allocator_line=line, batch_size=int(b), policy=label, rounds=len(paired))
             if not paired:
-                rows.append({**row, "flag": next(iter(apart.values()))})
+                rows.append({**row, "flag": next(iter(apart.values())), "timing": FRESH_PROCESSES})
                 continue
             pcts = [pct_more(off.at[k, "mean_step_s"], on.at[k, "mean_step_s"]) for k in paired]
             off_sys = _max_pct(off.loc[paired, "sys_fraction"])
@@ -316,9 +331,10 @@ def overhead_frame(df, packed: bool = False) -> Any:
                     "allocator": next(
                         (v for v in on.get("allocator", ()) if isinstance(v, str)), None
                     ),
+                    "timing": FRESH_PROCESSES,
                 }
             )
-    return pd.DataFrame(rows, columns=columns)
+    return rows
 
 
 #: What two runs must share to be compared: a step time or a peak is a property of all three.
@@ -474,21 +490,28 @@ def hits_stats_for(df) -> dict[str, Any] | None:
     return None
 
 
-def policy_frame(df, min_policies: int = 2, packed: bool = False) -> Any:
+def policy_frame(df, min_policies: int = 2, packed: bool = False, paired=()) -> Any:
     """One row per policy for every batch size with ``off`` and ``min_policies`` others, on
     padded (or packed) batches."""
     import pandas as pd
 
     rows = []
-    for b, runs, off, timed in against_off(df, packed):
+    for b, runs, off, timed in against_off(df, packed, paired):
         if len(runs) - 1 < min_policies:
             continue
         for label in sorted(runs.index, key=lambda x: (policy_rank(x), x)):
             r = runs.loc[label]
             t = timed.loc[label] if label in timed.index else None
-            off_step = timed["off_step_s"].iloc[0] if label == "off" and len(timed) else None
-            step = t["on_step_s"] if t is not None else off_step
+            # off's step is its fresh processes' (a paired timing's off steps run between the
+            # plans' steps): their median over the rounds, else its own report's
+            fresh = timed[timed["timing"] == FRESH_PROCESSES]["off_step_s"].dropna()
+            if t is not None:
+                step = t["on_step_s"]
+            else:
+                step = fresh.iloc[0] if label == "off" and len(fresh) else r["mean_step_s"]
+            step = None if pd.isna(step) else step
             zero = 0.0 if label == "off" and step is not None else None
+            timing = t["timing"] if t is not None else FRESH_PROCESSES if zero == 0.0 else None
             apart = setup_difference(off, r)
             rows.append(
                 {
@@ -496,13 +519,14 @@ def policy_frame(df, min_policies: int = 2, packed: bool = False) -> Any:
                     "policy": label,
                     "peak_allocated_mib": r["peak_allocated_mib"],
                     "peak_reserved_mib": r["peak_reserved_mib"],
-                    "mean_step_s": step if step is not None else r["mean_step_s"],
+                    "mean_step_s": step,
                     "allocated_cut_pct": _cut(off, r, "allocated", apart),
                     "reserved_cut_pct": _cut(off, r, "reserved", apart),
                     "step_time_overhead_pct": t["overhead_median_pct"] if t is not None else zero,
                     "overhead_min_pct": t["overhead_min_pct"] if t is not None else zero,
                     "overhead_max_pct": t["overhead_max_pct"] if t is not None else zero,
                     "rounds": int(t["rounds"]) if t is not None else None,
+                    "timing": timing,
                     "flag": _joined(apart, t["flag"] if t is not None else ""),
                     "name": r["name"],
                 }
@@ -513,7 +537,8 @@ def policy_frame(df, min_policies: int = 2, packed: bool = False) -> Any:
 #: The columns of :func:`policy_frame` (the report shows them through the front's table).
 _POLICY_FIELDS = (
     "batch_size policy peak_allocated_mib peak_reserved_mib mean_step_s allocated_cut_pct "
-    "reserved_cut_pct step_time_overhead_pct overhead_min_pct overhead_max_pct rounds flag name"
+    "reserved_cut_pct step_time_overhead_pct overhead_min_pct overhead_max_pct rounds timing flag "
+    "name"
 ).split()
 
 

@@ -1,7 +1,7 @@
 """The front of the checkpointing plans: at every batch size with ``off`` and at least two other
 plans, padded and packed batches apart, each plan's peak allocated memory (first round) and its
-step-time overhead over ``off`` of the same batching (the median over the rounds, with their
-range), and the plans that dominate it: no more memory and no more overhead, less of one.
+step-time overhead over ``off`` of the same batching (the median over the rounds, of fresh
+processes or paired in one process, with their range), and the plans that dominate it: no more memory and no more overhead, less of one.
 ``auto`` is left out: its memory and time follow its budget, not a plan."""
 
 from __future__ import annotations
@@ -23,17 +23,19 @@ FRONT_COLUMNS = {
     "overhead_min_pct": "min [%]",
     "overhead_max_pct": "max [%]",
     "rounds": "rounds",
+    "timing": "timed in",
     "dominated_by": "dominated by",
 }
 
 
-def front_frame(df) -> Any:
-    """One row per plan, batching and batch size (:data:`FRONT_COLUMNS`)."""
+def front_frame(df, paired=()) -> Any:
+    """One row per plan, batching and batch size (:data:`FRONT_COLUMNS`); the plans of the
+    ``paired`` timings (:func:`heptstudy.study.paired.load_paired`) timed by them."""
     import pandas as pd
 
     parts = []
     for packed in (False, True):
-        policies = policy_frame(df, packed=packed)
+        policies = policy_frame(df, packed=packed, paired=paired)
         if not policies.empty:
             parts.append(policies[policies["policy"] != "auto"].assign(batching=BATCHINGS[packed]))
     if not parts:

@@ -9,12 +9,14 @@ from typing import Any
 
 from heptstudy.config import read_yaml
 from heptstudy.errors import ConfigError, HeptstudyError
+from heptstudy.measure.paired import PAIRED_ONLY, paired_name, paired_request
 from heptstudy.measure.request import NOTEBOOK_PARAMETERS, MeasurementRequest, override_list
 from heptstudy.names import check_name
-from heptstudy.study.common import MEMORY, NOTEBOOKS, StudyError
+from heptstudy.study.common import MEMORY, NOTEBOOKS, PAIRED, StudyError
 
 # a run takes exactly its notebook's parameters; the runner picks the output itself
 _KEYS = {nb: tuple(k for k in NOTEBOOK_PARAMETERS[nb] if k != "output") for nb in NOTEBOOKS}
+_KEYS[PAIRED] += PAIRED_ONLY
 _RUNNER_KEYS = {"notebook", "name", "repeats", "allocator"}
 _RUN_KEYS = {*_RUNNER_KEYS, *(k for keys in _KEYS.values() for k in keys)}
 ALLOCATOR_LINES = ("platform", "default")
@@ -33,7 +35,7 @@ def _overrides(mapping: dict[str, Any], where: str) -> list[str]:
 @dataclass
 class Run:
     name: str
-    notebook: str  # "memory" or "parity"
+    notebook: str  # "memory", "parity" or "paired"
     parameters: dict[str, Any]
     repeats: int = 1  # rounds of fresh processes (heptstudy.study.schedule)
     allocator: str = "platform"  # "default": started without the platform's allocator settings
@@ -42,6 +44,9 @@ class Run:
         self, progress: bool = True, parameters: dict[str, Any] | None = None
     ) -> MeasurementRequest:
         given = self.parameters if parameters is None else parameters
+        if self.notebook == PAIRED:
+            request = {k: v for k, v in given.items() if k not in PAIRED_ONLY}
+            return paired_request(**request, progress=progress)
         return MeasurementRequest.build(kind=self.notebook, **given, progress=progress)
 
 
@@ -137,15 +142,33 @@ def _load_run(entry: Any, where: str, defaults: dict[str, Any], repeats: int) ->
         allocator=_allocator_line({**defaults, **entry}.get("allocator", "platform"), where),
     )
     if run.repeats > 1 and notebook != MEMORY:
-        raise StudyError(f"{where}: repeats={run.repeats} applies to memory runs only")
+        raise StudyError(
+            f"{where}: repeats={run.repeats} applies to memory runs only"
+            + (" (a paired run has rounds: give rounds)" if notebook == PAIRED else "")
+        )
+    if notebook == PAIRED:
+        _check_paired(params, where)
     try:
         request = run.request(progress=False)
     except HeptstudyError as err:
         raise StudyError(f"{where}: {err}") from None
+    default = paired_name(request) if notebook == PAIRED else request.name
     run.name = check_name(
-        entry["name"] if entry.get("name") is not None else request.name, f"{where}: name"
+        entry["name"] if entry.get("name") is not None else default, f"{where}: name"
     )
     return run
+
+
+def _check_paired(params: dict[str, Any], where: str) -> None:
+    """A paired run names its plans as a list and its rounds as a whole number >= 1 (the plans
+    themselves are checked against the model when the study prepares its runs)."""
+    plans = params.get("plans")
+    if not isinstance(plans, list) or not plans or not all(isinstance(p, str) for p in plans):
+        raise StudyError(
+            f"{where}: plans={plans!r} is not allowed: a paired run names the plans to time "
+            "against off as a list, e.g. plans: [full, keep70]"
+        )
+    _at_least_one(params.get("rounds"), where, "rounds", "the paired rounds, e.g. rounds: 3")
 
 
 def _at_least_one(value: Any, where: str, key: str, wanted: str) -> int:

@@ -13,8 +13,11 @@ from typing import Any
 
 import torch
 
+from heptstudy.atomic import json_text, write_text_or_keep
 from heptstudy.data.tfds import parse_dataset
+from heptstudy.errors import HeptstudyError
 from heptstudy.fingerprint import canonical, code_state, digest
+from heptstudy.measure.paired import PAIRED_FILE, complete, read_paired
 from heptstudy.measure.report import ReportError, device_name, read_report, short_repr, write_report
 from heptstudy.paths import resolve_in_repo
 
@@ -97,6 +100,8 @@ def mismatches(report, identity: dict[str, Any]) -> list[str]:
 
 def resumable(path: Path, fingerprint: str, identity: dict[str, Any]) -> tuple[bool, str]:
     """Whether the report at ``path`` is this run's result (resume it), and why (not)."""
+    if "paired" in identity:
+        return _paired_resumable(path, fingerprint)
     try:
         report = read_report(path)
     except ReportError:
@@ -121,6 +126,8 @@ def resumable(path: Path, fingerprint: str, identity: dict[str, Any]) -> tuple[b
 
 def stamp(path: Path, fingerprint: str, identity: dict[str, Any]) -> str:
     """Stamp the run's fingerprint into its new report if the report agrees; else say why."""
+    if "paired" in identity:
+        return _paired_stamp(path, fingerprint, identity)
     try:
         report = read_report(path)
     except ReportError as err:
@@ -131,3 +138,54 @@ def stamp(path: Path, fingerprint: str, identity: dict[str, Any]) -> str:
         return "not resumable, the report differs from the run: " + "; ".join(differs)
     write_report(report.model_copy(update={"fingerprint": fingerprint}), path)
     return ""
+
+
+def report_status(path: Path) -> str:
+    """``ok``, ``oom`` or ``error`` of the report a run wrote (a paired timing's: ``ok`` when it
+    timed every round asked for)."""
+    try:
+        return "ok" if complete(read_paired(path)) else "error"
+    except HeptstudyError:
+        return read_report(path).status
+
+
+def _paired_stamp(path: Path, fingerprint: str, identity: dict[str, Any]) -> str:
+    try:
+        report = read_paired(path)
+    except HeptstudyError:
+        return ""  # the runner's failure report: never resumed
+    env, code = report.get("environment", {}), identity["code"]
+    found = {
+        "host name": (env.get("hostname"), identity["machine"]["hostname"]),
+        "commit": (env.get("git_commit"), code["git_commit"]),
+        "PyTorch": (env.get("torch_version"), identity["torch"]),
+        "plans": (list(report.get("plans", {})), identity["paired"]["plans"]),
+        "rounds": (report.get("rounds_asked"), identity["paired"]["rounds"]),
+        "configuration": (canonical(report.get("config")), canonical(identity["config"])),
+    }
+    differs = [
+        f"{k}: report {short_repr(a, 60)}, run {short_repr(b, 60)}"
+        for k, (a, b) in found.items()
+        if a != b
+    ]
+    if differs:
+        return "not resumable, the report differs from the run: " + "; ".join(differs)
+    if not complete(report):
+        return f"not resumable: {report.get('rounds')} of {report.get('rounds_asked')} rounds"
+    text = json_text({**report, "fingerprint": fingerprint}, "the paired timing")
+    write_text_or_keep(path, text, "the paired timing", PAIRED_FILE)
+    return ""
+
+
+def _paired_resumable(path: Path, fingerprint: str) -> tuple[bool, str]:
+    try:
+        report = read_paired(path)
+    except HeptstudyError:
+        return False, "its report is no paired timing (a failure): measuring again"
+    host = report.get("environment", {}).get("hostname")
+    if report.get("fingerprint") != fingerprint:
+        return False, (
+            f"its report (measured on {host}) has no fingerprint of this run (another machine, "
+            "code, configuration, data, allocator, plans or rounds, or interrupted): measuring again"
+        )
+    return True, "resumed: report with the same fingerprint (ok)"

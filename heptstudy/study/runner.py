@@ -25,10 +25,11 @@ from heptstudy.fingerprint import digest
 from heptstudy.locks import holding_all
 from heptstudy.measure import report as rp
 from heptstudy.measure.bench import check_enough_events, report_header
+from heptstudy.measure.paired import paired_plans
 from heptstudy.meters.allocator import AllocatorState, allocator_in_use, environment_with
 from heptstudy.names import inside
 from heptstudy.paths import ROOT, real_path
-from heptstudy.study.common import NOTEBOOKS, StudyError
+from heptstudy.study.common import NOTEBOOKS, PAIRED, StudyError
 from heptstudy.study.matrix import Matrix, load_matrix
 from heptstudy.study.outputs import (
     PENDING,
@@ -41,7 +42,7 @@ from heptstudy.study.outputs import (
     shown,
     study_folders,
 )
-from heptstudy.study.resume import resumable, run_identity, stamp
+from heptstudy.study.resume import report_status, resumable, run_identity, stamp
 from heptstudy.study.schedule import DEFAULT, Execution, report_files, schedule
 
 #: Kernels this process started, for Ctrl-C to stop (own sessions: the terminal's misses them).
@@ -201,6 +202,9 @@ def prepare(matrix: Matrix) -> list[Prepared]:
                 checked.add(ex.name)
                 check_enough_events(m)
             identity = run_identity(m)
+            if ex.run.notebook == PAIRED:  # its plans are the model's to name
+                plans = [p.name for p in paired_plans(ex.run.parameters["plans"], m)]
+                identity["paired"] = {"plans": plans, "rounds": ex.run.parameters["rounds"]}
         except HeptstudyError as err:
             problems[ex.name] = f"{ex.name}: {err}"
             continue
@@ -264,7 +268,7 @@ def run_one(
         message = text.splitlines()[0][:200]
     seconds = time.perf_counter() - t0
     note = stamp(pending, prep.fingerprint, prep.identity)
-    status = rp.read_report(pending).status
+    status = report_status(pending)
     replace_with_pending(pending, final, superseded)
     if nb_pending.exists():
         replace_with_pending(nb_pending, nb_final, superseded)
@@ -346,7 +350,7 @@ def run_study(
 def _move_aside_foreign(out: Path, expected: set[Path], superseded: Superseded) -> None:
     """Reports of runs not in this matrix go aside: the report shows this matrix only."""
     foreign = []
-    for path in report_files(out):
+    for path in report_files(out, paired=True):
         if path not in expected:
             rel = path.relative_to(out)
             superseded.move_aside(path)

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heptstudy.study.common import MEMORY
+from heptstudy.study.common import MEMORY, PAIRED
 
 PLATFORM, DEFAULT = "platform", "default"
 DEFAULT_ALLOCATOR_DIR = "default_allocator"
 REPEATS_DIR = "repeats"
+#: Paired timings (heptstudy.measure.paired): a report of their own kind, apart from the others.
+PAIRED_DIR = "paired"
 _ROUND = re.compile(r"^(?P<name>.+)\.r(?P<round>\d+)$")
 
 
@@ -28,6 +30,8 @@ class Execution:
     @property
     def report(self) -> Path:
         folder = Path(DEFAULT_ALLOCATOR_DIR) if self.run.allocator == DEFAULT else Path()
+        if self.run.notebook == PAIRED:
+            folder /= PAIRED_DIR
         if self.round == 1:
             return folder / f"{self.name}.json"
         return folder / REPEATS_DIR / f"{self.name}.r{self.round}.json"
@@ -65,8 +69,9 @@ def locate(relpath: Path) -> tuple[str, str, int]:
     return allocator, relpath.stem, 1
 
 
-def report_files(out: Path) -> list[Path]:
-    found = []
+def report_files(out: Path, paired: bool = False) -> list[Path]:
+    """The bench reports of a study folder (and its paired timings too, if ``paired``)."""
+    found = sorted((out / PAIRED_DIR).glob("*.json")) if paired else []
     for folder in (Path(), Path(DEFAULT_ALLOCATOR_DIR)):
         found += sorted((out / folder).glob("*.json"))
         found += sorted((out / folder / REPEATS_DIR).glob("*.json"))

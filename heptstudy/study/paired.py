@@ -1,0 +1,64 @@
+"""A study's paired timings (``notebook: paired`` runs, ``paired/*.json`` in its folder) as rows of
+the overhead frame: a plan timed there takes its overhead from its paired rounds rather than from
+rounds of fresh processes."""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from pathlib import Path
+from typing import Any
+
+from heptstudy.errors import HeptstudyError
+from heptstudy.measure.paired import REFERENCE, complete, read_paired
+from heptstudy.study.schedule import PAIRED_DIR
+
+PAIRED_TIMING = "paired, one process"
+FRESH_PROCESSES = "fresh processes"
+
+
+def load_paired(experiments_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every paired-timing report of a study folder; a file that is none (the report the runner
+    wrote for a failed run) is skipped with a warning saying why."""
+    found = []
+    for path in sorted((Path(experiments_dir) / PAIRED_DIR).glob("*.json")):
+        try:
+            found.append((path, read_paired(path)))
+        except HeptstudyError as err:
+            warnings.warn(f"skipped {path.name}: {err}", stacklevel=2)
+    return found
+
+
+def paired_rows(reports, packed: bool) -> list[dict[str, Any]]:
+    """Overhead-frame rows (``heptstudy.study.frames.OVERHEAD_COLUMNS``) of the paired timings
+    of padded (or packed) batches, one per plan."""
+    rows = []
+    for _, report in reports:
+        if (report.get("batching") == "packed") != packed:
+            continue
+        steps = report.get("steps", [])
+        off = [s["time_s"] for s in steps if s["plan"] == REFERENCE]
+        done, asked = report.get("rounds"), report.get("rounds_asked")
+        flag = "" if complete(report) else f"{done} of {asked} rounds (interrupted)"
+        for name, over in report.get("overhead", {}).items():
+            per_round = [100 * v for v in over["per_round"]]
+            on = [s["time_s"] for s in steps if s["plan"] == name]
+            rows.append(
+                {
+                    "allocator_line": "platform",
+                    "batch_size": int(report["batch_size"]),
+                    "policy": report["plans"].get(name, name),
+                    "rounds": len(per_round),
+                    "off_step_s": statistics.median(off) if off else None,
+                    "on_step_s": statistics.median(on) if on else None,
+                    "overhead_median_pct": statistics.median(per_round),
+                    "overhead_min_pct": min(per_round),
+                    "overhead_max_pct": max(per_round),
+                    "off_sys_pct": None,
+                    "on_sys_pct": None,
+                    "flag": flag,
+                    "allocator": None,
+                    "timing": PAIRED_TIMING,
+                }
+            )
+    return rows
