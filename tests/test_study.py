@@ -145,7 +145,23 @@ def test_default_matrices_hold_the_original_set():
     }
     # the CPU keeps the deterministic parity only (the GPU both)
     expected = original - {"parity_b1"} | policies | packed | solver | {"auto_b4", "auto_b16"}
-    assert cpu_names == expected
+    assert cpu_names == expected | {"paired_b4", "packed_paired_b4"}
+    # every plan of the front is timed against off paired in one process, padded and packed
+    timed = {
+        (r.parameters.get("batching", "padded"), plan)
+        for r in cpu.runs
+        if r.notebook == "paired"
+        for plan in r.parameters["plans"]
+    }
+    front = {
+        (r.request().batching, r.request().checkpointing)
+        for r in cpu.runs
+        if r.notebook == "memory" and r.request().batch_size == 4
+    }
+    assert (
+        front - {("padded", "off"), ("packed", "off"), ("padded", "auto"), ("packed", "auto")}
+        == timed
+    )
     assert original | policies <= {r.name for r in gpu.runs}
     assert {f"packed_{p}_b{b}" for p in ("baseline", "checkpointed") for b in (48, 64)} <= {
         r.name for r in gpu.runs
@@ -591,7 +607,7 @@ def test_at_project_root_from_notebooks_dir(monkeypatch):
 def test_study_matrices_run_auto_where_the_budget_lies_between_off_and_full():
     def autos(name):
         runs = study.load_matrix(ROOT / "configs" / "study" / name).runs
-        requests = [r.request() for r in runs]
+        requests = [r.request() for r in runs if r.notebook == "memory"]
         return {
             q.batch_size: q
             for q in requests

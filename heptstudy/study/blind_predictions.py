@@ -9,6 +9,7 @@ from pathlib import Path
 from heptstudy.data.batching import dataset_for
 from heptstudy.estimate import predictions
 from heptstudy.paths import resolve_in_repo
+from heptstudy.study.common import PAIRED
 from heptstudy.study.matrix import load_matrix
 
 AUTO = (
@@ -44,6 +45,8 @@ def predict_matrix(matrix_path: str, data_dir: str | None, progress=print, jobs:
         request = run.request(progress=False)
         if request.kind != "memory":
             skipped[run.name] = "parity run: no memory figure"
+        elif run.notebook == PAIRED:
+            skipped[run.name] = "paired timing: no memory figure"
         elif request.checkpointing == "auto":
             skipped[run.name] = AUTO
         else:
