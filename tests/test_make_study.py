@@ -70,6 +70,7 @@ def test_make_study_on_a_fresh_copy(tiny_data_dir, tmp_path):
     assert out.parent == copy / "experiments" / "local", "a user's study goes to its own folder"
     table = res.stdout[res.stdout.index("\nrun ") :]
     assert table.count(" measured ") == 5 and "resumed" not in table and "skipped" not in table
+    assert re.search(r"paired_b2 +ok +measured .*2 plans paired with it over 1 rounds", table)
     assert "report: experiments/local/" in res.stdout
     status = subprocess.run(
         ["git", "status", "--porcelain"], cwd=copy, capture_output=True, text=True, check=True

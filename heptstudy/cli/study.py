@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections import Counter
 
 from heptstudy.atomic import Output, atomic_write_text, json_text
 from heptstudy.cli import whole_number
+from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.predictions import PREDICTIONS
 from heptstudy.locks import holding_all
+from heptstudy.measure.paired import complete, read_paired
 from heptstudy.measure.report import ReportError, read_report
 from heptstudy.paths import OUTPUT_ROOT, real_path, resolve_from_cwd
 from heptstudy.study.blind_predictions import predict_matrix
@@ -63,6 +66,15 @@ def measured_table(results) -> str:
     ]
     for r in results:
         how = "resumed" if r.status == "skipped" else "measured"
+        with contextlib.suppress(HeptstudyError):  # a paired timing: off's step, its rounds
+            paired = read_paired(r.report)
+            status = "ok" if complete(paired) else "partial"
+            host, off = paired.get("environment", {}).get("hostname"), paired["off_step_time_s"]
+            lines.append(
+                f"{r.label:<44} {status:<8} {how:<9} {off:9.2f} {'':>12} {'':>8}  {host} "
+                f"(off; {len(paired['plans'])} plans paired with it over {paired['rounds']} rounds)"
+            )
+            continue
         try:
             report = read_report(r.report)
         except ReportError:

@@ -11,6 +11,7 @@ from typing import Any
 
 from heptstudy.errors import HeptstudyError
 from heptstudy.measure.paired import REFERENCE, complete, read_paired
+from heptstudy.model.checkpoint_plan import plan_named
 from heptstudy.study.schedule import PAIRED_DIR
 
 PAIRED_TIMING = "paired, one process"
@@ -40,6 +41,8 @@ def paired_rows(reports, packed: bool) -> list[dict[str, Any]]:
         off = [s["time_s"] for s in steps if s["plan"] == REFERENCE]
         done, asked = report.get("rounds"), report.get("rounds_asked")
         flag = "" if complete(report) else f"{done} of {asked} rounds (interrupted)"
+        # labelled as the memory reports label their plans, so that the two rows meet
+        layers = report.get("config", {}).get("model", {}).get("heptv2", {}).get("num_convs")
         for name, over in report.get("overhead", {}).items():
             per_round = [100 * v for v in over["per_round"]]
             on = [s["time_s"] for s in steps if s["plan"] == name]
@@ -47,7 +50,7 @@ def paired_rows(reports, packed: bool) -> list[dict[str, Any]]:
                 {
                     "allocator_line": "platform",
                     "batch_size": int(report["batch_size"]),
-                    "policy": report["plans"].get(name, name),
+                    "policy": plan_named(name, layers).label,
                     "rounds": len(per_round),
                     "off_step_s": statistics.median(off) if off else None,
                     "on_step_s": statistics.median(on) if on else None,
