@@ -84,10 +84,14 @@ def check_rounds(rounds: int) -> int:
 PAIRED_ONLY = ("plans", "rounds")
 
 
+#: A paired timing's request: the layers wrapped as ``auto`` wraps them, so that every step can
+#: run its own plan, and time only.
+_FIXED = {"kind": MEMORY, "checkpointing": "auto", "passes": "timing"}
+
+
 def paired_request(**fields: Any) -> MeasurementRequest:
-    """The request of a paired timing: the layers wrapped as ``auto`` wraps them, so that every
-    step can run its own plan, and time only."""
-    return MeasurementRequest.build(kind=MEMORY, checkpointing="auto", passes="timing", **fields)
+    """The request of a paired timing (:data:`_FIXED`, then ``fields``)."""
+    return MeasurementRequest.build(**_FIXED, **fields)
 
 
 def paired_name(request: MeasurementRequest) -> str:
@@ -116,13 +120,7 @@ def from_notebook(namespace: Mapping[str, Any]) -> tuple[Measurement, list[str],
             f"paired.ipynb: rounds={rounds!r} is not a whole number; give e.g. -p rounds 3"
         )
     request = MeasurementRequest.from_namespace(
-        namespace,
-        NOTEBOOK_PARAMETERS[PAIRED],
-        "paired.ipynb",
-        also=PAIRED_ONLY,
-        kind=MEMORY,
-        checkpointing="auto",
-        passes="timing",
+        namespace, NOTEBOOK_PARAMETERS[PAIRED], "paired.ipynb", also=PAIRED_ONLY, **_FIXED
     )
     return paired_measurement(request), [str(p) for p in plans], check_rounds(rounds)
 

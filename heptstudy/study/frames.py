@@ -499,12 +499,12 @@ def policy_frame(df, min_policies: int = 2, packed: bool = False, paired=()) -> 
     for b, runs, off, timed in against_off(df, packed, paired):
         if len(runs) - 1 < min_policies:
             continue
+        # off's step is its fresh processes' (a paired timing's off steps run between the plans'
+        # steps): their median over the rounds, else its own report's
+        fresh = timed[timed["timing"] == FRESH_PROCESSES]["off_step_s"].dropna()
         for label in sorted(runs.index, key=lambda x: (policy_rank(x), x)):
             r = runs.loc[label]
             t = timed.loc[label] if label in timed.index else None
-            # off's step is its fresh processes' (a paired timing's off steps run between the
-            # plans' steps): their median over the rounds, else its own report's
-            fresh = timed[timed["timing"] == FRESH_PROCESSES]["off_step_s"].dropna()
             if t is not None:
                 step = t["on_step_s"]
             else:

@@ -1,7 +1,8 @@
 """The front of the checkpointing plans: at every batch size with ``off`` and at least two other
 plans, padded and packed batches apart, each plan's peak allocated memory (first round) and its
 step-time overhead over ``off`` of the same batching (the median over the rounds, of fresh
-processes or paired in one process, with their range), and the plans that dominate it: no more memory and no more overhead, less of one.
+processes or paired in one process, with their range), and the plans that dominate it: no more
+memory and no more overhead, less of one.
 ``auto`` is left out: its memory and time follow its budget, not a plan."""
 
 from __future__ import annotations

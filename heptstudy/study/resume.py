@@ -66,15 +66,33 @@ def run_identity(m) -> dict[str, Any]:
     }
 
 
+def _where(hostname, commit, torch_version, identity: dict[str, Any]) -> dict[str, tuple]:
+    """(report's, run's) host name, commit and PyTorch version: what every report must share."""
+    return {
+        "host name": (hostname, identity["machine"]["hostname"]),
+        "commit": (commit, identity["code"]["git_commit"]),
+        "PyTorch": (torch_version, identity["torch"]),
+    }
+
+
+def _differences(found: dict[str, tuple]) -> list[str]:
+    return [
+        f"{what}: report {short_repr(got, 60)}, run {short_repr(want, 60)}"
+        for what, (got, want) in found.items()
+        if got != want
+    ]
+
+
+_DIFFERS = "not resumable, the report differs from the run: "
+
+
 def mismatches(report, identity: dict[str, Any]) -> list[str]:
     """What a report measured unlike ``identity`` (a failure's missing figures are not)."""
     env = report.environment
     machine = identity["machine"]
     request = identity["request"]
     found = {
-        "host name": (env.hostname, machine["hostname"]),
-        "commit": (env.git_commit, identity["code"]["git_commit"]),
-        "PyTorch": (env.torch_version, identity["torch"]),
+        **_where(env.hostname, env.git_commit, env.torch_version, identity),
         "kind": (report.kind, request.get("kind")),
         "batch size": (report.batch_size, request.get("batch_size")),
         "configuration": (canonical(report.config), canonical(identity["config"])),
@@ -91,11 +109,7 @@ def mismatches(report, identity: dict[str, Any]) -> list[str]:
     settings = env.allocator_settings
     if settings is not None and identity["allocator"] is not None:
         found["allocator settings"] = (dict(settings), identity["allocator"])
-    return [
-        f"{what}: report {short_repr(got, 60)}, run {short_repr(want, 60)}"
-        for what, (got, want) in found.items()
-        if got != want
-    ]
+    return _differences(found)
 
 
 def resumable(path: Path, fingerprint: str, identity: dict[str, Any]) -> tuple[bool, str]:
@@ -135,7 +149,7 @@ def stamp(path: Path, fingerprint: str, identity: dict[str, Any]) -> str:
     if report.status == "error":
         return ""
     if differs := mismatches(report, identity):
-        return "not resumable, the report differs from the run: " + "; ".join(differs)
+        return _DIFFERS + "; ".join(differs)
     write_report(report.model_copy(update={"fingerprint": fingerprint}), path)
     return ""
 
@@ -154,22 +168,19 @@ def _paired_stamp(path: Path, fingerprint: str, identity: dict[str, Any]) -> str
         report = read_paired(path)
     except HeptstudyError:
         return ""  # the runner's failure report: never resumed
-    env, code = report.get("environment", {}), identity["code"]
-    found = {
-        "host name": (env.get("hostname"), identity["machine"]["hostname"]),
-        "commit": (env.get("git_commit"), code["git_commit"]),
-        "PyTorch": (env.get("torch_version"), identity["torch"]),
-        "plans": (list(report.get("plans", {})), identity["paired"]["plans"]),
-        "rounds": (report.get("rounds_asked"), identity["paired"]["rounds"]),
-        "configuration": (canonical(report.get("config")), canonical(identity["config"])),
-    }
-    differs = [
-        f"{k}: report {short_repr(a, 60)}, run {short_repr(b, 60)}"
-        for k, (a, b) in found.items()
-        if a != b
-    ]
+    env = report.get("environment", {})
+    differs = _differences(
+        {
+            **_where(
+                env.get("hostname"), env.get("git_commit"), env.get("torch_version"), identity
+            ),
+            "plans": (list(report.get("plans", {})), identity["paired"]["plans"]),
+            "rounds": (report.get("rounds_asked"), identity["paired"]["rounds"]),
+            "configuration": (canonical(report.get("config")), canonical(identity["config"])),
+        }
+    )
     if differs:
-        return "not resumable, the report differs from the run: " + "; ".join(differs)
+        return _DIFFERS + "; ".join(differs)
     if not complete(report):
         return f"not resumable: {report.get('rounds')} of {report.get('rounds_asked')} rounds"
     text = json_text({**report, "fingerprint": fingerprint}, "the paired timing")
