@@ -1,0 +1,55 @@
+"""scripts/compare_study_memory.py: a study reproduces the reference's memory when the events and
+every counted step's peak allocated are the same; a warm-up step's peak is listed, not judged."""
+
+import json
+import runpy
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPARE = runpy.run_path(str(ROOT / "scripts" / "compare_study_memory.py"))["main"]
+REPORT = "checkpointed_keep20_b4.json"
+
+
+def _folders(tmp_path: Path, edit) -> tuple[Path, Path]:
+    """A reference holding one committed report, and a study holding it edited by ``edit``."""
+    reference, study = tmp_path / "reference", tmp_path / "study"
+    for folder in (reference, study):
+        folder.mkdir()
+    shutil.copy(ROOT / "experiments" / "cpu_reference" / REPORT, reference / REPORT)
+    data = json.loads((reference / REPORT).read_text())
+    edit(data["steps"])
+    (study / REPORT).write_text(json.dumps(data))
+    return study, reference
+
+
+def _shift_peak(steps, counted: bool) -> None:
+    step = next(s for s in steps if s["counted"] is counted)
+    step["peak_allocated_mib"] += 1.0
+
+
+def test_the_same_reports_reproduce(tmp_path, capsys):
+    study, reference = _folders(tmp_path, lambda steps: None)
+    assert COMPARE([str(study), str(reference)]) == 0
+    assert "| identical |" in capsys.readouterr().out
+
+
+def test_a_counted_step_s_peak_that_moved_fails(tmp_path, capsys):
+    study, reference = _folders(tmp_path, lambda steps: _shift_peak(steps, counted=True))
+    assert COMPARE([str(study), str(reference)]) == 1
+    assert "DIFFERENT" in capsys.readouterr().out
+
+
+def test_other_events_fail(tmp_path, capsys):
+    def other_events(steps):
+        steps[-1]["event_indices"] = [i + 1 for i in steps[-1]["event_indices"]]
+
+    study, reference = _folders(tmp_path, other_events)
+    assert COMPARE([str(study), str(reference)]) == 1
+    assert "| DIFFERENT |" in capsys.readouterr().out
+
+
+def test_a_warm_up_step_s_peak_is_listed_not_judged(tmp_path, capsys):
+    study, reference = _folders(tmp_path, lambda steps: _shift_peak(steps, counted=False))
+    assert COMPARE([str(study), str(reference)]) == 0
+    assert "identical (warm-up step +1.00 MiB, not a figure)" in capsys.readouterr().out
