@@ -468,6 +468,10 @@ def test_auto_answer_by_hand():
     assert a.mean_step_s == pytest.approx(0.75 * 0.010 + 0.25 * 0.040)
     assert a.mean_step_full_s == pytest.approx(0.75 * 0.020 + 0.25 * 0.040)
     assert "P(step exceeds the budget) = 0.2" in "\n".join(auto_words(a))
+    predictor = _auto_predictor()
+    predictor.order_source = "model.heptv2.auto_plan_order"
+    said = "\n".join(auto_words(evaluate_auto(predictor, lengths, 1)))
+    assert "  plans, cheapest first: off, full (model.heptv2.auto_plan_order)" in said
     # two ranks per step: a step fails when either batch holds the 100-hit event
     two = evaluate_auto(_auto_predictor(), lengths, 1, world_size=2)
     assert two.p_step_exceeds_budget == pytest.approx(1 - (4 / 5) * (3 / 4))
@@ -512,6 +516,35 @@ def test_auto_rates_come_from_each_steps_plan():
     assert used == {"off": 1, "full": 2}
     # packed: over its 30 slots, and only packed steps price packed batches
     assert measured_rates([auto, full, packed], packed=True) == ({"full": 3.0 / 30}, {"full": 1})
+    # a paired timing prices each of its steps (off and the plans) on its round's batch
+    paired = {
+        "batches": [{"geometry": {"events": 2, "slots": 40, "longest": 20, "packed": False}}],
+        "steps": [
+            {"plan": "off", "batch": 0, "time_s": 2.4},
+            {"plan": "keep70", "batch": 0, "time_s": 2.8},
+            {"plan": "off", "batch": 0, "time_s": 2.0},
+        ],
+    }
+    rates, used = measured_rates([auto], paired=[paired])
+    assert rates == pytest.approx({"off": 2.0 / 40, "full": 8.0 / 40, "keep70": 2.8 / 40})
+    assert used == {"off": 3, "full": 1, "keep70": 1}
+
+
+def test_auto_step_times_come_from_the_study_s_reports_of_this_configuration():
+    from heptstudy.fitting.api import _timed_reports
+
+    # the study folder whose front is timed in pairs: its paired timings price the solver plans
+    # (their memory-only reports time nothing); only what the folder holds is under test
+    study = REPO / "experiments" / "study_paired_epyc"
+    plain = ["model.heptv2.attention_backend=plain"]
+    key = model_key(load_config(overrides=plain).to_dict(), "cpu")
+    bench, paired, other = _timed_reports([study], key)
+    assert sorted(r["name"] for r in paired) == ["packed_paired_b4", "paired_b4"]
+    assert {r.name for r in bench} >= {"baseline_b4", "checkpointed_keep25_b4"} and not other
+    # measured on a CPU in float32: no step time of it prices a bfloat16 configuration
+    bf16 = model_key(load_config(overrides=[*plain, "train.dtype=bfloat16"]).to_dict(), "cpu")
+    bench, paired, other = _timed_reports([study], bf16)
+    assert bench == paired == [] and "paired_b4.json" in other and "baseline_b4.json" in other
 
 
 def test_auto_on_packed_batches_follows_the_packed_slots():

@@ -11,6 +11,7 @@ from typing import Any
 from heptstudy.config import ALLOC_CONF_VARS
 from heptstudy.data.batching import dataset_for, padded_sizes
 from heptstudy.data.layout import is_packed
+from heptstudy.errors import HeptstudyError
 from heptstudy.estimate.autocast_policy import UnknownTorchVersion, lists_for
 from heptstudy.estimate.fake_step import DEFAULT_TORCH_VERSION, estimate_memory_model
 from heptstudy.estimate.keys import model_key
@@ -27,6 +28,7 @@ from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, pe
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
 from heptstudy.fitting.words import answer_words
+from heptstudy.measure.paired import PAIRED_DIR, read_paired
 from heptstudy.measure.report import ReportError
 from heptstudy.measure.report_checks import checked_report
 from heptstudy.model.adaptive_checkpointing import plan_config
@@ -394,15 +396,10 @@ def _auto_predictor(config, platform, batch: int, margin_gib: float | None, leng
 
 
 def _auto_answer(predictor, config, platform, batch: int, lengths, reports):
-    found = []
-    for f in expand_report_paths(map(repo_path, reports)):
-        try:
-            found.append(checked_report(f))
-        except ReportError:
-            continue  # choose_model already names the reports it cannot use
+    bench, paired, other = _timed_reports(reports, model_key(config.to_dict(), platform.device))
     packed = is_packed(config.data.batching)
-    rates, used = measured_rates(found, packed)
-    return evaluate_auto(
+    rates, used = measured_rates(bench, packed, paired)
+    answer = evaluate_auto(
         predictor,
         lengths,
         batch,
@@ -412,6 +409,42 @@ def _auto_answer(predictor, config, platform, batch: int, lengths, reports):
         rates=rates,
         rate_sources=used,
     )
+    if other:
+        answer.notes.append(
+            f"step times not taken from {len(other)} report(s) of another configuration "
+            f"(device, dtype, variant, attention or model sizes): {', '.join(other[:3])}"
+            + (", ..." if other[3:] else "")
+        )
+    return answer
+
+
+#: What a report's step times must share with the configuration to price its plans.
+_TIMING_KEY = ("device_kind", "dtype", "variant", "attention_backend", "model_hash")
+
+
+def _timed_reports(reports, key) -> tuple[list, list[dict], list[str]]:
+    """The bench reports and paired timings among ``reports`` (a folder's files and its
+    ``paired/`` timings) measured in ``key``'s configuration, any plan; the names of the others."""
+    paths = expand_report_paths(map(repo_path, reports))
+    for folder in map(repo_path, reports):
+        paths += sorted((folder / PAIRED_DIR).glob("*.json")) if folder.is_dir() else []
+    bench, paired, other = [], [], []
+    for path in paths:
+        try:
+            report = checked_report(path)
+            config, device_kind = report.config, report.environment.device_kind
+        except ReportError:  # choose_model already names the bench reports it cannot use
+            try:
+                report = read_paired(path)
+                config, device_kind = report["config"], report["environment"]["device_kind"]
+            except HeptstudyError:
+                continue
+        found = model_key(config, device_kind)
+        if any(found[k] != key[k] for k in _TIMING_KEY):
+            other.append(path.name)
+        else:
+            (paired if isinstance(report, dict) else bench).append(report)
+    return bench, paired, other
 
 
 def fit_warning(resolution) -> str | None:

@@ -4,12 +4,13 @@ expected step time (from measured reports only) and P(step exceeds the budget)."
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from heptstudy.data.batching import padded_sizes
-from heptstudy.data.layout import BATCHINGS
+from heptstudy.data.layout import BATCHINGS, BatchGeometry
 from heptstudy.fitting.draws import draws_for
 from heptstudy.model.adaptive_checkpointing import NoPlanFits
 from heptstudy.model.checkpoint_plan import AUTO
@@ -33,27 +34,41 @@ class AutoAnswer:
     mean_step_s: float | None  # expected, auto; None: a plan it runs was not measured
     mean_step_full_s: float | None  # expected, always-on (full) checkpointing
     not_available: str | None = None  # why the times are missing
+    order: str = ""  # the plans auto tries, cheapest first, and where that order comes from
     notes: list[str] = field(default_factory=list)
 
 
-def measured_rates(reports, packed: bool = False) -> tuple[dict[str, float], dict[str, int]]:
-    """Median seconds per slot of the counted steps of batches of this batching, per plan, and
-    their count."""
+def measured_rates(
+    reports, packed: bool = False, paired: Iterable[dict] = ()
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Median seconds per slot of the steps of batches of this batching, per plan, and their
+    count: the counted steps of bench reports and every timed step of ``paired`` timings."""
     per_plan: dict[str, list[float]] = {}
-    for r in reports:
-        if r.kind != "memory" or r.status != "ok":
-            continue
-        for st in r.steps:
-            g = st.geometry
-            if not st.counted or not st.time_s or g is None or g.packed != packed:
-                continue
-            plan = st.checkpoint_plan if r.plan is AUTO else r.plan.name
-            if plan is not None:
-                per_plan.setdefault(plan, []).append(st.time_s / g.slots)
+    for plan, seconds, g in [*_bench_steps(reports), *_paired_steps(paired)]:
+        if g.packed == packed:
+            per_plan.setdefault(plan, []).append(seconds / g.slots)
     return (
         {p: statistics.median(v) for p, v in per_plan.items()},
         {p: len(v) for p, v in per_plan.items()},
     )
+
+
+def _bench_steps(reports) -> Iterator[tuple[str, float, BatchGeometry]]:
+    for r in reports:
+        if r.kind != "memory" or r.status != "ok":
+            continue
+        for st in r.steps:
+            plan = st.checkpoint_plan if r.plan is AUTO else r.plan.name
+            if st.counted and st.time_s and st.geometry is not None and plan is not None:
+                yield plan, st.time_s, st.geometry
+
+
+def _paired_steps(reports: Iterable[dict]) -> Iterator[tuple[str, float, BatchGeometry]]:
+    """A paired timing's steps (``off`` and each plan on the round's batch)."""
+    for r in reports:
+        geometries = [BatchGeometry(**b["geometry"]) for b in r["batches"]]
+        for st in r["steps"]:
+            yield st["plan"], st["time_s"], geometries[st["batch"]]
 
 
 def _choices(predictor, geometries) -> np.ndarray:
@@ -120,6 +135,7 @@ def evaluate_auto(
         mean_step_s=mean_auto,
         mean_step_full_s=mean_full,
         not_available=why,
+        order=", ".join(names) + (f" ({predictor.order_source})" if predictor.order_source else ""),
     )
 
 
@@ -138,6 +154,7 @@ def auto_words(a: AutoAnswer) -> list[str]:
         f"  {a.worst_batch} {runs}",
         f"  {a.checkpointing_fraction:.1%} of batches checkpoint; P(step exceeds the budget) = "
         f"{a.p_step_exceeds_budget:.3g}",
+        f"  plans, cheapest first: {a.order}",
     ]
     if a.mean_step_s is None:
         lines.append(f"  {a.not_available}")
@@ -148,4 +165,4 @@ def auto_words(a: AutoAnswer) -> list[str]:
             f"with always-on (full) checkpointing ({a.mean_step_s / a.mean_step_full_s - 1:+.1%}"
             f"), from measured seconds per slot ({used}) scaled to each batch"
         )
-    return lines
+    return lines + [f"  {n}" for n in a.notes]

@@ -40,6 +40,8 @@ from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import fresh_state, run_step
 
 KIND = "paired_timing"
+#: A study folder's paired timings: reports of their own kind, apart from the others.
+PAIRED_DIR = "paired"
 PAIRED_FILE = Output("heptstudy paired-timing report", ".json", f'"kind": "{KIND}"'.encode())
 REFERENCE = "off"
 

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from heptstudy.errors import HeptstudyError
-from heptstudy.measure.paired import REFERENCE, complete, read_paired
+from heptstudy.measure.paired import PAIRED_DIR, REFERENCE, complete, read_paired
 from heptstudy.model.checkpoint_plan import plan_named
-from heptstudy.study.schedule import PAIRED_DIR
 
 PAIRED_TIMING = "paired, one process"
 FRESH_PROCESSES = "fresh processes"

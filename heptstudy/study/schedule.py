@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from heptstudy.measure.paired import PAIRED_DIR
 from heptstudy.study.common import MEMORY, PAIRED
 
 PLATFORM, DEFAULT = "platform", "default"
 DEFAULT_ALLOCATOR_DIR = "default_allocator"
 REPEATS_DIR = "repeats"
-#: Paired timings (heptstudy.measure.paired): a report of their own kind, apart from the others.
-PAIRED_DIR = "paired"
 _ROUND = re.compile(r"^(?P<name>.+)\.r(?P<round>\d+)$")
 
 
