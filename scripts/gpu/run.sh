@@ -7,13 +7,15 @@
 #      fused-vs-plain parity, the backbone at 10,000 hits plain / fused-dynamic / fused-ladder;
 #   2. the recipe's batch 48: the study's checkpointed_b48 and baseline_b48 (plain attention,
 #      the profile's default), checkpointed_b48 with PYTORCH_CUDA_ALLOC_CONF=
-#      expandable_segments:True, and checkpointed_b48 with fused attention;
+#      expandable_segments:True, and checkpointed_b48 with fused attention; then the op-group
+#      cost table of the recipe's model on the GPU (bfloat16, plain attention: op_costs_cuda.json,
+#      what keepNN plans and auto's front need for the recipe; the CPU table is float32);
 #   3. the rest of the GPU study matrix (configs/study/gpu.yaml, in its order);
 #   4. fused attention at batch 4 and 16 (no checkpointing), baseline_b48 with expandable
 #      segments and with fused attention, fused with the selective policy at batch 4.
 # Results under $OUT: study/ (the matrix's reports, named as `heptstudy study run` names them),
 # fused/ (model.heptv2.attention_backend=fused), expandable/ (expandable segments),
-# fused_check.json, table.txt, summary.txt, env.txt, logs/, predictions_vs_measured.md/.json
+# fused_check.json, op_costs_cuda.json, table.txt, summary.txt, env.txt, logs/, predictions_vs_measured.md/.json
 # (scripts/gpu/compare_predictions.py: the reports against experiments/gpu_blind_predictions/).
 #
 # It refuses to measure when the committed blind predictions are not of this checkout
@@ -21,7 +23,8 @@
 # Settings (environment): OUT (required), GPU_DATA (default data/gpu: tfds/ and wheels/),
 # BUDGET (seconds, default 460), SKIP ("study/NAME fused/NAME ..." already measured),
 # PLATFORM (default h100), MATRIX (default configs/study/gpu.yaml), BENCH_EXTRA (more bench
-# options for every fused/expandable run), CHECK_ARGS (options of fused_check.py), PYTHON.
+# options for every fused/expandable run and the cost table), CHECK_ARGS (options of
+# fused_check.py), COST_DEVICE (the cost table's --device, default cuda), PYTHON.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -33,6 +36,7 @@ PLATFORM=${PLATFORM:-h100}
 MATRIX=${MATRIX:-configs/study/gpu.yaml}
 BENCH_EXTRA=${BENCH_EXTRA:-}
 CHECK_ARGS=${CHECK_ARGS:-}
+COST_DEVICE=${COST_DEVICE:-cuda}
 PY=${PYTHON:-python3}
 START=$(date +%s)
 mkdir -p "$OUT/study" "$OUT/fused" "$OUT/expandable" "$OUT/logs"
@@ -131,6 +135,10 @@ study "${RUNS[0]}" 150
 study "${RUNS[1]}" 150
 variant expandable checkpointed_b48 150 "$EXPANDABLE" -- "${B48[@]}" --checkpointing
 variant fused checkpointed_b48 150 "" -- "${B48[@]}" --checkpointing "${FUSED[@]}"
+# shellcheck disable=SC2086
+measure op_costs 120 $PY -m heptstudy.cli costs --device "$COST_DEVICE" --data-dir "$DATA" \
+  --set train.dtype=bfloat16 --set model.heptv2.attention_backend=plain \
+  --out "$OUT/op_costs_cuda.json" $BENCH_EXTRA
 # 3. the rest of the study
 for name in "${RUNS[@]:2}"; do
   study "$name" 110
