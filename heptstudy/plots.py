@@ -399,7 +399,8 @@ _SHIFT = {"left": 0.0, "right": 1.0, "bottom": 0.0, "top": 1.0, "center": 0.5}
 
 def _place_labels(fig, ax, labels, fontsize: float = 9, sweeps: int = 3) -> None:
     """Each label where it stays inside the axes and covers no other label, marker, legend or
-    text (these first), crosses as few lines as it can and keeps near its point: placed one by
+    text (these first), lies nearer its own point than any other (so that it names the point a
+    reader takes it for), crosses as few lines as it can and keeps near its point: placed one by
     one, then each placed again among the others until none moves."""
     renderer = fig.canvas.get_renderer()
     hard, soft = _label_obstacles(fig, ax, renderer, labels)
@@ -420,6 +421,7 @@ def _place_labels(fig, ax, labels, fontsize: float = 9, sweeps: int = 3) -> None
         air = np.array([-1, -1, 1, 1]) * _LABEL_AIR
         candidates.append(np.array(boxes) + air)
     distance = np.array([np.hypot(*offset) * points for offset, _, _ in spots])
+    at = ax.transData.transform(np.array([xy for _, xy, _ in labels], dtype=float))
     chosen = [None] * len(labels)
     for _ in range(sweeps):
         moved = False
@@ -427,7 +429,7 @@ def _place_labels(fig, ax, labels, fontsize: float = 9, sweeps: int = 3) -> None
             others = [candidates[j][k] for j, k in enumerate(chosen) if k is not None and j != i]
             covered = _covered(boxes, frame, np.array(hard + others).reshape(-1, 4))
             soft_cost = _LINE_WEIGHT * _crossed(boxes, soft) + distance
-            best = int(np.lexsort((soft_cost, covered))[0])
+            best = int(np.lexsort((soft_cost, _nearer_another(boxes, at, i), covered))[0])
             moved |= chosen[i] != best
             chosen[i] = best
         if not moved:
@@ -482,6 +484,21 @@ def _line_samples(ax, step: float = 4.0) -> list[tuple[float, float]]:
             n = max(int(np.hypot(*(b - a)) / step), 1)
             samples += [tuple(a + (b - a) * k / n) for k in range(n + 1)]
     return samples
+
+
+#: A label reads as naming the nearest point unless another is nearly as near: it must lie this
+#: many times nearer its own point than any other.
+_OWN_NEARER = 1.5
+
+
+def _nearer_another(boxes, points, own: int) -> Any:
+    """For each box (with its air), whether a point other than ``points[own]`` lies about as
+    near to its text or nearer (within :data:`_OWN_NEARER` times its own point's distance)."""
+    boxes = boxes + np.array([1, 1, -1, -1]) * _LABEL_AIR
+    dx = np.maximum(boxes[:, None, 0] - points[None, :, 0], points[None, :, 0] - boxes[:, None, 2])
+    dy = np.maximum(boxes[:, None, 1] - points[None, :, 1], points[None, :, 1] - boxes[:, None, 3])
+    gap = np.hypot(np.clip(dx, 0, None), np.clip(dy, 0, None))  # box to point, 0 inside
+    return (np.delete(gap, own, axis=1) < _OWN_NEARER * gap[:, [own]]).any(axis=1)
 
 
 def _covered(boxes, frame, hard) -> Any:

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -407,16 +408,18 @@ def test_packing_frame_pairs_the_same_plan_by_round():
     assert study.comparison_frame(pd.DataFrame(rows)).empty
 
 
-def test_front_labels_do_not_overlap_on_the_reference():
-    """The committed reference crowds nine plans within a few per cent of step time: in each
-    panel every label, the tag and the legend must stay apart and inside the axes."""
+@pytest.mark.parametrize("folder", ["cpu_reference", "study_paired_epyc"])
+def test_front_labels_do_not_overlap_on_the_reference(folder):
+    """The committed studies crowd nine plans within a few per cent of step time (the paired
+    one two packed plans 17 pixels apart): in each panel every label, the tag and the legend
+    must stay apart and inside the axes, and every label lie nearest its own point."""
     from itertools import combinations
 
-    from matplotlib.text import Text
+    from matplotlib.text import Annotation, Text
 
     plots.use_style()
-    every = study.reports_frame(study.load_study(ROOT / "experiments" / "cpu_reference"))
-    front = study.front_frame(every)
+    every = study.reports_frame(study.load_study(ROOT / "experiments" / folder))
+    front = study.front_frame(every, study.load_paired(ROOT / "experiments" / folder))
     fig = plots.policy_front(front, tag=study.figure_tag(every))
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -435,6 +438,16 @@ def test_front_labels_do_not_overlap_on_the_reference():
             if not frame.contains(*box.min) or not frame.contains(*box.max)
         ]
         assert outside == []
+        labels = [t for t in ax.texts if isinstance(t, Annotation) and t.get_text()]
+        points = ax.transData.transform([t.xy for t in labels])
+        for label in labels:
+            box = Text.get_window_extent(label, renderer)
+            gaps = [
+                np.hypot(max(box.x0 - x, x - box.x1, 0), max(box.y0 - y, y - box.y1, 0))
+                for x, y in points
+            ]
+            nearest = labels[int(np.argmin(gaps))].get_text()
+            assert nearest == label.get_text(), f"{label.get_text()!r} lies nearest {nearest!r}"
     assert {t.get_text() for ax in fig.axes for t in ax.texts} >= set(front["policy"])
 
 
