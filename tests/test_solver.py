@@ -254,6 +254,11 @@ def test_costs_command_writes_the_table_a_plan_reads_and_replaces_only_its_own(
     code, _, err = run_cli(*argv, "--out", str(foreign), *overrides)
     assert code == 2 and "is not a heptstudy op cost table" in err
     assert foreign.read_text() == '{"mine": true}\n'
+    # more events than the data set holds: refused, not filled with repeated events
+    big = ["costs", "--data-dir", str(tiny_data_dir), "--batch-size", "25"]
+    code, _, err = run_cli(*big, "--out", str(tmp_path / "big.json"), *overrides)
+    assert code == 2 and "--batch-size 25 needs 25 events of the train split" in err
+    assert "holds 24" in err and not (tmp_path / "big.json").exists()
 
 
 def test_solver_plans_list_the_front_with_its_estimated_costs(tiny_table):

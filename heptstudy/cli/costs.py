@@ -30,7 +30,20 @@ def _costs(args: argparse.Namespace) -> int:
     op_costs.check_out(out, "--out" if args.out is not None else "the default output")
     given = [*args.overrides, *([f"data.data_dir={args.data_dir}"] if args.data_dir else [])]
     config = load_config(args.config, given)
+    train = dataset_for(config, "train")
+    if args.batch_size > len(train):  # the sampler would repeat events to fill the batch
+        raise HeptstudyError(
+            f"--batch-size {args.batch_size} needs {args.batch_size} events of the train split, "
+            f"but {train.name} in {config.data.data_dir} holds {len(train)}; lower --batch-size "
+            "or generate more events (heptstudy data generate)"
+        )
     indices = event_indices(config, args.batch_size, 1)[0]
+    if empty := train.empty_events(indices):
+        raise HeptstudyError(
+            f"{len(empty)} of the events drawn hold no hits ({'; '.join(empty[:3])}): their "
+            "slots would price no work, so nothing was measured. Draw others with another seed "
+            "(--set train.seed=N), or use a data set without empty events"
+        )
     batch = load_events(config, indices)
     # relative to the repository when it lies inside: a committed table names no one's home folder
     data_dir, repo = Path(config.data.data_dir), base_dir()
@@ -40,7 +53,7 @@ def _costs(args: argparse.Namespace) -> int:
         "split": "train",
         "event_indices": [int(i) for i in indices],
         "batching": config.data.batching,
-        "synthetic": bool(dataset_for(config, "train").metadata.get("synthetic", False)),
+        "synthetic": bool(train.metadata.get("synthetic", False)),
     }
     # the forwards timed as the study's steps run them (on a CPU, glibc keeping freed memory):
     # as it comes, the page faults of returned memory land in the ungrouped ops' seconds
