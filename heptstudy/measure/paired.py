@@ -58,7 +58,10 @@ def paired_plans(names: Sequence[str], m: Measurement) -> list[CheckpointPlan]:
     step, not one plan) are refused by name."""
     plans, num_layers = [], m.config.model.heptv2.num_convs
     for name in names:
-        plan = plan_named(name, num_layers, config=m.config)
+        try:
+            plan = plan_named(name, num_layers, config=m.config)
+        except HeptstudyError as err:  # named as the plans are given, not as checkpointing=
+            raise HeptstudyError(f"paired plans: {name!r}: {err}") from None
         if plan.name in (REFERENCE, "auto"):
             why = "every plan is paired with it" if plan.name == REFERENCE else "it is no one plan"
             raise HeptstudyError(
