@@ -123,3 +123,31 @@ def test_ctrl_c_keeps_the_rounds_completed_before_it(
         assert f"the 1 round(s) completed of 3 are in {out}" in err
     else:
         assert not out.exists() and "no round was complete, so nothing was written" in err
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda r: r["steps"][0].update(time_s="fast"), "steps"),
+        (lambda r: r["steps"][0].update(batch=99), "steps"),
+        (lambda r: r.pop("environment"), "environment.device_kind"),
+        (lambda r: r["batches"][0].pop("geometry"), "batches"),
+        (lambda r: r["overhead"]["full"].update(per_round=[]), "overhead"),
+    ],
+)
+def test_a_paired_report_its_readers_cannot_read_is_refused_by_name(tmp_path, edit, field):
+    """The study's tables and fit's step times read a paired timing's steps, batches and
+    overheads: an edited report is refused, naming the field, never a traceback later."""
+    from pathlib import Path
+
+    from heptstudy.errors import HeptstudyError
+    from heptstudy.measure.paired import read_paired
+
+    committed = Path(__file__).parents[1] / "experiments/study_paired_epyc/paired/paired_b4.json"
+    report = json.loads(committed.read_text())
+    read_paired(committed)  # as measured: readable
+    edit(report)
+    path = tmp_path / "paired_b4.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(HeptstudyError, match=f"whose {field} cannot be read"):
+        read_paired(path)

@@ -138,7 +138,56 @@ def read_paired(path: str | Path) -> dict[str, Any]:
         raise HeptstudyError(f"{path}: not a readable paired-timing report ({err})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise HeptstudyError(f"{path}: not a paired-timing report (kind {KIND!r})")
+    if broken := _unreadable_fields(data):
+        raise HeptstudyError(
+            f"{path}: a paired-timing report whose {', '.join(broken)} cannot be read (edited, "
+            "or written by another version); time the plans again with heptstudy bench paired"
+        )
     return data
+
+
+def _unreadable_fields(data: dict[str, Any]) -> list[str]:
+    """The fields its readers take (the study's tables, fit's step times) that are missing or
+    of the wrong kind."""
+
+    def number(v) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+
+    batches, steps = data.get("batches"), data.get("steps")
+    geometry = ("events", "slots", "longest")
+    checks = {
+        "config": isinstance(data.get("config"), dict),
+        "environment.device_kind": isinstance(
+            (data.get("environment") or {}).get("device_kind"), str
+        ),
+        "batch_size": isinstance(data.get("batch_size"), int),
+        "batches": isinstance(batches, list)
+        and all(
+            isinstance(b, dict)
+            and isinstance(b.get("geometry"), dict)
+            and all(number(b["geometry"].get(k)) and b["geometry"][k] > 0 for k in geometry)
+            for b in batches
+        ),
+        "steps": isinstance(steps, list)
+        and isinstance(batches, list)
+        and all(
+            isinstance(st, dict)
+            and isinstance(st.get("plan"), str)
+            and st.get("batch") in range(len(batches))
+            and number(st.get("time_s"))
+            and st["time_s"] > 0
+            for st in steps
+        ),
+        "overhead": isinstance(data.get("overhead"), dict)
+        and all(
+            isinstance(o, dict)
+            and isinstance(o.get("per_round"), list)
+            and o["per_round"]
+            and all(map(number, o["per_round"]))
+            for o in data["overhead"].values()
+        ),
+    }
+    return [name for name, ok in checks.items() if not ok]
 
 
 def complete(report: Mapping[str, Any]) -> bool:
