@@ -126,28 +126,38 @@ def test_ctrl_c_keeps_the_rounds_completed_before_it(
 
 
 @pytest.mark.parametrize(
-    "edit, field",
+    "edit, field, read",
     [
-        (lambda r: r["steps"][0].update(time_s="fast"), "steps"),
-        (lambda r: r["steps"][0].update(batch=99), "steps"),
-        (lambda r: r.pop("environment"), "environment.device_kind"),
-        (lambda r: r["batches"][0].pop("geometry"), "batches"),
-        (lambda r: r["overhead"]["full"].update(per_round=[]), "overhead"),
+        (lambda r: r["steps"][0].update(time_s="fast"), "steps", False),
+        (lambda r: r["overhead"]["full"].update(per_round=[]), "overhead", False),
+        (lambda r: r.pop("environment"), "environment.device_kind", True),
+        (lambda r: r["batches"][0].pop("geometry"), "batches", True),
+        (lambda r: r["steps"][0].update(batch=99), "batches", True),
     ],
 )
-def test_a_paired_report_its_readers_cannot_read_is_refused_by_name(tmp_path, edit, field):
-    """The study's tables and fit's step times read a paired timing's steps, batches and
-    overheads: an edited report is refused, naming the field, never a traceback later."""
+def test_a_paired_report_its_readers_cannot_read_is_refused_by_name(tmp_path, edit, field, read):
+    """The study's tables read a paired timing's steps and overheads (an edited report is
+    refused, naming the field, never a traceback later); fit's step times also its batches and
+    configuration, and name a timing they cannot price instead of using it."""
     from pathlib import Path
 
+    from heptstudy.config import load_config
     from heptstudy.errors import HeptstudyError
-    from heptstudy.measure.paired import read_paired
+    from heptstudy.estimate.keys import model_key
+    from heptstudy.fitting.api import _timed_reports
+    from heptstudy.measure.paired import read_paired, unpriceable
 
     committed = Path(__file__).parents[1] / "experiments/study_paired_epyc/paired/paired_b4.json"
     report = json.loads(committed.read_text())
-    read_paired(committed)  # as measured: readable
+    assert unpriceable(read_paired(committed)) == []  # as measured: readable and priced
     edit(report)
     path = tmp_path / "paired_b4.json"
     path.write_text(json.dumps(report))
-    with pytest.raises(HeptstudyError, match=f"whose {field} cannot be read"):
-        read_paired(path)
+    if not read:
+        with pytest.raises(HeptstudyError, match=f"whose {field} cannot be read"):
+            read_paired(path)
+        return
+    assert unpriceable(read_paired(path)) == [field]
+    config = load_config(overrides=["model.heptv2.attention_backend=plain"])
+    bench, paired, other = _timed_reports([path], model_key(config.to_dict(), "cpu"))
+    assert paired == [] and other == [f"paired_b4.json (its {field} cannot be read)"]

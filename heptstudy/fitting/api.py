@@ -28,7 +28,7 @@ from heptstudy.fitting.predict import FitAnswer, criterion_of, evaluate, gib, pe
 from heptstudy.fitting.reports import Rejected, expand_report_paths
 from heptstudy.fitting.select import STALE_PREFIX, Choice, choose_model
 from heptstudy.fitting.words import answer_words
-from heptstudy.measure.paired import PAIRED_DIR, read_paired
+from heptstudy.measure.paired import PAIRED_DIR, read_paired, unpriceable
 from heptstudy.measure.report import ReportError
 from heptstudy.measure.report_checks import checked_report
 from heptstudy.model.adaptive_checkpointing import plan_config
@@ -412,8 +412,8 @@ def _auto_answer(predictor, config, platform, batch: int, lengths, reports):
     if other:
         answer.notes.append(
             f"step times not taken from {len(other)} report(s) of another configuration "
-            f"(device, dtype, variant, attention or model sizes): {', '.join(other[:3])}"
-            + (", ..." if other[3:] else "")
+            f"(device, dtype, variant, attention or model sizes) or unreadable: "
+            f"{', '.join(other[:3])}" + (", ..." if other[3:] else "")
         )
     return answer
 
@@ -424,7 +424,8 @@ _TIMING_KEY = ("device_kind", "dtype", "variant", "attention_backend", "model_ha
 
 def _timed_reports(reports, key) -> tuple[list, list[dict], list[str]]:
     """The bench reports and paired timings among ``reports`` (a folder's files and its
-    ``paired/`` timings) measured in ``key``'s configuration, any plan; the names of the others."""
+    ``paired/`` timings) measured in ``key``'s configuration, any plan; the names of the others
+    (a paired timing whose steps cannot be priced among them, with why)."""
     paths = expand_report_paths(map(repo_path, reports))
     for folder in map(repo_path, reports):
         paths += sorted((folder / PAIRED_DIR).glob("*.json")) if folder.is_dir() else []
@@ -436,9 +437,12 @@ def _timed_reports(reports, key) -> tuple[list, list[dict], list[str]]:
         except ReportError:  # choose_model already names the bench reports it cannot use
             try:
                 report = read_paired(path)
-                config, device_kind = report["config"], report["environment"]["device_kind"]
             except HeptstudyError:
                 continue
+            if unreadable := unpriceable(report):
+                other.append(f"{path.name} (its {', '.join(unreadable)} cannot be read)")
+                continue
+            config, device_kind = report["config"], report["environment"]["device_kind"]
         found = model_key(config, device_kind)
         if any(found[k] != key[k] for k in _TIMING_KEY):
             other.append(path.name)

@@ -138,7 +138,7 @@ def read_paired(path: str | Path) -> dict[str, Any]:
         raise HeptstudyError(f"{path}: not a readable paired-timing report ({err})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise HeptstudyError(f"{path}: not a paired-timing report (kind {KIND!r})")
-    if broken := _unreadable_fields(data):
+    if broken := _unreadable(data, _CORE):
         raise HeptstudyError(
             f"{path}: a paired-timing report whose {', '.join(broken)} cannot be read (edited, "
             "or written by another version); time the plans again with heptstudy bench paired"
@@ -146,48 +146,73 @@ def read_paired(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _unreadable_fields(data: dict[str, Any]) -> list[str]:
-    """The fields its readers take (the study's tables, fit's step times) that are missing or
-    of the wrong kind."""
+def _number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
-    def number(v) -> bool:
-        return isinstance(v, int | float) and not isinstance(v, bool)
 
+def _steps_read(data) -> bool:
+    steps = data.get("steps")
+    return isinstance(steps, list) and all(
+        isinstance(st, dict)
+        and isinstance(st.get("plan"), str)
+        and _number(st.get("time_s"))
+        and st["time_s"] > 0
+        for st in steps
+    )
+
+
+def _overheads_read(data) -> bool:
+    overhead = data.get("overhead")
+    return isinstance(overhead, dict) and all(
+        isinstance(o, dict)
+        and isinstance(o.get("per_round"), list)
+        and o["per_round"]
+        and all(map(_number, o["per_round"]))
+        for o in overhead.values()
+    )
+
+
+def _geometries_read(data) -> bool:
+    """Every batch's geometry, and every step's batch among them."""
     batches, steps = data.get("batches"), data.get("steps")
-    geometry = ("events", "slots", "longest")
-    checks = {
-        "config": isinstance(data.get("config"), dict),
-        "environment.device_kind": isinstance(
-            (data.get("environment") or {}).get("device_kind"), str
-        ),
-        "batch_size": isinstance(data.get("batch_size"), int),
-        "batches": isinstance(batches, list)
+    return (
+        isinstance(batches, list)
         and all(
             isinstance(b, dict)
             and isinstance(b.get("geometry"), dict)
-            and all(number(b["geometry"].get(k)) and b["geometry"][k] > 0 for k in geometry)
+            and all(_number(b["geometry"].get(k)) for k in ("events", "slots", "longest"))
+            and b["geometry"]["slots"] > 0
             for b in batches
-        ),
-        "steps": isinstance(steps, list)
-        and isinstance(batches, list)
-        and all(
-            isinstance(st, dict)
-            and isinstance(st.get("plan"), str)
-            and st.get("batch") in range(len(batches))
-            and number(st.get("time_s"))
-            and st["time_s"] > 0
-            for st in steps
-        ),
-        "overhead": isinstance(data.get("overhead"), dict)
-        and all(
-            isinstance(o, dict)
-            and isinstance(o.get("per_round"), list)
-            and o["per_round"]
-            and all(map(number, o["per_round"]))
-            for o in data["overhead"].values()
-        ),
-    }
-    return [name for name, ok in checks.items() if not ok]
+        )
+        and isinstance(steps, list)
+        and all(isinstance(st, dict) and st.get("batch") in range(len(batches)) for st in steps)
+    )
+
+
+#: What every reader of a paired timing takes (the study's tables: the plans' overheads).
+_CORE = {
+    "batch_size": lambda d: isinstance(d.get("batch_size"), int),
+    "steps": _steps_read,
+    "overhead": _overheads_read,
+}
+#: What pricing its steps per slot takes besides (fit's step times): which configuration and
+#: batches they ran.
+_PRICED = {
+    "config": lambda d: isinstance(d.get("config"), dict),
+    "environment.device_kind": lambda d: isinstance(
+        (d.get("environment") or {}).get("device_kind"), str
+    ),
+    "batches": _geometries_read,
+}
+
+
+def _unreadable(data: dict[str, Any], checks) -> list[str]:
+    return [name for name, readable in checks.items() if not readable(data)]
+
+
+def unpriceable(report: dict[str, Any]) -> list[str]:
+    """The fields of a read paired timing that pricing its steps per slot cannot read."""
+    return _unreadable(report, _PRICED)
 
 
 def complete(report: Mapping[str, Any]) -> bool:
