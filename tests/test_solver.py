@@ -30,11 +30,12 @@ from heptstudy.model.checkpoint_plan import (
     solver_plans,
     unwrapped_name,
 )
-from heptstudy.model.cost_table import CostTableMismatch, check_attention_on, read_cost_table
+from heptstudy.model.cost_table import CostTableMismatch, read_cost_table
 from heptstudy.model.op_groups import GROUPS
 from heptstudy.model.plan_front import order_by_cost, priced_plans
 from heptstudy.model.solver import CostModel, GroupCost, choose_keep, front
-from heptstudy.train.step import fresh_state, run_step
+from heptstudy.train.plan_table import attention_mismatch, check_table_on, plans_held_on
+from heptstudy.train.step import run_step
 from tests.conftest import TINY_MODEL, run_cli, set_options
 
 GRAD_RTOL = 1e-5
@@ -267,19 +268,22 @@ def test_a_table_of_the_plain_attention_is_not_used_where_auto_runs_the_fused_on
     table = f"model.heptv2.op_costs={tiny_table}"
     config = _config(table, "model.heptv2.activation_checkpointing=auto")
     assert read_cost_table(config)[0]["attention_backend"] == "plain"
-    check_attention_on(config, "cpu")  # auto runs the plain path here: the table holds
-    check_attention_on(_config(table, "model.heptv2.attention_backend=plain"), "cuda")
+    assert attention_mismatch(config, "cpu") is None  # auto runs the plain path here
+    assert (
+        attention_mismatch(_config(table, "model.heptv2.attention_backend=plain"), "cuda") is None
+    )
     runs_fused = "timed the plain bucket attention, and on cuda this configuration runs the fused"
-    with pytest.raises(CostTableMismatch, match=runs_fused):
-        check_attention_on(config, "cuda")
-    # auto on CUDA tries the count plans and says why; on a CPU, the table's front
-    order, source = plan_order(config, None, "cuda")
-    assert order == list(DEFAULT_PLAN_ORDER) and "runs the fused one" in source
-    assert "front of the cost table" in plan_order(config, None, "cpu")[1]
-    # a solver plan's run on CUDA is refused before its model is built (no GPU is touched)
+    # a solver plan's run on CUDA is refused before anything is built (no GPU is touched)
     solver = _config(table, "model.heptv2.activation_checkpointing=keep30")
     with pytest.raises(CostTableMismatch, match=runs_fused):
-        fresh_state(solver, torch.device("cuda"))
+        check_table_on(solver, [plan_of(solver)], "cuda")
+    check_table_on(solver, [plan_of(solver)], "cpu")
+    # auto on CUDA tries the plans of the front but the solver plans, and says why; on a CPU, all
+    plans = candidate_plans(config)
+    assert any(p.kind_keep for p in plans)
+    held, why = plans_held_on(config, plans, "cuda")
+    assert held == [p for p in plans if not p.kind_keep] and "runs the fused one" in why
+    assert plans_held_on(config, plans, "cpu") == (plans, "")
 
 
 def test_solver_plans_list_the_front_with_its_estimated_costs(tiny_table):

@@ -26,6 +26,7 @@ from heptstudy.model.adaptive_checkpointing import (
     plan_order,
 )
 from heptstudy.model.checkpoint_plan import CheckpointPlan
+from heptstudy.train.plan_table import plans_held_on
 from heptstudy.units import MIB
 
 #: Default safety margin, as a fraction of the device memory (context, kernels' workspaces):
@@ -152,9 +153,10 @@ def predictor_for(
     batches = [load_events(config, idx, "train") for idx in picks]
     if covering is None and b == per_device_batch:
         covering = [max(map(geometry_of, batches), key=lambda g: (g.events, g.slots))]
-    # the device the steps run on: the platform's for a fit (whose fake steps run here)
+    plans = candidate_plans(config, platform)  # auto's order, cheapest first
+    # the device the steps run on (a fit's fake steps run here, for the platform's)
     target = platform.device if platform is not None else device.type
-    plans = candidate_plans(config, platform, target)  # auto's order, cheapest first
+    plans, unheld = plans_held_on(config, plans, target)
     # the plans named in ``also`` first, then the rest cheapest first
     queue = sorted(plans, key=lambda p: p.name not in also) if covering else plans
     # In child processes: fake-tensor steps leave state that made later real CPU steps ~4x
@@ -185,7 +187,7 @@ def predictor_for(
                 bar.total = bar.n  # the bar ends full: the rest is not needed, not left undone
                 break
     seconds = time.perf_counter() - started
-    order = plan_order(config, platform, target)[1]
+    order = plan_order(config, platform)[1] + unheld
     if skipped := [p.name for p in plans[len(tried) :]]:
         order += f"; {', '.join(skipped)} not tried, as every batch of the run fits an earlier plan"
     # models also holds the ``also`` plans' models, tried or not (fit's cross-check reads full's)

@@ -43,6 +43,7 @@ from heptstudy.meters.timing import (
 )
 from heptstudy.model.flex_kernel import attention_status
 from heptstudy.train.model_size import check_model_fits
+from heptstudy.train.plan_table import check_table_on
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import fresh_state, run_step
 from heptstudy.train.validate import validate
@@ -140,6 +141,7 @@ def run_bench(
         )
     check_enough_events(m)
     check_model_fits(config, device)
+    check_table_on(config, [m.plan], device.type)
     dtype = autocast_dtype(config, device)
     if request.deterministic:
         if device.type == "cuda":

@@ -35,8 +35,8 @@ from heptstudy.measure.request import (
 from heptstudy.meters.allocator import apply_allocator
 from heptstudy.meters.timing import StepTimer
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
-from heptstudy.model.cost_table import check_attention_on
 from heptstudy.train.model_size import check_model_fits
+from heptstudy.train.plan_table import check_table_on
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import fresh_state, run_step
 
@@ -231,8 +231,7 @@ def run_paired(m: Measurement, names: Sequence[str], rounds: int) -> dict[str, A
     fresh = rp.claim_fresh_process()
     allocator = apply_allocator(m.allocator)  # before anything is allocated
     plans = paired_plans(names, m)
-    if any(p.kind_keep for p in plans):  # solver plans: their table must hold on this device
-        check_attention_on(m.config, m.device.type)
+    check_table_on(m.config, plans, m.device.type)
     rounds = check_rounds(rounds)
     check_writable(m.report_path, PAIRED_FILE)
     check_enough_events(m)

@@ -15,7 +15,7 @@ from heptstudy.config import Config, count_plan
 from heptstudy.data.layout import BatchGeometry, geometry_of
 from heptstudy.errors import HeptstudyError
 from heptstudy.model.checkpoint_plan import OFF, CheckpointPlan, plan_named
-from heptstudy.model.cost_table import CostTableMismatch, check_attention_on
+from heptstudy.model.cost_table import CostTableMismatch
 from heptstudy.model.plan_front import front_order
 
 #: ``auto``'s order after ``off`` for a model no cost table holds for: each further layer saves
@@ -27,13 +27,10 @@ DEFAULT_PLAN_ORDER = ("layers1", "layers2", "layers3", "layers4", "layers5", "fu
 AUTO_NOTE = "adaptive checkpointing"
 
 
-def plan_order(
-    config: Config, platform=None, device_type: str | None = None
-) -> tuple[list[str], str]:
+def plan_order(config: Config, platform=None) -> tuple[list[str], str]:
     """The plans ``auto`` tries after off and where the order comes from: configured, the
     platform's, else the front of the model's cost table (a sound table measured for another
-    model, or for an attention the layer does not run on ``device_type``:
-    :data:`DEFAULT_PLAN_ORDER`, and the source says why; a missing or damaged one:
+    model: :data:`DEFAULT_PLAN_ORDER`, and the source says why; a missing or damaged one:
     :class:`heptstudy.model.cost_table.CostTableError`)."""
     heptv2 = config.model.heptv2
     if heptv2.auto_plan_order is not None:
@@ -42,23 +39,19 @@ def plan_order(
         return list(platform.auto_plan_order), f"measured on platform {platform.name}"
     try:
         order = front_order(config)
-        if device_type is not None:
-            check_attention_on(config, device_type)
     except CostTableMismatch as err:  # a damaged or missing table is refused, not passed over
         why = str(err).split(";")[0]
         return list(DEFAULT_PLAN_ORDER), f"the default order, without a cost table: {why}"
     return order, f"least recomputation first on the front of the cost table {heptv2.op_costs}"
 
 
-def candidate_plans(
-    config: Config, platform=None, device_type: str | None = None
-) -> list[CheckpointPlan]:
+def candidate_plans(config: Config, platform=None) -> list[CheckpointPlan]:
     """``off``, then :func:`plan_order`, solver plans solved on ``config``'s cost table; a
     smaller backbone than the platform's measured one skips the count plans it cannot run and
     ``everyK`` where it equals ``full``."""
     n = config.model.heptv2.num_convs
     plans = [OFF]
-    for name in plan_order(config, platform, device_type)[0]:
+    for name in plan_order(config, platform)[0]:
         count = count_plan(name)
         if (count is not None and count[1] >= n) or (name.startswith("every") and n < 2):
             continue

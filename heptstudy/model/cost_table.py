@@ -89,22 +89,6 @@ def read_cost_table(config: Config) -> tuple[dict[str, Any], CostModel]:
     return table, _cost_model(table, layer_counts(config), where)
 
 
-def check_attention_on(config: Config, device_type: str) -> None:
-    """A table's keep-sets hold on ``device_type`` only if the layer runs there the attention the
-    table timed: ``attention_backend: auto`` runs the fused one on CUDA, where a table timed on
-    the plain path would keep an attention the fused path recomputes."""
-    table, _ = read_cost_table(config)
-    measured = table.get("attention_backend")
-    runs = backend_in_effect(config, device_type)
-    if measured != runs:
-        raise CostTableMismatch(
-            f"model.heptv2.op_costs={config.model.heptv2.op_costs!r} timed the {measured} bucket "
-            f"attention, and on {device_type} this configuration runs the {runs} one "
-            f"(model.heptv2.attention_backend={config.model.heptv2.attention_backend}); set "
-            f"model.heptv2.attention_backend={measured} (a platform profile does), or {MAKE_ONE}"
-        )
-
-
 def _check_configuration(table: dict[str, Any], key: dict[str, Any], where: str) -> None:
     measured = table.get("model_key")
     if measured == key:

@@ -12,8 +12,7 @@ from torch import nn
 from heptstudy.config import Config
 from heptstudy.data.batching import to_device
 from heptstudy.model import build_model
-from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_of, running_plan
-from heptstudy.model.cost_table import check_attention_on
+from heptstudy.model.checkpoint_plan import CheckpointPlan, running_plan
 from heptstudy.train.losses import compute_losses
 from heptstudy.train.optim import build_optimizer, build_scheduler
 
@@ -47,8 +46,6 @@ class StepResult:
 
 def fresh_state(config: Config, device: torch.device):
     """Model, LAMB and schedule from ``train.seed``, reseeded: dropout alike in every pass."""
-    if plan_of(config).kind_keep:  # a solver plan: its table must hold on this device
-        check_attention_on(config, device.type)
     torch.manual_seed(config.train.seed)
     model = build_model(config).to(device)
     optimizer = build_optimizer(model, config.train)

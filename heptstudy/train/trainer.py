@@ -26,6 +26,7 @@ from heptstudy.data.prefetch import PrefetchingLoader
 from heptstudy.errors import HeptstudyError, Interrupted, os_error_advice
 from heptstudy.locks import holding
 from heptstudy.model.adaptive_checkpointing import PlanPredictor
+from heptstudy.model.checkpoint_plan import plan_of
 from heptstudy.paths import resolve_from_cwd
 from heptstudy.train import distributed
 from heptstudy.train.distributed import DistContext
@@ -38,6 +39,7 @@ from heptstudy.train.out_dir import (
     recheck_held,
     step_of,
 )
+from heptstudy.train.plan_table import check_table_on
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.state import (
     load_training_state,
@@ -171,6 +173,7 @@ def _resume_step(state: dict[str, Any] | None, resume, config: Config) -> int | 
 def _claim_out_dir(config: Config, ctx: DistContext, resume, resume_step, new_run) -> Path:
     """The run's folder, chosen by rank 0 for all; refused when the model cannot fit or its
     first training-state file has no room there."""
+    check_table_on(config, [plan_of(config)], ctx.device.type)  # before any folder is made
     out = distributed.decided_on_main(
         lambda: choose_out_dir(
             resolve_from_cwd(config.train.out_dir),
