@@ -299,20 +299,20 @@ def test_bench_names_empty_events_and_measures_nothing(tiny_data_dir, tmp_path, 
 # ---------------------------------------------------------------------------- interrupts
 
 
+def _ctrl_c_as_a_terminal_gives_it():
+    """In the child before it starts: Ctrl-C handled by default and not blocked, whatever pytest
+    inherited (a background job of a shell without job control ignores SIGINT, and so would the
+    command under test; tests/conftest.py names a test that changes it in the worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 def _interrupt(argv: list[str], started, *, group: bool = True, cwd: Path = ROOT):
     """Run ``heptstudy ARGV`` in a session of its own, Ctrl-C it (the whole foreground group, or
     the process alone) once ``started(children)`` says so; return (exit code, stdout, stderr,
     seconds from the signal to the exit, the children it had)."""
     import psutil
 
-    from tests.conftest import ctrl_c_state
-
-    # the child inherits an ignored or blocked SIGINT: it would run on, and this test time out
-    (sigint, _), blocked = ctrl_c_state()
-    assert sigint is signal.default_int_handler and signal.SIGINT not in blocked, (
-        f"SIGINT is {sigint} (blocked: {blocked}) in this worker: an earlier test or fixture left "
-        "it so (tests/conftest.py checks every test's teardown)"
-    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "heptstudy", *map(str, argv)],
@@ -322,6 +322,7 @@ def _interrupt(argv: list[str], started, *, group: bool = True, cwd: Path = ROOT
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_ctrl_c_as_a_terminal_gives_it,
     )
     me = psutil.Process(proc.pid)
     deadline = time.monotonic() + 240
