@@ -214,6 +214,19 @@ def case_missing_data_dir(ws):
     return lambda: _refused(lambda: train(cfg, progress=False))
 
 
+def case_data_dir_of_other_things(ws):
+    # a folder of many other things: the message names the data sets there, not all it holds
+    for i in range(30):
+        (ws.root / f"other_{i}").mkdir()
+    cfg = load_config(overrides=tiny_train_overrides(ws.root, ws.new))
+    return lambda: _refused(lambda: train(cfg, progress=False))
+
+
+def case_data_dir_is_the_data_set(ws):
+    cfg = load_config(overrides=tiny_train_overrides(ws.data / HITS, ws.new))
+    return lambda: _refused(lambda: train(cfg, progress=False))
+
+
 def case_generate_negative_seed(ws):
     return lambda: _cli(
         "data", "generate", "--data-dir", str(ws.new), "--events-train", "2",
@@ -325,6 +338,10 @@ CASES = [
                                        "truncated, damaged or missing", "copy the file again"]),
     (case_missing_shard, [SHARD, "lacks 1 of its 1 ArrayRecord files", "copy it again"]),
     (case_missing_data_dir, ["no_data", "does not exist", "heptstudy data generate"]),
+    (case_data_dir_of_other_things, ["not found in data directory", "TFDS data sets there: none",
+                                     "heptstudy data generate"]),
+    (case_data_dir_is_the_data_set, [f"/{HITS}'", "give the folder above it",
+                                     "as the data directory"]),
     (case_generate_negative_seed, ["--seed", "-1 is below 0", "at least 0"]),
     (case_stats_out_is_a_file, ["--out", "notes.txt", "is a file", "Give --out a folder"]),
     (case_generate_below_a_file, ["--data-dir", "notes.txt", "is a file", "nothing was generated"]),

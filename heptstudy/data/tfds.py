@@ -195,6 +195,12 @@ def _subdirs(path: Path) -> list[str]:
     )
 
 
+def _datasets_in(path: Path) -> list[str]:
+    """The folders of ``path`` laid out as TFDS data sets (name/config/version/dataset_info.json):
+    a directory of anything else is not listed whole."""
+    return [d for d in _subdirs(path) if any((path / d).glob("*/*/dataset_info.json"))]
+
+
 def _locate(data_dir: Path, name: str, config: str, version: str) -> Path:
     gen_hint = (
         f"generate synthetic events with `heptstudy data generate --data-dir {data_dir} "
@@ -204,9 +210,12 @@ def _locate(data_dir: Path, name: str, config: str, version: str) -> Path:
     if not data_dir.is_dir():
         raise DataError(f"data directory {str(data_dir)!r} does not exist; {gen_hint}")
     if not (data_dir / name).is_dir():
+        if any(data_dir.glob("*/*/dataset_info.json")):  # the data set's own folder was given
+            gen_hint = f"give the folder above it as the data directory: {str(data_dir.parent)!r}"
+        held = _datasets_in(data_dir)
         raise DataError(
-            f"data set {name!r} not found in data directory {str(data_dir)!r} "
-            f"(it holds: {_subdirs(data_dir) or 'nothing'}); {gen_hint}"
+            f"data set {name!r} not found in data directory {str(data_dir)!r} (TFDS data sets "
+            f"there: {held or 'none'}); {gen_hint}"
         )
     configs = _subdirs(data_dir / name)
     if config not in configs:
