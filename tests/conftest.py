@@ -101,6 +101,13 @@ def generate_tiny_data(data_dir: Path, events_train: int, events_test: int, seed
     return data_dir
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _subprocess_temp_files_under_pytest(tmp_path_factory):
+    """What the tests' commands put in the temporary folder (torchrun's log folders, which it
+    leaves behind; multiprocessing's) goes under pytest's own, not the machine's /tmp."""
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmpdir"))
+
+
 @pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory):
     """A small generated data set (both hits and pf), shared by the tests of a session."""
