@@ -41,7 +41,8 @@ def save(fig, figures_dir: str | Path, name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
     atomic_savefig(fig, paths[0], dpi=150, bbox_inches="tight")
-    atomic_savefig(fig, paths[1], bbox_inches="tight")
+    # no creation date: a figure drawn again from the same reports is the same file
+    atomic_savefig(fig, paths[1], bbox_inches="tight", metadata={"CreationDate": None})
     return paths
 
 

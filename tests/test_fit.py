@@ -616,3 +616,25 @@ def test_estimate_memory_model_fits_fake_steps(tiny_data_dir, tiny_overrides):
     assert mm.source == "estimated"
     assert mm.reserved is None  # a CPU platform: allocated only, as before the simulator
     assert mm.predict_allocated_mib(2, 512) > mm.predict_allocated_mib(2, 128) > 0
+
+
+def test_the_fit_figure_tells_every_model_apart():
+    """The reference's nine memory models: no two share a colour and a marker (the style's colour
+    cycle repeats after six, and drew keep 25% as off)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from heptstudy import plots, study
+
+    with matplotlib.rc_context():  # the report's style, as aggregate.ipynb draws it
+        plots.use_style()
+        fig, table, why = study.optional_fit_figure(
+            study.load_reports(REPO / "experiments" / "cpu_reference")
+        )
+    assert why == "" and len(table) == 9
+    looks = [
+        (tuple(c.get_facecolor()[0]), c.get_paths()[0].vertices.tobytes())
+        for c in fig.axes[0].collections
+        if "allocated" in c.get_label()
+    ]
+    assert len(looks) == 9 and len({color for color, _ in looks}) == 9

@@ -884,3 +884,22 @@ def test_a_paired_report_is_resumed_only_when_stamped_as_this_run(tmp_path):
     assert stamp(path, "f1", other).startswith(
         "not resumable, the report differs from the run: plans"
     )
+
+
+def test_a_figure_drawn_again_is_the_same_file(tmp_path):
+    """No creation date in the PDF: a committed study aggregated again from the same reports
+    leaves its figures unchanged."""
+    import time
+
+    import matplotlib.pyplot as plt
+
+    from heptstudy import plots
+
+    drawn = []
+    for folder in ("first", "second"):
+        fig, ax = plt.subplots()
+        ax.plot([1, 2, 3], [3, 1, 2])
+        drawn.append([p.read_bytes() for p in plots.save(fig, tmp_path / folder, "f")])
+        plt.close(fig)
+        time.sleep(1.1)  # the PDF's date has whole seconds
+    assert drawn[0] == drawn[1]

@@ -269,6 +269,46 @@ def test_where_a_study_writes(tmp_path, monkeypatch):
         study_folders(None, None, "../x")
 
 
+def test_a_committed_study_is_aggregated_again_only_by_name(capsys):
+    """`study aggregate --reference NAME` redraws a committed study from its committed reports
+    (after a change to the aggregate), its figures where they are committed, its report titled
+    by the matrix it was measured with; `--out` on it is still refused."""
+    from heptstudy.cli.study import _matrix_of
+    from heptstudy.committed import CommittedFolder
+    from heptstudy.study.outputs import aggregate_folders
+
+    experiments = ROOT / "experiments"
+    assert aggregate_folders(None, None, "cpu_reference") == (
+        experiments / "cpu_reference",
+        ROOT / "figures" / "cpu_reference",
+    )
+    # a committed study whose figures are in its own folder
+    assert aggregate_folders(None, None, "study_paired_epyc") == (
+        experiments / "study_paired_epyc",
+        experiments / "study_paired_epyc" / "figures",
+    )
+    with pytest.raises(CommittedFolder, match="committed reference folder"):
+        aggregate_folders(experiments / "cpu_reference", None)
+    with pytest.raises(StudyError, match="experiments/nope is no committed study"):
+        aggregate_folders(None, None, "nope")
+    with pytest.raises(StudyError, match="holds no study"):  # committed, but no study's reports
+        aggregate_folders(None, None, "recompute_floor")
+    with pytest.raises(StudyError, match="leave out --out and --figures"):
+        aggregate_folders(None, ROOT / "figures" / "cpu_reference", "cpu_reference")
+    matrix = _matrix_of(experiments / "cpu_reference")
+    assert matrix is not None and matrix.name == "cpu_default" and matrix.notes
+
+
+def test_a_study_folder_s_unreadable_matrix_is_said_not_fatal(tmp_path, capsys):
+    from heptstudy.cli.study import _matrix_of
+
+    assert _matrix_of(tmp_path) is None  # none: the folder's name titles the report
+    (tmp_path / "matrix.yaml").write_text("runs: [\n")
+    assert _matrix_of(tmp_path) is None
+    said = capsys.readouterr().out
+    assert "matrix.yaml does not read" in said and "titled by the folder's name" in said
+
+
 def test_unwritable_out_refused_before_measuring(tiny_data_dir, tmp_path, monkeypatch):
     launched = _kernel_in_process(monkeypatch)
     blocked = tmp_path / "a-file"

@@ -95,12 +95,26 @@ def measured_table(results) -> str:
 
 
 def _cmd_aggregate(args: argparse.Namespace) -> int:
-    out, figures = aggregate_folders(args.out, args.figures)
+    out, figures = aggregate_folders(args.out, args.figures, args.reference)
+    matrix = _matrix_of(out)
     # not while a study run writes them
     with holding_all((out, "study folder (--out)"), (figures, "figures folder (--figures)")):
-        html = aggregate_study(out, figures)
+        html = aggregate_study(out, figures, matrix=matrix, progress=not args.no_progress)
     print(f"report: {shown(html)}")
     return 0
+
+
+def _matrix_of(out):
+    """The matrix a study folder was measured with (its title, description and notes for the
+    report), or None, said, where the folder holds none that reads."""
+    path = out / "matrix.yaml"
+    if not path.is_file():
+        return None
+    try:
+        return load_matrix(path)
+    except HeptstudyError as err:
+        print(f"{shown(path)} does not read ({err}); the report is titled by the folder's name")
+        return None
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -163,12 +177,20 @@ def register_cli(subparsers) -> None:
     agg = sub.add_parser(
         "aggregate", help="aggregate.ipynb and report.html of an experiments directory"
     )
-    agg.add_argument("--out", required=True, help="study folder holding the JSON reports")
+    folder = agg.add_mutually_exclusive_group(required=True)
+    folder.add_argument("--out", help="study folder holding the JSON reports")
+    folder.add_argument(
+        "--reference",
+        metavar="NAME",
+        help="the committed study experiments/NAME, from its committed reports (after a change "
+        "to the aggregate; a change to the model or step needs `make reference`)",
+    )
     agg.add_argument(
         "--figures",
         help="figures folder (default: figures/ in the study folder; figures/NAME for the "
         "reference study experiments/NAME)",
     )
+    agg.add_argument("--no-progress", action="store_true")
     agg.set_defaults(
         func=_cmd_aggregate,
         interrupted="the previous aggregate.ipynb and report.html (if any) are kept as they "

@@ -27,18 +27,23 @@ def fit_table(models: list[MemoryModel]) -> list[dict]:
     ]
 
 
+_MARKERS = ("o", "s", "^", "D", "v", "P", "<", "h", ">", "p")
+
+
 def fit_figure(models: list[MemoryModel], synthetic: bool = False):
     """Measured peaks against padded batch hits and each batch size's fitted allocated line."""
     import matplotlib.pyplot as plt
 
     _, ax = plt.subplots(figsize=(8.6, 4.2))
+    # a colour and a marker of each model's own: the style's cycle repeats after six colours
+    colors = plt.get_cmap("tab10" if len(models) <= 10 else "tab20").colors
     for i, m in enumerate(models):
-        color = f"C{i}"
+        color, marker = colors[i % len(colors)], _MARKERS[i % len(_MARKERS)]
         ck = checkpointing_words(m.key)
         pts = m.allocated_points
         label = f"{m.source} {m.key.get('device_kind')}, checkpointing {ck}: allocated"
         xs, ys = [p.padded_batch_hits for p in pts], [p.peak_mib for p in pts]
-        ax.scatter(xs, ys, color=color, s=14, label=label)
+        ax.scatter(xs, ys, color=color, marker=marker, s=16, label=label)
         if rp := m.reserved_points:
             ratio = f" ({m.reserved.ratio:.2f} x allocated)" if m.reserved else ""
             xs, ys = [p.padded_batch_hits for p in rp], [p.peak_mib for p in rp]

@@ -7,7 +7,7 @@ import os
 import re
 import shutil
 import socket
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -95,9 +95,22 @@ def _refuse_committed(out_dir: Path, fig_dir: Path) -> None:
 
 
 def aggregate_folders(
-    out: str | os.PathLike, figures: str | os.PathLike | None
+    out: str | os.PathLike | None, figures: str | os.PathLike | None, reference: str | None = None
 ) -> tuple[Path, Path]:
-    """``study aggregate``'s folders, both refused when committed."""
+    """``study aggregate``'s folders: ``--out`` and ``--figures``, both refused when committed, or
+    the committed study ``reference`` and the figures folder it holds (figures/NAME, else its
+    own figures/)."""
+    if reference is not None:
+        out_dir, fig_dir = astuple(study_folders(None, figures, reference))
+        if not out_dir.is_dir():
+            raise StudyError(
+                f"--reference {reference}: experiments/{reference} is no committed study; give the "
+                "name of a folder of experiments/ a study run wrote, e.g. --reference cpu_reference"
+            )
+        if not fig_dir.is_dir():
+            fig_dir = out_dir / "figures"
+        require_study(out_dir)
+        return out_dir, fig_dir
     out_dir = real_path(out, "--out")
     if not out_dir.is_dir():
         raise StudyError(

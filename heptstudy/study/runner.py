@@ -125,8 +125,10 @@ class StudyRun:
     superseded: Path | None = None  # the folder replaced results were moved to, if any
 
 
-def _papermill(notebook: str, output: Path, parameters: dict, timeout: int | None) -> None:
-    options = dict(kernel_name="python3", progress_bar=False, execution_timeout=timeout)
+def _papermill(
+    notebook: str, output: Path, parameters: dict, timeout: int | None, progress: bool = False
+) -> None:
+    options = dict(kernel_name="python3", progress_bar=progress, execution_timeout=timeout)
     input_nb = ROOT / "notebooks" / notebook
     execute_notebook(input_nb, output, parameters=parameters, cwd=str(ROOT), **options)
 
@@ -336,7 +338,9 @@ def run_study(
         _remove_empty(out / PENDING)
         if aggregate:
             try:
-                done.report_html = aggregate_study(out, folders.figures, matrix=matrix)
+                done.report_html = aggregate_study(
+                    out, folders.figures, matrix=matrix, progress=progress
+                )
             except KeyboardInterrupt:
                 raise Interrupted(
                     f"all {len(prepared)} runs are finished and kept in {shown(out)}/; the "
@@ -371,7 +375,11 @@ def _remove_empty(folder: Path) -> None:
 
 
 def aggregate_study(
-    out_dir: str | os.PathLike, figures_dir: str | os.PathLike, *, matrix: Matrix | None = None
+    out_dir: str | os.PathLike,
+    figures_dir: str | os.PathLike,
+    *,
+    matrix: Matrix | None = None,
+    progress: bool = False,
 ) -> Path:
     out, figures = real_path(out_dir, "--out"), real_path(figures_dir, "--figures")
     refuse_foreign_outputs(out)
@@ -390,7 +398,9 @@ def aggregate_study(
             st = p.stat()
             before[p] = (st.st_ino, st.st_mtime_ns)
     remove_leftovers(executed, ".ipynb")  # of an aggregate that was killed
-    _papermill("aggregate.ipynb", executed, parameters, matrix.cell_timeout_s if matrix else None)
+    timeout = matrix.cell_timeout_s if matrix else None
+    # minutes on a full study (the fits, the estimates): a bar of its cells
+    _papermill("aggregate.ipynb", executed, parameters, timeout, progress)
     html = render_html(executed, out / "report.html")
     # move aside the tables and figures of an earlier aggregate that this one did not write
     superseded = Superseded(out)
