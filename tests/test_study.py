@@ -222,6 +222,9 @@ def test_run_overrides_add_to_the_defaults(tmp_path):
         ([], "non-empty"),
         ([{"notebook": "paired", "plans": "full", "rounds": 3}], "plans='full' is not allowed"),
         ([{"notebook": "paired", "plans": ["full"], "rounds": 0}], "rounds=0 is not allowed"),
+        # YAML's bare off is false: named as the plan it spells, refused as off is
+        ([{"notebook": "paired", "plans": [False], "rounds": 3}], r"plans \['off'\] cannot be"),
+        ([{"notebook": "paired", "plans": ["Auto"], "rounds": 3}], r"plans \['Auto'\] cannot be"),
         ([{"notebook": "paired", "plans": ["full"], "repeats": 3}], "has rounds: give rounds"),
         ([{"notebook": "paired", "plans": ["full"], "checkpointing": "full"}], "do not apply"),
         ([{"notebook": "memory", "plans": ["full"]}], "do not apply to memory.ipynb"),
@@ -232,6 +235,13 @@ def test_bad_matrix(tmp_path, runs, match):
     path.write_text(yaml.safe_dump({"runs": runs}))
     with pytest.raises(StudyError, match=match):
         study.load_matrix(path)
+
+
+def test_a_paired_run_s_yaml_true_is_full(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("runs: [{notebook: paired, batch_size: 4, plans: [true, keep25], rounds: 3}]\n")
+    (run,) = study.load_matrix(path).runs
+    assert run.parameters["plans"] == ["full", "keep25"]
 
 
 def _row(name, b, ckpt, alloc, reserved, t, status="ok", kind="memory", policy="full", every=1):

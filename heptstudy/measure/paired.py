@@ -20,6 +20,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from heptstudy.atomic import Output, json_text, write_text_or_keep
+from heptstudy.config.plans import parse_plan_name
 from heptstudy.data.batching import dataset_for, event_indices, load_events, to_device
 from heptstudy.data.layout import geometry_of
 from heptstudy.errors import HeptstudyError, Interrupted
@@ -128,7 +129,9 @@ def from_notebook(namespace: Mapping[str, Any]) -> tuple[Measurement, list[str],
     request = MeasurementRequest.from_namespace(
         namespace, NOTEBOOK_PARAMETERS[PAIRED], "paired.ipynb", also=PAIRED_ONLY, **_FIXED
     )
-    return paired_measurement(request), [str(p) for p in plans], check_rounds(rounds)
+    # YAML (-y) reads a bare off/true as a boolean: the plan it spells
+    names = [parse_plan_name(p) if isinstance(p, bool) else str(p) for p in plans]
+    return paired_measurement(request), names, check_rounds(rounds)
 
 
 def read_paired(path: str | Path) -> dict[str, Any]:

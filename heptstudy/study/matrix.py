@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from heptstudy.config import read_yaml
+from heptstudy.config.plans import parse_plan_name
 from heptstudy.errors import ConfigError, HeptstudyError
 from heptstudy.measure.paired import PAIRED_ONLY, paired_name, paired_request
 from heptstudy.measure.request import NOTEBOOK_PARAMETERS, MeasurementRequest, override_list
@@ -163,11 +164,24 @@ def _check_paired(params: dict[str, Any], where: str) -> None:
     """A paired run names its plans as a list and its rounds as a whole number >= 1 (the plans
     themselves are checked against the model when the study prepares its runs)."""
     plans = params.get("plans")
-    if not isinstance(plans, list) or not plans or not all(isinstance(p, str) for p in plans):
+    # YAML reads a bare off/on/true/false as a boolean: the plan it spells, as checkpointing does
+    if (
+        not isinstance(plans, list)
+        or not plans
+        or not all(isinstance(p, str | bool) for p in plans)
+    ):
         raise StudyError(
             f"{where}: plans={plans!r} is not allowed: a paired run names the plans to time "
             "against off as a list, e.g. plans: [full, keep70]"
         )
+    named = [parse_plan_name(p) if isinstance(p, bool) else p for p in plans]
+    if unpaired := [p for p in named if p.strip().lower() in ("off", "auto")]:
+        raise StudyError(
+            f"{where}: plans {unpaired} cannot be paired: off is the plan every other one is "
+            "timed against, and auto is no one plan; name the plans to compare with off, e.g. "
+            "plans: [full, keep70]"
+        )
+    params["plans"] = named
     _at_least_one(params.get("rounds"), where, "rounds", "the paired rounds, e.g. rounds: 3")
 
 
