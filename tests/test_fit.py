@@ -438,6 +438,14 @@ def test_report_layer_on_the_h200_reports(tiny_data_dir):
     assert len(models) + len(skipped) == 2
     panels = [ax for ax in figure.axes if ax.get_xlabel()]
     assert len(panels) == len(models)  # one panel per answered platform
+    figure.canvas.draw()
+    for ax in panels:
+        # the device line drawn below the top, the legend below the panel (inside, the device
+        # line and the histogram drawn over the panel crossed it)
+        device = next(line for line in ax.get_lines() if line.get_label().startswith("device"))
+        assert device.get_ydata()[0] < ax.get_ylim()[1]
+        legend = ax.get_legend().get_window_extent()
+        assert legend.y1 < ax.get_window_extent().y0
 
 
 # --------------------------------------------------------------------------- auto checkpointing

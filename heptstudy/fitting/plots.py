@@ -66,7 +66,7 @@ def peak_vs_longest_figure(results: dict, synthetic: bool = False):
     longest padded event, and (right axis) how often a batch's longest event has each length."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 5.0), squeeze=False)
     for ax, (name, r) in zip(axes[0], results.items(), strict=True):
         a, c = r.answer, r.answer.curve
         x = np.array(c["longest_padded"])
@@ -82,6 +82,9 @@ def peak_vs_longest_figure(results: dict, synthetic: bool = False):
         ax.axhline(a.device_memory_gib, color="k", lw=1.2, label=device)
         ax.axhline(a.usable_gib, color="k", ls=":", lw=1, label=f"usable {a.usable_gib:.1f} GiB")
         ax.axvline(x.max(), color="0.5", ls="--", lw=0.8, label="longest event of the data")
+        # room above the device line, which would lie on the frame; a peak beyond it stays drawn
+        highest = max([a.device_memory_gib, *c["allocated_gib"], *(c["reserved_gib"] or [])])
+        ax.set_ylim(bottom=0, top=1.08 * highest)
         ax.set_xlabel("longest padded event in the batch [hits]")
         ax.set_ylabel(f"predicted peak, batch of {a.per_device_batch} [GiB]")
         ax.set_title(f"{name}: {r.model.source} model", fontsize=9)
@@ -92,7 +95,9 @@ def peak_vs_longest_figure(results: dict, synthetic: bool = False):
         twin.stairs(mass, bins, fill=True, color="C2", alpha=0.25)
         twin.set_ylabel("fraction of batches (longest event in bin)", color="C2", fontsize=8)
         twin.set_ylim(bottom=0)
-        ax.legend(fontsize=7, loc="upper left")
+        # below the panel: inside, the device line and the histogram (drawn over the panel)
+        # cross it
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     if synthetic:
         fig.suptitle("synthetic (generated) data", fontsize=9)
     fig.tight_layout()
