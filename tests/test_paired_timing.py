@@ -166,22 +166,9 @@ def test_a_paired_report_its_readers_cannot_read_is_refused_by_name(tmp_path, ed
 def test_the_notebook_reads_yaml_s_bare_true_as_the_plan_it_spells(tmp_path):
     """`papermill notebooks/paired.ipynb out.ipynb -y 'plans: [true, keep25]'`: YAML reads the
     bare word as a boolean; the notebook times the plan it spells, as checkpointing does."""
-    from click.testing import CliRunner
-    from papermill.cli import papermill
-
     from heptstudy.measure.paired import from_notebook
-    from tests.test_request import ROOT, _cells
+    from tests.test_request import prepared_namespace
 
-    out = tmp_path / "prepared.ipynb"
-    args = [str(ROOT / "notebooks" / "paired.ipynb"), str(out), "--prepare-only"]
-    args += ["-y", "plans: [true, keep25]"]
-    result = CliRunner().invoke(papermill, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    (cell,) = _cells(out, "parameters")
-    (injected,) = _cells(out, "injected-parameters")
-    namespace: dict = {}
-    exec(cell, namespace)
-    exec(injected, namespace)
-    namespace["In"] = ["", cell, injected, "from_notebook(...)"]
+    namespace = prepared_namespace(tmp_path, "paired", ["-y", "plans: [true, keep25]"])
     _, plans, _ = from_notebook(namespace)
     assert plans == ["full", "keep25"]

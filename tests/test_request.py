@@ -43,13 +43,17 @@ def _parameters_cell(kind: str) -> str:
 
 
 def _notebook(tmp_path: Path, kind: str, cli_strings: dict[str, str]) -> MeasurementRequest:
-    """What the notebook's first cell builds after ``papermill -p NAME VALUE ...``: papermill's
-    own command line (``--prepare-only``: the parameters injected, no kernel started), then the
-    notebook's cells with the kernel's input history."""
+    """What the notebook's first cell builds after ``papermill -p NAME VALUE ...``."""
+    options = [arg for name, value in cli_strings.items() for arg in ("-p", name, value)]
+    return from_notebook(kind, prepared_namespace(tmp_path, kind, options))
+
+
+def prepared_namespace(tmp_path: Path, kind: str, options: list[str]) -> dict:
+    """The kernel's globals before the notebook's first cell after ``papermill OPTIONS``:
+    papermill's own command line (``--prepare-only``: the parameters injected, no kernel
+    started), then the parameter cells with the kernel's input history."""
     out = tmp_path / f"prepared_{kind}.ipynb"
-    args = [str(ROOT / "notebooks" / f"{kind}.ipynb"), str(out), "--prepare-only"]
-    for name, value in cli_strings.items():
-        args += ["-p", name, value]
+    args = [str(ROOT / "notebooks" / f"{kind}.ipynb"), str(out), "--prepare-only", *options]
     result = CliRunner().invoke(papermill, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     (cell,) = _cells(out, "parameters")
@@ -58,7 +62,7 @@ def _notebook(tmp_path: Path, kind: str, cli_strings: dict[str, str]) -> Measure
     exec(cell, namespace)
     exec(injected, namespace)
     namespace["In"] = ["", cell, injected, "request = from_notebook(...)"]
-    return from_notebook(kind, namespace)
+    return namespace
 
 
 def _matrix(tmp_path, kind: str, row: dict) -> MeasurementRequest:
