@@ -141,6 +141,15 @@ def register_cli(subparsers) -> None:
         "study", help="run a study matrix of notebooks; aggregate; HTML report"
     )
     sub = study.add_subparsers(dest="study_command", required=True)
+    _add_run(sub)
+    _add_aggregate(sub)
+    _add_predict(sub)
+    check = sub.add_parser("check", help="validate a study matrix and list its runs")
+    check.add_argument("--matrix", required=True)
+    check.set_defaults(func=_cmd_check)
+
+
+def _add_run(sub) -> None:
     run = sub.add_parser(
         "run",
         help="every measurement of a matrix in its own kernel, then the report",
@@ -174,6 +183,9 @@ def register_cli(subparsers) -> None:
     run.add_argument("--no-aggregate", action="store_true", help="only the measurements")
     run.add_argument("--no-progress", action="store_true")
     run.set_defaults(func=_cmd_run, interrupted="nothing was measured; run the same command again")
+
+
+def _add_aggregate(sub) -> None:
     agg = sub.add_parser(
         "aggregate", help="aggregate.ipynb and report.html of an experiments directory"
     )
@@ -196,6 +208,9 @@ def register_cli(subparsers) -> None:
         interrupted="the previous aggregate.ipynb and report.html (if any) are kept as they "
         "were; run the same command again",
     )
+
+
+def _add_predict(sub) -> None:
     predict = sub.add_parser(
         "predict",
         help="blind predictions of a GPU matrix's memory runs, made without a GPU",
@@ -218,6 +233,3 @@ def register_cli(subparsers) -> None:
         help="runs estimated at a time, each in a process of its own (default 1)",
     )
     predict.set_defaults(func=_cmd_predict)
-    check = sub.add_parser("check", help="validate a study matrix and list its runs")
-    check.add_argument("--matrix", required=True)
-    check.set_defaults(func=_cmd_check)

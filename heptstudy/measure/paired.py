@@ -55,6 +55,21 @@ PROTOCOL = (
 )
 
 
+#: Why a plan cannot be paired with off, by name.
+_UNPAIRED = {REFERENCE: "every plan is paired with it", "auto": "it is no one plan"}
+
+
+def why_unpaired(name: str) -> str | None:
+    """Why the plan ``name`` cannot be paired with ``off`` (it is off, or auto), or None."""
+    return _UNPAIRED.get(name.strip().lower())
+
+
+def plan_names(values: Sequence[Any]) -> list[str]:
+    """Plans as a matrix's YAML or a notebook's ``-y`` gives them: YAML reads a bare off/true as
+    a boolean, the plan it spells (as checkpointing's)."""
+    return [parse_plan_name(v) if isinstance(v, bool) else str(v) for v in values]
+
+
 def paired_plans(names: Sequence[str], m: Measurement) -> list[CheckpointPlan]:
     """The plans to pair with ``off``, each named once; ``off`` itself and ``auto`` (a plan per
     step, not one plan) are refused by name."""
@@ -64,8 +79,7 @@ def paired_plans(names: Sequence[str], m: Measurement) -> list[CheckpointPlan]:
             plan = plan_named(name, num_layers, config=m.config)
         except HeptstudyError as err:  # named as the plans are given, not as checkpointing=
             raise HeptstudyError(f"paired plans: {name!r}: {err}") from None
-        if plan.name in (REFERENCE, "auto"):
-            why = "every plan is paired with it" if plan.name == REFERENCE else "it is no one plan"
+        if why := why_unpaired(plan.name):
             raise HeptstudyError(
                 f"heptstudy bench paired: plan {name!r} cannot be paired ({why}); name the plans "
                 "to compare with off, e.g. full keep70"
@@ -129,9 +143,7 @@ def from_notebook(namespace: Mapping[str, Any]) -> tuple[Measurement, list[str],
     request = MeasurementRequest.from_namespace(
         namespace, NOTEBOOK_PARAMETERS[PAIRED], "paired.ipynb", also=PAIRED_ONLY, **_FIXED
     )
-    # YAML (-y) reads a bare off/true as a boolean: the plan it spells
-    names = [parse_plan_name(p) if isinstance(p, bool) else str(p) for p in plans]
-    return paired_measurement(request), names, check_rounds(rounds)
+    return paired_measurement(request), plan_names(plans), check_rounds(rounds)
 
 
 def read_paired(path: str | Path) -> dict[str, Any]:

@@ -8,9 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from heptstudy.config import read_yaml
-from heptstudy.config.plans import parse_plan_name
 from heptstudy.errors import ConfigError, HeptstudyError
-from heptstudy.measure.paired import PAIRED_ONLY, paired_name, paired_request
+from heptstudy.measure.paired import (
+    PAIRED_ONLY,
+    paired_name,
+    paired_request,
+    plan_names,
+    why_unpaired,
+)
 from heptstudy.measure.request import NOTEBOOK_PARAMETERS, MeasurementRequest, override_list
 from heptstudy.names import check_name
 from heptstudy.study.common import MEMORY, NOTEBOOKS, PAIRED, StudyError
@@ -164,7 +169,7 @@ def _check_paired(params: dict[str, Any], where: str) -> None:
     """A paired run names its plans as a list and its rounds as a whole number >= 1 (the plans
     themselves are checked against the model when the study prepares its runs)."""
     plans = params.get("plans")
-    # YAML reads a bare off/on/true/false as a boolean: the plan it spells, as checkpointing does
+    # booleans: YAML's bare off/true, each the plan it spells (plan_names)
     if (
         not isinstance(plans, list)
         or not plans
@@ -174,12 +179,12 @@ def _check_paired(params: dict[str, Any], where: str) -> None:
             f"{where}: plans={plans!r} is not allowed: a paired run names the plans to time "
             "against off as a list, e.g. plans: [full, keep70]"
         )
-    named = [parse_plan_name(p) if isinstance(p, bool) else p for p in plans]
-    if unpaired := [p for p in named if p.strip().lower() in ("off", "auto")]:
+    named = plan_names(plans)
+    if unpaired := [p for p in named if why_unpaired(p)]:
+        why = "; ".join(f"{p}: {why_unpaired(p)}" for p in unpaired)
         raise StudyError(
-            f"{where}: plans {unpaired} cannot be paired: off is the plan every other one is "
-            "timed against, and auto is no one plan; name the plans to compare with off, e.g. "
-            "plans: [full, keep70]"
+            f"{where}: plans {unpaired} cannot be paired ({why}); name the plans to compare "
+            "with off, e.g. plans: [full, keep70]"
         )
     params["plans"] = named
     _at_least_one(params.get("rounds"), where, "rounds", "the paired rounds, e.g. rounds: 3")

@@ -16,23 +16,31 @@ from heptstudy.model.cost_table import (
 )
 
 
-def attention_mismatch(config: Config, device_type: str) -> str | None:
-    """Why ``config``'s cost table does not hold on ``device_type``, or None."""
+def _mismatch(config: Config, device_type: str) -> tuple[str, str] | None:
+    """(why ``config``'s cost table does not hold on ``device_type``, the attention it timed),
+    or None where it holds."""
     measured = read_cost_table(config)[0].get("attention_backend")
     runs = backend_in_effect(config, device_type)
     if measured == runs:
         return None
-    return (
+    why = (
         f"model.heptv2.op_costs={config.model.heptv2.op_costs!r} timed the {measured} bucket "
         f"attention, and on {device_type} this configuration runs the {runs} one "
         f"(model.heptv2.attention_backend={config.model.heptv2.attention_backend})"
     )
+    return why, measured
+
+
+def attention_mismatch(config: Config, device_type: str) -> str | None:
+    """Why ``config``'s cost table does not hold on ``device_type``, or None."""
+    found = _mismatch(config, device_type)
+    return found and found[0]
 
 
 def check_table_on(config: Config, plans: Iterable[CheckpointPlan], device_type: str) -> None:
     """Refuse solver plans among ``plans`` whose table does not hold on ``device_type``."""
-    if any(p.kind_keep for p in plans) and (why := attention_mismatch(config, device_type)):
-        measured = read_cost_table(config)[0].get("attention_backend")
+    if any(p.kind_keep for p in plans) and (found := _mismatch(config, device_type)):
+        why, measured = found
         raise CostTableMismatch(
             f"{why}; set model.heptv2.attention_backend={measured} (a platform profile does), "
             f"or {MAKE_ONE}"
