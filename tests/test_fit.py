@@ -644,3 +644,47 @@ def test_the_fit_figure_tells_every_model_apart():
         tuple(c.get_facecolor()[0]) for c in fig.axes[0].collections if "allocated" in c.get_label()
     ]
     assert len(colors) == len(set(colors)) == 9
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (
+            ["validate", "--platform", "h100", "--per-device-batch", "-5", "--json"],
+            "fit validate: --platform, --per-device-batch, --json do not apply",
+        ),
+        (["--per-device-batch", "8", "--out", "D", "--code", "x"], "--code, --out do not apply"),
+        (["--per-device-batch", "8", "--save-model", ""], "--save-model: '' is empty"),
+        (["--per-device-batch", "8", "--data-dir", " "], "--data-dir: ' ' is empty"),
+        (["--per-device-batch", "8", "--fits-dir", "no/such"], "--fits-dir 'no/such' is not a"),
+    ],
+)
+def test_fit_refuses_an_option_it_would_ignore(argv, says, tmp_path, monkeypatch):
+    """Options of the other mode, blank paths and a missing --fits-dir were ignored, or read as
+    'not given', without a word."""
+    from conftest import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    platform = [] if argv[0] == "validate" else ["--platform", "h100"]
+    code, _, err = run_cli("fit", *platform, *argv)
+    assert code == 2 and says in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fit_validate_refuses_a_file_as_out_before_estimating(tmp_path):
+    from conftest import run_cli
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    code, out, err = run_cli(
+        "fit",
+        "validate",
+        "--reports",
+        str(tmp_path),
+        "--data-dir",
+        str(tmp_path),
+        "--out",
+        str(notes),
+    )
+    assert code == 2 and f"--out {str(notes)!r} is a file, not a folder" in err, err
+    assert out == "" and notes.read_text() == "mine\n"

@@ -709,3 +709,13 @@ def test_study_kernels_print_no_unencrypted_tcp_warning(how, tmp_path):
     said = done.stderr + (tmp_path / "out.ipynb").read_text()
     assert ("without encryption" in said) == (how == "plain")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.ipynb", "out.ipynb"]
+
+
+def test_bench_s_own_output_before_backbone_is_where_the_result_goes(tmp_path):
+    """`bench --output F backbone ...`: argparse reads --output as bench's own option; the
+    backbone bench writes F, not nothing."""
+    out = tmp_path / "backbone.json"
+    argv = ["bench", "--output", str(out), "backbone", "--hits", "64", "--repeats", "1"]
+    code, text, err = run_cli(*argv, *set_options(TINY_MODEL))
+    assert code == 0, err
+    assert json.loads(out.read_text())["hits"] == 64 and f"written: {out}" in text

@@ -371,6 +371,8 @@ def test_costs_refuses_a_device_or_an_out_it_cannot_use_before_measuring(tmp_pat
     notes.write_text("mine\n")
     for args, says in (
         (["--device", "gpu"], "'gpu' is not a device to measure on: give cpu, cuda or cuda:N"),
+        (["--device", "cuda:"], "'cuda:' is not a device to measure on"),
+        (["--device", "cpu:"], "'cpu:' is not a device to measure on"),
         (["--out", ""], "an empty path: give the .json file"),
         (["--out", str(notes / "costs.json")], f"{str(notes)!r} is a file, not a folder"),
     ):

@@ -310,6 +310,26 @@ def case_backbone_output_is_a_folder(ws):
     return _backbone("--hits", "64", "--output", str(ws.run))
 
 
+def case_bench_options_before_backbone(ws):
+    return lambda: _cli("bench", "--checkpointing", "full", "--dtype", "bfloat16", "backbone")
+
+
+def case_backbone_empty_output(ws):
+    return _backbone("--hits", "64", "--output", "")
+
+
+def case_bench_empty_output(ws):
+    return lambda: _cli("bench", "--batch-size", "1", "--output", "")
+
+
+def case_bench_checkpointing_before_paired(ws):
+    return lambda: _cli("bench", "--checkpointing", "full", "paired", "keep25")
+
+
+def case_parity_only_after_paired(ws):
+    return lambda: _cli("bench", "paired", "full", "--parity-only")
+
+
 CASES = [
     (case_train_into_earlier_run, ["train.out_dir=", "/run'", "already holds an earlier run",
                                    "--resume", "step_000004.pt", "--new-run", "run-002"]),
@@ -359,6 +379,13 @@ CASES = [
     (case_backbone_unknown_device, ["--device 'gpu'", "cpu, cuda or cuda:N"]),
     (case_backbone_zero_threads, ["--threads 0", "at least 1"]),
     (case_backbone_output_is_a_folder, ["/run'", "is a directory", "NAME.json"]),
+    (case_bench_options_before_backbone, ["bench backbone: --checkpointing, --dtype do not apply",
+                                          "--set model.heptv2.activation_checkpointing=true"]),
+    (case_backbone_empty_output, ["--output", "'' is empty", "leave --output out"]),
+    (case_bench_empty_output, ["--output", "'' is empty", "leave --output out"]),
+    (case_bench_checkpointing_before_paired, ["bench paired: --checkpointing does not apply",
+                                              "leave it out"]),
+    (case_parity_only_after_paired, ["bench paired: --parity-only does not apply"]),
 ]  # fmt: skip
 
 

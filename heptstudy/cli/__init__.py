@@ -34,18 +34,39 @@ def whole_number(minimum: int, example: int):
 def add_set_arg(
     parser: argparse.ArgumentParser,
     help: str = "dotted override, e.g. model.heptv2.activation_checkpointing=true (repeatable)",
+    default: object = None,
 ) -> None:
-    """``--set KEY=VALUE`` (repeatable) into ``args.overrides``: the one override syntax."""
+    """``--set KEY=VALUE`` (repeatable) into ``args.overrides``: the one override syntax.
+    ``default``: [] unless given (a subcommand's SUPPRESS keeps its parent's ``--set``)."""
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[] if default is None else default,
+        metavar="KEY=VALUE",
+        help=help,
     )
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
+def not_blank(option: str):
+    """An argparse type refusing a blank value, which would otherwise read as None (the notebooks'
+    spelling of it) or as the current folder, and quietly stand for something else."""
+
+    def check(value: str) -> str:
+        if not value.strip():
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is empty; give a value, or leave {option} out for its default"
+            )
+        return value
+
+    return check
+
+
+def add_config_args(parser: argparse.ArgumentParser, set_default: object = None) -> None:
     parser.add_argument(
         "--config", help="YAML configuration file (defaults: the recommended model)"
     )
-    add_set_arg(parser)
+    add_set_arg(parser, default=set_default)
 
 
 def build_parser() -> argparse.ArgumentParser:

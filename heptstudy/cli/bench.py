@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from heptstudy.cli import not_blank
+
 
 def request_from_args(args: argparse.Namespace):
     """Only the options given (the request states every default); a bad value named by option."""
@@ -40,23 +42,54 @@ def _bench_backbone(args: argparse.Namespace) -> int:
         describe_backbone,
         run_backbone_bench,
     )
+    from heptstudy.measure.request import MeasurementRequest
 
-    check_backbone_request(args.hits, args.repeats, args.device, args.threads, args.output)
+    _refuse_given(
+        args,
+        [f for f in MeasurementRequest.model_fields if f not in ("output", "overrides")],
+        "backbone",
+        "the backbone bench takes --hits, --repeats, --threads, --device, --output, --config "
+        "and --set (e.g. --set model.heptv2.activation_checkpointing=true)",
+    )
+    output, overrides = getattr(args, "output", None), getattr(args, "overrides", [])
+    check_backbone_request(args.hits, args.repeats, args.device, args.threads, output)
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, overrides)
     result = run_backbone_bench(config, args.hits, repeats=args.repeats, device=args.device)
     print(describe_backbone(result))
-    if args.output:
-        text = json_text(result, f"the result {args.output}")
-        write_text_or_keep(args.output, text, "the result")
-        print(f"written: {args.output}")
+    if output:
+        text = json_text(result, f"the result {output}")
+        write_text_or_keep(output, text, "the result")
+        print(f"written: {output}")
     return 0
+
+
+def _refuse_given(args: argparse.Namespace, fields, command: str, takes: str) -> None:
+    """Options of ``heptstudy bench`` given before a subcommand that does not read them (argparse
+    parses them as bench's own): refused rather than measured without them."""
+    given = [_flag(f)[0] for f in fields if hasattr(args, f)]
+    if given:
+        from heptstudy.measure.request import RequestError
+
+        raise RequestError(
+            f"heptstudy bench {command}: {', '.join(given)} "
+            f"{'does' if len(given) == 1 else 'do'} not apply to it: {takes}; leave "
+            f"{'it' if len(given) == 1 else 'them'} out"
+        )
 
 
 def _bench_paired(args: argparse.Namespace) -> int:
     from heptstudy.measure.paired import describe_paired, paired_measurement, run_paired
+    from heptstudy.measure.request import NOT_PAIRED
 
+    _refuse_given(
+        args,
+        NOT_PAIRED,
+        "paired",
+        "it times its PLANs against off (--checkpointing), always with checkpointing and by "
+        "step time alone, without parity (--parity-only, --deterministic, --passes)",
+    )
     # the layers wrapped as auto wraps them, so that every step can run its own plan
     args.checkpointing, args.passes = "auto", "timing"
     m = paired_measurement(request_from_args(args))
@@ -67,6 +100,9 @@ def _bench_paired(args: argparse.Namespace) -> int:
 
 
 _NOTHING_MEASURED = "nothing was measured or written; run the same command again"
+
+
+_TEXT_OPTIONS = ("output", "data_dir", "platform", "variant")
 
 #: Request fields whose option is not the plain ``--field-name VALUE``.
 _FLAGS: dict[str, tuple[str, dict]] = {
@@ -79,6 +115,10 @@ _FLAGS: dict[str, tuple[str, dict]] = {
         ),
     ),
     "overrides": ("--set", dict(action="append", metavar="KEY=VALUE")),
+    **{
+        f: (f"--{f.replace('_', '-')}", dict(type=not_blank(f"--{f.replace('_', '-')}")))
+        for f in _TEXT_OPTIONS
+    },
     "progress": ("--no-progress", dict(action="store_const", const=False, help="no progress bar")),
     "checkpointing": ("--checkpointing", dict(metavar="PLAN")),
     "deterministic": ("--deterministic", dict(action=argparse.BooleanOptionalAction)),
@@ -101,8 +141,14 @@ def register_cli(sub) -> None:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--threads", type=int, help="torch intra-op threads (default: PyTorch's choice)")
     b.add_argument("--device", default="cpu")
-    b.add_argument("--output", help="JSON file for the result")
-    add_config_args(b)
+    # SUPPRESS: `bench --output F backbone` (bench's own --output and --set) still counts
+    b.add_argument(
+        "--output",
+        type=not_blank("--output"),
+        default=argparse.SUPPRESS,
+        help="JSON file for the result",
+    )
+    add_config_args(b, set_default=argparse.SUPPRESS)
     b.set_defaults(func=_bench_backbone, interrupted=_NOTHING_MEASURED)
     paired = kinds.add_parser(
         "paired",
@@ -120,9 +166,11 @@ def register_cli(sub) -> None:
         p.add_argument(
             flag, dest=field, default=argparse.SUPPRESS, **{"help": info.description, **extra}
         )
-        if field not in NOT_PAIRED:
-            said = {"help": _PAIRED_HELP.get(field) or extra.get("help") or info.description}
-            paired.add_argument(flag, dest=field, default=argparse.SUPPRESS, **{**extra, **said})
+        # the options paired does not take are parsed too (unlisted), to be refused by name
+        said = {"help": _PAIRED_HELP.get(field) or extra.get("help") or info.description}
+        if field in NOT_PAIRED:
+            said = {"help": argparse.SUPPRESS}
+        paired.add_argument(flag, dest=field, default=argparse.SUPPRESS, **{**extra, **said})
     p.set_defaults(func=_bench, interrupted=_NOTHING_MEASURED)
 
 

@@ -70,8 +70,8 @@ def _costs(args: argparse.Namespace) -> int:
 
 def _device(value: str) -> str:
     """``cpu``, ``cuda`` or ``cuda:N``: the devices a table's seconds are measured on."""
-    kind, _, index = value.partition(":")
-    if (kind == "cpu" and not index) or (kind == "cuda" and (not index or index.isdigit())):
+    kind, colon, index = value.partition(":")
+    if (kind == "cpu" and not colon) or (kind == "cuda" and (not colon or index.isdigit())):
         return value
     raise argparse.ArgumentTypeError(
         f"{value!r} is not a device to measure on: give cpu, cuda or cuda:N (N a GPU's index)"

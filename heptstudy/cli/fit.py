@@ -7,16 +7,54 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from heptstudy.cli import add_set_arg
+from heptstudy.cli import add_set_arg, not_blank
 from heptstudy.data.layout import BATCHINGS
 from heptstudy.errors import HeptstudyError
-from heptstudy.fitting.api import DEFAULT_SCENARIO, DEFAULT_VARIANT, FitRequest, fit
+from heptstudy.fitting.api import DEFAULT_SCENARIO, DEFAULT_VARIANT, FitRequest, fit, repo_path
 from heptstudy.fitting.reports import expand_report_paths
 from heptstudy.fitting.words import render
 from heptstudy.measure.report_checks import checked_report
 
+#: Options of one mode and their defaults: given to the other mode, they would be ignored.
+_FIT_ONLY = {
+    "platform": None,
+    "per_device_batch": None,
+    "scenario": DEFAULT_SCENARIO,
+    "variant": DEFAULT_VARIANT,
+    "fits_dir": None,
+    "safety_margin_gib": None,
+    "checkpointing": None,
+    "batching": None,
+    "save_model": None,
+    "estimate": False,
+    "overrides": [],
+    "json": False,
+}
+_VALIDATE_ONLY = {"code": None, "out": None}
+
+
+def _refuse_the_other_mode_s(args: argparse.Namespace) -> None:
+    validating = args.what == "validate"
+    other = _FIT_ONLY if validating else _VALIDATE_ONLY
+    given = [_option(dest) for dest, default in other.items() if getattr(args, dest) != default]
+    if given:
+        mode, uses = (
+            ("heptstudy fit validate", "it estimates the reports' own runs")
+            if validating
+            else ("heptstudy fit", "they are options of `heptstudy fit validate`")
+        )
+        raise HeptstudyError(
+            f"{mode}: {', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply "
+            f"({uses}); leave {'it' if len(given) == 1 else 'them'} out"
+        )
+
+
+def _option(dest: str) -> str:
+    return "--set" if dest == "overrides" else "--" + dest.replace("_", "-")
+
 
 def _cmd_fit(args: argparse.Namespace) -> int:
+    _refuse_the_other_mode_s(args)
     if args.what == "validate":
         return _cmd_validate(args)
     needed = {"--platform": args.platform, "--per-device-batch": args.per_device_batch}
@@ -24,6 +62,11 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         raise HeptstudyError(
             f"heptstudy fit needs {' and '.join(missing)} (e.g. --platform h100 "
             "--per-device-batch 48); `heptstudy fit validate` checks the estimator instead"
+        )
+    if args.fits_dir is not None and not repo_path(args.fits_dir).is_dir():
+        raise HeptstudyError(
+            f"--fits-dir {args.fits_dir!r} is not a folder here or in the repository; give the "
+            "folder of stored memory models, or leave --fits-dir out for configs/fit"
         )
     # every request field the command line has; FitRequest makes the lists tuples
     given = {f.name: getattr(args, f.name) for f in fields(FitRequest) if hasattr(args, f.name)}
@@ -53,6 +96,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             "experiments/cpu_reference --data-dir data/tfds"
         )
     if args.out:
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise HeptstudyError(
+                f"--out {args.out!r} is a file, not a folder; give a folder for validation.json "
+                "and table.md"
+            )
         validation.check_out(Path(args.out))
     reports = [(path, checked_report(path)) for path in expand_report_paths(args.reports)]
     doc = validation.validate(reports, args.data_dir, args.code, lambda s: print(s, flush=True))
@@ -82,17 +130,29 @@ def register_cli(subparsers) -> None:
         "code, on its own events in --data-dir, and print measured against estimated (reports of "
         "other code: scripts/at_commit.sh COMMIT fit validate ...)",
     )
-    p.add_argument("--platform", help="platform profile (YAML file or name); required to fit")
+    p.add_argument(
+        "--platform",
+        type=not_blank("--platform"),
+        help="platform profile (YAML file or name); required to fit",
+    )
     p.add_argument("--per-device-batch", type=int, help="events per device; required to fit")
     p.add_argument(
         "--scenario",
+        type=not_blank("--scenario"),
         default=DEFAULT_SCENARIO,
         help=f"training scenario (default {DEFAULT_SCENARIO})",
     )
     p.add_argument(
-        "--variant", default=DEFAULT_VARIANT, help=f"scenario variant (default {DEFAULT_VARIANT})"
+        "--variant",
+        type=not_blank("--variant"),
+        default=DEFAULT_VARIANT,
+        help=f"scenario variant (default {DEFAULT_VARIANT})",
     )
-    p.add_argument("--data-dir", help="TFDS data directory (default: the scenario's)")
+    p.add_argument(
+        "--data-dir",
+        type=not_blank("--data-dir"),
+        help="TFDS data directory (default: the scenario's)",
+    )
     p.add_argument(
         "--reports",
         nargs="*",
@@ -101,7 +161,9 @@ def register_cli(subparsers) -> None:
         "reason for each, when none of them was measured in this configuration",
     )
     p.add_argument(
-        "--fits-dir", help="stored memory models (default: the repository's configs/fit)"
+        "--fits-dir",
+        type=not_blank("--fits-dir"),
+        help="stored memory models (default: the repository's configs/fit)",
     )
     p.add_argument(
         "--safety-margin-gib",
@@ -121,7 +183,11 @@ def register_cli(subparsers) -> None:
         help="padded: every event filled to its batch's longest; packed: the batch's events in "
         "one stream, the answer over the batch's slots in all (default: the recipe's)",
     )
-    p.add_argument("--save-model", help="write the memory model used to this JSON file")
+    p.add_argument(
+        "--save-model",
+        type=not_blank("--save-model"),
+        help="write the memory model used to this JSON file",
+    )
     p.add_argument(
         "--estimate",
         action="store_true",
@@ -133,11 +199,12 @@ def register_cli(subparsers) -> None:
     v = p.add_argument_group("validate")
     v.add_argument(
         "--code",
+        type=not_blank("--code"),
         help="the code the reports measured: 'running' (reports that stand for the running "
         "code) or a commit (for reports whose own environment.git_commit this repository does "
         "not hold); default: each report's commit. Reports of a commit whose model or step code "
         "is not the running code's are skipped",
     )
-    v.add_argument("--out", help="folder for validation.json and table.md")
+    v.add_argument("--out", type=not_blank("--out"), help="folder for validation.json and table.md")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_fit)
