@@ -11,6 +11,7 @@ from heptstudy.cli import whole_number
 from heptstudy.committed import refuse_committed
 from heptstudy.data.generate import generate_datasets
 from heptstudy.data.stats import hits_stats, write_stats
+from heptstudy.data.tfds import DATA_OPTIONS
 from heptstudy.errors import DataError
 from heptstudy.locks import holding
 from heptstudy.paths import OUTPUT_ROOT, resolve_from_cwd, resolve_in_repo
@@ -35,6 +36,7 @@ def _writable_folder(folder: str | Path, option: str) -> Path:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    DATA_OPTIONS.refuse_repeated(args.configs)
     result = generate_datasets(
         _writable_folder(_data_dir(args), "--data-dir"),
         events_train=args.events_train,
@@ -54,13 +56,19 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    DATA_OPTIONS.refuse_repeated(args.configs)  # counted twice, and the same --out file written
     out = resolve_from_cwd(args.out or DEFAULT_STATS_DIR)
     refuse_committed(
         out, "--out", f"Leave out --out (it goes to {DEFAULT_STATS_DIR}) or give your own folder"
     )
     out = _writable_folder(out, "--out")
     stats = hits_stats(
-        _data_dir(args), args.dataset, args.configs, args.split, args.pad_to_multiple
+        _data_dir(args),
+        args.dataset,
+        args.configs,
+        args.split,
+        args.pad_to_multiple,
+        inputs=DATA_OPTIONS,  # the user gave options, not configuration keys
     )
     with holding(out, "statistics folder (--out)"):
         js, png, replaced = write_stats(stats, out)

@@ -11,7 +11,7 @@ import numpy as np
 
 from heptstudy.atomic import Output, atomic_savefig, atomic_write_text, figure_kind
 from heptstudy.data.batching import padded_sizes
-from heptstudy.data.tfds import open_dataset
+from heptstudy.data.tfds import CONFIG_KEYS, Inputs, open_dataset
 
 STATS_SCHEMA = "heptstudy.data_stats/1"
 QUANTILES = (0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99)
@@ -39,9 +39,12 @@ def hits_stats(
     configs: Sequence[str],
     split: str,
     pad_to_multiple: int = 128,
+    inputs: Inputs = CONFIG_KEYS,
 ) -> dict[str, Any]:
-    """Hits (elements) per event of ``split``: total, tracker and calorimeter, padded sizes."""
-    ds = open_dataset(data_dir, dataset, configs, split)
+    """Hits (elements) per event of ``split``: total, tracker and calorimeter, padded sizes;
+    messages name the inputs as ``inputs`` says."""
+    inputs.refuse_repeated(configs)
+    ds = open_dataset(data_dir, dataset, configs, split, inputs)
     total, tracker, calo = [], [], []
     for i in range(len(ds)):
         X = ds[i]["X"]

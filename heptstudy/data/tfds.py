@@ -4,6 +4,7 @@ neither side needs TensorFlow."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import os
@@ -179,12 +180,47 @@ class ArrayRecordDatasetWriter:
                 folder.rmdir()  # only when empty
 
 
-def parse_dataset(dataset: str) -> tuple[str, str]:
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """How messages name the reader's inputs: as the configuration's keys (the default), or as a
+    command's own options where the user gave those (``heptstudy data stats``)."""
+
+    data_dir: str = "data.data_dir"
+    dataset: str = "data.dataset"
+    configs: str = "data.configs"
+
+    def given(self, field: str, value: Any) -> str:
+        """``field`` with the ``value`` the user gave, written as the user would have."""
+        name = getattr(self, field)
+        if not name.startswith("-"):
+            return f"{name}={value!r}"
+        if isinstance(value, list | tuple):  # an option of several values: --configs 1 2
+            return " ".join([name, *map(str, value)])
+        return f"{name} {value!r}"
+
+    def refuse_repeated(self, configs: Sequence[str]) -> None:
+        """A builder config named twice would have its events read (or written) twice, as if
+        they were others: refused, before any work."""
+        configs = [str(c) for c in configs]
+        if repeated := sorted({c for c in configs if configs.count(c) > 1}, key=configs.index):
+            raise DataError(
+                f"{self.given('configs', configs)} names builder config "
+                f"{', '.join(map(repr, repeated))} more than once; list each config once: "
+                f"{self.given('configs', list(dict.fromkeys(configs)))}"
+            )
+
+
+CONFIG_KEYS = Inputs()
+#: The options of `heptstudy data generate` and `heptstudy data stats`.
+DATA_OPTIONS = Inputs("--data-dir", "--dataset", "--configs")
+
+
+def parse_dataset(dataset: str, inputs: Inputs = CONFIG_KEYS) -> tuple[str, str]:
     m = re.match(r"([a-z0-9_]+):(\d+\.\d+\.\d+)$", dataset or "")
     if not m:
         raise DataError(
-            f"data.dataset={dataset!r} is not of the form NAME:VERSION "
-            f"(for example {HITS_NAME}:{VERSION}); fix data.dataset"
+            f"{inputs.given('dataset', dataset)} is not of the form NAME:VERSION "
+            f"(for example {HITS_NAME}:{VERSION}); fix {inputs.dataset}"
         )
     return m.group(1), m.group(2)
 
@@ -201,12 +237,19 @@ def _datasets_in(path: Path) -> list[str]:
     return [d for d in _subdirs(path) if any((path / d).glob("*/*/dataset_info.json"))]
 
 
-def _locate(data_dir: Path, name: str, config: str, version: str) -> Path:
+def _locate(data_dir: Path, name: str, config: str, version: str, inputs: Inputs) -> Path:
     gen_hint = (
         f"generate synthetic events with `heptstudy data generate --data-dir {data_dir} "
-        "--events-train N --events-test M --seed S` or point data.data_dir at a TFDS directory "
-        f"that holds {name}"
+        f"--events-train N --events-test M --seed S` or point {inputs.data_dir} at a TFDS "
+        f"directory that holds {name}"
     )
+    if data_dir.exists() and not data_dir.is_dir():
+        # "does not exist" would be wrong, and generating into it would fail as well
+        raise DataError(
+            f"data directory {str(data_dir)!r} is a file, not a folder; give {inputs.data_dir} "
+            f"the TFDS data directory: the folder that holds {name}/<config>/{version}/ (or a new "
+            "folder for `heptstudy data generate --data-dir DIR` to fill)"
+        )
     if not data_dir.is_dir():
         raise DataError(f"data directory {str(data_dir)!r} does not exist; {gen_hint}")
     if not (data_dir / name).is_dir():
@@ -221,14 +264,14 @@ def _locate(data_dir: Path, name: str, config: str, version: str) -> Path:
     if config not in configs:
         raise DataError(
             f"builder config {config!r} of {name} not found under {str(data_dir / name)!r}; "
-            f"available configs: {configs or 'none'}; set data.configs to some of them "
+            f"available configs: {configs or 'none'}; set {inputs.configs} to some of them "
             "or generate the missing config with `heptstudy data generate --configs ...`"
         )
     versions = _subdirs(data_dir / name / config)
     if version not in versions:
         raise DataError(
             f"version {version!r} of {name}/{config} not found; available versions: "
-            f"{versions or 'none'}; set data.dataset to {name}:<one of them>"
+            f"{versions or 'none'}; set {inputs.dataset} to {name}:<one of them>"
         )
     path = data_dir / name / config / version
     if not (path / "dataset_info.json").is_file() or not (path / "features.json").is_file():
@@ -331,18 +374,23 @@ class ShardedDataset:
 
 
 def open_dataset(
-    data_dir: str | Path, dataset: str, configs: Sequence[str], split: str
+    data_dir: str | Path,
+    dataset: str,
+    configs: Sequence[str],
+    split: str,
+    inputs: Inputs = CONFIG_KEYS,
 ) -> ShardedDataset:
-    """Open ``NAME/CONFIG:VERSION`` for every config in ``configs`` and ``split``."""
+    """Open ``NAME/CONFIG:VERSION`` for every config in ``configs`` and ``split``; messages name
+    the inputs as ``inputs`` says."""
     import tensorflow_datasets as tfds
 
-    name, version = parse_dataset(dataset)
+    name, version = parse_dataset(dataset, inputs)
     data_dir = Path(data_dir).expanduser()
     sources, metas, files, paths = [], [], [], []
     expected = X_WIDTH.get(name)
     configs = [str(c) for c in configs]
     for config in configs:
-        path = _locate(data_dir, name, config, version)
+        path = _locate(data_dir, name, config, version, inputs)
         try:
             builder = tfds.builder(f"{name}/{config}:{version}", data_dir=str(data_dir))
         except Exception as err:  # TFDS raises several types; report them all the same way

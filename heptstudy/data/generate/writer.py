@@ -18,6 +18,7 @@ from heptstudy.data.generate.particles import SQRT_S
 from heptstudy.data.schema import HIT_FEATURES, TARGET_COLUMNS
 from heptstudy.data.tfds import (
     CONFIG_NAMES,
+    DATA_OPTIONS,
     HITS_NAME,
     PF_NAME,
     VERSION,
@@ -63,6 +64,8 @@ def _check_arguments(data_dir, configs, occupancy_scale) -> None:
         raise DataError(
             f"configs={configs!r}: allowed builder configs are {list(CONFIG_NAMES)}; pass e.g. --configs 1 2"
         )
+    # else both writers of the config would make the same folder, after simulating its events
+    DATA_OPTIONS.refuse_repeated(configs)
     for name in (HITS_NAME, PF_NAME):
         for c in configs:
             if (data_dir / name / c / VERSION).exists():
