@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from collections import Counter
 
 from heptstudy.atomic import Output, atomic_write_text, json_text
@@ -16,7 +17,7 @@ from heptstudy.measure.report import ReportError, read_report
 from heptstudy.paths import OUTPUT_ROOT, real_path, resolve_from_cwd
 from heptstudy.study.blind_predictions import predict_matrix
 from heptstudy.study.frames import host_usage_of
-from heptstudy.study.matrix import load_matrix
+from heptstudy.study.matrix import check_event_counts, load_matrix
 from heptstudy.study.outputs import aggregate_folders, shown
 from heptstudy.study.runner import aggregate_study, run_study
 from heptstudy.study.schedule import schedule
@@ -111,14 +112,19 @@ def _matrix_of(out):
     if not path.is_file():
         return None
     try:
-        return load_matrix(path)
+        # for its title and notes: runs measured with a configuration that no longer builds
+        # (a key renamed since) are the folder's results all the same
+        return load_matrix(path, build_configs=False)
     except HeptstudyError as err:
         print(f"{shown(path)} does not read ({err}); the report is titled by the folder's name")
         return None
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    m = load_matrix(args.matrix)
+    data_dir = str(real_path(args.data_dir, "--data-dir")) if args.data_dir else None
+    m = load_matrix(args.matrix, data_dir=data_dir)
+    for note in check_event_counts(m):
+        print(f"note: {note}", file=sys.stderr)
     for ex in schedule(m.runs):
         print(f"{ex.label:<44} {ex.run.notebook}.ipynb  {ex.parameters}")
     return 0
@@ -144,8 +150,19 @@ def register_cli(subparsers) -> None:
     _add_run(sub)
     _add_aggregate(sub)
     _add_predict(sub)
-    check = sub.add_parser("check", help="validate a study matrix and list its runs")
+    check = sub.add_parser(
+        "check",
+        help="validate a study matrix and list its runs",
+        description="Refuses a matrix with a run that can only fail: a parameter, override or "
+        "plan its configuration refuses, or more events than its data set holds. Measures "
+        "nothing and builds no model.",
+    )
     check.add_argument("--matrix", required=True)
+    check.add_argument(
+        "--data-dir",
+        help="TFDS data directory of every run, as study run --data-dir (default: the matrix's, "
+        "else data/tfds)",
+    )
     check.set_defaults(func=_cmd_check)
 
 

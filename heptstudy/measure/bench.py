@@ -86,9 +86,9 @@ def _steps(request) -> int:
     return 1 if request.kind == PARITY else request.warmup + request.steps
 
 
-def check_enough_events(m: Measurement) -> None:
-    """Every step has its own events (none repeated, none empty); validation reads test-split
-    events."""
+def check_event_counts(m: Measurement) -> None:
+    """The data set holds the events the measurement needs: a batch of its own for every step, and
+    the test-split events its validation reads. Counts only, from the data set's metadata."""
     request, config = m.request, m.config
     train = dataset_for(config, "train")
     need = request.batch_size * _steps(request)
@@ -103,15 +103,6 @@ def check_enough_events(m: Measurement) -> None:
             f"but {train.name} in {config.data.data_dir} holds {len(train)}; lower the batch "
             "size or the steps, or generate more events (heptstudy data generate)"
         )
-    batches = event_indices(config, request.batch_size, _steps(request))
-    empty = train.empty_events([i for batch in batches for i in batch])
-    if empty:
-        raise HeptstudyError(
-            f"{len(empty)} of the events this measurement would use hold no hits: "
-            f"{'; '.join(empty[:5])}{'; ...' if empty[5:] else ''}. A batch counts them as "
-            "events while they add no work, so nothing was measured. Draw other events with "
-            "another seed (--set train.seed=N), or use a data set without empty events"
-        )
     if request.kind != PARITY:
         test = dataset_for(config, "test")
         need = config.data.nvalid + config.data.ntest
@@ -122,6 +113,22 @@ def check_enough_events(m: Measurement) -> None:
                 f"{test.name} in {config.data.data_dir} holds {len(test)}; lower the batch size "
                 "or data.nvalid, or generate more test events"
             )
+
+
+def check_enough_events(m: Measurement) -> None:
+    """Every step has its own events (none repeated, none empty); validation reads test-split
+    events."""
+    check_event_counts(m)
+    config = m.config
+    batches = event_indices(config, m.request.batch_size, _steps(m.request))
+    empty = dataset_for(config, "train").empty_events([i for batch in batches for i in batch])
+    if empty:
+        raise HeptstudyError(
+            f"{len(empty)} of the events this measurement would use hold no hits: "
+            f"{'; '.join(empty[:5])}{'; ...' if empty[5:] else ''}. A batch counts them as "
+            "events while they add no work, so nothing was measured. Draw other events with "
+            "another seed (--set train.seed=N), or use a data set without empty events"
+        )
 
 
 def run_bench(
