@@ -27,12 +27,23 @@ RECIPE = SCENARIOS / "cld_pf_heptv2_batch512_50k.yaml"
 
 @pytest.fixture(autouse=True)
 def _no_local_data(tmp_path, monkeypatch):
-    """Resolve away from the checkout: a study data set in ./data/tfds (small test split) must
-    not change what these tests see; the recipe's own test_split_events applies."""
+    """Resolve away from the checkout: a study data set in its data/tfds (small test split) must
+    not change what these tests see; the recipe's own test_split_events applies. The recipes'
+    relative data_dir is the repository's, wherever the command runs."""
+    import heptstudy.paths
+
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(heptstudy.paths, "REPO_ROOT", tmp_path)
 
 
 CLUSTER_PLATFORMS = ["h100", "lumi_mi250x"]
+
+
+def _away_from_local_data(tmp_path: Path) -> list[str]:
+    """A command's own process does not see the fixture's patch: its data directory is given, a
+    folder without the data set (so the recipe's own test_split_events applies)."""
+    (tmp_path / "no_data").mkdir(exist_ok=True)
+    return ["--set", f"data.data_dir={tmp_path / 'no_data'}"]
 
 
 def _yaml(path: Path) -> dict:
@@ -363,6 +374,7 @@ def test_cluster_wrapper_without_sbatch(script, profile, tmp_path):
             profile,
             "--out",
             str(out),
+            *_away_from_local_data(tmp_path),
         ],
         env=_path_without_sbatch(tmp_path, False),
         capture_output=True,
@@ -387,6 +399,7 @@ def test_cluster_wrapper_submits_with_sbatch(tmp_path):
             "mi250x",
             "--out",
             str(out),
+            *_away_from_local_data(tmp_path),
         ],
         env=_path_without_sbatch(tmp_path, True),
         capture_output=True,

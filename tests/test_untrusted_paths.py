@@ -118,7 +118,11 @@ def test_a_relative_platform_and_render_folder_are_taken_from_the_working_direct
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)
     shutil.copy(ROOT / "configs" / "training" / "platforms" / "h100.yaml", tmp_path / "plat.yaml")
-    done = _wrapper("h100", "cld_pf_default", "../../plat", "--out", "new/../render", cwd=work)
+    (tmp_path / "no_data").mkdir()  # not the checkout's small data set
+    away = ["--set", f"data.data_dir={tmp_path / 'no_data'}"]
+    done = _wrapper(
+        "h100", "cld_pf_default", "../../plat", "--out", "new/../render", *away, cwd=work
+    )
     assert done.returncode == 0, done.stderr
     assert "nothing was submitted" in done.stdout
     scripts = sorted((work / "render").glob("*.sbatch"))

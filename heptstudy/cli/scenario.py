@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from heptstudy.cli import add_set_arg
+from heptstudy.errors import ConfigError
 from heptstudy.fitting import fit_warning
 from heptstudy.paths import OUTPUT_ROOT
 from heptstudy.scenario.render import render, shell_join
@@ -26,24 +27,40 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     add_set_arg(p, help="dotted override applied to every variant, e.g. train.num_steps=4")
     p.add_argument(
         "--data-dir",
-        help="shorthand for --set data.data_dir=DIR (also where the test-split size is read from)",
+        help="shorthand for --set data.data_dir=DIR (also where the test-split size is read "
+        "from); a relative DIR, typed here, is taken from the working directory, while one in "
+        "the scenario file or the default data/tfds is taken from the repository",
     )
     p.add_argument(
         "--resume",
         metavar="PATH",
-        help="append --resume PATH (an existing checkpoint) to the launch command; one variant "
-        "only (--variant NAME): a checkpoint is one variant's training state",
+        help="append --resume PATH (an existing step_NNNNNN.pt checkpoint) to the launch "
+        "command (scenario resolve: with --dry-run); one variant only (--variant NAME): a "
+        "checkpoint is one variant's training state",
     )
     p.add_argument("--json", action="store_true", help="print the resolution as JSON")
 
 
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """``--set`` with ``--data-dir`` as ``data.data_dir`` (quoted: any folder name is text)."""
+    if args.data_dir is None:
+        return list(args.overrides)
+    if not args.data_dir.strip():  # a shell's unset variable: never the working directory
+        raise ConfigError(
+            f"--data-dir {args.data_dir!r} is an empty path, which would be read as the working "
+            "directory; nothing was resolved. Give the folder holding the data set by name ('.' "
+            "for the working directory itself), or leave --data-dir out for the default"
+        )
+    return [*args.overrides, f"data.data_dir={json.dumps(args.data_dir)}"]
+
+
 def _resolution(
-    args: argparse.Namespace, out: Path | None, written: bool, option: str = "--out"
+    args: argparse.Namespace, out: str | None, written: bool, option: str = "--out"
 ) -> tuple[Resolution, list[Path]]:
     """The scenario resolved (and ``written`` into ``out``, named by ``option``), printed as JSON
     or as a summary."""
-    given = [*args.overrides, *([f"data.data_dir={args.data_dir}"] if args.data_dir else [])]
-    if written:
+    given = _overrides(args)
+    if written:  # an empty `out` is refused there, as for any caller
         res, scripts = render(
             args.scenario, args.platform, out, args.variant, given, args.resume, option=option
         )
@@ -53,7 +70,22 @@ def _resolution(
     return res, scripts
 
 
+def _dry_run_only(args: argparse.Namespace) -> None:
+    """Without --dry-run nothing is written or launched: an option for those is refused, not
+    ignored (a --resume the user believes checked, say)."""
+    given = {"--render-dir": args.render_dir, "--resume": args.resume}
+    if named := [option for option, value in given.items() if value is not None]:
+        options, verb = " and ".join(named), "apply" if len(named) > 1 else "applies"
+        raise ConfigError(
+            f"{options} only {verb} with --dry-run (which writes the configurations and prints "
+            "the launch commands); without it nothing is written or launched, so nothing was "
+            f"resolved. Add --dry-run, or leave {options} out"
+        )
+
+
 def _cmd_resolve(args: argparse.Namespace) -> int:
+    if not args.dry_run:
+        _dry_run_only(args)
     res, _ = _resolution(args, args.render_dir, written=args.dry_run, option="--render-dir")
     if args.json:
         return 0
@@ -88,7 +120,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         "where --dry-run writes configurations (default "
         f"{OUTPUT_ROOT}/train/_rendered/SCENARIO/PLATFORM)"
     )
-    r.add_argument("--render-dir", type=Path, help=where)
+    r.add_argument("--render-dir", help=where)
     r.set_defaults(func=_cmd_resolve)
     w = sub.add_parser(
         "render",
@@ -96,5 +128,5 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         "scripts for Slurm profiles) into --out",
     )
     _add_common(w)
-    w.add_argument("--out", required=True, type=Path, help="directory for the rendered files")
+    w.add_argument("--out", required=True, help="directory for the rendered files")
     w.set_defaults(func=_cmd_render)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from heptstudy.config.strict import StrictInput
+from heptstudy.config.strict import StrictInput, named_folder
 
 
 class DataConfig(StrictInput):
@@ -26,6 +26,14 @@ class DataConfig(StrictInput):
     prefetch_batches: int = Field(
         2, ge=0, description="batches read ahead during training while a step runs (0: none)"
     )
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir_named(cls, value: str) -> str:
+        # input data is relative to the repository (heptstudy.paths): '' would be its root
+        return named_folder(
+            value, "the repository's root folder, which holds no data set", "data/tfds"
+        )
 
     @field_validator("configs")
     @classmethod

@@ -97,3 +97,14 @@ def _give(field: FieldInfo, wanted: str) -> str:
     default = field.get_default(call_default_factory=True)
     example = f", for example the default {as_yaml(default)}" if default is not None else ""
     return f"give {wanted}{example or ' or null (the default)'}"
+
+
+def named_folder(value: str, empty_means: str, default: str) -> str:
+    """A folder path that names a folder: an empty one would be read as ``empty_means`` (the
+    working directory, the repository), a place nobody asked for, so it is refused."""
+    if not value.strip():
+        raise ValueError(
+            f"an empty or blank path would be read as {empty_means}; give the folder by name, "
+            f"for example the default {default!r}"
+        )
+    return value

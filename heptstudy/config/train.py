@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from heptstudy.config.strict import StrictInput
+from heptstudy.config.strict import StrictInput, named_folder
 
 
 class LossConfig(StrictInput):
@@ -58,3 +58,13 @@ class TrainConfig(StrictInput):
     out_dir: str = "experiments/local/train"
     deterministic: bool = False
     loss: LossConfig = Field(default_factory=LossConfig)
+
+    @field_validator("out_dir")
+    @classmethod
+    def _out_dir_named(cls, value: str) -> str:
+        # outputs are relative to the working directory: '' would write the run's files there
+        return named_folder(
+            value,
+            "the working directory, and the run would write its files straight into it",
+            "experiments/local/train",
+        )

@@ -138,6 +138,10 @@ def local_script(res: Resolution, v: ResolvedVariant, workdir: Path) -> str:
     )
 
 
+#: The suffix of the training-state files `heptstudy train` writes (checkpoints/step_NNNNNN.pt).
+CHECKPOINT_SUFFIX = ".pt"
+
+
 def checked_resume(resume: str | None, res: Resolution, workdir: Path) -> str | None:
     """``--resume`` as given, once it names a file (from ``workdir``, where the launch runs)
     and the render has a single variant."""
@@ -156,23 +160,46 @@ def checked_resume(resume: str | None, res: Resolution, workdir: Path) -> str | 
             f"{resume} (one render per variant to resume)"
         )
     path = workdir / Path(resume).expanduser()  # as the launch script reads it, after its cd
+    wanted = (
+        f"Give the training-state file variant {names[0]} resumes from, one of the "
+        "step_NNNNNN.pt files in its train.out_dir's checkpoints/ folder"
+    )
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no file (it does not exist)"
+        raise ConfigError(f"--resume {resume!r} ({path}) is {what}; nothing was rendered. {wanted}")
+    # `heptstudy train` names every training state *.pt; another file (a log, a configuration)
+    # would be refused only when the job starts, after its queue wait. Reading it to be sure
+    # would need torch and the whole file: the name is the cheap check
+    if path.suffix != CHECKPOINT_SUFFIX:
+        ends = f"ends in {path.suffix!r}" if path.suffix else "has no suffix"
         raise ConfigError(
-            f"--resume {resume!r} ({path}) is {what}; nothing was rendered. Give the "
-            f"training-state file variant {names[0]} resumes from, one of the step_NNNNNN.pt files "
-            "in its train.out_dir's checkpoints/ folder"
+            f"--resume {resume!r} ({path}) is not a training-state file: `heptstudy train` "
+            f"writes those as step_NNNNNN{CHECKPOINT_SUFFIX}, and this one {ends}; nothing was "
+            f"rendered. {wanted} (a copy of one under another name: give it back its "
+            f"{CHECKPOINT_SUFFIX} suffix)"
         )
     return resume
 
 
-def _render_folder(out: str | Path, option: str) -> Path:
+def _render_path(out: str | Path, option: str) -> Path:
+    """The render folder named by ``option``, absolute; an empty name, a link loop or a line
+    break (which would break the one-path-a-line script list) refused."""
+    if isinstance(out, str) and not out.strip():  # Path("") would be the working directory
+        raise ConfigError(
+            f"{option} {out!r} is an empty path, which would be read as the working directory; "
+            f"nothing was rendered. Give the folder for the rendered files by name ('.' for the "
+            "working directory itself)"
+        )
     out = real_path(out, f"render folder ({option})")
     if not str(out).isprintable():
         raise ConfigError(
             f"render folder {str(out)!r} holds a line break or control character; the launch "
             "scripts list it one path a line: choose a plain folder name"
         )
+    return out
+
+
+def _writable_folder(out: Path, option: str) -> Path:
     if (problem := folder_write_problem(out, create=True)) is not None:
         raise ConfigError(
             f"cannot write the rendered files to {str(out)!r}: {problem}; nothing was rendered. "
@@ -194,11 +221,13 @@ def render(
     """Resolve, then write each variant's configuration and launch script, ``resolution.json`` and
     ``launch_scripts.txt`` into ``out`` (else experiments/local/train/_rendered/SCENARIO/PLATFORM);
     ``option`` is the flag that named ``out``."""
+    # a mistyped folder is named before the resolution's own findings; made only after them
+    given = None if out is None else _render_path(out, option)
     res = resolve(scenario, platform, variants, overrides)
     workdir = real_path(workdir or Path.cwd(), "working directory")
     resume = checked_resume(resume, res, workdir)
     default = OUTPUT_ROOT / "train" / "_rendered" / res.scenario.name / res.platform.name
-    out = _render_folder(out or default, option)
+    out = _writable_folder(given or _render_path(default, option), option)
     files: list[tuple[Path, str, Output]] = []
     scripts = []
     slurm = res.platform.launcher == "slurm"

@@ -16,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from heptstudy.config import Config, PlatformConfig, merge, parse_overrides, validate
 from heptstudy.errors import ConfigError
+from heptstudy.paths import resolve_from_cwd, resolve_in_repo
 from heptstudy.scenario import rules
 from heptstudy.scenario.model import Scenario, find_platform, load_scenario
 from heptstudy.scenario.rules import RULES, TestSplit
@@ -108,11 +109,27 @@ def _resolve_one(
     # reader threads belong to the node, not the science: the profile only gives a default
     if rules.get_dotted(recipe, "data.num_workers") is None:
         rules.set_dotted(recipe, "data.num_workers", platform.data_workers)
-    root = rules.get_dotted(recipe, "train.out_dir") or Config().train.out_dir
-    rules.set_dotted(recipe, "train.out_dir", str(Path(root) / scenario.name / variant))
-    return validate(
+    _out_dir_per_variant(recipe, scenario.name, variant)
+    config = validate(
         merge(Config().to_dict(), recipe), f"scenario {scenario.name!r} variant {variant!r}"
     )
+    # the folder the run reads, as heptstudy.paths says: typed on the command line, from the
+    # working directory; written in a configuration file (or the default), from the repository
+    typed = rules.get_dotted(overrides, "data.data_dir") is not None
+    where = resolve_from_cwd if typed else resolve_in_repo
+    config.data.data_dir = str(where(config.data.data_dir))
+    return config
+
+
+def _out_dir_per_variant(recipe: dict[str, Any], scenario: str, variant: str) -> None:
+    """``train.out_dir`` (the default unless given) made ``<out_dir>/<scenario>/<variant>``; a
+    given empty, null or non-text one is left for the validation to refuse by its own value."""
+    train = recipe.get("train", {})
+    if not isinstance(train, Mapping):
+        return
+    root = train["out_dir"] if "out_dir" in train else Config().train.out_dir
+    if isinstance(root, str) and root.strip():
+        rules.set_dotted(recipe, "train.out_dir", str(Path(root) / scenario / variant))
 
 
 def resolve(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heptstudy.config import Config, PlatformConfig
+from heptstudy.config import Config, PlatformConfig, as_yaml
 from heptstudy.data.tfds import open_dataset
 from heptstudy.errors import ConfigError
 
@@ -57,8 +57,14 @@ def get_dotted(data: Mapping[str, Any], dotted: str) -> Any:
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, last = dotted.split(".")
     node = data
-    for part in parents:
+    for depth, part in enumerate(parents, 1):
         node = node.setdefault(part, {})
+        if not isinstance(node, dict):  # `--set train=5`: no key can be set inside it
+            section = ".".join(parents[:depth])
+            raise ConfigError(
+                f"{section}={as_yaml(node)} is not allowed: {section} is a section of keys, "
+                f"not a value; set its keys one by one, e.g. --set {section}.KEY=VALUE"
+            )
     node[last] = value
 
 
