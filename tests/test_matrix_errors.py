@@ -5,16 +5,14 @@ than its data set holds, refused by ``study check`` as ``study run`` would refus
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 
 import pytest
 import yaml
 
-from heptstudy.cli import main
 from heptstudy.study.common import StudyError
 from heptstudy.study.matrix import check_event_counts, load_matrix
+from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = yaml.safe_load((ROOT / "configs/study/tiny.yaml").read_text())
@@ -28,17 +26,6 @@ def _matrix(tmp_path: Path, runs: list | None = None, **top) -> Path:
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(argv))
-        except SystemExit as exit_:
-            code = exit_.code
-    assert "Traceback" not in err.getvalue()
-    return code, out.getvalue(), err.getvalue()
 
 
 # ------------------------------------------------------------------- top-level keys
@@ -131,16 +118,16 @@ def test_events_are_not_counted_where_the_data_set_is_not_there_and_that_is_said
 
 def test_study_check_refuses_a_run_that_can_only_fail(tmp_path):
     path = _matrix(tmp_path, runs=[{"batch_size": 2, "overrides": ["model.heptv2.width=-1"]}])
-    code, said, err = _cli("study", "check", "--matrix", str(path))
+    code, said, err = run_cli("study", "check", "--matrix", str(path))
     assert code == 2 and said == ""
     assert "m.yaml, run 1 (baseline_b2)" in err and "model.heptv2.width=-1" in err
     path = _matrix(tmp_path, runs=[{"batch_size": 10**30}])
-    code, said, err = _cli("study", "check", "--matrix", str(path), "--data-dir", str(REPO_DATA))
+    code, said, err = run_cli("study", "check", "--matrix", str(path), "--data-dir", str(REPO_DATA))
     assert code == 2 and said == "" and f"batch_size={10**30}" in err
 
 
 def test_study_check_passes_the_tiny_matrix_and_says_what_it_did_not_count(tmp_path):
-    code, said, err = _cli("study", "check", "--matrix", str(_matrix(tmp_path)))
+    code, said, err = run_cli("study", "check", "--matrix", str(_matrix(tmp_path)))
     assert code == 0 and "baseline_b2" in said and "parity_b1" in said
     assert "note: the events of the runs on" in err and "data/tiny" in err
 
