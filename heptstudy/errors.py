@@ -46,6 +46,18 @@ def os_error_advice(err: OSError) -> str:
     return _ADVICE.get(err.errno) or f"Fix what the system reports ({err.strerror or err})"
 
 
+def _unknown_key_hint(key: str, known: Sequence[str]) -> str:
+    """The nearest known key, never one of ``key``'s own sections (``model`` for ``model.foo``);
+    else the keys its section has."""
+    candidates = [k for k in known if not key.startswith(k + ".")]
+    near = difflib.get_close_matches(key, candidates, n=1)
+    if near:
+        return f"; did you mean {near[0]!r}?"
+    section = key.rpartition(".")[0]
+    siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == section and section]
+    return f"; {section} has {', '.join(siblings)}" if siblings else ""
+
+
 def describe_invalid(
     err: Any,
     *,
@@ -66,8 +78,7 @@ def describe_invalid(
         given = spell(key, value) if spell else f"{noun} {key}={value}"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            near = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
+            hint = _unknown_key_hint(key, known)
             also = f" (known: {', '.join(known)})" if list_known else ""
             lines.append(f"unknown {noun} {key}={value}{hint}{also}")
         elif e["type"] == "missing":

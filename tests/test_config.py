@@ -49,6 +49,22 @@ def test_misspelled_key_names_key_and_suggests():
     )
 
 
+def test_an_unknown_key_is_never_told_its_own_section():
+    """`model.foo` was asked "did you mean 'model'?", the section it is already in."""
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["model.fo=1"])
+    assert "unknown key model.fo=1" in str(err.value)
+    assert "did you mean 'model'?" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"unknown key data\.zzzzz=1; data has .*data_dir"):
+        load_config(overrides=["data.zzzzz=1"])
+
+
+def test_an_empty_configuration_path_is_said_to_be_empty():
+    """Path('') is '.': it was called a folder."""
+    with pytest.raises(ConfigError, match="configuration file '' is an empty path"):
+        load_config("")
+
+
 def test_wrong_type_names_key_and_value():
     with pytest.raises(ConfigError) as err:
         load_config(overrides=["model.heptv2.num_heads=eight"])

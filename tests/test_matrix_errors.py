@@ -154,3 +154,8 @@ def test_aggregate_titles_by_a_matrix_whose_runs_no_longer_build(tmp_path):
     _matrix(tmp_path, runs=[run], notes=["kept"]).rename(tmp_path / "matrix.yaml")
     matrix = _matrix_of(tmp_path)
     assert matrix is not None and matrix.name == "tiny" and matrix.notes == ["kept"]
+
+
+def test_an_empty_matrix_path_is_said_to_be_empty():
+    with pytest.raises(StudyError, match="study matrix file '' is an empty path"):
+        load_matrix("")

@@ -35,6 +35,10 @@ def _yaml_problem(err: Exception) -> str:
 
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     """The mapping of a user's YAML file; every problem a :class:`ConfigError` naming the file."""
+    if not str(path).strip():  # Path('') is '.', which would be called a folder
+        raise ConfigError(
+            f"{what} file {str(path)!r} is an empty path; give the path of a YAML file"
+        )
     p = Path(path)
     if not p.is_file():
         # /dev/null would read as an empty file; /dev/zero or a named pipe would never end

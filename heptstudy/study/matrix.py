@@ -81,6 +81,8 @@ def load_matrix(
     """Read a study matrix (see ``configs/study/``), every run validated before anything runs:
     its parameters and, with ``build_configs``, the configuration its measurement would use (a
     paired run's plans too), so that a run that can only fail is refused here, by its index."""
+    if not str(path).strip():  # Path('') is '.', which would be called a folder
+        raise StudyError("study matrix file '' is an empty path; give the path of a YAML file")
     path = Path(path)
     where = f"study matrix {path}"
     data = _read_matrix(path)
