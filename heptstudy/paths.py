@@ -1,6 +1,8 @@
 """Where relative paths point: outputs (``train.out_dir``, ``--output``, ...) from the working
-directory, as in any shell command; input data (``data.data_dir``) from the repository, so it is
-found wherever the command starts (a non-editable install has none: the working directory)."""
+directory, as in any shell command; input data (``data.data_dir`` in a configuration, a scenario
+or a matrix) from the repository, so it is found wherever the command starts (a non-editable
+install has none: the working directory); a ``--data-dir`` typed on the command line from the
+working directory, as the shell reads it."""
 
 from __future__ import annotations
 

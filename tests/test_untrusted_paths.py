@@ -141,3 +141,17 @@ def test_a_relative_platform_that_does_not_exist_is_refused(script, tmp_path):
         "name:" in done.stderr
     )
     assert set((ROOT / "experiments").rglob("*")) == before and not (ROOT / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "command", [["bench", "--batch-size", "1"], ["costs", "--batch-size", "1", "--repeats", "1"]]
+)
+def test_a_relative_data_dir_typed_on_the_command_line_is_the_working_directory_s(
+    command, tmp_path, monkeypatch
+):
+    """bench and costs read it from the repository: from another folder, `--data-dir mine` was
+    the repository's folder of that name."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(*command, "--data-dir", "mine")
+    assert code == 2, err
+    assert f"data directory '{tmp_path / 'mine'}' does not exist" in err

@@ -10,8 +10,11 @@ from heptstudy.cli import not_blank
 def request_from_args(args: argparse.Namespace):
     """Only the options given (the request states every default); a bad value named by option."""
     from heptstudy.measure.request import MeasurementRequest, RequestError
+    from heptstudy.paths import resolve_from_cwd
 
     given = {f: getattr(args, f) for f in MeasurementRequest.model_fields if hasattr(args, f)}
+    if "data_dir" in given:  # typed in a shell: from the working directory, as `ls` reads it
+        given["data_dir"] = str(resolve_from_cwd(given["data_dir"]))
     try:
         return MeasurementRequest.build(spell=lambda f, v: f"{_flag(f)[0]} {v}", **given)
     except RequestError as err:

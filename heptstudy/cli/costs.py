@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+
+from heptstudy.cli import not_blank
+from heptstudy.paths import resolve_from_cwd
 
 _NOTHING_WRITTEN = "nothing was written (the table appears only whole); run the same command again"
 
@@ -28,7 +32,9 @@ def _costs(args: argparse.Namespace) -> int:
         )
     out = Path(args.out) if args.out is not None else op_costs.default_out(device)
     op_costs.check_out(out, "--out" if args.out is not None else "the default output")
-    given = [*args.overrides, *([f"data.data_dir={args.data_dir}"] if args.data_dir else [])]
+    # a --data-dir typed in a shell is the working directory's, as `ls` reads it
+    typed = [f"data.data_dir={json.dumps(str(resolve_from_cwd(args.data_dir)))}"]
+    given = [*args.overrides, *(typed if args.data_dir is not None else [])]
     config = load_config(args.config, given)
     train = dataset_for(config, "train")
     if args.batch_size > len(train):  # the sampler would repeat events to fill the batch
@@ -97,7 +103,11 @@ def register_cli(sub) -> None:
         "kept (exact, fake tensors) and the seconds its recomputation costs (measured on this "
         "machine's --device), per slot of the batch; printed and written as JSON",
     )
-    p.add_argument("--data-dir", help="shorthand for --set data.data_dir=DIR")
+    p.add_argument(
+        "--data-dir",
+        type=not_blank("--data-dir"),
+        help="shorthand for --set data.data_dir=DIR (a relative DIR from the working directory)",
+    )
     p.add_argument(
         "--batch-size", type=whole_number(1, 4), default=4, help="events measured (default 4)"
     )
