@@ -62,6 +62,16 @@ def not_blank(option: str):
     return check
 
 
+def refuse_unread(command: str, options: list[str], why: str) -> None:
+    """``options`` the user gave that ``command`` would parse and never read: refused by name
+    rather than run without them."""
+    if options:
+        raise HeptstudyError(
+            f"{command}: {', '.join(options)} {'does' if len(options) == 1 else 'do'} not apply "
+            f"{why}; leave {'it' if len(options) == 1 else 'them'} out"
+        )
+
+
 def add_config_args(parser: argparse.ArgumentParser, set_default: object = None) -> None:
     parser.add_argument(
         "--config", help="YAML configuration file (defaults: the recommended model)"

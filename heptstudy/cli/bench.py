@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from heptstudy.cli import not_blank
+from heptstudy.cli import not_blank, refuse_unread
 
 
 def request_from_args(args: argparse.Namespace):
@@ -70,16 +70,9 @@ def _bench_backbone(args: argparse.Namespace) -> int:
 
 def _refuse_given(args: argparse.Namespace, fields, command: str, takes: str) -> None:
     """Options of ``heptstudy bench`` given before a subcommand that does not read them (argparse
-    parses them as bench's own): refused rather than measured without them."""
+    parses them as bench's own)."""
     given = [_flag(f)[0] for f in fields if hasattr(args, f)]
-    if given:
-        from heptstudy.measure.request import RequestError
-
-        raise RequestError(
-            f"heptstudy bench {command}: {', '.join(given)} "
-            f"{'does' if len(given) == 1 else 'do'} not apply to it: {takes}; leave "
-            f"{'it' if len(given) == 1 else 'them'} out"
-        )
+    refuse_unread(f"heptstudy bench {command}", given, f"to it: {takes}")
 
 
 def _bench_paired(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from heptstudy.cli import add_set_arg, not_blank
+from heptstudy.cli import add_set_arg, not_blank, refuse_unread
 from heptstudy.data.layout import BATCHINGS
 from heptstudy.errors import HeptstudyError
 from heptstudy.fitting.api import DEFAULT_SCENARIO, DEFAULT_VARIANT, FitRequest, fit, repo_path
@@ -37,16 +37,10 @@ def _refuse_the_other_mode_s(args: argparse.Namespace) -> None:
     validating = args.what == "validate"
     other = _FIT_ONLY if validating else _VALIDATE_ONLY
     given = [_option(dest) for dest, default in other.items() if getattr(args, dest) != default]
-    if given:
-        mode, uses = (
-            ("heptstudy fit validate", "it estimates the reports' own runs")
-            if validating
-            else ("heptstudy fit", "they are options of `heptstudy fit validate`")
-        )
-        raise HeptstudyError(
-            f"{mode}: {', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply "
-            f"({uses}); leave {'it' if len(given) == 1 else 'them'} out"
-        )
+    if validating:
+        refuse_unread("heptstudy fit validate", given, "(it estimates the reports' own runs)")
+    else:
+        refuse_unread("heptstudy fit", given, "(they are options of `heptstudy fit validate`)")
 
 
 def _option(dest: str) -> str:
@@ -130,29 +124,21 @@ def register_cli(subparsers) -> None:
         "code, on its own events in --data-dir, and print measured against estimated (reports of "
         "other code: scripts/at_commit.sh COMMIT fit validate ...)",
     )
-    p.add_argument(
-        "--platform",
-        type=not_blank("--platform"),
-        help="platform profile (YAML file or name); required to fit",
-    )
+    _text(p, "--platform", help="platform profile (YAML file or name); required to fit")
     p.add_argument("--per-device-batch", type=int, help="events per device; required to fit")
-    p.add_argument(
+    _text(
+        p,
         "--scenario",
-        type=not_blank("--scenario"),
         default=DEFAULT_SCENARIO,
         help=f"training scenario (default {DEFAULT_SCENARIO})",
     )
-    p.add_argument(
+    _text(
+        p,
         "--variant",
-        type=not_blank("--variant"),
         default=DEFAULT_VARIANT,
         help=f"scenario variant (default {DEFAULT_VARIANT})",
     )
-    p.add_argument(
-        "--data-dir",
-        type=not_blank("--data-dir"),
-        help="TFDS data directory (default: the scenario's)",
-    )
+    _text(p, "--data-dir", help="TFDS data directory (default: the scenario's)")
     p.add_argument(
         "--reports",
         nargs="*",
@@ -160,11 +146,7 @@ def register_cli(subparsers) -> None:
         help="bench reports (files or folders) to fit a measured model from; refused, with the "
         "reason for each, when none of them was measured in this configuration",
     )
-    p.add_argument(
-        "--fits-dir",
-        type=not_blank("--fits-dir"),
-        help="stored memory models (default: the repository's configs/fit)",
-    )
+    _text(p, "--fits-dir", help="stored memory models (default: the repository's configs/fit)")
     p.add_argument(
         "--safety-margin-gib",
         type=float,
@@ -183,11 +165,7 @@ def register_cli(subparsers) -> None:
         help="padded: every event filled to its batch's longest; packed: the batch's events in "
         "one stream, the answer over the batch's slots in all (default: the recipe's)",
     )
-    p.add_argument(
-        "--save-model",
-        type=not_blank("--save-model"),
-        help="write the memory model used to this JSON file",
-    )
+    _text(p, "--save-model", help="write the memory model used to this JSON file")
     p.add_argument(
         "--estimate",
         action="store_true",
@@ -196,15 +174,23 @@ def register_cli(subparsers) -> None:
         "current code (see scripts/regenerate_fits.sh)",
     )
     add_set_arg(p, help="dotted override of the resolved recipe (repeatable)")
-    v = p.add_argument_group("validate")
-    v.add_argument(
+    _add_validate_options(p.add_argument_group("validate"))
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_fit)
+
+
+def _add_validate_options(v) -> None:
+    _text(
+        v,
         "--code",
-        type=not_blank("--code"),
         help="the code the reports measured: 'running' (reports that stand for the running "
         "code) or a commit (for reports whose own environment.git_commit this repository does "
         "not hold); default: each report's commit. Reports of a commit whose model or step code "
         "is not the running code's are skipped",
     )
-    v.add_argument("--out", type=not_blank("--out"), help="folder for validation.json and table.md")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_fit)
+    _text(v, "--out", help="folder for validation.json and table.md")
+
+
+def _text(parser, option: str, **kwargs) -> None:
+    """An option whose value is text (a name, a path): a blank one is refused."""
+    parser.add_argument(option, type=not_blank(option), **kwargs)

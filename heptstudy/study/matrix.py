@@ -51,9 +51,6 @@ class Run:
     parameters: dict[str, Any]
     repeats: int = 1  # rounds of fresh processes (heptstudy.study.schedule)
     allocator: str = "platform"  # "default": started without the platform's allocator settings
-    #: its measurement (round 1) as load_matrix built it to check it, or None: study check
-    #: counts its events from it without building its configuration again
-    built: Any = field(default=None, repr=False, compare=False)
 
     def request(
         self, progress: bool = True, parameters: dict[str, Any] | None = None
@@ -233,7 +230,7 @@ def _build_config(run: Run, request: MeasurementRequest, where: str) -> None:
     it measures (heptstudy.study.runner.prepare): an override or plan that the configuration
     refuses is refused now, not in the run's kernel. No model is built and no data read."""
     try:
-        run.built = measurement = request.resolve()
+        measurement = request.resolve()
     except HeptstudyError as err:
         raise StudyError(f"{where}: {err}") from None
     if run.notebook != PAIRED:
@@ -298,7 +295,7 @@ def check_event_counts(matrix: Matrix) -> list[str]:
     set that could not be opened, whose counts are then left to ``study run``."""
     short, unopened = [], {}
     for i, run in enumerate(matrix.runs):
-        m = run.built or run.request(progress=False).resolve()
+        m = run.request(progress=False).resolve()
         try:
             run_event_counts(m)  # the counts alone: reading every event takes seconds a run
         except DataError as err:  # none there (yet), or one that does not open: study run's
