@@ -16,8 +16,6 @@ from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = yaml.safe_load((ROOT / "configs/study/tiny.yaml").read_text())
-#: the repository's own generated data set (256 train events), read without generating any
-REPO_DATA = ROOT / "data" / "tfds"
 
 
 def _matrix(tmp_path: Path, runs: list | None = None, **top) -> Path:
@@ -99,15 +97,15 @@ def test_a_paired_run_naming_a_plan_twice_is_refused(tmp_path):
     assert "plan 'full' is named twice" in said and "bench" not in said
 
 
-def test_a_run_needing_more_events_than_its_data_set_holds_is_refused(tmp_path):
+def test_a_run_needing_more_events_than_its_data_set_holds_is_refused(tmp_path, tiny_data_dir):
     huge = 10**30
     path = _matrix(tmp_path, runs=[{"batch_size": 2}, {"batch_size": huge}])
-    m = load_matrix(path, data_dir=str(REPO_DATA))
+    m = load_matrix(path, data_dir=str(tiny_data_dir))
     with pytest.raises(StudyError) as err:
         check_event_counts(m)
     said = str(err.value)
     assert "m.yaml" in said and f"run 2 (baseline_b{huge}): batch_size={huge}" in said
-    assert "run 1 " not in said and "holds 256" in said
+    assert "run 1 " not in said and "holds 24" in said
 
 
 def test_events_are_not_counted_where_the_data_set_is_not_there_and_that_is_said(tmp_path):
@@ -116,13 +114,15 @@ def test_events_are_not_counted_where_the_data_set_is_not_there_and_that_is_said
     assert str(tmp_path / "absent") in note and "not counted" in note and "does not exist" in note
 
 
-def test_study_check_refuses_a_run_that_can_only_fail(tmp_path):
+def test_study_check_refuses_a_run_that_can_only_fail(tmp_path, tiny_data_dir):
     path = _matrix(tmp_path, runs=[{"batch_size": 2, "overrides": ["model.heptv2.width=-1"]}])
     code, said, err = run_cli("study", "check", "--matrix", str(path))
     assert code == 2 and said == ""
     assert "m.yaml, run 1 (baseline_b2)" in err and "model.heptv2.width=-1" in err
     path = _matrix(tmp_path, runs=[{"batch_size": 10**30}])
-    code, said, err = run_cli("study", "check", "--matrix", str(path), "--data-dir", str(REPO_DATA))
+    code, said, err = run_cli(
+        "study", "check", "--matrix", str(path), "--data-dir", str(tiny_data_dir)
+    )
     assert code == 2 and said == "" and f"batch_size={10**30}" in err
 
 
