@@ -73,10 +73,12 @@ def test_stats_data_dir_that_is_a_file(tmp_path):
     assert data_file.read_text() == "not a data set\n" and not out.exists()
 
 
-def test_reader_data_dir_that_is_a_file_names_the_config_key(tmp_path):
+def test_reader_data_dir_that_is_a_file_names_the_option_and_the_config_key(tmp_path):
     data_file = tmp_path / "data.txt"
     data_file.write_text("")
-    with pytest.raises(DataError, match="is a file, not a folder; give data.data_dir"):
+    with pytest.raises(
+        DataError, match=r"is a file, not a folder; give --data-dir \(or data.data_dir"
+    ):
         open_dataset(data_file, f"{HITS_NAME}:3.2.1", ["1"], "train")
 
 
