@@ -32,8 +32,7 @@ import torch
 
 from heptstudy.atomic import atomic_write_text, json_text
 from heptstudy.data.batching import event_indices, load_events, to_device
-from heptstudy.measure.paired import REFERENCE, overheads
-from heptstudy.measure.request import MeasurementRequest
+from heptstudy.measure.paired import REFERENCE, overheads, paired_request
 from heptstudy.meters.allocator import apply_allocator
 from heptstudy.meters.memory import make_meter
 from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
@@ -78,16 +77,9 @@ def main() -> None:
     parser.add_argument("--data-dir", default="data/tfds")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
-    m = MeasurementRequest.build(
-        kind="memory",
-        batch_size=4,
-        checkpointing="auto",
-        passes="timing",
-        platform="local_cpu",
-        data_dir=args.data_dir,
-        steps=2,
-        warmup=1,
-        progress=False,
+    # the request `heptstudy bench paired` makes: every layer wrapped, so a step may run any plan
+    m = paired_request(
+        batch_size=4, platform="local_cpu", data_dir=args.data_dir, steps=2, warmup=1
     ).resolve()
     apply_allocator(m.allocator)
     config, device = m.config, m.device
