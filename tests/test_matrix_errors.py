@@ -29,36 +29,25 @@ def _matrix(tmp_path: Path, runs: list | None = None, **top) -> Path:
 # ------------------------------------------------------------------- top-level keys
 
 
-@pytest.mark.parametrize("value", [[1], 5, "abc"])
-def test_defaults_that_are_no_mapping_are_refused_by_name(value, tmp_path):
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        *[("defaults", v, ("mapping", "leave the key out")) for v in ([1], 5, "abc")],
+        *[("notes", v, ("list of strings",)) for v in (5, "a note", {"a": "note"})],
+        *[("description", v, ("one string",)) for v in (["a"], 5, {"a": 1})],
+    ],
+)
+def test_a_top_level_key_of_the_wrong_type_is_refused_by_name(key, value, words, tmp_path):
     with pytest.raises(StudyError) as err:
-        load_matrix(_matrix(tmp_path, defaults=value))
+        load_matrix(_matrix(tmp_path, **{key: value}))
     said = str(err.value)
-    assert "m.yaml" in said and f"defaults={value!r} is not allowed" in said
-    assert "mapping" in said and "leave the key out" in said
-
-
-@pytest.mark.parametrize("value", [5, "a note", {"a": "note"}])
-def test_notes_that_are_no_list_are_refused_by_name(value, tmp_path):
-    with pytest.raises(StudyError) as err:
-        load_matrix(_matrix(tmp_path, notes=value))
-    said = str(err.value)
-    assert "m.yaml" in said and f"notes={value!r} is not allowed" in said
-    assert "list of strings" in said
+    assert "m.yaml" in said and f"{key}={value!r} is not allowed" in said
+    assert all(w in said for w in words), said
 
 
 def test_a_note_that_is_no_string_is_refused_by_name(tmp_path):
     with pytest.raises(StudyError, match=r"m\.yaml: notes item 2, 5, is not allowed.*string"):
         load_matrix(_matrix(tmp_path, notes=["first", 5]))
-
-
-@pytest.mark.parametrize("value", [["a"], 5, {"a": 1}])
-def test_a_description_that_is_no_string_is_refused_by_name(value, tmp_path):
-    with pytest.raises(StudyError) as err:
-        load_matrix(_matrix(tmp_path, description=value))
-    said = str(err.value)
-    assert "m.yaml" in said and f"description={value!r} is not allowed" in said
-    assert "one string" in said
 
 
 def test_strings_notes_and_no_keys_read_as_given(tmp_path):

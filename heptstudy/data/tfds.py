@@ -185,7 +185,6 @@ class Inputs:
     """How messages name the reader's inputs: as the configuration's keys (the default), or as a
     command's own options where the user gave those (``heptstudy data stats``)."""
 
-    #: every command that reads data takes one of these, the notebooks the third
     data_dir: str = "--data-dir (or data.data_dir, a notebook's data_dir)"
     dataset: str = "data.dataset"
     configs: str = "data.configs"

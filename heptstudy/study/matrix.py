@@ -18,11 +18,7 @@ from heptstudy.measure.paired import (
     plan_names,
     why_unpaired,
 )
-from heptstudy.measure.request import (
-    NOTEBOOK_PARAMETERS,
-    MeasurementRequest,
-    override_list,
-)
+from heptstudy.measure.request import NOTEBOOK_PARAMETERS, MeasurementRequest, override_list
 from heptstudy.names import check_name
 from heptstudy.study.common import MEMORY, NOTEBOOKS, PAIRED, StudyError
 
