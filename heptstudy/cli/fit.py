@@ -90,11 +90,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             "experiments/cpu_reference --data-dir data/tfds"
         )
     if args.out:
-        if Path(args.out).exists() and not Path(args.out).is_dir():
-            raise HeptstudyError(
-                f"--out {args.out!r} is a file, not a folder; give a folder for validation.json "
-                "and table.md"
-            )
         validation.check_out(Path(args.out))
     reports = [(path, checked_report(path)) for path in expand_report_paths(args.reports)]
     doc = validation.validate(reports, args.data_dir, args.code, lambda s: print(s, flush=True))

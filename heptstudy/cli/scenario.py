@@ -11,7 +11,7 @@ from heptstudy.cli import add_set_arg
 from heptstudy.errors import ConfigError
 from heptstudy.fitting import fit_warning
 from heptstudy.paths import OUTPUT_ROOT
-from heptstudy.scenario.render import render, shell_join
+from heptstudy.scenario.render import refuse_empty_path, render, shell_join
 from heptstudy.scenario.resolve import Resolution, resolve, summary
 
 
@@ -45,12 +45,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     """``--set`` with ``--data-dir`` as ``data.data_dir`` (quoted: any folder name is text)."""
     if args.data_dir is None:
         return list(args.overrides)
-    if not args.data_dir.strip():  # a shell's unset variable: never the working directory
-        raise ConfigError(
-            f"--data-dir {args.data_dir!r} is an empty path, which would be read as the working "
-            "directory; nothing was resolved. Give the folder holding the data set by name ('.' "
-            "for the working directory itself), or leave --data-dir out for the default"
-        )
+    refuse_empty_path(args.data_dir, "--data-dir", "resolved", "the folder holding the data set")
     return [*args.overrides, f"data.data_dir={json.dumps(args.data_dir)}"]
 
 

@@ -248,7 +248,13 @@ def outputs(out_dir: Path) -> list[tuple[Path, Output]]:
 
 
 def check_out(out_dir: Path) -> None:
-    """Refused before the minutes of estimating: a file in the way that heptstudy did not write."""
+    """Refused before the minutes of estimating: a file in the way that heptstudy did not write,
+    or one where the folder should be."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise HeptstudyError(
+            f"--out {str(out_dir)!r} is a file, not a folder; give a folder for validation.json "
+            "and table.md"
+        )
     check_outputs(outputs(Path(out_dir)), "--out")
 
 

@@ -181,15 +181,20 @@ def checked_resume(resume: str | None, res: Resolution, workdir: Path) -> str | 
     return resume
 
 
+def refuse_empty_path(value: str | Path | None, option: str, undone: str, folder: str) -> None:
+    """A blank folder name (a shell's unset variable) is refused: Path("") is the working
+    directory, which nobody named."""
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError(
+            f"{option} {value!r} is an empty path, which would be read as the working directory; "
+            f"nothing was {undone}. Give {folder} by name ('.' for the working directory itself)"
+        )
+
+
 def _render_path(out: str | Path, option: str) -> Path:
     """The render folder named by ``option``, absolute; an empty name, a link loop or a line
     break (which would break the one-path-a-line script list) refused."""
-    if isinstance(out, str) and not out.strip():  # Path("") would be the working directory
-        raise ConfigError(
-            f"{option} {out!r} is an empty path, which would be read as the working directory; "
-            f"nothing was rendered. Give the folder for the rendered files by name ('.' for the "
-            "working directory itself)"
-        )
+    refuse_empty_path(out, option, "rendered", "the folder for the rendered files")
     out = real_path(out, f"render folder ({option})")
     if not str(out).isprintable():
         raise ConfigError(

@@ -74,11 +74,9 @@ def load_matrix(
     """Read a study matrix (see ``configs/study/``), every run validated before anything runs:
     its parameters and, with ``build_configs``, the configuration its measurement would use (a
     paired run's plans too), so that a run that can only fail is refused here, by its index."""
-    if not str(path).strip():  # Path('') is '.', which would be called a folder
-        raise StudyError("study matrix file '' is an empty path; give the path of a YAML file")
+    data = _read_matrix(path)  # before Path(): read_yaml refuses '', which Path() reads as '.'
     path = Path(path)
     where = f"study matrix {path}"
-    data = _read_matrix(path)
     defaults = _defaults(data.get("defaults"), where, data_dir)
     repeats = _repeats(data.get("repeats", 1), where)
     runs = [
@@ -159,7 +157,7 @@ def _notes(value: Any, where: str) -> list[str]:
     return list(value)
 
 
-def _read_matrix(path: Path) -> dict[str, Any]:
+def _read_matrix(path: str | os.PathLike) -> dict[str, Any]:
     """The matrix file's mapping, with a non-empty ``runs:`` list and no unknown top-level key."""
     try:
         data = read_yaml(path, "study matrix")
