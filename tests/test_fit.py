@@ -650,8 +650,12 @@ def test_the_fit_figure_tells_every_model_apart():
     "argv,says",
     [
         (
-            ["validate", "--platform", "h100", "--per-device-batch", "-5", "--json"],
-            "fit validate: --platform, --per-device-batch, --json do not apply",
+            ["validate", "--reports", "r", "--data-dir", "d", "--platform", "h100", "--json"],
+            "error: unrecognized arguments: --platform h100 --json",
+        ),
+        (
+            ["--per-device-batch", "-5", "validate", "--reports", "r", "--data-dir", "d"],
+            "fit validate: --platform, --per-device-batch do not apply",
         ),
         (["--per-device-batch", "8", "--out", "D", "--code", "x"], "--code, --out do not apply"),
         (["--per-device-batch", "8", "--save-model", ""], "--save-model: '' is empty"),
@@ -669,6 +673,14 @@ def test_fit_refuses_an_option_it_would_ignore(argv, says, tmp_path, monkeypatch
     code, _, err = run_cli("fit", *platform, *argv)
     assert code == 2 and says in err and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fit_validate_help_is_its_own():
+    from conftest import run_cli
+
+    code, out, _ = run_cli("fit", "validate", "--help")
+    assert code == 0 and out.startswith("usage: heptstudy fit validate")
+    assert "--reports" in out and "--out" in out and "--per-device-batch" not in out
 
 
 def test_fit_validate_refuses_a_file_as_out_before_estimating(tmp_path):

@@ -15,7 +15,7 @@ from heptstudy.fitting.reports import expand_report_paths
 from heptstudy.fitting.words import render
 from heptstudy.measure.report_checks import checked_report
 
-#: Options of one mode and their defaults: given to the other mode, they would be ignored.
+#: fit's own options and their defaults: given before `validate`, they would be ignored.
 _FIT_ONLY = {
     "platform": None,
     "per_device_batch": None,
@@ -30,27 +30,24 @@ _FIT_ONLY = {
     "overrides": [],
     "json": False,
 }
-_VALIDATE_ONLY = {"code": None, "out": None}
 
 
-def _refuse_the_other_mode_s(args: argparse.Namespace) -> None:
-    validating = args.what == "validate"
-    other = _FIT_ONLY if validating else _VALIDATE_ONLY
-    given = [_option(dest) for dest, default in other.items() if getattr(args, dest) != default]
-    if validating:
-        refuse_unread("heptstudy fit validate", given, "(it estimates the reports' own runs)")
-    else:
-        refuse_unread("heptstudy fit", given, "(they are options of `heptstudy fit validate`)")
+#: validate's options, as fit's parser reads them when given before `validate` (or without it).
+_VALIDATE_ONLY = {"misplaced_code": "--code", "misplaced_out": "--out"}
 
 
 def _option(dest: str) -> str:
     return "--set" if dest == "overrides" else "--" + dest.replace("_", "-")
 
 
+def _refuse_misplaced(args: argparse.Namespace) -> None:
+    given = [option for dest, option in _VALIDATE_ONLY.items() if getattr(args, dest) is not None]
+    why = "(options of `heptstudy fit validate` go after the word validate)"
+    refuse_unread("heptstudy fit", given, why)
+
+
 def _cmd_fit(args: argparse.Namespace) -> int:
-    _refuse_the_other_mode_s(args)
-    if args.what == "validate":
-        return _cmd_validate(args)
+    _refuse_misplaced(args)
     needed = {"--platform": args.platform, "--per-device-batch": args.per_device_batch}
     if missing := [flag for flag, value in needed.items() if value is None]:
         raise HeptstudyError(
@@ -83,12 +80,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     # the estimator (fake tensors, simulator) is loaded only for the command that uses it
     from heptstudy.estimate import validation
 
-    if not args.reports or args.data_dir is None:
-        raise HeptstudyError(
-            "heptstudy fit validate needs --reports PATH... (bench memory reports, files or "
-            "folders) and --data-dir DIR (the data they measured), e.g. --reports "
-            "experiments/cpu_reference --data-dir data/tfds"
-        )
+    _refuse_misplaced(args)
+    given = [_option(d) for d, default in _FIT_ONLY.items() if getattr(args, d) != default]
+    refuse_unread("heptstudy fit validate", given, "(it estimates the reports' own runs)")
     if args.out:
         validation.check_out(Path(args.out))
     reports = [(path, checked_report(path)) for path in expand_report_paths(args.reports)]
@@ -110,14 +104,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def register_cli(subparsers) -> None:
     p = subparsers.add_parser(
         "fit", help="will a per-device batch fit a platform's memory over the whole data set?"
-    )
-    p.add_argument(
-        "what",
-        nargs="?",
-        choices=["validate"],
-        help="validate: estimate every memory report of --reports that measured the running "
-        "code, on its own events in --data-dir, and print measured against estimated (reports of "
-        "other code: scripts/at_commit.sh COMMIT fit validate ...)",
     )
     _text(p, "--platform", help="platform profile (YAML file or name); required to fit")
     p.add_argument("--per-device-batch", type=int, help="events per device; required to fit")
@@ -169,12 +155,29 @@ def register_cli(subparsers) -> None:
         "current code (see scripts/regenerate_fits.sh)",
     )
     add_set_arg(p, help="dotted override of the resolved recipe (repeatable)")
-    _add_validate_options(p.add_argument_group("validate"))
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    for dest, option in _VALIDATE_ONLY.items():  # read only to be refused by name
+        _text(p, option, dest=dest, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_fit)
+    modes = p.add_subparsers(dest="what", metavar="{validate}")
+    _add_validate(modes)
 
 
-def _add_validate_options(v) -> None:
+def _add_validate(modes) -> None:
+    v = modes.add_parser(
+        "validate",
+        help="hold the estimator to measured reports",
+        description="Estimate every memory report of --reports that measured the running code, "
+        "on its own events in --data-dir, and print measured against estimated (reports of other "
+        "code: scripts/at_commit.sh COMMIT fit validate ...).",
+    )
+    v.add_argument(
+        "--reports",
+        nargs="+",
+        required=True,
+        help="bench memory reports, files or folders (e.g. experiments/cpu_reference)",
+    )
+    _text(v, "--data-dir", required=True, help="the TFDS data directory they measured")
     _text(
         v,
         "--code",
@@ -184,6 +187,7 @@ def _add_validate_options(v) -> None:
         "is not the running code's are skipped",
     )
     _text(v, "--out", help="folder for validation.json and table.md")
+    v.set_defaults(func=_cmd_validate)
 
 
 def _text(parser, option: str, **kwargs) -> None:
