@@ -804,7 +804,9 @@ def test_auto_predictions_answer_for_the_references_auto_run(tiny_data_dir, tmp_
         (tmp_path / path.name).write_text(json.dumps(doc))
     reports = study.load_reports(tmp_path)
     runs = study.reports_frame(reports).assign(data_dir=str(tiny_data_dir))
-    table, skipped = study.auto_predictions(runs, reports)
+    # full is timed in pairs there, its memory alone in a report of its own
+    paired = study.load_paired(ROOT / "experiments" / "cpu_reference")
+    table, skipped = study.auto_predictions(runs, reports, paired)
     assert skipped == []
     row = table.set_index("run").loc["auto_b4"]
     assert row["batch"] == 4 and row["budget [MiB]"] == 3.0 * 1024
@@ -812,7 +814,8 @@ def test_auto_predictions_answer_for_the_references_auto_run(tiny_data_dir, tmp_
     assert 0.0 <= row["P(step exceeds budget)"] <= 1.0
     # every plan auto runs was timed in the reference, so both expectations are answered
     assert row["expected step auto [s]"] > 0 and row["expected step full [s]"] > 0
-    assert row["measured step auto, round 1 [s]"] < row["measured step full, round 1 [s]"]
+    assert row["measured step auto, round 1 [s]"] < row["measured step full [s]"]
+    assert row["full timed"] == "paired, one process"
     assert {p.rsplit(" ", 1)[0] for p in row["plans [% of steps]"].split(", ")} <= {"off", "full"}
 
 

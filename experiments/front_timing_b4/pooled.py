@@ -1,7 +1,8 @@
 """The per-round step-time overheads over ``off`` (batch 4, padded) of every round that timed the
 reference's computation: the reference at 3466417 (read from git, commit fdb77d6), this folder's
-4 rounds run right after it, and the reference now in experiments/cpu_reference (703a155, the same
-computation). Each round's overhead is a plan's mean step over ``off``'s mean step in that round.
+4 rounds run right after it, and the reference at 703a155 (the same computation; read from git,
+commit c88c15e, the last to hold it before the reference was measured again with the front timed
+in pairs). Each round's overhead is a plan's mean step over ``off``'s mean step in that round.
 
     .venv/bin/python experiments/front_timing_b4/pooled.py
 """
@@ -14,7 +15,8 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-EARLIER_REFERENCE = "fdb77d6"  # the commit holding the reference measured at 3466417
+#: the commits holding the references measured at 3466417 and at 703a155
+REFERENCES = ("fdb77d6", "c88c15e")
 PLANS = {
     "off": "baseline",
     "full": "checkpointed",
@@ -28,8 +30,8 @@ PLANS = {
 }
 
 
-def _git_text(path: str) -> str:
-    show = ["git", "show", f"{EARLIER_REFERENCE}:{path}"]
+def _git_text(commit: str, path: str) -> str:
+    show = ["git", "show", f"{commit}:experiments/cpu_reference/{path}"]
     return subprocess.run(show, cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
@@ -43,7 +45,7 @@ def _reference_rounds(read) -> list[dict[str, float]]:
 
 def main() -> None:
     here = Path(__file__).parent
-    rounds = _reference_rounds(lambda p: _git_text(f"experiments/cpu_reference/{p}"))
+    rounds = _reference_rounds(lambda p: _git_text(REFERENCES[0], p))
     for r in range(1, 5):
         reports = {p.stem.split("_r")[0]: p for p in here.glob(f"*_r{r}.json")}
         rounds.append(
@@ -52,8 +54,7 @@ def main() -> None:
                 for p, f in reports.items()
             }
         )
-    now = ROOT / "experiments" / "cpu_reference"
-    rounds += _reference_rounds(lambda p: (now / p).read_text())
+    rounds += _reference_rounds(lambda p: _git_text(REFERENCES[1], p))
     print("plan       rounds  median overhead  range")
     for plan in list(PLANS)[1:]:
         over = [100 * (r[plan] / r["off"] - 1) for r in rounds if plan in r]

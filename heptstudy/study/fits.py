@@ -3,6 +3,7 @@ of its result when it cannot be computed, so the aggregate notebook skips it wit
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from heptstudy.estimate.keys import checkpointing_words
@@ -11,6 +12,7 @@ from heptstudy.fitting.api import repo_path
 from heptstudy.fitting.plots import fit_figure, fit_table, peak_vs_longest_figure
 from heptstudy.fitting.reports import fit_reports
 from heptstudy.study.common import MEMORY
+from heptstudy.study.paired import PAIRED_TIMING
 
 PLATFORMS = ("h100", "lumi_mi250x")
 
@@ -138,17 +140,13 @@ def platform_predictions(runs, reports=()) -> tuple[Any, Any, list[str]]:
     return figure, pd.DataFrame(rows).round(3), skipped
 
 
-def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
+def auto_predictions(runs, reports, paired=()) -> tuple[Any, list[str]]:
     """``heptstudy fit --checkpointing auto`` for each ``auto`` run of the study, next to its
-    measured step time: ``(table, skipped)``. Calibrates on a fake device (about 30 s each)."""
+    measured step time and full's: ``(table, skipped)``. Calibrates on a fake device (about 30 s
+    each)."""
     import pandas as pd
 
-    # each auto run is shown with its own time and full's on batches of the same geometry
-    full_times = {}
-    for _, r in reports:
-        if r.kind == MEMORY and r.status == "ok" and r.summary.mean_step_time_s is not None:
-            if r.plan.name == "full":
-                full_times[(r.packed, r.batch_size)] = r.summary.mean_step_time_s
+    full_times = _full_step_times(reports, paired)
     rows, skipped = [], []
     for _, r in reports:
         c = r.checkpointing
@@ -174,6 +172,7 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
             skipped.append(f"{r.name}: no memory model holds for full checkpointing on {platform}")
             continue
         a = result.auto
+        full_s, full_timed = full_times.get((r.packed, r.batch_size), (None, None))
         rows.append(
             {
                 "run": r.name,
@@ -189,8 +188,27 @@ def auto_predictions(runs, reports) -> tuple[Any, list[str]]:
                 "expected step auto [s]": a.mean_step_s,
                 "expected step full [s]": a.mean_step_full_s,
                 "measured step auto, round 1 [s]": r.summary.mean_step_time_s,
-                "measured step full, round 1 [s]": full_times.get((r.packed, r.batch_size)),
+                "measured step full [s]": full_s,
+                "full timed": full_timed,
                 "times": a.not_available or "seconds per slot of the study's reports",
             }
         )
     return (pd.DataFrame(rows).round(3) if rows else None), skipped
+
+
+def _full_step_times(reports, paired) -> dict[tuple[bool, int], tuple[float, str]]:
+    """``full``'s measured step and how it was timed, by (packed, batch size): its memory
+    report's round 1, else its median step in a paired timing (a study that times its front in
+    pairs measures full's memory alone)."""
+    times = {}
+    for _, report in paired:
+        for step in report.get("steps", []):
+            if step["plan"] == "full":
+                key = (report.get("batching") == "packed", int(report["batch_size"]))
+                times.setdefault(key, []).append(step["time_s"])
+    found = {key: (statistics.median(t), PAIRED_TIMING) for key, t in times.items()}
+    for _, r in reports:
+        if r.kind == MEMORY and r.status == "ok" and r.summary.mean_step_time_s is not None:
+            if r.plan.name == "full":
+                found[(r.packed, r.batch_size)] = (r.summary.mean_step_time_s, "round 1")
+    return found
