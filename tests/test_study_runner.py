@@ -528,6 +528,18 @@ def _timed(name, b, enabled, policy, t, round_=1, line="platform", sys_frac=0.05
     }
 
 
+def test_off_rounds_apart_by_more_than_half_are_flagged():
+    """In fresh processes the machine's speed can move by more than a plan's overhead (the
+    reference's padded off at batch 4: 22.3, 11.7 and 13.1 s); the overhead says so."""
+    rows = []
+    for k, (off, on) in enumerate([(20.0, 13.0), (10.0, 12.0), (11.0, 12.0)], start=1):
+        rows.append(_timed("baseline_b4", 4, False, "off", off, k))
+        rows.append(_timed("auto_b4", 4, True, "auto", on, k))
+    over = study.overhead_frame(pd.DataFrame(rows)).iloc[0]
+    assert over["overhead_median_pct"] == pytest.approx(100 * (12.0 / 11.0 - 1))
+    assert "off's rounds took 10.00 to 20.00 s" in over["flag"]
+
+
 def test_overhead_is_the_median_and_range_over_rounds_and_flags_system_time():
     rows = []
     for k, (off, on) in enumerate([(10.0, 13.0), (12.0, 15.0), (10.0, 14.0)], start=1):

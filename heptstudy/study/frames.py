@@ -66,6 +66,10 @@ def _read_reports(paths) -> list[tuple[Path, Any]]:
 #: flagged: its step time measures the kernel mapping and zeroing pages, not the computation.
 SYSTEM_TIME_DOMINATES = 0.3
 
+#: Fresh processes whose ``off`` rounds differ by more than this factor are flagged: the machine's
+#: speed moved between them by more than most plans' overheads.
+OFF_ROUNDS_APART = 1.5
+
 
 def host_usage_of(report) -> dict[str, float | None]:
     """System CPU seconds, minor page faults and system-time fraction per counted step."""
@@ -325,6 +329,7 @@ def _round_rows(df) -> list[dict[str, Any]]:
                     "on_sys_pct": on_sys,
                     "flag": _joined(
                         _system_flag(off_sys, on_sys),
+                        _drift_flag(off.loc[paired, "mean_step_s"]),
                         _untrusted_flag({"off": off.loc[paired], label: on.loc[paired]}),
                         *(f"round {k} {why}" for k, why in apart.items() if why),
                     ),
@@ -387,6 +392,16 @@ def _max_pct(fractions) -> float | None:
 
     values = [float(f) for f in fractions if f is not None and not pd.isna(f)]
     return 100.0 * max(values) if values else None
+
+
+def _drift_flag(off_steps) -> str:
+    fastest, slowest = min(off_steps), max(off_steps)
+    if slowest <= OFF_ROUNDS_APART * fastest:
+        return ""
+    return (
+        f"off's rounds took {fastest:.2f} to {slowest:.2f} s: the machine's speed moved between "
+        "processes by more than a plan's overhead (heptstudy bench paired times plans in pairs)"
+    )
 
 
 def _system_flag(off_pct: float | None, on_pct: float | None) -> str:
