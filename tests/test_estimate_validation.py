@@ -183,6 +183,21 @@ def test_a_folder_without_memory_reports_says_why_each_is_skipped(tmp_path, caps
     )
 
 
+def test_a_paired_timing_is_named_as_one_by_validate_and_fit(tmp_path, capsys):
+    """A study's paired/ timings hold step times, not peaks: given as a report, each command says
+    what the file is, not that its schema version is missing."""
+    paired = CPU_REFERENCE / "paired" / "paired_b4.json"
+    rc = main(["fit", "validate", "--reports", str(paired), "--data-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "a paired timing (`heptstudy bench paired`" in err
+    assert "schema_version" not in err
+    rc = main(
+        ["fit", "--platform", "local_cpu", "--per-device-batch", "4", "--reports", str(paired)]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "paired_b4.json: a paired timing: step times, no peaks" in err
+
+
 def test_an_event_the_data_does_not_hold_is_refused_naming_the_report(
     reference_data, tmp_path, capsys
 ):

@@ -12,7 +12,7 @@ from typing import Any
 from heptstudy import fingerprint as code_fingerprint
 from heptstudy.estimate.keys import key_label, model_key
 from heptstudy.estimate.memory_model import FitError, MemoryModel, Point, fit_points
-from heptstudy.measure.report import BenchReport, ReportError, validate_report
+from heptstudy.measure.report import PAIRED_KIND, BenchReport, ReportError, validate_report
 from heptstudy.measure.report_checks import check_consistent
 
 
@@ -70,6 +70,10 @@ def _memory_report(path: Path) -> BenchReport | str:
         rep = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         return f"cannot be read as JSON ({type(err).__name__}: {err})"
+    if isinstance(rep, dict) and rep.get("kind") == PAIRED_KIND:
+        return (
+            "a paired timing: step times, no peaks (they serve heptstudy fit --checkpointing auto)"
+        )
     schema = rep.get("schema_version") if isinstance(rep, dict) else None
     if not (isinstance(schema, str) and schema.startswith("heptstudy.bench/")):
         return f"not a heptstudy bench report (schema_version {schema!r})"

@@ -41,7 +41,7 @@ from heptstudy.train.plan_table import check_table_on
 from heptstudy.train.precision import autocast_dtype
 from heptstudy.train.step import fresh_state, run_step
 
-KIND = "paired_timing"
+KIND = rp.PAIRED_KIND
 #: A study folder's paired timings: reports of their own kind, apart from the others.
 PAIRED_DIR = "paired"
 PAIRED_FILE = Output("heptstudy paired-timing report", ".json", f'"kind": "{KIND}"'.encode())

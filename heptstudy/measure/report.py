@@ -33,6 +33,8 @@ from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
 from heptstudy.paths import git
 
 SCHEMA_VERSION = "heptstudy.bench/1"
+#: The kind of a paired timing (``heptstudy bench paired``): a report of its own, no bench report.
+PAIRED_KIND = "paired_timing"
 #: A report replaces only a report (the schema is the first line of every one written).
 REPORT_FILE = Output(
     "heptstudy bench report", ".json", f'"schema_version": "{SCHEMA_VERSION}"'.encode()
@@ -376,6 +378,12 @@ def validate_report(data: BenchReport | dict[str, Any], source: str = "<report>"
         data = data.model_dump(mode="python")
     if not isinstance(data, dict):
         raise ReportError(f"{source}: a report must be a JSON object, got {type(data).__name__}")
+    if data.get("kind") == PAIRED_KIND:
+        raise ReportError(
+            f"{source}: a paired timing (`heptstudy bench paired`: plans' step-time overheads "
+            "against off), not a bench report; give the bench reports of the runs, e.g. the "
+            "memory reports of the study folder above its paired/"
+        )
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         what = "is missing" if "schema_version" not in data else f"is {version!r}"
