@@ -79,11 +79,28 @@ def test_paired_timing_alternates_off_with_each_plan_and_writes_its_report(tiny_
     assert bench_report.read_text() == '{"other": 1}\n'
 
 
+def test_auto_is_paired_running_the_plan_it_chooses_for_each_batch(tiny_data_dir, tmp_path):
+    """auto between two off steps: on each batch the plan its predictor chooses within the budget,
+    recorded with the step; a budget under the uncheckpointed peak makes it checkpoint."""
+    out = tmp_path / "paired_b2.json"
+    budget = ["--set", "model.heptv2.memory_budget_gib=0.0035"]  # 3.6 MiB: between full and off
+    budget += ["--set", "model.heptv2.auto_plan_order=[full]"]  # one plan to calibrate
+    code, said, err = _paired(tiny_data_dir, out, "auto", "every2", "--rounds", "2", *budget)
+    assert code == 0, err
+    report = json.loads(out.read_text())
+    auto = [s for s in report["steps"] if s["plan"] == "auto"]
+    # the warm-up batch and the two counted ones; each auto step ran its batch's plan: on the
+    # tiny data, off fits the budget on one counted batch and not on the other
+    assert len(report["auto_runs"]) == 3
+    assert all(s["ran"] == report["auto_runs"][s["batch"]] for s in auto)
+    assert sorted(s["ran"] for s in auto) == ["full", "off"]
+    assert len(report["overhead"]["auto"]["per_round"]) == 2 and "auto" in said
+
+
 @pytest.mark.parametrize(
     "argv, says",
     [
         (["off"], "plan 'off' cannot be paired (every plan is paired with it)"),
-        (["auto"], "plan 'auto' cannot be paired (it is no one plan)"),
         (["full", "true"], "plan 'full' is named twice"),
         (["bogus"], "checkpointing='bogus' is not a checkpointing plan"),
         (["full", "--rounds", "0"], "--rounds 0 is not a whole number >= 1"),

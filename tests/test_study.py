@@ -224,7 +224,7 @@ def test_run_overrides_add_to_the_defaults(tmp_path):
         ([{"notebook": "paired", "plans": ["full"], "rounds": 0}], "rounds=0 is not allowed"),
         # YAML's bare off is false: named as the plan it spells, refused as off is
         ([{"notebook": "paired", "plans": [False], "rounds": 3}], r"plans \['off'\] cannot be"),
-        ([{"notebook": "paired", "plans": ["Auto"], "rounds": 3}], r"plans \['Auto'\] cannot be"),
+        ([{"notebook": "paired", "plans": ["Off"], "rounds": 3}], r"plans \['Off'\] cannot be"),
         ([{"notebook": "paired", "plans": ["full"], "repeats": 3}], "has rounds: give rounds"),
         ([{"notebook": "paired", "plans": ["full"], "checkpointing": "full"}], "do not apply"),
         ([{"notebook": "memory", "plans": ["full"]}], "do not apply to memory.ipynb"),

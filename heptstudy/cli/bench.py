@@ -153,7 +153,13 @@ def register_cli(sub) -> None:
         "steps on the same batch, in one process, for --rounds rounds: the overhead of each plan "
         "over off, with drift slower than a step cancelled (memory: heptstudy bench)",
     )
-    paired.add_argument("plans", nargs="+", metavar="PLAN", help="plans to compare with off")
+    paired.add_argument(
+        "plans",
+        nargs="+",
+        metavar="PLAN",
+        help="plans to compare with off; auto runs on each batch the plan it chooses within "
+        "model.heptv2.memory_budget_gib (--set)",
+    )
     paired.add_argument("--rounds", type=int, default=3, help="paired rounds (default 3)")
     paired.set_defaults(func=_bench_paired, interrupted=_NOTHING_MEASURED)
     # an option per request field; one not given is not passed: the request's default applies

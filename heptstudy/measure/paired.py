@@ -5,7 +5,8 @@ recomputation (docs/results.md, "How far to trust the times"). Here one model, b
 layer wrapped (as ``auto`` builds it), runs each plan's step between two ``off`` steps on the same
 batch: a plan's overhead in a round is its step time over the mean of its two neighbours', so a
 drift slower than a step cancels. The plans run in reverse order every other round, so no plan
-always follows the same one. Memory is not measured: ``heptstudy bench`` measures it.
+always follows the same one. ``auto`` may be among them: on each batch it runs the plan it chooses
+for that batch within its budget. Memory is not measured: ``heptstudy bench`` measures it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from heptstudy.config.plans import parse_plan_name
 from heptstudy.data.batching import dataset_for, event_indices, load_events, to_device
 from heptstudy.data.layout import geometry_of
 from heptstudy.errors import HeptstudyError, Interrupted
+from heptstudy.estimate.plans import predictor_for
 from heptstudy.measure import report as rp
 from heptstudy.measure.bench import check_enough_events, check_writable, report_header
 from heptstudy.measure.request import (
@@ -51,16 +53,19 @@ PROTOCOL = (
     "one process, one model with every layer wrapped; after one untimed warm-up step of every "
     "plan, each round runs off, plan, off, plan, ..., off on one counted batch (the plans in "
     "reverse order every other round, the rounds taking the counted batches in turn); a plan's "
-    "overhead in a round is its step time over the mean of the two off steps around it, minus 1"
+    "overhead in a round is its step time over the mean of the two off steps around it, minus 1; "
+    "auto runs on each batch the plan its predictor chooses for that batch within its budget"
 )
 
 
 #: Why a plan cannot be paired with off, by name.
-_UNPAIRED = {REFERENCE: "every plan is paired with it", "auto": "it is no one plan"}
+_UNPAIRED = {REFERENCE: "every plan is paired with it"}
+#: The plan that runs, on each batch, the plan it chooses for that batch.
+AUTO = "auto"
 
 
 def why_unpaired(name: str) -> str | None:
-    """Why the plan ``name`` cannot be paired with ``off`` (it is off, or auto), or None."""
+    """Why the plan ``name`` cannot be paired with ``off`` (it is off), or None."""
     return _UNPAIRED.get(name.strip().lower())
 
 
@@ -71,8 +76,7 @@ def plan_names(values: Sequence[Any]) -> list[str]:
 
 
 def paired_plans(names: Sequence[str], m: Measurement) -> list[CheckpointPlan]:
-    """The plans to pair with ``off``, each named once; ``off`` itself and ``auto`` (a plan per
-    step, not one plan) are refused by name."""
+    """The plans to pair with ``off``, each named once; ``off`` itself is refused by name."""
     plans, num_layers = [], m.config.model.heptv2.num_convs
     for name in names:
         try:
@@ -255,13 +259,15 @@ def run_paired(m: Measurement, names: Sequence[str], rounds: int) -> dict[str, A
     dtype = autocast_dtype(config, device)
     indices = event_indices(config, request.batch_size, request.warmup + request.steps)
     batches = [to_device(load_events(config, idx, "train"), device) for idx in indices]
+    chosen = _auto_choices(m, plans, batches)
     off = plan_named(REFERENCE)
     state = fresh_state(config, device)
     timer = StepTimer(device)
 
-    def step(plan: CheckpointPlan, batch) -> float:
+    def step(plan: CheckpointPlan, b: int) -> float:
+        runs = chosen[b] if plan.name == AUTO else plan
         with timer.step():
-            run_step(*state[:1], batch, *state[1:], config, dtype, plan=plan)
+            run_step(*state[:1], batches[b], *state[1:], config, dtype, plan=runs)
         return timer.seconds
 
     counted = batches[request.warmup :]
@@ -269,18 +275,23 @@ def run_paired(m: Measurement, names: Sequence[str], rounds: int) -> dict[str, A
     bar = tqdm(total=total, disable=not request.progress, desc=f"paired {m.name}", unit="step")
     steps: list[dict[str, Any]] = []
     header = _header(m, plans, batches, fresh, allocator)
+    if chosen:
+        header["auto_runs"] = [p.name for p in chosen]
     written = 0
     with bar:
         try:
             for plan in (off, *plans):  # one-time costs (first calls, the heap) left untimed
-                step(plan, batches[0])
+                step(plan, 0)
                 bar.update(1)
             for r in range(rounds):
                 b = request.warmup + r % len(counted)
                 order = plans if r % 2 == 0 else plans[::-1]
                 for plan in (off, *[p for q in order for p in (q, off)]):
-                    seconds = step(plan, batches[b])
-                    steps.append({"round": r + 1, "plan": plan.name, "batch": b, "time_s": seconds})
+                    seconds = step(plan, b)
+                    record = {"round": r + 1, "plan": plan.name, "batch": b, "time_s": seconds}
+                    if plan.name == AUTO:
+                        record["ran"] = chosen[b].name
+                    steps.append(record)
                     bar.update(1)
                 # every round written as it ends: an interruption keeps the rounds before it
                 report = _report(header, r + 1, rounds, steps)
@@ -295,6 +306,22 @@ def run_paired(m: Measurement, names: Sequence[str], rounds: int) -> dict[str, A
             )
             raise Interrupted(f"{kept}; run the same command again for all of them") from None
     return report
+
+
+def _auto_choices(m: Measurement, plans, batches) -> list[CheckpointPlan]:
+    """The plan ``auto`` runs on each batch (its predictor calibrated as a bench run's), or []
+    when ``auto`` is not among ``plans``."""
+    if not any(p.name == AUTO for p in plans):
+        return []
+    predictor = predictor_for(
+        m.config,
+        m.device,
+        m.request.batch_size,
+        m.profile,
+        covering=[geometry_of(b) for b in batches],
+        progress=m.request.progress,
+    )
+    return [predictor.choose_for(b).plan for b in batches]
 
 
 def overheads(steps: list[dict[str, Any]]) -> dict[str, list[float]]:
