@@ -37,7 +37,7 @@ from heptstudy.measure.request import (
 )
 from heptstudy.meters.allocator import apply_allocator
 from heptstudy.meters.timing import StepTimer
-from heptstudy.model.checkpoint_plan import CheckpointPlan, plan_named
+from heptstudy.model.checkpoint_plan import AUTO, CheckpointPlan, plan_named
 from heptstudy.train.model_size import check_model_fits
 from heptstudy.train.plan_table import check_table_on
 from heptstudy.train.precision import autocast_dtype
@@ -58,15 +58,9 @@ PROTOCOL = (
 )
 
 
-#: Why a plan cannot be paired with off, by name.
-_UNPAIRED = {REFERENCE: "every plan is paired with it"}
-#: The plan that runs, on each batch, the plan it chooses for that batch.
-AUTO = "auto"
-
-
 def why_unpaired(name: str) -> str | None:
     """Why the plan ``name`` cannot be paired with ``off`` (it is off), or None."""
-    return _UNPAIRED.get(name.strip().lower())
+    return "every plan is paired with it" if name.strip().lower() == REFERENCE else None
 
 
 def plan_names(values: Sequence[Any]) -> list[str]:
@@ -265,7 +259,7 @@ def run_paired(m: Measurement, names: Sequence[str], rounds: int) -> dict[str, A
     timer = StepTimer(device)
 
     def step(plan: CheckpointPlan, b: int) -> float:
-        runs = chosen[b] if plan.name == AUTO else plan
+        runs = chosen[b] if plan.name == AUTO.name else plan
         with timer.step():
             run_step(*state[:1], batches[b], *state[1:], config, dtype, plan=runs)
         return timer.seconds
@@ -289,7 +283,7 @@ def run_paired(m: Measurement, names: Sequence[str], rounds: int) -> dict[str, A
                 for plan in (off, *[p for q in order for p in (q, off)]):
                     seconds = step(plan, b)
                     record = {"round": r + 1, "plan": plan.name, "batch": b, "time_s": seconds}
-                    if plan.name == AUTO:
+                    if plan.name == AUTO.name:
                         record["ran"] = chosen[b].name
                     steps.append(record)
                     bar.update(1)
@@ -311,7 +305,7 @@ def run_paired(m: Measurement, names: Sequence[str], rounds: int) -> dict[str, A
 def _auto_choices(m: Measurement, plans, batches) -> list[CheckpointPlan]:
     """The plan ``auto`` runs on each batch (its predictor calibrated as a bench run's), or []
     when ``auto`` is not among ``plans``."""
-    if not any(p.name == AUTO for p in plans):
+    if not any(p.name == AUTO.name for p in plans):
         return []
     predictor = predictor_for(
         m.config,

@@ -3,7 +3,6 @@ of its result when it cannot be computed, so the aggregate notebook skips it wit
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from heptstudy.estimate.keys import checkpointing_words
@@ -12,7 +11,7 @@ from heptstudy.fitting.api import repo_path
 from heptstudy.fitting.plots import fit_figure, fit_table, peak_vs_longest_figure
 from heptstudy.fitting.reports import fit_reports
 from heptstudy.study.common import MEMORY
-from heptstudy.study.paired import PAIRED_TIMING
+from heptstudy.study.paired import PAIRED_TIMING, paired_rows
 
 PLATFORMS = ("h100", "lumi_mi250x")
 
@@ -200,13 +199,12 @@ def _full_step_times(reports, paired) -> dict[tuple[bool, int], tuple[float, str
     """``full``'s measured step and how it was timed, by (packed, batch size): its memory
     report's round 1, else its median step in a paired timing (a study that times its front in
     pairs measures full's memory alone)."""
-    times = {}
-    for _, report in paired:
-        for step in report.get("steps", []):
-            if step["plan"] == "full":
-                key = (report.get("batching") == "packed", int(report["batch_size"]))
-                times.setdefault(key, []).append(step["time_s"])
-    found = {key: (statistics.median(t), PAIRED_TIMING) for key, t in times.items()}
+    found = {
+        (packed, row["batch_size"]): (row["on_step_s"], PAIRED_TIMING)
+        for packed in (False, True)
+        for row in paired_rows(paired, packed)
+        if row["policy"] == "full"
+    }
     for _, r in reports:
         if r.kind == MEMORY and r.status == "ok" and r.summary.mean_step_time_s is not None:
             if r.plan.name == "full":
