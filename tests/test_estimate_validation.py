@@ -183,7 +183,7 @@ def test_a_folder_without_memory_reports_says_why_each_is_skipped(tmp_path, caps
     )
 
 
-def test_a_paired_timing_is_named_as_one_by_validate_and_fit(tmp_path, capsys):
+def test_a_paired_timing_is_named_as_one_by_validate_and_fit(reference_data, tmp_path, capsys):
     """A study's paired/ timings hold step times, not peaks: given as a report, each command says
     what the file is, not that its schema version is missing."""
     paired = CPU_REFERENCE / "paired" / "paired_b4.json"
@@ -193,6 +193,7 @@ def test_a_paired_timing_is_named_as_one_by_validate_and_fit(tmp_path, capsys):
     assert "schema_version" not in err
     rc = main(
         ["fit", "--platform", "local_cpu", "--per-device-batch", "4", "--reports", str(paired)]
+        + ["--data-dir", str(reference_data)]
     )
     err = capsys.readouterr().err
     assert rc == 2 and "paired_b4.json: a paired timing: step times, no peaks" in err
