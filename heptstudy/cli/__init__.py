@@ -100,6 +100,13 @@ INTERRUPTED = 128 + signal.SIGINT  # the exit status a shell gives a command Ctr
 NOTHING_KEPT = "nothing was written (every result appears only whole); run the same command again"
 
 
+def _say(line: str) -> None:
+    """One line on stderr in one write: the ranks of a launch share one stderr, and print writes
+    a line and its end apart, so two ranks' lines could run together."""
+    sys.stderr.write(f"heptstudy: {line}\n")
+    sys.stderr.flush()
+
+
 def _interrupted(stop: KeyboardInterrupt, args: argparse.Namespace | None) -> int:
     said = str(stop) if isinstance(stop, Interrupted) else getattr(args, "interrupted", None)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cuts no line
@@ -108,7 +115,7 @@ def _interrupted(stop: KeyboardInterrupt, args: argparse.Namespace | None) -> in
 
         for bar in list(getattr(tqdm, "_instances", ())):  # the line starts a line of its own
             bar.close()
-        print(f"heptstudy: interrupted: {said or NOTHING_KEPT}", file=sys.stderr, flush=True)
+        _say(f"interrupted: {said or NOTHING_KEPT}")
     finally:
         signal.signal(signal.SIGINT, previous)
     return INTERRUPTED
@@ -133,15 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as stop:
         return _interrupted(stop, args)
     except HeptstudyError as err:
-        print(f"heptstudy: error: {err}", file=sys.stderr)
+        _say(f"error: {err}")
         return 2
     except OSError as err:
         # full disk, quota, ...: each writer kept or printed its result; say what failed
         where = f" ({err.filename})" if err.filename else ""
-        print(
-            f"heptstudy: error: the system refused a file operation: "
-            f"{err.strerror or err}{where}. {os_error_advice(err)}, and run the same command "
-            "again",
-            file=sys.stderr,
+        _say(
+            f"error: the system refused a file operation: {err.strerror or err}{where}. "
+            f"{os_error_advice(err)}, and run the same command again"
         )
         return 1
