@@ -146,23 +146,22 @@ def test_default_matrices_hold_the_original_set():
     }
     # the CPU keeps the deterministic parity only (the GPU both)
     expected = original - {"parity_b1"} | policies | packed | solver | {"auto_b4", "auto_b16"}
-    assert cpu_names == expected | {"paired_b4", "packed_paired_b4"}
-    # every plan of the front is timed against off paired in one process, padded and packed
+    assert cpu_names == expected | {"paired_b1", "paired_b4", "packed_paired_b4"}
+    # every plan of the front, and auto, is timed against off paired in one process, padded and
+    # packed; the memory runs measure memory alone
     timed = {
         (r.parameters.get("batching", "padded"), plan)
         for r in cpu.runs
-        if r.notebook == "paired"
+        if r.notebook == "paired" and r.parameters["batch_size"] == 4
         for plan in r.parameters["plans"]
     }
+    assert {r.parameters.get("passes") for r in cpu.runs if r.notebook == "memory"} == {"memory"}
     front = {
         (r.request().batching, r.request().checkpointing)
         for r in cpu.runs
         if r.notebook == "memory" and r.request().batch_size == 4
     }
-    assert (
-        front - {("padded", "off"), ("packed", "off"), ("padded", "auto"), ("packed", "auto")}
-        == timed
-    )
+    assert front - {("padded", "off"), ("packed", "off")} == timed
     assert original | policies <= {r.name for r in gpu.runs}
     assert {f"packed_{p}_b{b}" for p in ("baseline", "checkpointed") for b in (48, 64)} <= {
         r.name for r in gpu.runs
@@ -418,6 +417,42 @@ def test_packing_frame_pairs_the_same_plan_by_round():
     assert study.comparison_frame(pd.DataFrame(rows)).empty
 
 
+def test_packing_frame_takes_memory_only_runs_step_ratios_from_the_paired_rounds_on_one_batch():
+    """A study that times in pairs only: each round's ratio is the packed steps' median over the
+    padded steps' median in the same round, where both took the same batch."""
+    rows = []
+    for batching in ("padded", "packed"):
+        row = _row(f"{batching}_b4", 4, False, 1000.0 if batching == "padded" else 850.0, 1.0, None)
+        rows.append({**row, "batching": batching, "packed_batches": batching == "packed",
+                     "peak_batch_hits": 800, "peak_batch_slots": 1000})  # fmt: skip
+    padded, packed = _paired_report(), _paired_report("packed")
+    for step in packed["steps"]:
+        step["time_s"] *= {1: 0.8, 2: 0.9, 3: 0.7}[step["round"]]
+        step["batch"] = 2 if step["round"] == 3 else 1  # round 3 took another batch
+    paired = [(Path("paired_b4.json"), padded), (Path("packed_paired_b4.json"), packed)]
+    off = study.packing_frame(pd.DataFrame(rows), paired).set_index("policy").loc["off"]
+    assert off["rounds"] == 2 and off["timing"] == "paired, one process"
+    assert (off["step_ratio_min"], off["step_ratio_max"]) == pytest.approx((0.8, 0.9))
+    assert (off["padded_step_s"], off["packed_step_s"]) == pytest.approx((10.0, 8.5))
+    # without the paired timings there is no step time to compare
+    alone = study.packing_frame(pd.DataFrame(rows)).iloc[0]
+    assert alone["rounds"] == 0 and alone["timing"] is None
+
+
+def test_off_takes_its_step_from_a_paired_timing_when_no_fresh_process_timed_it():
+    rows = [
+        _row("baseline_b4", 4, False, 3000.0, 3500.0, None),
+        _row("checkpointed_every2_b4", 4, True, 2000.0, 2500.0, None, every=2),
+        _row("checkpointed_b4", 4, True, 600.0, 2000.0, None),
+    ]
+    paired = [(Path("paired_b4.json"), _paired_report())]
+    front = study.front_frame(pd.DataFrame(rows), paired).set_index("policy")
+    assert front.loc["off", "mean_step_s"] == pytest.approx(10.0)
+    assert front.loc["off", "timing"] == "paired, one process"
+    assert front.loc["every 2", "step_time_overhead_pct"] == pytest.approx(20.0)
+    assert pd.isna(front.loc["full", "mean_step_s"])  # timed nowhere
+
+
 @pytest.mark.parametrize("folder", ["cpu_reference", "study_paired_epyc"])
 def test_front_labels_do_not_overlap_on_the_reference(folder):
     """The committed studies crowd nine plans within a few per cent of step time (the paired
@@ -568,6 +603,10 @@ def test_statement_names_device_data_and_smoke(tiny_data_dir):
     stats = study.hits_stats_for(df)
     assert stats["synthetic"] and stats["num_events"] == 24
     assert "not to be trusted" not in text  # nothing flagged (tests/test_reliability_reports.py)
+    assert "one fresh process per run (one round)" in text
+    memory_only = study.study_statement(df.assign(mean_step_s=None))
+    assert "every memory run measured memory alone" in memory_only
+    assert "fresh process per run" not in memory_only
     df["untrusted"] = ["busy host: the 1-minute load average was 4.5"]
     busy = study.study_statement(df)
     assert "not to be trusted:** baseline_b1: busy host: the 1-minute load average was 4.5" in busy
@@ -814,7 +853,7 @@ def test_auto_predictions_answer_for_the_references_auto_run(tiny_data_dir, tmp_
     assert 0.0 <= row["P(step exceeds budget)"] <= 1.0
     # every plan auto runs was timed in the reference, so both expectations are answered
     assert row["expected step auto [s]"] > 0 and row["expected step full [s]"] > 0
-    assert row["measured step auto, round 1 [s]"] < row["measured step full [s]"]
+    assert row["measured step auto [s]"] < row["measured step full [s]"]
     assert row["full timed"] == "paired, one process"
     assert {p.rsplit(" ", 1)[0] for p in row["plans [% of steps]"].split(", ")} <= {"off", "full"}
 

@@ -145,7 +145,7 @@ def auto_predictions(runs, reports, paired=()) -> tuple[Any, list[str]]:
     each)."""
     import pandas as pd
 
-    full_times = _full_step_times(reports, paired)
+    measured = {plan: _measured_steps(reports, paired, plan) for plan in ("auto", "full")}
     rows, skipped = [], []
     for _, r in reports:
         c = r.checkpointing
@@ -171,7 +171,8 @@ def auto_predictions(runs, reports, paired=()) -> tuple[Any, list[str]]:
             skipped.append(f"{r.name}: no memory model holds for full checkpointing on {platform}")
             continue
         a = result.auto
-        full_s, full_timed = full_times.get((r.packed, r.batch_size), (None, None))
+        auto_s, auto_timed = measured["auto"].get((r.packed, r.batch_size), (None, None))
+        full_s, full_timed = measured["full"].get((r.packed, r.batch_size), (None, None))
         rows.append(
             {
                 "run": r.name,
@@ -186,7 +187,8 @@ def auto_predictions(runs, reports, paired=()) -> tuple[Any, list[str]]:
                 "P(step exceeds budget)": a.p_step_exceeds_budget,
                 "expected step auto [s]": a.mean_step_s,
                 "expected step full [s]": a.mean_step_full_s,
-                "measured step auto, round 1 [s]": r.summary.mean_step_time_s,
+                "measured step auto [s]": auto_s,
+                "auto timed": auto_timed,
                 "measured step full [s]": full_s,
                 "full timed": full_timed,
                 "times": a.not_available or "seconds per slot of the study's reports",
@@ -195,18 +197,18 @@ def auto_predictions(runs, reports, paired=()) -> tuple[Any, list[str]]:
     return (pd.DataFrame(rows).round(3) if rows else None), skipped
 
 
-def _full_step_times(reports, paired) -> dict[tuple[bool, int], tuple[float, str]]:
-    """``full``'s measured step and how it was timed, by (packed, batch size): its memory
-    report's round 1, else its median step in a paired timing (a study that times its front in
-    pairs measures full's memory alone)."""
+def _measured_steps(reports, paired, plan: str) -> dict[tuple[bool, int], tuple[float, str]]:
+    """``plan``'s measured step and how it was timed, by (packed, batch size): its memory
+    report's round 1, else its median step in a paired timing (a study that times its plans in
+    pairs measures their memory alone)."""
     found = {
         (packed, row["batch_size"]): (row["on_step_s"], PAIRED_TIMING)
         for packed in (False, True)
         for row in paired_rows(paired, packed)
-        if row["policy"] == "full"
+        if row["policy"] == plan
     }
     for _, r in reports:
         if r.kind == MEMORY and r.status == "ok" and r.summary.mean_step_time_s is not None:
-            if r.plan.name == "full":
+            if r.plan.name == plan:
                 found[(r.packed, r.batch_size)] = (r.summary.mean_step_time_s, "round 1")
     return found

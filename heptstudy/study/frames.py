@@ -514,19 +514,27 @@ def policy_frame(df, min_policies: int = 2, packed: bool = False, paired=()) -> 
     for b, runs, off, timed in against_off(df, packed, paired):
         if len(runs) - 1 < min_policies:
             continue
-        # off's step is its fresh processes' (a paired timing's off steps run between the plans'
-        # steps): their median over the rounds, else its own report's
-        fresh = timed[timed["timing"] == FRESH_PROCESSES]["off_step_s"].dropna()
+        # off's step is its fresh processes' median over the rounds, else a paired timing's (its
+        # off steps run between the plans'), else its own report's
+        ranked = timed.sort_values("timing", key=lambda t: t != FRESH_PROCESSES, kind="stable")
+        off_steps = ranked[["off_step_s", "timing"]].dropna()
         for label in sorted(runs.index, key=lambda x: (policy_rank(x), x)):
             r = runs.loc[label]
             t = timed.loc[label] if label in timed.index else None
             if t is not None:
                 step = t["on_step_s"]
+            elif label == "off" and len(off_steps):
+                step = off_steps["off_step_s"].iloc[0]
             else:
-                step = fresh.iloc[0] if label == "off" and len(fresh) else r["mean_step_s"]
+                step = r["mean_step_s"]
             step = None if pd.isna(step) else step
             zero = 0.0 if label == "off" and step is not None else None
-            timing = t["timing"] if t is not None else FRESH_PROCESSES if zero == 0.0 else None
+            if t is not None:
+                timing = t["timing"]
+            elif zero == 0.0:
+                timing = off_steps["timing"].iloc[0] if len(off_steps) else FRESH_PROCESSES
+            else:
+                timing = None
             apart = setup_difference(off, r)
             rows.append(
                 {

@@ -1,5 +1,6 @@
 """Packed against padded batches of the same events: memory of the first round, step time per
-round (the compared runs follow one another in every round), as ratios packed / padded."""
+round (the compared runs follow one another in every round, or the paired timings of both took
+the same batch in it), as ratios packed / padded."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from heptstudy.study.common import MEMORY
 from heptstudy.study.frames import memory_frame
+from heptstudy.study.paired import FRESH_PROCESSES, PAIRED_TIMING, paired_round_steps
 from heptstudy.study.tables import integer_counts
 
 PACKING_COLUMNS = {
@@ -25,6 +27,7 @@ PACKING_COLUMNS = {
     "step_ratio_min": "min",
     "step_ratio_max": "max",
     "rounds": "rounds",
+    "timing": "timed in",
 }
 
 
@@ -32,8 +35,10 @@ def _ratio(a, b) -> float | None:
     return None if a is None or b is None or not b else float(a) / float(b)
 
 
-def packing_frame(df) -> Any:
-    """One row per (batch size, checkpointing plan) measured both padded and packed."""
+def packing_frame(df, paired=()) -> Any:
+    """One row per (batch size, checkpointing plan) measured both padded and packed; its step
+    times from its fresh rounds, else from the ``paired`` timings
+    (:func:`heptstudy.study.paired.load_paired`) of both."""
     import pandas as pd
 
     rows = []
@@ -42,6 +47,7 @@ def packing_frame(df) -> Any:
         return pd.DataFrame(columns=list(PACKING_COLUMNS))
     timed = df[(df["kind"] == MEMORY) & (df["status"] == "ok") & df["mean_step_s"].notna()]
     timed = timed[timed["allocator_line"] == "platform"]
+    in_pairs = {packed: paired_round_steps(paired, packed) for packed in (False, True)}
     for (b, label), group in mem.groupby(["batch_size", "policy_label"], sort=True):
         by = group.drop_duplicates("packed_batches").set_index("packed_batches")
         if not {False, True} <= set(by.index):
@@ -52,9 +58,15 @@ def packing_frame(df) -> Any:
             k: g.drop_duplicates("round").set_index("round")["mean_step_s"]
             for k, g in runs.groupby("packed_batches")
         }
-        paired = sorted(set(steps.get(False, {}).keys()) & set(steps.get(True, {}).keys()))
-        ratios = [steps[True][k] / steps[False][k] for k in paired]
-        median = {s: statistics.median(steps[s][k] for k in paired) for s in steps if paired}
+        rounds = sorted(set(steps.get(False, {}).keys()) & set(steps.get(True, {}).keys()))
+        timing = FRESH_PROCESSES if rounds else None
+        if not rounds:
+            rounds, steps = _same_batch_rounds(
+                *(in_pairs[p].get((int(b), label), {}) for p in (False, True))
+            )
+            timing = PAIRED_TIMING if rounds else None
+        ratios = [steps[True][k] / steps[False][k] for k in rounds]
+        median = {s: statistics.median(steps[s][k] for k in rounds) for s in steps if rounds}
         rows.append(
             {
                 "batch_size": int(b),
@@ -70,10 +82,18 @@ def packing_frame(df) -> Any:
                 "step_ratio_median": statistics.median(ratios) if ratios else None,
                 "step_ratio_min": min(ratios, default=None),
                 "step_ratio_max": max(ratios, default=None),
-                "rounds": len(paired),
+                "rounds": len(rounds),
+                "timing": timing,
             }
         )
     return pd.DataFrame(rows, columns=list(PACKING_COLUMNS))
+
+
+def _same_batch_rounds(padded, packed) -> tuple[list[int], dict[bool, dict[int, float]]]:
+    """The rounds in which the padded and the packed paired timings took the same batch, and the
+    plan's step in each: (rounds, {packed: {round: seconds}})."""
+    rounds = sorted(k for k in padded.keys() & packed.keys() if padded[k][0] == packed[k][0])
+    return rounds, {p: {k: of[k][1] for k in rounds} for p, of in ((False, padded), (True, packed))}
 
 
 def packing_table(packing) -> Any:

@@ -64,3 +64,27 @@ def paired_rows(reports, packed: bool) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def paired_round_steps(
+    reports, packed: bool
+) -> dict[tuple[int, str], dict[int, tuple[Any, float]]]:
+    """The median step of each plan (``off`` too) in each round of the paired timings of padded
+    (or packed) batches: ``{(batch size, plan label): {round: (batch, seconds)}}``; a round's
+    batch is named so that padded and packed rounds meet only on the same events."""
+    found: dict[tuple[int, str], dict[int, tuple[Any, float]]] = {}
+    for _, report in reports:
+        if (report.get("batching") == "packed") != packed:
+            continue
+        layers = report.get("config", {}).get("model", {}).get("heptv2", {}).get("num_convs")
+        by: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for step in report.get("steps", []):
+            by.setdefault((step["plan"], step["round"]), []).append(step)
+        for (name, k), steps in by.items():
+            label = plan_named(name, layers).label
+            seconds = statistics.median(s["time_s"] for s in steps)
+            found.setdefault((int(report["batch_size"]), label), {})[k] = (
+                steps[0]["batch"],
+                seconds,
+            )
+    return found

@@ -96,7 +96,14 @@ def allocator_lines(df) -> list[str]:
 def rounds_lines(df) -> list[str]:
     if "round" not in df or df["round"].dropna().empty:
         return []
-    rounds = int(df["round"].max())
+    timed = df[(df["kind"] == MEMORY) & df["mean_step_s"].notna()]
+    if timed.empty:
+        return [
+            "- **Step times:** every memory run measured memory alone, in a process of its own; "
+            "the step times are those of the paired timings (each plan's step between two `off` "
+            "steps in one process), given with their rounds where they are used."
+        ]
+    rounds = int(timed["round"].max())
     if rounds <= 1:
         return [
             "- **Step times:** one fresh process per run (one round); the overhead figures are "
