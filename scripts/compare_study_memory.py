@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from heptstudy.measure.paired import PAIRED_DIR
 from heptstudy.measure.report import read_report
 from heptstudy.units import MIB
 
@@ -37,7 +38,8 @@ def compare(study: Path, reference: Path) -> tuple[list[str], int]:
     differing = 0
     for path in sorted(study.rglob("*.json")):
         ref_path = reference / path.relative_to(study)
-        if not ref_path.exists():
+        # paired timings hold step times, no peaks; superseded/ holds earlier runs' reports
+        if not ref_path.exists() or path.relative_to(study).parts[0] in (PAIRED_DIR, "superseded"):
             continue
         new, ref = read_report(path), read_report(ref_path)
         name = str(path.relative_to(study))

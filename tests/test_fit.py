@@ -531,11 +531,13 @@ def test_auto_rates_come_from_each_steps_plan():
             {"plan": "off", "batch": 0, "time_s": 2.4},
             {"plan": "keep70", "batch": 0, "time_s": 2.8},
             {"plan": "off", "batch": 0, "time_s": 2.0},
+            # auto's step prices the plan it ran
+            {"plan": "auto", "ran": "keep70", "batch": 0, "time_s": 3.2},
         ],
     }
     rates, used = measured_rates([auto], paired=[paired])
-    assert rates == pytest.approx({"off": 2.0 / 40, "full": 8.0 / 40, "keep70": 2.8 / 40})
-    assert used == {"off": 3, "full": 1, "keep70": 1}
+    assert rates == pytest.approx({"off": 2.0 / 40, "full": 8.0 / 40, "keep70": 3.0 / 40})
+    assert used == {"off": 3, "full": 1, "keep70": 2}
 
 
 def test_auto_step_times_come_from_the_study_s_reports_of_this_configuration():

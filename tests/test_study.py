@@ -854,7 +854,7 @@ def test_auto_predictions_answer_for_the_references_auto_run(tiny_data_dir, tmp_
     # every plan auto runs was timed in the reference, so both expectations are answered
     assert row["expected step auto [s]"] > 0 and row["expected step full [s]"] > 0
     assert row["measured step auto [s]"] < row["measured step full [s]"]
-    assert row["full timed"] == "paired, one process"
+    assert row["auto timed"] == row["full timed"] == "paired, one process"
     assert {p.rsplit(" ", 1)[0] for p in row["plans [% of steps]"].split(", ")} <= {"off", "full"}
 
 

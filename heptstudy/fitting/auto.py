@@ -64,11 +64,12 @@ def _bench_steps(reports) -> Iterator[tuple[str, float, BatchGeometry]]:
 
 
 def _paired_steps(reports: Iterable[dict]) -> Iterator[tuple[str, float, BatchGeometry]]:
-    """A paired timing's steps (``off`` and each plan on the round's batch)."""
+    """A paired timing's steps (``off`` and each plan on the round's batch; an ``auto`` step as
+    the plan it ran)."""
     for r in reports:
         geometries = [BatchGeometry(**b["geometry"]) for b in r["batches"]]
         for st in r["steps"]:
-            yield st["plan"], st["time_s"], geometries[st["batch"]]
+            yield st.get("ran") or st["plan"], st["time_s"], geometries[st["batch"]]
 
 
 def _choices(predictor, geometries) -> np.ndarray:

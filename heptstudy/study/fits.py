@@ -81,14 +81,15 @@ def _data_dir(runs) -> str | None:
     return dirs[0] if dirs else None
 
 
-def _study_fit(runs, reports, **request) -> tuple[Any, str]:
-    """``heptstudy fit`` on the study's data and reports, measured or stored models only
-    (estimating one takes too long for the report): ``(result, "")`` or ``(None, why)``."""
+def _study_fit(runs, reports, paired=(), **request) -> tuple[Any, str]:
+    """``heptstudy fit`` on the study's data, reports and ``paired`` timings (their step times),
+    measured or stored models only (estimating one takes too long for the report): ``(result,
+    "")`` or ``(None, why)``."""
     try:
         return fit(
             FitRequest(
                 data_dir=_data_dir(runs),
-                reports=tuple(_ok_paths(reports)),
+                reports=(*_ok_paths(reports), *(str(path) for path, _ in paired)),
                 estimate_if_missing=False,
                 stored_if_reports_unusable=True,
                 **request,
@@ -163,7 +164,7 @@ def auto_predictions(runs, reports, paired=()) -> tuple[Any, list[str]]:
             checkpointing="auto",
             batching=r.geometry.batching,
         )
-        result, why = _study_fit(runs, reports, **request, overrides=tuple(overrides))
+        result, why = _study_fit(runs, reports, paired, **request, overrides=tuple(overrides))
         if why:
             skipped.append(f"{r.name}: {why}")
             continue

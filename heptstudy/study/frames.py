@@ -18,7 +18,7 @@ from heptstudy.meters.allocator import allocator_label
 from heptstudy.meters.memory import CATEGORIES
 from heptstudy.model.checkpoint_plan import AUTO, NAMED, OFF
 from heptstudy.study.common import MEMORY, PARITY, StudyError
-from heptstudy.study.paired import FRESH_PROCESSES, paired_rows
+from heptstudy.study.paired import FRESH_PROCESSES, PAIRED_TIMING, paired_rows
 from heptstudy.study.schedule import locate, report_files
 from heptstudy.units import MIB
 
@@ -514,27 +514,18 @@ def policy_frame(df, min_policies: int = 2, packed: bool = False, paired=()) -> 
     for b, runs, off, timed in against_off(df, packed, paired):
         if len(runs) - 1 < min_policies:
             continue
-        # off's step is its fresh processes' median over the rounds, else a paired timing's (its
-        # off steps run between the plans'), else its own report's
-        ranked = timed.sort_values("timing", key=lambda t: t != FRESH_PROCESSES, kind="stable")
-        off_steps = ranked[["off_step_s", "timing"]].dropna()
+        off_step, off_timing = _off_step(timed, off)
         for label in sorted(runs.index, key=lambda x: (policy_rank(x), x)):
             r = runs.loc[label]
             t = timed.loc[label] if label in timed.index else None
             if t is not None:
-                step = t["on_step_s"]
-            elif label == "off" and len(off_steps):
-                step = off_steps["off_step_s"].iloc[0]
+                step, timing = t["on_step_s"], t["timing"]
+            elif label == "off":
+                step, timing = off_step, off_timing
             else:
-                step = r["mean_step_s"]
+                step, timing = r["mean_step_s"], None
             step = None if pd.isna(step) else step
             zero = 0.0 if label == "off" and step is not None else None
-            if t is not None:
-                timing = t["timing"]
-            elif zero == 0.0:
-                timing = off_steps["timing"].iloc[0] if len(off_steps) else FRESH_PROCESSES
-            else:
-                timing = None
             apart = setup_difference(off, r)
             rows.append(
                 {
@@ -555,6 +546,21 @@ def policy_frame(df, min_policies: int = 2, packed: bool = False, paired=()) -> 
                 }
             )
     return pd.DataFrame(rows, columns=_POLICY_FIELDS)
+
+
+def _off_step(timed, off) -> tuple[float | None, str | None]:
+    """``off``'s step and how it was timed: its fresh processes' median over the rounds, else its
+    own report's (a fresh process too), else a paired timing's (whose off steps run between the
+    plans')."""
+    import pandas as pd
+
+    fresh = timed[timed["timing"] == FRESH_PROCESSES]["off_step_s"].dropna()
+    if len(fresh):
+        return fresh.iloc[0], FRESH_PROCESSES
+    if not pd.isna(off["mean_step_s"]):
+        return off["mean_step_s"], FRESH_PROCESSES
+    paired = timed[timed["timing"] == PAIRED_TIMING]["off_step_s"].dropna()
+    return (paired.iloc[0], PAIRED_TIMING) if len(paired) else (None, None)
 
 
 #: The columns of :func:`policy_frame` (the report shows them through the front's table).

@@ -96,7 +96,7 @@ def allocator_lines(df) -> list[str]:
 def rounds_lines(df) -> list[str]:
     if "round" not in df or df["round"].dropna().empty:
         return []
-    timed = df[(df["kind"] == MEMORY) & df["mean_step_s"].notna()]
+    timed = df[df["mean_step_s"].notna()] if "mean_step_s" in df else df
     if timed.empty:
         return [
             "- **Step times:** every memory run measured memory alone, in a process of its own; "
