@@ -55,7 +55,7 @@ def study_statement(df, description: str = "", notes: list[str] | tuple[str, ...
         if any(c < 5 for c, _ in pairs):
             lines.append(
                 "  Fewer than the 5 counted + 2 warm-up steps of the GPU protocol: a full-size step "
-                "takes seconds to tens of seconds on a CPU, and every run is measured in rounds."
+                "takes seconds to tens of seconds on a CPU, and the step times are measured in rounds."
             )
     for part in (hosts_lines, allocator_lines, rounds_lines, untrusted_lines, system_time_lines):
         lines += part(df)
