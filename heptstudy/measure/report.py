@@ -91,9 +91,10 @@ summary is the maximum over counted steps, in MiB (2^20 bytes).
 
 Comparisons. The same batch size uses the same event indices and the same initialisation seed with
 checkpointing on and off. Each configuration is meant to run in a fresh process;
-environment.fresh_process records whether it did. A study (heptstudy study run) measures the
-compared configurations in rounds of fresh processes, one after the other inside a round, and
-gives each overhead as the median and range over the rounds.
+environment.fresh_process records whether it did. A study (heptstudy study run) times the
+compared plans in paired rounds in one process (each plan's step between two off steps on the same
+batch), or in rounds of fresh processes, one after the other inside a round (a matrix's repeats),
+and gives each overhead as the median and range over the rounds.
 
 Data. data.synthetic says whether the events come from the generated (synthetic) data set or a
 real one; batches are real events of the data set, never truncated or made up on the fly.
