@@ -17,8 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from heptstudy.atomic import atomic_write_text
 from heptstudy.measure.paired import PAIRED_DIR
-from heptstudy.measure.report import read_report
+from heptstudy.measure.report import ReportError, read_report
 from heptstudy.units import MIB
 
 
@@ -86,11 +87,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("reference", type=Path)
     parser.add_argument("--table", type=Path, help="also write the table (Markdown) here")
     args = parser.parse_args(argv)
-    rows, differing = compare(args.study, args.reference)
+    for name in ("study", "reference"):
+        if not getattr(args, name).is_dir():
+            parser.error(
+                f"{name} {getattr(args, name)} is not a folder: give the study folders that hold "
+                "the JSON reports, e.g. experiments/local/HOST-DATE experiments/cpu_reference"
+            )
+    try:
+        rows, differing = compare(args.study, args.reference)
+    except ReportError as err:
+        parser.error(f"{err}; only reports written by heptstudy can be compared")
+    if len(rows) == 2:  # the header alone: a typo must not read as a reproduction
+        parser.error(
+            f"no JSON report of {args.study} has a namesake in {args.reference}: nothing was "
+            "compared; give the folder a study run wrote its reports to"
+        )
     text = "\n".join(rows) + "\n"
     print(text, end="")
     if args.table:
-        args.table.write_text(text)
+        atomic_write_text(args.table, text)
     print(
         f"{differing} memory report(s) with other events or a different allocated peak in a "
         "counted step",

@@ -6,6 +6,8 @@ import runpy
 import shutil
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPARE = runpy.run_path(str(ROOT / "scripts" / "compare_study_memory.py"))["main"]
 REPORT = "checkpointed_keep20_b4.json"
@@ -60,3 +62,22 @@ def test_a_warm_up_step_s_peak_is_listed_not_judged(tmp_path, capsys):
     study, reference = _folders(tmp_path, lambda steps: _shift_peak(steps, counted=False))
     assert COMPARE([str(study), str(reference)]) == 0
     assert "identical (warm-up step +1.00 MiB, not a figure)" in capsys.readouterr().out
+
+
+def test_a_folder_that_is_not_a_study_is_refused_not_passed(tmp_path, capsys):
+    """A mistyped folder, or one with no report in common, compares nothing: that is an error,
+    not a reproduction (exit 0 said "0 differing" before)."""
+    study, reference = _folders(tmp_path, lambda steps: None)
+    with pytest.raises(SystemExit) as missing:
+        COMPARE([str(tmp_path / "typo"), str(reference)])
+    assert missing.value.code == 2 and "study " in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit) as nothing:
+        COMPARE([str(empty), str(reference)])
+    assert nothing.value.code == 2 and "nothing was compared" in capsys.readouterr().err
+    (study / REPORT).write_text("{not json")
+    with pytest.raises(SystemExit) as broken:
+        COMPARE([str(study), str(reference)])
+    err = capsys.readouterr().err
+    assert broken.value.code == 2 and REPORT in err and "Traceback" not in err
