@@ -59,12 +59,12 @@ def packing_frame(df, paired=()) -> Any:
             for k, g in runs.groupby("packed_batches")
         }
         rounds = sorted(set(steps.get(False, {}).keys()) & set(steps.get(True, {}).keys()))
-        timing = FRESH_PROCESSES if rounds else None
+        timing = FRESH_PROCESSES
         if not rounds:
             rounds, steps = _same_batch_rounds(
                 *(in_pairs[p].get((int(b), label), {}) for p in (False, True))
             )
-            timing = PAIRED_TIMING if rounds else None
+            timing = PAIRED_TIMING
         ratios = [steps[True][k] / steps[False][k] for k in rounds]
         median = {s: statistics.median(steps[s][k] for k in rounds) for s in steps if rounds}
         rows.append(
@@ -83,7 +83,7 @@ def packing_frame(df, paired=()) -> Any:
                 "step_ratio_min": min(ratios, default=None),
                 "step_ratio_max": max(ratios, default=None),
                 "rounds": len(rounds),
-                "timing": timing,
+                "timing": timing if rounds else None,
             }
         )
     return pd.DataFrame(rows, columns=list(PACKING_COLUMNS))

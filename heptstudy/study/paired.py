@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +30,24 @@ def load_paired(experiments_dir: str | Path) -> list[tuple[Path, dict[str, Any]]
     return found
 
 
+def _of_batching(reports, packed: bool) -> Iterator[tuple[dict[str, Any], Callable[[str], str]]]:
+    """The paired timings of padded (or packed) batches, each with its plans' labels: labelled as
+    the memory reports label their plans, so that the two meet."""
+    for _, report in reports:
+        if (report.get("batching") == "packed") == packed:
+            layers = report.get("config", {}).get("model", {}).get("heptv2", {}).get("num_convs")
+            yield report, lambda name, layers=layers: plan_named(name, layers).label
+
+
 def paired_rows(reports, packed: bool) -> list[dict[str, Any]]:
     """Overhead-frame rows (``heptstudy.study.frames.OVERHEAD_COLUMNS``) of the paired timings
     of padded (or packed) batches, one per plan."""
     rows = []
-    for _, report in reports:
-        if (report.get("batching") == "packed") != packed:
-            continue
+    for report, label in _of_batching(reports, packed):
         steps = report.get("steps", [])
         off = [s["time_s"] for s in steps if s["plan"] == REFERENCE]
         done, asked = report.get("rounds"), report.get("rounds_asked")
         flag = "" if complete(report) else f"{done} of {asked} rounds (interrupted)"
-        # labelled as the memory reports label their plans, so that the two rows meet
-        layers = report.get("config", {}).get("model", {}).get("heptv2", {}).get("num_convs")
         for name, over in report.get("overhead", {}).items():
             per_round = [100 * v for v in over["per_round"]]
             on = [s["time_s"] for s in steps if s["plan"] == name]
@@ -49,7 +55,7 @@ def paired_rows(reports, packed: bool) -> list[dict[str, Any]]:
                 {
                     "allocator_line": "platform",
                     "batch_size": int(report["batch_size"]),
-                    "policy": plan_named(name, layers).label,
+                    "policy": label(name),
                     "rounds": len(per_round),
                     "off_step_s": statistics.median(off) if off else None,
                     "on_step_s": statistics.median(on) if on else None,
@@ -73,17 +79,13 @@ def paired_round_steps(
     (or packed) batches: ``{(batch size, plan label): {round: (batch, seconds)}}``; a round's
     batch is named so that padded and packed rounds meet only on the same events."""
     found: dict[tuple[int, str], dict[int, tuple[Any, float]]] = {}
-    for _, report in reports:
-        if (report.get("batching") == "packed") != packed:
-            continue
-        layers = report.get("config", {}).get("model", {}).get("heptv2", {}).get("num_convs")
+    for report, label in _of_batching(reports, packed):
         by: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for step in report.get("steps", []):
             by.setdefault((step["plan"], step["round"]), []).append(step)
         for (name, k), steps in by.items():
-            label = plan_named(name, layers).label
             seconds = statistics.median(s["time_s"] for s in steps)
-            found.setdefault((int(report["batch_size"]), label), {})[k] = (
+            found.setdefault((int(report["batch_size"]), label(name)), {})[k] = (
                 steps[0]["batch"],
                 seconds,
             )
